@@ -1,0 +1,263 @@
+"""NumPy reference adapter: every op's forward plus a hand-written backward.
+
+Tensors are ``Var`` nodes. Ops called inside ``value_and_grad`` record a backward
+closure; ``value_and_grad`` walks them in reverse topological order. The results
+define what "correct" means for the framework adapters. Ops keep the input dtype,
+so the tests check these backward rules in float64 against finite differences
+(``from_numpy`` itself gives float32).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from multigpu.protocol import Device
+
+Backward = Callable[[np.ndarray], Sequence[Optional[np.ndarray]]]
+
+
+class Var:
+    """An array on a logical device, with the graph edge that produced it."""
+
+    __slots__ = ("data", "device", "parents", "backward")
+
+    def __init__(self, data: np.ndarray, device: Device, parents: tuple["Var", ...] = (),
+                 backward: Optional[Backward] = None):
+        self.data = data
+        self.device = device
+        self.parents = parents
+        self.backward = backward
+
+    def __repr__(self) -> str:
+        return f"Var({self.data!r}, device={self.device})"
+
+
+def _windows(xp: np.ndarray, k: int, s: int, oh: int, ow: int) -> np.ndarray:
+    """View of shape (B, C, k, k, OH, OW) over a padded NCHW array (no copy)."""
+    b, c, _, _ = xp.shape
+    sb, sc, sh, sw = xp.strides
+    return as_strided(xp, (b, c, k, k, oh, ow), (sb, sc, sh, sw, sh * s, sw * s), writeable=False)
+
+
+def _scatter_windows(dcols: np.ndarray, shape: tuple[int, ...], k: int, s: int) -> np.ndarray:
+    """Adjoint of ``_windows``: add (B, C, k, k, OH, OW) window grads into an array of ``shape``."""
+    out = np.zeros(shape, dcols.dtype)
+    oh, ow = dcols.shape[4:]
+    for i in range(k):
+        for j in range(k):
+            out[:, :, i : i + s * oh : s, j : j + s * ow : s] += dcols[:, :, i, j]
+    return out
+
+
+def _out_size(n: int, k: int, s: int, p: int) -> int:
+    return (n + 2 * p - k) // s + 1
+
+
+def _pad(x: np.ndarray, p: int, value: float = 0.0) -> np.ndarray:
+    if p == 0:
+        return x
+    return np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=value)
+
+
+def _unpad(x: np.ndarray, p: int) -> np.ndarray:
+    return x[:, :, p : x.shape[2] - p, p : x.shape[3] - p] if p else x
+
+
+class NumpyBackend:
+    """The reference implementation of the backend protocol, on the CPU only."""
+
+    name = "numpy"
+
+    # -- devices ---------------------------------------------------------
+    def gpu_count(self) -> int:
+        """NumPy sees no GPU."""
+        return 0
+
+    def synchronize(self, device: Device) -> None:
+        """NumPy is synchronous; nothing to wait for."""
+
+    # -- tensors ---------------------------------------------------------
+    def from_numpy(self, array: np.ndarray, device: Device) -> Var:
+        """New Var holding a float32 (floating input) or int64 (integer input) copy."""
+        a = np.asarray(array)
+        dtype = np.int64 if np.issubdtype(a.dtype, np.integer) else np.float32
+        return Var(np.array(a, dtype=dtype, copy=True), device)
+
+    def to_numpy(self, tensor: Var) -> np.ndarray:
+        """A numpy copy of the Var's data."""
+        return np.array(tensor.data, copy=True)
+
+    def copy_to(self, tensor: Var, device: Device) -> Var:
+        """A new buffer on ``device``."""
+        return Var(tensor.data.copy(), device)
+
+    def shape(self, tensor: Var) -> tuple[int, ...]:
+        """The Var's shape."""
+        return tuple(tensor.data.shape)
+
+    # -- differentiable ops ---------------------------------------------
+    def _node(self, data: np.ndarray, parents: tuple[Var, ...], backward: Backward) -> Var:
+        return Var(data, parents[0].device, parents, backward)
+
+    def conv2d(self, x: Var, w: Var, b: Var, stride: int, padding: int, groups: int) -> Var:
+        """Grouped cross-correlation by strided windows and tensordot."""
+        xd, wd = x.data, w.data
+        bsz, c, h, wid = xd.shape
+        o, cg, k, _ = wd.shape
+        og = o // groups
+        oh, ow = _out_size(h, k, stride, padding), _out_size(wid, k, stride, padding)
+        xp = _pad(xd, padding)
+        cols = _windows(xp, k, stride, oh, ow)
+        out = np.empty((bsz, o, oh, ow), xd.dtype)
+        for g in range(groups):
+            part = np.tensordot(cols[:, g * cg : (g + 1) * cg], wd[g * og : (g + 1) * og],
+                                axes=([1, 2, 3], [1, 2, 3]))  # (B, OH, OW, Og)
+            out[:, g * og : (g + 1) * og] = part.transpose(0, 3, 1, 2)
+        out += b.data[None, :, None, None]
+
+        def backward(gout: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            dw = np.empty_like(wd)
+            dcols = np.empty((bsz, c, k, k, oh, ow), xd.dtype)
+            for g in range(groups):
+                go = gout[:, g * og : (g + 1) * og]
+                dw[g * og : (g + 1) * og] = np.tensordot(
+                    go, cols[:, g * cg : (g + 1) * cg], axes=([0, 2, 3], [0, 4, 5]))
+                dc = np.tensordot(go, wd[g * og : (g + 1) * og], axes=([1], [0]))  # (B,OH,OW,Cg,k,k)
+                dcols[:, g * cg : (g + 1) * cg] = dc.transpose(0, 3, 4, 5, 1, 2)
+            dx = _unpad(_scatter_windows(dcols, xp.shape, k, stride), padding)
+            return dx, dw, gout.sum(axis=(0, 2, 3))
+
+        return self._node(out, (x, w, b), backward)
+
+    def avg_pool2d(self, x: Var, kernel: int, stride: int, padding: int) -> Var:
+        """Average over k*k windows, padded zeros included in the divisor."""
+        xd = x.data
+        oh, ow = _out_size(xd.shape[2], kernel, stride, padding), _out_size(xd.shape[3], kernel, stride, padding)
+        xp = _pad(xd, padding)
+        out = _windows(xp, kernel, stride, oh, ow).mean(axis=(2, 3), dtype=xd.dtype)
+
+        def backward(gout: np.ndarray) -> tuple[np.ndarray]:
+            dcols = np.broadcast_to((gout / gout.dtype.type(kernel * kernel))[:, :, None, None],
+                                    gout.shape[:2] + (kernel, kernel) + gout.shape[2:])
+            return (_unpad(_scatter_windows(dcols, xp.shape, kernel, stride), padding),)
+
+        return self._node(out.astype(xd.dtype), (x,), backward)
+
+    def max_pool2d(self, x: Var, kernel: int, stride: int, padding: int) -> Var:
+        """Max over k*k windows; padding is -inf so it never wins."""
+        xd = x.data
+        oh, ow = _out_size(xd.shape[2], kernel, stride, padding), _out_size(xd.shape[3], kernel, stride, padding)
+        xp = _pad(xd, padding, -np.inf)
+        cols = _windows(xp, kernel, stride, oh, ow)
+        flat = cols.transpose(0, 1, 4, 5, 2, 3).reshape(xd.shape[0], xd.shape[1], oh, ow, kernel * kernel)
+        arg = flat.argmax(axis=-1)
+        out = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+
+        def backward(gout: np.ndarray) -> tuple[np.ndarray]:
+            onehot = (np.arange(kernel * kernel) == arg[..., None]) * gout[..., None]
+            dcols = onehot.reshape(gout.shape + (kernel, kernel)).transpose(0, 1, 4, 5, 2, 3)
+            return (_unpad(_scatter_windows(dcols.astype(gout.dtype), xp.shape, kernel, stride), padding),)
+
+        return self._node(out.astype(xd.dtype), (x,), backward)
+
+    def relu(self, x: Var) -> Var:
+        """max(x, 0); the gradient at 0 is 0, as in every framework."""
+        mask = x.data > 0
+        return self._node(np.where(mask, x.data, x.data.dtype.type(0)), (x,), lambda g: (g * mask,))
+
+    def dense(self, x: Var, w: Var, b: Var) -> Var:
+        """x @ w + b."""
+        xd, wd = x.data, w.data
+        out = xd @ wd + b.data
+        return self._node(out, (x, w, b), lambda g: (g @ wd.T, xd.T @ g, g.sum(axis=0)))
+
+    def reshape(self, x: Var, shape: Sequence[int]) -> Var:
+        """Reshape; the gradient is reshaped back."""
+        old = x.data.shape
+        return self._node(x.data.reshape(tuple(shape)), (x,), lambda g: (g.reshape(old),))
+
+    def softmax_cross_entropy(self, logits: Var, labels: Var) -> Var:
+        """Per-example -log softmax(logits)[label], computed with a stable log-sum-exp."""
+        z = logits.data - logits.data.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=1, keepdims=True))
+        logp = z - lse
+        idx = labels.data.astype(np.int64)
+        rows = np.arange(z.shape[0])
+        out = -logp[rows, idx]
+
+        def backward(g: np.ndarray) -> tuple[np.ndarray, None]:
+            d = np.exp(logp)
+            d[rows, idx] -= 1
+            return d * g[:, None], None
+
+        return self._node(out.astype(logits.data.dtype), (logits, labels), backward)
+
+    def sum(self, x: Var) -> Var:
+        """Sum of all elements (0-d)."""
+        shape = x.data.shape
+        return self._node(np.asarray(x.data.sum(dtype=x.data.dtype)), (x,),
+                          lambda g: (np.broadcast_to(g, shape).astype(x.data.dtype),))
+
+    def argmax(self, x: Var, axis: int) -> Var:
+        """Index of the maximum along ``axis`` (not differentiable)."""
+        return Var(x.data.argmax(axis=axis), x.device)
+
+    # -- math for the algorithms ----------------------------------------
+    def add_(self, dst: Var, src: Var) -> None:
+        """dst += src in place."""
+        dst.data += src.data
+
+    def assign_(self, dst: Var, src: Var) -> None:
+        """dst[...] = src in place."""
+        dst.data[...] = src.data
+
+    def split(self, x: Var, sizes: Sequence[int]) -> list[Var]:
+        """Copies of consecutive row blocks."""
+        bounds = np.cumsum([0, *sizes])
+        return [Var(x.data[a:b].copy(), x.device) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def concat(self, xs: Sequence[Var]) -> Var:
+        """A new array joining ``xs`` along axis 0."""
+        return Var(np.concatenate([v.data for v in xs], axis=0), xs[0].device)
+
+    # -- gradients and update -------------------------------------------
+    def value_and_grad(self, fn: Callable[..., Var], params: Sequence[Var],
+                       *inputs: Any) -> tuple[float, list[Var]]:
+        """Evaluate ``fn`` and backpropagate through the recorded closures."""
+        leaves = [Var(p.data, p.device) for p in params]
+        out = fn(leaves, *inputs)
+        order: list[Var] = []
+        seen: set[int] = set()
+        stack: list[tuple[Var, bool]] = [(out, False)]
+        while stack:  # iterative post-order DFS: deep graphs must not hit the recursion limit
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((p, False) for p in node.parents if id(p) not in seen)
+        grads: dict[int, np.ndarray] = {id(out): np.ones_like(out.data)}
+        for node in reversed(order):
+            g = grads.pop(id(node), None)
+            if g is None or node.backward is None:
+                if g is not None:
+                    grads[id(node)] = g  # a leaf keeps its gradient
+                continue
+            for parent, pg in zip(node.parents, node.backward(g)):
+                if pg is None:
+                    continue
+                key = id(parent)
+                grads[key] = grads[key] + pg if key in grads else pg
+        result = [Var(np.array(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype), leaf.device)
+                  for leaf in leaves]
+        return float(out.data), result
+
+    def sgd_(self, params: Sequence[Var], grads: Sequence[Var], lr: float) -> None:
+        """p -= lr * g in place."""
+        for p, g in zip(params, grads):
+            p.data -= p.data.dtype.type(lr) * g.data

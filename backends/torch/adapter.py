@@ -1,0 +1,201 @@
+"""PyTorch adapter for the multigpu backend protocol (see ``multigpu.protocol``).
+
+Thin on purpose: every op passes every argument explicitly, and each place where
+PyTorch's own behaviour differs from the protocol convention carries a ``NOTE:``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from multigpu.errors import DeviceError, InputError
+from multigpu.protocol import Device
+
+Tensor = torch.Tensor
+
+
+class TorchBackend:
+    """The ``Backend`` protocol implemented with PyTorch tensors and autograd."""
+
+    name = "torch"
+
+    # -- devices ---------------------------------------------------------
+    def torch_device(self, device: Device) -> torch.device:
+        """Return the ``torch.device`` for a logical ``Device``; raise DeviceError if unusable."""
+        if device.kind == "cpu":
+            # Every CPU replica maps to the one host device; replicas stay apart
+            # because copy_to/from_numpy always allocate a new buffer.
+            return torch.device("cpu")
+        if device.kind == "gpu":
+            count = self.gpu_count()
+            if not 0 <= device.index < count:
+                hint = f"use an index in 0..{count - 1}" if count else "use CPU replicas"
+                raise DeviceError(f"device {device} does not exist: torch sees {count} GPU(s); {hint}")
+            return torch.device(f"cuda:{device.index}")
+        raise DeviceError(f"device kind {device.kind!r} is unknown; use 'cpu' or 'gpu'")
+
+    def gpu_count(self) -> int:
+        """Return how many CUDA GPUs torch can use here."""
+        return torch.cuda.device_count()
+
+    def synchronize(self, device: Device) -> None:
+        """Block until queued work on ``device`` is done (a no-op on CPU)."""
+        dev = self.torch_device(device)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    # -- tensors ---------------------------------------------------------
+    def from_numpy(self, array: np.ndarray, device: Device) -> Tensor:
+        """Return a new float32 (floating input) or int64 (integer input) tensor on ``device``."""
+        arr = np.asarray(array)
+        if np.issubdtype(arr.dtype, np.floating):
+            np_dtype, dtype = np.float32, torch.float32
+        elif np.issubdtype(arr.dtype, np.integer):
+            np_dtype, dtype = np.int64, torch.int64
+        else:
+            raise InputError(f"array dtype {arr.dtype} is not supported; pass floating or integer data")
+        # NOTE: torch rejects negative-stride (flipped) arrays, hence ascontiguousarray.
+        # torch.from_numpy/as_tensor would share numpy memory; torch.tensor always
+        # copies, so two replicas made from one array never alias it or each other.
+        arr = np.ascontiguousarray(arr, dtype=np_dtype)
+        return torch.tensor(arr, dtype=dtype, device=self.torch_device(device))
+
+    def to_numpy(self, tensor: Tensor) -> np.ndarray:
+        """Return a numpy copy of ``tensor``."""
+        # NOTE: on CPU .cpu() is a no-op and .numpy() shares storage, so copy explicitly.
+        return tensor.detach().cpu().numpy().copy()
+
+    def copy_to(self, tensor: Tensor, device: Device) -> Tensor:
+        """Return a new buffer on ``device`` with the values of ``tensor``."""
+        # NOTE: Tensor.to(dev) returns the SAME tensor when already on dev, which would
+        # alias CPU replicas; copy=True forces a fresh buffer. It stays differentiable
+        # so a partitioned forward can hop devices inside value_and_grad.
+        return tensor.to(self.torch_device(device), copy=True)
+
+    def shape(self, tensor: Tensor) -> tuple[int, ...]:
+        """Return the shape of ``tensor`` as a tuple of ints."""
+        return tuple(int(s) for s in tensor.shape)
+
+    # -- ops (differentiable inside value_and_grad) ----------------------
+    def conv2d(self, x: Tensor, w: Tensor, b: Tensor, stride: int, padding: int, groups: int) -> Tensor:
+        """NCHW cross-correlation with OIHW weights, bias, zero padding and groups."""
+        return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=1, groups=groups)
+
+    def avg_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
+        """Average pooling; padded zeros count in the divisor; floor output size."""
+        # NOTE: count_include_pad and ceil_mode are passed although they equal torch's
+        # defaults today, and stride is always given (torch's None means "= kernel").
+        return F.avg_pool2d(x, kernel_size=kernel, stride=stride, padding=padding,
+                            ceil_mode=False, count_include_pad=True, divisor_override=None)
+
+    def max_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
+        """Max pooling; padding never wins; floor output size."""
+        # NOTE: torch pads max pooling with -inf, so a padded cell never wins.
+        return F.max_pool2d(x, kernel_size=kernel, stride=stride, padding=padding,
+                            dilation=1, ceil_mode=False, return_indices=False)
+
+    def relu(self, x: Tensor) -> Tensor:
+        """Return max(x, 0)."""
+        return torch.relu(x)
+
+    def dense(self, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        """Return ``x @ w + b`` with ``w`` of shape (in, out)."""
+        # NOTE: torch.nn.Linear stores (out, in) and computes x @ W.T; the protocol uses (in, out).
+        return x @ w + b
+
+    def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:
+        """Return ``x`` reshaped (``-1`` allowed once); may be a view."""
+        return torch.reshape(x, tuple(int(s) for s in shape))
+
+    def softmax_cross_entropy(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Return the per-example loss -log softmax(logits)[label], shape (B,)."""
+        # NOTE: F.cross_entropy defaults to reduction='mean' and silently skips
+        # label -100 (ignore_index); log_softmax + gather has neither default and
+        # raises on any out-of-range label.
+        logp = F.log_softmax(logits, dim=1)
+        return -logp.gather(1, labels.to(torch.int64).reshape(-1, 1)).reshape(-1)
+
+    def sum(self, x: Tensor) -> Tensor:
+        """Return the sum of all elements as a 0-d tensor."""
+        return torch.sum(x)
+
+    def argmax(self, x: Tensor, axis: int) -> Tensor:
+        """Return the int64 index of the maximum along ``axis``."""
+        return torch.argmax(x, dim=axis, keepdim=False)
+
+    # -- math for the algorithms (outside autograd) ----------------------
+    def add_(self, dst: Tensor, src: Tensor) -> None:
+        """In place ``dst += src``; ``src`` may live on another device."""
+        with torch.no_grad():
+            # A same-device .to() aliases src, which is harmless here: src is only read.
+            dst.add_(src.to(dst.device))
+
+    def assign_(self, dst: Tensor, src: Tensor) -> None:
+        """In place ``dst[...] = src``; ``src`` may live on another device."""
+        with torch.no_grad():
+            dst.copy_(src)
+
+    def split(self, x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
+        """Split along axis 0 into new tensors of the given lengths."""
+        sizes = [int(s) for s in sizes]
+        if sum(sizes) != x.shape[0] or any(s < 0 for s in sizes):
+            raise InputError(f"split sizes {sizes} must be non-negative and sum to {x.shape[0]}")
+        with torch.no_grad():
+            # NOTE: torch.split returns views of x; clone so each part owns its buffer.
+            return [part.clone() for part in torch.split(x, sizes, dim=0)]
+
+    def concat(self, xs: Sequence[Tensor]) -> Tensor:
+        """Concatenate along axis 0 into a new tensor on the device of ``xs[0]``."""
+        if not xs:
+            raise InputError("concat needs at least one tensor")
+        dev = xs[0].device
+        with torch.no_grad():
+            # torch.cat always allocates, even for a single input.
+            return torch.cat([x.to(dev) for x in xs], dim=0)
+
+    def native_allreduce(self, tensors: Sequence[Tensor]) -> None:
+        """In place SUM allreduce: every tensor in ``tensors`` receives the sum of all."""
+        if not tensors:
+            return
+        with torch.no_grad():
+            if len(tensors) > 1 and all(t.device.type == "cuda" for t in tensors):
+                total = torch.cuda.comm.reduce_add(list(tensors), destination=tensors[0].device.index)
+            else:
+                dev = tensors[0].device
+                total = torch.stack([t.to(dev) for t in tensors]).sum(dim=0)
+            # copy_ reads total before writing, so aliasing tensors[0] (len 1) is safe.
+            for t in tensors:
+                t.copy_(total)
+
+    # -- gradients and update -------------------------------------------
+    def value_and_grad(
+        self, fn: Callable[..., Tensor], params: Sequence[Tensor], *inputs: Any
+    ) -> tuple[float, list[Tensor]]:
+        """Evaluate ``fn(params, *inputs)`` (a scalar); return its value and fresh gradients."""
+        # NOTE: torch accumulates into .grad across backward() calls. Fresh leaves
+        # (detach() shares storage, cheap; params are not mutated in the forward)
+        # plus torch.autograd.grad return new tensors and touch no .grad field.
+        leaves = [p.detach().requires_grad_(True) for p in params]
+        with torch.enable_grad():
+            out = fn(leaves, *inputs)
+            if not isinstance(out, torch.Tensor) or out.numel() != 1:
+                raise InputError(f"value_and_grad needs fn to return a scalar tensor, got {out!r:.80}")
+            out = out.reshape(())
+            if out.requires_grad:
+                grads = torch.autograd.grad(out, leaves, allow_unused=True)
+            else:
+                grads = (None,) * len(leaves)
+        # An unused parameter has gradient zero, not None, so the core never special-cases it.
+        fresh = [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)]
+        return float(out.detach()), [g.detach() for g in fresh]
+
+    def sgd_(self, params: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> None:
+        """In place ``p -= lr * g`` for every pair."""
+        if len(params) != len(grads):
+            raise InputError(f"sgd_ got {len(params)} params but {len(grads)} grads")
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(g.to(p.device), alpha=float(lr))

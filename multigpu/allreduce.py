@@ -1,0 +1,104 @@
+"""Allreduce (sum) across devices, built from protocol primitives only.
+
+Every algorithm leaves each replica's tensor holding the exact elementwise sum, in
+place, in its own buffer.
+
+* ``naive``: the textbook's: sum into the first replica, then copy back.
+* ``ring``: reduce-scatter then all-gather over n chunks; each device sends
+  2(n-1)/n of the data instead of the first device receiving (n-1) copies.
+* ``fused``: every gradient flattened into one buffer per device, one ring
+  allreduce per step instead of one per parameter.
+* ``native``: the adapter's own collective, where it offers ``native_allreduce``.
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Callable, Optional, Sequence
+
+from .errors import UnknownAlgorithmError
+from .protocol import Device
+from .split import shard_sizes
+
+ALGORITHMS = ("naive", "ring", "fused", "native")
+
+
+def naive_allreduce(backend: Any, tensors: Sequence[Any], devices: Sequence[Device]) -> None:
+    """Sum every tensor into ``tensors[0]``, then copy the sum back to every device."""
+    for t in tensors[1:]:
+        backend.add_(tensors[0], backend.copy_to(t, devices[0]))
+    for t, d in zip(tensors[1:], devices[1:]):
+        backend.assign_(t, backend.copy_to(tensors[0], d))
+
+
+def ring_allreduce(backend: Any, tensors: Sequence[Any], devices: Sequence[Device]) -> None:
+    """Reduce-scatter then all-gather around the ring of devices, chunk by chunk."""
+    n = len(tensors)
+    if n == 1:
+        return
+    shape = backend.shape(tensors[0])
+    numel = prod(shape)
+    sizes = [s for s in shard_sizes(max(numel, n), n)] if numel >= n else [1] * numel + [0] * (n - numel)
+    present = [c for c, s in enumerate(sizes) if s]  # zero-length chunks carry nothing
+    chunks: list[list[Optional[Any]]] = []
+    for t in tensors:
+        parts = backend.split(backend.reshape(t, (-1,)), [sizes[c] for c in present])
+        row: list[Optional[Any]] = [None] * n
+        for c, p in zip(present, parts):
+            row[c] = p
+        chunks.append(row)
+
+    def step(combine: Callable[[Any, Any], None], offset: int) -> None:
+        for s in range(n - 1):
+            # Within one step every device sends a different chunk index, so the
+            # sequential order here equals the simultaneous exchange of a real ring.
+            for i in range(n):
+                c, j = (i + offset - s) % n, (i + 1) % n
+                if chunks[i][c] is not None:
+                    combine(chunks[j][c], backend.copy_to(chunks[i][c], devices[j]))
+
+    step(backend.add_, 0)  # afterwards device i holds the full sum of chunk i+1
+    step(backend.assign_, 1)
+    for t, row in zip(tensors, chunks):
+        flat = backend.concat([row[c] for c in present])
+        backend.assign_(t, backend.reshape(flat, shape))
+
+
+def fused_allreduce(backend: Any, grads: Sequence[Sequence[Any]], devices: Sequence[Device]) -> None:
+    """Flatten each device's gradients into one buffer, ring-allreduce it, scatter back."""
+    shapes = [backend.shape(g) for g in grads[0]]
+    sizes = [prod(s) for s in shapes]
+    flats = [backend.concat([backend.reshape(g, (-1,)) for g in per_device]) for per_device in grads]
+    ring_allreduce(backend, flats, devices)
+    for per_device, flat in zip(grads, flats):
+        for g, part, shape in zip(per_device, backend.split(flat, sizes), shapes):
+            backend.assign_(g, backend.reshape(part, shape))
+
+
+def check_algorithm(backend: Any, algorithm: str) -> str:
+    """Return ``algorithm`` if ``backend`` supports it; raise UnknownAlgorithmError otherwise."""
+    if algorithm not in ALGORITHMS:
+        raise UnknownAlgorithmError(
+            f"unknown allreduce algorithm {algorithm!r}; choose one of {list(ALGORITHMS)}")
+    if algorithm == "native" and not hasattr(backend, "native_allreduce"):
+        raise UnknownAlgorithmError(
+            f"backend {backend.name!r} offers no native allreduce; use 'naive', 'ring' or 'fused'")
+    return algorithm
+
+
+def allreduce_grads(backend: Any, grads: Sequence[Sequence[Any]], devices: Sequence[Device],
+                    algorithm: str = "fused") -> None:
+    """Allreduce per-device gradient lists (``grads[device][param]``) in place."""
+    check_algorithm(backend, algorithm)
+    if len(grads) != len(devices):
+        raise ValueError(f"{len(grads)} gradient lists for {len(devices)} devices")
+    if len(devices) == 1:
+        return
+    if algorithm == "fused":
+        fused_allreduce(backend, grads, devices)
+        return
+    one: Callable[[Any, Sequence[Any], Sequence[Device]], None] = {
+        "naive": naive_allreduce, "ring": ring_allreduce,
+        "native": lambda b, ts, ds: b.native_allreduce(list(ts)),
+    }[algorithm]
+    for i in range(len(grads[0])):
+        one(backend, [g[i] for g in grads], devices)

@@ -1,0 +1,54 @@
+"""``multigpu train``: the textbook experiment from the command line."""
+from __future__ import annotations
+
+import argparse
+import warnings
+from typing import Any
+
+from ..devices import CPUFallbackWarning
+from ..training import train
+
+
+def register(sub: Any) -> None:
+    """Add the ``train`` sub-command."""
+    p = sub.add_parser("train", help="train LeNet on Fashion-MNIST with data-parallel SGD",
+                       description="Train a model on Fashion-MNIST across devices with any backend and "
+                                   "print one line per epoch: test accuracy, seconds per epoch, devices.")
+    p.add_argument("--backend", default="numpy", help="numpy, torch, mxnet or paddle (default numpy)")
+    p.add_argument("--gpus", default="1", help="device count (CPU replicas when no GPU), or cpu:N / gpu:0,1")
+    p.add_argument("--batch-size", type=int, default=256, help="global minibatch size (default 256)")
+    p.add_argument("--lr", type=float, default=0.2, help="learning rate (default 0.2)")
+    p.add_argument("--epochs", type=int, default=10, help="number of epochs (default 10)")
+    p.add_argument("--model", default="lenet", help="built-in model (default lenet)")
+    p.add_argument("--allreduce", default="fused", help="naive, ring, fused or native (default fused)")
+    p.add_argument("--data-dir", default=None, help="folder with the IDX files (default: search, then download)")
+    p.add_argument("--seed", type=int, default=0, help="seed for init and shuffling (default 0)")
+    p.add_argument("--scale-batch", action="store_true", help="multiply the batch by the device count")
+    p.add_argument("--lr-scaling", choices=["linear"], default=None, help="scale the lr with the device count")
+    p.add_argument("--warmup-epochs", type=float, default=0.0, help="linear warmup for --lr-scaling (epochs)")
+    p.add_argument("--train-limit", type=int, default=None, help="use only the first N training examples")
+    p.add_argument("--test-limit", type=int, default=None, help="use only the first N test examples")
+    p.add_argument("--checkpoint", default=None, metavar="DIR", help="save every epoch to DIR and resume from it")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write accuracy/loss curves (needs matplotlib)")
+    p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train and report; return 0, or raise a MultigpuError that the CLI turns into exit 1."""
+    gpus: Any = int(args.gpus) if args.gpus.isdigit() else args.gpus
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CPUFallbackWarning)  # train() prints a note instead
+        result = train(backend=args.backend, num_gpus=gpus, batch_size=args.batch_size, lr=args.lr,
+                       num_epochs=args.epochs, model=args.model, allreduce=args.allreduce,
+                       data_dir=args.data_dir, seed=args.seed, progress=not args.quiet, plot=args.plot,
+                       checkpoint=args.checkpoint, scale_batch=args.scale_batch, lr_scaling=args.lr_scaling,
+                       warmup_epochs=args.warmup_epochs, train_limit=args.train_limit,
+                       test_limit=args.test_limit)
+    print(f"final test acc {result.test_acc[-1]:.3f} (best {max(result.test_acc):.3f}), "
+          f"{sum(result.sec_per_epoch) / len(result.sec_per_epoch):.1f} sec/epoch, "
+          f"{result.samples_per_sec:.0f} samples/sec on {result.devices} ({result.backend})")
+    if args.json_path:
+        result.save_json(args.json_path)
+    return 0

@@ -1,0 +1,197 @@
+"""``multigpu.train``: the textbook's experiment, LeNet on Fashion-MNIST, on any backend."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from . import models
+from .checkpoint import load_checkpoint, save_checkpoint
+from .data_parallel import DataParallel
+from .devices import CPUFallbackWarning
+from .errors import CheckpointError, InputError
+from .plotting import plot_curves, require_matplotlib
+
+LR_SCALINGS = (None, "linear")
+
+
+@dataclass
+class TrainResult:
+    """What a training run measured; ``params`` are numpy arrays in model order."""
+
+    backend: str
+    devices: list[str]
+    model: str
+    batch_size: int
+    lr: float
+    allreduce: str
+    seed: int
+    test_acc: list[float] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    sec_per_epoch: list[float] = field(default_factory=list)
+    samples_per_sec: float = 0.0
+    params: list[np.ndarray] = field(default_factory=list, repr=False)
+
+    def to_dict(self, include_params: bool = False) -> dict[str, Any]:
+        """Return a JSON-able dict; parameters only when ``include_params``."""
+        d = asdict(self)
+        d["params"] = [p.tolist() for p in self.params] if include_params else None
+        return d
+
+    def save_json(self, path: Union[str, os.PathLike[str]], include_params: bool = False) -> None:
+        """Write the result as JSON to ``path``."""
+        with open(path, "w") as f:
+            json.dump(self.to_dict(include_params), f, indent=2)
+
+
+def learning_rate(lr: float, scale: int, step: int, steps_per_epoch: int, lr_scaling: Optional[str],
+                  warmup_epochs: float) -> float:
+    """Return the learning rate for global step ``step``.
+
+    ``lr_scaling="linear"`` multiplies ``lr`` by ``scale`` (the device count), reached
+    by a linear ramp from ``lr`` over ``warmup_epochs`` (Goyal et al., 2017).
+    """
+    if lr_scaling is None:
+        return lr
+    target = lr * scale
+    ramp = warmup_epochs * steps_per_epoch
+    if ramp <= 0 or step >= ramp:
+        return target
+    return lr + (target - lr) * step / ramp
+
+
+def _batches(n: int, batch_size: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
+    order = rng.permutation(n)
+    chunks = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    # A last batch too small to give every device a row joins the one before it,
+    # so no example is dropped.
+    if len(chunks) > 1 and len(chunks[-1]) < parts:
+        chunks[-2] = np.concatenate([chunks[-2], chunks.pop()])
+    return chunks
+
+
+def _check(name: str, value: Any, ok: bool, fix: str) -> None:
+    if not ok:
+        raise InputError(f"{name}={value!r} is not valid; {fix}")
+
+
+def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int = 256, lr: float = 0.2,
+          num_epochs: int = 10, model: str = "lenet", allreduce: str = "fused",
+          data_dir: Optional[Union[str, os.PathLike[str]]] = None, seed: int = 0, progress: bool = True,
+          plot: Optional[Union[str, os.PathLike[str]]] = None,
+          checkpoint: Optional[Union[str, os.PathLike[str]]] = None, *, scale_batch: bool = False,
+          lr_scaling: Optional[str] = None, warmup_epochs: float = 0.0,
+          train_limit: Optional[int] = None, test_limit: Optional[int] = None, data: Any = None,
+          on_epoch: Optional[Callable[[int, "TrainResult"], None]] = None) -> TrainResult:
+    """Train ``model`` on Fashion-MNIST with data-parallel SGD; return a TrainResult.
+
+    ``num_gpus`` is a device count (CPU replicas with a warning when the framework
+    sees fewer GPUs) or a device string such as ``"cpu:2"``. ``scale_batch``
+    multiplies the batch by the device count; ``lr_scaling="linear"`` scales the
+    rate likewise, with an optional warmup. ``checkpoint=DIR`` saves after every
+    epoch and resumes from DIR. ``train_limit``/``test_limit`` use the first N
+    examples; ``data`` replaces the loader with any object shaped like
+    ``FashionMNIST``. Raises InputError, DataError/DataNotFoundError,
+    MissingDependencyError (plot without matplotlib) or CheckpointError.
+    """
+    _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "use a positive integer")
+    _check("num_epochs", num_epochs, isinstance(num_epochs, int) and num_epochs >= 1, "use a positive integer")
+    _check("lr_scaling", lr_scaling, lr_scaling in LR_SCALINGS, "use None or 'linear'")
+    _check("warmup_epochs", warmup_epochs, isinstance(warmup_epochs, (int, float)) and warmup_epochs >= 0,
+           "use a number >= 0")
+    if warmup_epochs and lr_scaling is None:
+        raise InputError("warmup_epochs only applies with lr_scaling='linear'; set both or neither")
+    if plot is not None:
+        require_matplotlib()  # fail before training, not after ten epochs
+    net = models.get(model)
+    if data is None:
+        from .data import load_fashion_mnist
+
+        data = load_fashion_mnist(data_dir, progress=progress)
+    Xtr, ytr, Xte, yte = data.train_images, data.train_labels, data.test_images, data.test_labels
+    for name, limit in (("train_limit", train_limit), ("test_limit", test_limit)):
+        _check(name, limit, limit is None or (isinstance(limit, int) and limit >= 1), "use a positive integer")
+    Xtr, ytr = Xtr[:train_limit], ytr[:train_limit]
+    Xte, yte = Xte[:test_limit], yte[:test_limit]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CPUFallbackWarning)
+        tr = DataParallel(net, backend=backend, devices=num_gpus, lr=lr, allreduce=allreduce, seed=seed)
+    for w in caught:
+        if progress:
+            print(f"note: {w.message}", file=sys.stderr)
+        warnings.warn(w.message, stacklevel=2)  # keep it visible to callers that filter warnings
+    n_dev = len(tr.devices)
+    global_batch = batch_size * n_dev if scale_batch else batch_size
+    _check("batch_size", global_batch, global_batch >= n_dev, f"use at least {n_dev}, one row per device")
+
+    result = TrainResult(backend=tr.backend.name, devices=[str(d) for d in tr.devices], model=model,
+                         batch_size=global_batch, lr=lr, allreduce=allreduce, seed=seed)
+    config = {"backend": result.backend, "devices": result.devices, "model": model, "batch_size": global_batch,
+              "lr": lr, "allreduce": allreduce, "seed": seed, "lr_scaling": lr_scaling,
+              "warmup_epochs": warmup_epochs, "train_size": len(Xtr), "test_size": len(Xte)}
+    rng = np.random.default_rng(seed)
+    start_epoch = 0
+    if checkpoint is not None:
+        saved = load_checkpoint(checkpoint)
+        if saved is not None:
+            params, state = saved
+            diff = {k: (state["config"].get(k), v) for k, v in config.items() if state["config"].get(k) != v}
+            if diff:
+                raise CheckpointError(
+                    f"checkpoint in {checkpoint} belongs to a different run (saved vs now: {diff}); "
+                    "use another folder or the same settings")
+            tr.set_params(params)
+            rng.bit_generator.state = state["rng"]
+            start_epoch = state["epoch"]
+            for key in ("test_acc", "train_loss", "sec_per_epoch"):
+                getattr(result, key).extend(state[key])
+
+    steps_per_epoch = math.ceil(len(Xtr) / global_batch)
+    bar = _progress_bar(progress)
+    for epoch in range(start_epoch, num_epochs):
+        chunks = _batches(len(Xtr), global_batch, n_dev, rng)
+        total = 0.0
+        with bar(total=len(chunks), desc=f"epoch {epoch + 1}/{num_epochs}", unit="batch", leave=False) as pbar:
+            t0 = time.perf_counter()
+            for i, idx in enumerate(chunks):
+                tr.lr = learning_rate(lr, n_dev, epoch * steps_per_epoch + i, steps_per_epoch,
+                                      lr_scaling, warmup_epochs)
+                total += tr.train_batch(Xtr[idx], ytr[idx]) * len(idx)
+                pbar.update(1)
+            tr.synchronize()  # queued device work belongs to this epoch's time
+            seconds = time.perf_counter() - t0
+        result.sec_per_epoch.append(seconds)
+        result.train_loss.append(total / len(Xtr))
+        result.test_acc.append(tr.evaluate(Xte, yte))
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, tr.get_params(), {
+                "config": config, "epoch": epoch + 1, "rng": rng.bit_generator.state,
+                "test_acc": result.test_acc, "train_loss": result.train_loss,
+                "sec_per_epoch": result.sec_per_epoch})
+        if progress:
+            print(f"epoch {epoch + 1}/{num_epochs}: test acc {result.test_acc[-1]:.3f}, "
+                  f"train loss {result.train_loss[-1]:.3f}, {seconds:.1f} sec/epoch "
+                  f"on {result.devices} ({result.backend})", flush=True)
+        if on_epoch is not None:
+            on_epoch(epoch, result)
+    result.params = tr.get_params()
+    result.samples_per_sec = len(Xtr) * len(result.sec_per_epoch) / max(sum(result.sec_per_epoch), 1e-12)
+    if plot is not None:
+        plot_curves([result], plot, title=f"{model} on Fashion-MNIST, {result.backend}")
+    return result
+
+
+def _progress_bar(enabled: bool) -> Callable[..., Any]:
+    from functools import partial
+
+    from tqdm.auto import tqdm
+
+    return partial(tqdm, disable=not enabled, file=sys.stderr)

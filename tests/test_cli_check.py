@@ -1,0 +1,43 @@
+"""`multigpu check`: help, the agreement table and its exit code."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from multigpu.cli import main
+
+from conftest import FRAMEWORKS
+
+
+def test_help_works_for_every_command():
+    for argv in (["--help"], ["check", "--help"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0
+
+
+def test_check_passes_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    assert main(["check", "--steps", "3", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "agreement with the numpy reference" in text
+    data = json.loads(out.read_text())
+    assert data["agree"] is True
+    assert {r["backend"] for r in data["rows"]} == set(FRAMEWORKS or ["numpy"])
+
+
+@pytest.mark.skipif(not FRAMEWORKS, reason="needs a framework backend besides numpy")
+def test_check_exits_nonzero_when_backends_disagree(capsys):
+    # A tolerance no float32 framework can meet forces a disagreement.
+    assert main(["check", "--steps", "2", "--backends", FRAMEWORKS[0], "--tol", "1e-15"]) == 1
+    assert "DISAGREES" in capsys.readouterr().out
+
+
+def test_console_script_exit_code_on_bad_input(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "multigpu", "check", "--backends", "jax", "--steps", "1"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "unknown backend 'jax'" in proc.stderr

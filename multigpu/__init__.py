@@ -32,3 +32,7 @@ __all__ += ["ALGORITHMS", "CPUFallbackWarning", "DataParallel", "allreduce_grads
 from .training import TrainResult, train  # noqa: E402
 
 __all__ += ["TrainResult", "train"]
+
+from .partition import autopartition, evaluate, load_cluster, load_graph  # noqa: E402
+
+__all__ += ["autopartition", "evaluate", "load_cluster", "load_graph"]

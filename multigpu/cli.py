@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from .errors import MultigpuError
 
-COMMANDS = ("check", "train")
+COMMANDS = ("check", "train", "partition")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -157,8 +157,19 @@ def test_cli_train_prints_a_line_per_epoch_and_fails_cleanly(small_data, tmp_pat
 @pytest.mark.slow
 @pytest.mark.skipif(find_fashion_mnist() is None, reason="real Fashion-MNIST not installed "
                     "(apt-get install dataset-fashion-mnist)")
-@pytest.mark.parametrize("backend", [b for b in multigpu.available_backends() if b != "numpy"] or ["numpy"])
-def test_short_real_data_run(backend):
-    r = multigpu.train(backend=backend, num_gpus="cpu:2", batch_size=256, lr=0.9, num_epochs=2,
-                       train_limit=10_000, test_limit=2_000, progress=False)
-    assert r.test_acc[-1] > 0.6, r.test_acc
+def test_short_real_data_run_agrees_across_backends():
+    """Ten steps on real Fashion-MNIST with every backend from one seed: the same numbers.
+
+    LeNet's 0.01 init sits on a loss plateau for a few hundred steps, so a short run
+    cannot show accuracy; benchmarks/fashion_mnist_backends.py measures the full run.
+    """
+    results = {b: multigpu.train(backend=b, num_gpus="cpu:2", batch_size=256, lr=0.2, num_epochs=1,
+                                 train_limit=2560, test_limit=1000, progress=False, seed=0)
+               for b in multigpu.available_backends()}
+    ref = results["numpy"]
+    for name, r in results.items():
+        assert r.devices == ["cpu:0", "cpu:1"]
+        assert abs(r.train_loss[0] - ref.train_loss[0]) < 1e-5, name
+        assert abs(r.test_acc[0] - ref.test_acc[0]) <= 0.002, name
+        for p, q in zip(r.params, ref.params):
+            np.testing.assert_allclose(p, q, atol=1e-5)

@@ -1,0 +1,405 @@
+"""Clusters: devices, the links between them, and where the input starts and ends.
+
+A cluster is read from JSON or TOML with exactly the keys ``devices``, ``links``,
+``default_link``, ``source`` and ``sink`` (only ``devices`` and ``source`` are
+required). Shipped examples live in ``multigpu/partition/clusters/`` and can be named
+without a path (``load_cluster("lab")``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .exceptions import ClusterError
+from .validate import check_keys, check_name, check_number
+
+__all__ = ["Cluster", "DeviceSpec", "Link", "LinkSpec", "LinkTables", "load_cluster",
+           "shipped_clusters"]
+
+CLUSTER_KEYS_REQUIRED = ("devices", "source")
+CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink")
+DEVICE_KEYS_REQUIRED = ("name", "flops", "power")
+DEVICE_KEYS_OPTIONAL = ("memory",)
+LINK_KEYS_REQUIRED = ("between", "bandwidth", "latency")
+LINK_KEYS_OPTIONAL = ("power",)
+DEFAULT_LINK_KEYS_REQUIRED = ("bandwidth", "latency")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device: ``flops`` (FLOP/s), ``power`` (W while computing), optional
+    ``memory`` (bytes; ``None`` means unlimited)."""
+
+    name: str
+    flops: float
+    power: float
+    memory: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "device name")
+        what = f"device {self.name!r}"
+        object.__setattr__(self, "flops", check_number(
+            self.flops, f"{what}: flops", strict=True, unit="FLOP/s, e.g. 38.4e9"))
+        object.__setattr__(self, "power", check_number(
+            self.power, f"{what}: power", unit="W while computing; 0 if unknown"))
+        if self.memory is not None:
+            object.__setattr__(self, "memory", check_number(
+                self.memory, f"{what}: memory", strict=True,
+                unit="bytes; leave the key out for unlimited memory"))
+
+
+def _check_link_numbers(obj: Any, what: str) -> None:
+    object.__setattr__(obj, "bandwidth", check_number(
+        obj.bandwidth, f"{what}: bandwidth", strict=True, unit="bytes/s, e.g. 1e6 for 1 MB/s"))
+    object.__setattr__(obj, "latency", check_number(
+        obj.latency, f"{what}: latency", unit="seconds per transfer; 0 if negligible"))
+    object.__setattr__(obj, "power", check_number(
+        obj.power, f"{what}: power", unit="W while transferring; 0 if not modelled"))
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Parameters of the default link: ``bandwidth`` (bytes/s), ``latency`` (s per
+    transfer) and ``power`` (W while transferring)."""
+
+    bandwidth: float
+    latency: float
+    power: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_link_numbers(self, "default_link")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A symmetric link ``between`` two named devices, with ``bandwidth`` (bytes/s),
+    ``latency`` (s per transfer) and ``power`` (W while transferring)."""
+
+    between: tuple[str, str]
+    bandwidth: float
+    latency: float
+    power: float = 0.0
+
+    def __post_init__(self) -> None:
+        pair = self.between
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ClusterError(f"link between={pair!r} must list exactly two device names, "
+                               f'e.g. "between": ["pi1", "desk"]')
+        a = check_name(pair[0], f"link between={list(pair)!r}: first device")
+        b = check_name(pair[1], f"link between={list(pair)!r}: second device")
+        if a == b:
+            raise ClusterError(f"link between [{a!r}, {b!r}] joins a device to itself; "
+                               f"remove it: a device needs no link to itself (transfers on it cost 0)")
+        object.__setattr__(self, "between", (a, b))
+        _check_link_numbers(self, f"link between [{a!r}, {b!r}]")
+
+
+@dataclass(frozen=True)
+class LinkTables:
+    """Dense k x k link matrices in cluster device order.
+
+    ``usable[u, v]`` is True on the diagonal and where a link or the default link
+    exists. ``inv_bandwidth``, ``latency`` and ``power`` are 0 on the diagonal and on
+    unusable pairs, so arithmetic on them never meets inf/NaN; callers mask with
+    ``usable``.
+    """
+
+    usable: np.ndarray
+    inv_bandwidth: np.ndarray
+    latency: np.ndarray
+    power: np.ndarray
+
+    def transfer_time(self, nbytes: float) -> np.ndarray:
+        """k x k seconds to move ``nbytes`` between each pair (0 on the diagonal;
+        meaningless where ``usable`` is False)."""
+        t = nbytes * self.inv_bandwidth + self.latency
+        np.fill_diagonal(t, 0.0)
+        return t
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices, symmetric links, an optional default link, and the ``source``
+    (holds the input) and ``sink`` (receives the output; defaults to ``source``)."""
+
+    devices: tuple[DeviceSpec, ...]
+    source: str
+    links: tuple[Link, ...] = ()
+    default_link: Optional[LinkSpec] = None
+    sink: Optional[str] = None
+    name: str = field(default="cluster", compare=False)
+
+    def __post_init__(self) -> None:
+        devices = tuple(self.devices)
+        if not devices:
+            raise ClusterError("cluster has no devices; list at least one under \"devices\"")
+        for i, d in enumerate(devices):
+            if not isinstance(d, DeviceSpec):
+                raise ClusterError(f"devices[{i}] must be a DeviceSpec, got {type(d).__name__}")
+        names = [d.name for d in devices]
+        seen: set[str] = set()
+        for nm in names:
+            if nm in seen:
+                raise ClusterError(f"duplicate device name {nm!r}; every device needs a unique name")
+            seen.add(nm)
+        object.__setattr__(self, "devices", devices)
+        links = tuple(self.links)
+        pairs: set[frozenset[str]] = set()
+        for ln in links:
+            if not isinstance(ln, Link):
+                raise ClusterError(f"links must hold Link objects, got {type(ln).__name__}")
+            for end in ln.between:
+                if end not in seen:
+                    raise ClusterError(f"link between {list(ln.between)!r} names unknown device "
+                                       f"{end!r}; known devices: {', '.join(names)}")
+            key = frozenset(ln.between)
+            if key in pairs:
+                raise ClusterError(f"link between {list(ln.between)!r} is listed twice (links are "
+                                   f"symmetric, so [a, b] and [b, a] are the same link); keep one")
+            pairs.add(key)
+        object.__setattr__(self, "links", links)
+        if self.default_link is not None and not isinstance(self.default_link, LinkSpec):
+            raise ClusterError(f"default_link must be a LinkSpec, got {type(self.default_link).__name__}")
+        check_name(self.source, "source")
+        if self.source not in seen:
+            raise ClusterError(f"source {self.source!r} is not a device; choose one of: {', '.join(names)}")
+        sink = self.source if self.sink is None else self.sink
+        check_name(sink, "sink")
+        if sink not in seen:
+            raise ClusterError(f"sink {sink!r} is not a device; choose one of: {', '.join(names)} "
+                               f"(or leave it out to use the source)")
+        object.__setattr__(self, "sink", sink)
+
+    # -- lookups ---------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """Device names in file order (the column order of every k-sized array)."""
+        return [d.name for d in self.devices]
+
+    @property
+    def k(self) -> int:
+        """Number of devices."""
+        return len(self.devices)
+
+    @cached_property
+    def _index(self) -> dict[str, int]:
+        return {d.name: i for i, d in enumerate(self.devices)}
+
+    def index(self, name: str) -> int:
+        """Column of device ``name``; ClusterError listing the devices if unknown."""
+        try:
+            return self._index[name]
+        except (KeyError, TypeError):
+            raise ClusterError(f"unknown device {name!r}; devices are: {', '.join(self.names)}") from None
+
+    def link(self, a: str, b: str) -> Union[Link, LinkSpec, None]:
+        """The link used between devices ``a`` and ``b`` (the listed one, else the
+        default link), or None when the pair cannot communicate. None also for a == b."""
+        ia, ib = self.index(a), self.index(b)
+        if ia == ib:
+            return None
+        return self._pair_links.get(frozenset((a, b)), self.default_link)
+
+    @cached_property
+    def _pair_links(self) -> dict[frozenset[str], Link]:
+        return {frozenset(ln.between): ln for ln in self.links}
+
+    @cached_property
+    def source_index(self) -> int:
+        """Column of the source device."""
+        return self.index(self.source)
+
+    @cached_property
+    def sink_index(self) -> int:
+        """Column of the sink device."""
+        return self.index(self.sink)  # type: ignore[arg-type]
+
+    @cached_property
+    def flops(self) -> np.ndarray:
+        """FLOP/s per device, shape (k,)."""
+        return np.array([d.flops for d in self.devices], dtype=float)
+
+    @cached_property
+    def power(self) -> np.ndarray:
+        """Compute power (W) per device, shape (k,)."""
+        return np.array([d.power for d in self.devices], dtype=float)
+
+    @cached_property
+    def memory(self) -> np.ndarray:
+        """Memory (bytes) per device, +inf where none is declared, shape (k,)."""
+        return np.array([np.inf if d.memory is None else d.memory for d in self.devices], dtype=float)
+
+    @cached_property
+    def tables(self) -> LinkTables:
+        """The link matrices (built once per cluster)."""
+        k = self.k
+        usable = np.eye(k, dtype=bool)
+        inv_bw = np.zeros((k, k))
+        lat = np.zeros((k, k))
+        pw = np.zeros((k, k))
+        if self.default_link is not None:
+            off = ~np.eye(k, dtype=bool)
+            usable[off] = True
+            inv_bw[off] = 1.0 / self.default_link.bandwidth
+            lat[off] = self.default_link.latency
+            pw[off] = self.default_link.power
+        for ln in self.links:
+            a, b = self.index(ln.between[0]), self.index(ln.between[1])
+            for u, v in ((a, b), (b, a)):
+                usable[u, v] = True
+                inv_bw[u, v] = 1.0 / ln.bandwidth
+                lat[u, v] = ln.latency
+                pw[u, v] = ln.power
+        for arr in (usable, inv_bw, lat, pw):
+            arr.flags.writeable = False
+        return LinkTables(usable, inv_bw, lat, pw)
+
+    # -- (de)serialisation ------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Any, name: str = "cluster") -> "Cluster":
+        """Build a cluster from the parsed file structure; ClusterError on any bad key or value."""
+        check_keys(data, f"{name}: cluster", CLUSTER_KEYS_REQUIRED, CLUSTER_KEYS_OPTIONAL)
+        raw_devices = data["devices"]
+        if not isinstance(raw_devices, list):
+            raise ClusterError(f"{name}: \"devices\" must be a list of device objects, got "
+                               f"{type(raw_devices).__name__}")
+        if not raw_devices:
+            raise ClusterError(f"{name}: \"devices\" is empty; list at least one device")
+        devices = []
+        for i, d in enumerate(raw_devices):
+            check_keys(d, f"{name}: devices[{i}]", DEVICE_KEYS_REQUIRED, DEVICE_KEYS_OPTIONAL)
+            devices.append(DeviceSpec(name=d["name"], flops=d["flops"], power=d["power"],
+                                      memory=d.get("memory")))
+        raw_links = data.get("links", [])
+        if not isinstance(raw_links, list):
+            raise ClusterError(f"{name}: \"links\" must be a list of link objects, got "
+                               f"{type(raw_links).__name__}")
+        links = []
+        for i, ln in enumerate(raw_links):
+            check_keys(ln, f"{name}: links[{i}]", LINK_KEYS_REQUIRED, LINK_KEYS_OPTIONAL)
+            links.append(Link(between=ln["between"], bandwidth=ln["bandwidth"],
+                              latency=ln["latency"], power=ln.get("power", 0.0)))
+        default = None
+        if "default_link" in data:
+            dl = check_keys(data["default_link"], f"{name}: default_link",
+                            DEFAULT_LINK_KEYS_REQUIRED, LINK_KEYS_OPTIONAL)
+            default = LinkSpec(bandwidth=dl["bandwidth"], latency=dl["latency"],
+                               power=dl.get("power", 0.0))
+        return cls(devices=tuple(devices), links=tuple(links), default_link=default,
+                   source=data["source"], sink=data.get("sink"), name=name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file structure of this cluster (round-trips through ``from_dict``)."""
+        out: dict[str, Any] = {"devices": [], "links": []}
+        for d in self.devices:
+            dev: dict[str, Any] = {"name": d.name, "flops": d.flops, "power": d.power}
+            if d.memory is not None:
+                dev["memory"] = d.memory
+            out["devices"].append(dev)
+        for ln in self.links:
+            out["links"].append({"between": list(ln.between), "bandwidth": ln.bandwidth,
+                                 "latency": ln.latency, "power": ln.power})
+        if self.default_link is not None:
+            dl = self.default_link
+            out["default_link"] = {"bandwidth": dl.bandwidth, "latency": dl.latency, "power": dl.power}
+        out["source"] = self.source
+        out["sink"] = self.sink
+        return out
+
+
+# -- files ---------------------------------------------------------------------
+def _clusters_dir() -> Path:
+    return Path(str(resources.files("multigpu.partition").joinpath("clusters")))
+
+
+def shipped_clusters() -> list[str]:
+    """Names of the example clusters shipped with the package (``load_cluster(name)``)."""
+    d = _clusters_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.iterdir() if p.suffix in (".json", ".toml"))
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            # json keeps the last duplicate silently; a repeated key is almost always a mistake.
+            raise ClusterError(f"duplicate key {k!r} in a JSON object; keep one")
+        out[k] = v
+    return out
+
+
+def read_structured_file(path: Path, kind: str) -> Any:
+    """Parse ``path`` as JSON (``.json``) or TOML (``.toml``); ClusterError on a bad file."""
+    suffix = path.suffix.lower()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ClusterError(f"cannot read {kind} file {str(path)!r}: {e.strerror or e}") from None
+    if suffix == ".json":
+        try:
+            return json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+        except UnicodeDecodeError as e:
+            raise ClusterError(f"{kind} file {str(path)!r} is not UTF-8 text ({e.reason}); "
+                               f"save it as UTF-8 JSON") from None
+        except json.JSONDecodeError as e:
+            raise ClusterError(f"malformed JSON in {kind} file {str(path)!r} at line {e.lineno} "
+                               f"column {e.colno}: {e.msg}; fix the syntax") from None
+    if suffix == ".toml":
+        toml = _toml_module()
+        try:
+            return toml.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ClusterError(f"{kind} file {str(path)!r} is not UTF-8 text ({e.reason}); "
+                               f"save it as UTF-8 TOML") from None
+        except toml.TOMLDecodeError as e:
+            raise ClusterError(f"malformed TOML in {kind} file {str(path)!r}: {e}; fix the syntax") from None
+    raise ClusterError(f"{kind} file {str(path)!r} has suffix {suffix or '(none)'!r}; "
+                       f"name it .json or .toml")
+
+
+def _toml_module() -> Any:
+    try:
+        import tomllib  # Python 3.11+
+        return tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10 only
+        try:
+            import tomli  # type: ignore[import-not-found]
+            return tomli
+        except ModuleNotFoundError:
+            raise ClusterError("reading TOML needs Python 3.11+ or the 'tomli' package; "
+                               "pip install tomli, or use a .json cluster file") from None
+
+
+def load_cluster(path: Union[str, "os.PathLike[str]"]) -> Cluster:
+    """Read a cluster from a ``.json``/``.toml`` file, or a shipped example by name.
+
+    Raises ClusterError for a missing or malformed file and for any bad key or value.
+    """
+    p = Path(path)
+    if not p.exists():
+        name = str(path)
+        shipped = shipped_clusters()
+        if name in shipped:
+            d = _clusters_dir()
+            p = next(d / f"{name}{ext}" for ext in (".json", ".toml") if (d / f"{name}{ext}").exists())
+        else:
+            raise ClusterError(f"no cluster file {name!r}, and no shipped cluster of that name; "
+                               f"give a path to a .json/.toml file or one of: {', '.join(shipped) or 'none'}")
+    if p.is_dir():
+        raise ClusterError(f"cluster path {str(p)!r} is a directory; give a .json or .toml file")
+    data = read_structured_file(p, "cluster")
+    return Cluster.from_dict(data, name=p.stem)
+
+
+def cluster_from_mapping(data: Mapping[str, Any], name: str = "cluster") -> Cluster:
+    """Alias of ``Cluster.from_dict`` for callers that hold an in-memory dict."""
+    return Cluster.from_dict(data, name=name)

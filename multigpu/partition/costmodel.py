@@ -1,0 +1,503 @@
+"""The cost model: time, energy and weighted cost of one assignment of layers to devices.
+
+Definition (a_0 = source, a_{n+1} = sink, a_1..a_n the layers' devices):
+
+* compute time of layer i:  flops_i / flops(a_i)
+* a transfer of b bytes from u to v costs 0 if u == v, else b / bandwidth(u,v) + latency(u,v);
+  layer 1 receives ``input_bytes`` from a_0, layer i receives ``output_bytes`` of layer
+  i-1, and the sink receives ``output_bytes`` of layer n;
+* with ``ship_params``, each layer with parameters first receives its ``param_bytes``
+  from the source (a layer without parameters ships nothing);
+* T = sum of compute times + sum of transfer times
+* E = sum of power(a_i) * compute time_i + sum of transfer time * link power
+* cost = wt * T + we * E
+
+A pair with no link and no default link cannot be used; ``evaluate`` raises
+UnusableLinkError for an assignment that needs one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from .cluster import Cluster
+from .exceptions import PartitionInputError, UnusableLinkError
+from .graph import Graph
+
+__all__ = ["Breakdown", "CostTables", "DeviceCost", "LayerCost", "LinkCost", "MatrixForm",
+           "check_weights", "evaluate", "resolve_assignment"]
+
+AssignmentLike = Sequence[Union[str, int]]
+
+
+def check_weights(wt: Any, we: Any) -> tuple[float, float]:
+    """Return (wt, we) as floats; PartitionInputError unless both are finite, >= 0 and not both 0."""
+    out = []
+    for label, v in (("wt", wt), ("we", we)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+            raise PartitionInputError(f"{label}={v!r} must be a number (the weight of "
+                                      f"{'time' if label == 'wt' else 'energy'} in the cost)")
+        f = float(v)
+        if not math.isfinite(f) or f < 0:
+            raise PartitionInputError(f"{label}={v!r} must be a finite number >= 0")
+        out.append(f)
+    if out[0] == 0 and out[1] == 0:
+        raise PartitionInputError("wt=0 and we=0 make every assignment cost 0; give wt > 0 "
+                                  "(weight of time, seconds) or we > 0 (weight of energy, joules)")
+    return out[0], out[1]
+
+
+def resolve_assignment(graph: Graph, cluster: Cluster, assignment: AssignmentLike) -> np.ndarray:
+    """Device column of each layer as an int array; PartitionInputError on a bad entry."""
+    if isinstance(assignment, (str, bytes)) or not isinstance(assignment, (Sequence, np.ndarray)):
+        raise PartitionInputError(f"assignment must be a list with one device name per layer, got "
+                                  f"{type(assignment).__name__}")
+    if len(assignment) != graph.n:
+        raise PartitionInputError(f"assignment has {len(assignment)} entries but the graph has "
+                                  f"{graph.n} layers; give one device per layer")
+    out = np.empty(graph.n, dtype=np.intp)
+    for i, dev in enumerate(assignment):
+        if isinstance(dev, (int, np.integer)) and not isinstance(dev, bool):
+            if not 0 <= int(dev) < cluster.k:
+                raise PartitionInputError(f"assignment[{i}] (layer {graph.layers[i].name!r}) = {dev} "
+                                          f"is not a device index 0..{cluster.k - 1}")
+            out[i] = int(dev)
+        elif isinstance(dev, str) and dev in cluster._index:
+            out[i] = cluster._index[dev]
+        else:
+            raise PartitionInputError(f"assignment[{i}] (layer {graph.layers[i].name!r}) = {dev!r} "
+                                      f"is not a device; devices are: {', '.join(cluster.names)}")
+    return out
+
+
+# -- breakdown records -----------------------------------------------------------
+@dataclass(frozen=True)
+class LayerCost:
+    """Cost of one layer block: receiving its input, (shipping its parameters) and computing."""
+
+    name: str
+    device: str
+    compute_time: float
+    compute_energy: float
+    transfer_from: Optional[str]   # device the input came from; None when it was local
+    transfer_time: float
+    transfer_energy: float
+    param_time: float
+    param_energy: float
+    time: float
+    energy: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class DeviceCost:
+    """Totals of one device. ``transfer_time`` counts every transfer it sends or
+    receives; ``memory`` is its parameters plus the largest activation it holds."""
+
+    name: str
+    layers: int
+    compute_time: float
+    compute_energy: float
+    transfer_time: float
+    param_bytes: float
+    activation_bytes: float
+    memory: float
+    memory_limit: Optional[float]
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    """Traffic on one (symmetric) link. ``load`` is the per-inference transfer time of
+    activations (what the throughput bottleneck counts); ``param_time`` is the one-off
+    parameter shipping."""
+
+    between: tuple[str, str]
+    bytes: float
+    load: float
+    param_time: float
+    energy: float
+
+
+@dataclass(frozen=True)
+class MatrixForm:
+    """The document's matrix form of an assignment.
+
+    ``A`` is the one-hot n x k assignment matrix. ``L`` holds n+1 k x k transition
+    matrices: ``L[0]`` from the source to layer 1, ``L[i]`` from layer i to layer i+1
+    (1 <= i < n, the document's L_i), and ``L[n]`` from layer n to the sink.
+    ``compute_time`` (n x k), ``param_time`` (n x k) and ``transfer_time``
+    ((n+1) x k x k, +inf on unusable pairs) are the per-choice costs, so that
+    T = <A, compute_time + param_time> + sum_i <L[i], transfer_time[i]>.
+    """
+
+    A: np.ndarray
+    L: np.ndarray
+    compute_time: np.ndarray
+    param_time: np.ndarray
+    param_power: np.ndarray
+    transfer_time: np.ndarray
+    device_power: np.ndarray
+    link_power: np.ndarray
+
+    def time(self) -> float:
+        """Total time T from the matrix form."""
+        return float(np.sum(self._chosen(self.compute_time + self.param_time))
+                     + np.sum(self._masked(self.transfer_time)))
+
+    def energy(self) -> float:
+        """Total energy E from the matrix form."""
+        compute = np.sum(self._chosen(self.compute_time) * self.device_power[None, :])
+        params = np.sum(self._chosen(self.param_time) * self.param_power[None, :])
+        moves = np.sum(self._masked(self.transfer_time) * self.link_power[None, :, :])
+        return float(compute + params + moves)
+
+    def cost(self, wt: float = 1.0, we: float = 0.0) -> float:
+        """wt * T + we * E from the matrix form."""
+        return wt * self.time() + we * self.energy()
+
+    def _chosen(self, per_choice: np.ndarray) -> np.ndarray:
+        # Unchosen entries may be inf (unreachable); 0 * inf would be NaN.
+        return np.where(self.A > 0, per_choice, 0.0) * self.A
+
+    def _masked(self, per_pair: np.ndarray) -> np.ndarray:
+        # L is 0 on unused pairs, whose cost may be inf; 0 * inf would be NaN.
+        return np.where(self.L > 0, per_pair, 0.0) * self.L
+
+
+@dataclass(frozen=True, eq=False)
+class Breakdown:
+    """Everything ``evaluate`` computes for one assignment.
+
+    ``time``, ``energy`` and ``cost`` are the totals of the definition;
+    ``layers``/``devices``/``links`` break them down; ``output_time`` and
+    ``output_energy`` are the final transfer to the sink; ``bottleneck`` is the
+    throughput objective (the larger of the most loaded device's compute time and
+    the most loaded link's activation transfer time). ``matrix`` is the document's
+    matrix form, built on first access (it holds (n+1)*k*k numbers).
+    """
+
+    assignment: list[str]
+    time: float
+    energy: float
+    cost: float
+    wt: float
+    we: float
+    ship_params: bool
+    compute_time: float
+    transfer_time: float
+    param_time: float
+    output_time: float
+    output_energy: float
+    bottleneck: float
+    layers: list[LayerCost]
+    devices: list[DeviceCost]
+    links: list[LinkCost]
+    _graph: Graph = field(repr=False)
+    _cluster: Cluster = field(repr=False)
+    _columns: np.ndarray = field(repr=False)
+
+    @cached_property
+    def matrix(self) -> MatrixForm:
+        """The document's matrix form (one-hot A and transition matrices L)."""
+        return matrix_form(self._graph, self._cluster, self._columns, self.ship_params)
+
+    def device(self, name: str) -> DeviceCost:
+        """The per-device record of ``name``."""
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise PartitionInputError(f"unknown device {name!r}; devices are: "
+                                  f"{', '.join(d.name for d in self.devices)}")
+
+
+# -- the arithmetic ------------------------------------------------------------
+@dataclass(frozen=True)
+class _Arrays:
+    """Per-layer arrays of one assignment (no Python objects: cheap for n = 10,000)."""
+
+    a: np.ndarray            # device column per layer
+    prev: np.ndarray         # device the input comes from (a_{i-1}, a_0 = source)
+    comp: np.ndarray         # compute time
+    comp_energy: np.ndarray
+    t_in: np.ndarray         # input transfer time (0 when local)
+    e_in: np.ndarray
+    t_param: np.ndarray      # parameter shipping time (0 unless ship_params)
+    e_param: np.ndarray
+    t_out: float             # layer n -> sink
+    e_out: float
+
+
+def _arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool) -> _Arrays:
+    tab = cluster.tables
+    src, sink = cluster.source_index, cluster.sink_index
+    prev = np.concatenate([[src], a[:-1]]).astype(np.intp)
+    bad = ~tab.usable[prev, a]
+    if bad.any():
+        i = int(np.argmax(bad))
+        u, v = cluster.names[prev[i]], cluster.names[a[i]]
+        origin = "the source" if i == 0 else f"layer {graph.layers[i - 1].name!r}"
+        raise UnusableLinkError(
+            f"layer {graph.layers[i].name!r} on {v!r} receives its input from {origin} on {u!r}, "
+            f"but no link joins {u!r} and {v!r} and the cluster has no default_link; add a link "
+            f"between them or a default_link, or assign the layers differently")
+    last = int(a[-1])
+    if not tab.usable[last, sink]:
+        raise UnusableLinkError(
+            f"the output of the last layer {graph.layers[-1].name!r} on {cluster.names[last]!r} must "
+            f"reach the sink {cluster.sink!r}, but no link joins them and the cluster has no "
+            f"default_link; add a link or a default_link, or assign the last layer differently")
+    comp = graph.flops / cluster.flops[a]
+    comp_energy = comp * cluster.power[a]
+    local = prev == a
+    t_in = np.where(local, 0.0, graph.input_bytes_per_layer * tab.inv_bandwidth[prev, a]
+                    + tab.latency[prev, a])
+    e_in = t_in * tab.power[prev, a]
+    if ship_params:
+        ships = (a != src) & (graph.param_bytes > 0)
+        bad = ships & ~tab.usable[src, a]
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise UnusableLinkError(
+                f"with ship_params, layer {graph.layers[i].name!r} on {cluster.names[a[i]]!r} receives "
+                f"its parameters from the source {cluster.source!r}, but no link joins them and the "
+                f"cluster has no default_link; add a link or a default_link, or place it elsewhere")
+        t_param = np.where(ships, graph.param_bytes * tab.inv_bandwidth[src, a] + tab.latency[src, a], 0.0)
+        e_param = t_param * tab.power[src, a]
+    else:
+        t_param = np.zeros(graph.n)
+        e_param = t_param
+    if last == sink:
+        t_out = e_out = 0.0
+    else:
+        t_out = float(graph.output_bytes[-1] * tab.inv_bandwidth[last, sink] + tab.latency[last, sink])
+        e_out = t_out * float(tab.power[last, sink])
+    return _Arrays(a, prev, comp, comp_energy, t_in, e_in, t_param, e_param, t_out, e_out)
+
+
+def _totals(x: _Arrays, wt: float, we: float) -> tuple[float, float, float]:
+    # fsum: the totals are compared against independent re-computations, so avoid
+    # summation-order noise.
+    time = math.fsum(x.comp) + math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out
+    energy = math.fsum(x.comp_energy) + math.fsum(x.e_in) + math.fsum(x.e_param) + x.e_out
+    return time, energy, wt * time + we * energy
+
+
+def _link_loads(cluster: Cluster, x: _Arrays) -> np.ndarray:
+    """k x k symmetric matrix of activation transfer time per unordered pair."""
+    k = cluster.k
+    load = np.zeros((k, k))
+    np.add.at(load, (x.prev, x.a), x.t_in)
+    load[int(x.a[-1]), cluster.sink_index] += x.t_out
+    load = load + load.T
+    np.fill_diagonal(load, 0.0)
+    return load
+
+
+def bottleneck_of(graph: Graph, cluster: Cluster, a: np.ndarray) -> float:
+    """The throughput objective of assignment ``a`` (device columns)."""
+    x = _arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False)
+    busy = np.bincount(x.a, weights=x.comp, minlength=cluster.k)
+    return float(max(busy.max(), _link_loads(cluster, x).max()))
+
+
+def memory_use(graph: Graph, cluster: Cluster, a: np.ndarray) -> np.ndarray:
+    """Bytes per device: its layers' parameters plus the largest activation among them."""
+    params = np.bincount(a, weights=graph.param_bytes, minlength=cluster.k)
+    act = np.zeros(cluster.k)
+    np.maximum.at(act, a, graph.activation_bytes)
+    return params + act
+
+
+def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: float = 1.0,
+             we: float = 0.0, ship_params: bool = False) -> Breakdown:
+    """Time, energy and cost of ``assignment`` (one device name or index per layer),
+    broken down per layer, per device and per link, with the matrix form.
+
+    Raises PartitionInputError for bad weights or a malformed assignment, and
+    UnusableLinkError when the assignment moves data over a pair with no link.
+    """
+    wt, we = check_weights(wt, we)
+    a = resolve_assignment(graph, cluster, assignment)
+    x = _arrays(graph, cluster, a, bool(ship_params))
+    time, energy, cost = _totals(x, wt, we)
+    names = cluster.names
+    k = cluster.k
+
+    layer_time = x.comp + x.t_in + x.t_param
+    layer_energy = x.comp_energy + x.e_in + x.e_param
+    layers = [LayerCost(
+        name=spec.name, device=names[a[i]],
+        compute_time=float(x.comp[i]), compute_energy=float(x.comp_energy[i]),
+        transfer_from=None if x.prev[i] == a[i] else names[x.prev[i]],
+        transfer_time=float(x.t_in[i]), transfer_energy=float(x.e_in[i]),
+        param_time=float(x.t_param[i]), param_energy=float(x.e_param[i]),
+        time=float(layer_time[i]), energy=float(layer_energy[i]),
+        cost=float(wt * layer_time[i] + we * layer_energy[i]),
+    ) for i, spec in enumerate(graph.layers)]
+
+    src, sink = cluster.source_index, cluster.sink_index
+    busy = np.bincount(a, weights=x.comp, minlength=k)
+    busy_e = np.bincount(a, weights=x.comp_energy, minlength=k)
+    moving = np.bincount(a, weights=x.t_in + x.t_param, minlength=k)       # received
+    moving += np.bincount(x.prev, weights=x.t_in, minlength=k)             # sent
+    moving[src] += x.t_param.sum()
+    moving[int(a[-1])] += x.t_out
+    moving[sink] += x.t_out
+    params = np.bincount(a, weights=graph.param_bytes, minlength=k)
+    act = np.zeros(k)
+    np.maximum.at(act, a, graph.activation_bytes)
+    counts = np.bincount(a, minlength=k)
+    devices = [DeviceCost(
+        name=names[d], layers=int(counts[d]), compute_time=float(busy[d]),
+        compute_energy=float(busy_e[d]), transfer_time=float(moving[d]),
+        param_bytes=float(params[d]), activation_bytes=float(act[d]),
+        memory=float(params[d] + act[d]), memory_limit=cluster.devices[d].memory,
+    ) for d in range(k)]
+
+    links = _link_records(graph, cluster, x)
+    loads = _link_loads(cluster, x)
+    bottleneck = float(max(busy.max(), loads.max()))
+    return Breakdown(
+        assignment=[names[d] for d in a], time=time, energy=energy, cost=cost, wt=wt, we=we,
+        ship_params=bool(ship_params), compute_time=math.fsum(x.comp),
+        transfer_time=math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out,
+        param_time=math.fsum(x.t_param), output_time=x.t_out, output_energy=x.e_out,
+        bottleneck=bottleneck, layers=layers, devices=devices, links=links,
+        _graph=graph, _cluster=cluster, _columns=a,
+    )
+
+
+def _link_records(graph: Graph, cluster: Cluster, x: _Arrays) -> list[LinkCost]:
+    k = cluster.k
+    nbytes = np.zeros((k, k))
+    load = np.zeros((k, k))
+    ptime = np.zeros((k, k))
+    energy = np.zeros((k, k))
+    moved = x.prev != x.a
+    np.add.at(nbytes, (x.prev[moved], x.a[moved]), graph.input_bytes_per_layer[moved])
+    np.add.at(load, (x.prev, x.a), x.t_in)
+    np.add.at(energy, (x.prev, x.a), x.e_in)
+    last, sink, src = int(x.a[-1]), cluster.sink_index, cluster.source_index
+    if last != sink:
+        nbytes[last, sink] += graph.output_bytes[-1]
+        load[last, sink] += x.t_out
+        energy[last, sink] += x.e_out
+    shipped = x.t_param > 0
+    np.add.at(nbytes, (np.full(int(shipped.sum()), src), x.a[shipped]), graph.param_bytes[shipped])
+    np.add.at(ptime, (np.full(graph.n, src), x.a), x.t_param)
+    np.add.at(energy, (np.full(graph.n, src), x.a), x.e_param)
+    out = []
+    names = cluster.names
+    for u in range(k):
+        for v in range(u + 1, k):
+            b = nbytes[u, v] + nbytes[v, u]
+            t = load[u, v] + load[v, u]
+            p = ptime[u, v] + ptime[v, u]
+            if b > 0 or t > 0 or p > 0:
+                out.append(LinkCost(between=(names[u], names[v]), bytes=float(b), load=float(t),
+                                    param_time=float(p), energy=float(energy[u, v] + energy[v, u])))
+    return out
+
+
+def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool) -> MatrixForm:
+    """Build the document's matrix form for assignment columns ``a``."""
+    n, k = graph.n, cluster.k
+    tab = cluster.tables
+    src, sink = cluster.source_index, cluster.sink_index
+    A = np.zeros((n, k))
+    A[np.arange(n), a] = 1.0
+    eye = np.eye(k)
+    L = np.empty((n + 1, k, k))
+    L[0] = np.outer(eye[src], A[0])
+    L[1:n] = A[:-1, :, None] * A[1:, None, :]
+    L[n] = np.outer(A[-1], eye[sink])
+    nbytes = np.concatenate([[graph.input_bytes], graph.output_bytes])   # bytes on edge 0..n
+    T = nbytes[:, None, None] * tab.inv_bandwidth[None] + tab.latency[None]
+    T[:, np.arange(k), np.arange(k)] = 0.0
+    T[:, ~tab.usable] = np.inf
+    comp = graph.flops[:, None] / cluster.flops[None, :]
+    if ship_params:
+        ptime = graph.param_bytes[:, None] * tab.inv_bandwidth[src][None, :] + tab.latency[src][None, :]
+        ptime[:, src] = 0.0
+        ptime[graph.param_bytes == 0, :] = 0.0
+        ptime[:, ~tab.usable[src]] = np.where(graph.param_bytes[:, None] > 0, np.inf, 0.0)
+    else:
+        ptime = np.zeros((n, k))
+    return MatrixForm(A=A, L=L, compute_time=comp, param_time=ptime, param_power=tab.power[src].copy(),
+                      transfer_time=T, device_power=cluster.power.copy(), link_power=tab.power.copy())
+
+
+# -- tables for the solvers ----------------------------------------------------------
+@dataclass(frozen=True)
+class CostTables:
+    """Per-choice costs the solvers share, for one (graph, cluster, ship_params).
+
+    ``node_time``/``node_energy`` (n x k) are a layer's compute plus parameter
+    shipping on each device (+inf where its parameters cannot reach that device).
+    An edge carrying b bytes from u to v costs ``b * alpha + beta`` (+inf where
+    ``usable`` is False); ``alpha``/``beta`` are built per (wt, we) by ``edge``.
+    """
+
+    graph: Graph
+    cluster: Cluster
+    ship_params: bool
+    comp: np.ndarray
+    node_time: np.ndarray
+    node_energy: np.ndarray
+
+    @classmethod
+    def build(cls, graph: Graph, cluster: Cluster, ship_params: bool) -> "CostTables":
+        """Compute the node tables (vectorized, O(n k))."""
+        tab = cluster.tables
+        src = cluster.source_index
+        comp = graph.flops[:, None] / cluster.flops[None, :]
+        node_time = comp.copy()
+        node_energy = comp * cluster.power[None, :]
+        if ship_params:
+            has = graph.param_bytes > 0
+            pt = graph.param_bytes[:, None] * tab.inv_bandwidth[src][None, :] + tab.latency[src][None, :]
+            pt[:, src] = 0.0
+            pt[~has, :] = 0.0
+            pt[np.ix_(has, ~tab.usable[src])] = np.inf
+            node_time = node_time + pt
+            with np.errstate(invalid="ignore"):
+                pe = np.where(np.isinf(pt), np.inf, pt * tab.power[src][None, :])
+            node_energy = node_energy + pe
+        return cls(graph, cluster, bool(ship_params), comp, node_time, node_energy)
+
+    def node(self, wt: float, we: float) -> np.ndarray:
+        """n x k weighted node cost (+inf where impossible)."""
+        if we == 0:
+            return wt * self.node_time
+        if wt == 0:
+            return we * self.node_energy
+        return wt * self.node_time + we * self.node_energy
+
+    def edge(self, wt: float, we: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(alpha, beta, blocked): edge cost is b * alpha + beta, and +inf where
+        ``blocked`` (unusable pairs). alpha and beta are 0 on the diagonal."""
+        tab = self.cluster.tables
+        weight = wt + we * tab.power
+        alpha = weight * tab.inv_bandwidth
+        beta = weight * tab.latency
+        return alpha, beta, ~tab.usable
+
+    def edge_matrix(self, nbytes: float, wt: float, we: float) -> np.ndarray:
+        """k x k weighted cost of moving ``nbytes`` between each pair (+inf if unusable)."""
+        alpha, beta, blocked = self.edge(wt, we)
+        m = nbytes * alpha + beta
+        np.fill_diagonal(m, 0.0)
+        m[blocked] = np.inf
+        return m
+
+    def first_edge(self, wt: float, we: float) -> np.ndarray:
+        """Cost (k,) of sending the input from the source to layer 1 on each device."""
+        return self.edge_matrix(self.graph.input_bytes, wt, we)[self.cluster.source_index].copy()
+
+    def last_edge(self, wt: float, we: float) -> np.ndarray:
+        """Cost (k,) of sending the last layer's output from each device to the sink."""
+        return self.edge_matrix(float(self.graph.output_bytes[-1]), wt, we)[:, self.cluster.sink_index].copy()

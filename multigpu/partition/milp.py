@@ -1,0 +1,439 @@
+"""Exact constrained placement as a MILP, solved by HiGHS through ``scipy.optimize.milp``.
+
+Variables
+  x[i, d] in {0, 1}     layer i runs on device d
+  y[e, u, v] in [0, 1]  the edge between layer e and e+1 goes from u to v
+
+The flow constraints  sum_v y[e,u,v] = x[e,u]  and  sum_u y[e,u,v] = x[e+1,v]
+force y to be the product x[e,u] * x[e+1,v] once x is integral, and make the LP
+relaxation of the unconstrained problem a shortest path (integral), so HiGHS
+spends its effort on the coupling constraints only:
+
+  memory   sum_i p_i x[i,d] + m_d <= mem_d,   m_d >= act_i x[i,d]   (largest activation)
+  busy     sum_i comp[i,d] x[i,d] <= busy_d
+  energy   E(x, y) <= budget
+  bottleneck (throughput objective)
+           sum_i comp[i,d] x[i,d] <= B   for every device
+           load_{u,v}(x, y) <= B          for every usable pair
+
+scipy is imported here, lazily, so the core imports numpy and the standard library only.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Collection, Optional
+
+import numpy as np
+
+from .constraints import ResolvedConstraints
+from .costmodel import CostTables
+
+__all__ = ["FAMILIES", "MilpResult", "Model", "Multipliers", "build_model", "relax", "solve_milp",
+           "solve_model"]
+
+FAMILIES = ("memory", "busy", "energy")
+
+
+@dataclass(frozen=True)
+class MilpResult:
+    """Outcome of one MILP solve: ``status`` is HiGHS's (0 optimal, 2 infeasible, ...);
+    ``a`` the device column per layer when a solution exists; ``value`` the optimum in
+    the problem's own units (seconds of bottleneck, or cost)."""
+
+    status: int
+    message: str
+    a: Optional[np.ndarray]
+    value: float
+
+
+def _clamp_scale(tables: CostTables, cons: ResolvedConstraints, forbid: np.ndarray, y_open: np.ndarray,
+                 nbytes: np.ndarray, wt: float, we: float, objective: str, need_b: bool,
+                 scale: float) -> float:
+    biggest = 0.0
+    open_x = ~forbid
+    if objective == "latency":
+        node = tables.node(wt, we)
+        first, last = tables.first_edge(wt, we), tables.last_edge(wt, we)
+        vals = [node[open_x], first[open_x[0]], last[open_x[-1]]]
+        if len(nbytes):
+            alpha, beta, _ = tables.edge(wt, we)
+            vals.append((nbytes[:, None, None] * alpha[None] + beta[None])[y_open])
+        biggest = max(biggest, max((float(np.max(v[np.isfinite(v)], initial=0.0)) for v in vals), default=0.0))
+    if need_b:
+        tab = tables.cluster.tables
+        biggest = max(biggest, float(np.max(tables.comp[open_x], initial=0.0)))
+        if len(nbytes):
+            t = nbytes.max() * tab.inv_bandwidth + tab.latency
+            biggest = max(biggest, float(t.max()))
+        biggest = max(biggest, float(np.max(tables.first_edge(1.0, 0.0)[open_x[0]], initial=0.0)),
+                      float(np.max(tables.last_edge(1.0, 0.0)[open_x[-1]], initial=0.0)))
+    if biggest > 0 and scale * biggest > 1e9:
+        return 1e9 / biggest
+    return scale
+
+
+class _Rows:
+    """Accumulates sparse rows as COO triplets."""
+
+    def __init__(self) -> None:
+        self.r: list[np.ndarray] = []
+        self.c: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self.lo: list[np.ndarray] = []
+        self.hi: list[np.ndarray] = []
+        self.count = 0
+
+    def add(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, nrows: int,
+            lo: float | np.ndarray, hi: float | np.ndarray) -> None:
+        keep = vals != 0
+        self.r.append(np.asarray(rows, dtype=np.int64)[keep] + self.count)
+        self.c.append(np.asarray(cols, dtype=np.int64)[keep])
+        self.v.append(np.asarray(vals, dtype=float)[keep])
+        self.lo.append(np.broadcast_to(np.asarray(lo, dtype=float), (nrows,)))
+        self.hi.append(np.broadcast_to(np.asarray(hi, dtype=float), (nrows,)))
+        self.count += nrows
+
+
+@dataclass(frozen=True)
+class Model:
+    """A built MILP: ``c``, ``A`` (csr), row bounds ``lo``/``hi``, variable bounds
+    ``lb``/``ub`` and ``integrality``, plus where things live: ``nx`` x columns
+    (layer-major), ``scale`` (objective multiplier) and the first row of each
+    coupling family (-1 when absent): ``energy_row``; ``busy_rows`` for ``busy_devs``;
+    ``mem_rows`` (parameter rows) and ``act_rows`` (n rows per device, layer-major)
+    for ``mem_devs``; ``m_ub``, the bound of the largest-activation variables."""
+
+    c: np.ndarray
+    A: Any
+    cols: np.ndarray          # full-model index of each kept column
+    nvar: int                 # columns before fixed ones were dropped
+    lo: np.ndarray
+    hi: np.ndarray
+    lb: np.ndarray
+    ub: np.ndarray
+    integrality: np.ndarray
+    n: int
+    k: int
+    nx: int
+    scale: float
+    energy_row: int
+    busy_devs: np.ndarray
+    busy_rows: int
+    mem_devs: np.ndarray
+    mem_rows: int
+    act_rows: int
+    m_ub: float
+
+
+def solve_milp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, *,
+               objective: str = "latency", scale: float = 1.0,
+               bottleneck_cap: Optional[float] = None,
+               families: Collection[str] = FAMILIES, verbose: bool = False,
+               fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None,
+               options: Optional[dict] = None) -> MilpResult:
+    """Build and solve the placement MILP (see ``build_model`` for the arguments);
+    ``options`` are passed on to HiGHS (e.g. ``time_limit``)."""
+    model = build_model(tables, cons, wt, we, objective=objective, scale=scale,
+                        bottleneck_cap=bottleneck_cap, families=families, fix_x=fix_x, fix_y=fix_y)
+    return solve_model(model, verbose=verbose, options=options)
+
+
+def solve_model(model: Model, verbose: bool = False, options: Optional[dict] = None) -> MilpResult:
+    """Solve a built model with HiGHS, demanding a zero relative gap. ``options`` go
+    to HiGHS, e.g. ``time_limit`` or ``objective_bound`` (in the model's scaled units)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp  # lazy: scipy is heavy
+
+    with warnings.catch_warnings():
+        # scipy warns that it passes HiGHS-only options (objective_bound) on verbatim;
+        # that is what we want.
+        warnings.filterwarnings("ignore", message="Unrecognized options", category=RuntimeWarning)
+        res = milp(model.c, integrality=model.integrality, bounds=Bounds(model.lb, model.ub),
+                   constraints=LinearConstraint(model.A, model.lo, model.hi),
+                   options={"disp": bool(verbose), "mip_rel_gap": 0.0, "presolve": True, **(options or {})})
+    if res.x is None:
+        return MilpResult(int(res.status), str(res.message), None, math.inf)
+    n, k = model.n, model.k
+    xv = _full(model, res.x)[:model.nx].reshape(n, k)
+    a = xv.argmax(axis=1).astype(np.intp)
+    if np.any(xv[np.arange(n), a] < 0.5):  # pragma: no cover - HiGHS returns integral x
+        return MilpResult(4, "solver returned a fractional assignment", None, math.inf)
+    return MilpResult(int(res.status), str(res.message), a, float(res.fun) / model.scale)
+
+
+def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, *,
+                objective: str = "latency", scale: float = 1.0,
+                bottleneck_cap: Optional[float] = None,
+                families: Collection[str] = FAMILIES,
+                fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None) -> Model:
+    """Build the placement MILP.
+
+    ``objective="latency"`` minimises wt*T + we*E; ``"bottleneck"`` minimises the
+    throughput bottleneck; ``"feasibility"`` only looks for a feasible point.
+    ``bottleneck_cap`` (seconds) adds B <= cap to a latency solve (the tie-break
+    phase of the throughput objective). ``families`` selects which coupling
+    constraints to include (used to find the binding one). ``scale`` multiplies the
+    objective so its optimum is well above HiGHS's absolute gap (1e-6); the caller
+    picks it from a lower bound. ``fix_x``/``fix_y`` mark choices proven useless
+    (Lagrangian reduced-cost fixing); they are fixed to 0.
+    """
+    from scipy.sparse import coo_matrix
+
+
+    graph, cluster = tables.graph, tables.cluster
+    n, k = graph.n, cluster.k
+    nx = n * k
+    ne = n - 1
+    ny = ne * k * k
+    tab = cluster.tables
+    src, sink = cluster.source_index, cluster.sink_index
+    blocked = ~tab.usable
+    nbytes = graph.output_bytes[:-1]                     # edge e carries layer e's output
+
+    use_mem = "memory" in families and cons.has_memory
+    use_busy = "busy" in families and cons.has_busy
+    use_energy = "energy" in families and cons.has_energy
+    need_b = objective == "bottleneck" or bottleneck_cap is not None
+    mem_devs = np.flatnonzero(np.isfinite(cons.memory)) if use_mem else np.array([], dtype=np.intp)
+    n_m = len(mem_devs)
+    nvar = nx + ny + n_m + (1 if need_b else 0)
+    m_off = nx + ny
+    b_idx = nvar - 1
+
+    # Index grids.
+    xi = np.arange(nx).reshape(n, k)
+    e_ar = np.arange(ne)
+    yi = nx + np.arange(ny).reshape(ne, k, k) if ne else np.empty((0, k, k), dtype=np.int64)
+
+    # Bounds: forbid impossible choices instead of giving them huge costs.
+    lb = np.zeros(nvar)
+    ub = np.ones(nvar)
+    if objective not in ("latency", "bottleneck", "feasibility"):
+        raise ValueError(f"unknown MILP objective {objective!r}")
+    node_t = tables.node_time
+    first_t = tables.first_edge(1.0, 0.0)
+    last_t = tables.last_edge(1.0, 0.0)
+    forbid = ~cons.allowed | ~np.isfinite(node_t)
+    forbid[0] |= ~np.isfinite(first_t)
+    forbid[-1] |= ~np.isfinite(last_t)
+    # A choice that breaks a limit on its own can never be part of a feasible plan.
+    # Fixing it to 0 up front keeps every constraint coefficient <= ~1, so a tiny
+    # limit cannot produce badly scaled rows.
+    slack = 1 + 1e-9
+    if use_mem:
+        need = graph.param_bytes + graph.activation_bytes
+        forbid |= need[:, None] > cons.memory[None, :] * slack
+    if use_busy:
+        forbid |= tables.comp > cons.busy[None, :] * slack
+    y_open = np.broadcast_to(~blocked, (ne, k, k)).copy()
+    if use_energy:
+        fe, le = tables.first_edge(0.0, 1.0), tables.last_edge(0.0, 1.0)
+        forbid |= tables.node_energy > cons.energy_budget * slack
+        forbid[0] |= fe > cons.energy_budget * slack
+        forbid[-1] |= le > cons.energy_budget * slack
+        if ne:
+            alpha_e, beta_e, _ = tables.edge(0.0, 1.0)
+            y_open &= nbytes[:, None, None] * alpha_e[None] + beta_e[None] <= cons.energy_budget * slack
+    if fix_x is not None:
+        forbid |= fix_x
+    if fix_y is not None and ne:
+        y_open &= ~fix_y
+    if ne:
+        # An edge can only carry flow between choices that are still open.
+        y_open &= ~forbid[:-1, :, None] & ~forbid[1:, None, :]
+    ub[:nx][forbid.ravel()] = 0.0
+    if ne:
+        ub[nx:nx + ny] = y_open.ravel().astype(float)
+    # m_d is the largest activation on d as a fraction of its memory: at most 1 once
+    # over-sized layers are forbidden (the bound keeps the Lagrangian finite).
+    m_ub = 1.0 + 1e-6
+    if n_m:
+        ub[m_off:m_off + n_m] = m_ub
+    # Keep every scaled coefficient below 1e9: HiGHS treats costs near 1e20 as
+    # infinite and loses accuracy long before. Only degenerate inputs (costs spanning
+    # more than 1e6 between the optimum and the dearest choice) reach this clamp.
+    scale = _clamp_scale(tables, cons, forbid, y_open, nbytes, wt, we, objective, need_b, scale)
+    if need_b:
+        ub[b_idx] = np.inf if bottleneck_cap is None else bottleneck_cap * scale
+
+    # Objective.
+    c = np.zeros(nvar)
+    if objective == "bottleneck":
+        c[b_idx] = 1.0
+    elif objective == "latency":
+        node_w = tables.node(wt, we)
+        first_w = tables.first_edge(wt, we)
+        last_w = tables.last_edge(wt, we)
+        cx = np.where(forbid, 0.0, node_w)
+        cx[0] += np.where(np.isfinite(first_w), first_w, 0.0)
+        cx[-1] += np.where(np.isfinite(last_w), last_w, 0.0)
+        c[:nx] = scale * cx.ravel()
+        if ne:
+            alpha, beta, _ = tables.edge(wt, we)
+            cy = nbytes[:, None, None] * alpha[None] + beta[None]
+            cy[:, blocked] = 0.0
+            cy[:, np.arange(k), np.arange(k)] = 0.0
+            c[nx:nx + ny] = scale * cy.ravel()
+
+    rows = _Rows()
+    # Each layer on exactly one device.
+    rows.add(np.repeat(np.arange(n), k), xi.ravel(), np.ones(nx), n, 1.0, 1.0)
+    if ne:
+        # Flow out of (e, u) and into (e+1, v).
+        r_out = (e_ar[:, None, None] * k + np.arange(k)[None, :, None]) + np.zeros((1, 1, k), dtype=np.int64)
+        rows.add(np.concatenate([r_out.ravel(), (e_ar[:, None] * k + np.arange(k)[None, :]).ravel()]),
+                 np.concatenate([yi.ravel(), xi[:-1].ravel()]),
+                 np.concatenate([np.ones(ny), -np.ones(ne * k)]), ne * k, 0.0, 0.0)
+        r_in = (e_ar[:, None, None] * k + np.arange(k)[None, None, :]) + np.zeros((1, k, 1), dtype=np.int64)
+        rows.add(np.concatenate([r_in.ravel(), (e_ar[:, None] * k + np.arange(k)[None, :]).ravel()]),
+                 np.concatenate([yi.ravel(), xi[1:].ravel()]),
+                 np.concatenate([np.ones(ny), -np.ones(ne * k)]), ne * k, 0.0, 0.0)
+
+    energy_row = busy_rows = mem_rows = act_rows = -1
+    busy_devs = np.array([], dtype=np.intp)
+    if use_energy:
+        energy_row = rows.count
+        # One row, divided by the budget so the solver's tolerance is relative.
+        budget = cons.energy_budget
+        ex = np.where(forbid, 0.0, tables.node_energy)
+        fe, le = tables.first_edge(0.0, 1.0), tables.last_edge(0.0, 1.0)
+        ex[0] += np.where(np.isfinite(fe), fe, 0.0)
+        ex[-1] += np.where(np.isfinite(le), le, 0.0)
+        cols = [xi.ravel()]
+        vals = [ex.ravel() / budget]
+        if ne:
+            alpha, beta, _ = tables.edge(0.0, 1.0)
+            ey = nbytes[:, None, None] * alpha[None] + beta[None]
+            ey[:, blocked] = 0.0
+            ey[:, np.arange(k), np.arange(k)] = 0.0
+            cols.append(yi.ravel())
+            vals.append(ey.ravel() / budget)
+        cc = np.concatenate(cols)
+        rows.add(np.zeros(len(cc), dtype=np.int64), cc, np.concatenate(vals), 1, -np.inf, 1.0)
+
+    if use_busy:
+        devs = busy_devs = np.flatnonzero(np.isfinite(cons.busy))
+        busy_rows = rows.count
+        vals = (tables.comp[:, devs] / cons.busy[devs][None, :]).T          # (len(devs), n)
+        rows.add(np.repeat(np.arange(len(devs)), n), xi[:, devs].T.ravel(), vals.ravel(),
+                 len(devs), -np.inf, 1.0)
+
+    if n_m:
+        mem = cons.memory[mem_devs]
+        p = graph.param_bytes
+        act = graph.activation_bytes
+        # sum_i p_i/mem x[i,d] + m_d <= 1   (m_d: the largest activation, as a fraction)
+        mem_rows = rows.count
+        r = np.concatenate([np.repeat(np.arange(n_m), n), np.arange(n_m)])
+        cl = np.concatenate([xi[:, mem_devs].T.ravel(), m_off + np.arange(n_m)])
+        vl = np.concatenate([(p[None, :] / mem[:, None]).ravel(), np.ones(n_m)])
+        rows.add(r, cl, vl, n_m, -np.inf, 1.0)
+        # act_i/mem x[i,d] - m_d <= 0
+        act_rows = rows.count
+        r = np.arange(n_m * n)
+        rows.add(np.concatenate([r, r]),
+                 np.concatenate([xi[:, mem_devs].T.ravel(), np.repeat(m_off + np.arange(n_m), n)]),
+                 np.concatenate([(act[None, :] / mem[:, None]).ravel(), -np.ones(n_m * n)]),
+                 n_m * n, -np.inf, 0.0)
+
+    if need_b:
+        # Device rows: scale * compute time on d - B <= 0.
+        comp = np.where(forbid, 0.0, tables.comp)
+        rows.add(np.concatenate([np.repeat(np.arange(k), n), np.arange(k)]),
+                 np.concatenate([xi.T.ravel(), np.full(k, b_idx)]),
+                 np.concatenate([scale * comp.T.ravel(), -np.ones(k)]), k, -np.inf, 0.0)
+        # Link rows: scale * activation transfer time over {u, v} - B <= 0.
+        pu, pv = np.nonzero(np.triu(tab.usable, 1))
+        npairs = len(pu)
+        if npairs:
+            r_parts, c_parts, v_parts = [], [], []
+            if ne:
+                t = nbytes[None, :] * tab.inv_bandwidth[pu, pv][:, None] + tab.latency[pu, pv][:, None]
+                rr = np.repeat(np.arange(npairs), ne)
+                r_parts += [rr, rr]
+                c_parts += [yi[:, pu, pv].T.ravel(), yi[:, pv, pu].T.ravel()]
+                v_parts += [scale * t.ravel(), scale * t.ravel()]
+            pair_of = -np.ones((k, k), dtype=np.int64)
+            pair_of[pu, pv] = np.arange(npairs)
+            pair_of[pv, pu] = np.arange(npairs)
+            for layer, end, nb in ((0, src, graph.input_bytes), (n - 1, sink, float(graph.output_bytes[-1]))):
+                others = np.array([d for d in range(k) if d != end and pair_of[end, d] >= 0], dtype=np.int64)
+                if len(others):
+                    t = nb * tab.inv_bandwidth[end, others] + tab.latency[end, others]
+                    r_parts.append(pair_of[end, others])
+                    c_parts.append(xi[layer, others])
+                    v_parts.append(scale * t)
+            r_parts.append(np.arange(npairs))
+            c_parts.append(np.full(npairs, b_idx))
+            v_parts.append(-np.ones(npairs))
+            rows.add(np.concatenate(r_parts), np.concatenate(c_parts), np.concatenate(v_parts),
+                     npairs, -np.inf, 0.0)
+
+    A = coo_matrix((np.concatenate(rows.v), (np.concatenate(rows.r), np.concatenate(rows.c))),
+                   shape=(rows.count, nvar)).tocsr()
+    # Variables fixed at 0 contribute nothing; dropping them keeps huge numbers (a
+    # choice that is absurdly expensive) away from the solver.
+    # Drop them from the model altogether: HiGHS's presolve would, but only after
+    # paying for the full size (the restricted and fixed solves remove most columns).
+    cols = np.flatnonzero(ub != 0)
+    A = A.tocsc()[:, cols].tocsr()
+    integrality = np.zeros(nvar)
+    integrality[:nx] = 1
+    return Model(c=c[cols], A=A, lo=np.concatenate(rows.lo), hi=np.concatenate(rows.hi), lb=lb[cols],
+                 ub=ub[cols], integrality=integrality[cols], cols=cols, nvar=nvar,
+                 n=n, k=k, nx=nx, scale=scale, energy_row=energy_row,
+                 busy_devs=busy_devs, busy_rows=busy_rows, mem_devs=mem_devs, mem_rows=mem_rows,
+                 act_rows=act_rows, m_ub=m_ub)
+
+
+@dataclass(frozen=True)
+class Multipliers:
+    """Non-negative multipliers of the coupling rows (rows divided by their limits),
+    in cost units: ``lam`` (k,) memory parameters, ``pi`` (n, k) largest-activation
+    rows, ``nu`` (k,) busy time, ``mu`` the energy budget."""
+
+    lam: np.ndarray
+    pi: np.ndarray
+    nu: np.ndarray
+    mu: float
+
+
+def relax(model: Model) -> tuple[Optional[float], Optional[Multipliers], Optional[np.ndarray]]:
+    """Solve the LP relaxation. Return its value (cost units), the duals of the
+    coupling rows as Lagrange multipliers, and the fractional x (n x k); all None if
+    the relaxation is infeasible."""
+    from scipy.optimize import linprog
+
+    eq = np.flatnonzero(model.lo == model.hi)
+    le = np.flatnonzero(model.lo != model.hi)            # every other row is "<= hi"
+    A = model.A
+    res = linprog(model.c, A_ub=A[le], b_ub=model.hi[le], A_eq=A[eq], b_eq=model.lo[eq],
+                  bounds=np.column_stack([model.lb, model.ub]), method="highs")
+    if res.status != 0:
+        return None, None, None
+    dual = np.zeros(A.shape[0])
+    # HiGHS reports <= rows' duals as <= 0 for a minimisation; the multipliers are their negation.
+    dual[le] = np.maximum(0.0, -np.asarray(res.ineqlin.marginals)) / model.scale
+    n, k = model.n, model.k
+    lam = np.zeros(k)
+    pi = np.zeros((n, k))
+    nu = np.zeros(k)
+    mu = 0.0
+    if model.mem_rows >= 0:
+        m = len(model.mem_devs)
+        lam[model.mem_devs] = dual[model.mem_rows:model.mem_rows + m]
+        pi[:, model.mem_devs] = dual[model.act_rows:model.act_rows + m * n].reshape(m, n).T
+    if model.busy_rows >= 0:
+        nu[model.busy_devs] = dual[model.busy_rows:model.busy_rows + len(model.busy_devs)]
+    if model.energy_row >= 0:
+        mu = float(dual[model.energy_row])
+    x = _full(model, res.x)[:model.nx].reshape(n, k)
+    return float(res.fun) / model.scale, Multipliers(lam, pi, nu, mu), x
+
+
+def _full(model: Model, values: Any) -> np.ndarray:
+    """Values of every column of the full model (0 for the dropped ones)."""
+    full = np.zeros(model.nvar)
+    full[model.cols] = np.asarray(values)
+    return full

@@ -1,0 +1,247 @@
+"""AutoPartition: the exact cheapest placement of a layer chain on a cluster.
+
+* latency objective, no coupling constraint: the chain DP (O(n k^2));
+* latency objective with memory / busy-time / energy constraints: the DP first (if
+  its optimum already meets them it is optimal), else the MILP;
+* throughput objective: the bottleneck MILP, ties broken by cost.
+
+Every reported number comes from ``evaluate`` on the chosen assignment, so a plan's
+``time``/``energy``/``cost`` are exactly the cost model's, never a solver's
+rounded objective.
+"""
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+
+from .cluster import Cluster
+from .constraints import Constraints, ResolvedConstraints
+from .costmodel import Breakdown, CostTables, check_weights, evaluate, memory_use
+from .costmodel import _arrays as cost_arrays
+from .diagnose import explain_coupled, explain_unreachable, layer_candidates
+from .dp import solve_chain
+from .exceptions import PartitionInputError
+from .graph import Graph
+from .lagrange import cost_if_feasible, fixings, lower_bound, penalise, repair
+from .milp import build_model, relax, solve_milp
+from .throughput import solve_throughput
+
+__all__ = ["Plan", "Stage", "autopartition", "OBJECTIVES", "SOLVERS"]
+
+OBJECTIVES = ("latency", "throughput")
+# A feasible plan whose cost is within this relative distance of a proven lower
+# bound is optimal for every practical purpose (HiGHS would stop there too).
+BOUND_GAP = 1e-9
+# Seconds for the restricted MILP that looks for a good feasible plan (a heuristic
+# step: the exact solve that follows does not depend on it finishing).
+RESTRICTED_TIME_LIMIT = 3.0
+RESTRICTED_GAP = 1e-2
+SOLVERS = ("auto", "dp", "milp")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A run of consecutive layers on one device (``first``/``last`` are layer names)."""
+
+    device: str
+    first: str
+    last: str
+    layers: int
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """The chosen placement. ``assignment`` lists one device name per layer;
+    ``time`` (s), ``energy`` (J), ``cost`` and ``bottleneck`` (s per item when
+    pipelined) come from ``evaluate``; ``solver`` says which method proved it optimal."""
+
+    assignment: list[str]
+    time: float
+    energy: float
+    cost: float
+    bottleneck: float
+    objective: str
+    solver: str
+    solve_time: float
+    wt: float
+    we: float
+    ship_params: bool
+    breakdown: Breakdown
+    constraints: Constraints
+
+    @property
+    def stages(self) -> list[Stage]:
+        """Consecutive layers grouped by device, in chain order."""
+        out: list[Stage] = []
+        names = [layer.name for layer in self.breakdown.layers]
+        start = 0
+        for i in range(1, len(self.assignment) + 1):
+            if i == len(self.assignment) or self.assignment[i] != self.assignment[start]:
+                out.append(Stage(self.assignment[start], names[start], names[i - 1], i - start))
+                start = i
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary: assignment, time, energy, cost and how it was found."""
+        return {"assignment": list(self.assignment), "time": self.time, "energy": self.energy,
+                "cost": self.cost, "bottleneck": self.bottleneck, "objective": self.objective,
+                "solver": self.solver, "wt": self.wt, "we": self.we, "ship_params": self.ship_params,
+                "stages": [{"device": s.device, "first": s.first, "last": s.last, "layers": s.layers}
+                           for s in self.stages]}
+
+
+def _dp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float) -> tuple[np.ndarray, float]:
+    node = np.where(cons.allowed, tables.node(wt, we), np.inf)
+    alpha, beta, blocked = tables.edge(wt, we)
+    return solve_chain(node, tables.first_edge(wt, we), tables.last_edge(wt, we), alpha, beta,
+                       blocked, tables.graph.output_bytes[:-1])
+
+
+def _violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> list[str]:
+    graph, cluster = tables.graph, tables.cluster
+    mem = memory_use(graph, cluster, a)
+    busy = np.bincount(a, weights=tables.comp[np.arange(graph.n), a], minlength=cluster.k)
+    energy = 0.0
+    if cons.has_energy:
+        # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
+        x = cost_arrays(graph, cluster, a, tables.ship_params)
+        energy = float(x.comp_energy.sum() + x.e_in.sum() + x.e_param.sum() + x.e_out)
+    return cons.violations(cluster, mem, busy, energy, a)
+
+
+def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, dp_value: float,
+                 solver: str, verbose: bool) -> tuple[np.ndarray, str]:
+    """The exact constrained optimum.
+
+    1. LP relaxation (HiGHS): a lower bound, duals and a fractional x.
+    2. Feasible plans (upper bounds): repair the Lagrangian chain optimum, and solve
+       the MILP restricted to the LP's support for a few seconds.
+    3. If a plan meets the Lagrangian bound, it is optimal. Otherwise fix every choice
+       whose Lagrangian bound exceeds the best plan (they cannot be optimal) and solve
+       the full MILP with that plan's cost as HiGHS's objective cutoff.
+    Steps 2-3 only prune what provably cannot be better, so the answer is exact; they
+    are what make the MILP fast on realistic sizes.
+    """
+    model = build_model(tables, cons, wt, we, scale=_scale(dp_value))
+    _, mult, x_lp = relax(model)
+    if mult is None or x_lp is None:
+        # The LP relaxation is infeasible, so the MILP is too.
+        raise explain_coupled(tables, cons, wt, we, verbose)
+    pen = penalise(tables, cons, wt, we, mult, model.m_ub)
+    lower, _ = lower_bound(tables, wt, pen)
+    upper, best = repair(tables, cons, wt, we, pen)
+    floor = max(dp_value, lower if np.isfinite(lower) else 0.0)
+    if not (best is not None and lower >= upper - BOUND_GAP * abs(upper)):
+        # A restricted MILP (only the choices the LP uses) usually finds the optimum
+        # quickly; it is just a heuristic here, so a time limit is fine.
+        quick = solve_milp(tables, cons, wt, we, scale=_scale(floor), fix_x=~(x_lp > 1e-9),
+                           verbose=verbose, options={"time_limit": RESTRICTED_TIME_LIMIT,
+                                                     "mip_rel_gap": RESTRICTED_GAP})
+        if quick.a is not None:
+            cost = cost_if_feasible(tables, cons, wt, we, quick.a)
+            if not (cost[1] or cost[2] or cost[3]) and cost[0] < upper:
+                upper, best = cost[0], quick.a
+    if best is not None and solver == "auto" and lower >= upper - BOUND_GAP * abs(upper):
+        return best, "bound"
+    fix_x = fix_y = None
+    options: dict[str, Any] = {}
+    scale = _scale(floor)
+    if best is not None:
+        fix_x, fix_y = fixings(tables, wt, pen, upper)
+        options["objective_bound"] = upper * scale * (1 + BOUND_GAP) + 1e-9
+    res = solve_milp(tables, cons, wt, we, objective="latency", scale=scale, verbose=verbose,
+                     fix_x=fix_x, fix_y=fix_y, options=options)
+    if res.a is None and best is not None and (res.status == 2 or "bound" in res.message.lower()):
+        # Nothing beats the cutoff: the known plan is optimal.
+        return best, "milp"
+    if res.status == 2:
+        raise explain_coupled(tables, cons, wt, we, verbose)
+    if res.status != 0 or res.a is None:
+        raise RuntimeError(f"HiGHS did not solve the placement MILP: {res.message}")
+    if best is not None and upper < cost_if_feasible(tables, cons, wt, we, res.a)[0]:
+        return best, "milp"  # the cutoff's slack let HiGHS stop at an equal-cost plan
+    return res.a, "milp"
+
+
+def _scale(value: float) -> float:
+    # Map the optimum (>= value, a lower bound) to >= 1000 so HiGHS's absolute gap
+    # of 1e-6 is a relative 1e-9: the MILP then proves the optimum, not "close".
+    if value > 0 and np.isfinite(value):
+        return 1e3 / value
+    return 1.0
+
+
+def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0.0,
+                  objective: str = "latency",
+                  constraints: Union[None, Constraints, Mapping[str, Any]] = None, *,
+                  ship_params: bool = False, solver: str = "auto", verbose: bool = False) -> Plan:
+    """Return the cheapest placement of ``graph`` on ``cluster``.
+
+    ``objective="latency"`` minimises ``wt*T + we*E``; ``"throughput"`` minimises the
+    pipelined bottleneck (ties broken by ``wt*T + we*E``). ``constraints`` is a
+    ``Constraints`` or a dict of its fields; declared device memory is respected
+    unless ``memory=False``. ``solver`` forces "dp" or "milp" (default "auto").
+    ``verbose`` prints HiGHS's log.
+
+    Raises PartitionInputError for bad arguments, InfeasibleError (naming the
+    binding constraint) when no assignment satisfies the constraints.
+    """
+    wt, we = check_weights(wt, we)
+    if objective not in OBJECTIVES:
+        raise PartitionInputError(f"objective={objective!r} is unknown; choose one of {', '.join(OBJECTIVES)}")
+    if solver not in SOLVERS:
+        raise PartitionInputError(f"solver={solver!r} is unknown; choose one of {', '.join(SOLVERS)}")
+    if not isinstance(graph, Graph):
+        raise PartitionInputError(f"graph must be a Graph (see load_graph), got {type(graph).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise PartitionInputError(f"cluster must be a Cluster (see load_cluster), got {type(cluster).__name__}")
+    spec = Constraints.coerce(constraints)
+    cons = spec.resolve(graph, cluster)
+    if solver == "dp" and objective == "throughput":
+        raise PartitionInputError("the DP minimises wt*T + we*E; the throughput objective needs "
+                                  "solver='milp' or 'auto'")
+    if solver == "dp" and cons.coupling:
+        active = [name for name, on in (("memory", cons.has_memory), ("busy_time", cons.has_busy),
+                                        ("energy_budget", cons.has_energy)) if on]
+        raise PartitionInputError(f"solver='dp' cannot enforce the coupling constraint(s) {', '.join(active)}; "
+                                  f"use solver='auto' or 'milp' (or memory=False to ignore declared memory)")
+    tables = CostTables.build(graph, cluster, bool(ship_params))
+    t0 = _time.perf_counter()
+
+    a, value = _dp(tables, cons, wt, we)
+    if not np.isfinite(value):
+        raise explain_unreachable(tables, cons)
+    used = "dp"
+    dp_ok = not cons.coupling or not _violations(tables, cons, a)
+
+    if objective == "throughput":
+        if not layer_candidates(tables, cons).any(axis=1).all():
+            raise explain_coupled(tables, cons, wt, we, verbose)
+        fallback = evaluate(graph, cluster, a, wt, we, ship_params).bottleneck
+        a = solve_throughput(tables, cons, wt, we, _scale(value), fallback,
+                             lambda: explain_coupled(tables, cons, wt, we, verbose), verbose)
+        used = "milp"
+    elif solver == "milp" or not dp_ok:
+        if not layer_candidates(tables, cons).any(axis=1).all():
+            raise explain_coupled(tables, cons, wt, we, verbose)
+        a, used = _constrained(tables, cons, wt, we, value, solver, verbose)
+    elapsed = _time.perf_counter() - t0
+
+    broken = _violations(tables, cons, a)
+    if broken:  # pragma: no cover - would be a solver or formulation bug
+        raise RuntimeError(f"internal error: the {used} plan breaks {'; '.join(broken)}")
+    bd = evaluate(graph, cluster, a, wt, we, ship_params)
+    return Plan(assignment=bd.assignment, time=bd.time, energy=bd.energy, cost=bd.cost,
+                bottleneck=bd.bottleneck, objective=objective, solver=used, solve_time=elapsed,
+                wt=wt, we=we, ship_params=bool(ship_params), breakdown=bd, constraints=spec)
+
+
+def resolve_constraints(graph: Graph, cluster: Cluster,
+                        constraints: Union[None, Constraints, Mapping[str, Any]]) -> Optional[ResolvedConstraints]:
+    """Resolve ``constraints`` against a graph and cluster (None stays None)."""
+    if constraints is None:
+        return None
+    return Constraints.coerce(constraints).resolve(graph, cluster)

@@ -1,0 +1,141 @@
+"""Plain-text report of a plan: per-layer table, per-device and per-link totals, and
+the plan against the baselines."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from .baselines import BaselineResult
+from .cluster import Cluster
+from .graph import Graph
+from .planner import Plan
+
+__all__ = ["format_report", "fmt_time", "fmt_bytes", "fmt_energy"]
+
+
+def fmt_time(s: float) -> str:
+    """Seconds with a readable unit (s, ms, us)."""
+    if not math.isfinite(s):
+        return str(s)
+    if s == 0:
+        return "0"
+    if s >= 1:
+        return f"{s:.4g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.4g} ms"
+    return f"{s * 1e6:.4g} us"
+
+
+def fmt_bytes(b: float) -> str:
+    """Bytes with a decimal unit (B, KB, MB, GB)."""
+    if b == 0:
+        return "0"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= size:
+            return f"{b / size:.4g} {unit}"
+    return f"{b:.4g} B"
+
+
+def fmt_energy(j: float) -> str:
+    """Joules with a readable unit (J, mJ, uJ)."""
+    if j == 0:
+        return "0"
+    if j >= 1:
+        return f"{j:.4g} J"
+    if j >= 1e-3:
+        return f"{j * 1e3:.4g} mJ"
+    return f"{j * 1e6:.4g} uJ"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def format_report(plan: Plan, graph: Graph, cluster: Cluster,
+                  baselines: Optional[Sequence[BaselineResult]] = None) -> str:
+    """The human-readable report the ``partition`` command prints."""
+    bd = plan.breakdown
+    out: list[str] = []
+    weights = f"wt={plan.wt:g}, we={plan.we:g}" + (", parameters shipped from the source" if plan.ship_params else "")
+    out.append(f"AutoPartition: {graph.name} ({graph.n} layers) on {cluster.name} ({cluster.k} devices; "
+               f"source {cluster.source}, sink {cluster.sink})")
+    out.append(f"objective: {plan.objective}; cost = wt*T + we*E with {weights}")
+    how = {"dp": "exact DP", "milp": "exact MILP (HiGHS)",
+           "bound": "exact: a feasible plan meets the LP/Lagrangian lower bound"}.get(plan.solver, plan.solver)
+    out.append(f"plan: cost {plan.cost:.6g}  time {fmt_time(plan.time)}  energy {fmt_energy(plan.energy)}  "
+               f"bottleneck {fmt_time(plan.bottleneck)}  ({how}, {plan.solve_time * 1e3:.3g} ms)")
+    out.append("stages: " + "; ".join(
+        f"{s.first}..{s.last} on {s.device}" if s.first != s.last else f"{s.first} on {s.device}"
+        for s in plan.stages))
+    out.append("")
+
+    out.append("Per layer")
+    rows = []
+    for i, lc in enumerate(bd.layers):
+        moved = f"{fmt_time(lc.transfer_time)} from {lc.transfer_from}" if lc.transfer_from else "-"
+        rows.append([str(i + 1), lc.name, lc.device, fmt_time(lc.compute_time), moved,
+                     fmt_time(lc.param_time) if lc.param_time else "-",
+                     fmt_time(lc.time), fmt_energy(lc.energy)])
+    if bd.output_time:
+        rows.append(["", "(output)", cluster.sink or "", "-", f"{fmt_time(bd.output_time)} from {bd.assignment[-1]}",
+                     "-", fmt_time(bd.output_time), fmt_energy(bd.output_energy)])
+    out += _table(["#", "layer", "device", "compute", "input transfer", "params", "time", "energy"],
+                  rows, [True, False, False, True, True, True, True, True])
+    out.append("")
+
+    out.append("Per device (transfer = time of the transfers it sends or receives)")
+    rows = []
+    for d in bd.devices:
+        limit = "unlimited" if d.memory_limit is None else fmt_bytes(d.memory_limit)
+        rows.append([d.name, str(d.layers), fmt_time(d.compute_time), fmt_time(d.transfer_time),
+                     fmt_energy(d.compute_energy), f"{fmt_bytes(d.memory)} / {limit}"])
+    out += _table(["device", "layers", "compute", "transfer", "energy", "memory / limit"], rows,
+                  [False, True, True, True, True, True])
+    if bd.links:
+        out.append("")
+        out.append("Per link (load = activation transfer time per inference)")
+        rows = [[f"{ln.between[0]} <-> {ln.between[1]}", fmt_bytes(ln.bytes), fmt_time(ln.load),
+                 fmt_time(ln.param_time) if ln.param_time else "-", fmt_energy(ln.energy)] for ln in bd.links]
+        out += _table(["link", "bytes", "load", "params", "energy"], rows, [False, True, True, True, True])
+
+    if baselines:
+        out.append("")
+        out.append("Plan against the baselines (gap = cost / plan cost - 1)")
+        rows = [["AutoPartition", f"{plan.cost:.6g}", fmt_time(plan.time), fmt_energy(plan.energy),
+                 fmt_time(plan.bottleneck), "-", _stages_text(plan.assignment)]]
+        for b in baselines:
+            if b.breakdown is None:
+                rows.append([b.description, "n/a", "-", "-", "-", "-", f"cannot run: {_short(b.reason)}"])
+                continue
+            gap = b.cost / plan.cost - 1 if plan.cost > 0 else 0.0
+            note = _stages_text(b.assignment or [])
+            if b.violations:
+                note += "  [breaks " + "; ".join(b.violations) + "]"
+            rows.append([b.description, f"{b.cost:.6g}", fmt_time(b.breakdown.time),
+                         fmt_energy(b.breakdown.energy), fmt_time(b.breakdown.bottleneck),
+                         f"{gap * 100:+.1f}%", note])
+        out += _table(["placement", "cost", "time", "energy", "bottleneck", "gap", "devices"], rows,
+                      [False, True, True, True, True, True, False])
+    return "\n".join(out)
+
+
+def _stages_text(assignment: Sequence[str]) -> str:
+    parts: list[str] = []
+    for dev in assignment:
+        if parts and parts[-1].split(" x")[0] == dev:
+            name, count = parts[-1].rsplit(" x", 1)
+            parts[-1] = f"{name} x{int(count) + 1}"
+        else:
+            parts.append(f"{dev} x1")
+    return ", ".join(parts)
+
+
+def _short(reason: Optional[str]) -> str:
+    if not reason:
+        return ""
+    return reason.split(";")[0]

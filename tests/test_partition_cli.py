@@ -1,0 +1,90 @@
+"""``multigpu partition``: report, --json keys, exit codes and one-line errors."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from multigpu.commands import partition as cmd
+from multigpu.partition import autopartition, load_cluster, load_graph
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="multigpu")
+    sub = p.add_subparsers(dest="command")
+    cmd.register(sub)
+    return p
+
+
+def run(argv: list[str]) -> int:
+    args = parser().parse_args(["partition", *argv])
+    return args.func(args)
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args(["partition", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--graph", "--cluster", "--wt", "--we", "--objective", "--energy-budget", "--json"):
+        assert flag in out
+    assert "partition" in parser().format_help()
+
+
+def test_json_output_matches_the_api(capsys):
+    assert run(["--graph", "alexnet", "--cluster", "lab", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"assignment", "time", "energy", "cost"} <= set(data)
+    plan = autopartition(load_graph("alexnet"), load_cluster("lab"))
+    assert data["assignment"] == plan.assignment and len(data["assignment"]) == 19
+    assert data["time"] == plan.time and data["energy"] == plan.energy and data["cost"] == plan.cost
+    assert set(data["baselines"]) == {"single", "uniform", "balanced", "greedy"}
+    assert all(b["cost"] >= data["cost"] * (1 - 1e-12) for b in data["baselines"].values() if b)
+
+
+def test_report_has_every_section(capsys):
+    assert run(["--graph", "alexnet", "--cluster", "lab", "--we", "0.1"]) == 0
+    out = capsys.readouterr().out
+    for words in ("Per layer", "Per device", "memory / limit", "baselines", "best single device",
+                  "uniform contiguous split", "FLOPs-balanced split", "greedy", "conv1", "fc8", "pi1"):
+        assert words in out, words
+
+
+def test_throughput_and_constraint_flags(capsys, tmp_path):
+    g = tmp_path / "g.json"
+    g.write_text(json.dumps({"input_bytes": 1000, "layers": [
+        {"name": f"l{i}", "flops": 1e9, "param_bytes": 1000, "output_bytes": 1000} for i in range(4)]}))
+    assert run(["--graph", str(g), "--cluster", "gpu-box", "--objective", "throughput", "--json",
+                "--pin", "l0=gpu1", "--exclude", "gpu3", "--busy-limit", "gpu2=1", "--ship-params"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["objective"] == "throughput" and data["assignment"][0] == "gpu1"
+    assert "gpu3" not in data["assignment"]
+
+
+@pytest.mark.parametrize("argv,code,words", [
+    (["--graph", "alexnet", "--cluster", "nowhere.json"], 2, ["no cluster file 'nowhere.json'"]),
+    (["--graph", "vgg", "--cluster", "lab"], 2, ["no graph file 'vgg'", "alexnet, lenet"]),
+    (["--graph", "alexnet", "--cluster", "lab", "--wt", "-1"], 2, ["wt=-1.0"]),
+    (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1"], 2, ["--pin 'conv1' must look like NAME=DEVICE"]),
+    (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=tpu"], 2, ["'tpu' is not a device"]),
+    (["--graph", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=soon"], 2, ["'soon' is not a number"]),
+    (["--graph", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"], 1, ["infeasible (energy budget)"]),
+    (["--graph", "alexnet", "--cluster", "lab", "--exclude", "desk-cpu", "--exclude", "desk-gpu",
+      "--exclude", "imac", "--batch", "512"], 1, ["infeasible (memory)", "layer 'conv1'", "--ignore-memory"]),
+])
+def test_errors_are_one_line_with_exit_code(capsys, argv, code, words):
+    assert run(argv) == code
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert err.startswith("multigpu partition: error: ") and "\n" not in err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_bad_cluster_file_exit_code(capsys, tmp_path):
+    p = tmp_path / "c.json"
+    p.write_text('{"devices": [{"name": "a", "flops": 0, "power": 1}], "source": "a"}')
+    assert run(["--graph", "lenet", "--cluster", str(p)]) == 2
+    assert "device 'a': flops = 0 must be greater than 0" in capsys.readouterr().err

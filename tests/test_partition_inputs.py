@@ -1,0 +1,254 @@
+"""Cluster and graph files: shipped examples load, and every bad input gets a clear
+error naming the bad value and the fix."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from multigpu.errors import ClusterError
+from multigpu.partition import (Cluster, DeviceSpec, Graph, LayerSpec, Link, load_cluster, load_graph,
+                                shipped_clusters)
+
+GOOD_CLUSTER: dict[str, Any] = {
+    "devices": [{"name": "pi1", "flops": 38.4e9, "power": 4.0, "memory": 1e9},
+                {"name": "desk", "flops": 289e9, "power": 140.0}],
+    "links": [{"between": ["pi1", "desk"], "bandwidth": 1e6, "latency": 0.002, "power": 1.0}],
+    "default_link": {"bandwidth": 1e7, "latency": 0.0, "power": 0.0},
+    "source": "desk", "sink": "desk",
+}
+GOOD_GRAPH: dict[str, Any] = {
+    "input_bytes": 618348,
+    "layers": [{"name": "conv1", "flops": 2.1e8, "param_bytes": 139776, "output_bytes": 1161600},
+               {"name": "fc", "flops": 1e6, "param_bytes": 4000, "output_bytes": 4000}],
+}
+
+
+def to_toml(d: dict) -> str:
+    """A tiny TOML writer for cluster dicts (scalars, [[devices]], [[links]], [default_link])."""
+    def val(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float) and math.isnan(v):
+            return "nan"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return json.dumps(v)
+
+    lines = [f"{k} = {val(v)}" for k, v in d.items() if not isinstance(v, (list, dict)) or
+             (isinstance(v, list) and not (v and isinstance(v[0], dict)))]
+    for key in ("devices", "links"):
+        for item in d.get(key, []):
+            lines.append(f"[[{key}]]")
+            lines += [f"{k} = {val(v)}" for k, v in item.items()]
+    if isinstance(d.get("default_link"), dict):
+        lines.append("[default_link]")
+        lines += [f"{k} = {val(v)}" for k, v in d["default_link"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def write(tmp_path: Path, data: dict, fmt: str) -> Path:
+    p = tmp_path / f"cluster.{fmt}"
+    p.write_text(json.dumps(data) if fmt == "json" else to_toml(data))
+    return p
+
+
+def mutate(path: str, value: Any) -> dict:
+    d = copy.deepcopy(GOOD_CLUSTER)
+    keys = path.split(".")
+    obj: Any = d
+    for k in keys[:-1]:
+        obj = obj[int(k)] if k.isdigit() else obj[k]
+    last = keys[-1]
+    if value is DELETE:
+        del obj[last]
+    else:
+        obj[int(last) if last.isdigit() else last] = value
+    return d
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("fmt", ["json", "toml"])
+def test_good_cluster_round_trips(tmp_path, fmt):
+    c = load_cluster(write(tmp_path, GOOD_CLUSTER, fmt))
+    assert c.names == ["pi1", "desk"] and c.source == "desk" and c.sink == "desk"
+    assert c.link("pi1", "desk").bandwidth == 1e6
+    assert Cluster.from_dict(c.to_dict()) == c
+    no_sink = mutate("sink", DELETE)
+    assert load_cluster(write(tmp_path, no_sink, fmt)).sink == "desk"
+
+
+BAD_CLUSTERS = [
+    # (mutation path, value, words the message must contain)
+    ("links.0.bandwidth", 0, ["bandwidth = 0", "greater than 0", "bytes/s"]),
+    ("links.0.bandwidth", -5.0, ["bandwidth = -5.0", "greater than 0"]),
+    ("default_link.bandwidth", 0.0, ["default_link: bandwidth", "greater than 0"]),
+    ("devices.0.flops", 0, ["'pi1'", "flops = 0", "greater than 0", "FLOP/s"]),
+    ("devices.1.flops", -289e9, ["'desk'", "flops", "-289000000000.0", "greater than 0"]),
+    ("devices.0.flops", float("nan"), ["'pi1'", "flops is NaN"]),
+    ("links.0.latency", float("nan"), ["latency is NaN"]),
+    ("devices.0.power", -1.0, ["power = -1.0", "at least 0"]),
+    ("devices.0.memory", 0, ["memory = 0", "leave the key out"]),
+    ("devices.0.flops", "38.4e9", ["flops must be a number", "'38.4e9'"]),
+    ("devices.0.flops", True, ["flops must be a number", "True"]),
+    ("links.0.between", ["pi1", "gpu"], ["unknown device 'gpu'", "known devices: pi1, desk"]),
+    ("links.0.between", ["pi1", "pi1"], ["joins a device to itself"]),
+    ("links.0.between", ["pi1"], ["exactly two device names"]),
+    ("devices.1.name", "pi1", ["duplicate device name 'pi1'", "unique"]),
+    ("devices.0.name", "", ["device name must be a non-empty string"]),
+    ("source", "gpu", ["source 'gpu' is not a device", "pi1, desk"]),
+    ("sink", "gpu", ["sink 'gpu' is not a device"]),
+    ("devices", [], ["\"devices\" is empty"]),
+    ("devices.0.flop", 1e9, ["unknown key 'flop'", "check the spelling"]),
+    ("devices.0.power", DELETE, ["missing the key 'power'"]),
+    ("links.0.latency", DELETE, ["missing the key 'latency'"]),
+    ("notes", "x", ["unknown key 'notes'", "allowed keys"]),
+    ("source", DELETE, ["missing the key 'source'"]),
+]
+
+
+@pytest.mark.parametrize("fmt", ["json", "toml"])
+@pytest.mark.parametrize("path,value,words", BAD_CLUSTERS)
+def test_bad_cluster_names_the_value(tmp_path, fmt, path, value, words):
+    data = mutate(path, value)
+    with pytest.raises(ClusterError) as exc:
+        load_cluster(write(tmp_path, data, fmt))
+    msg = str(exc.value)
+    for w in words:
+        assert w in msg, (w, msg)
+    assert "\n" not in msg
+
+
+def test_duplicate_link_and_duplicate_json_key(tmp_path):
+    d = copy.deepcopy(GOOD_CLUSTER)
+    d["links"].append({"between": ["desk", "pi1"], "bandwidth": 1e6, "latency": 0.0})
+    with pytest.raises(ClusterError, match="listed twice"):
+        load_cluster(write(tmp_path, d, "json"))
+    p = tmp_path / "dup.json"
+    p.write_text('{"devices": [], "devices": [], "source": "a"}')
+    with pytest.raises(ClusterError, match="duplicate key 'devices'"):
+        load_cluster(p)
+
+
+def test_malformed_files(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('{"devices": [ {"name": "a", "flops": 1e9,, } ]}')
+    with pytest.raises(ClusterError, match=r"malformed JSON in cluster file .*bad.json' at line 1 column"):
+        load_cluster(p)
+    p = tmp_path / "bad.toml"
+    p.write_text('source = "a"\n[[devices]\nname = "a"\n')
+    with pytest.raises(ClusterError, match=r"malformed TOML in cluster file .*bad.toml'"):
+        load_cluster(p)
+    p = tmp_path / "c.yaml"
+    p.write_text("devices: []")
+    with pytest.raises(ClusterError, match="suffix '.yaml'; name it .json or .toml"):
+        load_cluster(p)
+    p = tmp_path / "list.json"
+    p.write_text("[1, 2]")
+    with pytest.raises(ClusterError, match="must be an object"):
+        load_cluster(p)
+    with pytest.raises(ClusterError, match=r"no cluster file '.*nope.json'.*lab"):
+        load_cluster(tmp_path / "nope.json")
+    with pytest.raises(ClusterError, match="is a directory"):
+        load_cluster(tmp_path)
+
+
+def test_programmatic_cluster_is_validated_too():
+    with pytest.raises(ClusterError, match="bandwidth = 0"):
+        Link(("a", "b"), 0, 0.0)
+    with pytest.raises(ClusterError, match="flops is inf"):
+        DeviceSpec("a", math.inf, 1.0)
+    with pytest.raises(ClusterError, match="no devices"):
+        Cluster(devices=(), source="a")
+
+
+# -- graphs --------------------------------------------------------------------------------------
+def write_graph(tmp_path: Path, data: Any) -> Path:
+    p = tmp_path / "graph.json"
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_graph_file_and_builtin_models(tmp_path):
+    g = load_graph(write_graph(tmp_path, GOOD_GRAPH))
+    assert g.names == ["conv1", "fc"] and g.input_bytes == 618348
+    assert Graph.from_dict(g.to_dict()) == g
+    a = load_graph("alexnet")
+    assert a.n == 19 and a.input_bytes == 3 * 227 * 227 * 4
+    assert a.layers[0] == LayerSpec("conv1", 210830400, 139776, 1161600)
+    assert sum(x.param_bytes for x in a.layers) > 233e6  # the document's 233 MB
+    a8 = load_graph("alexnet", batch=8)
+    assert a8.layers[0].flops == 8 * a.layers[0].flops and a8.input_bytes == 8 * a.input_bytes
+    assert a8.layers[0].param_bytes == a.layers[0].param_bytes
+    assert load_graph("lenet").n == 10
+
+
+@pytest.mark.parametrize("data,words", [
+    ({"input_bytes": 10, "layers": []}, ["\"layers\" is empty"]),
+    ({"input_bytes": 10}, ["missing the key 'layers'"]),
+    ({"input_bytes": -1, "layers": GOOD_GRAPH["layers"]}, ["input_bytes = -1", "at least 0"]),
+    ({"input_bytes": 10, "layers": [{"name": "a", "flops": float("nan"), "param_bytes": 0, "output_bytes": 1}]},
+     ["layer 'a': flops is NaN"]),
+    ({"input_bytes": 10, "layers": [{"name": "a", "flops": -3, "param_bytes": 0, "output_bytes": 1}]},
+     ["layer 'a': flops = -3"]),
+    ({"input_bytes": 10, "layers": [{"name": "a", "flops": 1, "param_bytes": 0, "output_bytes": 1}] * 2},
+     ["duplicate layer name 'a'"]),
+    ({"input_bytes": 10, "layers": [{"name": "a", "flops": 1, "param_bytes": 0}]},
+     ["missing the key 'output_bytes'"]),
+    ({"input_bytes": 10, "layers": [{"name": "a", "flops": 1, "param_bytes": 0, "output_bytes": 1, "x": 1}]},
+     ["unknown key 'x'"]),
+])
+def test_bad_graph_names_the_value(tmp_path, data, words):
+    with pytest.raises(ClusterError) as exc:
+        load_graph(write_graph(tmp_path, data))
+    for w in words:
+        assert w in str(exc.value), (w, str(exc.value))
+
+
+def test_bad_graph_paths(tmp_path):
+    with pytest.raises(ClusterError, match=r"no graph file 'resnet'.*alexnet, lenet"):
+        load_graph("resnet")
+    p = tmp_path / "g.json"
+    p.write_text("{oops")
+    with pytest.raises(ClusterError, match="malformed JSON in graph file"):
+        load_graph(p)
+    with pytest.raises(ClusterError, match="batch=0 must be a positive integer"):
+        load_graph("alexnet", batch=0)
+    with pytest.raises(ClusterError, match="has no layers"):
+        Graph((), 0.0)
+
+
+# -- shipped clusters ----------------------------------------------------------------------------
+def test_shipped_clusters_load_and_lab_matches_the_document():
+    assert {"lab", "gpu-box"} <= set(shipped_clusters())
+    for name in shipped_clusters():
+        load_cluster(name)
+    lab = load_cluster("lab")
+    pis = [d for d in lab.devices if d.name.startswith("pi")]
+    assert pis and all(d.flops == 38.4e9 for d in pis)         # 8 FLOPs/cycle x 1.2 GHz x 4 cores
+    assert all(d.power > 0 for d in lab.devices)
+    assert lab.link("pi1", "desk-cpu").bandwidth == 1e6        # WiFi ~1 MB/s
+    assert lab.link("desk-cpu", "imac").bandwidth == 1e7       # LAN ~10 MB/s
+    assert {d.flops for d in lab.devices} >= {289e9, 70e9}     # i7-5930K and i7-2600K figures
+    readme = Path(__file__).resolve().parents[1] / "multigpu" / "partition" / "clusters" / "README.md"
+    text = readme.read_text()
+    for d in lab.devices + load_cluster("gpu-box").devices:
+        assert f"`{d.name}`" in text, f"README.md must give the source of {d.name}'s figures"
+
+
+def test_core_imports_without_scipy_or_frameworks():
+    code = ("import sys, multigpu.partition, multigpu.commands.partition; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('scipy', 'torch', 'mxnet', 'paddle', 'tensorflow', 'jax')]; print(bad); sys.exit(bool(bad))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

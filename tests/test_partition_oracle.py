@@ -1,0 +1,298 @@
+"""The cost model and AutoPartition against an independent oracle.
+
+The oracle below re-implements the issue's definition from the raw file dicts (it
+does not use the library's loader, tables, DP or MILP). ``ref_evaluate`` is a plain
+loop over one assignment; ``Brute`` prices all k^n assignments at once with numpy.
+Hypothesis draws instances with n <= 8 layers and k <= 4 devices, random links
+(sometimes missing, with or without a default link) and sometimes a different sink.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from multigpu.partition import (Cluster, Constraints, Graph, InfeasibleError, UnusableLinkError,
+                                autopartition, evaluate)
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# -- the oracle --------------------------------------------------------------------------
+def ref_link(cd: dict, u: str, v: str) -> Optional[tuple[float, float, float]]:
+    """(bandwidth, latency, power) between u != v, or None when the pair is unusable."""
+    for ln in cd.get("links", []):
+        if set(ln["between"]) == {u, v}:
+            return ln["bandwidth"], ln["latency"], ln.get("power", 0.0)
+    dl = cd.get("default_link")
+    if dl is not None:
+        return dl["bandwidth"], dl["latency"], dl.get("power", 0.0)
+    return None
+
+
+class Unusable(Exception):
+    pass
+
+
+def ref_transfer(cd: dict, b: float, u: str, v: str) -> tuple[float, float]:
+    """(time, energy) of moving b bytes from u to v, per the definition."""
+    if u == v:
+        return 0.0, 0.0
+    link = ref_link(cd, u, v)
+    if link is None:
+        raise Unusable((u, v))
+    t = b / link[0] + link[1]
+    return t, t * link[2]
+
+
+def ref_evaluate(gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we: float = 0.0,
+                 ship: bool = False) -> tuple[float, float, float]:
+    """(T, E, cost) of one assignment, straight from the issue's definition."""
+    dev = {d["name"]: d for d in cd["devices"]}
+    source = cd["source"]
+    sink = cd.get("sink", source)
+    layers = gd["layers"]
+    T = E = 0.0
+    prev, nbytes = source, gd["input_bytes"]
+    for layer, a in zip(layers, assignment):
+        t, e = ref_transfer(cd, nbytes, prev, a)
+        T, E = T + t, E + e
+        if ship and layer["param_bytes"] > 0:
+            t, e = ref_transfer(cd, layer["param_bytes"], source, a)
+            T, E = T + t, E + e
+        c = layer["flops"] / dev[a]["flops"]
+        T, E = T + c, E + c * dev[a]["power"]
+        prev, nbytes = a, layer["output_bytes"]
+    t, e = ref_transfer(cd, nbytes, prev, sink)
+    T, E = T + t, E + e
+    return T, E, wt * T + we * E
+
+
+def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
+    """Max over devices of compute time and over links of activation transfer time."""
+    dev = {d["name"]: d for d in cd["devices"]}
+    source = cd["source"]
+    sink = cd.get("sink", source)
+    busy: dict[str, float] = {}
+    load: dict[frozenset, float] = {}
+    prev, nbytes = source, gd["input_bytes"]
+    hops = []
+    for layer, a in zip(gd["layers"], assignment):
+        busy[a] = busy.get(a, 0.0) + layer["flops"] / dev[a]["flops"]
+        hops.append((prev, a, nbytes))
+        prev, nbytes = a, layer["output_bytes"]
+    hops.append((prev, sink, nbytes))
+    for u, v, b in hops:
+        if u != v:
+            load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
+    return max(list(busy.values()) + list(load.values()))
+
+
+class Brute:
+    """All k^n assignments priced at once (numpy, from the raw dicts)."""
+
+    def __init__(self, gd: dict, cd: dict, ship: bool = False):
+        names = [d["name"] for d in cd["devices"]]
+        k, n = len(names), len(gd["layers"])
+        self.names, self.k, self.n = names, k, n
+        src = names.index(cd["source"])
+        sink = names.index(cd.get("sink", cd["source"]))
+        bw = np.full((k, k), np.nan)
+        lat = np.zeros((k, k))
+        pw = np.zeros((k, k))
+        ok = np.eye(k, dtype=bool)
+        for u, v in itertools.permutations(range(k), 2):
+            link = ref_link(cd, names[u], names[v])
+            if link is not None:
+                bw[u, v], lat[u, v], pw[u, v] = link
+                ok[u, v] = True
+        F = np.array([d["flops"] for d in cd["devices"]], float)
+        P = np.array([d["power"] for d in cd["devices"]], float)
+        flops = np.array([x["flops"] for x in gd["layers"]], float)
+        params = np.array([x["param_bytes"] for x in gd["layers"]], float)
+        out = np.array([x["output_bytes"] for x in gd["layers"]], float)
+        b_in = np.concatenate([[gd["input_bytes"]], out[:-1]])
+        A = np.array(list(itertools.product(range(k), repeat=n)), dtype=np.intp).reshape(-1, n)
+        prev = np.concatenate([np.full((len(A), 1), src), A[:, :-1]], axis=1)
+        last = A[:, -1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            comp = flops[None, :] / F[A]
+            moved = prev != A
+            t_in = np.where(moved, b_in[None, :] / bw[prev, A] + lat[prev, A], 0.0)
+            t_out = np.where(last != sink, out[-1] / bw[last, sink] + lat[last, sink], 0.0)
+            valid = (ok[prev, A] | ~moved).all(axis=1) & ok[last, sink]
+            if ship:
+                ships = (A != src) & (params[None, :] > 0)
+                t_par = np.where(ships, params[None, :] / bw[src, A] + lat[src, A], 0.0)
+                valid &= (ok[src, A] | ~ships).all(axis=1)
+                e_par = (t_par * pw[src, A]).sum(axis=1)
+            else:
+                t_par = np.zeros_like(comp)
+                e_par = 0.0
+        self.valid = valid
+        self.A = A
+        self.T = comp.sum(1) + t_in.sum(1) + t_par.sum(1) + t_out
+        self.E = ((P[A] * comp).sum(1) + (t_in * pw[prev, A]).sum(1) + e_par
+                  + t_out * pw[last, sink])
+        # Per-device compute and memory; per-pair activation load.
+        self.busy = np.stack([np.where(A == d, comp, 0.0).sum(1) for d in range(k)], axis=1)
+        act = np.maximum(b_in, out)
+        self.memory = np.stack([np.where(A == d, params[None, :], 0.0).sum(1)
+                                + np.where(A == d, act[None, :], 0.0).max(1) for d in range(k)], axis=1)
+        loads = []
+        for u, v in itertools.combinations(range(k), 2):
+            on = ((prev == u) & (A == v)) | ((prev == v) & (A == u))
+            l_ = np.where(on, t_in, 0.0).sum(1)
+            l_ += np.where(((last == u) & (sink == v)) | ((last == v) & (sink == u)), t_out, 0.0)
+            loads.append(l_)
+        link_max = np.max(np.stack(loads, 1), axis=1) if loads else np.zeros(len(A))
+        self.bottleneck = np.maximum(self.busy.max(1), np.nan_to_num(link_max))
+
+    def cost(self, wt: float, we: float) -> np.ndarray:
+        return np.where(self.valid, wt * self.T + we * self.E, np.inf)
+
+    def names_of(self, row: int) -> list[str]:
+        return [self.names[d] for d in self.A[row]]
+
+
+# -- instances ----------------------------------------------------------------------------
+@st.composite
+def instances(draw: Any, max_n: int = 8, max_k: int = 4) -> tuple[dict, dict]:
+    """(graph dict, cluster dict) with random sizes, speeds, links and endpoints."""
+    k = draw(st.integers(1, max_k))
+    n = draw(st.integers(1, max_n))
+    names = [f"d{i}" for i in range(k)]
+    mag = st.floats(0.0, 1.0)
+    devices = [{"name": nm, "flops": 10 ** (9 + 3 * draw(mag)), "power": draw(st.floats(0, 300))}
+               for nm in names]
+    pairs = list(itertools.combinations(names, 2))
+    links = []
+    for u, v in pairs:
+        if draw(st.booleans()):
+            links.append({"between": [u, v], "bandwidth": 10 ** (5 + 5 * draw(mag)),
+                          "latency": draw(st.sampled_from([0.0, 1e-4, 5e-3])) * draw(mag),
+                          "power": draw(st.sampled_from([0.0, 2.0, 20.0]))})
+    cd: dict[str, Any] = {"devices": devices, "links": links, "source": draw(st.sampled_from(names))}
+    if draw(st.booleans()):
+        cd["default_link"] = {"bandwidth": 10 ** (5 + 5 * draw(mag)), "latency": 1e-3 * draw(mag),
+                              "power": draw(st.sampled_from([0.0, 5.0]))}
+    if draw(st.booleans()):
+        cd["sink"] = draw(st.sampled_from(names))
+    layers = [{"name": f"l{i}",
+               "flops": draw(st.sampled_from([0.0, 1.0])) * 10 ** (7 + 3 * draw(mag)),
+               "param_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (3 + 4 * draw(mag)),
+               "output_bytes": 10 ** (2 + 5 * draw(mag))} for i in range(n)]
+    gd = {"input_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (2 + 5 * draw(mag)), "layers": layers}
+    return gd, cd
+
+
+weights = st.sampled_from([(1.0, 0.0), (0.0, 1.0), (1.0, 0.01), (0.3, 1.0)])
+
+
+def build(gd: dict, cd: dict) -> tuple[Graph, Cluster]:
+    return Graph.from_dict(gd), Cluster.from_dict(cd)
+
+
+def close(a: float, b: float, rel: float = 1e-9) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
+
+
+# -- tests --------------------------------------------------------------------------------
+@settings(max_examples=60, **SETTINGS)
+@given(instances(), weights, st.booleans(), st.data())
+def test_evaluate_equals_definition_and_matrix_form(inst, w, ship, data):
+    gd, cd = inst
+    graph, cluster = build(gd, cd)
+    a = [data.draw(st.sampled_from(cluster.names)) for _ in range(graph.n)]
+    try:
+        ref = ref_evaluate(gd, cd, a, *w, ship=ship)
+    except Unusable:
+        with pytest.raises(UnusableLinkError):
+            evaluate(graph, cluster, a, *w, ship_params=ship)
+        return
+    bd = evaluate(graph, cluster, a, *w, ship_params=ship)
+    assert close(bd.time, ref[0]) and close(bd.energy, ref[1]) and close(bd.cost, ref[2])
+    assert close(bd.bottleneck, ref_bottleneck(gd, cd, a))
+    # The breakdowns add up to the totals.
+    assert close(sum(x.time for x in bd.layers) + bd.output_time, bd.time)
+    assert close(sum(x.energy for x in bd.layers) + bd.output_energy, bd.energy)
+    assert close(sum(d.compute_energy for d in bd.devices) + sum(ln.energy for ln in bd.links), bd.energy)
+    # The document's matrix form gives the same numbers.
+    m = bd.matrix
+    assert m.A.shape == (graph.n, cluster.k) and m.L.shape == (graph.n + 1, cluster.k, cluster.k)
+    assert np.array_equal(m.A.sum(1), np.ones(graph.n)) and np.array_equal(m.L.sum((1, 2)), np.ones(graph.n + 1))
+    assert close(m.time(), ref[0]) and close(m.energy(), ref[1]) and close(m.cost(*w), ref[2])
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(instances(), weights, st.booleans())
+def test_oracle_vectorized_matches_loop(inst, w, ship):
+    gd, cd = inst
+    bf = Brute(gd, cd, ship)
+    for row in np.random.default_rng(0).integers(0, len(bf.A), size=5):
+        a = bf.names_of(int(row))
+        try:
+            ref = ref_evaluate(gd, cd, a, *w, ship=ship)
+        except Unusable:
+            assert not bf.valid[row]
+            continue
+        assert bf.valid[row]
+        assert close(bf.cost(*w)[row], ref[2])
+        assert close(bf.bottleneck[row], ref_bottleneck(gd, cd, a))
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(instances(), weights, st.booleans(), st.sampled_from(["auto", "dp", "milp"]))
+def test_autopartition_reaches_bruteforce_minimum(inst, w, ship, solver):
+    gd, cd = inst
+    graph, cluster = build(gd, cd)
+    bf = Brute(gd, cd, ship)
+    best = bf.cost(*w).min()
+    cons = Constraints(memory=False)
+    if not np.isfinite(best):
+        with pytest.raises(InfeasibleError, match="link"):
+            autopartition(graph, cluster, *w, constraints=cons, ship_params=ship, solver=solver)
+        return
+    plan = autopartition(graph, cluster, *w, constraints=cons, ship_params=ship, solver=solver)
+    assert plan.solver == ("milp" if solver == "milp" else "dp")
+    assert close(plan.cost, best, rel=1e-9 if plan.solver == "dp" else 1e-7), (plan.cost, best)
+    T, E, cost = ref_evaluate(gd, cd, plan.assignment, *w, ship=ship)
+    assert close(plan.time, T) and close(plan.energy, E) and close(plan.cost, cost)
+    assert plan.assignment == plan.breakdown.assignment and len(plan.assignment) == graph.n
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(instances(max_n=7, max_k=3), weights)
+def test_throughput_reaches_bruteforce_bottleneck(inst, w):
+    gd, cd = inst
+    graph, cluster = build(gd, cd)
+    bf = Brute(gd, cd)
+    b = np.where(bf.valid, bf.bottleneck, np.inf)
+    if not np.isfinite(b.min()):
+        with pytest.raises(InfeasibleError):
+            autopartition(graph, cluster, *w, objective="throughput", constraints={"memory": False})
+        return
+    plan = autopartition(graph, cluster, *w, objective="throughput", constraints={"memory": False})
+    assert plan.solver == "milp"
+    assert close(plan.bottleneck, b.min(), rel=1e-6), (plan.bottleneck, b.min())
+    assert close(plan.bottleneck, ref_bottleneck(gd, cd, plan.assignment))
+    # Among the bottleneck-optimal assignments the plan also has the least cost.
+    tied = b <= b.min() * (1 + 1e-6) + 1e-300
+    assert plan.cost <= bf.cost(*w)[tied].min() * (1 + 1e-6) + 1e-12
+
+
+def test_matrix_form_on_alexnet_lab():
+    from multigpu.partition import load_cluster, load_graph
+    graph, cluster = load_graph("alexnet"), load_cluster("lab")
+    split = ["pi1"] * 6 + ["pi2"] * 7 + ["desk-gpu"] * 6
+    for ship in (False, True):
+        bd = evaluate(graph, cluster, split, wt=1.0, we=0.5, ship_params=ship)
+        assert close(bd.matrix.time(), bd.time) and close(bd.matrix.energy(), bd.energy)
+        assert close(bd.matrix.cost(1.0, 0.5), bd.cost)
+        # L_i is the outer product of consecutive one-hot rows (the document's transition).
+        assert np.array_equal(bd.matrix.L[6], np.outer(bd.matrix.A[5], bd.matrix.A[6]))

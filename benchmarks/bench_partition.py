@@ -5,7 +5,8 @@ Reports
   2. the constrained solve time with binding memory constraints at n = 200, k = 16
      (target <= 10 s): random chains, and a transformer on a 16-device GPU cluster;
   3. the cost gap of each baseline to the optimum on every shipped cluster, with
-     AlexNet (batch 1), for time (wt=1, we=0) and for energy (wt=0, we=1).
+     AlexNet (batch 1), for time (wt=1, we=0), for energy (wt=0, we=1), and for the
+     throughput objective (the gap in bottleneck).
 
 Run:  python benchmarks/bench_partition.py [--json OUT] [--stress SECONDS]
 """
@@ -157,7 +158,8 @@ def bench_baselines(model: str, batch: int) -> list[dict[str, Any]]:
         cluster = load_cluster(name)
         for wt, we in ((1.0, 0.0), (0.0, 1.0)):
             plan = autopartition(graph, cluster, wt=wt, we=we)
-            row: dict[str, Any] = {"cluster": name, "model": model, "batch": batch, "wt": wt, "we": we,
+            row: dict[str, Any] = {"cluster": name, "model": model, "batch": batch, "objective": "latency",
+                                   "wt": wt, "we": we,
                                    "optimum_cost": plan.cost, "optimum_stages": [
                                        f"{s.first}..{s.last}@{s.device}" for s in plan.stages],
                                    "baselines": {}}
@@ -166,6 +168,16 @@ def bench_baselines(model: str, batch: int) -> list[dict[str, Any]]:
                     "cost": b.cost, "gap_pct": 100 * (b.cost / plan.cost - 1),
                     "breaks": b.violations}
             rows.append(row)
+        # The throughput objective: the gap in bottleneck (seconds per pipelined item).
+        plan = autopartition(graph, cluster, objective="throughput")
+        row = {"cluster": name, "model": model, "batch": batch, "objective": "throughput",
+               "optimum_cost": plan.bottleneck,
+               "optimum_stages": [f"{s.first}..{s.last}@{s.device}" for s in plan.stages], "baselines": {}}
+        for b in baselines(graph, cluster, constraints=Constraints()):
+            row["baselines"][b.name] = None if b.breakdown is None else {
+                "cost": b.breakdown.bottleneck, "gap_pct": 100 * (b.breakdown.bottleneck / plan.bottleneck - 1),
+                "breaks": b.violations}
+        rows.append(row)
     return rows
 
 
@@ -203,13 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     gaps = bench_baselines(args.model, args.batch)
     print(f"\nbaseline cost gap to the optimum ({args.model}, batch {args.batch})")
     names = ["single", "uniform", "balanced", "greedy"]
-    print(f"  {'cluster':<9} {'weights':<12} {'optimum':>11}  " + "  ".join(f"{n:>10}" for n in names))
+    print(f"  {'cluster':<9} {'objective':<12} {'optimum':>11}  " + "  ".join(f"{n:>10}" for n in names))
     for row in gaps:
         cells = []
         for n in names:
             b = row["baselines"][n]
             cells.append("n/a" if b is None else f"{b['gap_pct']:+.1f}%" + ("*" if b["breaks"] else ""))
-        print(f"  {row['cluster']:<9} {'wt=%g we=%g' % (row['wt'], row['we']):<12} {row['optimum_cost']:>11.5g}  "
+        label = "bottleneck" if row["objective"] == "throughput" else "wt=%g we=%g" % (row["wt"], row["we"])
+        print(f"  {row['cluster']:<9} {label:<12} {row['optimum_cost']:>11.5g}  "
               + "  ".join(f"{c:>10}" for c in cells))
     print("  (* = the baseline breaks a constraint, e.g. memory)")
     if args.json:

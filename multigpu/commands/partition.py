@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     """Plan the placement and print the report (or JSON); return the exit status."""
     from ..partition import (Constraints, autopartition, baselines, format_report, load_cluster,
                              load_graph)
+    from ..partition.report import baseline_gap
 
     try:
         graph = load_graph(args.graph, batch=args.batch)
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             b.name: None if b.breakdown is None else {
                 "assignment": b.assignment, "time": b.breakdown.time, "energy": b.breakdown.energy,
                 "cost": b.breakdown.cost, "bottleneck": b.breakdown.bottleneck,
-                "gap": _json_number(b.cost / plan.cost - 1) if plan.cost > 0 else 0.0,
+                "gap": _json_number(baseline_gap(plan, b)),
                 "violations": b.violations}
             for b in base}
         print(json.dumps(out))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -380,7 +380,8 @@ def _toml_module() -> Any:
 
 
 def load_cluster(path: Union[str, "os.PathLike[str]"]) -> Cluster:
-    """Read a cluster from a ``.json``/``.toml`` file, or a shipped example by name.
+    """Read a cluster from a ``.json``/``.toml`` file, or a shipped example by name
+    (``shipped_clusters()``); an existing path wins over a shipped name.
 
     Raises ClusterError for a missing or malformed file and for any bad key or value.
     """
@@ -398,8 +399,3 @@ def load_cluster(path: Union[str, "os.PathLike[str]"]) -> Cluster:
         raise ClusterError(f"cluster path {str(p)!r} is a directory; give a .json or .toml file")
     data = read_structured_file(p, "cluster")
     return Cluster.from_dict(data, name=p.stem)
-
-
-def cluster_from_mapping(data: Mapping[str, Any], name: str = "cluster") -> Cluster:
-    """Alias of ``Cluster.from_dict`` for callers that hold an in-memory dict."""
-    return Cluster.from_dict(data, name=name)

@@ -216,7 +216,7 @@ class Breakdown:
 
 # -- the arithmetic ------------------------------------------------------------
 @dataclass(frozen=True)
-class _Arrays:
+class AssignmentArrays:
     """Per-layer arrays of one assignment (no Python objects: cheap for n = 10,000)."""
 
     a: np.ndarray            # device column per layer
@@ -231,7 +231,7 @@ class _Arrays:
     e_out: float
 
 
-def _arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool) -> _Arrays:
+def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool) -> AssignmentArrays:
     tab = cluster.tables
     src, sink = cluster.source_index, cluster.sink_index
     prev = np.concatenate([[src], a[:-1]]).astype(np.intp)
@@ -275,10 +275,10 @@ def _arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool) ->
     else:
         t_out = float(graph.output_bytes[-1] * tab.inv_bandwidth[last, sink] + tab.latency[last, sink])
         e_out = t_out * float(tab.power[last, sink])
-    return _Arrays(a, prev, comp, comp_energy, t_in, e_in, t_param, e_param, t_out, e_out)
+    return AssignmentArrays(a, prev, comp, comp_energy, t_in, e_in, t_param, e_param, t_out, e_out)
 
 
-def _totals(x: _Arrays, wt: float, we: float) -> tuple[float, float, float]:
+def _totals(x: AssignmentArrays, wt: float, we: float) -> tuple[float, float, float]:
     # fsum: the totals are compared against independent re-computations, so avoid
     # summation-order noise.
     time = math.fsum(x.comp) + math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out
@@ -286,7 +286,7 @@ def _totals(x: _Arrays, wt: float, we: float) -> tuple[float, float, float]:
     return time, energy, wt * time + we * energy
 
 
-def _link_loads(cluster: Cluster, x: _Arrays) -> np.ndarray:
+def _link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
     """k x k symmetric matrix of activation transfer time per unordered pair."""
     k = cluster.k
     load = np.zeros((k, k))
@@ -299,7 +299,7 @@ def _link_loads(cluster: Cluster, x: _Arrays) -> np.ndarray:
 
 def bottleneck_of(graph: Graph, cluster: Cluster, a: np.ndarray) -> float:
     """The throughput objective of assignment ``a`` (device columns)."""
-    x = _arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False)
+    x = assignment_arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False)
     busy = np.bincount(x.a, weights=x.comp, minlength=cluster.k)
     return float(max(busy.max(), _link_loads(cluster, x).max()))
 
@@ -322,7 +322,7 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
     """
     wt, we = check_weights(wt, we)
     a = resolve_assignment(graph, cluster, assignment)
-    x = _arrays(graph, cluster, a, bool(ship_params))
+    x = assignment_arrays(graph, cluster, a, bool(ship_params))
     time, energy, cost = _totals(x, wt, we)
     names = cluster.names
     k = cluster.k
@@ -371,7 +371,7 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
     )
 
 
-def _link_records(graph: Graph, cluster: Cluster, x: _Arrays) -> list[LinkCost]:
+def _link_records(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> list[LinkCost]:
     k = cluster.k
     nbytes = np.zeros((k, k))
     load = np.zeros((k, k))

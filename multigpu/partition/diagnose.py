@@ -150,8 +150,9 @@ def explain_coupled(tables: CostTables, cons: ResolvedConstraints, wt: float, we
                 return InfeasibleError(
                     f"infeasible: the {' and '.join(_label(f) for f in fams)} constraints can each be met "
                     f"alone but not together; relax one of them")
-    return InfeasibleError("infeasible: the solver found no assignment that meets every constraint; "  # pragma: no cover
-                           "relax the memory, busy-time or energy limits")
+    return InfeasibleError(  # pragma: no cover - one of the checks above always fires
+        "infeasible: the solver found no assignment that meets every constraint; "
+        "relax the memory, busy-time or energy limits")
 
 
 def _label(family: str) -> str:

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 
 from .constraints import ResolvedConstraints
-from .costmodel import CostTables, _arrays, memory_use
+from .costmodel import CostTables, assignment_arrays, memory_use
 from .dp import solve_chain
 from .milp import Multipliers
 
@@ -92,7 +92,7 @@ def cost_if_feasible(tables: CostTables, cons: ResolvedConstraints, wt: float, w
                      a: np.ndarray) -> tuple[float, list[int], list[int], bool]:
     """(cost, over-full-memory devices, over-busy devices, over energy?) of ``a``."""
     graph, cluster = tables.graph, tables.cluster
-    x = _arrays(graph, cluster, a, tables.ship_params)
+    x = assignment_arrays(graph, cluster, a, tables.ship_params)
     energy = float(x.comp_energy.sum() + x.e_in.sum() + x.e_param.sum() + x.e_out)
     time_ = float(x.comp.sum() + x.t_in.sum() + x.t_param.sum() + x.t_out)
     busy = np.bincount(a, weights=tables.comp[np.arange(graph.n), a], minlength=cluster.k)

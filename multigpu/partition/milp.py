@@ -48,30 +48,34 @@ class MilpResult:
     value: float
 
 
-def _clamp_scale(tables: CostTables, cons: ResolvedConstraints, forbid: np.ndarray, y_open: np.ndarray,
-                 nbytes: np.ndarray, wt: float, we: float, objective: str, need_b: bool,
-                 scale: float) -> float:
-    biggest = 0.0
-    open_x = ~forbid
-    if objective == "latency":
-        node = tables.node(wt, we)
-        first, last = tables.first_edge(wt, we), tables.last_edge(wt, we)
-        vals = [node[open_x], first[open_x[0]], last[open_x[-1]]]
-        if len(nbytes):
-            alpha, beta, _ = tables.edge(wt, we)
-            vals.append((nbytes[:, None, None] * alpha[None] + beta[None])[y_open])
-        biggest = max(biggest, max((float(np.max(v[np.isfinite(v)], initial=0.0)) for v in vals), default=0.0))
-    if need_b:
-        tab = tables.cluster.tables
-        biggest = max(biggest, float(np.max(tables.comp[open_x], initial=0.0)))
-        if len(nbytes):
-            t = nbytes.max() * tab.inv_bandwidth + tab.latency
-            biggest = max(biggest, float(t.max()))
-        biggest = max(biggest, float(np.max(tables.first_edge(1.0, 0.0)[open_x[0]], initial=0.0)),
-                      float(np.max(tables.last_edge(1.0, 0.0)[open_x[-1]], initial=0.0)))
+def _clamp(scale: float, biggest: float) -> float:
+    # Keep every scaled coefficient below 1e9: HiGHS treats costs near 1e20 as
+    # infinite and loses accuracy long before. Only degenerate inputs (costs spanning
+    # more than 1e6 between the optimum and the dearest choice) reach this clamp.
     if biggest > 0 and scale * biggest > 1e9:
         return 1e9 / biggest
-    return scale
+    return scale if math.isfinite(scale) and scale > 0 else 1.0
+
+
+def _biggest_cost(tables: CostTables, forbid: np.ndarray, y_open: np.ndarray, nbytes: np.ndarray,
+                  wt: float, we: float) -> float:
+    open_x = ~forbid
+    node = tables.node(wt, we)
+    vals = [node[open_x], tables.first_edge(wt, we)[open_x[0]], tables.last_edge(wt, we)[open_x[-1]]]
+    if len(nbytes):
+        alpha, beta, _ = tables.edge(wt, we)
+        vals.append((nbytes[:, None, None] * alpha[None] + beta[None])[y_open])
+    return max(float(np.max(v[np.isfinite(v)], initial=0.0)) for v in vals)
+
+
+def _biggest_load(tables: CostTables, forbid: np.ndarray, nbytes: np.ndarray) -> float:
+    tab = tables.cluster.tables
+    out = float(np.max(tables.comp[~forbid], initial=0.0))
+    if len(nbytes):
+        out = max(out, float((nbytes.max() * tab.inv_bandwidth + tab.latency).max()))
+    first, last = tables.first_edge(1.0, 0.0)[~forbid[0]], tables.last_edge(1.0, 0.0)[~forbid[-1]]
+    return max(out, float(np.max(first[np.isfinite(first)], initial=0.0)),
+               float(np.max(last[np.isfinite(last)], initial=0.0)))
 
 
 class _Rows:
@@ -109,6 +113,7 @@ class Model:
     A: Any
     cols: np.ndarray          # full-model index of each kept column
     nvar: int                 # columns before fixed ones were dropped
+    empty_layer: bool         # some layer has no open choice: trivially infeasible
     lo: np.ndarray
     hi: np.ndarray
     lb: np.ndarray
@@ -129,14 +134,15 @@ class Model:
 
 def solve_milp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, *,
                objective: str = "latency", scale: float = 1.0,
-               bottleneck_cap: Optional[float] = None,
+               bottleneck_cap: Optional[float] = None, b_scale: Optional[float] = None,
                families: Collection[str] = FAMILIES, verbose: bool = False,
                fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None,
                options: Optional[dict] = None) -> MilpResult:
     """Build and solve the placement MILP (see ``build_model`` for the arguments);
     ``options`` are passed on to HiGHS (e.g. ``time_limit``)."""
     model = build_model(tables, cons, wt, we, objective=objective, scale=scale,
-                        bottleneck_cap=bottleneck_cap, families=families, fix_x=fix_x, fix_y=fix_y)
+                        bottleneck_cap=bottleneck_cap, b_scale=b_scale, families=families,
+                        fix_x=fix_x, fix_y=fix_y)
     return solve_model(model, verbose=verbose, options=options)
 
 
@@ -145,13 +151,24 @@ def solve_model(model: Model, verbose: bool = False, options: Optional[dict] = N
     to HiGHS, e.g. ``time_limit`` or ``objective_bound`` (in the model's scaled units)."""
     from scipy.optimize import Bounds, LinearConstraint, milp  # lazy: scipy is heavy
 
-    with warnings.catch_warnings():
-        # scipy warns that it passes HiGHS-only options (objective_bound) on verbatim;
-        # that is what we want.
-        warnings.filterwarnings("ignore", message="Unrecognized options", category=RuntimeWarning)
-        res = milp(model.c, integrality=model.integrality, bounds=Bounds(model.lb, model.ub),
-                   constraints=LinearConstraint(model.A, model.lo, model.hi),
-                   options={"disp": bool(verbose), "mip_rel_gap": 0.0, "presolve": True, **(options or {})})
+    if model.empty_layer:
+        return MilpResult(2, "a layer has no feasible device", None, math.inf)
+    opts = {"disp": bool(verbose), "mip_rel_gap": 0.0, "presolve": True, **(options or {})}
+
+    def run(o: dict) -> Any:
+        with warnings.catch_warnings():
+            # scipy warns that it passes HiGHS-only options (objective_bound) on
+            # verbatim; that is what we want.
+            warnings.filterwarnings("ignore", message="Unrecognized options", category=RuntimeWarning)
+            return milp(model.c, integrality=model.integrality, bounds=Bounds(model.lb, model.ub),
+                        constraints=LinearConstraint(model.A, model.lo, model.hi), options=o)
+
+    res = run(opts)
+    if res.status == 2 and opts["presolve"]:
+        # HiGHS 1.8's MIP presolve can wrongly declare a tightly bounded model
+        # infeasible (seen with a bottleneck cap 1e-7 above a feasible plan).
+        # "Infeasible" decides what we tell the user, so confirm it without presolve.
+        res = run({**opts, "presolve": False})
     if res.x is None:
         return MilpResult(int(res.status), str(res.message), None, math.inf)
     n, k = model.n, model.k
@@ -164,7 +181,7 @@ def solve_model(model: Model, verbose: bool = False, options: Optional[dict] = N
 
 def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, *,
                 objective: str = "latency", scale: float = 1.0,
-                bottleneck_cap: Optional[float] = None,
+                bottleneck_cap: Optional[float] = None, b_scale: Optional[float] = None,
                 families: Collection[str] = FAMILIES,
                 fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None) -> Model:
     """Build the placement MILP.
@@ -175,7 +192,9 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     phase of the throughput objective). ``families`` selects which coupling
     constraints to include (used to find the binding one). ``scale`` multiplies the
     objective so its optimum is well above HiGHS's absolute gap (1e-6); the caller
-    picks it from a lower bound. ``fix_x``/``fix_y`` mark choices proven useless
+    picks it from a lower bound. ``b_scale`` scales the bottleneck rows (default
+    ``scale``) so their feasibility tolerance is relative to the bottleneck, whatever
+    the cost objective's size. ``fix_x``/``fix_y`` mark choices proven useless
     (Lagrangian reduced-cost fixing); they are fixed to 0.
     """
     from scipy.sparse import coo_matrix
@@ -250,12 +269,15 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     m_ub = 1.0 + 1e-6
     if n_m:
         ub[m_off:m_off + n_m] = m_ub
-    # Keep every scaled coefficient below 1e9: HiGHS treats costs near 1e20 as
-    # infinite and loses accuracy long before. Only degenerate inputs (costs spanning
-    # more than 1e6 between the optimum and the dearest choice) reach this clamp.
-    scale = _clamp_scale(tables, cons, forbid, y_open, nbytes, wt, we, objective, need_b, scale)
+    if b_scale is None or objective == "bottleneck":
+        b_scale = scale
+    if objective == "latency":
+        scale = _clamp(scale, _biggest_cost(tables, forbid, y_open, nbytes, wt, we))
     if need_b:
-        ub[b_idx] = np.inf if bottleneck_cap is None else bottleneck_cap * scale
+        b_scale = _clamp(b_scale, _biggest_load(tables, forbid, nbytes))
+        if objective == "bottleneck":
+            scale = b_scale
+        ub[b_idx] = np.inf if bottleneck_cap is None else bottleneck_cap * b_scale
 
     # Objective.
     c = np.zeros(nvar)
@@ -338,12 +360,12 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
                  n_m * n, -np.inf, 0.0)
 
     if need_b:
-        # Device rows: scale * compute time on d - B <= 0.
+        # Device rows: b_scale * compute time on d - B <= 0.
         comp = np.where(forbid, 0.0, tables.comp)
         rows.add(np.concatenate([np.repeat(np.arange(k), n), np.arange(k)]),
                  np.concatenate([xi.T.ravel(), np.full(k, b_idx)]),
-                 np.concatenate([scale * comp.T.ravel(), -np.ones(k)]), k, -np.inf, 0.0)
-        # Link rows: scale * activation transfer time over {u, v} - B <= 0.
+                 np.concatenate([b_scale * comp.T.ravel(), -np.ones(k)]), k, -np.inf, 0.0)
+        # Link rows: b_scale * activation transfer time over {u, v} - B <= 0.
         pu, pv = np.nonzero(np.triu(tab.usable, 1))
         npairs = len(pu)
         if npairs:
@@ -353,7 +375,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
                 rr = np.repeat(np.arange(npairs), ne)
                 r_parts += [rr, rr]
                 c_parts += [yi[:, pu, pv].T.ravel(), yi[:, pv, pu].T.ravel()]
-                v_parts += [scale * t.ravel(), scale * t.ravel()]
+                v_parts += [b_scale * t.ravel(), b_scale * t.ravel()]
             pair_of = -np.ones((k, k), dtype=np.int64)
             pair_of[pu, pv] = np.arange(npairs)
             pair_of[pv, pu] = np.arange(npairs)
@@ -363,7 +385,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
                     t = nb * tab.inv_bandwidth[end, others] + tab.latency[end, others]
                     r_parts.append(pair_of[end, others])
                     c_parts.append(xi[layer, others])
-                    v_parts.append(scale * t)
+                    v_parts.append(b_scale * t)
             r_parts.append(np.arange(npairs))
             c_parts.append(np.full(npairs, b_idx))
             v_parts.append(-np.ones(npairs))
@@ -382,6 +404,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     integrality[:nx] = 1
     return Model(c=c[cols], A=A, lo=np.concatenate(rows.lo), hi=np.concatenate(rows.hi), lb=lb[cols],
                  ub=ub[cols], integrality=integrality[cols], cols=cols, nvar=nvar,
+                 empty_layer=bool(forbid.all(axis=1).any()),
                  n=n, k=k, nx=nx, scale=scale, energy_row=energy_row,
                  busy_devs=busy_devs, busy_rows=busy_rows, mem_devs=mem_devs, mem_rows=mem_rows,
                  act_rows=act_rows, m_ub=m_ub)
@@ -405,6 +428,8 @@ def relax(model: Model) -> tuple[Optional[float], Optional[Multipliers], Optiona
     the relaxation is infeasible."""
     from scipy.optimize import linprog
 
+    if model.empty_layer:
+        return None, None, None
     eq = np.flatnonzero(model.lo == model.hi)
     le = np.flatnonzero(model.lo != model.hi)            # every other row is "<= hi"
     A = model.A

@@ -1,8 +1,11 @@
 """AutoPartition: the exact cheapest placement of a layer chain on a cluster.
 
-* latency objective, no coupling constraint: the chain DP (O(n k^2));
+* latency objective, no coupling constraint (pins and exclusions are fine): the
+  chain DP (O(n k^2));
 * latency objective with memory / busy-time / energy constraints: the DP first (if
-  its optimum already meets them it is optimal), else the MILP;
+  its optimum already meets them it is optimal); else the LP relaxation, a
+  Lagrangian bound and feasible plans, and (unless they meet) the MILP with the
+  provably useless choices fixed (see ``_constrained``);
 * throughput objective: the bottleneck MILP, ties broken by cost.
 
 Every reported number comes from ``evaluate`` on the chosen assignment, so a plan's
@@ -13,14 +16,14 @@ from __future__ import annotations
 
 import time as _time
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Union
 
 import numpy as np
 
 from .cluster import Cluster
 from .constraints import Constraints, ResolvedConstraints
-from .costmodel import Breakdown, CostTables, check_weights, evaluate, memory_use
-from .costmodel import _arrays as cost_arrays
+from .costmodel import Breakdown, CostTables, bottleneck_of, check_weights, evaluate, memory_use
+from .costmodel import assignment_arrays
 from .diagnose import explain_coupled, explain_unreachable, layer_candidates
 from .dp import solve_chain
 from .exceptions import PartitionInputError
@@ -56,7 +59,9 @@ class Stage:
 class Plan:
     """The chosen placement. ``assignment`` lists one device name per layer;
     ``time`` (s), ``energy`` (J), ``cost`` and ``bottleneck`` (s per item when
-    pipelined) come from ``evaluate``; ``solver`` says which method proved it optimal."""
+    pipelined) come from ``evaluate``. ``solver`` says what proved it optimal:
+    "dp" (the chain DP), "milp" (HiGHS) or "bound" (a feasible plan met the
+    LP/Lagrangian lower bound); ``solve_time`` is in seconds."""
 
     assignment: list[str]
     time: float
@@ -107,7 +112,7 @@ def _violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) ->
     energy = 0.0
     if cons.has_energy:
         # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
-        x = cost_arrays(graph, cluster, a, tables.ship_params)
+        x = assignment_arrays(graph, cluster, a, tables.ship_params)
         energy = float(x.comp_energy.sum() + x.e_in.sum() + x.e_param.sum() + x.e_out)
     return cons.violations(cluster, mem, busy, energy, a)
 
@@ -170,7 +175,7 @@ def _scale(value: float) -> float:
     # Map the optimum (>= value, a lower bound) to >= 1000 so HiGHS's absolute gap
     # of 1e-6 is a relative 1e-9: the MILP then proves the optimum, not "close".
     if value > 0 and np.isfinite(value):
-        return 1e3 / value
+        return min(1e3 / value, 1e300)   # a denormal value would overflow to inf
     return 1.0
 
 
@@ -220,8 +225,8 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
     if objective == "throughput":
         if not layer_candidates(tables, cons).any(axis=1).all():
             raise explain_coupled(tables, cons, wt, we, verbose)
-        fallback = evaluate(graph, cluster, a, wt, we, ship_params).bottleneck
-        a = solve_throughput(tables, cons, wt, we, _scale(value), fallback,
+        known = (a, bottleneck_of(graph, cluster, a)) if dp_ok else None
+        a = solve_throughput(tables, cons, wt, we, _scale(value), known,
                              lambda: explain_coupled(tables, cons, wt, we, verbose), verbose)
         used = "milp"
     elif solver == "milp" or not dp_ok:
@@ -237,11 +242,3 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
     return Plan(assignment=bd.assignment, time=bd.time, energy=bd.energy, cost=bd.cost,
                 bottleneck=bd.bottleneck, objective=objective, solver=used, solve_time=elapsed,
                 wt=wt, we=we, ship_params=bool(ship_params), breakdown=bd, constraints=spec)
-
-
-def resolve_constraints(graph: Graph, cluster: Cluster,
-                        constraints: Union[None, Constraints, Mapping[str, Any]]) -> Optional[ResolvedConstraints]:
-    """Resolve ``constraints`` against a graph and cluster (None stays None)."""
-    if constraints is None:
-        return None
-    return Constraints.coerce(constraints).resolve(graph, cluster)

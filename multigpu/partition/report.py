@@ -10,7 +10,7 @@ from .cluster import Cluster
 from .graph import Graph
 from .planner import Plan
 
-__all__ = ["format_report", "fmt_time", "fmt_bytes", "fmt_energy"]
+__all__ = ["baseline_gap", "format_report", "fmt_bytes", "fmt_energy", "fmt_time"]
 
 
 def fmt_time(s: float) -> str:
@@ -105,14 +105,15 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
 
     if baselines:
         out.append("")
-        out.append("Plan against the baselines (gap = cost / plan cost - 1)")
+        metric = "bottleneck" if plan.objective == "throughput" else "cost"
+        out.append(f"Plan against the baselines (gap = {metric} / plan {metric} - 1)")
         rows = [["AutoPartition", f"{plan.cost:.6g}", fmt_time(plan.time), fmt_energy(plan.energy),
                  fmt_time(plan.bottleneck), "-", _stages_text(plan.assignment)]]
         for b in baselines:
             if b.breakdown is None:
                 rows.append([b.description, "n/a", "-", "-", "-", "-", f"cannot run: {_short(b.reason)}"])
                 continue
-            gap = b.cost / plan.cost - 1 if plan.cost > 0 else 0.0
+            gap = baseline_gap(plan, b)
             note = _stages_text(b.assignment or [])
             if b.violations:
                 note += "  [breaks " + "; ".join(b.violations) + "]"
@@ -122,6 +123,20 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
         out += _table(["placement", "cost", "time", "energy", "bottleneck", "gap", "devices"], rows,
                       [False, True, True, True, True, True, False])
     return "\n".join(out)
+
+
+def baseline_gap(plan: Plan, baseline: BaselineResult) -> float:
+    """Relative gap of a baseline to the plan in the plan's objective (cost for
+    latency, bottleneck for throughput); +inf if the baseline cannot run."""
+    if baseline.breakdown is None:
+        return math.inf
+    if plan.objective == "throughput":
+        mine, theirs = plan.bottleneck, baseline.breakdown.bottleneck
+    else:
+        mine, theirs = plan.cost, baseline.cost
+    if mine > 0:
+        return theirs / mine - 1
+    return 0.0 if theirs <= 0 else math.inf
 
 
 def _stages_text(assignment: Sequence[str]) -> str:

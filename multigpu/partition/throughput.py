@@ -13,12 +13,12 @@ and minimises wt*T + we*E among them, giving a plan that is also sensible per it
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
 from .constraints import ResolvedConstraints
-from .costmodel import CostTables
+from .costmodel import CostTables, bottleneck_of
 from .exceptions import InfeasibleError
 from .milp import solve_milp
 
@@ -39,25 +39,68 @@ def bottleneck_lower_bound(tables: CostTables, cons: ResolvedConstraints) -> flo
 
 
 def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
-                     cost_scale: float, fallback_upper: float,
+                     cost_scale: float, known: Optional[tuple[np.ndarray, float]],
                      explain: Callable[[], InfeasibleError], verbose: bool = False) -> np.ndarray:
     """Device column per layer minimising the bottleneck (ties broken by cost).
 
-    ``cost_scale`` scales phase 2's cost objective; ``fallback_upper`` is a known
-    bottleneck (used to scale phase 1 when the lower bound is 0); ``explain`` builds
-    the InfeasibleError if the constraints admit no assignment.
+    ``cost_scale`` scales phase 2's cost objective; ``known`` is a feasible
+    assignment and its bottleneck, if one is at hand (an upper bound); ``explain``
+    builds the InfeasibleError if the constraints admit no assignment.
     """
     lb = bottleneck_lower_bound(tables, cons)
-    ref = lb if lb > 0 and math.isfinite(lb) else fallback_upper
-    scale = 1e3 / ref if ref > 0 and math.isfinite(ref) else 1.0
-    first = solve_milp(tables, cons, wt, we, objective="bottleneck", scale=scale, verbose=verbose)
-    if first.status == 2:
-        raise explain()
-    if first.status != 0 or first.a is None:
-        raise RuntimeError(f"HiGHS did not solve the bottleneck MILP: {first.message}")
-    cap = first.value * (1 + CAP_SLACK) + 1e-300
-    second = solve_milp(tables, cons, wt, we, objective="latency", scale=cost_scale,
-                        bottleneck_cap=cap, verbose=verbose)
+    crude = _crude_upper(tables, cons)
+    ref = lb if lb > 0 else (known[1] if known is not None and known[1] > 0 else crude)
+    b_scale = min(1e3 / ref, 1e300) if ref > 0 and math.isfinite(ref) else 1.0
+    if known is not None and known[1] <= lb:
+        # A feasible plan already sits on the lower bound: it is bottleneck-optimal.
+        first_a, best_b = known
+    else:
+        # With no positive lower bound the optimum may be tiny; HiGHS's default
+        # absolute gap (1e-6) would then accept a clearly worse plan.
+        options = {"mip_abs_gap": 0.0} if lb <= 0 else None
+        first = solve_milp(tables, cons, wt, we, objective="bottleneck", scale=b_scale, verbose=verbose,
+                           options=options)
+        if first.status == 2:
+            raise explain()
+        if first.status != 0 or first.a is None:
+            raise RuntimeError(f"HiGHS did not solve the bottleneck MILP: {first.message}")
+        first_a, best_b = first.a, bottleneck_of(tables.graph, tables.cluster, first.a)
+    if best_b <= 0:
+        # B = 0 exactly: no choice may create any load. Say so combinatorially rather
+        # than through a row whose tolerance would admit tiny loads.
+        fix_x, fix_y = _zero_load(tables)
+        second = solve_milp(tables, cons, wt, we, objective="latency", scale=cost_scale, verbose=verbose,
+                            fix_x=fix_x, fix_y=fix_y, options={"mip_abs_gap": 0.0})
+    else:
+        cap = best_b * (1 + CAP_SLACK)
+        second = solve_milp(tables, cons, wt, we, objective="latency", scale=cost_scale, b_scale=b_scale,
+                            bottleneck_cap=cap, verbose=verbose,
+                            options={"mip_abs_gap": 0.0} if cost_scale == 1.0 else None)
     if second.status == 0 and second.a is not None:
         return second.a
-    return first.a  # pragma: no cover - phase 1's point is feasible for phase 2
+    return first_a  # pragma: no cover - phase 1's point is feasible for phase 2
+
+
+def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:
+    """An upper bound on any assignment's bottleneck: all compute on the slowest
+    allowed device plus every transfer on the slowest link."""
+    comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp, 0.0)
+    tab = tables.cluster.tables
+    nb = np.concatenate([[tables.graph.input_bytes], tables.graph.output_bytes])
+    t = nb.max() * tab.inv_bandwidth.max() + tab.latency.max() if tables.cluster.k > 1 else 0.0
+    return float(comp.max(axis=1).sum() + len(nb) * t)
+
+
+def _zero_load(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
+    """Choices that would put any load on a device or link (for B = 0)."""
+    graph, cluster = tables.graph, tables.cluster
+    k = cluster.k
+    fix_x = tables.comp > 0
+    first = tables.first_edge(1.0, 0.0)
+    last = tables.last_edge(1.0, 0.0)
+    fix_x[0] |= first > 0
+    fix_x[-1] |= last > 0
+    nb = graph.output_bytes[:-1]
+    t = nb[:, None, None] * cluster.tables.inv_bandwidth[None] + cluster.tables.latency[None]
+    t[:, np.arange(k), np.arange(k)] = 0.0
+    return fix_x, t > 0

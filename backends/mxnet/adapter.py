@@ -219,13 +219,7 @@ class MXNetBackend:
             )
 
     # -- optional fast path ----------------------------------------------
-    def native_allreduce(self, tensors: list[NDArray]) -> None:
-        """In place SUM allreduce through a local kvstore: every array gets the sum."""
-        if not tensors:
-            return
-        # NOTE: with no optimizer set, a kvstore push stores the merged sum (it does not
-        # add to the stored value), so a fresh store per call is correct and stateless.
-        kv = mx.kv.create("local")
-        kv.init(0, mx.nd.zeros(tensors[0].shape, ctx=mx.cpu(0), dtype=tensors[0].dtype))
-        kv.push(0, list(tensors), priority=0)
-        kv.pull(0, out=list(tensors), priority=0, ignore_sparse=True)
+    # NOTE: no native_allreduce. A local kvstore push/pull is MXNet's collective, but in a
+    # process that has also loaded torch or paddle it aborted with SIGFPE inside MXNet's
+    # engine (seen with `multigpu check --allreduce native --backends mxnet,torch`), so
+    # MXNet uses the core's naive, ring and fused algorithms only.

@@ -13,17 +13,21 @@ from .planner import Plan
 __all__ = ["baseline_gap", "format_report", "fmt_bytes", "fmt_energy", "fmt_time"]
 
 
+def _scaled(x: float, unit: str) -> str:
+    """``x`` with the unit, milli- or micro-unit that keeps the figure readable."""
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    for prefix, scale in (("", 1.0), ("m", 1e-3)):
+        if x >= scale:
+            return f"{x / scale:.4g} {prefix}{unit}"
+    return f"{x * 1e6:.4g} u{unit}"
+
+
 def fmt_time(s: float) -> str:
     """Seconds with a readable unit (s, ms, us)."""
-    if not math.isfinite(s):
-        return str(s)
-    if s == 0:
-        return "0"
-    if s >= 1:
-        return f"{s:.4g} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.4g} ms"
-    return f"{s * 1e6:.4g} us"
+    return _scaled(s, "s")
 
 
 def fmt_bytes(b: float) -> str:
@@ -38,13 +42,7 @@ def fmt_bytes(b: float) -> str:
 
 def fmt_energy(j: float) -> str:
     """Joules with a readable unit (J, mJ, uJ)."""
-    if j == 0:
-        return "0"
-    if j >= 1:
-        return f"{j:.4g} J"
-    if j >= 1e-3:
-        return f"{j * 1e3:.4g} mJ"
-    return f"{j * 1e6:.4g} uJ"
+    return _scaled(j, "J")
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:

@@ -37,7 +37,8 @@ def ring_allreduce(backend: Any, tensors: Sequence[Any], devices: Sequence[Devic
         return
     shape = backend.shape(tensors[0])
     numel = prod(shape)
-    sizes = [s for s in shard_sizes(max(numel, n), n)] if numel >= n else [1] * numel + [0] * (n - numel)
+    # Fewer elements than devices: one element per chunk, and the rest carry nothing.
+    sizes = shard_sizes(numel, n) if numel >= n else [1] * numel + [0] * (n - numel)
     present = [c for c, s in enumerate(sizes) if s]  # zero-length chunks carry nothing
     chunks: list[list[Optional[Any]]] = []
     for t in tensors:

@@ -6,8 +6,9 @@ place, in its own buffer.
 * ``naive``: the textbook's: sum into the first replica, then copy back.
 * ``ring``: reduce-scatter then all-gather over n chunks; each device sends
   2(n-1)/n of the data instead of the first device receiving (n-1) copies.
-* ``fused``: every gradient flattened into one buffer per device, one ring
-  allreduce per step instead of one per parameter.
+* ``fused``: one flat buffer per device (``value_and_grad`` already returns the
+  gradients that way) and one sum of those buffers per step instead of one per
+  parameter; ``flat_schedule`` picks a reduce or the ring by device kind.
 * ``native``: the adapter's own collective, where it offers ``native_allreduce``.
 """
 from __future__ import annotations
@@ -64,15 +65,68 @@ def ring_allreduce(backend: Any, tensors: Sequence[Any], devices: Sequence[Devic
         backend.assign_(t, backend.reshape(flat, shape))
 
 
+def reduce_to_first(backend: Any, tensors: Sequence[Any]) -> None:
+    """In place: ``tensors[0]`` becomes the sum of all; the others are left as they are."""
+    for t in tensors[1:]:
+        backend.add_(tensors[0], t)  # add_ moves src to dst's device itself
+
+
+def broadcast_from_first(backend: Any, tensors: Sequence[Any]) -> None:
+    """In place: every tensor becomes a copy of ``tensors[0]``."""
+    for t in tensors[1:]:
+        backend.assign_(t, tensors[0])
+
+
+def flat_schedule(devices: Sequence[Device], group: Optional[Any] = None) -> str:
+    """Return how one flat buffer per device is summed: ``"ring"``, ``"reduce"`` or ``"shared"``.
+
+    * ``"shared"`` (CPU replicas): the replicas share host memory, so one reduce into
+      the first buffer suffices and every replica reads it; a broadcast would copy
+      within the same memory and move nothing between devices.
+    * ``"ring"`` (three or more GPUs, one process): the ring's transfers between
+      distinct GPUs run side by side.
+    * ``"reduce"`` (otherwise): reduce into the first device, sum across processes
+      when there is a group, and copy the sum back to every device.
+
+    One Python thread issues every transfer, so on CPU replicas the ring's 2(n-1)
+    chunked rounds only add calls (see ``benchmarks/``).
+    """
+    if all(d.kind == "cpu" for d in devices):
+        return "shared"
+    if group is None and len(devices) > 2:
+        return "ring"
+    return "reduce"
+
+
+def allreduce_flat(backend: Any, flats: Sequence[Any], devices: Sequence[Device],
+                   group: Optional[Any] = None) -> list[Any]:
+    """Sum one flat buffer per local device, and across processes when ``group``.
+
+    Returns, per device, the buffer that holds the sum for it: the device's own
+    buffer, or under the ``"shared"`` schedule the first device's buffer for every
+    CPU replica (the other buffers are then left as they were).
+    """
+    schedule = flat_schedule(devices, group)
+    if schedule == "ring":
+        ring_allreduce(backend, flats, devices)
+        return list(flats)
+    reduce_to_first(backend, flats)
+    if group is not None:
+        group.allreduce_(flats[0])
+    if schedule == "shared":
+        return [flats[0]] * len(flats)
+    broadcast_from_first(backend, flats)
+    return list(flats)
+
+
 def fused_allreduce(backend: Any, grads: Sequence[Sequence[Any]], devices: Sequence[Device]) -> None:
-    """Flatten each device's gradients into one buffer, ring-allreduce it, scatter back."""
+    """Flatten each device's gradients into one buffer, sum the buffers, write back in place."""
     shapes = [backend.shape(g) for g in grads[0]]
-    sizes = [prod(s) for s in shapes]
-    flats = [backend.concat([backend.reshape(g, (-1,)) for g in per_device]) for per_device in grads]
-    ring_allreduce(backend, flats, devices)
-    for per_device, flat in zip(grads, flats):
-        for g, part, shape in zip(per_device, backend.split(flat, sizes), shapes):
-            backend.assign_(g, backend.reshape(part, shape))
+    flats = [backend.flatten(per_device) for per_device in grads]
+    sums = allreduce_flat(backend, flats, devices)
+    for per_device, flat in zip(grads, sums):
+        for g, view in zip(per_device, backend.unflatten(flat, shapes)):
+            backend.assign_(g, view)
 
 
 def check_algorithm(backend: Any, algorithm: str) -> str:

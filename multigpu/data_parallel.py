@@ -2,7 +2,9 @@
 
 One step: split the minibatch across devices, compute the summed per-example loss
 and its gradients on each device, allreduce (sum) the gradients, and apply
-``p -= lr / global_batch * g`` on every replica, as the textbook does.
+``p -= lr / global_batch * g`` on every replica, as the textbook does. With a
+process group the sum also crosses processes, after the local devices have
+reduced in-process.
 """
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from .allreduce import allreduce_grads, check_algorithm
+from .allreduce import allreduce_flat, allreduce_grads, check_algorithm, reduce_to_first
 from .devices import DeviceSpec, resolve_devices
 from .errors import InputError
+from .process_group import ProcessGroup
 from .protocol import Device
 from .registry import backend as get_backend
 from .sequential import Sequential
@@ -50,12 +53,16 @@ class DataParallel:
     ``devices`` is N (GPUs when the framework sees them, else N CPU replicas with a
     warning), ``"cpu:N"``, ``"gpu:0,1"`` or a list of Device. ``params`` is a list of
     numpy arrays in model order; None draws the textbook init from ``seed``.
+    ``process_group`` (a ``multigpu.process_group.ProcessGroup``) extends the sum
+    across processes: every rank then passes the same global batch to
+    ``train_batch`` and trains on its own shard of it, and rank 0's parameters are
+    broadcast to every rank at start.
     """
 
     def __init__(self, model: Sequential, backend: Union[str, Any] = "numpy",
                  devices: DeviceSpec = 1, lr: float = 0.1,
                  params: Optional[Sequence[np.ndarray]] = None, allreduce: str = "fused",
-                 seed: int = 0):
+                 seed: int = 0, process_group: Optional[ProcessGroup] = None):
         if not isinstance(model, Sequential):
             raise TypeError(f"model must be a multigpu Sequential, got {type(model).__name__}")
         self.model = model
@@ -63,8 +70,11 @@ class DataParallel:
         self.allreduce = check_algorithm(self.backend, allreduce)
         self.lr = lr
         self.devices: list[Device] = resolve_devices(self.backend, devices)
+        self.process_group = process_group
         host = model.init_params(seed) if params is None else model.check_params(params)
         self.replicas = [[self.backend.from_numpy(p, d) for p in host] for d in self.devices]
+        if process_group is not None:
+            self._broadcast_params()
 
     @property
     def lr(self) -> float:
@@ -77,27 +87,73 @@ class DataParallel:
             raise ValueError(f"lr={value!r} must be a positive finite number, e.g. 0.2")
         self._lr = float(value)
 
+    @property
+    def rank(self) -> int:
+        """This process's rank in the process group (0 without one)."""
+        return 0 if self.process_group is None else self.process_group.rank
+
+    @property
+    def world_size(self) -> int:
+        """How many processes train together (1 without a process group)."""
+        return 1 if self.process_group is None else self.process_group.world_size
+
+    def _broadcast_params(self) -> None:
+        b, group = self.backend, self.process_group
+        assert group is not None
+        flat = b.flatten(self.replicas[0])
+        group.broadcast_(flat, 0)
+        views = b.unflatten(flat, self.model.param_shapes)
+        for params in self.replicas:
+            for p, v in zip(params, views):
+                b.assign_(p, v)
+
     def _loss(self, params: Sequence[Any], x: Any, y: Any) -> Any:
         b = self.backend
         return b.sum(b.softmax_cross_entropy(self.model.forward(b, params, x), y))
 
-    def train_batch(self, X: np.ndarray, y: np.ndarray) -> float:
-        """Run one SGD step on the minibatch; return its mean per-example loss.
+    def local_shards(self, X: np.ndarray, y: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Return this process's shards of the global batch, one per local device.
 
+        The global batch is split into ``world_size * len(devices)`` consecutive
+        shards; rank r takes shards ``r*n .. r*n+n-1``. One process with k devices
+        and k processes with one device each therefore see the same shards.
+        """
+        n = len(self.devices)
+        shards = split_batch(X, y, self.world_size * n)
+        return shards[self.rank * n : (self.rank + 1) * n]
+
+    def train_batch(self, X: np.ndarray, y: np.ndarray) -> float:
+        """Run one SGD step on the (global) minibatch; return its mean per-example loss.
+
+        Forward and backward are queued on every device before anything crosses
+        devices or returns to the host; the loss is read once, after the update.
         Raises InputError for a bad batch (shape, dtype, labels, empty, or fewer rows
         than devices).
         """
         X, y = check_batch(self.model, X, y)
         b = self.backend
-        total, grads = 0.0, []
-        for d, params, (xs, ys) in zip(self.devices, self.replicas, split_batch(X, y, len(self.devices))):
-            value, g = b.value_and_grad(self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d))
-            total += value
-            grads.append(g)
-        allreduce_grads(b, grads, self.devices, self.allreduce)
+        flats = [b.value_and_grad(self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d))
+                 for d, params, (xs, ys) in zip(self.devices, self.replicas, self.local_shards(X, y))]
+        grads, loss = self._sum(flats)
         for params, g in zip(self.replicas, grads):
             b.sgd_(params, g, self.lr / len(X))
-        return total / len(X)
+        return float(b.to_numpy(loss).reshape(())) / len(X)
+
+    def _sum(self, flats: list[Any]) -> tuple[list[Sequence[Any]], Any]:
+        """Sum [grads..., loss] buffers over devices (and processes); return (grads per device, loss)."""
+        b, group, n = self.backend, self.process_group, len(self.devices)
+        shapes = [*self.model.param_shapes, (1,)]
+        if self.allreduce == "fused":
+            sums = allreduce_flat(b, flats, self.devices, group)
+            views = {id(f): b.unflatten(f, shapes) for f in sums}  # CPU replicas share one sum
+            return [views[id(f)][:-1] for f in sums], views[id(sums[0])][-1]
+        views = [b.unflatten(f, shapes) for f in flats]
+        allreduce_grads(b, [v[:-1] for v in views], self.devices, self.allreduce)
+        reduce_to_first(b, [v[-1] for v in views])
+        if group is None:
+            return [v[:-1] for v in views], views[0][-1]
+        group.allreduce_(flats[0])  # the local sum, loss included, crosses processes once
+        return [views[0][:-1]] * n, views[0][-1]  # sgd_ moves grads to each device
 
     def get_params(self, replica: int = 0) -> list[np.ndarray]:
         """Return the parameters of one replica as numpy arrays, in model order."""

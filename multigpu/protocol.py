@@ -10,7 +10,11 @@ adapter that made them. Conventions fixed by the core, not by any framework:
 * ``softmax_cross_entropy`` returns the per-example loss, never a mean;
 * ``copy_to`` and ``from_numpy`` always return a new buffer, even when the tensor is
   already on that device (CPU replicas must never alias each other);
-* ``value_and_grad`` returns fresh gradient tensors; nothing accumulates between calls.
+* ``value_and_grad`` returns the gradients and the value together in one fresh flat
+  buffer; nothing accumulates between calls, and nothing is read back to the host,
+  so queuing work on one device never waits for another (the core reads the loss
+  once per step, after the update, and sums gradients as one buffer);
+* ``unflatten`` returns views: they share the flat buffer's storage.
 """
 from __future__ import annotations
 
@@ -104,11 +108,28 @@ class Backend(Protocol[T]):
     def concat(self, xs: Sequence[T]) -> T:
         """Concatenate along axis 0 into a new tensor on the device of ``xs[0]``."""
 
+    def flatten(self, xs: Sequence[T]) -> T:
+        """Return a new 1-D buffer on the device of ``xs[0]``: every tensor raveled, in order."""
+
+    def unflatten(self, flat: T, shapes: Sequence[Sequence[int]]) -> list[T]:
+        """Return views of consecutive slices of the 1-D ``flat``, reshaped to ``shapes``.
+
+        The sizes of ``shapes`` must add up to the length of ``flat``.
+        The views share ``flat``'s storage: an in-place write to ``flat`` shows through.
+        """
+
     # -- gradients and update -------------------------------------------
     def value_and_grad(
         self, fn: Callable[..., T], params: Sequence[T], *inputs: Any
-    ) -> tuple[float, list[T]]:
-        """Evaluate ``fn(params, *inputs)`` (a scalar) and its gradients w.r.t. params."""
+    ) -> T:
+        """Evaluate ``fn(params, *inputs)`` (a scalar) and its gradients w.r.t. ``params``.
+
+        Returns one new 1-D buffer on the device of ``params[0]``: every gradient
+        raveled, in ``params`` order, then the value (one element). A parameter that
+        ``fn`` does not use has gradient zero. ``unflatten(result, [*shapes, (1,)])``
+        gives per-parameter views. Nothing is read back to the host, so no device is
+        waited for while the others are still being queued.
+        """
 
     def sgd_(self, params: Sequence[T], grads: Sequence[T], lr: float) -> None:
         """In place ``p -= lr * g`` for every pair."""

@@ -190,25 +190,45 @@ class MXNetBackend:
         ctx = xs[0].context
         return mx.nd.concat(*[_on(x, ctx) for x in xs], dim=0)
 
+    def flatten(self, xs: Sequence[NDArray]) -> NDArray:
+        """Return a new 1-D NDArray of every array raveled, on the context of ``xs[0]``."""
+        ctx = xs[0].context
+        # NOTE: the NDArray.reshape method is a view and skips an engine op per tensor.
+        return mx.nd.concat(*[_on(x, ctx).reshape((-1,)) for x in xs], dim=0)
+
+    def unflatten(self, flat: NDArray, shapes: Sequence[Sequence[int]]) -> list[NDArray]:
+        """Return views of consecutive slices of ``flat`` (they share its memory)."""
+        # NOTE: basic slicing along axis 0 and NDArray.reshape are views in MXNet;
+        # slice_axis would copy.
+        out, start = [], 0
+        for shape in shapes:
+            size = int(np.prod(shape, dtype=np.int64))
+            out.append(flat[start : start + size].reshape(tuple(int(d) for d in shape) or (1,)))
+            start += size
+        return out
+
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., NDArray], params: Sequence[NDArray],
-                       *inputs: Any) -> tuple[float, list[NDArray]]:
-        """Evaluate ``fn(params, *inputs)`` (a scalar) and its gradients w.r.t. params."""
-        # Differentiate fresh copies: the caller's arrays keep no grad buffer or graph,
-        # so nothing can leak into, or accumulate across, later calls.
-        leaves = [p.copy() for p in params]
-        for leaf in leaves:
-            # NOTE: grad_req='write' overwrites .grad on each backward ('add' would sum);
-            # the buffer starts at zero, so an unused param gets a zero gradient.
-            leaf.attach_grad(grad_req="write", stype=None)
+                       *inputs: Any) -> NDArray:
+        """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer."""
+        shapes = [tuple(p.shape) for p in params]
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+        ctx = params[0].context if params else mx.cpu()
+        flat = mx.nd.zeros((sum(sizes) + 1,), ctx=ctx, dtype=np.float32)
+        # NOTE: detach() is a new handle on the same memory, so the caller's arrays get no
+        # grad buffer. mark_variables points each gradient at a view of ``flat``, and
+        # grad_req='write' makes backward write there directly (no copy, no accumulation);
+        # an unused parameter keeps the zeros.
+        leaves = [p.detach() for p in params]
+        mx.autograd.mark_variables(leaves, self.unflatten(flat, shapes), grad_reqs="write")
         with mx.autograd.record(train_mode=True):
             value = fn(leaves, *inputs)
         if value.size != 1:
             raise InputError(f"value_and_grad needs a scalar loss, got shape {value.shape}")
         value.backward(out_grad=None, retain_graph=False, train_mode=True)
-        # Copies, so the result owns its memory even if a later backward reuses a leaf.
-        grads = [leaf.grad.copy() for leaf in leaves]
-        return float(value.asscalar()), grads
+        # NOTE: asscalar() would block on the async engine; the value is written on-device.
+        value.reshape((1,)).copyto(flat[sum(sizes):])
+        return flat
 
     def sgd_(self, params: Sequence[NDArray], grads: Sequence[NDArray], lr: float) -> None:
         """In place ``p -= lr * g`` for every pair."""

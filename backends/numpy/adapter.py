@@ -222,9 +222,22 @@ class NumpyBackend:
         """A new array joining ``xs`` along axis 0."""
         return Var(np.concatenate([v.data for v in xs], axis=0), xs[0].device)
 
+    def flatten(self, xs: Sequence[Var]) -> Var:
+        """A new 1-D array of every Var raveled, in order."""
+        return Var(np.concatenate([v.data.reshape(-1) for v in xs]), xs[0].device)
+
+    def unflatten(self, flat: Var, shapes: Sequence[Sequence[int]]) -> list[Var]:
+        """Views of consecutive slices of ``flat`` (they share its memory)."""
+        out, start = [], 0
+        for shape in shapes:
+            size = int(np.prod(shape, dtype=np.int64))
+            out.append(Var(flat.data[start : start + size].reshape(tuple(shape)), flat.device))
+            start += size
+        return out
+
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Var], params: Sequence[Var],
-                       *inputs: Any) -> tuple[float, list[Var]]:
+                       *inputs: Any) -> Var:
         """Evaluate ``fn`` and backpropagate through the recorded closures."""
         leaves = [Var(p.data, p.device) for p in params]
         out = fn(leaves, *inputs)
@@ -253,9 +266,10 @@ class NumpyBackend:
                     continue
                 key = id(parent)
                 grads[key] = grads[key] + pg if key in grads else pg
-        result = [Var(np.array(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype), leaf.device)
-                  for leaf in leaves]
-        return float(out.data), result
+        parts = [np.asarray(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype).reshape(-1)
+                 for leaf in leaves]
+        dtype = leaves[0].data.dtype if leaves else out.data.dtype
+        return Var(np.concatenate([*parts, np.asarray(out.data, dtype).reshape(1)]), out.device)
 
     def sgd_(self, params: Sequence[Var], grads: Sequence[Var], lr: float) -> None:
         """p -= lr * g in place."""

@@ -194,6 +194,22 @@ class PaddleBackend:
         with paddle.no_grad():
             return paddle.concat([_move(x, place) for x in xs], axis=0)
 
+    def flatten(self, xs: Sequence[Tensor]) -> Tensor:
+        """Return a new 1-D tensor of every tensor raveled, on the place of ``xs[0]``."""
+        place = xs[0].place
+        with paddle.no_grad():
+            return paddle.concat([paddle.reshape(_move(x, place), [-1]) for x in xs], axis=0)
+
+    def unflatten(self, flat: Tensor, shapes: Sequence[Sequence[int]]) -> list[Tensor]:
+        """Return views of consecutive slices of ``flat`` (they share its storage)."""
+        # NOTE: paddle.split copies; basic slicing returns a strided view in Paddle 3.
+        out, start = [], 0
+        for shape in shapes:
+            size = int(np.prod(shape, dtype=np.int64))
+            out.append(paddle.reshape(flat[start : start + size], [int(d) for d in shape]))
+            start += size
+        return out
+
     def native_allreduce(self, tensors: list[Tensor]) -> None:
         """In place: every tensor ends holding the sum of all (Paddle's add_n kernel)."""
         if not tensors:
@@ -206,8 +222,8 @@ class PaddleBackend:
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Tensor], params: Sequence[Tensor],
-                       *inputs: Any) -> tuple[float, list[Tensor]]:
-        """Evaluate ``fn(params, *inputs)`` (a scalar); return its value and fresh grads."""
+                       *inputs: Any) -> Tensor:
+        """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer."""
         # NOTE: Paddle accumulates into .grad on backward(); paddle.grad on detached
         # leaves returns new tensors and leaves the caller's params untouched.
         leaves: list[Tensor] = []
@@ -220,10 +236,12 @@ class PaddleBackend:
             raise InputError(f"value_and_grad needs a scalar loss, got shape {list(out.shape)}")
         grads = paddle.grad([out], leaves, retain_graph=False, create_graph=False,
                             allow_unused=True)
-        value = float(out.detach().numpy().reshape(()))
         # A parameter the loss does not use has zero gradient, not None.
-        return value, [paddle.zeros_like(p) if g is None else g.detach()
-                       for p, g in zip(leaves, grads)]
+        fresh = [paddle.zeros_like(p) if g is None else g.detach() for p, g in zip(leaves, grads)]
+        # NOTE: .numpy() would wait for the device; the value stays in the buffer.
+        with paddle.no_grad():
+            return paddle.concat([*(paddle.reshape(g, [-1]) for g in fresh),
+                                  paddle.reshape(out.detach(), [1])], axis=0)
 
     def sgd_(self, params: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> None:
         """In place ``p -= lr * g`` for every pair."""

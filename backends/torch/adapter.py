@@ -156,6 +156,17 @@ class TorchBackend:
             # torch.cat always allocates, even for a single input.
             return torch.cat([x.to(dev) for x in xs], dim=0)
 
+    def flatten(self, xs: Sequence[Tensor]) -> Tensor:
+        """Return a new 1-D tensor of every tensor raveled, on the device of ``xs[0]``."""
+        dev = xs[0].device
+        with torch.no_grad():
+            return torch.cat([x.reshape(-1).to(dev) for x in xs])
+
+    def unflatten(self, flat: Tensor, shapes: Sequence[Sequence[int]]) -> list[Tensor]:
+        """Return views of consecutive slices of ``flat`` (they share its storage)."""
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+        return [part.view(tuple(int(d) for d in s)) for part, s in zip(torch.split(flat, sizes), shapes)]
+
     def native_allreduce(self, tensors: Sequence[Tensor]) -> None:
         """In place SUM allreduce: every tensor in ``tensors`` receives the sum of all."""
         if not tensors:
@@ -173,8 +184,8 @@ class TorchBackend:
     # -- gradients and update -------------------------------------------
     def value_and_grad(
         self, fn: Callable[..., Tensor], params: Sequence[Tensor], *inputs: Any
-    ) -> tuple[float, list[Tensor]]:
-        """Evaluate ``fn(params, *inputs)`` (a scalar); return its value and fresh gradients."""
+    ) -> Tensor:
+        """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer."""
         # NOTE: torch accumulates into .grad across backward() calls. Fresh leaves
         # (detach() shares storage, cheap; params are not mutated in the forward)
         # plus torch.autograd.grad return new tensors and touch no .grad field.
@@ -190,7 +201,10 @@ class TorchBackend:
                 grads = (None,) * len(leaves)
         # An unused parameter has gradient zero, not None, so the core never special-cases it.
         fresh = [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)]
-        return float(out.detach()), [g.detach() for g in fresh]
+        # NOTE: float(out) would wait for the device; the value stays in the buffer.
+        with torch.no_grad():
+            return torch.cat([*(g.reshape(-1) for g in fresh), out.detach().reshape(1).to(fresh[0].dtype)]
+                             if fresh else [out.detach().reshape(1)])
 
     def sgd_(self, params: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> None:
         """In place ``p -= lr * g`` for every pair."""

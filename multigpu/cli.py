@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from .errors import MultigpuError
 
-COMMANDS = ("check", "train", "partition")
+COMMANDS = ("check", "train", "partition", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,5 @@
+"""Comparative benchmarks: one harness (``harness.py``), one module per benchmark.
+
+Run them with ``multigpu bench [NAME ...] [--quick] [--out DIR]`` or, from a
+checkout, ``python -m benchmarks``. Installed as ``multigpu.benchmarks``.
+"""

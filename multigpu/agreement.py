@@ -9,6 +9,7 @@ import numpy as np
 
 from .data_parallel import DataParallel
 from .devices import CPUFallbackWarning
+from .errors import InputError
 from .sequential import Sequential
 
 
@@ -45,7 +46,13 @@ def agreement(model: Sequential, backends: Sequence[str], steps: int = 10, batch
               devices: object = 2, lr: float = 0.2, seed: int = 0,
               allreduce: str = "fused", reference: str = "numpy",
               params: Optional[Sequence[np.ndarray]] = None) -> list[Agreement]:
-    """Compare each backend with ``reference`` after ``steps`` identical SGD steps."""
+    """Compare each backend with ``reference`` after ``steps`` identical SGD steps.
+
+    Raises InputError for fewer than one step or an empty batch.
+    """
+    for name, value in (("steps", steps), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{name}={value!r} must be a positive integer")
     start = model.init_params(seed) if params is None else list(params)
     batches = random_batches(model, steps, batch, seed)
     # The reference always uses the textbook's naive allreduce: it may offer no native one,

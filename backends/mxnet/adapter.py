@@ -206,7 +206,13 @@ class MXNetBackend:
         # NOTE: record() turns recording on even inside the caller's autograd.pause().
         with mx.autograd.record(train_mode=True):
             value = fn(leaves, *inputs)
-        value.backward(out_grad=None, retain_graph=False, train_mode=True)
+        try:
+            value.backward(out_grad=None, retain_graph=False, train_mode=True)
+        except mx.base.MXNetError as exc:
+            # NOTE: MXNet refuses to differentiate a value that uses no parameter; its
+            # gradients are the zeros already in ``flat``.
+            if "not in a computational graph" not in str(exc):
+                raise
         # NOTE: asscalar() would block on the async engine; the value is written on-device.
         value.reshape((1,)).copyto(flat[size:])
         return flat

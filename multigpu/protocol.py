@@ -151,7 +151,13 @@ class Backend(Protocol[T]):
         """
 
     def relu(self, x: T) -> T:
-        """Return max(x, 0) (the gradient at 0 is 0)."""
+        """Return max(x, 0) (the gradient at 0 is 0).
+
+        NaN stays NaN on the NumPy reference, torch and MXNet; Paddle's kernel
+        returns 0. The contract does not force it: a NaN guard costs a pass over
+        every activation (about 4% of a Paddle LeNet step). Training instead checks
+        the loss at every step and the parameters at every epoch's end.
+        """
 
     def dense(self, x: T, w: T, b: T) -> T:
         """Return ``x @ w + b``; needs x (B, I), w (I, O), b (O,), else InputError."""

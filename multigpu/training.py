@@ -187,16 +187,21 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
                                       lr_scaling, warmup_epochs)
                 loss = tr.train_batch(Xtr[idx], ytr[idx])  # read after the update: no extra device wait
                 if not math.isfinite(loss):  # Keras's TerminateOnNaN: stop, keep the last checkpoint
-                    raise _diverged(loss, epoch, i, tr.lr, checkpoint, len(result.test_acc))
+                    raise _diverged(f"the loss is {loss} at epoch {epoch + 1}, step {i + 1}", epoch, i + 1,
+                                    loss, tr.lr, checkpoint, len(result.test_acc))
                 total += loss * len(idx)
                 pbar.update(1)
             tr.synchronize()  # queued device work belongs to this epoch's time
             seconds = time.perf_counter() - t0
+        params = tr.get_params()  # one read per epoch, after the device work is done
+        if not all(np.isfinite(p).all() for p in params):  # a ReLU may have hidden NaN from the loss
+            raise _diverged(f"the parameters hold NaN or infinity after epoch {epoch + 1} although every "
+                            "loss was finite", epoch, len(chunks), math.nan, tr.lr, checkpoint, len(result.test_acc))
         result.sec_per_epoch.append(seconds)
         result.train_loss.append(total / len(Xtr))
         result.test_acc.append(tr.evaluate(Xte, yte))
         if checkpoint is not None:
-            save_checkpoint(checkpoint, tr.get_params(), {
+            save_checkpoint(checkpoint, params, {
                 "config": config, "epoch": epoch + 1, "rng": rng.bit_generator.state,
                 "test_acc": result.test_acc, "train_loss": result.train_loss,
                 "sec_per_epoch": result.sec_per_epoch})
@@ -206,23 +211,23 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
                   f"on {result.devices} ({result.backend})", flush=True)
         if on_epoch is not None:
             on_epoch(epoch, result)
-    result.params = tr.get_params()
+    result.params = tr.get_params()  # after a resume that had nothing left to do, too
     result.samples_per_sec = len(Xtr) * len(result.sec_per_epoch) / max(sum(result.sec_per_epoch), 1e-12)
     if plot is not None:
         plot_curves([result], plot, title=f"{model} on Fashion-MNIST, {result.backend}")
     return result
 
 
-def _diverged(loss: float, epoch: int, step: int, lr: float, checkpoint: Any, done: int) -> TrainingDivergedError:
+def _diverged(what: str, epoch: int, step: int, loss: float, lr: float, checkpoint: Any,
+              done: int) -> TrainingDivergedError:
     if checkpoint is None:
         kept = "no checkpoint was asked for (--checkpoint DIR keeps one per epoch)"
     elif done:
         kept = f"the checkpoint in {checkpoint} still holds epoch {done}"
     else:
         kept = f"no epoch finished, so {checkpoint} holds no checkpoint"
-    return TrainingDivergedError(
-        f"training diverged: the loss is {loss} at epoch {epoch + 1}, step {step + 1} (lr {lr:g}); "
-        f"lower the learning rate, e.g. to {lr / 10:g}; {kept}", epoch=epoch + 1, step=step + 1, loss=loss)
+    return TrainingDivergedError(f"training diverged: {what} (lr {lr:g}); lower the learning rate, "
+                                 f"e.g. to {lr / 10:g}; {kept}", epoch=epoch + 1, step=step, loss=loss)
 
 
 def _progress_bar(enabled: bool) -> Callable[..., Any]:

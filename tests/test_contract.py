@@ -283,3 +283,12 @@ def test_mxnet_value_and_grad_copies_no_parameter():
     assert copies == [(1,)]  # only the value
     assert all(p.grad is None for p in params)  # the caller's arrays gained no gradient buffer
     assert be.to_numpy(flat).shape == (16,)
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_relu_of_nan_is_as_documented(name):
+    """The one documented difference (protocol.relu): Paddle's ReLU turns NaN into 0."""
+    be = backend(name)
+    out = be.to_numpy(be.relu(be.from_numpy(np.array([np.nan, -1, 0, 2, np.inf, -np.inf], np.float32), CPU)))
+    np.testing.assert_array_equal(out[1:], [0, 0, 2, np.inf, 0])
+    assert np.isnan(out[0]) == (name != "paddle")

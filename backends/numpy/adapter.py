@@ -169,9 +169,9 @@ class NumpyBackend:
         return self._node(out.astype(xd.dtype), (x,), backward)
 
     def relu(self, x: Var) -> Var:
-        """max(x, 0); the gradient at 0 is 0, as in every framework."""
+        """max(x, 0), NaN staying NaN; the gradient at 0 is 0, as in every framework."""
         mask = x.data > 0
-        return self._node(np.where(mask, x.data, x.data.dtype.type(0)), (x,), lambda g: (g * mask,))
+        return self._node(np.maximum(x.data, x.data.dtype.type(0)), (x,), lambda g: (g * mask,))
 
     def dense(self, x: Var, w: Var, b: Var) -> Var:
         """x @ w + b."""

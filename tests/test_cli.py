@@ -73,6 +73,7 @@ def test_exit_codes(capsys, argv, code, words):
         assert words in _one_error_line(err, argv[0])
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_train_exit_codes(capsys, data_dir, tmp_path):
     assert run(capsys, _train(data_dir))[0] == 0
     code, out, err = run(capsys, [*_train(data_dir, "--lr", "1e9"), "--epochs", "3"])  # a run-time failure

@@ -84,6 +84,7 @@ def test_linear_scaling_follows_the_global_batch_not_the_device_count(small_data
         np.testing.assert_allclose(p, q, atol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow warnings on the way to NaN
 def test_a_diverging_run_stops_naming_epoch_and_step(small_data, backend_name):
     """A NaN loss is an error naming where it happened, not train_loss [nan] and accuracy 0.1."""
     with pytest.raises(TrainingDivergedError) as e:
@@ -93,6 +94,7 @@ def test_a_diverging_run_stops_naming_epoch_and_step(small_data, backend_name):
                                    "lower the learning rate, e.g. to 1e+08")
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_parameters_gone_bad_in_the_last_step_are_caught_at_the_epoch_end(small_data):
     """The loss is read after the update but computed before it: a NaN born in an epoch's last
     update shows in the parameters first, and the epoch's end checks them (no checkpoint of them)."""
@@ -111,6 +113,7 @@ def test_the_issues_diverging_torch_run_on_real_data():
                        progress=False)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_divergence_leaves_the_last_good_checkpoint(small_data, tmp_path):
     _, data = small_data
     _train(data, num_epochs=1, checkpoint=tmp_path)

@@ -237,6 +237,8 @@ class CheckedBackend:
         size = prod(xs)
         if not size:
             raise InputError(f"reshape got an empty tensor of shape {xs}")
+        if not isinstance(shape, (list, tuple)):
+            raise InputError(f"reshape target must be a tuple of dims, got {shape!r}")
         dims = [_int(d, "reshape dim", -1) for d in shape]
         if dims.count(-1) > 1 or 0 in dims:
             raise InputError(f"reshape target {tuple(dims)} may hold -1 once and every other dim must be >= 1")
@@ -337,6 +339,8 @@ class CheckedBackend:
         fs = self._shape(flat, "unflatten flat")
         if len(fs) != 1:
             raise InputError(f"unflatten needs a 1-D flat buffer, got shape {fs}")
+        if not isinstance(shapes, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in shapes):
+            raise InputError(f"unflatten needs a list of shapes (tuples), got {shapes!r:.80}")
         wanted = [tuple(_int(d, "unflatten dim", 0) for d in s) for s in shapes]
         total = sum(prod(s) for s in wanted)
         if total != fs[0]:

@@ -10,7 +10,6 @@ import importlib.util
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
-from typing import Any
 
 from .contract import CheckedBackend, checked
 from .errors import BackendNotInstalledError, UnknownBackendError

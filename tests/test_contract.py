@@ -16,9 +16,8 @@ from multigpu import models
 from multigpu.agreement import random_batches
 from multigpu.contract import CheckedBackend
 from multigpu.errors import InputError
-from multigpu.protocol import Device
 
-from conformance_cases import (CASES, CPU, CPU1, THIRD_PARTY, f32, i64, third_party_off_path,
+from conformance_cases import (CASES, CPU, CPU1, THIRD_PARTY, f32, third_party_off_path,
                                third_party_on_path)
 from conftest import BACKENDS
 

@@ -275,8 +275,8 @@ class NumpyBackend:
                 grads[key] = grads[key] + pg if key in grads else pg
         parts = [np.asarray(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype).reshape(-1)
                  for leaf in leaves]
-        dtype = leaves[0].data.dtype if leaves else out.data.dtype
-        return Var(np.concatenate([*parts, np.asarray(out.data, dtype).reshape(1)]), out.device)
+        first = leaves[0]  # the contract guarantees at least one parameter
+        return Var(np.concatenate([*parts, np.asarray(out.data, first.data.dtype).reshape(1)]), first.device)
 
     def sgd_(self, params: Sequence[Var], grads: Sequence[Var], lr: float) -> None:
         """p -= lr * g in place."""

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from multigpu.errors import DeviceError
 from multigpu.protocol import Device
 
 Tensor = torch.Tensor
@@ -29,18 +28,10 @@ class TorchBackend:
 
     # -- devices ---------------------------------------------------------
     def torch_device(self, device: Device) -> torch.device:
-        """Return the ``torch.device`` for a logical ``Device``; raise DeviceError if unusable."""
-        if device.kind == "cpu":
-            # Every CPU replica maps to the one host device; replicas stay apart
-            # because copy_to/from_numpy always allocate a new buffer.
-            return torch.device("cpu")
-        if device.kind == "gpu":
-            count = self.gpu_count()
-            if not 0 <= device.index < count:
-                hint = f"use an index in 0..{count - 1}" if count else "use CPU replicas"
-                raise DeviceError(f"device {device} does not exist: torch sees {count} GPU(s); {hint}")
-            return torch.device(f"cuda:{device.index}")
-        raise DeviceError(f"device kind {device.kind!r} is unknown; use 'cpu' or 'gpu'")
+        """Return the ``torch.device`` for a logical ``Device`` (checked by the contract)."""
+        # Every CPU replica maps to the one host device; replicas stay apart
+        # because copy_to/from_numpy always allocate a new buffer.
+        return torch.device("cpu") if device.kind == "cpu" else torch.device("cuda", device.index)
 
     def gpu_count(self) -> int:
         """Return how many CUDA GPUs torch can use here."""

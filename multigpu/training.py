@@ -140,6 +140,9 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
         if progress:
             print(f"note: {w.message}", file=sys.stderr)
         warnings.warn(w.message, stacklevel=2)  # keep it visible to callers that filter warnings
+    n_dev = len(tr.devices)
+    global_batch = batch_size * n_dev if scale_batch else batch_size
+    _check("batch_size", global_batch, global_batch >= n_dev, f"use at least {n_dev}, one row per device")
     if data is None:
         from .data import load_fashion_mnist
 
@@ -147,9 +150,6 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     Xtr, ytr, Xte, yte = data.train_images, data.train_labels, data.test_images, data.test_labels
     Xtr, ytr = Xtr[:train_limit], ytr[:train_limit]
     Xte, yte = Xte[:test_limit], yte[:test_limit]
-    n_dev = len(tr.devices)
-    global_batch = batch_size * n_dev if scale_batch else batch_size
-    _check("batch_size", global_batch, global_batch >= n_dev, f"use at least {n_dev}, one row per device")
 
     result = TrainResult(backend=tr.backend.name, devices=[str(d) for d in tr.devices], model=model,
                          batch_size=global_batch, lr=lr, allreduce=allreduce, seed=seed)

@@ -237,7 +237,7 @@ class CheckedBackend:
         size = prod(xs)
         if not size:
             raise InputError(f"reshape got an empty tensor of shape {xs}")
-        if not isinstance(shape, (list, tuple)):
+        if not isinstance(shape, (list, tuple, np.ndarray)):
             raise InputError(f"reshape target must be a tuple of dims, got {shape!r}")
         dims = [_int(d, "reshape dim", -1) for d in shape]
         if dims.count(-1) > 1 or 0 in dims:
@@ -294,7 +294,7 @@ class CheckedBackend:
     def split(self, x: Any, sizes: Sequence[int]) -> list[Any]:
         """Checked split into copies along axis 0."""
         xs = self._shape(x, "split input")
-        if not isinstance(sizes, (list, tuple)) or not sizes:
+        if not isinstance(sizes, (list, tuple, np.ndarray)) or not len(sizes):
             raise InputError(f"split sizes must be a non-empty list of integers, got {sizes!r}")
         parts = [_int(s, "split size", 1) for s in sizes]
         if not xs or sum(parts) != xs[0]:
@@ -339,7 +339,8 @@ class CheckedBackend:
         fs = self._shape(flat, "unflatten flat")
         if len(fs) != 1:
             raise InputError(f"unflatten needs a 1-D flat buffer, got shape {fs}")
-        if not isinstance(shapes, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in shapes):
+        sequences = (list, tuple, np.ndarray)
+        if not isinstance(shapes, (list, tuple)) or not all(isinstance(s, sequences) for s in shapes):
             raise InputError(f"unflatten needs a list of shapes (tuples), got {shapes!r:.80}")
         wanted = [tuple(_int(d, "unflatten dim", 0) for d in s) for s in shapes]
         total = sum(prod(s) for s in wanted)

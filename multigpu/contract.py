@@ -76,10 +76,11 @@ class CheckedBackend:
         return self.adapter.shape(t)
 
     def _float(self, t: Any, what: str) -> Shape:
-        shape = self._shape(t, what)
+        if not isinstance(t, self.tensor_type):  # inlined _shape: this runs ~40 times a step
+            self._shape(t, what)
         if self.adapter.dtype(t).kind != "f":
             raise InputError(f"{what} has dtype {self.adapter.dtype(t)}; this needs a float32 tensor")
-        return shape
+        return self.adapter.shape(t)
 
     def _input(self, t: Any, op: str, ndim: int | None = None) -> Shape:
         """A float, non-empty operand of ``op`` (of rank ``ndim`` when given)."""
@@ -342,7 +343,9 @@ class CheckedBackend:
         sequences = (list, tuple, np.ndarray)
         if not isinstance(shapes, (list, tuple)) or not all(isinstance(s, sequences) for s in shapes):
             raise InputError(f"unflatten needs a list of shapes (tuples), got {shapes!r:.80}")
-        wanted = [tuple(_int(d, "unflatten dim", 0) for d in s) for s in shapes]
+        wanted = [tuple(s) for s in shapes]
+        if not all(type(d) is int and d >= 0 for s in wanted for d in s):  # else numpy ints, or bad dims
+            wanted = [tuple(_int(d, "unflatten dim", 0) for d in s) for s in wanted]
         total = sum(prod(s) for s in wanted)
         if total != fs[0]:
             raise InputError(f"unflatten shapes {wanted} hold {total} elements, but the buffer has {fs[0]}")
@@ -363,7 +366,7 @@ class CheckedBackend:
             raise InputError(f"value_and_grad needs a callable fn, got {fn!r:.60}")
         if not isinstance(params, (list, tuple)) or not params:
             raise InputError("value_and_grad needs at least one parameter (its result lives on params[0]'s device)")
-        size = sum(prod(self._float(p, f"params[{i}]")) for i, p in enumerate(params))
+        size = sum(prod(self._float(p, "value_and_grad param")) for p in params)
 
         def scalar_fn(leaves: Sequence[Any], *args: Any) -> Any:
             out = fn(leaves, *args)
@@ -389,10 +392,10 @@ class CheckedBackend:
                 or not math.isfinite(lr)):
             raise InputError(f"sgd_ lr={lr!r} must be a finite real number")
         empty = False
-        for i, (p, g) in enumerate(zip(params, grads)):
-            ps, gs = self._float(p, f"sgd_ params[{i}]"), self._float(g, f"sgd_ grads[{i}]")
+        for p, g in zip(params, grads):
+            ps, gs = self._float(p, "sgd_ param"), self._float(g, "sgd_ grad")
             if ps != gs:
-                raise InputError(f"sgd_ params[{i}] has shape {ps} but its grad has {gs}")
+                raise InputError(f"sgd_ got a param of shape {ps} with a grad of shape {gs}")
             empty = empty or 0 in ps
         if empty:
             pairs = [(p, g) for p, g in zip(params, grads) if 0 not in self.adapter.shape(p)]

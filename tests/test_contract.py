@@ -299,3 +299,18 @@ def test_the_table_script_reports_what_the_suite_asserts():
 
     rows = conformance_table.table(["numpy", THIRD_PARTY], raw=False)
     assert [row[1:] for row in rows] == [[c.raises.__name__] * 2 for c in CASES]
+
+
+def test_an_adapter_that_breaks_the_result_layout_is_an_adapter_error():
+    """A third party's bug (a value_and_grad buffer without the value) is named as such."""
+    from multigpu.contract import checked
+    from multigpu.errors import AdapterError
+
+    raw = backend(THIRD_PARTY).adapter
+    broken = type("Broken", (type(raw),), {
+        "value_and_grad": lambda self, fn, params, *inputs: type(raw).unflatten(
+            self, type(raw).value_and_grad(self, fn, params, *inputs), [(12,), (1,)])[0]})()
+    be = checked(broken)
+    w = be.from_numpy(np.ones((4, 3), np.float32), CPU)
+    with pytest.raises(AdapterError, match=r"returned shape \(12,\); the contract says \(13,\)"):
+        be.value_and_grad(lambda ps: be.sum(ps[0]), [w])

@@ -27,9 +27,11 @@ Shape = tuple[int, ...]
 _TRACKED = 64
 
 
-def _int(value: Any, what: str, low: int) -> int:
+def _int(value: Any, op: str, name: str, low: int) -> int:
+    if type(value) is int and value >= low:  # the common case, first: this runs on every op
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise InputError(f"{what}={value!r} must be an integer >= {low}")
+        raise InputError(f"{op} {name}={value!r} must be an integer >= {low}")
     return int(value)
 
 
@@ -84,7 +86,9 @@ class CheckedBackend:
 
     def _input(self, t: Any, op: str, ndim: int | None = None) -> Shape:
         """A float, non-empty operand of ``op`` (of rank ``ndim`` when given)."""
-        shape = self._float(t, f"{op} input")
+        if not isinstance(t, self.tensor_type) or self.adapter.dtype(t).kind != "f":
+            self._float(t, f"{op} input")  # raises, naming the problem
+        shape = self.adapter.shape(t)
         if ndim is not None and len(shape) != ndim:
             raise InputError(f"{op} needs a {ndim}-D input, got shape {shape}")
         if 0 in shape:
@@ -189,8 +193,8 @@ class CheckedBackend:
         """Checked NCHW convolution."""
         xs, ws = self._input(x, "conv2d", 4), self._float(w, "conv2d w")
         bs = self._float(b, "conv2d b")
-        stride, padding = _int(stride, "conv2d stride", 1), _int(padding, "conv2d padding", 0)
-        groups = _int(groups, "conv2d groups", 1)
+        stride, padding = _int(stride, "conv2d", "stride", 1), _int(padding, "conv2d", "padding", 0)
+        groups = _int(groups, "conv2d", "groups", 1)
         if (len(ws) != 4 or bs != ws[:1] or 0 in ws or ws[0] % groups
                 or xs[1] != ws[1] * groups):
             raise InputError(f"conv2d needs x (B, C, H, W), w (O, C/groups, kH, kW) and b (O,) with O "
@@ -202,8 +206,8 @@ class CheckedBackend:
 
     def _pool(self, op: str, x: Any, kernel: int, stride: int, padding: int) -> None:
         xs = self._input(x, op, 4)
-        kernel, stride = _int(kernel, f"{op} kernel", 1), _int(stride, f"{op} stride", 1)
-        if _int(padding, f"{op} padding", 0) > kernel // 2:
+        kernel, stride = _int(kernel, op, "kernel", 1), _int(stride, op, "stride", 1)
+        if _int(padding, op, "padding", 0) > kernel // 2:
             raise InputError(f"{op} padding={padding} is more than half the kernel {kernel}; "
                              f"use at most {kernel // 2}")
         if min(xs[2], xs[3]) + 2 * padding < kernel:
@@ -240,7 +244,7 @@ class CheckedBackend:
             raise InputError(f"reshape got an empty tensor of shape {xs}")
         if not isinstance(shape, (list, tuple, np.ndarray)):
             raise InputError(f"reshape target must be a tuple of dims, got {shape!r}")
-        dims = [_int(d, "reshape dim", -1) for d in shape]
+        dims = [_int(d, "reshape", "dim", -1) for d in shape]
         if dims.count(-1) > 1 or 0 in dims:
             raise InputError(f"reshape target {tuple(dims)} may hold -1 once and every other dim must be >= 1")
         known = prod(d for d in dims if d != -1)
@@ -297,7 +301,7 @@ class CheckedBackend:
         xs = self._shape(x, "split input")
         if not isinstance(sizes, (list, tuple, np.ndarray)) or not len(sizes):
             raise InputError(f"split sizes must be a non-empty list of integers, got {sizes!r}")
-        parts = [_int(s, "split size", 1) for s in sizes]
+        parts = [_int(s, "split", "size", 1) for s in sizes]
         if not xs or sum(parts) != xs[0]:
             raise InputError(f"split sizes {parts} add up to {sum(parts)}, but the tensor has "
                              f"{xs[0] if xs else 'no'} rows (shape {xs}); they must match")
@@ -345,7 +349,7 @@ class CheckedBackend:
             raise InputError(f"unflatten needs a list of shapes (tuples), got {shapes!r:.80}")
         wanted = [tuple(s) for s in shapes]
         if not all(type(d) is int and d >= 0 for s in wanted for d in s):  # else numpy ints, or bad dims
-            wanted = [tuple(_int(d, "unflatten dim", 0) for d in s) for s in wanted]
+            wanted = [tuple(_int(d, "unflatten", "dim", 0) for d in s) for s in wanted]
         total = sum(prod(s) for s in wanted)
         if total != fs[0]:
             raise InputError(f"unflatten shapes {wanted} hold {total} elements, but the buffer has {fs[0]}")

@@ -73,6 +73,11 @@ def test_exit_codes(capsys, argv, code, words):
         assert words in _one_error_line(err, argv[0])
 
 
+def test_check_refuses_bad_counts_before_any_output(capsys):
+    code, out, err = run(capsys, ["check", "--batch", "0"])
+    assert code == EXIT_BAD_INPUT and out == "" and "batch=0 must be a positive integer" in err
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_train_exit_codes(capsys, data_dir, tmp_path):
     assert run(capsys, _train(data_dir))[0] == 0

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from .. import models
-from ..agreement import agreement
+from ..agreement import agreement, check_counts
 from ..allreduce import ALGORITHMS
 from ..errors import InputError, MultigpuError
 from ..files import atomic_write, check_writable
@@ -38,6 +38,7 @@ def _devices(text: str) -> object:
 
 def run(args: argparse.Namespace) -> int:
     """Print the backend/device list and the agreement table; return 1 on disagreement."""
+    check_counts(steps=args.steps, batch=args.batch)  # before any output, not after the listing
     if not (args.tol >= 0 and math.isfinite(args.tol)):
         raise InputError(f"--tol {args.tol} must be a finite number >= 0, e.g. 1e-5")
     if args.json_path is not None:

@@ -37,10 +37,15 @@ def train_processes(processes: int, kwargs: dict[str, Any]) -> Any:
         raise InputError("processes=N starts its own job, but this process is already a rank of one; "
                          "call train() without processes inside a launched job")
     try:
-        spec = pickle.dumps(kwargs)
+        pickled = pickle.dumps(kwargs)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise InputError(f"train(processes={processes}) passes its arguments to new processes, and one of "
                          f"them cannot be pickled ({exc}); pass module-level functions and plain data") from exc
+    if b"__main__" in pickled:
+        raise InputError(f"train(processes={processes}) passes its arguments to new processes, which cannot "
+                         "load a function or class defined in __main__; move it into an importable module")
+    # The ranks import what the arguments need from the same places as this process.
+    spec = pickle.dumps({"sys_path": list(sys.path), "kwargs": pickled})
     timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
     with tempfile.TemporaryDirectory(prefix="multigpu-train-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.pkl", Path(tmp) / "result.pkl"
@@ -98,7 +103,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     spec, out = sys.argv[1:] if argv is None else argv
     rank = int(os.environ.get(ENV_RANK, "0"))
     with open(spec, "rb") as f:
-        kwargs = pickle.load(f)
+        outer = pickle.load(f)
+    sys.path[:] = [*outer["sys_path"], *(p for p in sys.path if p not in outer["sys_path"])]
+    kwargs = pickle.loads(outer["kwargs"])
     try:
         result = train(**kwargs)
     except MultigpuError as exc:

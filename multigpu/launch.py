@@ -391,5 +391,5 @@ def _failure_message(job: Job, failed: list[_Child], running: list[str]) -> str:
     if others:
         msg += "; then " + "; ".join(others)
     if running:
-        msg += f"; stopped {', '.join(running)}, still running"
+        msg += f"; stopped {', '.join(running)} (still running)"
     return f"{job.backend} job {job.job_id} failed: {msg}"

@@ -77,7 +77,8 @@ def _batches(n: int, batch_size: int, parts: int, rng: np.random.Generator) -> l
     # A last batch too small to give every device a row joins the one before it,
     # so no example is dropped.
     if len(chunks) > 1 and len(chunks[-1]) < parts:
-        chunks[-2] = np.concatenate([chunks[-2], chunks.pop()])
+        last = chunks.pop()  # popped first: chunks[-2] = f(chunks.pop()) would overwrite the wrong batch
+        chunks[-1] = np.concatenate([chunks[-1], last])
     return chunks
 
 
@@ -116,10 +117,9 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     RankFailedError (or CollectiveError) on the others.
     """
     if processes != 1:
+        args = {k: v for k, v in locals().items() if k != "processes"}  # the arguments, nothing else yet
         from .distributed_training import train_processes
 
-        args = dict(locals())
-        args.pop("processes")
         return train_processes(processes, args)
     progress = progress and launched_rank() == 0
     _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "use a positive integer")

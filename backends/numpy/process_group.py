@@ -31,15 +31,21 @@ def launch_plan(job: Job) -> LaunchPlan:
 
 
 class ReferenceGroup:
-    """Rank 0 accepts one connection per other rank; collectives go through rank 0."""
+    """Rank 0 accepts one connection per other rank; collectives go through rank 0.
 
-    def __init__(self, device: Device, timeout: float, init_timeout: float):
+    ``rank``, ``world_size`` and ``master`` (address, port) default to the launcher's
+    ``MULTIGPU_*`` variables.
+    """
+
+    def __init__(self, device: Device, timeout: float, init_timeout: float, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, master: Optional[tuple[str, int]] = None):
         self.device = device
         self.timeout = float(timeout)
         try:
-            self.rank = int(os.environ[ENV_RANK])
-            self.world_size = int(os.environ[ENV_WORLD_SIZE])
-            addr, port = os.environ[ENV_MASTER_ADDR], int(os.environ[ENV_MASTER_PORT])
+            self.rank = int(os.environ[ENV_RANK]) if rank is None else rank
+            self.world_size = int(os.environ[ENV_WORLD_SIZE]) if world_size is None else world_size
+            addr, port = (os.environ[ENV_MASTER_ADDR], int(os.environ[ENV_MASTER_PORT])) if master is None \
+                else master
         except (KeyError, ValueError) as exc:
             raise CollectiveError(f"the reference group needs {ENV_RANK}, {ENV_WORLD_SIZE}, {ENV_MASTER_ADDR} "
                                   f"and {ENV_MASTER_PORT}; start the ranks with 'multigpu launch'") from exc

@@ -53,44 +53,40 @@ class Watchdog:
 
     ``arm(seconds, message)`` sets the deadline (replacing any earlier one);
     ``disarm()`` clears it. On expiry ``message`` goes to stderr and the process
-    exits with status 1.
+    exits with status 1. Arming is two attribute writes: the thread polls every
+    ``POLL`` seconds instead of being woken, because waking a thread twice per
+    collective costs a GIL hand-off on a busy core (measured: it doubled a small
+    allreduce here).
     """
 
+    POLL = 0.1
+
     def __init__(self) -> None:
-        self._cond = threading.Condition()
         self._deadline: Optional[float] = None
         self._message = ""
         self._thread: Optional[threading.Thread] = None
 
     def arm(self, seconds: float, message: str) -> None:
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="multigpu-watchdog", daemon=True)
-                self._thread.start()
-            self._deadline = time.monotonic() + seconds
-            self._message = message
-            self._cond.notify()
+        self._message = message
+        self._deadline = time.monotonic() + seconds
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="multigpu-watchdog", daemon=True)
+            self._thread.start()
 
     def disarm(self) -> None:
-        with self._cond:
-            self._deadline = None
+        self._deadline = None
 
     def _run(self) -> None:
-        with self._cond:
-            while True:
-                if self._deadline is None:
-                    self._cond.wait()
-                    continue
-                left = self._deadline - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
+        while True:
+            deadline, message = self._deadline, self._message
+            if deadline is not None and time.monotonic() >= deadline and self._deadline == deadline:
                 try:
                     sys.stdout.flush()
                     sys.stderr.flush()
                 finally:
-                    os.write(2, (self._message + "\n").encode())
+                    os.write(2, (message + "\n").encode())
                     os._exit(TIMEOUT_EXIT_STATUS)
+            time.sleep(self.POLL)
 
 
 class CheckedGroup:

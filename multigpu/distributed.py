@@ -17,8 +17,8 @@ import numpy as np
 from .checked_group import CheckedGroup, Watchdog
 from .devices import CPUFallbackWarning, DeviceSpec, resolve_devices
 from .errors import CollectiveError, InputError
-from .launch import (DEFAULT_INIT_TIMEOUT, DEFAULT_TIMEOUT, ENV_BACKEND, ENV_INIT_TIMEOUT, ENV_LOCAL_RANK,
-                     ENV_LOCAL_WORLD_SIZE, ENV_RANK, ENV_TIMEOUT)
+from .launch import (DEFAULT_INIT_TIMEOUT, DEFAULT_TIMEOUT, ENV_BACKEND, ENV_CHECK, ENV_INIT_TIMEOUT,
+                     ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_RANK, ENV_TIMEOUT)
 from .protocol import Device
 from .registry import adapter_module
 from .registry import backend as get_backend
@@ -75,7 +75,7 @@ def local_devices(backend: Any, spec: DeviceSpec) -> list[Device]:
 
 def init_process_group(backend: Optional[str] = None, device: Optional[Device] = None,
                        timeout: Optional[float] = None, init_timeout: Optional[float] = None,
-                       check: bool = True) -> CheckedGroup:
+                       check: Optional[bool] = None) -> CheckedGroup:
     """Join the job this process was launched into; return its checked process group.
 
     ``backend`` defaults to the launcher's (``MULTIGPU_BACKEND``); ``device`` is where
@@ -83,6 +83,8 @@ def init_process_group(backend: Optional[str] = None, device: Optional[Device] =
     (default ``MULTIGPU_TIMEOUT`` or 60 s) bounds every collective, ``init_timeout``
     (default 300 s) the rendezvous and the first barrier. Works under each engine's own
     launcher too (torchrun, ``paddle.distributed.launch``, MXNet's dmlc tracker).
+    ``check`` (default ``MULTIGPU_CHECK``, on) keeps the header exchange that reports
+    mismatched collectives; turning it off saves one small allreduce per collective.
     Raises InputError for a backend that differs from the launcher's or has no engine.
     """
     env_backend = os.environ.get(ENV_BACKEND)
@@ -115,6 +117,8 @@ def init_process_group(backend: Optional[str] = None, device: Optional[Device] =
         raise CollectiveError(f"{where}: cannot join the job: {type(exc).__name__}: {exc}") from exc
     finally:
         watchdog.disarm()
+    if check is None:
+        check = os.environ.get(ENV_CHECK, "1") != "0"
     group = CheckedGroup(engine, be, check=check, name=name)
     group.timeout = init_timeout  # the first barrier waits for slow starters too
     group.barrier()

@@ -48,6 +48,7 @@ ENV_MASTER_PORT = "MULTIGPU_MASTER_PORT"
 ENV_TIMEOUT = "MULTIGPU_TIMEOUT"
 ENV_INIT_TIMEOUT = "MULTIGPU_INIT_TIMEOUT"
 ENV_JOB_ID = "MULTIGPU_JOB_ID"
+ENV_CHECK = "MULTIGPU_CHECK"
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_INIT_TIMEOUT = 300.0
@@ -70,6 +71,7 @@ class Job:
     timeout: float = DEFAULT_TIMEOUT
     init_timeout: float = DEFAULT_INIT_TIMEOUT
     servers: int = 1  # MXNet parameter servers per node
+    check: bool = True  # the header exchange before each collective
     job_id: str = ""
 
     @property
@@ -153,7 +155,8 @@ def rank_env(job: Job, local_rank: int) -> dict[str, str]:
             ENV_WORLD_SIZE: str(job.world_size), ENV_LOCAL_RANK: str(local_rank),
             ENV_LOCAL_WORLD_SIZE: str(job.nproc), ENV_MASTER_ADDR: job.master_addr,
             ENV_MASTER_PORT: str(job.master_port), ENV_TIMEOUT: repr(float(job.timeout)),
-            ENV_INIT_TIMEOUT: repr(float(job.init_timeout)), ENV_JOB_ID: job.job_id}
+            ENV_INIT_TIMEOUT: repr(float(job.init_timeout)), ENV_JOB_ID: job.job_id,
+            ENV_CHECK: "1" if job.check else "0"}
 
 
 def command_argv(command: Sequence[str]) -> list[str]:

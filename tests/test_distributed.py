@@ -276,6 +276,21 @@ def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
     assert bad.returncode != 0 and "rank 0" in bad.stderr and "batch_size=0" in bad.stderr
 
 
+def test_ctrl_c_stops_every_rank_and_exits_130(tiny):
+    mark = uuid.uuid4().hex
+    proc = launch(["--nproc", "2", "--", "train", "--epochs", "1000", "--batch-size", "16", "--data-dir",
+                   str(tiny[0])], mark, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while rank_pid(mark, 1) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # let the ranks get going
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert none_left(mark) == []
+
+
 # -- each engine, two processes ------------------------------------------------------
 @dataclass
 class EngineRun:
@@ -425,6 +440,23 @@ def test_a_killed_rank_ends_the_job_quickly_and_leaves_no_process(engine_run):
 def test_two_jobs_run_side_by_side_on_free_ports(engine_run):
     assert engine_run.overlapped
     assert _load(engine_run, "collectives", 1)  # the scenario job ran its phases meanwhile
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ENGINES)
+def test_two_launchers_with_nnodes_2_form_one_job(backend, tiny, tmp_path):
+    """The multi-host path, both "hosts" on loopback: node 0 and node 1 each start one rank."""
+    port, mark = free_port(), uuid.uuid4().hex
+    procs = [launch(["--nnodes", "2", "--node-rank", str(node), "--nproc", "1", "--master-addr", "127.0.0.1",
+                     "--master-port", str(port), "--node-addr", "127.0.0.1", "--backend", backend, "--no-check",
+                     "--", "train", "--epochs", "1", "--batch-size", "32", "--quiet", "--data-dir", str(tiny[0]),
+                     "--json", str(tmp_path / f"node{node}.json")], mark, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert json.loads((tmp_path / "node0.json").read_text())["processes"] == 2
+    assert not (tmp_path / "node1.json").exists()  # rank 1 lives on node 1 and writes nothing
+    assert none_left(mark) == []
 
 
 # -- GPU (NCCL) --------------------------------------------------------------------

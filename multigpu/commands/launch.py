@@ -46,6 +46,9 @@ def register(sub: Any) -> None:
                    help=f"seconds any collective may wait before the job fails (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--init-timeout", type=float, default=DEFAULT_INIT_TIMEOUT,
                    help=f"seconds to wait for every rank to join (default {DEFAULT_INIT_TIMEOUT:g})")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the header exchange that reports ranks calling different collectives "
+                        "(saves one small allreduce per collective; a mismatch may then hang until --timeout)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="what each rank runs, after '--'")
     p.set_defaults(func=run)
@@ -60,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no command given; write it after '--', e.g. multigpu launch --nproc 2 -- train")
     job = Job(args.backend, args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
               master_addr=args.master_addr, master_port=args.master_port, node_addr=args.node_addr,
-              timeout=args.timeout, init_timeout=args.init_timeout, servers=args.servers)
+              timeout=args.timeout, init_timeout=args.init_timeout, servers=args.servers,
+              check=not args.no_check)
     try:
         run_job(job, command)
     except RankFailedError as exc:

@@ -80,13 +80,19 @@ class Watchdog:
         while True:
             deadline, message = self._deadline, self._message
             if deadline is not None and time.monotonic() >= deadline and self._deadline == deadline:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os.write(2, (message + "\n").encode())
-                    os._exit(TIMEOUT_EXIT_STATUS)
+                self._deadline = None
+                self.on_expire(message)
             time.sleep(self.POLL)
+
+    @staticmethod
+    def on_expire(message: str) -> None:
+        """Print ``message`` and end the process with status 1 (tests replace this)."""
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os.write(2, (message + "\n").encode())
+            os._exit(TIMEOUT_EXIT_STATUS)
 
 
 class CheckedGroup:
@@ -106,6 +112,7 @@ class CheckedGroup:
         self.device = engine.device
         self.timeout: float = float(engine.timeout)
         self.calls = 0
+        self._pending: Optional[tuple[tuple[str, int, int], np.ndarray, Any, Callable[[], Any]]] = None
         self._failed: Optional[str] = None
         self._closed = False
         self._watchdog = Watchdog()
@@ -124,6 +131,24 @@ class CheckedGroup:
     def barrier(self) -> None:
         """Return once every rank has called ``barrier`` (the header exchange is one)."""
         self._collective("barrier", 0, -1, None if self.check else self.engine.barrier)
+
+    def announce(self, op: str, size: int, src: int = -1) -> None:
+        """Start the header exchange of the next collective now, to overlap the work before it.
+
+        ``DataParallel`` announces its gradient allreduce before computing the gradients,
+        so the header's round trip runs while the devices compute. The other ranks need
+        not announce: each rank still makes exactly one header exchange per collective.
+        A no-op without the check, or when the engine has no ``allreduce_async_``. The
+        next call must be the announced collective: the other ranks have already seen its
+        header.
+        """
+        start = getattr(self.engine, "allreduce_async_", None)
+        if not self.check or start is None or self._pending is not None or self._closed or self._failed:
+            return
+        what = _describe(op, size, src, self.calls + 1)
+        mine, buf = self._header(op, size, src, self.calls + 1)
+        wait = self._guarded(f"{what}, header", lambda: start(buf))
+        self._pending = ((op, size, src), mine, buf, wait)
 
     def close(self) -> None:
         """Leave the group: a last checked barrier (unless a call failed), then the engine's close."""
@@ -157,18 +182,34 @@ class CheckedGroup:
         if run is not None:
             self._guarded(what, run)
 
-    def _exchange(self, op: str, size: int, src: int, what: str) -> None:
-        mine = np.array([1, OPS.index(op) + 1, self.calls % _LOW, size // _LOW, size % _LOW, src + 1],
-                        np.float32)
+    def _header(self, op: str, size: int, src: int, seq: int) -> tuple[np.ndarray, Any]:
+        mine = np.array([1, OPS.index(op) + 1, seq % _LOW, size // _LOW, size % _LOW, src + 1], np.float32)
         header = np.zeros((self.world_size, FIELDS), np.float32)
         header[self.rank] = mine
-        buf = self.backend.from_numpy(header.reshape(-1), self.device)
+        return mine, self.backend.from_numpy(header.reshape(-1), self.device)
 
-        def run() -> np.ndarray:
-            self.engine.allreduce_(buf)
-            return self.backend.to_numpy(buf)
+    def _exchange(self, op: str, size: int, src: int, what: str) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            mine, buf = self._header(op, size, src, self.calls)
+
+            def run() -> np.ndarray:
+                self.engine.allreduce_(buf)
+                return self.backend.to_numpy(buf)
+        else:
+            announced, mine, buf, wait = pending
+
+            def run() -> np.ndarray:
+                wait()
+                return self.backend.to_numpy(buf)
 
         rows = self._guarded(f"{what}, header", run).reshape(self.world_size, FIELDS)
+        if pending is not None and announced != (op, size, src):
+            self._failed = "announced a different collective"
+            raise CollectiveMismatchError(
+                f"{self._where()}: {what}: this rank announced {_describe(*announced)} and then called "
+                f"{_describe(op, size, src)}; the other ranks saw the announced header, so the job cannot "
+                "continue; announce exactly the next collective")
         if np.array_equal(rows, np.broadcast_to(mine, rows.shape)):
             return
         bad = [r for r in range(self.world_size) if rows[r, 0] != 1]

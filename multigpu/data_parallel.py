@@ -147,8 +147,12 @@ class DataParallel:
         """
         X, y = check_batch(self.model, X, y)
         b = self.backend
+        shards = self.local_shards(X, y)
+        announce = getattr(self.process_group, "announce", None)
+        if announce is not None:  # the check of the gradient allreduce overlaps the computation
+            announce("allreduce_", sum(int(np.prod(s)) for s in self.model.param_shapes) + 1)
         flats = [b.value_and_grad(self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d))
-                 for d, params, (xs, ys) in zip(self.devices, self.replicas, self.local_shards(X, y))]
+                 for d, params, (xs, ys) in zip(self.devices, self.replicas, shards)]
         grads, loss = self._sum(flats)
         for params, g in zip(self.replicas, grads):
             b.sgd_(params, g, self.lr / len(X))

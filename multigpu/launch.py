@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TextIO
 
@@ -144,8 +144,6 @@ def check_job(job: Job) -> Job:
             port = DEFAULT_MULTI_HOST_PORT
         else:
             port = free_port(job.master_addr)
-    from dataclasses import replace
-
     return replace(job, master_port=port, job_id=job.job_id or uuid.uuid4().hex[:12])
 
 

@@ -43,7 +43,10 @@ class ProcessGroup(Protocol[T]):
     * an engine failure raises ``multigpu.errors.CollectiveError`` (an engine timeout
       ``CollectiveTimeoutError``) carrying the engine's message;
     * ``timeout`` (seconds) is passed to the engine where it takes one; the core
-      enforces it for every engine.
+      enforces it for every engine;
+    * optionally ``allreduce_async_(flat)`` starts the same sum and returns a function
+      that waits for it (and raises as ``allreduce_`` would); the core uses it to
+      overlap a small header exchange with computation.
     """
 
     rank: int

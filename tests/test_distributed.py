@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import multigpu
 from multigpu import models
+from multigpu import checked_group
 from multigpu.checked_group import CheckedGroup
 from multigpu.cli import main
 from multigpu.data import load_fashion_mnist
@@ -180,6 +181,51 @@ def test_checked_group_sums_broadcasts_and_reports_mismatches_by_both_sides():
         g0.barrier()
     with pytest.raises(InputError, match="src=2 is not a rank"):
         g1.broadcast_(bufs[1], src=2)
+
+
+class AsyncReference:
+    """The reference engine plus an ``allreduce_async_`` (a thread), to exercise ``announce``."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.rank, self.world_size, self.timeout, self.device = (engine.rank, engine.world_size, engine.timeout,
+                                                                 engine.device)
+        self.allreduce_, self.broadcast_, self.barrier, self.close = (engine.allreduce_, engine.broadcast_,
+                                                                      engine.barrier, engine.close)
+
+    def allreduce_async_(self, flat):
+        t = threading.Thread(target=self._engine.allreduce_, args=(flat,))
+        t.start()
+        return t.join
+
+
+def test_an_announced_header_is_checked_when_the_collective_comes():
+    be, plain = _reference_pair(free_port())
+    groups = [CheckedGroup(AsyncReference(g.engine), be) for g in plain]
+    for g in groups:
+        g.calls = plain[0].calls  # continue the call numbers of the group that joined
+    dev = Device("cpu", 0)
+    bufs = [be.from_numpy(np.full(3, r + 1.0, np.float32), dev) for r in (0, 1)]
+    # rank 0 announces, rank 1 does not: each still makes one header exchange
+    assert _both(lambda r: (groups[r].announce("allreduce_", 3) if r == 0 else None,
+                            groups[r].allreduce_(bufs[r]))[1]) == [None, None]
+    assert [be.to_numpy(b).tolist() for b in bufs] == [[3, 3, 3]] * 2
+    # rank 0 announces its step's allreduce while rank 1 has moved on to a barrier
+    out = _both(lambda r: (groups[r].announce("allreduce_", 3), groups[r].allreduce_(bufs[r]))[1] if r == 0
+                else groups[r].barrier())
+    assert all(isinstance(e, CollectiveMismatchError) for e in out), out
+    assert "rank 0 is at call #" in str(out[1]) and "(allreduce_ of 3 floats)" in str(out[1])
+    assert "rank 1 is at call #" in str(out[0]) and "(barrier)" in str(out[0])
+    _both(lambda r: groups[r].close())
+
+
+@pytest.fixture(autouse=True)
+def _watchdog_raises_instead_of_exiting(monkeypatch):
+    """In this process a watchdog must not end pytest: record the expiry instead."""
+    expired: list[str] = []
+    monkeypatch.setattr(checked_group.Watchdog, "on_expire", staticmethod(expired.append))
+    yield
+    assert expired == [], expired
 
 
 def test_checked_group_names_the_rank_and_call_of_an_engine_failure():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from multigpu.launch import ENV_RANK, Job, LaunchPlan, Service
 from multigpu.protocol import Device
@@ -70,6 +70,13 @@ class MXNetGroup:
         # NOTE: push/pull only queue work on MXNet's engine; wait here so that a dead peer
         # stalls this call, under the core's deadline, and not a later read.
         flat.wait_to_read()
+
+    def allreduce_async_(self, flat: Any) -> Callable[[], None]:
+        """Queue the push and the pull; return the function that waits for the sum."""
+        key = self._key(int(flat.size))
+        self.kvstore.push(key, flat)
+        self.kvstore.pull(key, out=flat)
+        return flat.wait_to_read
 
     def broadcast_(self, flat: Any, src: int = 0) -> None:
         """In place: rank ``src``'s values on every rank (the others contribute zeros)."""

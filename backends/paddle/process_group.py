@@ -30,7 +30,7 @@ def launch_plan(job: Job) -> LaunchPlan:
                      "PADDLE_LOCAL_SIZE": str(job.nproc), "PADDLE_NNODES": str(job.nnodes),
                      # NOTE: Paddle requires this variable; its process-group path only names
                      # the trainer with it (Gloo and the store pick their own ports).
-                     "PADDLE_CURRENT_ENDPOINT": f"{host}:{job.master_port + 1 + rank}",
+                     "PADDLE_CURRENT_ENDPOINT": f"{host}:{min(job.master_port + 1 + rank, 65535)}",
                      # Paddle logs every store connection at INFO; keep warnings and errors.
                      "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1")})
     return LaunchPlan(envs)
@@ -66,11 +66,11 @@ class PaddleGroup:
                 raise
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
-    def _run(self, what: str, fn: Callable[[], Any]) -> None:
+    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
         if self.world_size == 1:
-            return  # NOTE: init_parallel_env does nothing for one trainer, so neither do we
+            return None  # NOTE: init_parallel_env does nothing for one trainer, so neither do we
         try:
-            fn()
+            return fn()
         except (RuntimeError, OSError) as exc:
             text = str(exc).strip().split("\n")[0]
             kind = CollectiveTimeoutError if "timeout" in text.lower() else CollectiveError
@@ -79,6 +79,11 @@ class PaddleGroup:
     def allreduce_(self, flat: Any) -> None:
         """In place SUM over ranks."""
         self._run("all_reduce", lambda: self._dist.all_reduce(flat, sync_op=True))
+
+    def allreduce_async_(self, flat: Any) -> Callable[[], None]:
+        """Start an in place SUM; return the function that waits for it."""
+        task = self._run("all_reduce", lambda: self._dist.all_reduce(flat, sync_op=False))
+        return lambda: None if task is None else self._run("all_reduce", task.wait)
 
     def broadcast_(self, flat: Any, src: int = 0) -> None:
         """In place: rank ``src``'s values on every rank."""

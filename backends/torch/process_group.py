@@ -47,9 +47,9 @@ class TorchGroup:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
 
-    def _run(self, what: str, fn: Callable[[], Any]) -> None:
+    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
-            fn()
+            return fn()
         except RuntimeError as exc:  # Gloo and NCCL failures, DistBackendError included
             text = str(exc).split("\n")[0]
             kind = CollectiveTimeoutError if "timed out" in text.lower() else CollectiveError
@@ -58,6 +58,12 @@ class TorchGroup:
     def allreduce_(self, flat: Any) -> None:
         """In place SUM over ranks (synchronous on Gloo; stream-ordered on NCCL)."""
         self._run("all_reduce", lambda: self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM))
+
+    def allreduce_async_(self, flat: Any) -> Callable[[], None]:
+        """Start an in place SUM; return the function that waits for it."""
+        work = self._run("all_reduce", lambda: self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM,
+                                                                   async_op=True))
+        return lambda: self._run("all_reduce", work.wait)
 
     def broadcast_(self, flat: Any, src: int = 0) -> None:
         """In place: rank ``src``'s values on every rank."""

@@ -178,7 +178,9 @@ def run(opts: Options) -> Result:
             ["message", "n", "engine ms", "engine busbw", "checked ms", "naive ms", "ring ms", "fused ms",
              "best in-process busbw"], rows,
             note=f"engine: {_engine_name(fw)} across n processes; naive/ring/fused: n CPU replicas in one "
-                 "process. busbw = bytes / time * 2(n-1)/n."))
+                 "process (fused on CPU replicas is the 'shared' schedule: one reduce into the first buffer, "
+                 "which every replica then reads, so nothing is copied back); checked: the engine plus the "
+                 "header exchange. busbw = bytes / time * 2(n-1)/n."))
 
     def plot(fig: Any) -> None:
         for i, fw in enumerate(frameworks):

@@ -176,6 +176,7 @@ def command_argv(command: Sequence[str]) -> list[str]:
 
 
 # -- children --------------------------------------------------------------------
+_GROUP_ERROR = re.compile(r"rank \d+ of \d+ \([^)]*\): ")  # how CheckedGroup's errors begin
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b.*|.*\berror\b.*", re.IGNORECASE)
 
 
@@ -380,8 +381,11 @@ def _failure_message(job: Job, failed: list[_Child], running: list[str]) -> str:
     def cause_rank(c: _Child) -> tuple[int, float]:
         # A rank whose peer died fails with a collective error a moment later; the
         # rank that failed on its own (a signal, another exception) is the cause.
-        secondary = "Collective" in c.last_error()
-        return (1 if secondary else 0, c.ended_at or 0.0)
+        err = c.last_error()
+        if (c.popen.returncode or 0) < 0:
+            return (0, c.ended_at or 0.0)
+        secondary = "Collective" in err or _GROUP_ERROR.search(err) is not None
+        return (2 if secondary else 1, c.ended_at or 0.0)
 
     failed.sort(key=cause_rank)
     first = failed[0]

@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
@@ -34,6 +35,7 @@ from multigpu.cli import main
 from multigpu.data import load_fashion_mnist
 from multigpu.data_parallel import DataParallel
 from multigpu.errors import CollectiveError, CollectiveMismatchError, InputError
+from multigpu import launch as launch_module
 from multigpu.launch import Job, check_job, command_argv, free_port
 from multigpu.protocol import Device
 from multigpu.training import _batches
@@ -261,6 +263,30 @@ def test_launcher_settings_are_checked_and_ports_are_free():
         command_argv(["missing.py"])
     with pytest.raises(InputError, match="cannot launch itself"):
         command_argv(["launch"])
+
+
+class FakeChild:
+    def __init__(self, label, rc, ended_at, err):
+        self.label, self.pid, self.ended_at, self._err = label, 100 + ended_at, ended_at, err
+        self.popen = SimpleNamespace(returncode=rc)
+
+    def last_error(self):
+        return self._err
+
+    def how(self):
+        return f"exited with status {self.popen.returncode}" if self.popen.returncode >= 0 else "was killed"
+
+
+def test_the_failure_message_names_the_cause_before_its_consequences():
+    peer = FakeChild("rank 0", 1, 1, "multigpu train: error: rank 0 of 2 (torch): call #5 (allreduce_ of 9 "
+                                      "floats) failed: Connection reset by peer")
+    killed = FakeChild("rank 1", -9, 2, "")
+    raised = FakeChild("rank 2", 1, 3, "ValueError: bad things")
+    msg = launch_module._failure_message(Job("torch", 4, job_id="j"), [peer, killed], ["rank 3"])
+    assert msg.startswith("torch job j failed: rank 1 (pid 102) was killed; then rank 0 exited with status 1")
+    assert msg.endswith("stopped rank 3 (still running)")
+    msg = launch_module._failure_message(Job("torch", 4, job_id="j"), [peer, raised], [])
+    assert msg.startswith("torch job j failed: rank 2 (pid 103) exited with status 1: ValueError: bad things")
 
 
 def test_launch_command_needs_a_command_and_has_help(capsys):

@@ -40,7 +40,10 @@ __all__ = ["BENCHMARKS", "Options", "Result", "Table", "interleaved", "isolated"
            "run_benchmarks", "summary"]
 
 # Benchmark name -> module in this package, in the order ``--all`` runs them.
-BENCHMARKS: dict[str, str] = {}
+BENCHMARKS: dict[str, str] = {
+    "dist_allreduce": "dist_allreduce",
+    "dist_step": "dist_step",
+}
 
 FRAMEWORK_PACKAGES = ("numpy", "scipy", "torch", "mxnet", "paddlepaddle", "ray", "matplotlib")
 

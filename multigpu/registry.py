@@ -69,3 +69,14 @@ def backend(name: str) -> Any:
             f"install it with: pip install 'multigpu[{extra}]'"
         )
     return module.load()
+
+
+def adapter_module(name: str) -> ModuleType:
+    """Return the framework-free package of the adapter called ``name`` (no framework import).
+
+    Raises UnknownBackendError for an unknown name. The launcher reads an engine's
+    ``launch_plan`` from it without loading the framework.
+    """
+    if not isinstance(name, str):
+        raise UnknownBackendError(f"backend must be a name such as 'torch', got {name!r}")
+    return _module(name)

@@ -6,6 +6,7 @@ import warnings
 from typing import Any
 
 from ..devices import CPUFallbackWarning
+from ..distributed import launched_backend
 from ..training import train
 
 
@@ -14,7 +15,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("train", help="train LeNet on Fashion-MNIST with data-parallel SGD",
                        description="Train a model on Fashion-MNIST across devices with any backend and "
                                    "print one line per epoch: test accuracy, seconds per epoch, devices.")
-    p.add_argument("--backend", default="numpy", help="numpy, torch, mxnet or paddle (default numpy)")
+    p.add_argument("--backend", default=None,
+                   help="numpy, torch, mxnet or paddle (default numpy, or the one 'multigpu launch' was given)")
     p.add_argument("--gpus", default="1", help="device count (CPU replicas when no GPU), or cpu:N / gpu:0,1")
     p.add_argument("--batch-size", type=int, default=256, help="global minibatch size (default 256)")
     p.add_argument("--lr", type=float, default=0.2, help="learning rate (default 0.2)")
@@ -38,14 +40,17 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train and report; return 0, or raise a MultigpuError that the CLI turns into exit 1."""
     gpus: Any = int(args.gpus) if args.gpus.isdigit() else args.gpus
+    backend = args.backend or launched_backend() or "numpy"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)  # train() prints a note instead
-        result = train(backend=args.backend, num_gpus=gpus, batch_size=args.batch_size, lr=args.lr,
+        result = train(backend=backend, num_gpus=gpus, batch_size=args.batch_size, lr=args.lr,
                        num_epochs=args.epochs, model=args.model, allreduce=args.allreduce,
                        data_dir=args.data_dir, seed=args.seed, progress=not args.quiet, plot=args.plot,
                        checkpoint=args.checkpoint, scale_batch=args.scale_batch, lr_scaling=args.lr_scaling,
                        warmup_epochs=args.warmup_epochs, train_limit=args.train_limit,
                        test_limit=args.test_limit)
+    if result.rank != 0:
+        return 0  # in a multi-process job rank 0 reports and writes for every rank
     print(f"final test acc {result.test_acc[-1]:.3f} (best {max(result.test_acc):.3f}), "
           f"{sum(result.sec_per_epoch) / len(result.sec_per_epoch):.1f} sec/epoch, "
           f"{result.samples_per_sec:.0f} samples/sec on {result.devices} ({result.backend})")

@@ -41,6 +41,8 @@ __all__ = ["BENCHMARKS", "Options", "Result", "Table", "interleaved", "isolated"
 
 # Benchmark name -> module in this package, in the order ``--all`` runs them.
 BENCHMARKS: dict[str, str] = {
+    "dist_allreduce": "dist_allreduce",
+    "dist_step": "dist_step",
     "contract": "contract_overhead",
 }
 

@@ -15,7 +15,8 @@ import numpy as np
 
 from .allreduce import allreduce_flat, allreduce_grads, check_algorithm, reduce_to_first
 from .devices import DeviceSpec, resolve_devices
-from .errors import InputError, ModelError
+from .distributed import allreduce_numpy
+from .errors import DeviceError, InputError, ModelError
 from .process_group import ProcessGroup
 from .protocol import Device
 from .registry import backend as get_backend
@@ -87,7 +88,8 @@ class DataParallel:
         host = model.init_params(seed) if params is None else model.check_params(params)
         self.replicas = [[self.backend.from_numpy(p, d) for p in host] for d in self.devices]
         if process_group is not None:
-            self._broadcast_params()
+            self._check_device_counts()
+            self.broadcast_params()
 
     @property
     def lr(self) -> float:
@@ -110,9 +112,22 @@ class DataParallel:
         """How many processes train together (1 without a process group)."""
         return 1 if self.process_group is None else self.process_group.world_size
 
-    def _broadcast_params(self) -> None:
+    def _check_device_counts(self) -> None:
+        # local_shards splits every batch into world_size * n shards: every rank must
+        # drive the same number of devices for the shards to cover the batch exactly.
+        assert self.process_group is not None
+        n = len(self.devices)
+        total = allreduce_numpy(self.process_group, self.backend, np.array([n], np.float32))[0]
+        if total != n * self.world_size:
+            raise DeviceError(
+                f"rank {self.rank} drives {n} device(s) but the {self.world_size} ranks drive {int(total)} in "
+                "all; give every rank the same device count (e.g. the same --gpus)")
+
+    def broadcast_params(self) -> None:
+        """Overwrite every rank's replicas with rank 0's parameters (a no-op without a group)."""
         b, group = self.backend, self.process_group
-        assert group is not None
+        if group is None:
+            return
         flat = b.flatten(self.replicas[0])
         group.broadcast_(flat, 0)
         views = b.unflatten(flat, self.model.param_shapes)
@@ -145,8 +160,12 @@ class DataParallel:
         """
         X, y = check_batch(self.model, X, y)
         b = self.backend
+        shards = self.local_shards(X, y)
+        announce = getattr(self.process_group, "announce", None)
+        if announce is not None:  # the check of the gradient allreduce overlaps the computation
+            announce("allreduce_", sum(int(np.prod(s)) for s in self.model.param_shapes) + 1)
         flats = [b.value_and_grad(self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d))
-                 for d, params, (xs, ys) in zip(self.devices, self.replicas, self.local_shards(X, y))]
+                 for d, params, (xs, ys) in zip(self.devices, self.replicas, shards)]
         grads, loss = self._sum(flats)
         for params, g in zip(self.replicas, grads):
             b.sgd_(params, g, self.lr / len(X))
@@ -207,10 +226,19 @@ class DataParallel:
         return out
 
     def evaluate(self, X: np.ndarray, y: np.ndarray, batch_size: int = 1024) -> float:
-        """Return accuracy in [0, 1], computed on all devices, each taking a share."""
+        """Return accuracy in [0, 1], computed on all devices, each taking a share.
+
+        With a process group every rank passes the same ``X``; rank r classifies its
+        consecutive share r of ``world_size`` and the correct counts are summed across
+        ranks, so every rank returns the same accuracy.
+        """
         X, y = check_batch(self.model, X, y)
         _check_batch_size(batch_size)
-        return float((self.predict(X, batch_size) == y).mean())
+        if self.process_group is None:
+            return float((self.predict(X, batch_size) == y).mean())
+        xs, ys = split_batch(X, y, self.world_size)[self.rank]
+        correct = np.array([(self.predict(xs, batch_size) == ys).sum()], np.float32)
+        return float(allreduce_numpy(self.process_group, self.backend, correct)[0]) / len(X)
 
 
 def _check_batch_size(batch_size: Any) -> None:

@@ -66,6 +66,26 @@ class CheckpointError(MultigpuError, ValueError):
     """A checkpoint that is unreadable or belongs to a different run (bad input, exit 2)."""
 
 
+class CollectiveError(MultigpuError, RuntimeError):
+    """A collective across processes failed: a peer left or died (run-time failure, exit 1)."""
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A collective did not complete within the process group's timeout (run-time failure, exit 1)."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Ranks called different collectives, or the same one with different buffer sizes
+    (run-time failure, exit 1; the message names both sides)."""
+
+
+class RankFailedError(MultigpuError, RuntimeError):
+    """A process of a multi-process job died, raised or was stopped; the message names the
+    rank (run-time failure, exit 1)."""
+
+    status: "int | None" = None  # the failing rank's exit status (negative: the signal that killed it)
+
+
 class TrainingDivergedError(MultigpuError, FloatingPointError):
     """The training loss became NaN or infinite; the message names the epoch and step
     (a failure at run time, exit 1)."""

@@ -84,3 +84,14 @@ def default_backend() -> str:
     """
     installed = available_backends()
     return next((name for name in PREFERRED if name in installed), "numpy")
+
+
+def adapter_module(name: str) -> ModuleType:
+    """Return the framework-free package of the adapter called ``name`` (no framework import).
+
+    Raises UnknownBackendError for an unknown name. The launcher reads an engine's
+    ``launch_plan`` from it without loading the framework.
+    """
+    if not isinstance(name, str):
+        raise UnknownBackendError(f"backend must be a name such as 'torch', got {name!r}")
+    return _module(name)

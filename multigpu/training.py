@@ -16,9 +16,11 @@ from . import models
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data_parallel import DataParallel
 from .devices import CPUFallbackWarning
+from .distributed import launched, launched_rank
 from .errors import CheckpointError, InputError, ParamsError, TrainingDivergedError
 from .files import atomic_write, check_writable, check_writable_dir
 from .plotting import plot_curves, require_matplotlib
+from .process_group import ProcessGroup
 
 LR_SCALINGS = (None, "linear")
 
@@ -39,6 +41,8 @@ class TrainResult:
     sec_per_epoch: list[float] = field(default_factory=list)
     samples_per_sec: float = 0.0
     params: list[np.ndarray] = field(default_factory=list, repr=False)
+    processes: int = 1  # ranks that trained together; ``devices`` are one rank's
+    rank: int = 0  # the rank that returned this result (every rank holds the same numbers)
 
     def to_dict(self, include_params: bool = False) -> dict[str, Any]:
         """Return a JSON-able dict; parameters only when ``include_params``."""
@@ -77,7 +81,8 @@ def _batches(n: int, batch_size: int, parts: int, rng: np.random.Generator) -> l
     # A last batch too small to give every device a row joins the one before it,
     # so no example is dropped.
     if len(chunks) > 1 and len(chunks[-1]) < parts:
-        chunks[-2] = np.concatenate([chunks[-2], chunks.pop()])
+        last = chunks.pop()  # popped first: chunks[-2] = f(chunks.pop()) would overwrite the wrong batch
+        chunks[-1] = np.concatenate([chunks[-1], last])
     return chunks
 
 
@@ -97,8 +102,8 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
           checkpoint: Optional[Union[str, os.PathLike[str]]] = None, *, scale_batch: bool = False,
           lr_scaling: Optional[str] = None, warmup_epochs: float = 0.0,
           train_limit: Optional[int] = None, test_limit: Optional[int] = None, data: Any = None,
-          on_epoch: Optional[Callable[[int, "TrainResult"], None]] = None,
-          verify_data: bool = True) -> TrainResult:
+          on_epoch: Optional[Callable[[int, "TrainResult"], None]] = None, processes: int = 1,
+          process_group: Optional[ProcessGroup] = None, verify_data: bool = True) -> TrainResult:
     """Train ``model`` on Fashion-MNIST with data-parallel SGD; return a TrainResult.
 
     ``num_gpus`` is a device count (CPU replicas with a warning when the framework
@@ -116,7 +121,22 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     finished epoch stays as it was. Raises InputError, DataError/DataNotFoundError,
     MissingDependencyError (plot without matplotlib), CheckpointError or
     TrainingDivergedError.
+
+    ``processes=N`` trains as N processes on this host, each driving ``num_gpus``
+    devices, with the backend's own distributed engine, and returns rank 0's result
+    (``data`` and ``on_epoch`` must then be picklable; ``on_epoch`` runs in rank 0).
+    Inside a rank started by ``multigpu launch`` train() joins that job by itself;
+    ``process_group`` joins one made elsewhere. Every rank draws the same global
+    batches from ``seed`` and trains on its shard; loss and accuracy are reduced
+    across ranks; only rank 0 writes checkpoints and plots. A rank that fails raises
+    RankFailedError (or CollectiveError) on the others.
     """
+    if processes != 1:
+        args = {k: v for k, v in locals().items() if k != "processes"}  # the arguments, nothing else yet
+        from .distributed_training import train_processes
+
+        return train_processes(processes, args)
+    progress = progress and launched_rank() == 0
     _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "use a positive integer")
     _check("num_epochs", num_epochs, isinstance(num_epochs, int) and num_epochs >= 1, "use a positive integer")
     _check("lr", lr, _real(lr) and lr > 0, "use a positive finite number, e.g. 0.2")
@@ -126,21 +146,33 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
         raise InputError("warmup_epochs only applies with lr_scaling='linear'; set both or neither")
     for name, limit in (("train_limit", train_limit), ("test_limit", test_limit)):
         _check(name, limit, limit is None or (isinstance(limit, int) and limit >= 1), "use a positive integer")
+    writer = (process_group.rank if process_group is not None else launched_rank()) == 0  # writes files
     if plot is not None:  # fail before training, not after ten epochs
         require_matplotlib()
-        check_writable(plot, "plot")
+        if writer:
+            check_writable(plot, "plot")
     saved = None
-    if checkpoint is not None:
+    if checkpoint is not None and writer:  # only rank 0 reads and writes the folder
         saved = load_checkpoint(check_writable_dir(checkpoint, "checkpoint"))
     net = models.get(model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CPUFallbackWarning)
-        tr = DataParallel(net, backend=backend, devices=num_gpus, lr=lr, allreduce=allreduce, seed=seed)
+        group, devices, joined = process_group, num_gpus, False
+        if group is None and launched():
+            from .distributed_training import join_job
+
+            group, devices = join_job(backend, num_gpus)
+            joined = True
+        tr = DataParallel(net, backend=backend, devices=devices, lr=lr, allreduce=allreduce, seed=seed,
+                          process_group=group)
+    rank, world = tr.rank, tr.world_size
+    progress = progress and rank == 0
     for w in caught:
         if progress:
             print(f"note: {w.message}", file=sys.stderr)
-        warnings.warn(w.message, stacklevel=2)  # keep it visible to callers that filter warnings
-    n_dev = len(tr.devices)
+        if rank == 0:
+            warnings.warn(w.message, stacklevel=2)  # keep it visible to callers that filter warnings
+    n_dev = len(tr.devices) * world  # every device of the job
     global_batch = batch_size * n_dev if scale_batch else batch_size
     _check("batch_size", global_batch, global_batch >= n_dev, f"use at least {n_dev}, one row per device")
     if data is None:
@@ -152,12 +184,19 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     Xte, yte = Xte[:test_limit], yte[:test_limit]
 
     result = TrainResult(backend=tr.backend.name, devices=[str(d) for d in tr.devices], model=model,
-                         batch_size=global_batch, lr=lr, allreduce=allreduce, seed=seed)
+                         batch_size=global_batch, lr=lr, allreduce=allreduce, seed=seed,
+                         processes=world, rank=rank)
     config = {"backend": result.backend, "devices": result.devices, "model": model, "batch_size": global_batch,
               "lr": lr, "allreduce": allreduce, "seed": seed, "lr_scaling": lr_scaling,
               "warmup_epochs": warmup_epochs, "train_size": len(Xtr), "test_size": len(Xte)}
+    if world > 1:
+        config["processes"] = world
     rng = np.random.default_rng(seed)
     start_epoch = 0
+    if checkpoint is not None and world > 1:
+        from .distributed_training import share_checkpoint
+
+        saved = share_checkpoint(tr, saved)  # only rank 0 needs the folder
     if saved is not None:
         params, state = saved
         diff = {k: (state["config"].get(k), v) for k, v in config.items() if state["config"].get(k) != v}
@@ -200,7 +239,7 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
         result.sec_per_epoch.append(seconds)
         result.train_loss.append(total / len(Xtr))
         result.test_acc.append(tr.evaluate(Xte, yte))
-        if checkpoint is not None:
+        if checkpoint is not None and rank == 0:
             save_checkpoint(checkpoint, params, {
                 "config": config, "epoch": epoch + 1, "rng": rng.bit_generator.state,
                 "test_acc": result.test_acc, "train_loss": result.train_loss,
@@ -209,11 +248,13 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
             print(f"epoch {epoch + 1}/{num_epochs}: test acc {result.test_acc[-1]:.3f}, "
                   f"train loss {result.train_loss[-1]:.3f}, {seconds:.1f} sec/epoch "
                   f"on {result.devices} ({result.backend})", flush=True)
-        if on_epoch is not None:
+        if on_epoch is not None and rank == 0:
             on_epoch(epoch, result)
     result.params = tr.get_params()  # after a resume that had nothing left to do, too
     result.samples_per_sec = len(Xtr) * len(result.sec_per_epoch) / max(sum(result.sec_per_epoch), 1e-12)
-    if plot is not None:
+    if joined:
+        tr.process_group.close()
+    if plot is not None and rank == 0:
         plot_curves([result], plot, title=f"{model} on Fashion-MNIST, {result.backend}")
     return result
 

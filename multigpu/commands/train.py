@@ -7,6 +7,7 @@ from typing import Any
 
 from ..allreduce import ALGORITHMS
 from ..devices import CPUFallbackWarning
+from ..distributed import launched_backend
 from ..files import check_writable
 from ..registry import PREFERRED, default_backend
 from ..training import train
@@ -21,8 +22,8 @@ def register(sub: Any) -> None:
                                    "Exit status: 0 ok, 1 the run failed (e.g. the loss diverged), "
                                    "2 bad input, 130 interrupted.")
     p.add_argument("--backend", default=None,
-                   help=f"numpy, torch, mxnet or paddle (default: the first installed of "
-                        f"{', '.join(PREFERRED)}; the first output line names it)")
+                   help=f"numpy, torch, mxnet or paddle (default: the one 'multigpu launch' was given, else "
+                        f"the first installed of {', '.join(PREFERRED)}; the first output line names it)")
     p.add_argument("--gpus", default="1", help="device count (CPU replicas when no GPU), or cpu:N / gpu:0,1")
     p.add_argument("--batch-size", type=int, default=256, help="global minibatch size (default 256)")
     p.add_argument("--lr", type=float, default=0.2, help="learning rate (default 0.2)")
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     """Train and report; return 0, or raise a MultigpuError (see ``multigpu.cli`` for exit codes)."""
     if args.json_path is not None:
         check_writable(args.json_path, "--json")  # before any epoch, not after the last one
-    backend = args.backend
+    backend = args.backend or launched_backend()
     if backend is None:
         backend = default_backend()
         print(f"backend: {backend} (the first installed of {', '.join(PREFERRED)}; choose with --backend)",
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
                        checkpoint=args.checkpoint, scale_batch=args.scale_batch, lr_scaling=args.lr_scaling,
                        warmup_epochs=args.warmup_epochs, train_limit=args.train_limit,
                        test_limit=args.test_limit, verify_data=not args.no_verify_data)
+    if result.rank != 0:
+        return 0  # in a multi-process job rank 0 reports and writes for every rank
     print(f"final test acc {result.test_acc[-1]:.3f} (best {max(result.test_acc):.3f}), "
           f"{sum(result.sec_per_epoch) / len(result.sec_per_epoch):.1f} sec/epoch, "
           f"{result.samples_per_sec:.0f} samples/sec on {result.devices} ({result.backend})")

@@ -1,0 +1,97 @@
+"""MXNet's kvstore ``dist_sync`` parameter server as a multigpu process group.
+
+A job is a scheduler, parameter servers and workers (the ranks), each told its role
+through ``DMLC_*`` variables, as MXNet's dmlc tracker does (Li et al., OSDI 2014). A
+sum-allreduce is a push of every worker's buffer to the servers, which add them in
+sync mode, and a pull of the sum. Service processes only ``import mxnet``: MXNet
+runs the scheduler or server loop on import when ``DMLC_ROLE`` says so. MXNet is
+imported only in those processes and in the ranks, never by the launcher.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Optional
+
+from multigpu.launch import ENV_RANK, Job, LaunchPlan, Service
+from multigpu.protocol import Device
+
+KEY_BASE = 1 << 30  # far above the integer keys a Gluon Trainer uses on the same kvstore
+
+
+def launch_plan(job: Job) -> LaunchPlan:
+    """Workers for the ranks; the scheduler on node 0 and ``job.servers`` servers per node."""
+    common = {"DMLC_PS_ROOT_URI": job.master_addr, "DMLC_PS_ROOT_PORT": str(job.master_port),
+              "DMLC_NUM_WORKER": str(job.world_size), "DMLC_NUM_SERVER": str(job.servers * job.nnodes)}
+    if job.host:
+        common["DMLC_NODE_HOST"] = job.host  # else ps-lite picks this host's first interface
+    argv = [sys.executable, "-c", "import mxnet"]
+    services = [Service("scheduler", argv, {**common, "DMLC_ROLE": "scheduler"})] if job.node_rank == 0 else []
+    services += [Service(f"server {job.node_rank * job.servers + i}", argv, {**common, "DMLC_ROLE": "server"})
+                 for i in range(job.servers)]
+    return LaunchPlan([{**common, "DMLC_ROLE": "worker"} for _ in range(job.nproc)], services)
+
+
+class MXNetGroup:
+    """Sum-allreduce, broadcast and barrier on one ``dist_sync`` kvstore."""
+
+    def __init__(self, device: Device, timeout: float, init_timeout: float, kvstore: Optional[Any] = None):
+        import mxnet as mx
+
+        self._mx = mx
+        self.device = device
+        self.timeout = float(timeout)
+        self.kvstore = mx.kv.create("dist_sync") if kvstore is None else kvstore
+        # NOTE: ps-lite numbers workers by (host, port) of a randomly bound port, not by
+        # launch order. The sums do not depend on it, and broadcast_ below names its
+        # source by this group's rank, so the launcher's rank is used when there is one.
+        env_rank = os.environ.get(ENV_RANK)
+        self.rank = int(env_rank) if env_rank is not None else int(self.kvstore.rank)
+        self.world_size = int(self.kvstore.num_workers)
+        self._keys: dict[int, int] = {}
+
+    def _key(self, size: int) -> int:
+        key = self._keys.get(size)
+        if key is None:
+            # init is collective (worker 0's value, then a barrier); the core's header check
+            # has already made sure that every rank asks for the same size here.
+            key = KEY_BASE + len(self._keys)
+            self.kvstore.init(key, self._mx.nd.zeros((size,), dtype="float32"))
+            self._keys[size] = key
+        return key
+
+    def allreduce_(self, flat: Any) -> None:
+        """In place SUM over ranks: push to the servers, pull the sum back."""
+        key = self._key(int(flat.size))
+        # NOTE: without an optimizer a dist_sync server stores the sum of the pushes of
+        # every worker, so the pull returns the allreduce.
+        self.kvstore.push(key, flat)
+        self.kvstore.pull(key, out=flat)
+        # NOTE: push/pull only queue work on MXNet's engine; wait here so that a dead peer
+        # stalls this call, under the core's deadline, and not a later read.
+        flat.wait_to_read()
+
+    def allreduce_async_(self, flat: Any) -> Callable[[], None]:
+        """Queue the push and the pull; return the function that waits for the sum."""
+        key = self._key(int(flat.size))
+        self.kvstore.push(key, flat)
+        self.kvstore.pull(key, out=flat)
+        return flat.wait_to_read
+
+    def broadcast_(self, flat: Any, src: int = 0) -> None:
+        """In place: rank ``src``'s values on every rank (the others contribute zeros)."""
+        if self.rank != src:
+            flat[:] = 0
+        self.allreduce_(flat)
+
+    def barrier(self) -> None:
+        """Wait for every worker (the scheduler's barrier)."""
+        self.kvstore._barrier()
+
+    def close(self) -> None:
+        """Nothing to do: MXNet finalizes the kvstore (a barrier of every node) at exit."""
+
+
+def join(device: Device, timeout: float, init_timeout: float) -> MXNetGroup:
+    """Join the job as a ``dist_sync`` worker."""
+    return MXNetGroup(device, timeout, init_timeout)

@@ -1,0 +1,122 @@
+"""``train()`` across processes: start the ranks, join a job, share a checkpoint.
+
+``train(processes=N)`` calls ``train_processes``: this process becomes the launcher
+(``multigpu.launch``, no framework import), the N ranks run
+``python -m multigpu.distributed_training SPEC OUT`` and call ``train()`` again,
+which joins the job from the environment. Rank 0 writes its ``TrainResult`` to OUT;
+a rank that raises writes its exception beside it, so the caller gets the same
+``InputError`` (say) as from a single-process run, not just "rank 0 failed".
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .distributed import broadcast_json, init_process_group, launched, local_devices
+from .errors import CollectiveError, InputError, MultigpuError, RankFailedError
+from .launch import DEFAULT_TIMEOUT, ENV_RANK, ENV_TIMEOUT, Job
+from .launch import run as run_job
+from .registry import backend as get_backend
+
+
+def train_processes(processes: int, kwargs: dict[str, Any]) -> Any:
+    """Run ``train(**kwargs)`` as ``processes`` ranks on this host; return rank 0's TrainResult.
+
+    Raises the ranks' own error when one failed on its own (e.g. InputError), else
+    RankFailedError naming the rank; InputError when ``kwargs`` cannot be pickled.
+    """
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise InputError(f"processes={processes!r} is not valid; use a positive integer")
+    if launched():
+        raise InputError("processes=N starts its own job, but this process is already a rank of one; "
+                         "call train() without processes inside a launched job")
+    try:
+        pickled = pickle.dumps(kwargs)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise InputError(f"train(processes={processes}) passes its arguments to new processes, and one of "
+                         f"them cannot be pickled ({exc}); pass module-level functions and plain data") from exc
+    if b"__main__" in pickled:
+        raise InputError(f"train(processes={processes}) passes its arguments to new processes, which cannot "
+                         "load a function or class defined in __main__; move it into an importable module")
+    # The ranks import what the arguments need from the same places as this process.
+    spec = pickle.dumps({"sys_path": list(sys.path), "kwargs": pickled})
+    timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
+    with tempfile.TemporaryDirectory(prefix="multigpu-train-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.pkl", Path(tmp) / "result.pkl"
+        spec_path.write_bytes(spec)
+        job = Job(kwargs.get("backend", "numpy"), processes, timeout=timeout)
+        try:
+            run_job(job, [sys.executable, "-m", "multigpu.distributed_training", str(spec_path), str(out_path)])
+        except RankFailedError as failure:
+            own = _own_error(Path(tmp), processes)
+            if own is not None:
+                raise own from failure
+            raise
+        with open(out_path, "rb") as f:
+            return pickle.load(f)
+
+
+def _own_error(folder: Path, processes: int) -> Optional[BaseException]:
+    """The lowest rank's exception that is not a consequence of another rank's failure."""
+    for rank in range(processes):
+        path = folder / f"error.rank{rank}.pkl"
+        if path.exists():
+            try:
+                exc = pickle.loads(path.read_bytes())
+            except Exception:
+                continue
+            if not isinstance(exc, (CollectiveError, RankFailedError)):
+                return exc
+    return None
+
+
+def join_job(backend: str, num_gpus: Any) -> tuple[Any, list[Any]]:
+    """Inside a launched rank: this rank's devices and the checked process group on the first."""
+    devices = local_devices(get_backend(backend), num_gpus)
+    return init_process_group(backend, device=devices[0]), devices
+
+
+def share_checkpoint(tr: Any, saved: Optional[tuple[list[np.ndarray], dict[str, Any]]]) -> Any:
+    """Give every rank rank 0's checkpoint (``saved`` is read on rank 0 only); return it.
+
+    Only rank 0 needs the checkpoint folder, which suits hosts without a shared disk.
+    """
+    state = broadcast_json(tr.process_group, tr.backend, None if saved is None else saved[1])
+    if state is None:
+        return None
+    if tr.rank == 0:
+        tr.set_params(saved[0])  # type: ignore[index]
+    tr.broadcast_params()
+    return tr.get_params(), state
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """A rank of ``train(processes=N)``: run train() from SPEC, write rank 0's result to OUT."""
+    from .training import train
+
+    spec, out = sys.argv[1:] if argv is None else argv
+    rank = int(os.environ.get(ENV_RANK, "0"))
+    with open(spec, "rb") as f:
+        outer = pickle.load(f)
+    sys.path[:] = [*outer["sys_path"], *(p for p in sys.path if p not in outer["sys_path"])]
+    kwargs = pickle.loads(outer["kwargs"])
+    try:
+        result = train(**kwargs)
+    except MultigpuError as exc:
+        Path(out).with_name(f"error.rank{rank}.pkl").write_bytes(pickle.dumps(exc))
+        raise
+    if rank == 0:
+        tmp = Path(out).with_suffix(".part")
+        tmp.write_bytes(pickle.dumps(result))
+        tmp.replace(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

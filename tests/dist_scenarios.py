@@ -1,0 +1,140 @@
+"""One rank of the multi-process scenarios; ``tests/test_distributed.py`` runs it as
+``multigpu launch --nproc 2 --backend B -- tests/dist_scenarios.py OUT``.
+
+Every phase writes what it saw to ``OUT/<phase>.rank<r>.json`` (or ``.npz``) and the
+test compares. One job runs every phase, so each engine pays its start-up once. The
+last phase hangs rank 1 on purpose, so the job ends with rank 0's collective timeout.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+import multigpu
+from multigpu import models
+from multigpu.agreement import random_batches, train_steps
+from multigpu.data_parallel import DataParallel
+from multigpu.distributed import init_process_group
+from multigpu.errors import CollectiveMismatchError
+from multigpu.launch import ENV_RANK
+
+OUT = Path(sys.argv[1])
+group = init_process_group()
+be, rank, name = group.backend, group.rank, group.backend.name
+
+
+def save_json(phase: str, obj: object) -> None:
+    (OUT / f"{phase}.rank{rank}.json").write_text(json.dumps(obj))
+
+
+def save_npz(phase: str, **arrays: object) -> None:
+    np.savez(OUT / f"{phase}.rank{rank}.npz", **arrays)
+
+
+@contextlib.contextmanager
+def outside_the_job():
+    """Run a single-process reference inside a rank: hide the launcher's variables."""
+    saved = os.environ.pop(ENV_RANK)
+    try:
+        yield
+    finally:
+        os.environ[ENV_RANK] = saved
+
+
+def dataset(n_train: int, n_test: int = 33, seed: int = 0) -> SimpleNamespace:
+    """Random images whose first two pixels encode the sample's index (to trace shards)."""
+    rng = np.random.default_rng(seed)
+    X = rng.random((n_train, 1, 28, 28), dtype=np.float32)
+    X[:, 0, 0, 0], X[:, 0, 0, 1] = np.arange(n_train) // 256, np.arange(n_train) % 256
+    return SimpleNamespace(train_images=X, train_labels=rng.integers(0, 10, n_train),
+                           test_images=rng.random((n_test, 1, 28, 28), dtype=np.float32),
+                           test_labels=rng.integers(0, 10, n_test))
+
+
+# 1. the collectives themselves ---------------------------------------------------
+t = be.from_numpy(np.arange(6, dtype=np.float32) * (rank + 1), group.device)
+group.allreduce_(t)
+b = be.from_numpy(np.full(4, 10.0 + rank, np.float32), group.device)
+group.broadcast_(b, src=1)
+group.barrier()
+save_json("collectives", {"allreduce": be.to_numpy(t).tolist(), "broadcast": be.to_numpy(b).tolist()})
+
+# 2. 2 processes x 1 device against 1 process x 2 devices and 1 device on the full batch
+m = models.lenet()
+start = m.init_params(seed=3)
+mine = start if rank == 0 else m.init_params(seed=99)  # construction must broadcast rank 0's
+tr = DataParallel(m, backend=name, devices="cpu:1", lr=0.3, params=mine, process_group=group)
+after_broadcast = tr.get_params()
+batches = random_batches(m, steps=5, batch=27, seed=5)  # 27 rows: 14 on rank 0, 13 on rank 1
+losses = [tr.train_batch(X, y) for X, y in batches]
+Xe, ye = random_batches(m, steps=1, batch=31, seed=6)[0]
+acc = tr.evaluate(Xe, ye)
+save_npz("agree", losses=losses, acc=acc, broadcast0=after_broadcast[0], start0=start[0],
+         **{f"p{i}": p for i, p in enumerate(tr.get_params())})
+if rank == 0:
+    for devices in ("cpu:2", "cpu:1"):
+        ref_losses, ref_params, _ = train_steps(m, name, start, batches, devices=devices, lr=0.3)
+        local = DataParallel(m, backend=name, devices=devices, params=tr.get_params())
+        save_npz(f"agree_{devices.replace(':', '')}", losses=ref_losses, acc=local.evaluate(Xe, ye),
+                 **{f"p{i}": p for i, p in enumerate(ref_params)})
+
+# 3. sharding: which samples each rank trained on in one epoch of train() ------------
+original = DataParallel.train_batch
+for n in (64, 65):  # 65: the last batch of 1 row joins the one before it
+    seen: list[int] = []
+
+    def spy(self, X, y, _seen=seen):
+        for xs, _ in self.local_shards(X, y):
+            _seen.extend((xs[:, 0, 0, 0] * 256 + xs[:, 0, 0, 1]).astype(int).tolist())
+        return original(self, X, y)
+
+    DataParallel.train_batch = spy
+    multigpu.train(backend=name, num_gpus="cpu:1", batch_size=16, lr=0.1, num_epochs=1, progress=False,
+                   data=dataset(n), process_group=group)
+    DataParallel.train_batch = original
+    save_json(f"shard{n}", seen)
+
+# 4. train(): reduced loss and accuracy, rank-0-only checkpoints, resume ------------
+args = dict(backend=name, num_gpus="cpu:1", batch_size=20, lr=0.2, progress=False, data=dataset(90, seed=1))
+full = multigpu.train(num_epochs=2, process_group=group, **args)
+folder = OUT / f"checkpoint.rank{rank}"  # each rank names its own; only rank 0 may write
+multigpu.train(num_epochs=1, checkpoint=folder, process_group=group, **args)
+resumed = multigpu.train(num_epochs=2, checkpoint=folder, process_group=group, **args)
+save_json("train", {"loss": full.train_loss, "acc": full.test_acc, "resumed_loss": resumed.train_loss,
+                    "resumed_acc": resumed.test_acc, "processes": full.processes, "rank": full.rank,
+                    "checkpoint_written": folder.exists()})
+save_npz("train", **{f"full{i}": p for i, p in enumerate(full.params)},
+         **{f"resumed{i}": p for i, p in enumerate(resumed.params)})
+if rank == 0:
+    with outside_the_job():
+        single = multigpu.train(num_epochs=2, **{**args, "num_gpus": "cpu:2"})
+    save_json("train_single", {"loss": single.train_loss, "acc": single.test_acc})
+
+# 5. mismatched collectives are reported on every rank, and the group goes on -------
+messages = []
+try:
+    group.allreduce_(be.from_numpy(np.ones(10 + rank, np.float32), group.device))
+except CollectiveMismatchError as exc:
+    messages.append(str(exc))
+ten = be.from_numpy(np.ones(10, np.float32), group.device)
+try:
+    group.broadcast_(ten, src=0) if rank == 0 else group.allreduce_(ten)
+except CollectiveMismatchError as exc:
+    messages.append(str(exc))
+group.barrier()
+save_json("mismatch", messages)
+
+# 6. rank 1 hangs: rank 0's next collective must time out and end the job ----------
+save_json("hang", time.time())
+if rank == 1:
+    time.sleep(300)
+group.timeout = 2.0
+group.allreduce_(t)
+save_json("after_hang", "rank 0 returned from a collective that rank 1 never joined")

@@ -43,6 +43,7 @@ __all__ = ["BENCHMARKS", "Options", "Result", "Table", "interleaved", "isolated"
 BENCHMARKS: dict[str, str] = {
     "dist_allreduce": "dist_allreduce",
     "dist_step": "dist_step",
+    "contract": "contract_overhead",
 }
 
 FRAMEWORK_PACKAGES = ("numpy", "scipy", "torch", "mxnet", "paddlepaddle", "ray", "matplotlib")

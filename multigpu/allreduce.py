@@ -16,7 +16,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any, Callable, Optional, Sequence
 
-from .errors import UnknownAlgorithmError
+from .errors import InputError, UnknownAlgorithmError
 from .protocol import Device
 from .split import shard_sizes
 
@@ -34,10 +34,10 @@ def naive_allreduce(backend: Any, tensors: Sequence[Any], devices: Sequence[Devi
 def ring_allreduce(backend: Any, tensors: Sequence[Any], devices: Sequence[Device]) -> None:
     """Reduce-scatter then all-gather around the ring of devices, chunk by chunk."""
     n = len(tensors)
-    if n == 1:
-        return
     shape = backend.shape(tensors[0])
     numel = prod(shape)
+    if n == 1 or numel == 0:  # nothing to exchange
+        return
     # Fewer elements than devices: one element per chunk, and the rest carry nothing.
     sizes = shard_sizes(numel, n) if numel >= n else [1] * numel + [0] * (n - numel)
     present = [c for c, s in enumerate(sizes) if s]  # zero-length chunks carry nothing
@@ -122,6 +122,8 @@ def allreduce_flat(backend: Any, flats: Sequence[Any], devices: Sequence[Device]
 def fused_allreduce(backend: Any, grads: Sequence[Sequence[Any]], devices: Sequence[Device]) -> None:
     """Flatten each device's gradients into one buffer, sum the buffers, write back in place."""
     shapes = [backend.shape(g) for g in grads[0]]
+    if not sum(prod(s) for s in shapes):  # only empty tensors: nothing to sum
+        return
     flats = [backend.flatten(per_device) for per_device in grads]
     sums = allreduce_flat(backend, flats, devices)
     for per_device, flat in zip(grads, sums):
@@ -145,7 +147,7 @@ def allreduce_grads(backend: Any, grads: Sequence[Sequence[Any]], devices: Seque
     """Allreduce per-device gradient lists (``grads[device][param]``) in place."""
     check_algorithm(backend, algorithm)
     if len(grads) != len(devices):
-        raise ValueError(f"{len(grads)} gradient lists for {len(devices)} devices")
+        raise InputError(f"{len(grads)} gradient lists for {len(devices)} devices; pass one list per device")
     if len(devices) == 1:
         return
     if algorithm == "fused":

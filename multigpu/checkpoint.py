@@ -3,42 +3,39 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from .errors import CheckpointError
+from .files import atomic_write
 
 FILENAME = "checkpoint.npz"
+#: Keys every checkpoint's state holds; a file without them is not ours or is damaged.
+STATE_KEYS = ("config", "epoch", "rng", "test_acc", "train_loss", "sec_per_epoch")
 
 
 def save_checkpoint(folder: str | os.PathLike[str], params: Sequence[np.ndarray], state: dict[str, Any]) -> Path:
     """Write ``params`` and the JSON-able ``state`` to ``folder/checkpoint.npz`` atomically.
 
-    The file is written beside the target and renamed over it, so a crash leaves
-    either the previous checkpoint or the new one, never a torn file.
+    The file is written beside the target, flushed, renamed over it and the folder
+    flushed (``multigpu.files.atomic_write``), so a crash leaves either the previous
+    checkpoint or the new one, never a torn file. It gets the umask's normal mode.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz.part", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, state=np.array(json.dumps(state)), **{f"p{i}": p for i, p in enumerate(params)})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, folder / FILENAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(folder / FILENAME) as f:
+        np.savez(f, state=np.array(json.dumps(state)), **{f"p{i}": p for i, p in enumerate(params)})
     return folder / FILENAME
 
 
 def load_checkpoint(folder: str | os.PathLike[str]) -> Optional[tuple[list[np.ndarray], dict[str, Any]]]:
     """Return ``(params, state)`` from ``folder``, or None when it holds no checkpoint.
 
-    Raises CheckpointError naming the file when it cannot be read.
+    Raises CheckpointError naming the file when it cannot be read, is not a
+    checkpoint, or lacks part of its state.
     """
     path = Path(folder) / FILENAME
     if not path.exists():
@@ -47,6 +44,9 @@ def load_checkpoint(folder: str | os.PathLike[str]) -> Optional[tuple[list[np.nd
         with np.load(path, allow_pickle=False) as z:
             state = json.loads(str(z["state"]))
             params = [z[f"p{i}"] for i in range(sum(1 for k in z.files if k.startswith("p")))]
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}; delete it to start afresh") from exc
+    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing)}; delete it to start afresh")
     return params, state

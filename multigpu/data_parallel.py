@@ -16,7 +16,7 @@ import numpy as np
 from .allreduce import allreduce_flat, allreduce_grads, check_algorithm, reduce_to_first
 from .devices import DeviceSpec, resolve_devices
 from .distributed import allreduce_numpy
-from .errors import DeviceError, InputError
+from .errors import DeviceError, InputError, ModelError
 from .process_group import ProcessGroup
 from .protocol import Device
 from .registry import backend as get_backend
@@ -24,10 +24,13 @@ from .sequential import Sequential
 from .split import shard_sizes, split_batch
 
 
-def check_batch(model: Sequential, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(X, y)`` as float32/int64 arrays; raise InputError naming what is wrong."""
+def check_images(model: Sequential, X: Any) -> np.ndarray:
+    """Return ``X`` as a float32 array; raise InputError naming what is wrong.
+
+    Finiteness is checked after the cast, so a float64 value beyond float32's range
+    (which the cast turns into infinity) is refused too.
+    """
     X = np.asarray(X)
-    y = np.asarray(y)
     want = model.input_shape
     if X.ndim != len(want) + 1 or tuple(X.shape[1:]) != want:
         raise InputError(f"X has shape {X.shape}; {model.name} needs (batch, {', '.join(map(str, want))})")
@@ -35,6 +38,17 @@ def check_batch(model: Sequential, X: Any, y: Any) -> tuple[np.ndarray, np.ndarr
         raise InputError("the batch is empty; pass at least one example per device")
     if not np.issubdtype(X.dtype, np.floating):
         raise InputError(f"X has dtype {X.dtype}; pass floating-point images (float32), e.g. X.astype('float32') / 255")
+    with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
+        X = X.astype(np.float32, copy=False)
+    if not np.isfinite(X).all():
+        raise InputError("X contains NaN or infinity, or values beyond float32's range (|x| > 3.4e38)")
+    return X
+
+
+def check_batch(model: Sequential, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(X, y)`` as float32/int64 arrays; raise InputError naming what is wrong."""
+    X = check_images(model, X)
+    y = np.asarray(y)
     if y.shape != (len(X),):
         raise InputError(f"y has shape {y.shape}; it must be ({len(X)},), one integer label per row of X")
     if not np.issubdtype(y.dtype, np.integer):
@@ -43,9 +57,7 @@ def check_batch(model: Sequential, X: Any, y: Any) -> tuple[np.ndarray, np.ndarr
     bad = (y < 0) | (y >= classes)
     if bad.any():
         raise InputError(f"label {int(y[bad][0])} is out of range; {model.name} has classes 0..{classes - 1}")
-    if not np.isfinite(X).all():
-        raise InputError("X contains NaN or infinity")
-    return X.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
+    return X, y.astype(np.int64, copy=False)
 
 
 class DataParallel:
@@ -65,7 +77,8 @@ class DataParallel:
                  params: Optional[Sequence[np.ndarray]] = None, allreduce: str = "fused",
                  seed: int = 0, process_group: Optional[ProcessGroup] = None):
         if not isinstance(model, Sequential):
-            raise TypeError(f"model must be a multigpu Sequential, got {type(model).__name__}")
+            raise ModelError(f"model must be a multigpu Sequential, got {type(model).__name__}; "
+                             "e.g. multigpu.models.lenet()")
         self.model = model
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.allreduce = check_algorithm(self.backend, allreduce)
@@ -86,7 +99,7 @@ class DataParallel:
     @lr.setter
     def lr(self, value: float) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"lr={value!r} must be a positive finite number, e.g. 0.2")
+            raise InputError(f"lr={value!r} must be a positive finite number, e.g. 0.2")
         self._lr = float(value)
 
     @property
@@ -189,10 +202,13 @@ class DataParallel:
             self.backend.synchronize(d)
 
     def predict(self, X: np.ndarray, batch_size: int = 1024) -> np.ndarray:
-        """Return predicted classes; each device classifies its own share of ``X``."""
-        X, _ = check_batch(self.model, X, np.zeros(len(np.asarray(X)), np.int64))
-        if batch_size < 1:
-            raise InputError(f"batch_size={batch_size} must be >= 1")
+        """Return predicted classes; each device classifies its own share of ``X``.
+
+        Raises InputError for bad images (see ``train_batch``) or a batch_size that
+        is not a positive integer.
+        """
+        X = check_images(self.model, X)
+        _check_batch_size(batch_size)
         b, n = self.backend, len(self.devices)
         out = np.empty(len(X), np.int64)
         step = batch_size * n
@@ -217,8 +233,14 @@ class DataParallel:
         ranks, so every rank returns the same accuracy.
         """
         X, y = check_batch(self.model, X, y)
+        _check_batch_size(batch_size)
         if self.process_group is None:
             return float((self.predict(X, batch_size) == y).mean())
         xs, ys = split_batch(X, y, self.world_size)[self.rank]
         correct = np.array([(self.predict(xs, batch_size) == ys).sum()], np.float32)
         return float(allreduce_numpy(self.process_group, self.backend, correct)[0]) / len(X)
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InputError(f"batch_size={batch_size!r} must be a positive integer, e.g. 1024")

@@ -1,4 +1,8 @@
-"""Exceptions raised by multigpu. Every user mistake maps to one of these."""
+"""Exceptions raised by multigpu. Every user mistake maps to one of these.
+
+Each class says in its docstring whether it is bad input (the command line exits 2)
+or a failure at run time (exit 1); ``multigpu.cli.exit_code`` maps them.
+"""
 from __future__ import annotations
 
 
@@ -7,55 +11,59 @@ class MultigpuError(Exception):
 
 
 class UnknownBackendError(MultigpuError, LookupError):
-    """A backend name that no installed adapter provides."""
+    """A backend name that no installed adapter provides (bad input, exit 2)."""
 
 
 class BackendNotInstalledError(MultigpuError, ImportError):
-    """The adapter exists but its framework is not installed."""
+    """The adapter exists but its framework is not installed (bad input, exit 2)."""
 
 
 class UnknownAlgorithmError(MultigpuError, ValueError):
-    """An allreduce algorithm (or other named choice) that does not exist."""
+    """An allreduce algorithm (or other named choice) that does not exist (bad input, exit 2)."""
 
 
 class InputError(MultigpuError, ValueError):
-    """Bad batch data: wrong shape, dtype, empty, or labels out of range."""
+    """Bad input data or a protocol call that breaks the backend contract: wrong shape,
+    dtype, size, empty, labels out of range, or an output path that cannot be written
+    (bad input, exit 2)."""
 
 
 class ParamsError(MultigpuError, ValueError):
-    """A params list of the wrong length, shapes or dtype for the model."""
+    """A params list of the wrong length, shapes or dtype for the model (bad input, exit 2)."""
 
 
 class DeviceError(MultigpuError, ValueError):
-    """A device specification that cannot be satisfied or parsed."""
+    """A device specification that cannot be satisfied or parsed (bad input, exit 2)."""
 
 
 class ModelError(MultigpuError, ValueError):
-    """A model spec that is inconsistent with its input shape."""
+    """A model spec that is inconsistent with its input shape (bad input, exit 2)."""
 
 
 class DataError(MultigpuError, ValueError):
-    """A data set that is missing, truncated or malformed."""
+    """A data set that is missing, truncated, malformed or not the published one (bad input, exit 2)."""
 
 
 class DataNotFoundError(DataError, FileNotFoundError):
-    """No copy of a data set could be found or downloaded."""
+    """No copy of a data set could be found or downloaded (bad input, exit 2)."""
 
 
 class ClusterError(MultigpuError, ValueError):
-    """A cluster or graph description for the cost model that is invalid."""
+    """A cluster or graph description for the cost model that is invalid (bad input, exit 2)."""
 
 
 class InfeasibleError(MultigpuError, ValueError):
-    """A placement problem whose constraints no assignment satisfies."""
+    """A placement problem whose constraints no assignment satisfies (a result of the run,
+    not a mistake in the input: exit 1)."""
 
 
 class MissingDependencyError(MultigpuError, ImportError):
-    """An optional package (a pip extra) that a requested feature needs is not installed."""
+    """An optional package (a pip extra) that a requested feature needs is not installed
+    (bad input, exit 2)."""
 
 
 class CheckpointError(MultigpuError, ValueError):
-    """A checkpoint that is unreadable or belongs to a different run."""
+    """A checkpoint that is unreadable or belongs to a different run (bad input, exit 2)."""
 
 
 class CollectiveError(MultigpuError, RuntimeError):
@@ -76,3 +84,22 @@ class RankFailedError(MultigpuError, RuntimeError):
     rank (run-time failure, exit 1)."""
 
     status: "int | None" = None  # the failing rank's exit status (negative: the signal that killed it)
+
+
+class TrainingDivergedError(MultigpuError, FloatingPointError):
+    """The training loss became NaN or infinite; the message names the epoch and step
+    (a failure at run time, exit 1)."""
+
+    def __init__(self, message: str, epoch: int, step: int, loss: float):
+        super().__init__(message)
+        self.epoch, self.step, self.loss = epoch, step, loss
+
+
+class AdapterError(MultigpuError, RuntimeError):
+    """An adapter returned something the backend contract forbids: a bug in the adapter,
+    not in the caller's input (a failure at run time, exit 1)."""
+
+
+class SolverError(MultigpuError, RuntimeError):
+    """A solver (HiGHS) stopped without an answer, e.g. at its time limit
+    (a failure at run time, exit 1)."""

@@ -10,8 +10,8 @@ import importlib.util
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
-from typing import Any
 
+from .contract import CheckedBackend, checked
 from .errors import BackendNotInstalledError, UnknownBackendError
 
 GROUP = "multigpu.backends"
@@ -52,11 +52,13 @@ def _framework_of(ep: EntryPoint) -> str | None:
 
 
 @lru_cache(maxsize=None)
-def backend(name: str) -> Any:
-    """Return the adapter called ``name`` (one shared instance per name).
+def backend(name: str) -> CheckedBackend:
+    """Return the adapter called ``name`` behind the contract (one shared instance per name).
 
-    Raises UnknownBackendError (listing the available ones) for an unknown name and
-    BackendNotInstalledError (naming the pip extra) when its framework is missing.
+    Every call on it is checked first (``multigpu.contract``), so a bad call raises
+    the same exception whichever adapter runs it. Raises UnknownBackendError
+    (listing the available ones) for an unknown name and BackendNotInstalledError
+    (naming the pip extra) when its framework is missing.
     """
     if not isinstance(name, str):
         raise UnknownBackendError(f"backend must be a name such as 'numpy', got {name!r}")
@@ -68,7 +70,20 @@ def backend(name: str) -> Any:
             f"backend {name!r} needs the {framework!r} package, which is not installed; "
             f"install it with: pip install 'multigpu[{extra}]'"
         )
-    return module.load()
+    return checked(module.load())
+
+
+#: The order ``default_backend`` tries the frameworks in.
+PREFERRED = ("torch", "paddle", "mxnet")
+
+
+def default_backend() -> str:
+    """Return the first installed framework of torch, paddle and mxnet, else ``"numpy"``.
+
+    Listing does not import any framework.
+    """
+    installed = available_backends()
+    return next((name for name in PREFERRED if name in installed), "numpy")
 
 
 def adapter_module(name: str) -> ModuleType:

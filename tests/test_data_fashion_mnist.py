@@ -9,6 +9,8 @@ import ast
 import gzip
 import hashlib
 import io
+import json
+import os
 import sys
 import tempfile
 import urllib.error
@@ -152,7 +154,7 @@ def test_missing_file_is_data_not_found(tmp_path):
 @pytest.mark.parametrize("gz", [False, True])
 def test_load_gives_float32_in_unit_interval(tmp_path, gz):
     folder = write_set(tmp_path / "d", n_train=20, n_test=10, gz=gz)
-    ds = load_fashion_mnist(folder)
+    ds = load_fashion_mnist(folder, verify=False)
     assert isinstance(ds, FashionMNIST) and ds.source == folder
     assert ds.train_images.shape == (20, 1, 28, 28) and ds.test_images.shape == (10, 1, 28, 28)
     for x in (ds.train_images, ds.test_images):
@@ -172,14 +174,14 @@ def test_mixed_gz_and_raw_in_one_folder(tmp_path):
     for name in NAMES[:2]:  # unpack the training files only
         (folder / name).write_bytes(gzip.decompress((folder / f"{name}.gz").read_bytes()))
         (folder / f"{name}.gz").unlink()
-    assert load_fashion_mnist(folder).train_images.shape[0] == 20
+    assert load_fashion_mnist(folder, verify=False).train_images.shape[0] == 20
 
 
 def test_count_mismatch_names_both_files(tmp_path):
     folder = write_set(tmp_path / "d")
     write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.zeros(9, np.uint8))
     with pytest.raises(DataError) as e:
-        load_fashion_mnist(folder)
+        load_fashion_mnist(folder, verify=False)
     msg = str(e.value)
     assert "t10k-images-idx3-ubyte.gz" in msg and "t10k-labels-idx1-ubyte.gz" in msg
     assert "10 images" in msg and "9 labels" in msg
@@ -190,7 +192,7 @@ def test_corrupt_file_in_set_names_it(tmp_path):
     bad = folder / "train-images-idx3-ubyte.gz"
     bad.write_bytes(gzip.compress(idx_bytes(np.zeros((20, 28, 28), np.uint8))[:-5]))
     with pytest.raises(DataError, match="truncated") as e:
-        load_fashion_mnist(folder)
+        load_fashion_mnist(folder, verify=False)
     assert str(bad) in str(e.value)
 
 
@@ -198,11 +200,97 @@ def test_wrong_image_shape_and_label_range(tmp_path):
     folder = write_set(tmp_path / "d")
     write_idx(folder / "train-images-idx3-ubyte.gz", np.zeros((20, 32, 32), np.uint8))
     with pytest.raises(DataError, match=r"train-images.*\(N, 28, 28\)"):
-        load_fashion_mnist(folder)
+        load_fashion_mnist(folder, verify=False)
     folder = write_set(tmp_path / "e")
     write_idx(folder / "train-labels-idx1-ubyte.gz", np.full(20, 10, np.uint8))
     with pytest.raises(DataError, match="train-labels.*label 10"):
+        load_fashion_mnist(folder, verify=False)
+
+
+# ---------------------------------------------------------- MD5 verification
+
+def _publish(monkeypatch, folder: Path) -> None:
+    """Make the files in ``folder`` the "published" ones: patch the expected MD5s to theirs."""
+    raw = {n: hashlib.md5(gzip.decompress((folder / f"{n}.gz").read_bytes())).hexdigest() for n in NAMES}
+    gz = {f"{n}.gz": hashlib.md5((folder / f"{n}.gz").read_bytes()).hexdigest() for n in NAMES}
+    monkeypatch.setattr(fm, "RAW_MD5", raw)
+    monkeypatch.setattr(fm, "GZ_MD5", gz)
+
+
+def _count_md5(monkeypatch) -> list[int]:
+    calls = [0]
+    real = fm._md5
+
+    def counting(data):
+        calls[0] += 1
+        return real(data)
+
+    monkeypatch.setattr(fm, "_md5", counting)
+    return calls
+
+
+def test_foreign_files_are_refused_naming_file_and_source(tmp_path):
+    """MNIST digits (or any other IDX set) with Fashion-MNIST's names: a DataError, not training."""
+    folder = write_set(tmp_path / "digits")
+    with pytest.raises(DataError) as e:
         load_fashion_mnist(folder)
+    msg = str(e.value)
+    assert str(folder / "train-images-idx3-ubyte.gz") in msg
+    assert fm.RAW_MD5["train-images-idx3-ubyte"] in msg and fm.MIRRORS[0] in msg
+    assert "dataset-fashion-mnist" in msg and "--no-verify-data" in msg
+    assert load_fashion_mnist(folder, verify=False).train_images.shape[0] == 20  # the opt-out
+
+
+def test_verification_is_remembered_until_a_file_changes(tmp_path, monkeypatch, cache):
+    folder = write_set(tmp_path / "d")
+    _publish(monkeypatch, folder)
+    before = leftovers(folder)
+    calls = _count_md5(monkeypatch)
+    load_fashion_mnist(folder)
+    assert calls[0] == 4  # one hash per .gz file: each matches the published archive
+    stamp = cache.parent / "verified.json"
+    assert stamp.is_file() and leftovers(folder) == before  # never written into the data folder
+    load_fashion_mnist(folder)
+    assert calls[0] == 4  # remembered by size, mtime and inode: no byte hashed again
+    path = folder / "t10k-labels-idx1-ubyte.gz"
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    load_fashion_mnist(folder)
+    assert calls[0] == 5  # the touched file only
+
+
+def test_changed_content_is_caught_after_verification(tmp_path, monkeypatch):
+    folder = write_set(tmp_path / "d")
+    _publish(monkeypatch, folder)
+    load_fashion_mnist(folder)
+    write_idx(folder / "train-labels-idx1-ubyte.gz", (np.arange(20) % 9).astype(np.uint8))
+    with pytest.raises(DataError, match="train-labels-idx1-ubyte.gz is not Fashion-MNIST"):
+        load_fashion_mnist(folder)
+
+
+def test_recompressed_and_raw_files_match_by_content(tmp_path, monkeypatch):
+    """Debian recompresses the archives: the .gz bytes differ, the content matches RAW_MD5."""
+    folder = write_set(tmp_path / "d")
+    _publish(monkeypatch, folder)
+    other = tmp_path / "debian"
+    other.mkdir()
+    for n in NAMES[:2]:  # recompressed with another header
+        (other / f"{n}.gz").write_bytes(gzip.compress(gzip.decompress((folder / f"{n}.gz").read_bytes()),
+                                                      compresslevel=1, mtime=12345))
+    for n in NAMES[2:]:  # unpacked
+        (other / n).write_bytes(gzip.decompress((folder / f"{n}.gz").read_bytes()))
+    assert load_fashion_mnist(other).train_images.shape[0] == 20
+
+
+def test_read_only_system_folder_is_verified_into_the_user_cache(tmp_path, monkeypatch, cache):
+    system = write_set(tmp_path / "system")  # the fixture's SYSTEM_DIR
+    _publish(monkeypatch, system)
+    system.chmod(0o555)
+    try:
+        assert load_fashion_mnist().source == system
+    finally:
+        system.chmod(0o755)
+    stamps = json.loads((cache.parent / "verified.json").read_text())
+    assert sorted(stamps) == sorted(str((system / f"{n}.gz").resolve()) for n in NAMES)
 
 
 # -------------------------------------------------------------- search order
@@ -215,16 +303,16 @@ def test_search_order(tmp_path, monkeypatch, cache):
     monkeypatch.setenv(fm.ENV_VAR, str(env))
 
     assert find_fashion_mnist(explicit) == explicit  # data_dir beats env
-    assert load_fashion_mnist(explicit).train_images.shape[0] == 11
+    assert load_fashion_mnist(explicit, verify=False).train_images.shape[0] == 11
     assert find_fashion_mnist() == env  # env beats cache
-    assert load_fashion_mnist().train_images.shape[0] == 12
+    assert load_fashion_mnist(verify=False).train_images.shape[0] == 12
     monkeypatch.delenv(fm.ENV_VAR)
     assert find_fashion_mnist() == cache  # cache beats system
-    assert load_fashion_mnist().train_images.shape[0] == 13
+    assert load_fashion_mnist(verify=False).train_images.shape[0] == 13
     for name in NAMES[:1]:  # an incomplete cache does not hide the system copy
         (cache / f"{name}.gz").unlink()
     assert find_fashion_mnist() == system
-    ds = load_fashion_mnist(download=False)
+    ds = load_fashion_mnist(download=False, verify=False)
     assert ds.source == system and ds.train_images.shape[0] == 14
 
 
@@ -241,7 +329,7 @@ def test_data_root_with_fashion_mnist_subfolder(tmp_path, monkeypatch):
     sub = write_set(tmp_path / "root" / "fashion-mnist")
     assert find_fashion_mnist(tmp_path / "root") == sub
     monkeypatch.setenv(fm.ENV_VAR, str(tmp_path / "root"))
-    assert load_fashion_mnist().source == sub
+    assert load_fashion_mnist(verify=False).source == sub
 
 
 def test_explicit_data_dir_lacking_files_is_an_error(tmp_path, cache):
@@ -324,6 +412,8 @@ def fake_server(tmp_path, monkeypatch):
     src = write_set(tmp_path / "published", n_train=30, n_test=10, gz=True)
     payload = {f"{n}.gz": (src / f"{n}.gz").read_bytes() for n in NAMES}
     monkeypatch.setattr(fm, "GZ_MD5", {k: hashlib.md5(v).hexdigest() for k, v in payload.items()})
+    monkeypatch.setattr(fm, "RAW_MD5", {k[:-3]: hashlib.md5(gzip.decompress(v)).hexdigest()
+                                        for k, v in payload.items()})
     monkeypatch.setattr(fm, "MIRRORS", ("http://primary.invalid/", "https://backup.invalid/"))
     server = {"payload": payload, "calls": [], "respond": None}
 

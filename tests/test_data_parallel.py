@@ -93,10 +93,24 @@ def _tr(**kw):
     (np.zeros((4, 1, 28, 28), np.float32), np.zeros(3, int), r"y has shape \(3,\)"),
     (np.zeros((1, 1, 28, 28), np.float32), np.zeros(1, int), "1 example.*2 devices"),
     (np.full((2, 1, 28, 28), np.nan, np.float32), np.zeros(2, int), "NaN"),
+    # float64 beyond float32's range: finite before the cast, infinite after it (the issue's 1e39 pixel)
+    (np.where(np.arange(2 * 784).reshape(2, 1, 28, 28) == 5, 1e39, 0.5), np.zeros(2, int), "float32's range"),
 ])
 def test_bad_batches_raise_input_error(X, y, match):
     with pytest.raises(multigpu.InputError, match=match):
         _tr().train_batch(X, y)
+
+
+@pytest.mark.parametrize("X, batch_size, match", [
+    (np.float32(1), 1024, r"X has shape \(\)"),
+    (np.zeros((3, 1, 28, 28), np.float32), 2.5, "batch_size=2.5 must be a positive integer"),
+    (np.zeros((3, 1, 28, 28), np.float32), 0, "batch_size=0"),
+    (np.zeros((3, 1, 28, 28), np.float32), True, "batch_size=True"),
+])
+def test_bad_predict_arguments_raise_input_error(X, batch_size, match):
+    """The issue's predict(np.float32(1)) and predict(X, 2.5) ended in a TypeError."""
+    with pytest.raises(multigpu.InputError, match=match):
+        _tr().predict(X, batch_size)
 
 
 def test_bad_constructor_arguments():
@@ -112,8 +126,10 @@ def test_bad_constructor_arguments():
         multigpu.DataParallel(models.lenet(), backend="numpy", devices=0)
     with pytest.raises(multigpu.DeviceError, match="'tpu:3'"):
         multigpu.DataParallel(models.lenet(), backend="numpy", devices="tpu:3")
-    with pytest.raises(ValueError, match="lr=-1"):
+    with pytest.raises(multigpu.InputError, match="lr=-1"):
         _tr(lr=-1)
+    with pytest.raises(multigpu.ModelError, match="Sequential"):
+        multigpu.DataParallel("lenet", backend="numpy")
 
 
 def test_devices_n_falls_back_to_cpu_replicas_with_a_warning():

@@ -301,7 +301,7 @@ def test_launch_command_needs_a_command_and_has_help(capsys):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = write_learnable_set(tmp_path_factory.mktemp("fm"), n_train=96, n_test=40)
-    return folder, load_fashion_mnist(folder)
+    return folder, load_fashion_mnist(folder, verify=False)  # synthetic files: not the published MD5s
 
 
 def _on_epoch_marker(epoch, result):  # module level: picklable for train(processes=2)
@@ -336,22 +336,23 @@ def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
     folder, _ = tiny
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--", "train", "--epochs",
-                           "1", "--batch-size", "32", "--data-dir", str(folder), "--json", str(out)],
+                           "1", "--batch-size", "32", "--data-dir", str(folder), "--no-verify-data",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("final test acc") == 1  # rank 0 reports for the job
     d = json.loads(out.read_text())
     assert d["processes"] == 2 and d["backend"] == "numpy"
     bad = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--", "train",
-                          "--batch-size", "0", "--data-dir", str(folder)], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
+                          "--batch-size", "0", "--data-dir", str(folder), "--no-verify-data"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert bad.returncode != 0 and "rank 0" in bad.stderr and "batch_size=0" in bad.stderr
 
 
 def test_ctrl_c_stops_every_rank_and_exits_130(tiny):
     mark = uuid.uuid4().hex
     proc = launch(["--nproc", "2", "--", "train", "--epochs", "1000", "--batch-size", "16", "--data-dir",
-                   str(tiny[0])], mark, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   str(tiny[0]), "--no-verify-data"], mark, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while rank_pid(mark, 1) is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -383,7 +384,8 @@ def _kill_job(backend: str, folder: Path, mark: str, scenario: subprocess.Popen)
     err_path = folder.parent / f"kill-{backend}.err"
     with open(err_path, "w") as err:
         proc = launch(["--nproc", "2", "--backend", backend, "--", "train", "--epochs", "1000", "--batch-size",
-                       "16", "--train-limit", "64", "--test-limit", "16", "--data-dir", str(folder)],
+                       "16", "--train-limit", "64", "--test-limit", "16", "--data-dir", str(folder),
+                       "--no-verify-data"],
                       mark, stdout=subprocess.PIPE, stderr=err, text=True)
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
@@ -522,6 +524,7 @@ def test_two_launchers_with_nnodes_2_form_one_job(backend, tiny, tmp_path):
     procs = [launch(["--nnodes", "2", "--node-rank", str(node), "--nproc", "1", "--master-addr", "127.0.0.1",
                      "--master-port", str(port), "--node-addr", "127.0.0.1", "--backend", backend, "--no-check",
                      "--", "train", "--epochs", "1", "--batch-size", "32", "--quiet", "--data-dir", str(tiny[0]),
+                     "--no-verify-data",
                      "--json", str(tmp_path / f"node{node}.json")], mark, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, text=True) for node in (0, 1)]
     outs = [p.communicate(timeout=180) for p in procs]
@@ -545,7 +548,8 @@ def test_torch_nccl_two_processes_one_gpu_each(tiny, tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--backend", "torch", "--",
                            "train", "--gpus", "1", "--epochs", "1", "--batch-size", "32", "--data-dir",
-                           str(folder), "--json", str(out)], capture_output=True, text=True, timeout=300)
+                           str(folder), "--no-verify-data", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     d = json.loads(out.read_text())
     assert d["processes"] == 2 and d["devices"] == ["gpu:0"]

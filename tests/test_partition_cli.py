@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from multigpu.cli import main
 from multigpu.commands import partition as cmd
 from multigpu.partition import autopartition, load_cluster, load_graph
 
@@ -18,8 +19,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str]) -> int:
-    args = parser().parse_args(["partition", *argv])
-    return args.func(args)
+    """Run through the real CLI entry point, which maps exceptions to exit codes."""
+    return main(["partition", *argv])
 
 
 def test_help(capsys):
@@ -68,6 +69,10 @@ def test_throughput_and_constraint_flags(capsys, tmp_path):
     (["--graph", "alexnet", "--cluster", "lab", "--wt", "-1"], 2, ["wt=-1.0"]),
     (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1"], 2, ["--pin 'conv1' must look like NAME=DEVICE"]),
     (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=tpu"], 2, ["'tpu' is not a device"]),
+    (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1", "--pin", "conv1=pi2"], 2,
+     ["--pin names 'conv1' twice (conv1=pi1 and conv1=pi2)"]),
+    (["--graph", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=1", "--busy-limit", "pi1=2"], 2,
+     ["--busy-limit names 'pi1' twice"]),
     (["--graph", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=soon"], 2, ["'soon' is not a number"]),
     (["--graph", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"], 1, ["infeasible (energy budget)"]),
     (["--graph", "alexnet", "--cluster", "lab", "--exclude", "desk-cpu", "--exclude", "desk-gpu",

@@ -13,7 +13,9 @@ import pytest
 
 import multigpu
 from multigpu.checkpoint import FILENAME, load_checkpoint
-from multigpu.data import find_fashion_mnist, load_fashion_mnist
+from multigpu.data import FashionMNIST, find_fashion_mnist, load_fashion_mnist
+from multigpu.errors import (CheckpointError, DeviceError, InputError, ModelError, TrainingDivergedError,
+                             UnknownAlgorithmError, UnknownBackendError)
 from multigpu.training import learning_rate
 
 from idx_files import write_learnable_set
@@ -22,7 +24,7 @@ from idx_files import write_learnable_set
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
     folder = write_learnable_set(tmp_path_factory.mktemp("fm"), n_train=256, n_test=64)
-    return folder, load_fashion_mnist(folder)
+    return folder, load_fashion_mnist(folder, verify=False)  # synthetic: not the published MD5s
 
 
 def _train(data, **kw):
@@ -64,6 +66,97 @@ def test_scale_batch_and_linear_lr_with_warmup(small_data):
     assert learning_rate(0.1, 4, 20, 10, "linear", 2) == pytest.approx(0.4)
     assert learning_rate(0.1, 4, 5, 10, "linear", 0) == pytest.approx(0.4)
     assert learning_rate(0.1, 4, 5, 10, None, 0) == pytest.approx(0.1)
+
+
+def test_linear_scaling_follows_the_global_batch_not_the_device_count(small_data):
+    """k devices at one global batch train like one device, with or without lr_scaling."""
+    _, data = small_data
+    one = _train(data, num_gpus="cpu:1", batch_size=64, lr_scaling="linear")
+    two = _train(data, num_gpus="cpu:2", batch_size=64, lr_scaling="linear")  # multiplier 1: lr stays 0.3
+    for p, q in zip(one.params, two.params):
+        np.testing.assert_allclose(p, q, atol=1e-6)
+    # scale_batch doubles the batch on 2 devices, and linear scaling doubles the rate with it:
+    # the same run as 1 device with batch 64 and lr 0.6.
+    scaled = _train(data, num_gpus="cpu:2", batch_size=32, lr=0.3, scale_batch=True, lr_scaling="linear")
+    plain = _train(data, num_gpus="cpu:1", batch_size=64, lr=0.6)
+    assert scaled.batch_size == 64
+    for p, q in zip(scaled.params, plain.params):
+        np.testing.assert_allclose(p, q, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow warnings on the way to NaN
+def test_a_diverging_run_stops_naming_epoch_and_step(small_data, backend_name):
+    """A NaN loss is an error naming where it happened, not train_loss [nan] and accuracy 0.1."""
+    with pytest.raises(TrainingDivergedError) as e:
+        _train(small_data[1], backend=backend_name, lr=1e9)
+    assert (e.value.epoch, e.value.step) == (1, 3) and np.isnan(e.value.loss)
+    assert str(e.value).startswith("training diverged: the loss is nan at epoch 1, step 3 (lr 1e+09); "
+                                   "lower the learning rate, e.g. to 1e+08")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_parameters_gone_bad_in_the_last_step_are_caught_at_the_epoch_end(small_data):
+    """The loss is read after the update but computed before it: a NaN born in an epoch's last
+    update shows in the parameters first, and the epoch's end checks them (no checkpoint of them)."""
+    with pytest.raises(TrainingDivergedError, match="the parameters hold NaN or infinity after epoch 1 "
+                                                    "although every loss was finite"):
+        _train(small_data[1], backend="numpy", lr=1e6)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_fashion_mnist() is None or "torch" not in multigpu.available_backends(),
+                    reason="needs real Fashion-MNIST and torch")
+def test_the_issues_diverging_torch_run_on_real_data():
+    """The issue's case: train(backend="torch", lr=1e6) ended with train_loss [nan]."""
+    with pytest.raises(TrainingDivergedError, match="the loss is nan at epoch 1, step"):
+        multigpu.train(backend="torch", num_gpus=1, lr=1e6, num_epochs=1, train_limit=5120, test_limit=500,
+                       progress=False)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_divergence_leaves_the_last_good_checkpoint(small_data, tmp_path):
+    _, data = small_data
+    _train(data, num_epochs=1, checkpoint=tmp_path)
+    good = (tmp_path / FILENAME).read_bytes()
+    # Same run resumed on images scaled by 1e30: the first update overflows the parameters.
+    huge = FashionMNIST(data.train_images * np.float32(1e30), data.train_labels, data.test_images,
+                        data.test_labels, data.source)
+    with pytest.raises(TrainingDivergedError, match=f"epoch 2, step .*the checkpoint in {tmp_path} still "
+                                                   "holds epoch 1"):
+        _train(huge, num_epochs=3, checkpoint=tmp_path)
+    assert (tmp_path / FILENAME).read_bytes() == good
+    assert sorted(os.listdir(tmp_path)) == [FILENAME]
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(allreduce="foo"), UnknownAlgorithmError, "'foo'"),
+    (dict(backend="jax"), UnknownBackendError, "'jax'"),
+    (dict(num_gpus="tpu:1"), DeviceError, "'tpu:1'"),
+    (dict(lr=float("nan")), InputError, "lr=nan"),
+    (dict(lr=float("inf")), InputError, "lr=inf"),
+    (dict(model="vgg"), ModelError, "'vgg'"),
+    (dict(plot="/nonexistent-folder/acc.png"), InputError, "plot /nonexistent-folder/acc.png"),
+    (dict(train_limit=-1), InputError, "train_limit=-1"),
+    (dict(batch_size=1), InputError, "batch_size=1 .*one row per device"),
+])
+def test_arguments_are_checked_before_the_data_loads(tmp_path, kw, error, match):
+    args = dict(backend="numpy", num_gpus="cpu:2", progress=False, data_dir=tmp_path / "no-data-here")
+    args.update(kw)
+    with pytest.raises(error, match=match):
+        multigpu.train(**args)
+
+
+@pytest.mark.parametrize("content", [b"not a zip at all", b"PK\x03\x04 truncated zip"])
+def test_a_corrupt_checkpoint_is_a_checkpoint_error_before_the_data_loads(tmp_path, content):
+    (tmp_path / FILENAME).write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"cannot read checkpoint {tmp_path / FILENAME}"):
+        multigpu.train(backend="numpy", progress=False, checkpoint=tmp_path, data_dir=tmp_path / "none")
+
+
+def test_a_checkpoint_missing_its_state_is_refused(tmp_path):
+    np.savez(tmp_path / FILENAME, state=np.array('{"epoch": 1}'))
+    with pytest.raises(CheckpointError, match="lacks config"):
+        load_checkpoint(tmp_path)
 
 
 def test_every_example_is_used_each_epoch(small_data):
@@ -111,7 +204,7 @@ def test_checkpoint_of_another_run_is_refused(small_data, tmp_path):
 def _cli(folder, ck, out, epochs=4):
     return [sys.executable, "-m", "multigpu", "train", "--backend", "numpy", "--gpus", "cpu:2",
             "--batch-size", "32", "--lr", "0.3", "--epochs", str(epochs), "--data-dir", str(folder),
-            "--checkpoint", str(ck), "--json", str(out), "--quiet"]
+            "--checkpoint", str(ck), "--json", str(out), "--quiet", "--no-verify-data"]
 
 
 def test_killed_run_resumes_to_the_uninterrupted_result(small_data, tmp_path):
@@ -142,15 +235,17 @@ def test_killed_run_resumes_to_the_uninterrupted_result(small_data, tmp_path):
 
 def test_cli_train_prints_a_line_per_epoch_and_fails_cleanly(small_data, tmp_path):
     folder, _ = small_data
-    ok = subprocess.run([sys.executable, "-m", "multigpu", "train", "--gpus", "cpu:2", "--epochs", "2",
-                         "--batch-size", "64", "--data-dir", str(folder)], cwd=tmp_path,
-                        capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "multigpu", "train", "--backend", "numpy", "--gpus", "cpu:2",
+                         "--epochs", "2", "--batch-size", "64", "--data-dir", str(folder), "--no-verify-data"],
+                        cwd=tmp_path, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     epoch_lines = [line for line in ok.stdout.splitlines() if line.startswith("epoch ")]
     assert len(epoch_lines) == 2 and all("sec/epoch" in line and "cpu:1" in line for line in epoch_lines)
     bad = subprocess.run([sys.executable, "-m", "multigpu", "train", "--data-dir", str(tmp_path / "none")],
                          cwd=tmp_path, capture_output=True, text=True)
-    assert bad.returncode == 1 and "none" in bad.stderr
+    assert bad.returncode == 2 and "none" in bad.stderr  # bad input
+    assert bad.stderr.strip().splitlines()[-1].startswith("multigpu train: error: data_dir ")
+    assert "Traceback" not in bad.stderr
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ Every op is a single ``mx.nd`` call with all arguments spelled out, so that a
 changed MXNet default cannot change the numbers. Gradients come from
 ``mx.autograd``. MXNet runs ops on an asynchronous engine: a call returns before
 the work is done, and errors surface at the next blocking read (``asnumpy``,
-``asscalar``, ``waitall``).
+``asscalar``, ``waitall``). Arguments arrive already checked by ``multigpu.contract``
+(shapes, dtypes, sizes, labels, devices), so nothing here validates them again.
 """
 from __future__ import annotations
 
@@ -13,23 +14,14 @@ from typing import Any, Callable, Sequence
 import mxnet as mx
 import numpy as np
 
-from multigpu.errors import DeviceError, InputError
 from multigpu.protocol import Device
 
 NDArray = mx.nd.NDArray
 
 
 def _context(device: Device) -> mx.Context:
-    """Map a protocol device to an MXNet context; raise DeviceError otherwise."""
-    if not isinstance(device, Device):
-        raise DeviceError(f"expected a multigpu Device, got {device!r}; use Device('cpu', 0)")
-    if device.index < 0:
-        raise DeviceError(f"device index {device.index} is negative; use an index >= 0")
-    if device.kind == "cpu":
-        return mx.cpu(device.index)
-    if device.kind == "gpu":
-        return mx.gpu(device.index)
-    raise DeviceError(f"device kind {device.kind!r} is unknown to MXNet; use 'cpu' or 'gpu'")
+    """Map a protocol device (checked by the contract) to an MXNet context."""
+    return mx.cpu(device.index) if device.kind == "cpu" else mx.gpu(device.index)
 
 
 def _on(src: NDArray, ctx: mx.Context) -> NDArray:
@@ -41,6 +33,7 @@ class MXNetBackend:
     """Backend protocol implemented with MXNet NDArrays and ``mx.autograd``."""
 
     name = "mxnet"
+    tensor_type = mx.nd.NDArray
 
     # -- devices ---------------------------------------------------------
     def gpu_count(self) -> int:
@@ -52,22 +45,15 @@ class MXNetBackend:
 
     def synchronize(self, device: Device) -> None:
         """Block until every queued MXNet op has finished."""
-        _context(device)  # validate the device even though the wait is global
         # NOTE: the async engine has no per-context wait; waitall() drains all of them.
         mx.nd.waitall()
 
     # -- tensors ---------------------------------------------------------
     def from_numpy(self, array: np.ndarray, device: Device) -> NDArray:
-        """Return a new NDArray on ``device``: floats as float32, integers/bools as int64."""
-        array = np.asarray(array)
-        if np.issubdtype(array.dtype, np.floating):
-            dtype: Any = np.float32
-        elif np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
-            dtype = np.int64  # pick() accepts int64 indices, so labels keep full width
-        else:
-            raise InputError(f"cannot convert a {array.dtype} array; pass floats or integers")
-        # mx.nd.array always allocates, so the result never aliases ``array``.
-        return mx.nd.array(array.astype(dtype, copy=False), ctx=_context(device), dtype=dtype)
+        """Return a new NDArray on ``device`` (the array is float32 or int64)."""
+        # NOTE: mx.nd.array defaults to float32 whatever the input; pass the dtype so int64
+        # labels keep full width (pick() accepts them). It always allocates a new buffer.
+        return mx.nd.array(array, ctx=_context(device), dtype=array.dtype)
 
     def to_numpy(self, tensor: NDArray) -> np.ndarray:
         """Return a numpy copy of ``tensor`` (blocks until it is computed)."""
@@ -81,7 +67,11 @@ class MXNetBackend:
 
     def shape(self, tensor: NDArray) -> tuple[int, ...]:
         """Return the shape of ``tensor`` as a tuple of ints."""
-        return tuple(int(s) for s in tensor.shape)
+        return tensor.shape  # already a tuple of Python ints
+
+    def dtype(self, tensor: NDArray) -> np.dtype:
+        """Return the numpy dtype of ``tensor``."""
+        return np.dtype(tensor.dtype)
 
     # -- ops (differentiable inside value_and_grad) ----------------------
     def conv2d(self, x: NDArray, w: NDArray, b: NDArray, stride: int, padding: int,
@@ -124,28 +114,18 @@ class MXNetBackend:
         return mx.nd.broadcast_add(y, mx.nd.reshape(b, shape=(1, -1)))
 
     def reshape(self, x: NDArray, shape: Sequence[int]) -> NDArray:
-        """Return ``x`` reshaped (``-1`` allowed once)."""
-        dims = [int(s) for s in shape]
-        if dims.count(-1) > 1 or any(d < -1 for d in dims):
-            raise InputError(f"reshape target {tuple(dims)} may hold -1 once and no other negatives")
-        total = int(np.prod(x.shape))
-        known = int(np.prod([d for d in dims if d != -1]))
-        if -1 in dims:
-            if known == 0 or total % known:
-                raise InputError(f"cannot reshape {x.shape} to {tuple(dims)}")
-            dims[dims.index(-1)] = total // known
-        elif known != total:
-            raise InputError(f"cannot reshape {x.shape} to {tuple(dims)}")
+        """Return ``x`` reshaped to ``shape`` (fully resolved by the contract: no -1, no 0)."""
         # NOTE: MXNet's reshape gives 0, -2, -3 and -4 special meanings (0 copies an
-        # input dim), so pass fully resolved positive dims only.
-        return mx.nd.reshape(x, shape=tuple(dims), reverse=False)
+        # input dim); the contract resolves -1 and refuses 0, so only plain dims arrive.
+        return mx.nd.reshape(x, shape=tuple(shape), reverse=False)
 
     def softmax_cross_entropy(self, logits: NDArray, labels: NDArray) -> NDArray:
         """Return the per-example loss -log softmax(logits)[label], shape (B,)."""
         # NOTE: gluon.loss.SoftmaxCrossEntropyLoss averages over non-batch axes and
         # applies sample weights; log_softmax + pick keeps the per-example sum exact.
         logp = mx.nd.log_softmax(logits, axis=1, temperature=1.0)
-        # pick's 'clip' mode silently clamps bad labels; the core validates labels.
+        # NOTE: pick's 'clip' mode would clamp a bad label to a class; the contract
+        # refuses out-of-range labels before this runs.
         picked = mx.nd.pick(logp, labels, axis=1, keepdims=False, mode="clip")
         return mx.nd.negative(picked)
 
@@ -165,28 +145,21 @@ class MXNetBackend:
 
     def assign_(self, dst: NDArray, src: NDArray) -> None:
         """In place ``dst[...] = src``; ``src`` may live on another context."""
-        if src is dst:  # MXNet warns and skips a self-copy; it is a no-op anyway
-            return
-        if tuple(src.shape) != tuple(dst.shape):
-            raise InputError(f"assign_ needs equal shapes, got {dst.shape} and {src.shape}")
+        # The contract never passes src is dst (MXNet would warn and skip a self-copy).
         src.copyto(dst)  # copyto(NDArray) writes into dst, across contexts too
 
     def split(self, x: NDArray, sizes: Sequence[int]) -> list[NDArray]:
         """Split along axis 0 into new NDArrays of the given lengths."""
-        if any(int(s) < 1 for s in sizes) or sum(int(s) for s in sizes) != x.shape[0]:
-            raise InputError(f"split sizes {list(sizes)} must be >= 1 and sum to {x.shape[0]}")
-        # NOTE: x[a:b] is a view sharing x's memory; slice_axis allocates a copy. Empty
-        # parts are refused because legacy NDArrays read a 0 dim as "unknown".
+        # NOTE: x[a:b] is a view sharing x's memory; slice_axis allocates a copy. The
+        # contract refuses empty parts: legacy NDArrays read a 0 dim as "unknown".
         out, start = [], 0
         for size in sizes:
-            out.append(mx.nd.slice_axis(x, axis=0, begin=start, end=start + int(size)))
-            start += int(size)
+            out.append(mx.nd.slice_axis(x, axis=0, begin=start, end=start + size))
+            start += size
         return out
 
     def concat(self, xs: Sequence[NDArray]) -> NDArray:
         """Concatenate along axis 0 into a new NDArray on the context of ``xs[0]``."""
-        if not xs:
-            raise InputError("concat needs at least one array")
         ctx = xs[0].context
         return mx.nd.concat(*[_on(x, ctx) for x in xs], dim=0)
 
@@ -211,23 +184,27 @@ class MXNetBackend:
     def value_and_grad(self, fn: Callable[..., NDArray], params: Sequence[NDArray],
                        *inputs: Any) -> NDArray:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer."""
-        shapes = [tuple(p.shape) for p in params]
-        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-        ctx = params[0].context if params else mx.cpu()
-        flat = mx.nd.zeros((sum(sizes) + 1,), ctx=ctx, dtype=np.float32)
+        shapes = [p.shape for p in params]
+        size = sum(p.size for p in params)
+        flat = mx.nd.zeros((size + 1,), ctx=params[0].context, dtype=np.float32)
         # NOTE: detach() is a new handle on the same memory, so the caller's arrays get no
         # grad buffer. mark_variables points each gradient at a view of ``flat``, and
         # grad_req='write' makes backward write there directly (no copy, no accumulation);
         # an unused parameter keeps the zeros.
         leaves = [p.detach() for p in params]
         mx.autograd.mark_variables(leaves, self.unflatten(flat, shapes), grad_reqs="write")
+        # NOTE: record() turns recording on even inside the caller's autograd.pause().
         with mx.autograd.record(train_mode=True):
             value = fn(leaves, *inputs)
-        if value.size != 1:
-            raise InputError(f"value_and_grad needs a scalar loss, got shape {value.shape}")
-        value.backward(out_grad=None, retain_graph=False, train_mode=True)
+        try:
+            value.backward(out_grad=None, retain_graph=False, train_mode=True)
+        except mx.base.MXNetError as exc:
+            # NOTE: MXNet refuses to differentiate a value that uses no parameter; its
+            # gradients are the zeros already in ``flat``.
+            if "not in a computational graph" not in str(exc):
+                raise
         # NOTE: asscalar() would block on the async engine; the value is written on-device.
-        value.reshape((1,)).copyto(flat[sum(sizes):])
+        value.reshape((1,)).copyto(flat[size:])
         return flat
 
     def sgd_(self, params: Sequence[NDArray], grads: Sequence[NDArray], lr: float) -> None:

@@ -5,6 +5,9 @@ closure; ``value_and_grad`` walks them in reverse topological order. The results
 define what "correct" means for the framework adapters. Ops keep the input dtype,
 so the tests check these backward rules in float64 against finite differences
 (``from_numpy`` itself gives float32).
+It is the strictest adapter: besides the contract (``multigpu.contract``), it checks
+every label on every call and that an op's operands share one logical device, so a
+core bug that mixes CPU replicas fails on the oracle although the frameworks run it.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from multigpu.contract import check_label_range
+from multigpu.errors import InputError
 from multigpu.protocol import Device
 
 Backward = Callable[[np.ndarray], Sequence[Optional[np.ndarray]]]
@@ -25,10 +30,7 @@ class Var:
 
     def __init__(self, data: np.ndarray, device: Device, parents: tuple["Var", ...] = (),
                  backward: Optional[Backward] = None):
-        self.data = data
-        self.device = device
-        self.parents = parents
-        self.backward = backward
+        self.data, self.device, self.parents, self.backward = data, device, parents, backward
 
     def __repr__(self) -> str:
         return f"Var({self.data!r}, device={self.device})"
@@ -56,9 +58,7 @@ def _out_size(n: int, k: int, s: int, p: int) -> int:
 
 
 def _pad(x: np.ndarray, p: int, value: float = 0.0) -> np.ndarray:
-    if p == 0:
-        return x
-    return np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=value)
+    return np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=value) if p else x
 
 
 def _unpad(x: np.ndarray, p: int) -> np.ndarray:
@@ -69,6 +69,7 @@ class NumpyBackend:
     """The reference implementation of the backend protocol, on the CPU only."""
 
     name = "numpy"
+    tensor_type = Var
 
     # -- devices ---------------------------------------------------------
     def gpu_count(self) -> int:
@@ -80,10 +81,8 @@ class NumpyBackend:
 
     # -- tensors ---------------------------------------------------------
     def from_numpy(self, array: np.ndarray, device: Device) -> Var:
-        """New Var holding a float32 (floating input) or int64 (integer input) copy."""
-        a = np.asarray(array)
-        dtype = np.int64 if np.issubdtype(a.dtype, np.integer) else np.float32
-        return Var(np.array(a, dtype=dtype, copy=True), device)
+        """New Var holding a copy of ``array`` (float32 or int64)."""
+        return Var(np.array(array, copy=True), device)
 
     def to_numpy(self, tensor: Var) -> np.ndarray:
         """A numpy copy of the Var's data."""
@@ -95,11 +94,18 @@ class NumpyBackend:
 
     def shape(self, tensor: Var) -> tuple[int, ...]:
         """The Var's shape."""
-        return tuple(tensor.data.shape)
+        return tensor.data.shape
+
+    def dtype(self, tensor: Var) -> np.dtype:
+        """The Var's numpy dtype."""
+        return tensor.data.dtype
 
     # -- differentiable ops ---------------------------------------------
     def _node(self, data: np.ndarray, parents: tuple[Var, ...], backward: Backward) -> Var:
-        return Var(data, parents[0].device, parents, backward)
+        device = parents[0].device
+        if any(p.device != device for p in parents[1:]):
+            raise InputError(f"an op mixes devices {[str(p.device) for p in parents]}; copy to one first")
+        return Var(data, device, parents, backward)
 
     def conv2d(self, x: Var, w: Var, b: Var, stride: int, padding: int, groups: int) -> Var:
         """Grouped cross-correlation by strided windows and tensordot."""
@@ -163,9 +169,9 @@ class NumpyBackend:
         return self._node(out.astype(xd.dtype), (x,), backward)
 
     def relu(self, x: Var) -> Var:
-        """max(x, 0); the gradient at 0 is 0, as in every framework."""
+        """max(x, 0), NaN staying NaN; the gradient at 0 is 0, as in every framework."""
         mask = x.data > 0
-        return self._node(np.where(mask, x.data, x.data.dtype.type(0)), (x,), lambda g: (g * mask,))
+        return self._node(np.maximum(x.data, x.data.dtype.type(0)), (x,), lambda g: (g * mask,))
 
     def dense(self, x: Var, w: Var, b: Var) -> Var:
         """x @ w + b."""
@@ -183,7 +189,8 @@ class NumpyBackend:
         z = logits.data - logits.data.max(axis=1, keepdims=True)
         lse = np.log(np.exp(z).sum(axis=1, keepdims=True))
         logp = z - lse
-        idx = labels.data.astype(np.int64)
+        idx = labels.data
+        check_label_range(int(idx.min(initial=0)), int(idx.max(initial=0)), z.shape[1])
         rows = np.arange(z.shape[0])
         out = -logp[rows, idx]
 
@@ -268,8 +275,8 @@ class NumpyBackend:
                 grads[key] = grads[key] + pg if key in grads else pg
         parts = [np.asarray(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype).reshape(-1)
                  for leaf in leaves]
-        dtype = leaves[0].data.dtype if leaves else out.data.dtype
-        return Var(np.concatenate([*parts, np.asarray(out.data, dtype).reshape(1)]), out.device)
+        first = leaves[0]  # the contract guarantees at least one parameter
+        return Var(np.concatenate([*parts, np.asarray(out.data, first.data.dtype).reshape(1)]), first.device)
 
     def sgd_(self, params: Sequence[Var], grads: Sequence[Var], lr: float) -> None:
         """p -= lr * g in place."""

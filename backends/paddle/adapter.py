@@ -2,7 +2,9 @@
 
 Paddle is imported when this module is imported, which ``load()`` defers to first
 use. Every op passes every argument explicitly: Paddle's defaults differ from the
-protocol's conventions in several places, each marked with a ``NOTE:``.
+protocol's conventions in several places, each marked with a ``NOTE:``. Arguments
+arrive already checked by ``multigpu.contract`` (shapes, dtypes, sizes, labels,
+devices), so nothing here validates them again.
 """
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from multigpu.errors import DeviceError, InputError
 from multigpu.protocol import Device
 
 with warnings.catch_warnings():
@@ -22,6 +23,8 @@ with warnings.catch_warnings():
     import paddle.nn.functional as F
 
 Tensor = paddle.Tensor
+_NUMPY_DTYPES = {paddle.float32: np.dtype(np.float32), paddle.int64: np.dtype(np.int64),
+                 paddle.float64: np.dtype(np.float64), paddle.int32: np.dtype(np.int32)}
 
 
 def _same_place(a: Any, b: Any) -> bool:
@@ -46,6 +49,7 @@ class PaddleBackend:
     """The backend protocol implemented with PaddlePaddle (dynamic graph only)."""
 
     name = "paddle"
+    tensor_type = paddle.Tensor
 
     def __init__(self) -> None:
         if not paddle.in_dynamic_mode():
@@ -71,35 +75,15 @@ class PaddleBackend:
 
     def _place(self, device: Device) -> Any:
         # NOTE: several "cpu" devices all map to the one CPUPlace; replicas stay apart
-        # only because from_numpy and copy_to always allocate new buffers.
-        if not isinstance(device, Device) or device.index < 0:
-            raise DeviceError(f"expected a Device with index >= 0, got {device!r}")
-        if device.kind == "cpu":
-            return paddle.CPUPlace()
-        if device.kind == "gpu":
-            count = self.gpu_count()
-            if device.index >= count:
-                # Checked here: CUDAPlace on a CPU build logs a C++ error before raising.
-                raise DeviceError(
-                    f"device {device} is not available: Paddle sees {count} GPU(s); "
-                    "use a smaller index or cpu devices"
-                )
-            return paddle.CUDAPlace(device.index)
-        raise DeviceError(f"device kind {device.kind!r} is unknown; use 'cpu' or 'gpu'")
+        # only because from_numpy and copy_to always allocate new buffers. The contract
+        # has checked the GPU index (a CUDAPlace past the count logs a C++ error first).
+        return paddle.CPUPlace() if device.kind == "cpu" else paddle.CUDAPlace(device.index)
 
     # -- tensors ---------------------------------------------------------
     def from_numpy(self, array: np.ndarray, device: Device) -> Tensor:
-        """Return a new tensor on ``device``: float arrays as float32, integers as int64."""
-        array = np.asarray(array)
-        if np.issubdtype(array.dtype, np.floating):
-            dtype: type = np.float32
-        elif np.issubdtype(array.dtype, np.integer):
-            dtype = np.int64
-        else:
-            raise InputError(f"from_numpy needs a float or integer array, got dtype {array.dtype}")
+        """Return a new tensor on ``device`` (the array is float32 or int64, C-contiguous)."""
         # to_tensor copies host memory into a Paddle allocation (checked by the tests).
-        return paddle.to_tensor(np.ascontiguousarray(array, dtype=dtype),
-                                place=self._place(device), stop_gradient=True)
+        return paddle.to_tensor(array, place=self._place(device), stop_gradient=True)
 
     def to_numpy(self, tensor: Tensor) -> np.ndarray:
         """Return a numpy copy of ``tensor``."""
@@ -116,7 +100,11 @@ class PaddleBackend:
 
     def shape(self, tensor: Tensor) -> tuple[int, ...]:
         """Return the shape of ``tensor`` as a tuple of ints."""
-        return tuple(int(s) for s in tensor.shape)
+        return tuple(tensor.shape)  # a list of Python ints in eager mode
+
+    def dtype(self, tensor: Tensor) -> np.dtype:
+        """Return the numpy dtype of ``tensor``."""
+        return _NUMPY_DTYPES[tensor.dtype]
 
     # -- ops (differentiable inside value_and_grad) ----------------------
     def conv2d(self, x: Tensor, w: Tensor, b: Tensor, stride: int, padding: int,
@@ -152,6 +140,7 @@ class PaddleBackend:
 
     def softmax_cross_entropy(self, logits: Tensor, labels: Tensor) -> Tensor:
         """Return the per-example loss -log softmax(logits)[label], shape (B,)."""
+        # NOTE: ignore_index=-100 gives label -100 a loss of 0; the contract refuses it first.
         loss = F.cross_entropy(logits, labels, weight=None, ignore_index=-100,
                                reduction="none", soft_label=False, axis=-1,
                                use_softmax=True, label_smoothing=0.0)
@@ -177,6 +166,7 @@ class PaddleBackend:
 
     def assign_(self, dst: Tensor, src: Tensor) -> None:
         """In place ``dst[...] = src``; ``src`` is first moved to ``dst``'s place."""
+        # NOTE: assign(output=dst) resizes dst to src's shape; the contract passes equal shapes.
         with paddle.no_grad():
             paddle.assign(_move(src, dst.place), output=dst)
 
@@ -184,12 +174,10 @@ class PaddleBackend:
         """Split along axis 0 into new tensors (copies) of the given lengths."""
         with paddle.no_grad():
             # Clone: with stride kernels enabled, split may return views of x.
-            return [p.clone() for p in paddle.split(x, [int(s) for s in sizes], axis=0)]
+            return [p.clone() for p in paddle.split(x, list(sizes), axis=0)]
 
     def concat(self, xs: Sequence[Tensor]) -> Tensor:
         """Concatenate along axis 0 into a new tensor on the place of ``xs[0]``."""
-        if not xs:
-            raise InputError("concat needs at least one tensor")
         place = xs[0].place
         with paddle.no_grad():
             return paddle.concat([_move(x, place) for x in xs], axis=0)
@@ -231,11 +219,12 @@ class PaddleBackend:
             leaf = p.detach()  # shares storage, no copy; own autograd state
             leaf.stop_gradient = False
             leaves.append(leaf)
-        out = fn(leaves, *inputs)
-        if int(np.prod(out.shape)) != 1:
-            raise InputError(f"value_and_grad needs a scalar loss, got shape {list(out.shape)}")
-        grads = paddle.grad([out], leaves, retain_graph=False, create_graph=False,
-                            allow_unused=True)
+        # NOTE: under the caller's paddle.no_grad() the forward records no graph, and
+        # allow_unused below would turn every missing gradient into a silent zero.
+        with paddle.enable_grad():
+            out = fn(leaves, *inputs)
+            grads = paddle.grad([out], leaves, retain_graph=False, create_graph=False,
+                                allow_unused=True)
         # A parameter the loss does not use has zero gradient, not None.
         fresh = [paddle.zeros_like(p) if g is None else g.detach() for p, g in zip(leaves, grads)]
         # NOTE: .numpy() would wait for the device; the value stays in the buffer.
@@ -245,8 +234,6 @@ class PaddleBackend:
 
     def sgd_(self, params: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> None:
         """In place ``p -= lr * g`` for every pair."""
-        if len(params) != len(grads):
-            raise InputError(f"sgd_ got {len(params)} params but {len(grads)} grads")
         with paddle.no_grad():
             for p, g in zip(params, grads):
                 p.subtract_(_move(g, p.place) * float(lr))

@@ -2,6 +2,8 @@
 
 Thin on purpose: every op passes every argument explicitly, and each place where
 PyTorch's own behaviour differs from the protocol convention carries a ``NOTE:``.
+Arguments arrive already checked by ``multigpu.contract`` (shapes, dtypes, sizes,
+labels, devices), so nothing here validates them again.
 """
 from __future__ import annotations
 
@@ -11,31 +13,25 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from multigpu.errors import DeviceError, InputError
 from multigpu.protocol import Device
 
 Tensor = torch.Tensor
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.int64: np.dtype(np.int64),
+                 torch.float64: np.dtype(np.float64), torch.int32: np.dtype(np.int32)}
 
 
 class TorchBackend:
     """The ``Backend`` protocol implemented with PyTorch tensors and autograd."""
 
     name = "torch"
+    tensor_type = torch.Tensor
 
     # -- devices ---------------------------------------------------------
     def torch_device(self, device: Device) -> torch.device:
-        """Return the ``torch.device`` for a logical ``Device``; raise DeviceError if unusable."""
-        if device.kind == "cpu":
-            # Every CPU replica maps to the one host device; replicas stay apart
-            # because copy_to/from_numpy always allocate a new buffer.
-            return torch.device("cpu")
-        if device.kind == "gpu":
-            count = self.gpu_count()
-            if not 0 <= device.index < count:
-                hint = f"use an index in 0..{count - 1}" if count else "use CPU replicas"
-                raise DeviceError(f"device {device} does not exist: torch sees {count} GPU(s); {hint}")
-            return torch.device(f"cuda:{device.index}")
-        raise DeviceError(f"device kind {device.kind!r} is unknown; use 'cpu' or 'gpu'")
+        """Return the ``torch.device`` for a logical ``Device`` (checked by the contract)."""
+        # Every CPU replica maps to the one host device; replicas stay apart
+        # because copy_to/from_numpy always allocate a new buffer.
+        return torch.device("cpu") if device.kind == "cpu" else torch.device("cuda", device.index)
 
     def gpu_count(self) -> int:
         """Return how many CUDA GPUs torch can use here."""
@@ -49,19 +45,10 @@ class TorchBackend:
 
     # -- tensors ---------------------------------------------------------
     def from_numpy(self, array: np.ndarray, device: Device) -> Tensor:
-        """Return a new float32 (floating input) or int64 (integer input) tensor on ``device``."""
-        arr = np.asarray(array)
-        if np.issubdtype(arr.dtype, np.floating):
-            np_dtype, dtype = np.float32, torch.float32
-        elif np.issubdtype(arr.dtype, np.integer):
-            np_dtype, dtype = np.int64, torch.int64
-        else:
-            raise InputError(f"array dtype {arr.dtype} is not supported; pass floating or integer data")
-        # NOTE: torch rejects negative-stride (flipped) arrays, hence ascontiguousarray.
-        # torch.from_numpy/as_tensor would share numpy memory; torch.tensor always
+        """Return a new tensor on ``device`` (the array is float32 or int64, C-contiguous)."""
+        # NOTE: torch.from_numpy/as_tensor would share numpy memory; torch.tensor always
         # copies, so two replicas made from one array never alias it or each other.
-        arr = np.ascontiguousarray(arr, dtype=np_dtype)
-        return torch.tensor(arr, dtype=dtype, device=self.torch_device(device))
+        return torch.tensor(array, device=self.torch_device(device))
 
     def to_numpy(self, tensor: Tensor) -> np.ndarray:
         """Return a numpy copy of ``tensor``."""
@@ -77,7 +64,11 @@ class TorchBackend:
 
     def shape(self, tensor: Tensor) -> tuple[int, ...]:
         """Return the shape of ``tensor`` as a tuple of ints."""
-        return tuple(int(s) for s in tensor.shape)
+        return tuple(tensor.shape)  # torch.Size holds Python ints
+
+    def dtype(self, tensor: Tensor) -> np.dtype:
+        """Return the numpy dtype of ``tensor``."""
+        return _NUMPY_DTYPES[tensor.dtype]
 
     # -- ops (differentiable inside value_and_grad) ----------------------
     def conv2d(self, x: Tensor, w: Tensor, b: Tensor, stride: int, padding: int, groups: int) -> Tensor:
@@ -113,10 +104,9 @@ class TorchBackend:
     def softmax_cross_entropy(self, logits: Tensor, labels: Tensor) -> Tensor:
         """Return the per-example loss -log softmax(logits)[label], shape (B,)."""
         # NOTE: F.cross_entropy defaults to reduction='mean' and silently skips
-        # label -100 (ignore_index); log_softmax + gather has neither default and
-        # raises on any out-of-range label.
+        # label -100 (ignore_index); log_softmax + gather has neither default.
         logp = F.log_softmax(logits, dim=1)
-        return -logp.gather(1, labels.to(torch.int64).reshape(-1, 1)).reshape(-1)
+        return -logp.gather(1, labels.reshape(-1, 1)).reshape(-1)
 
     def sum(self, x: Tensor) -> Tensor:
         """Return the sum of all elements as a 0-d tensor."""
@@ -140,17 +130,12 @@ class TorchBackend:
 
     def split(self, x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
         """Split along axis 0 into new tensors of the given lengths."""
-        sizes = [int(s) for s in sizes]
-        if sum(sizes) != x.shape[0] or any(s < 0 for s in sizes):
-            raise InputError(f"split sizes {sizes} must be non-negative and sum to {x.shape[0]}")
         with torch.no_grad():
             # NOTE: torch.split returns views of x; clone so each part owns its buffer.
-            return [part.clone() for part in torch.split(x, sizes, dim=0)]
+            return [part.clone() for part in torch.split(x, list(sizes), dim=0)]
 
     def concat(self, xs: Sequence[Tensor]) -> Tensor:
         """Concatenate along axis 0 into a new tensor on the device of ``xs[0]``."""
-        if not xs:
-            raise InputError("concat needs at least one tensor")
         dev = xs[0].device
         with torch.no_grad():
             # torch.cat always allocates, even for a single input.
@@ -191,10 +176,7 @@ class TorchBackend:
         # plus torch.autograd.grad return new tensors and touch no .grad field.
         leaves = [p.detach().requires_grad_(True) for p in params]
         with torch.enable_grad():
-            out = fn(leaves, *inputs)
-            if not isinstance(out, torch.Tensor) or out.numel() != 1:
-                raise InputError(f"value_and_grad needs fn to return a scalar tensor, got {out!r:.80}")
-            out = out.reshape(())
+            out = fn(leaves, *inputs).reshape(())
             if out.requires_grad:
                 grads = torch.autograd.grad(out, leaves, allow_unused=True)
             else:
@@ -203,13 +185,10 @@ class TorchBackend:
         fresh = [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)]
         # NOTE: float(out) would wait for the device; the value stays in the buffer.
         with torch.no_grad():
-            return torch.cat([*(g.reshape(-1) for g in fresh), out.detach().reshape(1).to(fresh[0].dtype)]
-                             if fresh else [out.detach().reshape(1)])
+            return torch.cat([*(g.reshape(-1) for g in fresh), out.detach().reshape(1).to(fresh[0].dtype)])
 
     def sgd_(self, params: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> None:
         """In place ``p -= lr * g`` for every pair."""
-        if len(params) != len(grads):
-            raise InputError(f"sgd_ got {len(params)} params but {len(grads)} grads")
         with torch.no_grad():
             for p, g in zip(params, grads):
                 p.sub_(g.to(p.device), alpha=float(lr))

@@ -4,12 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from typing import Any, Optional
 
-from ..errors import InfeasibleError, MultigpuError
-
-EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
 
 DESCRIPTION = """\
 Place each layer of a chain network on a device of a heterogeneous cluster at the
@@ -18,7 +14,8 @@ energy plus link energy (README.md, "Cost model and AutoPartition", gives the ex
 exact: a DP without coupling constraints, a HiGHS MILP with memory, busy-time or
 energy constraints and for --objective throughput. Prints a per-layer table, each
 device's compute/transfer/energy/memory, and the plan against four baselines.
-Exit status: 0 ok, 1 infeasible constraints, 2 bad input."""
+Exit status: 0 ok, 1 infeasible constraints or a solver failure, 2 bad input,
+130 interrupted."""
 
 
 def register(subparsers: Any) -> None:
@@ -68,6 +65,9 @@ def _pairs(items: list[str], flag: str, value_kind: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
             raise _bad_input(f"{flag} {item!r} must look like NAME={value_kind}")
+        if key in out:
+            raise _bad_input(f"{flag} names {key!r} twice ({key}={out[key]} and {key}={value}); "
+                             "give each once")
         out[key] = value
     return out
 
@@ -89,28 +89,21 @@ def _json_number(x: float) -> Optional[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Plan the placement and print the report (or JSON); return the exit status."""
+    """Plan the placement and print the report (or JSON); return 0 or raise (``multigpu.cli`` maps
+    InfeasibleError and SolverError to exit 1, bad input to exit 2)."""
     from ..partition import (Constraints, autopartition, baselines, format_report, load_cluster,
                              load_graph)
     from ..partition.report import baseline_gap
 
-    try:
-        graph = load_graph(args.graph, batch=args.batch)
-        cluster = load_cluster(args.cluster)
-        pins: dict[Any, str] = dict(_pairs(args.pin, "--pin", "DEVICE"))
-        cons = Constraints(memory=not args.ignore_memory, busy_time=_busy(args.busy_limit),
-                           energy_budget=args.energy_budget, pinned=pins, excluded=list(args.exclude))
-        plan = autopartition(graph, cluster, wt=args.wt, we=args.we, objective=args.objective,
-                             constraints=cons, ship_params=args.ship_params, solver=args.solver,
-                             verbose=args.verbose)
-        base = [] if args.no_baselines else baselines(graph, cluster, args.wt, args.we,
-                                                      args.ship_params, cons)
-    except InfeasibleError as exc:
-        print(f"multigpu partition: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_INFEASIBLE
-    except MultigpuError as exc:
-        print(f"multigpu partition: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    graph = load_graph(args.graph, batch=args.batch)
+    cluster = load_cluster(args.cluster)
+    pins: dict[Any, str] = dict(_pairs(args.pin, "--pin", "DEVICE"))
+    cons = Constraints(memory=not args.ignore_memory, busy_time=_busy(args.busy_limit),
+                       energy_budget=args.energy_budget, pinned=pins, excluded=list(args.exclude))
+    plan = autopartition(graph, cluster, wt=args.wt, we=args.we, objective=args.objective,
+                         constraints=cons, ship_params=args.ship_params, solver=args.solver,
+                         verbose=args.verbose)
+    base = [] if args.no_baselines else baselines(graph, cluster, args.wt, args.we, args.ship_params, cons)
     if args.json:
         out = plan.to_dict()
         out["baselines"] = {
@@ -123,8 +116,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         print(format_report(plan, graph, cluster, base))
-    return EXIT_OK
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+    return 0

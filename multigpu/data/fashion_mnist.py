@@ -17,15 +17,23 @@ In every folder each file may be gzip-compressed (``name.gz``, as published) or
 raw (``name``, as after ``gunzip``); a folder may also hold them in a
 ``fashion-mnist`` subfolder, so ``MULTIGPU_DATA`` can point at a general data root.
 
+Wherever a file comes from, its MD5 is checked on first use against the published
+one (the ``.gz`` file's, or the decompressed content's, since Debian recompresses
+the archives): MNIST's digit files have the same names and format and would
+otherwise train silently as Fashion-MNIST. A verified file is remembered by path,
+size, modification time and inode in ``verified.json`` in the user cache folder
+(never in the data folder, which may be read-only or shared), so later loads
+read no extra byte. ``verify=False`` skips the check for your own IDX files.
+
 This module imports only numpy and the standard library.
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import os
 import sys
-import tempfile
 import urllib.request
 import zlib
 from dataclasses import dataclass
@@ -35,6 +43,7 @@ from typing import IO, Any, Callable, Mapping
 import numpy as np
 
 from ..errors import DataError, DataNotFoundError
+from ..files import atomic_write
 
 __all__ = [
     "CLASSES", "ENV_VAR", "FILES", "GZ_MD5", "MIRRORS", "RAW_MD5", "SYSTEM_DIR",
@@ -137,19 +146,26 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     it does not exist.
     """
     path = Path(path)
+    return _parse_idx(_unpack(_read(path), path), path)
+
+
+def _read(path: Path) -> bytes:
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except FileNotFoundError:
         raise DataNotFoundError(f"IDX file {path} does not exist") from None
     except OSError as e:
         raise DataError(f"cannot read IDX file {path}: {e}") from e
+
+
+def _unpack(data: bytes, path: Path) -> bytes:
     if data[:2] == b"\x1f\x8b":  # gzip magic; an IDX file always starts with 0x00
         try:
-            data = gzip.decompress(data)
+            return gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
             raise DataError(f"IDX file {path} is a damaged or truncated gzip file: {e}") from e
-    return _parse_idx(data, path)
+    return data
 
 
 def _parse_idx(data: bytes, path: Path) -> np.ndarray:
@@ -253,46 +269,34 @@ def find_fashion_mnist(data_dir: str | os.PathLike[str] | None = None) -> Path |
 
 # -------------------------------------------------------------------- download
 
-def _md5_of(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 def _fetch_to(url: str, dest: Path, md5: str, progress: bool) -> None:
     """Stream ``url`` to ``dest`` through a temporary file; rename only if verified.
 
-    The temporary file lives in ``dest``'s folder so the final ``os.replace`` is an
-    atomic rename on one file system: ``dest`` is either absent or complete.
+    The temporary file lives in ``dest``'s folder so the final rename is atomic on
+    one file system: ``dest`` is either absent or complete (``multigpu.files``:
+    flushed, renamed, folder flushed, the umask's normal mode). Any exception, a
+    Ctrl-C or a checksum mismatch included, removes the temporary file.
     """
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
-    try:
-        digest = hashlib.md5(usedforsecurity=False)
-        with os.fdopen(fd, "wb") as out, _urlopen(url, timeout=_TIMEOUT_S) as response:
-            total = _content_length(response)
-            done = 0
-            while chunk := response.read(_CHUNK):
-                out.write(chunk)
-                digest.update(chunk)
-                done += len(chunk)
-                if progress:
-                    _report(dest.name, done, total, sys.stderr)
-            out.flush()
-            os.fsync(out.fileno())  # data on disk before the rename makes it visible
+    digest = hashlib.md5(usedforsecurity=False)
+    with atomic_write(dest) as out, _urlopen(url, timeout=_TIMEOUT_S) as response:
+        total = _content_length(response)
+        done = 0
+        while chunk := response.read(_CHUNK):
+            out.write(chunk)
+            digest.update(chunk)
+            done += len(chunk)
+            if progress:
+                _report(dest.name, done, total, sys.stderr)
         if progress:
             sys.stderr.write("\n")
         got = digest.hexdigest()
         if got != md5:
             raise DataError(f"checksum mismatch for {url}: MD5 {got}, expected {md5} "
                             f"({done} bytes received)")
-        os.replace(tmp, dest)
-    except BaseException:
-        # BaseException: a Ctrl-C mid-download must not leave the .part file either.
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _content_length(response: Any) -> int | None:
@@ -358,13 +362,15 @@ def _not_found_message(reason: str) -> str:
 
 
 def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None, *,
-                       download: bool = True, progress: bool = False) -> FashionMNIST:
+                       download: bool = True, progress: bool = False,
+                       verify: bool = True) -> FashionMNIST:
     """Find (or download) and load Fashion-MNIST.
 
     Images come back as float32 arrays of shape (N, 1, 28, 28) in [0, 1], labels
-    as int64.  See the module docstring for the search order.  Raises
-    :class:`DataNotFoundError` when no copy is found and none can be downloaded,
-    and :class:`DataError` naming the file for a malformed or inconsistent file.
+    as int64.  See the module docstring for the search order and the MD5 check
+    (``verify=False`` skips it).  Raises :class:`DataNotFoundError` when no copy
+    is found and none can be downloaded, and :class:`DataError` naming the file
+    for a malformed or inconsistent file or one whose MD5 is not the published one.
     """
     folder = find_fashion_mnist(data_dir)
     if folder is None:
@@ -377,14 +383,73 @@ def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None, *,
     files, missing = _locate(folder)
     if missing:  # removed between the search and now
         raise DataNotFoundError(f"{folder} lacks {', '.join(missing)}")
-    train_x, train_y = _load_split(files["train_images"], files["train_labels"])
-    test_x, test_y = _load_split(files["test_images"], files["test_labels"])
+    stamps = _Stamps() if verify else None
+    train_x, train_y = _load_split(files["train_images"], files["train_labels"], stamps)
+    test_x, test_y = _load_split(files["test_images"], files["test_labels"], stamps)
+    if stamps is not None:
+        stamps.save()
     return FashionMNIST(train_x, train_y, test_x, test_y, Path(folder))
 
 
-def _load_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
-    images = read_idx(images_path)
-    labels = read_idx(labels_path)
+# ---------------------------------------------------------------- verification
+
+class _Stamps:
+    """Files already verified, by resolved path -> [size, mtime_ns, inode, md5]."""
+
+    def __init__(self) -> None:
+        self.path = default_cache_dir().parent / "verified.json"
+        try:
+            self.known: dict[str, list[Any]] = json.loads(self.path.read_text())
+            if not isinstance(self.known, dict):
+                self.known = {}
+        except (OSError, ValueError):  # none yet, or unreadable: verify again
+            self.known = {}
+        self.changed = False
+
+    def check(self, path: Path, data: bytes, raw: bytes, stat: os.stat_result) -> None:
+        """Raise DataError unless ``path`` holds the published file; remember it if it does."""
+        key, sig = str(path.resolve()), [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        entry = self.known.get(key)
+        if isinstance(entry, list) and entry[:3] == sig:
+            return
+        name = path.name[:-3] if path.name.endswith(".gz") else path.name
+        if data is not raw and _md5(data) == GZ_MD5[f"{name}.gz"]:
+            digest = GZ_MD5[f"{name}.gz"]
+        elif (digest := _md5(raw)) != RAW_MD5[name]:
+            raise DataError(
+                f"{path} is not Fashion-MNIST's {name}: its content has MD5 {digest}, the published "
+                f"file's is {RAW_MD5[name]} ({MIRRORS[0]}{name}.gz, or the Debian package "
+                "dataset-fashion-mnist). MNIST digits use the same file names. Replace the file, or "
+                "pass verify_data=False (--no-verify-data) to train on IDX files of your own")
+        self.known[key] = [*sig, digest]
+        self.changed = True
+
+    def save(self) -> None:
+        """Write the stamps; a folder that cannot take them only means verifying again next time."""
+        if not self.changed:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(self.path) as f:
+                f.write(json.dumps(self.known, indent=1).encode())
+        except OSError:
+            pass
+
+
+def _load_idx(path: Path, stamps: _Stamps | None) -> np.ndarray:
+    stat = os.stat(path) if stamps is not None else None  # before reading: a later change re-verifies
+    data = _read(path)
+    raw = _unpack(data, path)
+    arr = _parse_idx(raw, path)  # a structural error says more than a checksum
+    if stamps is not None and stat is not None:
+        stamps.check(path, data, raw, stat)
+    return arr
+
+
+def _load_split(images_path: Path, labels_path: Path,
+                stamps: _Stamps | None = None) -> tuple[np.ndarray, np.ndarray]:
+    images = _load_idx(images_path, stamps)
+    labels = _load_idx(labels_path, stamps)
     if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (_IMAGE_SIDE,) * 2:
         raise DataError(f"{images_path} is not a Fashion-MNIST image file: expected uint8 "
                         f"of shape (N, 28, 28), found {images.dtype} of shape {images.shape}")

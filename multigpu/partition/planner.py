@@ -26,6 +26,7 @@ from .costmodel import Breakdown, CostTables, bottleneck_of, check_weights, eval
 from .costmodel import assignment_arrays
 from .diagnose import explain_coupled, explain_unreachable, layer_candidates
 from .dp import solve_chain
+from ..errors import SolverError
 from .exceptions import PartitionInputError
 from .graph import Graph
 from .lagrange import cost_if_feasible, fixings, lower_bound, penalise, repair
@@ -165,7 +166,7 @@ def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: f
     if res.status == 2:
         raise explain_coupled(tables, cons, wt, we, verbose)
     if res.status != 0 or res.a is None:
-        raise RuntimeError(f"HiGHS did not solve the placement MILP: {res.message}")
+        raise SolverError(f"HiGHS did not solve the placement MILP: {res.message}")
     if best is not None and upper < cost_if_feasible(tables, cons, wt, we, res.a)[0]:
         return best, "milp"  # the cutoff's slack let HiGHS stop at an equal-cost plan
     return res.a, "milp"

@@ -19,6 +19,7 @@ import numpy as np
 
 from .constraints import ResolvedConstraints
 from .costmodel import CostTables, bottleneck_of
+from ..errors import SolverError
 from .exceptions import InfeasibleError
 from .milp import solve_milp
 
@@ -63,7 +64,7 @@ def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, w
         if first.status == 2:
             raise explain()
         if first.status != 0 or first.a is None:
-            raise RuntimeError(f"HiGHS did not solve the bottleneck MILP: {first.message}")
+            raise SolverError(f"HiGHS did not solve the bottleneck MILP: {first.message}")
         first_a, best_b = first.a, bottleneck_of(tables.graph, tables.cluster, first.a)
     if best_b <= 0:
         # B = 0 exactly: no choice may create any load. Say so combinatorially rather

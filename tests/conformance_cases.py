@@ -1,0 +1,135 @@
+"""The bad calls of the conformance suite: one row each, the exception every backend must raise.
+
+Shared by ``test_contract.py`` (which asserts the type on every adapter) and
+``conformance_table.py`` (which prints the table: bad call x adapter -> exception).
+``issue`` marks the cases that issue 10 reported, with the divergence it found.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from multigpu.errors import DeviceError, InputError
+from multigpu.protocol import Device
+
+CPU, CPU1 = Device("cpu", 0), Device("cpu", 1)
+THIRD_PARTY_DIR = Path(__file__).parent / "thirdparty"  # holds mgpu_lenient and its .dist-info
+THIRD_PARTY = "lenient"
+
+
+def third_party_on_path() -> None:
+    """Put the third-party distribution where importlib.metadata finds its entry point."""
+    if str(THIRD_PARTY_DIR) not in sys.path:
+        sys.path.insert(0, str(THIRD_PARTY_DIR))
+
+
+def third_party_off_path() -> None:
+    """Undo :func:`third_party_on_path`."""
+    while str(THIRD_PARTY_DIR) in sys.path:
+        sys.path.remove(str(THIRD_PARTY_DIR))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad call: ``call(backend)`` must raise ``raises`` (that exact class) on every backend."""
+
+    name: str
+    raises: type
+    call: Callable[[Any], Any]
+    issue: str = ""  # what issue 10 found, for the cases it reported
+
+
+def f32(be: Any, *shape: int, device: Device = CPU) -> Any:
+    """A float32 tensor of ``shape`` with seeded normal values."""
+    return be.from_numpy(np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32), device)
+
+
+def i64(be: Any, values: Any, device: Device = CPU) -> Any:
+    """An int64 tensor holding ``values``."""
+    return be.from_numpy(np.asarray(values, np.int64), device)
+
+
+def _ce(labels: Any) -> Callable[[Any], Any]:
+    return lambda be: be.softmax_cross_entropy(f32(be, 2, 3), i64(be, labels))
+
+
+def _vg(fn: Callable[..., Any], params: Callable[[Any], list[Any]]) -> Callable[[Any], Any]:
+    return lambda be: be.value_and_grad(lambda ps: fn(be, ps), params(be))
+
+
+CASES: list[Case] = [
+    # -- the cases issue 10 reported --------------------------------------------------
+    Case("assign_ (3,) <- (1,)", InputError, lambda be: be.assign_(f32(be, 3), f32(be, 1)),
+         "numpy and torch broadcast, mxnet raised, paddle resized dst to 1 element"),
+    Case("assign_ (3,) <- (6,)", InputError, lambda be: be.assign_(f32(be, 3), f32(be, 6)),
+         "paddle resized dst to 6 elements"),
+    Case("softmax_cross_entropy label -1", InputError, _ce([0, -1]),
+         "numpy wrapped to the last class, mxnet clipped to class 0"),
+    Case("softmax_cross_entropy label -100", InputError, _ce([0, -100]),
+         "paddle returned loss 0 (its ignore_index)"),
+    Case("split sizes [1, 1] of 3 rows", InputError, lambda be: be.split(f32(be, 3, 2), [1, 1]),
+         "numpy accepted sizes that do not add up"),
+    Case("split sizes [0, 3] (a zero size)", InputError, lambda be: be.split(f32(be, 3, 2), [0, 3]),
+         "numpy, torch and paddle accepted a zero size"),
+    Case("from_numpy bool array", InputError, lambda be: be.from_numpy(np.array([True, False]), CPU),
+         "numpy gave float32, mxnet int64"),
+    Case("from_numpy complex array", InputError, lambda be: be.from_numpy(np.array([1 + 2j]), CPU),
+         "numpy dropped the imaginary part"),
+    # -- every other method, with wrong shapes, dtypes, sizes, labels and devices ------
+    Case("add_ (3,) += (1,)", InputError, lambda be: be.add_(f32(be, 3), f32(be, 1))),
+    Case("assign_ float32 <- int64", InputError, lambda be: be.assign_(f32(be, 3), i64(be, [1, 2, 3]))),
+    Case("softmax_cross_entropy label == classes", InputError, _ce([0, 3])),
+    Case("softmax_cross_entropy float labels", InputError,
+         lambda be: be.softmax_cross_entropy(f32(be, 2, 3), f32(be, 2))),
+    Case("softmax_cross_entropy 3 labels for 2 rows", InputError, _ce([0, 1, 2])),
+    Case("softmax_cross_entropy labels from argmax, out of range", InputError,
+         lambda be: be.softmax_cross_entropy(  # argmax gives [10, 11]: checked by reading them back
+             f32(be, 2, 3), be.argmax(be.from_numpy(np.eye(2, 40, k=10, dtype=np.float32), CPU), 1))),
+    Case("split sizes [-1, 4]", InputError, lambda be: be.split(f32(be, 3, 2), [-1, 4])),
+    Case("from_numpy string array", InputError, lambda be: be.from_numpy(np.array(["a"]), CPU)),
+    Case("from_numpy on Device('tpu', 0)", DeviceError, lambda be: be.from_numpy(np.zeros(2), Device("tpu", 0))),
+    Case("from_numpy on a GPU the framework lacks", DeviceError,
+         lambda be: be.from_numpy(np.zeros(2), Device("gpu", 99))),
+    Case("copy_to Device('cpu', -1)", DeviceError, lambda be: be.copy_to(f32(be, 2), Device("cpu", -1))),
+    Case("synchronize('cpu:0') (a string)", DeviceError, lambda be: be.synchronize("cpu:0")),
+    Case("conv2d channels 2 vs weight's 3", InputError,
+         lambda be: be.conv2d(f32(be, 1, 2, 5, 5), f32(be, 4, 3, 3, 3), f32(be, 4), 1, 0, 1)),
+    Case("conv2d kernel 5 > input 3", InputError,
+         lambda be: be.conv2d(f32(be, 1, 1, 3, 3), f32(be, 2, 1, 5, 5), f32(be, 2), 1, 0, 1)),
+    Case("conv2d groups=2, 3 out channels", InputError,
+         lambda be: be.conv2d(f32(be, 1, 2, 5, 5), f32(be, 3, 1, 3, 3), f32(be, 3), 1, 0, 2)),
+    Case("conv2d 3-D input", InputError,
+         lambda be: be.conv2d(f32(be, 1, 5, 5), f32(be, 2, 1, 3, 3), f32(be, 2), 1, 0, 1)),
+    Case("conv2d stride 0", InputError,
+         lambda be: be.conv2d(f32(be, 1, 1, 5, 5), f32(be, 2, 1, 3, 3), f32(be, 2), 0, 0, 1)),
+    Case("avg_pool2d padding 2 > kernel 2 // 2", InputError, lambda be: be.avg_pool2d(f32(be, 1, 1, 4, 4), 2, 2, 2)),
+    Case("max_pool2d kernel 5 > input 4", InputError, lambda be: be.max_pool2d(f32(be, 1, 1, 4, 4), 5, 1, 0)),
+    Case("dense x (2, 3) @ w (4, 5)", InputError, lambda be: be.dense(f32(be, 2, 3), f32(be, 4, 5), f32(be, 5))),
+    Case("dense bias (4,) for 5 outputs", InputError,
+         lambda be: be.dense(f32(be, 2, 3), f32(be, 3, 5), f32(be, 4))),
+    Case("reshape 6 elements to (4, -1)", InputError, lambda be: be.reshape(f32(be, 2, 3), (4, -1))),
+    Case("reshape to (-1, -1)", InputError, lambda be: be.reshape(f32(be, 2, 3), (-1, -1))),
+    Case("reshape to (0, 6)", InputError, lambda be: be.reshape(f32(be, 2, 3), (0, 6))),
+    Case("relu on int64", InputError, lambda be: be.relu(i64(be, [1, -2]))),
+    Case("relu on an empty tensor", InputError, lambda be: be.relu(f32(be, 0, 3))),
+    Case("sum of an empty tensor", InputError, lambda be: be.sum(f32(be, 0))),
+    Case("argmax axis 2 of a 2-D tensor", InputError, lambda be: be.argmax(f32(be, 2, 3), 2)),
+    Case("concat []", InputError, lambda be: be.concat([])),
+    Case("concat (2, 3) with (2, 4)", InputError, lambda be: be.concat([f32(be, 2, 3), f32(be, 2, 4)])),
+    Case("flatten []", InputError, lambda be: be.flatten([])),
+    Case("flatten float32 with int64", InputError, lambda be: be.flatten([f32(be, 2), i64(be, [1])])),
+    Case("unflatten 5 elements into (2,) + (2,)", InputError, lambda be: be.unflatten(f32(be, 5), [(2,), (2,)])),
+    Case("unflatten a 2-D buffer", InputError, lambda be: be.unflatten(f32(be, 2, 2), [(4,)])),
+    Case("value_and_grad fn returns a (3,) vector", InputError,
+         _vg(lambda be, ps: be.relu(ps[0]), lambda be: [f32(be, 3)])),
+    Case("value_and_grad no params", InputError, _vg(lambda be, ps: be.sum(f32(be, 2)), lambda be: [])),
+    Case("value_and_grad int64 param", InputError, _vg(lambda be, ps: be.sum(f32(be, 2)), lambda be: [i64(be, [1])])),
+    Case("sgd_ 2 params, 1 grad", InputError, lambda be: be.sgd_([f32(be, 2), f32(be, 2)], [f32(be, 2)], 0.1)),
+    Case("sgd_ param (2,), grad (3,)", InputError, lambda be: be.sgd_([f32(be, 2)], [f32(be, 3)], 0.1)),
+    Case("sgd_ lr nan", InputError, lambda be: be.sgd_([f32(be, 2)], [f32(be, 2)], float("nan"))),
+    Case("relu(numpy array), not a tensor", InputError, lambda be: be.relu(np.ones(3, np.float32))),
+]

@@ -1,0 +1,187 @@
+"""One exit-code scheme for every command (0 ok, 1 failure, 2 bad input, 130 interrupted),
+one-line errors, and every option and output path checked before data loads."""
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+import multigpu
+import multigpu.errors
+import multigpu.partition.exceptions
+from multigpu import registry
+from multigpu.checkpoint import FILENAME
+from multigpu.cli import COMMANDS, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, exit_code, main
+from multigpu.errors import AdapterError, SolverError
+
+from conftest import FRAMEWORKS
+from idx_files import write_learnable_set
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_learnable_set(tmp_path_factory.mktemp("fm"), n_train=128, n_test=32)
+
+
+def _train(data_dir, *extra):
+    return ["train", "--backend", "numpy", "--gpus", "cpu:2", "--epochs", "1", "--batch-size", "64",
+            "--data-dir", str(data_dir), "--no-verify-data", "--quiet", *extra]
+
+
+def run(capsys, argv):
+    """Run the CLI in-process; return (exit code, stdout, stderr)."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _one_error_line(err: str, command: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith(f"multigpu {command}: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# -- every command, every outcome ------------------------------------------------------
+
+CASES = [
+    # (id, argv, code, words in the one error line)
+    ("check ok", ["check", "--steps", "1", "--backends", "numpy"], 0, None),
+    ("check bad --steps 0", ["check", "--steps", "0"], 2, "steps=0 must be a positive integer"),
+    ("check bad --tol", ["check", "--tol", "-1"], 2, "--tol -1.0"),
+    ("check bad backend", ["check", "--backends", "jax", "--steps", "1"], 2, "unknown backend 'jax'"),
+    ("check bad --json", ["check", "--json", "/nonexistent-dir/c.json"], 2, "--json /nonexistent-dir/c.json"),
+    ("partition ok", ["partition", "--graph", "lenet", "--cluster", "lab", "--json"], 0, None),
+    ("partition infeasible", ["partition", "--graph", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"],
+     1, "infeasible (energy budget)"),
+    ("partition bad", ["partition", "--graph", "vgg", "--cluster", "lab"], 2, "no graph file 'vgg'"),
+    ("partition repeated pin", ["partition", "--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1",
+                                "--pin", "conv1=pi2"], 2, "--pin names 'conv1' twice"),
+    ("bench list", ["bench", "--list"], 0, None),
+    ("bench bad name", ["bench", "nosuch"], 2, "unknown benchmark(s) ['nosuch']"),
+]
+
+
+@pytest.mark.parametrize("argv, code, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_exit_codes(capsys, argv, code, words):
+    got, _, err = run(capsys, argv)
+    assert got == code, err
+    if words is not None:
+        assert words in _one_error_line(err, argv[0])
+
+
+def test_check_refuses_bad_counts_before_any_output(capsys):
+    code, out, err = run(capsys, ["check", "--batch", "0"])
+    assert code == EXIT_BAD_INPUT and out == "" and "batch=0 must be a positive integer" in err
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_train_exit_codes(capsys, data_dir, tmp_path):
+    assert run(capsys, _train(data_dir))[0] == 0
+    code, out, err = run(capsys, [*_train(data_dir, "--lr", "1e9"), "--epochs", "3"])  # a run-time failure
+    assert code == EXIT_FAILURE and "the loss is nan at epoch 2, step 1" in _one_error_line(err, "train")
+    code, out, err = run(capsys, _train(data_dir, "--lr", "nan"))  # the issue's bare ValueError
+    assert code == EXIT_BAD_INPUT and "lr=nan is not valid" in _one_error_line(err, "train")
+    code, _, err = run(capsys, _train(tmp_path / "no-such-folder"))
+    assert code == EXIT_BAD_INPUT and "no-such-folder does not exist" in _one_error_line(err, "train")
+
+
+def test_train_refuses_fashion_mnist_look_alikes(capsys, data_dir):
+    argv = [a for a in _train(data_dir) if a != "--no-verify-data"]
+    code, _, err = run(capsys, argv)
+    assert code == EXIT_BAD_INPUT and "is not Fashion-MNIST's" in _one_error_line(err, "train")
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--json", "/nonexistent-dir/out.json"], "--json /nonexistent-dir/out.json: the folder"),
+    (["--plot", "/nonexistent-dir/acc.png"], "plot /nonexistent-dir/acc.png: the folder"),
+    (["--backend", "jax"], "unknown backend 'jax'"),
+    (["--gpus", "tpu:2"], "'tpu:2'"),
+    (["--epochs", "0"], "num_epochs=0"),
+    (["--model", "vgg"], "unknown model 'vgg'"),
+])
+def test_train_checks_options_and_outputs_before_the_data(capsys, tmp_path, extra, words):
+    """The data folder does not exist, so any later check would report the data first."""
+    code, out, err = run(capsys, [*_train(tmp_path / "no-such-folder"), *extra])
+    assert code == EXIT_BAD_INPUT and words in _one_error_line(err, "train")
+    assert "epoch" not in out
+
+
+def test_train_allreduce_takes_only_known_algorithms(capsys, tmp_path):
+    code, _, err = run(capsys, [*_train(tmp_path / "no-such-folder"), "--allreduce", "foo"])
+    assert code == 2 and "invalid choice: 'foo'" in err and "no-such-folder" not in err
+
+
+def test_train_corrupt_checkpoint_is_one_line(capsys, tmp_path):
+    (tmp_path / FILENAME).write_bytes(b"PK\x03\x04 not really a zip")
+    code, _, err = run(capsys, [*_train(tmp_path / "no-such-folder"), "--checkpoint", str(tmp_path)])
+    assert code == EXIT_BAD_INPUT and "cannot read checkpoint" in _one_error_line(err, "train")
+
+
+def test_train_json_result_is_written_or_refused_up_front(capsys, data_dir, tmp_path):
+    out = tmp_path / "r.json"
+    assert run(capsys, _train(data_dir, "--json", str(out)))[0] == 0 and out.read_text().startswith("{")
+    code, stdout, err = run(capsys, _train(data_dir, "--json", str(tmp_path)))  # a folder
+    assert code == EXIT_BAD_INPUT and "is a folder" in err and "final test acc" not in stdout
+
+
+@pytest.mark.skipif(not FRAMEWORKS, reason="needs a framework backend")
+def test_train_defaults_to_the_first_installed_framework(capsys, data_dir):
+    argv = [a for a in _train(data_dir) if a not in ("--backend", "numpy")]
+    code, out, err = run(capsys, argv)
+    first = registry.default_backend()
+    assert code == 0, err
+    assert out.splitlines()[0] == f"backend: {first} (the first installed of torch, paddle, mxnet; " \
+                                  "choose with --backend)"
+    assert f"({first})" in out.splitlines()[-1]
+
+
+def test_default_backend_order(monkeypatch):
+    for installed, want in ((["mxnet", "numpy", "paddle", "torch"], "torch"), (["mxnet", "numpy", "paddle"], "paddle"),
+                            (["mxnet", "numpy"], "mxnet"), (["numpy"], "numpy")):
+        monkeypatch.setattr(registry, "available_backends", lambda installed=installed: installed)
+        assert registry.default_backend() == want
+
+
+# -- interrupted and unexpected failures, the same for every command ---------------------
+
+def _argv(command: str) -> list[str]:
+    return {"partition": ["partition", "--graph", "lenet", "--cluster", "lab"]}.get(command, [command])
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("exc, code", [(KeyboardInterrupt(), EXIT_INTERRUPTED),
+                                       (OSError(28, "No space left on device"), EXIT_FAILURE),
+                                       (AdapterError("a worker died"), EXIT_FAILURE),
+                                       (SolverError("HiGHS stopped at its time limit"), EXIT_FAILURE)])
+def test_every_command_maps_exceptions_the_same_way(capsys, monkeypatch, command, exc, code):
+    def fail(args):
+        raise exc
+
+    monkeypatch.setattr(importlib.import_module(f"multigpu.commands.{command}"), "run", fail)
+    got, _, err = run(capsys, _argv(command))
+    assert got == code
+    if code == EXIT_INTERRUPTED:
+        assert err.strip() == f"multigpu {command}: interrupted"
+    else:
+        _one_error_line(err, command)
+
+
+def test_every_error_class_exits_as_its_docstring_says():
+    """Each class in errors.py says "(bad input, exit 2)" or "exit 1"; the CLI agrees."""
+    classes = [c for m in (multigpu.errors, multigpu.partition.exceptions) for _, c in inspect.getmembers(m)
+               if inspect.isclass(c) and issubclass(c, multigpu.errors.MultigpuError)]
+    checked = 0
+    for cls in classes:
+        doc = " ".join((cls.__doc__ or "").split())
+        for code in (1, 2):
+            if f"exit {code})" in doc:
+                diverged = cls is multigpu.errors.TrainingDivergedError
+                instance = cls("x", 1, 1, float("nan")) if diverged else cls("x")
+                assert exit_code(instance) == code, cls.__name__
+                checked += 1
+    assert checked >= 16
+    assert exit_code(multigpu.partition.exceptions.PartitionInputError("x")) == 2  # via ClusterError

@@ -36,3 +36,7 @@ __all__ += ["TrainResult", "train"]
 from .partition import autopartition, evaluate, load_cluster, load_graph  # noqa: E402
 
 __all__ += ["autopartition", "evaluate", "load_cluster", "load_graph"]
+
+from .execution import run_partitioned  # noqa: E402  (imports no Ray until a plan runs)
+
+__all__ += ["run_partitioned"]

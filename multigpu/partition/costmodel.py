@@ -2,7 +2,8 @@
 
 Definition (a_0 = source, a_{n+1} = sink, a_1..a_n the layers' devices):
 
-* compute time of layer i:  flops_i / flops(a_i)
+* compute time of layer i:  flops_i / flops(a_i), or the time measured for layer i on
+  a_i when that device's ``layer_times`` hold this graph (``multigpu profile``);
 * a transfer of b bytes from u to v costs 0 if u == v, else b / bandwidth(u,v) + latency(u,v);
   layer 1 receives ``input_bytes`` from a_0, layer i receives ``output_bytes`` of layer
   i-1, and the sink receives ``output_bytes`` of layer n;
@@ -25,11 +26,11 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from .cluster import Cluster
-from .exceptions import PartitionInputError, UnusableLinkError
+from .exceptions import ClusterError, PartitionInputError, UnusableLinkError
 from .graph import Graph
 
 __all__ = ["Breakdown", "CostTables", "DeviceCost", "LayerCost", "LinkCost", "MatrixForm",
-           "check_weights", "evaluate", "resolve_assignment"]
+           "check_weights", "compute_times", "evaluate", "measured_devices", "resolve_assignment"]
 
 AssignmentLike = Sequence[Union[str, int]]
 
@@ -72,6 +73,42 @@ def resolve_assignment(graph: Graph, cluster: Cluster, assignment: AssignmentLik
             raise PartitionInputError(f"assignment[{i}] (layer {graph.layers[i].name!r}) = {dev!r} "
                                       f"is not a device; devices are: {', '.join(cluster.names)}")
     return out
+
+
+def measured_devices(graph: Graph, cluster: Cluster) -> list[str]:
+    """Names of the devices whose ``layer_times`` hold ``graph`` (checked: every layer
+    of the graph and no other); ClusterError naming the layer otherwise."""
+    out = []
+    names = set(graph.names)
+    for d in cluster.devices:
+        times = d.measured(graph.name)
+        if times is None:
+            continue
+        extra = [layer for layer in times if layer not in names]
+        if extra:
+            raise ClusterError(
+                f"device {d.name!r}: layer_times[{graph.name!r}] has a time for layer {extra[0]!r}, which "
+                f"graph {graph.name!r} lacks (its layers: {', '.join(graph.names[:12])}"
+                f"{', ...' if graph.n > 12 else ''}); re-profile the device for this graph or remove the entry")
+        missing = [layer for layer in graph.names if layer not in times]
+        if missing:
+            raise ClusterError(
+                f"device {d.name!r}: layer_times[{graph.name!r}] has no time for layer {missing[0]!r}; a "
+                f"profile covers every layer of its graph (mixing measured times with nominal FLOP/s would "
+                f"compare unlike figures); re-profile the device for this graph or remove the entry")
+        out.append(d.name)
+    return out
+
+
+def compute_times(graph: Graph, cluster: Cluster) -> np.ndarray:
+    """n x k seconds of each layer on each device: ``flops / FLOP/s``, replaced by the
+    measured time wherever a device's ``layer_times`` hold this graph."""
+    table = graph.flops[:, None] / cluster.flops[None, :]
+    for name in measured_devices(graph, cluster):
+        d = cluster.index(name)
+        times = cluster.devices[d].measured(graph.name)
+        table[:, d] = [times[layer] for layer in graph.names]  # type: ignore[index]
+    return table
 
 
 # -- breakdown records -----------------------------------------------------------
@@ -250,7 +287,10 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
             f"the output of the last layer {graph.layers[-1].name!r} on {cluster.names[last]!r} must "
             f"reach the sink {cluster.sink!r}, but no link joins them and the cluster has no "
             f"default_link; add a link or a default_link, or assign the last layer differently")
-    comp = graph.flops / cluster.flops[a]
+    if any(d.measured(graph.name) is not None for d in cluster.devices):
+        comp = compute_times(graph, cluster)[np.arange(graph.n), a]
+    else:  # the common case, O(n) instead of O(n k): this runs inside the solvers' loops
+        comp = graph.flops / cluster.flops[a]
     comp_energy = comp * cluster.power[a]
     local = prev == a
     t_in = np.where(local, 0.0, graph.input_bytes_per_layer * tab.inv_bandwidth[prev, a]
@@ -419,7 +459,7 @@ def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool
     T = nbytes[:, None, None] * tab.inv_bandwidth[None] + tab.latency[None]
     T[:, np.arange(k), np.arange(k)] = 0.0
     T[:, ~tab.usable] = np.inf
-    comp = graph.flops[:, None] / cluster.flops[None, :]
+    comp = compute_times(graph, cluster)
     if ship_params:
         ptime = graph.param_bytes[:, None] * tab.inv_bandwidth[src][None, :] + tab.latency[src][None, :]
         ptime[:, src] = 0.0
@@ -454,7 +494,7 @@ class CostTables:
         """Compute the node tables (vectorized, O(n k))."""
         tab = cluster.tables
         src = cluster.source_index
-        comp = graph.flops[:, None] / cluster.flops[None, :]
+        comp = compute_times(graph, cluster)
         node_time = comp.copy()
         node_energy = comp * cluster.power[None, :]
         if ship_params:

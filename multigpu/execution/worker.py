@@ -1,0 +1,156 @@
+"""The stage worker: hosts the stages of one device and runs them on its own backend.
+
+A plain class with no Ray import. The Ray engine wraps it as an actor (one process
+per device of a plan); the driver instantiates it directly for the stages that run
+on the source device. Every stage is a slice of the same ``Sequential``
+(``model.forward(backend, params, x, start, stop)``) on the backend the device
+names, so no framework-specific model code exists anywhere.
+
+Timestamps use ``time.time()``: one clock for every process on a host, so a hop's
+two ends can be subtracted (the engine corrects for another host's clock offset).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ..protocol import Device
+
+__all__ = ["StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
+
+# Read by OpenMP, MKL, OpenBLAS and oneDNN when the framework loads; torch, paddle
+# and mxnet size their CPU thread pools from them.
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def thread_env(threads: Optional[int]) -> dict[str, str]:
+    """Environment variables that give a fresh worker process ``threads`` math threads."""
+    return {} if threads is None else {k: str(threads) for k in THREAD_ENV_VARS}
+
+
+def parse_framework_device(text: Optional[str]) -> Device:
+    """``"cpu"`` -> Device("cpu", 0); ``"gpu:1"`` -> Device("gpu", 1) (the cluster file has
+    already checked the syntax)."""
+    if text is None or text == "cpu":
+        return Device("cpu", 0)
+    kind, _, index = text.partition(":")
+    return Device(kind, int(index))
+
+
+class StageWorker:
+    """One device's worker: loads the backend, receives stages and parameters, runs them.
+
+    A message between stages is ``(array, trace)``: ``trace`` is a tuple of
+    timestamps that every stage extends with the start and end of its computation.
+    """
+
+    def __init__(self, name: str, backend: str, device: Optional[str], threads: Optional[int]):
+        self.name = name
+        self.backend_name = backend
+        self.device = parse_framework_device(device)
+        self.threads = threads
+        self.be: Any = None
+        self.model: Any = None
+        self.params: list[Any] = []
+        self.stages: dict[int, tuple[int, int]] = {}
+
+    # -- set-up ------------------------------------------------------------
+    def setup(self) -> dict[str, Any]:
+        """Load the backend (the framework is imported here); return where this worker runs.
+
+        Raises BackendNotInstalledError (naming the pip extra) or UnknownBackendError.
+        """
+        from .. import registry
+
+        framework_loaded = self._framework_loaded()
+        if self.threads is not None and not framework_loaded:
+            os.environ.update(thread_env(self.threads))
+        self.be = registry.backend(self.backend_name)
+        self.be.from_numpy(np.zeros(1, np.float32), self.device)  # fail now on a bad device
+        return {"name": self.name, "pid": os.getpid(), "host": os.uname().nodename,
+                "backend": self.backend_name, "device": str(self.device), "threads": self.threads,
+                "threads_applied": self.threads is None or not framework_loaded, "time": time.time()}
+
+    def _framework_loaded(self) -> bool:
+        from .. import registry
+
+        try:
+            framework = getattr(registry._module(self.backend_name), "FRAMEWORK", None)
+        except Exception:
+            return False  # setup's registry.backend call raises the precise error
+        return framework is not None and framework in sys.modules
+
+    def load(self, model: Any, stages: Sequence[tuple[int, int, int]], params: dict[int, np.ndarray]) -> float:
+        """Receive the model spec, this device's stages ``(index, start, stop)`` and the
+        parameters they use (by index into the model's parameter list); return the
+        seconds spent placing the parameters on the device."""
+        t0 = time.perf_counter()
+        self.model = model
+        self.stages = {int(i): (int(a), int(b)) for i, a, b in stages}
+        full: list[Any] = [None] * len(model.param_shapes)
+        for i, arr in params.items():
+            full[int(i)] = self.be.from_numpy(arr, self.device)
+        self.params = full
+        self.be.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def clock(self) -> float:
+        """This worker's ``time.time()`` (for clock-offset estimates across hosts)."""
+        return time.time()
+
+    # -- running -----------------------------------------------------------
+    def run(self, stage: int, message: tuple[np.ndarray, tuple[float, ...]]) -> tuple[np.ndarray, tuple[float, ...]]:
+        """Run stage ``stage`` on the message's array; return the output and the extended trace."""
+        x, trace = message
+        start, stop = self.stages[stage]
+        be, dev = self.be, self.device
+        t = be.from_numpy(x, dev)
+        t0 = time.time()
+        y = self.model.forward(be, self.params, t, start, stop)
+        be.synchronize(dev)
+        t1 = time.time()
+        return be.to_numpy(y), trace + (t0, t1)
+
+    # -- profiling ---------------------------------------------------------
+    def time_layers(self, model: Any, params: Sequence[np.ndarray], batch: int, repeats: int,
+                    warmup: int, seed: int = 0) -> list[list[float]]:
+        """Seconds of each layer's forward pass, ``repeats`` samples per layer after
+        ``warmup`` untimed runs, the device synchronized inside the timed region."""
+        be, dev = self.be, self.device
+        dev_params = [be.from_numpy(p, dev) for p in params]
+        rng = np.random.default_rng(seed)
+        shape = (batch, *model.input_shape)
+        x = be.from_numpy(rng.random(shape, dtype=np.float32), dev)
+        out: list[list[float]] = []
+        for i in range(len(model)):
+            for _ in range(warmup):
+                model.forward(be, dev_params, x, i, i + 1)
+            be.synchronize(dev)
+            samples = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                y = model.forward(be, dev_params, x, i, i + 1)
+                be.synchronize(dev)
+                samples.append(time.perf_counter() - t0)
+            out.append(samples)
+            x = y
+        return out
+
+    def time_stage(self, stage: int, x: np.ndarray, repeats: int) -> float:
+        """Median seconds of stage ``stage`` as ``run`` computes it (a check of the
+        per-layer sum)."""
+        be, dev = self.be, self.device
+        start, stop = self.stages[stage]
+        t = be.from_numpy(x, dev)
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.model.forward(be, self.params, t, start, stop)
+            be.synchronize(dev)
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)

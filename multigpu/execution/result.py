@@ -21,6 +21,7 @@ __all__ = ["Prediction", "RunResult", "predict"]
 class Prediction:
     """The cost model's figures for one plan at one batch size (seconds).
 
+    ``stage_compute`` includes each stage's ``stage_overhead``.
     ``hops`` has one entry more than ``stages``: source -> stage 1, between stages,
     last stage -> sink (0 where both ends are one device). ``measured`` lists the
     devices whose compute times come from ``layer_times`` (the rest from FLOP/s).
@@ -48,7 +49,8 @@ def predict(xplan: ExecutionPlan, batch: int = 1) -> Prediction:
     graph = graph_from_model(xplan.model, batch)
     measured = measured_devices(graph, xplan.cluster)
     bd = evaluate(graph, xplan.cluster, list(xplan.assignment))
-    compute = [math.fsum(bd.layers[i].compute_time for i in range(s.start, s.stop)) for s in xplan.stages]
+    compute = [math.fsum(bd.layers[i].compute_time + bd.layers[i].stage_overhead for i in range(s.start, s.stop))
+               for s in xplan.stages]
     hops = [bd.layers[s.start].transfer_time for s in xplan.stages] + [bd.output_time]
     return Prediction(graph=graph.name, stage_compute=compute, hops=hops, end_to_end=bd.time,
                       bottleneck=bd.bottleneck, measured=measured)

@@ -99,6 +99,10 @@ class StageWorker:
         self.be.synchronize(self.device)
         return time.perf_counter() - t0
 
+    def echo(self, x: np.ndarray) -> np.ndarray:
+        """Return ``x``: a bare actor call, the yardstick a hop is compared with."""
+        return x
+
     def clock(self) -> float:
         """This worker's ``time.time()`` (for clock-offset estimates across hosts)."""
         return time.time()
@@ -117,40 +121,38 @@ class StageWorker:
         return be.to_numpy(y), trace + (t0, t1)
 
     # -- profiling ---------------------------------------------------------
-    def time_layers(self, model: Any, params: Sequence[np.ndarray], batch: int, repeats: int,
-                    warmup: int, seed: int = 0) -> list[list[float]]:
-        """Seconds of each layer's forward pass, ``repeats`` samples per layer after
-        ``warmup`` untimed runs, the device synchronized inside the timed region."""
+    def prepare_profile(self, model: Any, params: Sequence[np.ndarray], batch: int, seed: int = 0) -> None:
+        """Place ``params`` and a random input batch on the device and keep every
+        layer's input of one pass, for ``time_pass`` and ``time_first``."""
         be, dev = self.be, self.device
-        dev_params = [be.from_numpy(p, dev) for p in params]
+        self._prof_model = model
+        self._prof_params = [be.from_numpy(p, dev) for p in params]
         rng = np.random.default_rng(seed)
-        shape = (batch, *model.input_shape)
-        x = be.from_numpy(rng.random(shape, dtype=np.float32), dev)
-        out: list[list[float]] = []
+        x = be.from_numpy(rng.random((batch, *model.input_shape), dtype=np.float32), dev)
+        self._prof_inputs = [x]
+        for i in range(len(model) - 1):
+            x = model.forward(be, self._prof_params, x, i, i + 1)
+            self._prof_inputs.append(x)
+        be.synchronize(dev)
+
+    def time_pass(self) -> list[float]:
+        """Seconds of each layer in one forward pass, run as a stage runs it (right
+        after this worker was called), the device synchronized after each layer."""
+        be, dev, model = self.be, self.device, self._prof_model
+        x = self._prof_inputs[0]
+        out = []
         for i in range(len(model)):
-            for _ in range(warmup):
-                model.forward(be, dev_params, x, i, i + 1)
+            t0 = time.perf_counter()
+            x = model.forward(be, self._prof_params, x, i, i + 1)
             be.synchronize(dev)
-            samples = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                y = model.forward(be, dev_params, x, i, i + 1)
-                be.synchronize(dev)
-                samples.append(time.perf_counter() - t0)
-            out.append(samples)
-            x = y
+            out.append(time.perf_counter() - t0)
         return out
 
-    def time_stage(self, stage: int, x: np.ndarray, repeats: int) -> float:
-        """Median seconds of stage ``stage`` as ``run`` computes it (a check of the
-        per-layer sum)."""
-        be, dev = self.be, self.device
-        start, stop = self.stages[stage]
-        t = be.from_numpy(x, dev)
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            self.model.forward(be, self.params, t, start, stop)
-            be.synchronize(dev)
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
+    def time_first(self, layer: int) -> float:
+        """Seconds of layer ``layer`` alone as the first work of a call: what a stage
+        starting at that layer pays (``time_pass`` minus this is the stage overhead)."""
+        be, dev, model = self.be, self.device, self._prof_model
+        t0 = time.perf_counter()
+        model.forward(be, self._prof_params, self._prof_inputs[layer], layer, layer + 1)
+        be.synchronize(dev)
+        return time.perf_counter() - t0

@@ -7,8 +7,8 @@ without a path (``load_cluster("lab")``).
 
 A device may also say how to run a stage on it (``backend``, ``device``,
 ``threads``, ``resources``: read by ``multigpu run``) and carry measured figures
-(``layer_times``: written by ``multigpu profile``, read by the cost model, where a
-measured time overrides ``flops``).
+(``layer_times`` and ``stage_overhead``: written by ``multigpu profile``, read by the
+cost model, where a measured time overrides ``flops``).
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ __all__ = ["Cluster", "DeviceSpec", "Link", "LinkSpec", "LinkTables", "load_clus
 CLUSTER_KEYS_REQUIRED = ("devices", "source")
 CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink")
 DEVICE_KEYS_REQUIRED = ("name", "flops", "power")
-DEVICE_KEYS_OPTIONAL = ("memory", "backend", "device", "threads", "resources", "layer_times")
+DEVICE_KEYS_OPTIONAL = ("memory", "backend", "device", "threads", "resources", "layer_times",
+                        "stage_overhead")
 FRAMEWORK_DEVICE = re.compile(r"cpu|(?:gpu|cuda):\d+")
 LINK_KEYS_REQUIRED = ("between", "bandwidth", "latency")
 LINK_KEYS_OPTIONAL = ("power",)
@@ -52,7 +53,11 @@ class DeviceSpec:
 
     Measured figures (``multigpu profile`` writes them): ``layer_times`` maps a graph
     name (such as "lenet(batch=1)") to each of its layers' forward time in seconds on
-    this device; for that graph they replace ``flops``.
+    this device; for that graph they replace ``flops``. ``stage_overhead`` (seconds,
+    default 0) is what starting a stage here costs beyond its layers' times: the
+    first layer of a call runs slower than the same layer in the middle of a pass
+    (a worker woken from waiting has cold caches); the cost model adds it once per
+    stage.
     """
 
     name: str
@@ -64,6 +69,7 @@ class DeviceSpec:
     threads: Optional[int] = None
     resources: Optional[Mapping[str, float]] = field(default=None, hash=False)
     layer_times: Optional[Mapping[str, Mapping[str, float]]] = field(default=None, hash=False)
+    stage_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         check_name(self.name, "device name")
@@ -91,6 +97,8 @@ class DeviceSpec:
             object.__setattr__(self, "resources", _check_resources(self.resources, what))
         if self.layer_times is not None:
             object.__setattr__(self, "layer_times", _check_layer_times(self.layer_times, what))
+        object.__setattr__(self, "stage_overhead", check_number(
+            self.stage_overhead, f"{what}: stage_overhead", unit="seconds per stage; 0 if not measured"))
 
     def measured(self, graph_name: str) -> Optional[Mapping[str, float]]:
         """The measured per-layer times of graph ``graph_name`` on this device, or None."""
@@ -306,6 +314,11 @@ class Cluster:
         return np.array([d.power for d in self.devices], dtype=float)
 
     @cached_property
+    def stage_overhead(self) -> np.ndarray:
+        """Seconds each device adds per stage it starts, shape (k,)."""
+        return np.array([d.stage_overhead for d in self.devices], dtype=float)
+
+    @cached_property
     def memory(self) -> np.ndarray:
         """Memory (bytes) per device, +inf where none is declared, shape (k,)."""
         return np.array([np.inf if d.memory is None else d.memory for d in self.devices], dtype=float)
@@ -352,7 +365,8 @@ class Cluster:
             devices.append(DeviceSpec(name=d["name"], flops=d["flops"], power=d["power"],
                                       memory=d.get("memory"), backend=d.get("backend"),
                                       device=d.get("device"), threads=d.get("threads"),
-                                      resources=d.get("resources"), layer_times=d.get("layer_times")))
+                                      resources=d.get("resources"), layer_times=d.get("layer_times"),
+                                      stage_overhead=d.get("stage_overhead", 0.0)))
         raw_links = data.get("links", [])
         if not isinstance(raw_links, list):
             raise ClusterError(f"{name}: \"links\" must be a list of link objects, got "
@@ -383,6 +397,8 @@ class Cluster:
                     dev[key] = getattr(d, key)
             if d.resources is not None:
                 dev["resources"] = dict(d.resources)
+            if d.stage_overhead:
+                dev["stage_overhead"] = d.stage_overhead
             if d.layer_times is not None:
                 dev["layer_times"] = {g: dict(t) for g, t in d.layer_times.items()}
             out["devices"].append(dev)

@@ -1,0 +1,497 @@
+"""``profile``: measure each layer on each device and each link through the engine, and
+write them as a cluster file the cost model reads.
+
+* Layers: every layer's forward pass on every device, after warm-up, ``repeats``
+  times with the device synchronized, in the worker process that ``multigpu run``
+  would use (same backend, threads and Ray placement). Devices are timed one after
+  another, so none competes with another for the CPU. The median becomes the
+  device's ``layer_times`` for the graph; the spread is reported.
+* Links: payloads of several sizes (spanning the models' activations) travel
+  through the same engine and code path as a run's activations (an empty stage on
+  each worker, ``run_chain``), and every hop is timed at both ends. Each pair's
+  ``latency + bytes / bandwidth`` is fitted to them (least squares on relative
+  error). A bare actor call with the same payload is timed alternately, as the
+  yardstick for the engine's own cost.
+* Each device's ``flops`` becomes its effective FLOP/s on the profiled graphs
+  (FLOPs / measured time), the estimate the cost model uses for other graphs.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from ..errors import InputError, PlanError
+from ..partition.cluster import Cluster, DeviceSpec, Link, LinkSpec
+from ..partition.graph import graph_from_model
+from .runner import ENGINES, resolve_model
+
+__all__ = ["LayerProfile", "LinkFit", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
+
+IDENTITY = -1          # stage id of the empty stage every worker gets for link timing
+MIN_INV_BANDWIDTH = 1e-15   # a fit with no measurable per-byte cost: 1 PB/s, never a 0 or inf
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer on one device: median and quartiles of ``n`` timed forward passes (s)."""
+
+    device: str
+    graph: str
+    layer: str
+    median: float
+    q1: float
+    q3: float
+    n: int
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """The fitted link between two devices and the medians it was fitted to:
+    ``samples`` holds (bytes, median seconds, count) per payload size and direction."""
+
+    between: tuple[str, str]
+    latency: float
+    bandwidth: float
+    samples: list[tuple[int, float, int]]
+
+    def predict(self, nbytes: float) -> float:
+        """Fitted seconds for ``nbytes``."""
+        return self.latency + nbytes / self.bandwidth
+
+    @property
+    def worst_error(self) -> float:
+        """Largest relative miss of the fit on its own medians."""
+        return max(abs(self.predict(b) - t) / t for b, t, _ in self.samples)
+
+
+@dataclass(frozen=True)
+class HopVsBare:
+    """A hop between two workers against a bare actor call with the same payload, timed alternately."""
+
+    between: tuple[str, str]
+    nbytes: int
+    hop: float
+    bare: float
+
+    @property
+    def ratio(self) -> float:
+        """hop / bare."""
+        return self.hop / self.bare
+
+
+@dataclass
+class ProfileResult:
+    """What ``profile`` measured, and the cluster built from it (``cluster``)."""
+
+    cluster: Cluster
+    layers: list[LayerProfile]
+    links: list[LinkFit]
+    hop_vs_bare: list[HopVsBare]
+    engine: str
+    batch: int
+    graphs: list[str]
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def write(self, path: Union[str, "os.PathLike[str]"]) -> Path:
+        """Write the cluster as JSON to ``path`` (atomically)."""
+        import json
+
+        p = Path(path)
+        if p.suffix.lower() != ".json":
+            raise InputError(f"--out {str(p)!r}: the profile is written as JSON; name it .json")
+        tmp = p.with_name(f".{p.name}.part")
+        tmp.write_text(json.dumps(self.cluster.to_dict(), indent=1) + "\n")
+        os.replace(tmp, p)
+        return p
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the cluster, per-layer spreads, link fits, hop against bare call."""
+        return {"engine": self.engine, "batch": self.batch, "graphs": self.graphs, "seconds": self.seconds,
+                "cluster": self.cluster.to_dict(),
+                "layers": [vars(x) for x in self.layers],
+                "links": [{"between": list(f.between), "latency": f.latency, "bandwidth": f.bandwidth,
+                           "worst_error": f.worst_error,
+                           "samples": [{"bytes": b, "median": t, "n": n} for b, t, n in f.samples]}
+                          for f in self.links],
+                "hop_vs_bare": [{"between": list(h.between), "bytes": h.nbytes, "hop": h.hop, "bare": h.bare,
+                                 "ratio": h.ratio} for h in self.hop_vs_bare],
+                "notes": self.notes}
+
+    def format(self) -> str:
+        """A readable summary: per device and graph, per link, hop against bare call."""
+        from ..partition.report import fmt_bytes, fmt_time
+
+        out = [f"profiled {', '.join(self.graphs)} on {self.cluster.k} device(s) in {self.seconds:.1f} s "
+               f"(engine: Ray {self.engine}); driver: {self.cluster.source}"]
+        for d in self.cluster.devices:
+            rows = [x for x in self.layers if x.device == d.name]
+            for g in self.graphs:
+                xs = [x for x in rows if x.graph == g]
+                total = math.fsum(x.median for x in xs)
+                slowest = max(xs, key=lambda x: x.median)
+                spread = max((x.q3 - x.q1) / x.median for x in xs)
+                out.append(f"  {d.name:<16} {d.backend:<7} {g:<18} sum of layers {fmt_time(total):>10} + stage "
+                           f"overhead {fmt_time(d.stage_overhead)}; slowest {slowest.layer} "
+                           f"{fmt_time(slowest.median)}; widest spread (IQR/median) {spread:.0%}")
+        for f in self.links:
+            out.append(f"  link {f.between[0]} <-> {f.between[1]}: latency {fmt_time(f.latency)}, bandwidth "
+                       f"{fmt_bytes(f.bandwidth)}/s (fit within {f.worst_error:.0%} of its medians)")
+        for h in self.hop_vs_bare:
+            out.append(f"  hop {h.between[0]} -> {h.between[1]} {fmt_bytes(h.nbytes):>9}: {fmt_time(h.hop)} against "
+                       f"a bare actor call {fmt_time(h.bare)} ({h.ratio:.2f}x)")
+        out += [f"  note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def fit_link(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Fit ``t = latency + bytes / bandwidth`` to (bytes, seconds) pairs, least squares on
+    relative error, both terms >= 0; return (latency, bandwidth)."""
+    b = np.array([s[0] for s in samples], dtype=float)
+    t = np.array([s[1] for s in samples], dtype=float)
+    if len(b) == 0 or np.any(t <= 0):
+        raise ValueError("fit_link needs positive times")
+    a = np.stack([1.0 / t, b / t], axis=1)          # [lat, inv_bw] . row = 1
+    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    lat, inv = float(coef[0]), float(coef[1])
+    if inv < MIN_INV_BANDWIDTH:       # no measurable per-byte cost: latency only
+        inv = MIN_INV_BANDWIDTH
+        lat = float(np.sum(1.0 / t) / np.sum(1.0 / t ** 2))
+    if lat < 0:                       # per-byte cost only
+        lat = 0.0
+        inv = max(float(np.sum(b / t) / np.sum((b / t) ** 2)), MIN_INV_BANDWIDTH)
+    return lat, 1.0 / inv
+
+
+def link_sizes(models: Sequence[Any], batch: int, count: int = 5) -> list[int]:
+    """``count`` payload sizes (bytes, multiples of 4) log-spaced over every activation
+    the models pass between layers, including the input and the output."""
+    sizes: list[int] = []
+    for m in models:
+        sizes.append(m.input_bytes(batch))
+        sizes += [s.output_bytes for s in m.layer_stats(batch)]
+    lo, hi = max(min(sizes), 4), max(sizes)
+    if hi <= lo:
+        return [int(lo)]
+    return sorted({int(round(x / 4)) * 4 for x in np.geomspace(lo, hi, count)})
+
+
+def _spec(x: Union[DeviceSpec, Mapping[str, Any]]) -> DeviceSpec:
+    if isinstance(x, DeviceSpec):
+        return x
+    if not isinstance(x, Mapping) or "name" not in x or "backend" not in x:
+        raise PlanError(f"a profiled device needs at least a name and a backend, e.g. "
+                        f"{{'name': 'torch-1t', 'backend': 'torch', 'threads': 1}}; got {x!r}")
+    extra = set(x) - {"name", "backend", "device", "threads", "resources", "power", "memory"}
+    if extra:
+        raise PlanError(f"device {x['name']!r}: unknown key {sorted(extra)[0]!r}; a profiled device takes "
+                        f"name, backend, device, threads, resources, power and memory")
+    return DeviceSpec(name=x["name"], flops=1.0, power=x.get("power", 0.0), memory=x.get("memory"),
+                      backend=x["backend"], device=x.get("device"), threads=x.get("threads"),
+                      resources=x.get("resources"))
+
+
+def _bar(progress: bool, total: int, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not progress, file=sys.stderr, leave=False)
+
+
+def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
+            devices: Optional[Sequence[Union[DeviceSpec, Mapping[str, Any]]]] = None, *,
+            driver: Union[None, DeviceSpec, Mapping[str, Any]] = None, cluster: Optional[Cluster] = None,
+            batch: int = 1, repeats: int = 20, warmup: int = 3, link_repeats: int = 15,
+            sizes: Optional[Sequence[int]] = None, engine: str = "tasks", address: Optional[str] = None,
+            timeout: float = 120.0, startup_timeout: float = 180.0, progress: bool = True,
+            seed: int = 0) -> ProfileResult:
+    """Profile ``models`` on the worker ``devices`` and the ``driver`` (this process);
+    return the measurements and the cluster built from them.
+
+    ``devices`` are DeviceSpecs or dicts with ``name``, ``backend`` and optionally
+    ``device``, ``threads``, ``resources``, ``power``, ``memory``. ``driver`` is the
+    source/sink device (default: named "driver", on the first worker's backend;
+    give ``{"name": ..., "backend": None}`` for a driver that runs no layers). Or
+    pass ``cluster``: its source is the driver and every other device a worker; its
+    other figures (power, memory, other graphs' layer_times) are kept.
+
+    Raises PlanError, InputError, BackendNotInstalledError, MissingDependencyError
+    (Ray), and WorkerDiedError / WorkerTimeoutError.
+    """
+    t_begin = time.perf_counter()
+    model_list = [resolve_model(m) for m in ([models] if isinstance(models, str) or hasattr(models, "layers")
+                                             else list(models))]
+    if not model_list:
+        raise InputError("profile needs at least one model")
+    for name, value, low in (("batch", batch, 1), ("repeats", repeats, 1), ("warmup", warmup, 0),
+                             ("link_repeats", link_repeats, 3)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InputError(f"{name}={value!r} must be a whole number >= {low}")
+    if engine not in ENGINES:
+        raise PlanError(f"engine={engine!r} is unknown; choose one of {', '.join(ENGINES)}")
+    if cluster is not None:
+        if devices is not None or driver is not None:
+            raise PlanError("give either cluster= or devices=/driver=, not both")
+        base: Optional[Cluster] = cluster
+        driver_spec: Optional[DeviceSpec] = cluster.devices[cluster.source_index]
+        workers = [d for d in cluster.devices if d.name != cluster.source]
+    else:
+        base = None
+        workers = [_spec(d) for d in (devices or [])]
+        if driver is None:
+            if not workers:
+                raise PlanError("profile needs at least one device: pass devices=[{'name': ..., 'backend': ...}]")
+            driver_spec = DeviceSpec("driver", 1.0, 0.0, backend=workers[0].backend)
+        elif isinstance(driver, Mapping) and driver.get("backend", "x") is None:
+            driver_spec = DeviceSpec(driver["name"], 1.0, 0.0)
+        else:
+            driver_spec = _spec(driver)
+    names = [driver_spec.name] + [w.name for w in workers]
+    if len(set(names)) != len(names):
+        raise PlanError(f"device names must be unique, got {names}")
+    for w in workers:
+        if w.backend is None:
+            raise PlanError(f"device {w.name!r} has no backend to profile; add \"backend\" to it")
+    if address is None:
+        from .. import registry
+
+        for spec in [driver_spec] + workers:
+            if spec.backend is not None:
+                registry.require_installed(spec.backend)
+    link_payloads = sorted(set(int(s) for s in sizes)) if sizes else link_sizes(model_list, batch)
+    if any(s < 4 or s % 4 for s in link_payloads):
+        raise InputError(f"sizes={list(link_payloads)} must be positive multiples of 4 bytes (float32 payloads)")
+
+    from . import engine as ray_engine
+
+    graphs = [graph_from_model(m, batch) for m in model_list]
+    layer_rows: list[LayerProfile] = []
+    overheads: dict[str, list[float]] = {}
+    notes: list[str] = []
+    computing = [driver_spec] if driver_spec.backend is not None else []
+    computing += workers
+    with ray_engine.RaySession(address), \
+            ray_engine.Workers(workers, driver_spec if driver_spec.backend else None, float(timeout),
+                               float(startup_timeout)) as ws:
+        # -- layers, one device at a time --------------------------------------------
+        bar = _bar(progress, len(computing) * len(model_list), "profiling layers")
+        for spec in computing:
+            for m, g in zip(model_list, graphs):
+                medians, q1, q3, n_samples, oh = _time_device(ws, spec.name, m, batch, repeats, warmup, seed)
+                overheads.setdefault(spec.name, []).append(oh)
+                for (label, _), med, a, b in zip(m.layers, medians, q1, q3):
+                    layer_rows.append(LayerProfile(spec.name, g.name, label, med, a, b, n_samples))
+                bar.update(1)
+        bar.close()
+        # -- links through the engine ---------------------------------------------------
+        identity = {name: [(IDENTITY, 0, 0)] for name in names}
+        ws.load(model_list[0], identity, {})
+        hops, bare = _time_links(ws, ray_engine, [w.name for w in workers], driver_spec.name, link_payloads,
+                                 link_repeats, warmup, engine, progress, notes)
+    fits = _fit_links(hops)
+    pairs_vs_bare = _hop_vs_bare(hops, bare, driver_spec.name)
+    stage_overhead = {name: statistics.median(v) for name, v in overheads.items()}
+    result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, fits, stage_overhead)
+    return ProfileResult(cluster=result_cluster, layers=layer_rows, links=fits, hop_vs_bare=pairs_vs_bare,
+                         engine=engine, batch=batch, graphs=[g.name for g in graphs],
+                         seconds=time.perf_counter() - t_begin, notes=notes)
+
+
+MAX_FIRST_LAYERS = 6   # cheap layers timed as the first work of a call, for the stage overhead
+MIN_LAYER_TIME = 1e-7  # seconds; floor for the first layer once its stage overhead is taken out
+
+
+def _time_device(ws: Any, name: str, model: Any, batch: int, repeats: int, warmup: int, seed: int
+                 ) -> tuple[list[float], list[float], list[float], int, float]:
+    """Per-layer median and quartiles, sample count and the stage overhead of one device.
+
+    Every pass is one call into the worker after it waited (an actor call; for the
+    driver, after a Ray round trip), as a stage runs in ``run_partitioned``. The stage
+    overhead is how much slower a cheap layer runs as the first work of a call than
+    inside a pass (median over up to MAX_FIRST_LAYERS of the cheaper half of the
+    layers); the first layer's time is its pass time minus that overhead.
+    """
+    import ray
+
+    local = ws.local is not None and ws.local.name == name
+    echo_to = next(iter(ws.actors.values()), None)
+
+    def call(method: str, *args: Any) -> Any:
+        if local:
+            if echo_to is not None:   # wait in Ray as the driver does between items
+                ray.get(echo_to.clock.remote(), timeout=ws.timeout)
+            return getattr(ws.local, method)(*args)
+        return ws._get(getattr(ws.actors[name], method).remote(*args), lambda: f"device {name!r}",
+                       what="profiling its layers")
+
+    call("prepare_profile", model, model.init_params(seed), batch, seed)
+    for _ in range(warmup):
+        call("time_pass")
+    n = len(model)
+    passes = [call("time_pass") for _ in range(max(1, min(repeats, 3)))]
+    typical = [statistics.median(p[i] for p in passes) for i in range(n)]
+    cheap = sorted(range(1, n), key=lambda i: typical[i])[:min(MAX_FIRST_LAYERS, max(1, (n - 1) // 2))]
+    firsts: dict[int, list[float]] = {i: [] for i in cheap}
+    while len(passes) < repeats:
+        passes.append(call("time_pass"))
+        for i in cheap:
+            firsts[i].append(call("time_first", i))
+    for i in cheap:
+        if not firsts[i]:
+            firsts[i].append(call("time_first", i))
+    cols = [[p[i] for p in passes] for i in range(n)]
+    med = [statistics.median(c) for c in cols]
+    quart = [statistics.quantiles(c, n=4, method="inclusive") if len(c) > 1 else [c[0]] * 3 for c in cols]
+    overhead = 0.0
+    if cheap:
+        overhead = max(0.0, statistics.median(statistics.median(firsts[i]) - med[i] for i in cheap))
+    shift = med[0] - max(med[0] - overhead, MIN_LAYER_TIME)
+    med[0] -= shift
+    q1 = [q[0] for q in quart]
+    q3 = [q[2] for q in quart]
+    q1[0] = max(q1[0] - shift, MIN_LAYER_TIME)
+    q3[0] = max(q3[0] - shift, MIN_LAYER_TIME)
+    return med, q1, q3, len(passes), overhead
+
+
+def _walk(workers: Sequence[str]) -> list[str]:
+    """A walk over the workers that crosses every unordered pair at least once."""
+    walk: list[str] = []
+    for i, a in enumerate(workers):
+        for b in workers[i + 1:]:
+            if walk and walk[-1] == a:
+                walk.append(b)
+            elif walk and walk[-1] == b:
+                walk.append(a)
+            else:
+                walk += [a, b]
+    return walk
+
+
+HopSamples = dict[tuple[str, str, int], list[float]]
+
+
+def _time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes: Sequence[int],
+                repeats: int, warmup: int, engine: str, progress: bool,
+                notes: list[str]) -> tuple[HopSamples, dict[tuple[str, int], list[float]]]:
+    import ray
+
+    routes: list[list[str]] = []
+    walk = _walk(workers)
+    if engine == "tasks":
+        routes = [[w] for w in workers] + ([walk] if walk else [])
+    else:
+        routes = [walk or workers[:1]] if workers else []
+        if len(workers) > 2:
+            notes.append("compiled engine: one graph crosses every worker pair; the driver's links to "
+                         "workers other than the first and last of it are the mean of the measured ones")
+    hops: HopSamples = {}
+    bare: dict[tuple[str, int], list[float]] = {}
+    bar = _bar(progress, len(sizes) * len(routes), "profiling links")
+
+    def bare_call(dev: str, x: np.ndarray) -> float:
+        t0 = time.perf_counter()
+        ray.get(ws.actors[dev].echo.remote(x), timeout=ws.timeout)
+        return time.perf_counter() - t0
+
+    if engine == "compiled":   # a compiled graph's actors take no other calls while it exists
+        for size in sizes:
+            x = np.zeros(size // 4, np.float32)
+            for dev in workers:
+                for _ in range(warmup):
+                    bare_call(dev, x)
+                bare[(dev, size)] = [bare_call(dev, x) for _ in range(repeats)]
+    for route in routes:
+        chain = [(d, IDENTITY) for d in route]
+        labels = [f"link probe on device {d!r}" for d in route]
+        full = [driver] + route + [driver]
+        for size in sizes:
+            x = np.zeros(size // 4, np.float32)
+            for _ in range(warmup):
+                ray_engine.run_chain(ws, chain, labels, [x], window=1, engine=engine)
+            for _ in range(repeats):
+                res = ray_engine.run_chain(ws, chain, labels, [x], window=1, engine=engine)
+                tr = res.traces[0]
+                off = [0.0] + [ws.info[d].clock_offset for d in route] + [0.0]
+                starts = [tr[0]] + [tr[1 + 2 * i] - off[i + 1] for i in range(len(route))]
+                ends = [tr[0]] + [tr[2 + 2 * i] - off[i + 1] for i in range(len(route))] + [tr[-1]]
+                for h in range(len(full) - 1):
+                    t = (starts[h + 1] if h + 1 < len(starts) else tr[-1]) - ends[h]
+                    hops.setdefault((full[h], full[h + 1], size), []).append(t)
+                if engine == "tasks":
+                    dev = route[-1]
+                    bare.setdefault((dev, size), []).append(bare_call(dev, x))
+            bar.update(1)
+    bar.close()
+    return hops, bare
+
+
+def _fit_links(hops: HopSamples) -> list[LinkFit]:
+    by_pair: dict[frozenset[str], list[tuple[int, float, int]]] = {}
+    order: dict[frozenset[str], tuple[str, str]] = {}
+    for (a, b, size), ts in sorted(hops.items()):
+        if a == b:
+            continue
+        key = frozenset((a, b))
+        order.setdefault(key, (a, b))
+        by_pair.setdefault(key, []).append((size, statistics.median(ts), len(ts)))
+    fits = []
+    for key, samples in by_pair.items():
+        lat, bw = fit_link([(b, t) for b, t, _ in samples])
+        fits.append(LinkFit(order[key], lat, bw, samples))
+    return fits
+
+
+def _hop_vs_bare(hops: HopSamples, bare: dict[tuple[str, int], list[float]], driver: str) -> list[HopVsBare]:
+    out = []
+    for (a, b, size), ts in sorted(hops.items()):
+        if a == driver or b == driver or (b, size) not in bare:
+            continue
+        out.append(HopVsBare((a, b), size, statistics.median(ts), statistics.median(bare[(b, size)])))
+    return out
+
+
+def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequence[DeviceSpec], graphs: Sequence[Any],
+                   rows: Sequence[LayerProfile], fits: Sequence[LinkFit], overhead: Mapping[str, float]) -> Cluster:
+    devices = []
+    for spec in [driver, *workers]:
+        times = {g.name: {r.layer: r.median for r in rows if r.device == spec.name and r.graph == g.name}
+                 for g in graphs}
+        times = {g: t for g, t in times.items() if t}
+        old = dict(spec.layer_times or {})
+        flops = spec.flops
+        if times:
+            total_flops = sum(float(np.sum(g.flops)) for g in graphs if g.name in times)
+            total_time = sum(math.fsum(times[g.name].values()) for g in graphs if g.name in times)
+            flops = total_flops / total_time
+            old.update(times)
+        devices.append(DeviceSpec(name=spec.name, flops=flops, power=spec.power, memory=spec.memory,
+                                  backend=spec.backend, device=spec.device, threads=spec.threads,
+                                  resources=spec.resources, layer_times=old or None,
+                                  stage_overhead=overhead.get(spec.name, spec.stage_overhead)))
+    links = [Link(between=f.between, bandwidth=f.bandwidth, latency=f.latency) for f in fits]
+    measured = {frozenset(f.between) for f in fits}
+    names = [d.name for d in devices]
+    missing = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if frozenset((a, b)) not in measured]
+    default = None
+    if fits:
+        default = LinkSpec(bandwidth=statistics.median(f.bandwidth for f in fits),
+                           latency=statistics.median(f.latency for f in fits))
+    driver_fits = [f for f in fits if driver.name in f.between]
+    for a, b in missing:
+        if driver.name in (a, b) and driver_fits:   # see the compiled-engine note
+            links.append(Link(between=(a, b), bandwidth=statistics.mean(f.bandwidth for f in driver_fits),
+                              latency=statistics.mean(f.latency for f in driver_fits)))
+    if base is not None:
+        keep = [ln for ln in base.links if frozenset(ln.between) not in measured]
+        links += [ln for ln in keep if not any(frozenset(ln.between) == frozenset(x.between) for x in links)]
+        default = default or base.default_link
+    return Cluster(devices=tuple(devices), source=driver.name, links=tuple(links), default_link=default,
+                   sink=driver.name, name=base.name if base is not None else "profiled")

@@ -37,6 +37,6 @@ from .partition import autopartition, evaluate, load_cluster, load_graph  # noqa
 
 __all__ += ["autopartition", "evaluate", "load_cluster", "load_graph"]
 
-from .execution import run_partitioned  # noqa: E402  (imports no Ray until a plan runs)
+from .execution import profile, run_partitioned  # noqa: E402  (no Ray until a plan runs)
 
-__all__ += ["run_partitioned"]
+__all__ += ["profile", "run_partitioned"]

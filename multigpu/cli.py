@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from .errors import MultigpuError
 
-COMMANDS = ("check", "train", "partition", "bench")
+COMMANDS = ("check", "train", "partition", "profile", "run", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,8 +9,9 @@ Importing this package loads no framework and not Ray: the Ray engine
 from __future__ import annotations
 
 from .plan import ExecutionPlan, Stage, check_plan, read_plan, split_stages
+from .profiler import ProfileResult, fit_link, profile
 from .result import Prediction, RunResult, predict
 from .runner import run_partitioned
 
-__all__ = ["ExecutionPlan", "Prediction", "RunResult", "Stage", "check_plan", "predict", "read_plan",
-           "run_partitioned", "split_stages"]
+__all__ = ["ExecutionPlan", "Prediction", "ProfileResult", "RunResult", "Stage", "check_plan", "fit_link",
+           "predict", "profile", "read_plan", "run_partitioned", "split_stages"]

@@ -54,8 +54,9 @@ class LayerProfile:
 
 @dataclass(frozen=True)
 class LinkFit:
-    """The fitted link between two devices and the medians it was fitted to:
-    ``samples`` holds (bytes, median seconds, count) per payload size and direction."""
+    """The fitted link between two devices and what it was fitted to: ``samples`` holds
+    (bytes, seconds, count) per payload size, the seconds being the mean of the two
+    directions' medians where both were timed."""
 
     between: tuple[str, str]
     latency: float
@@ -134,7 +135,9 @@ class ProfileResult:
                f"(engine: Ray {self.engine}); driver: {self.cluster.source}"]
         for d in self.cluster.devices:
             rows = [x for x in self.layers if x.device == d.name]
-            for g in self.graphs:
+            if not rows:
+                out.append(f"  {d.name:<16} runs no layers (the driver without a backend)")
+            for g in self.graphs if rows else []:
                 xs = [x for x in rows if x.graph == g]
                 total = math.fsum(x.median for x in xs)
                 slowest = max(xs, key=lambda x: x.median)
@@ -434,16 +437,20 @@ def _time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes
 
 
 def _fit_links(hops: HopSamples) -> list[LinkFit]:
-    by_pair: dict[frozenset[str], list[tuple[int, float, int]]] = {}
+    """One symmetric link per pair, fitted to the mean of the two directions' medians at
+    each size (a plan crosses a link one way or, for the driver's, once each way)."""
+    by_pair: dict[frozenset[str], dict[int, list[tuple[float, int]]]] = {}
     order: dict[frozenset[str], tuple[str, str]] = {}
     for (a, b, size), ts in sorted(hops.items()):
         if a == b:
             continue
         key = frozenset((a, b))
         order.setdefault(key, (a, b))
-        by_pair.setdefault(key, []).append((size, statistics.median(ts), len(ts)))
+        by_pair.setdefault(key, {}).setdefault(size, []).append((statistics.median(ts), len(ts)))
     fits = []
-    for key, samples in by_pair.items():
+    for key, per_size in by_pair.items():
+        samples = [(size, statistics.mean(t for t, _ in v), sum(n for _, n in v))
+                   for size, v in sorted(per_size.items())]
         lat, bw = fit_link([(b, t) for b, t, _ in samples])
         fits.append(LinkFit(order[key], lat, bw, samples))
     return fits

@@ -19,7 +19,7 @@ import pytest
 
 import multigpu
 from multigpu.errors import DeviceError, PlanError, WorkerDiedError, WorkerTimeoutError
-from multigpu.execution import profile, run_partitioned
+from multigpu.execution import Session, profile, run_partitioned
 from multigpu.partition import Cluster, DeviceSpec, LinkSpec, autopartition, graph_from_model, load_cluster
 
 ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
@@ -77,8 +77,10 @@ def local_ray():
     if ray.is_initialized():  # pragma: no cover - another module left one running
         ray.shutdown()
     before = descendants(os.getpid())
+    from multigpu.execution.engine import LOCAL_SYSTEM_CONFIG
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             _system_config={"max_direct_call_object_size": 64 * 2**20})
+             _system_config=LOCAL_SYSTEM_CONFIG)
     seen = descendants(os.getpid()) - before
     assert seen, "ray.init started no process"
     workers: set[int] = set()
@@ -165,6 +167,25 @@ def test_batches_split_the_inputs_and_keep_their_order(local_ray):
     r = run_partitioned(LENET, PARAMS, ["a"] * 10, x, cl, batch=3, on_workers=record(local_ray))
     assert r.end_to_end.shape == (3,) and r.hop_bytes[0] == 3 * 28 * 28 * 4
     np.testing.assert_allclose(r.outputs, reference(x), atol=1e-5, rtol=0)
+
+
+def test_a_session_runs_several_plans_on_the_same_workers(local_ray):
+    cl = cluster(DeviceSpec("a", 1e9, 0.0, backend="numpy"), DeviceSpec("b", 1e9, 0.0, backend="numpy"),
+                 DeviceSpec("c", 1e9, 0.0))   # no backend: not a worker
+    x = inputs(4, seed=6)
+    with Session(cl, on_workers=record(local_ray)) as s:
+        assert sorted(s.workers.actors) == ["a", "b"]
+        runs = [s.run(LENET, PARAMS, plan, x) for plan in (["a"] * 10, ["b"] * 4 + ["a"] * 6,
+                                                          ["driver"] * 2 + ["b"] * 8)]
+        with pytest.raises(PlanError, match="device 'c' cannot run"):
+            s.run(LENET, PARAMS, ["c"] * 10, x)
+    for r in runs:
+        np.testing.assert_allclose(r.outputs, reference(x), atol=1e-5, rtol=0)
+    pids = [{w["device"]: w["pid"] for w in r.workers if not w["local"]} for r in runs]
+    assert pids[0]["a"] == pids[1]["a"] and pids[1]["b"] == pids[2]["b"]   # the same processes
+    assert runs[1].param_bytes == sum(p.nbytes for p in PARAMS)
+    with pytest.raises(PlanError, match="not open"):
+        s.run(LENET, PARAMS, ["a"] * 10, x)
 
 
 def test_compiled_graph_engine_gives_the_same_outputs_in_order(local_ray):

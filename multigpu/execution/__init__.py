@@ -11,7 +11,7 @@ from __future__ import annotations
 from .plan import ExecutionPlan, Stage, check_plan, read_plan, split_stages
 from .profiler import ProfileResult, fit_link, profile
 from .result import Prediction, RunResult, predict
-from .runner import run_partitioned
+from .runner import Session, run_partitioned
 
-__all__ = ["ExecutionPlan", "Prediction", "ProfileResult", "RunResult", "Stage", "check_plan", "fit_link",
+__all__ = ["ExecutionPlan", "Prediction", "ProfileResult", "RunResult", "Session", "Stage", "check_plan", "fit_link",
            "predict", "profile", "read_plan", "run_partitioned", "split_stages"]

@@ -58,6 +58,10 @@ CGRAPH_MAX_INFLIGHT = 16
 # latency + bytes/bandwidth link can fit. A local instance started here sends every
 # activation up to this size inline, so a hop's cost grows smoothly with its bytes.
 INLINE_LIMIT = 64 * 2**20
+# Ray starts worker processes at nice 15 by default (to keep its own daemons responsive);
+# here the workers do the inference, so a stage gets the same CPU priority as the
+# driver's own stages, and a busy machine slows both alike.
+LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_LIMIT, "worker_niceness": 0}
 
 Link = tuple[str, int]  # (device, stage id on that device's worker)
 
@@ -77,7 +81,7 @@ class RaySession:
                                           logging_level=logging.ERROR)
             if self.address is None:
                 kwargs["num_cpus"] = self.num_cpus or os.cpu_count() or 1
-                kwargs["_system_config"] = {"max_direct_call_object_size": INLINE_LIMIT}
+                kwargs["_system_config"] = LOCAL_SYSTEM_CONFIG
             try:
                 ray.init(address=self.address, **kwargs)
             except (ConnectionError, ValueError, RuntimeError) as e:

@@ -32,10 +32,11 @@ from ..errors import InputError, PlanError
 from ..partition.cluster import Cluster, DeviceSpec, Link, LinkSpec
 from ..partition.graph import graph_from_model
 from .runner import ENGINES, resolve_model
+from .worker import PROBE
 
 __all__ = ["LayerProfile", "LinkFit", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
 
-IDENTITY = -1          # stage id of the empty stage every worker gets for link timing
+PROBE_WORK = 2e-3      # seconds of real layers a link probe computes on each worker (see worker.PROBE)
 MIN_INV_BANDWIDTH = 1e-15   # a fit with no measurable per-byte cost: 1 PB/s, never a 0 or inf
 
 
@@ -148,9 +149,15 @@ class ProfileResult:
         for f in self.links:
             out.append(f"  link {f.between[0]} <-> {f.between[1]}: latency {fmt_time(f.latency)}, bandwidth "
                        f"{fmt_bytes(f.bandwidth)}/s (fit within {f.worst_error:.0%} of its medians)")
+        routes: dict[tuple[str, str], list[HopVsBare]] = {}
         for h in self.hop_vs_bare:
-            out.append(f"  hop {h.between[0]} -> {h.between[1]} {fmt_bytes(h.nbytes):>9}: {fmt_time(h.hop)} against "
-                       f"a bare actor call {fmt_time(h.bare)} ({h.ratio:.2f}x)")
+            routes.setdefault(h.between, []).append(h)
+        for (a, b), hs in routes.items():
+            worst = max(hs, key=lambda h: h.ratio)
+            out.append(f"  hop {a} -> {b} against a bare actor call with the same payload: "
+                       f"{min(h.ratio for h in hs):.2f}x to {worst.ratio:.2f}x over {fmt_bytes(hs[0].nbytes)} to "
+                       f"{fmt_bytes(hs[-1].nbytes)} (worst: {fmt_time(worst.hop)} against {fmt_time(worst.bare)} "
+                       f"at {fmt_bytes(worst.nbytes)})")
         out += [f"  note: {n}" for n in self.notes]
         return "\n".join(out)
 
@@ -283,19 +290,27 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     with ray_engine.RaySession(address), \
             ray_engine.Workers(workers, driver_spec if driver_spec.backend else None, float(timeout),
                                float(startup_timeout)) as ws:
-        # -- layers, one device at a time --------------------------------------------
-        bar = _bar(progress, len(computing) * len(model_list), "profiling layers")
-        for spec in computing:
-            for m, g in zip(model_list, graphs):
-                medians, q1, q3, n_samples, oh = _time_device(ws, spec.name, m, batch, repeats, warmup, seed)
-                overheads.setdefault(spec.name, []).append(oh)
+        # -- layers: the devices take turns, one pass each, as stages of a run do ----------
+        bar = _bar(progress, len(model_list), "profiling layers")
+        names_computing = [d.name for d in computing]
+        first_medians: dict[str, list[float]] = {}
+        for m, g in zip(model_list, graphs):
+            timed = _time_devices(ws, names_computing, m, batch, repeats, warmup, seed)
+            for name, (medians, q1, q3, n_samples, oh) in timed.items():
+                overheads.setdefault(name, []).append(oh)
+                first_medians.setdefault(name, medians)
                 for (label, _), med, a, b in zip(m.layers, medians, q1, q3):
-                    layer_rows.append(LayerProfile(spec.name, g.name, label, med, a, b, n_samples))
-                bar.update(1)
+                    layer_rows.append(LayerProfile(name, g.name, label, med, a, b, n_samples))
+            bar.update(1)
         bar.close()
-        # -- links through the engine ---------------------------------------------------
-        identity = {name: [(IDENTITY, 0, 0)] for name in names}
-        ws.load(model_list[0], identity, {})
+        # -- links through the engine, between workers that compute ---------------------------
+        m0 = model_list[0]
+        for name in [w.name for w in workers]:
+            work = _probe_layers(first_medians[name], PROBE_WORK)
+            ws._get(ws.actors[name].prepare_profile.remote(m0, m0.init_params(seed), batch, seed),
+                    lambda n=name: f"device {n!r}", what="preparing link probes")
+            ws._get(ws.actors[name].set_probe_work.remote(work), lambda n=name: f"device {n!r}",
+                    what="preparing link probes")
         hops, bare = _time_links(ws, ray_engine, [w.name for w in workers], driver_spec.name, link_payloads,
                                  link_repeats, warmup, engine, progress, notes)
     fits = _fit_links(hops)
@@ -311,57 +326,80 @@ MAX_FIRST_LAYERS = 6   # cheap layers timed as the first work of a call, for the
 MIN_LAYER_TIME = 1e-7  # seconds; floor for the first layer once its stage overhead is taken out
 
 
-def _time_device(ws: Any, name: str, model: Any, batch: int, repeats: int, warmup: int, seed: int
-                 ) -> tuple[list[float], list[float], list[float], int, float]:
-    """Per-layer median and quartiles, sample count and the stage overhead of one device.
+def _probe_layers(medians: Sequence[float], budget: float) -> int:
+    """How many leading layers fit in ``budget`` seconds (at least one)."""
+    total, k = 0.0, 0
+    for t in medians:
+        if k and total + t > budget:
+            break
+        total += t
+        k += 1
+    return max(k, 1)
 
-    Every pass is one call into the worker after it waited (an actor call; for the
-    driver, after a Ray round trip), as a stage runs in ``run_partitioned``. The stage
+
+def _time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats: int, warmup: int, seed: int
+                  ) -> dict[str, tuple[list[float], list[float], list[float], int, float]]:
+    """Per device: per-layer median and quartiles, sample count and stage overhead.
+
+    Every pass is one call into a worker after it waited (an actor call; for the
+    driver, after a Ray round trip), as a stage runs in ``run_partitioned``, and the
+    devices take turns, so each finds its caches as the others left them. The stage
     overhead is how much slower a cheap layer runs as the first work of a call than
     inside a pass (median over up to MAX_FIRST_LAYERS of the cheaper half of the
     layers); the first layer's time is its pass time minus that overhead.
     """
     import ray
 
-    local = ws.local is not None and ws.local.name == name
     echo_to = next(iter(ws.actors.values()), None)
 
-    def call(method: str, *args: Any) -> Any:
-        if local:
+    def call(name: str, method: str, *args: Any) -> Any:
+        if ws.local is not None and ws.local.name == name:
             if echo_to is not None:   # wait in Ray as the driver does between items
                 ray.get(echo_to.clock.remote(), timeout=ws.timeout)
             return getattr(ws.local, method)(*args)
         return ws._get(getattr(ws.actors[name], method).remote(*args), lambda: f"device {name!r}",
                        what="profiling its layers")
 
-    call("prepare_profile", model, model.init_params(seed), batch, seed)
-    for _ in range(warmup):
-        call("time_pass")
     n = len(model)
-    passes = [call("time_pass") for _ in range(max(1, min(repeats, 3)))]
-    typical = [statistics.median(p[i] for p in passes) for i in range(n)]
-    cheap = sorted(range(1, n), key=lambda i: typical[i])[:min(MAX_FIRST_LAYERS, max(1, (n - 1) // 2))]
-    firsts: dict[int, list[float]] = {i: [] for i in cheap}
-    while len(passes) < repeats:
-        passes.append(call("time_pass"))
-        for i in cheap:
-            firsts[i].append(call("time_first", i))
-    for i in cheap:
-        if not firsts[i]:
-            firsts[i].append(call("time_first", i))
-    cols = [[p[i] for p in passes] for i in range(n)]
-    med = [statistics.median(c) for c in cols]
-    quart = [statistics.quantiles(c, n=4, method="inclusive") if len(c) > 1 else [c[0]] * 3 for c in cols]
-    overhead = 0.0
-    if cheap:
-        overhead = max(0.0, statistics.median(statistics.median(firsts[i]) - med[i] for i in cheap))
-    shift = med[0] - max(med[0] - overhead, MIN_LAYER_TIME)
-    med[0] -= shift
-    q1 = [q[0] for q in quart]
-    q3 = [q[2] for q in quart]
-    q1[0] = max(q1[0] - shift, MIN_LAYER_TIME)
-    q3[0] = max(q3[0] - shift, MIN_LAYER_TIME)
-    return med, q1, q3, len(passes), overhead
+    params = model.init_params(seed)
+    for name in names:
+        call(name, "prepare_profile", model, params, batch, seed)
+    for _ in range(warmup):
+        for name in names:
+            call(name, "time_pass")
+    passes: dict[str, list[list[float]]] = {name: [] for name in names}
+    for _ in range(max(1, min(repeats, 3))):
+        for name in names:
+            passes[name].append(call(name, "time_pass"))
+    cheap: dict[str, list[int]] = {}
+    for name in names:
+        typical = [statistics.median(p[i] for p in passes[name]) for i in range(n)]
+        cheap[name] = sorted(range(1, n), key=lambda i: typical[i])[:min(MAX_FIRST_LAYERS, max(1, (n - 1) // 2))]
+    firsts: dict[str, dict[int, list[float]]] = {name: {i: [] for i in cheap[name]} for name in names}
+    rounds = max(repeats - len(passes[names[0]]), 1) if names else 0
+    for r in range(rounds):
+        for name in names:
+            if len(passes[name]) < repeats:
+                passes[name].append(call(name, "time_pass"))
+        for name in names:
+            for i in cheap[name]:
+                firsts[name][i].append(call(name, "time_first", i))
+    out = {}
+    for name in names:
+        cols = [[p[i] for p in passes[name]] for i in range(n)]
+        med = [statistics.median(c) for c in cols]
+        quart = [statistics.quantiles(c, n=4, method="inclusive") if len(c) > 1 else [c[0]] * 3 for c in cols]
+        overhead = 0.0
+        if cheap[name]:
+            overhead = max(0.0, statistics.median(statistics.median(firsts[name][i]) - med[i] for i in cheap[name]))
+        shift = med[0] - max(med[0] - overhead, MIN_LAYER_TIME)
+        med[0] -= shift
+        q1 = [q[0] for q in quart]
+        q3 = [q[2] for q in quart]
+        q1[0] = max(q1[0] - shift, MIN_LAYER_TIME)
+        q3[0] = max(q3[0] - shift, MIN_LAYER_TIME)
+        out[name] = (med, q1, q3, len(passes[name]), overhead)
+    return out
 
 
 def _walk(workers: Sequence[str]) -> list[str]:
@@ -412,7 +450,7 @@ def _time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes
                     bare_call(dev, x)
                 bare[(dev, size)] = [bare_call(dev, x) for _ in range(repeats)]
     for route in routes:
-        chain = [(d, IDENTITY) for d in route]
+        chain = [(d, PROBE) for d in route]
         labels = [f"link probe on device {d!r}" for d in route]
         full = [driver] + route + [driver]
         for size in sizes:

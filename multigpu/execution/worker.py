@@ -21,7 +21,12 @@ import numpy as np
 
 from ..protocol import Device
 
-__all__ = ["StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
+__all__ = ["PROBE", "StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
+
+# Stage id of a link probe: the message passes through unchanged while the worker
+# computes some layers of the profiled model, so a hop is timed between two workers
+# that really compute (their caches as cold as in a run).
+PROBE = -1
 
 # Read by OpenMP, MKL, OpenBLAS and oneDNN when the framework loads; torch, paddle
 # and mxnet size their CPU thread pools from them.
@@ -111,11 +116,15 @@ class StageWorker:
     def run(self, stage: int, message: tuple[np.ndarray, tuple[float, ...]]) -> tuple[np.ndarray, tuple[float, ...]]:
         """Run stage ``stage`` on the message's array; return the output and the extended trace."""
         x, trace = message
-        start, stop = self.stages[stage]
         be, dev = self.be, self.device
         t = be.from_numpy(x, dev)
         t0 = time.time()
-        y = self.model.forward(be, self.params, t, start, stop)
+        if stage == PROBE:   # a link probe: the payload passes unchanged, but the worker works
+            self._busy()
+            y = t
+        else:
+            start, stop = self.stages[stage]
+            y = self.model.forward(be, self.params, t, start, stop)
         be.synchronize(dev)
         t1 = time.time()
         return be.to_numpy(y), trace + (t0, t1)
@@ -134,6 +143,14 @@ class StageWorker:
             x = model.forward(be, self._prof_params, x, i, i + 1)
             self._prof_inputs.append(x)
         be.synchronize(dev)
+
+    def set_probe_work(self, layers: int) -> None:
+        """A probe computes the first ``layers`` layers of the model ``prepare_profile`` set up."""
+        self._probe_layers = int(layers)
+
+    def _busy(self) -> None:
+        model = self._prof_model
+        model.forward(self.be, self._prof_params, self._prof_inputs[0], 0, getattr(self, "_probe_layers", 0))
 
     def time_pass(self) -> list[float]:
         """Seconds of each layer in one forward pass, run as a stage runs it (right

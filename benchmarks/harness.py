@@ -40,7 +40,7 @@ __all__ = ["BENCHMARKS", "Options", "Result", "Table", "interleaved", "isolated"
            "run_benchmarks", "summary"]
 
 # Benchmark name -> module in this package, in the order ``--all`` runs them.
-BENCHMARKS: dict[str, str] = {}
+BENCHMARKS: dict[str, str] = {"plans": "plans"}
 
 FRAMEWORK_PACKAGES = ("numpy", "scipy", "torch", "mxnet", "paddlepaddle", "ray", "matplotlib")
 

@@ -221,7 +221,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
             batch: int = 1, repeats: int = 20, warmup: int = 3, link_repeats: int = 15,
             sizes: Optional[Sequence[int]] = None, engine: str = "tasks", address: Optional[str] = None,
             timeout: float = 120.0, startup_timeout: float = 180.0, progress: bool = True,
-            seed: int = 0) -> ProfileResult:
+            seed: int = 0, session: Any = None) -> ProfileResult:
     """Profile ``models`` on the worker ``devices`` and the ``driver`` (this process);
     return the measurements and the cluster built from them.
 
@@ -230,12 +230,16 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     source/sink device (default: named "driver", on the first worker's backend;
     give ``{"name": ..., "backend": None}`` for a driver that runs no layers). Or
     pass ``cluster``: its source is the driver and every other device a worker; its
-    other figures (power, memory, other graphs' layer_times) are kept.
+    other figures (power, memory, other graphs' layer_times) are kept. ``session``
+    (an open ``Session`` on that cluster) profiles its workers instead of starting
+    new ones, so profiling and runs can alternate on the same processes.
 
     Raises PlanError, InputError, BackendNotInstalledError, MissingDependencyError
     (Ray), and WorkerDiedError / WorkerTimeoutError.
     """
     t_begin = time.perf_counter()
+    if session is not None and cluster is None and devices is None and driver is None:
+        cluster = session.cluster
     model_list = [resolve_model(m) for m in ([models] if isinstance(models, str) or hasattr(models, "layers")
                                              else list(models))]
     if not model_list:
@@ -269,7 +273,13 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     for w in workers:
         if w.backend is None:
             raise PlanError(f"device {w.name!r} has no backend to profile; add \"backend\" to it")
-    if address is None:
+    if session is not None:
+        have = set(session.workers.actors) if session.workers is not None else set()
+        lacking = [w.name for w in workers if w.name not in have]
+        if lacking or (driver_spec.backend is not None and session.workers.local is None):
+            raise PlanError(f"the session has no worker for {lacking or [driver_spec.name]}; open it on every "
+                            f"device to profile")
+    elif address is None:
         from .. import registry
 
         for spec in [driver_spec] + workers:
@@ -287,9 +297,15 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     notes: list[str] = []
     computing = [driver_spec] if driver_spec.backend is not None else []
     computing += workers
-    with ray_engine.RaySession(address), \
-            ray_engine.Workers(workers, driver_spec if driver_spec.backend else None, float(timeout),
-                               float(startup_timeout)) as ws:
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        if session is not None:
+            ws = session.workers
+        else:
+            stack.enter_context(ray_engine.RaySession(address))
+            ws = stack.enter_context(ray_engine.Workers(workers, driver_spec if driver_spec.backend else None,
+                                                        float(timeout), float(startup_timeout)))
         # -- layers: the devices take turns, one pass each, as stages of a run do ----------
         bar = _bar(progress, len(model_list), "profiling layers")
         names_computing = [d.name for d in computing]

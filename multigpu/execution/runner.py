@@ -162,12 +162,13 @@ class Session:
             stack.close()
 
     def run(self, model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs: Any, *, batch: int = 1,
-            stream: bool = False, engine: str = "tasks", warmup: int = 1,
-            window: Optional[int] = None) -> RunResult:
-        """Run ``plan`` over this session's workers; see ``run_partitioned``."""
+            stream: bool = False, engine: str = "tasks", warmup: int = 1, window: Optional[int] = None,
+            cluster: Optional[Cluster] = None) -> RunResult:
+        """Run ``plan`` over this session's workers; see ``run_partitioned``. ``cluster``
+        prices the plan instead of the session's (e.g. a profile of the same devices)."""
         if self.workers is None:
             raise PlanError("the session is not open; use it as `with Session(...) as s: s.run(...)`")
-        prep = _prepare(model, params, plan, inputs, self.cluster, batch, engine, warmup, window,
+        prep = _prepare(model, params, plan, inputs, cluster or self.cluster, batch, engine, warmup, window,
                         local=self.address is None)
         missing = [d for d in prep.xplan.workers if d not in self.workers.actors]
         if missing:
@@ -175,7 +176,7 @@ class Session:
                             f"its workers: {', '.join(self.workers.actors) or 'none'}")
         if engine == "compiled":
             # A compiled graph's teardown kills its actors, so it gets workers of its own.
-            return run_partitioned(prep.model, prep.params, prep.xplan.assignment, inputs, self.cluster,
+            return run_partitioned(prep.model, prep.params, prep.xplan.assignment, inputs, prep.xplan.cluster,
                                    batch=batch, stream=stream, engine=engine, address=self.address,
                                    timeout=self.timeout, startup_timeout=self.startup_timeout, warmup=warmup,
                                    window=window)

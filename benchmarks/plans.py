@@ -13,6 +13,7 @@ Compiled Graph gives on the same plan.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import sys
 import time
@@ -34,14 +35,19 @@ TARGET_LATENCY = 0.10      # median |error| of end-to-end time
 TARGET_STREAM = 0.15       # |error| of streaming throughput
 
 
-def _devices(quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The driver and the workers: one single-threaded worker per framework, and (full
-    run) a two-threaded torch worker for heterogeneity by thread count."""
+def _devices(threads: Optional[int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The driver and the workers: one single-threaded worker per framework (they differ
+    by up to 2.2x in speed), and with ``threads`` a torch worker with that many threads.
+
+    No multi-threaded worker by default: on a two-core machine shared with other
+    jobs, an OpenMP team of two waits at every barrier for a descheduled thread, and
+    one such worker profiled LeNet at 32 ms a pass against 0.44 ms single-threaded.
+    Set MULTIGPU_BENCH_THREADS=2 on a quiet machine with spare cores."""
     have = multigpu.available_backends()
     first = next((b for b in ("torch", "paddle", "mxnet") if b in have), "numpy")
     workers = [{"name": f"{b}-1t", "backend": b, "threads": 1} for b in ("torch", "paddle", "mxnet") if b in have]
-    if "torch" in have and not quick:
-        workers.append({"name": "torch-2t", "backend": "torch", "threads": 2})
+    if "torch" in have and threads:
+        workers.append({"name": f"torch-{threads}t", "backend": "torch", "threads": threads})
     if len(workers) < 3:
         workers.append({"name": "numpy", "backend": "numpy"})
     return {"name": "driver", "backend": first, "threads": 1}, workers
@@ -70,10 +76,11 @@ def _plans(quick: bool, workers: list[str], cluster: Any) -> list[dict[str, Any]
             {"model": model, "label": f"3 stages: {w1} | {w2} | {w3}",
              "plan": _cut(n, [w1, w2, w3], [0.34, 0.33, 0.33])},
         ]
-        if not quick and "torch-2t" in workers:
+        multi = [w for w in workers if w.startswith("torch-") and w != "torch-1t"]
+        if not quick and multi:
             cut = names.index("flatten") if "flatten" in names else n // 2
-            plans.append({"model": model, "label": "2 stages by threads: torch-2t | torch-1t",
-                          "plan": ["torch-2t"] * cut + [w1] * (n - cut)})
+            plans.append({"model": model, "label": f"2 stages by threads: {multi[0]} | {w1}",
+                          "plan": [multi[0]] * cut + [w1] * (n - cut)})
         g = graph_from_model(m, 1)
         auto = autopartition(g, cluster, constraints=Constraints(excluded=["driver"]))
         plans.append({"model": model, "label": "AutoPartition (latency, workers only)", "plan": auto.assignment})
@@ -104,7 +111,7 @@ def _stages_text(plan: list[str]) -> str:
 def run(opts: Options) -> Result:
     """Profile, plan, run, compare: ``cycles`` times, each profile next to its runs."""
     quick = opts.quick
-    driver, workers = _devices(quick)
+    driver, workers = _devices(int(os.environ.get("MULTIGPU_BENCH_THREADS", "0")) or None)
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if opts.progress else (lambda s: None)
     models = ["lenet", "alexnet"]
     spec = Cluster(devices=tuple(DeviceSpec(d["name"], 1.0, 0.0, backend=d["backend"], threads=d.get("threads"))

@@ -7,11 +7,12 @@ write them as a cluster file the cost model reads.
   another, so none competes with another for the CPU. The median becomes the
   device's ``layer_times`` for the graph; the spread is reported.
 * Links: payloads of several sizes (spanning the models' activations) travel
-  through the same engine and code path as a run's activations (an empty stage on
-  each worker, ``run_chain``), and every hop is timed at both ends. Each pair's
+  through the same engine and code path as a run's activations (``run_chain``),
+  between workers that compute a few hundred microseconds of real layers around
+  each hop, as stages do, and every hop is timed at both ends. Each pair's
   ``latency + bytes / bandwidth`` is fitted to them (least squares on relative
-  error). A bare actor call with the same payload is timed alternately, as the
-  yardstick for the engine's own cost.
+  error). Bare hops (nothing computed) and bare actor calls with the same payload
+  are timed alternately, as the yardstick for the engine's own cost.
 * Each device's ``flops`` becomes its effective FLOP/s on the profiled graphs
   (FLOPs / measured time), the estimate the cost model uses for other graphs.
 """
@@ -32,11 +33,11 @@ from ..errors import InputError, PlanError
 from ..partition.cluster import Cluster, DeviceSpec, Link, LinkSpec
 from ..partition.graph import graph_from_model
 from .runner import ENGINES, resolve_model
-from .worker import PROBE
+from .worker import PROBE, PROBE_IDLE
 
 __all__ = ["LayerProfile", "LinkFit", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
 
-PROBE_WORK = 2e-3      # seconds of real layers a link probe computes on each worker (see worker.PROBE)
+PROBE_WORK = 3e-4      # seconds of real layers a link probe computes on each worker (see worker.PROBE)
 MIN_INV_BANDWIDTH = 1e-15   # a fit with no measurable per-byte cost: 1 PB/s, never a 0 or inf
 
 
@@ -327,10 +328,10 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
                     lambda n=name: f"device {n!r}", what="preparing link probes")
             ws._get(ws.actors[name].set_probe_work.remote(work), lambda n=name: f"device {n!r}",
                     what="preparing link probes")
-        hops, bare = _time_links(ws, ray_engine, [w.name for w in workers], driver_spec.name, link_payloads,
-                                 link_repeats, warmup, engine, progress, notes)
+        hops, idle, bare = _time_links(ws, ray_engine, [w.name for w in workers], driver_spec.name,
+                                       link_payloads, link_repeats, warmup, engine, progress, notes)
     fits = _fit_links(hops)
-    pairs_vs_bare = _hop_vs_bare(hops, bare, driver_spec.name)
+    pairs_vs_bare = _hop_vs_bare(idle, bare, driver_spec.name)
     stage_overhead = {name: statistics.median(v) for name, v in overheads.items()}
     result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, fits, stage_overhead)
     return ProfileResult(cluster=result_cluster, layers=layer_rows, links=fits, hop_vs_bare=pairs_vs_bare,
@@ -357,12 +358,19 @@ def _time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats
                   ) -> dict[str, tuple[list[float], list[float], list[float], int, float]]:
     """Per device: per-layer median and quartiles, sample count and stage overhead.
 
-    Every pass is one call into a worker after it waited (an actor call; for the
-    driver, after a Ray round trip), as a stage runs in ``run_partitioned``, and the
-    devices take turns, so each finds its caches as the others left them. The stage
-    overhead is how much slower a cheap layer runs as the first work of a call than
-    inside a pass (median over up to MAX_FIRST_LAYERS of the cheaper half of the
-    layers); the first layer's time is its pass time minus that overhead.
+    A layer's time is the difference of two prefixes of the model (layers 0..k and
+    0..k+1), each run the way a stage runs (one call of the slice, one synchronize)
+    in one call into the worker after it waited (an actor call; for the driver,
+    after a Ray round trip), the devices taking turns so each finds its caches as
+    the others left them. Timing layer by layer instead adds a call, a synchronize
+    and a timer read per layer (about 10 us: most of a small layer's time). The
+    medians of the prefixes are made non-decreasing before taking differences, so a
+    sum over a run of layers is the difference of two medians.
+
+    The stage overhead is how much slower a cheap layer runs alone, as the first
+    work of a call, than inside a prefix (median over up to MAX_FIRST_LAYERS of the
+    cheaper half of the layers, the earliest first); the first layer's time is its
+    prefix minus that overhead.
     """
     import ray
 
@@ -383,39 +391,42 @@ def _time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats
     for _ in range(warmup):
         for name in names:
             call(name, "time_pass")
-    passes: dict[str, list[list[float]]] = {name: [] for name in names}
-    for _ in range(max(1, min(repeats, 3))):
-        for name in names:
-            passes[name].append(call(name, "time_pass"))
-    cheap: dict[str, list[int]] = {}
-    for name in names:
-        typical = [statistics.median(p[i] for p in passes[name]) for i in range(n)]
-        cheap[name] = sorted(range(1, n), key=lambda i: typical[i])[:min(MAX_FIRST_LAYERS, max(1, (n - 1) // 2))]
-    firsts: dict[str, dict[int, list[float]]] = {name: {i: [] for i in cheap[name]} for name in names}
-    rounds = max(repeats - len(passes[names[0]]), 1) if names else 0
-    for r in range(rounds):
-        for name in names:
-            if len(passes[name]) < repeats:
-                passes[name].append(call(name, "time_pass"))
-        for name in names:
-            for i in cheap[name]:
-                firsts[name][i].append(call(name, "time_first", i))
+    prefix: dict[str, list[list[float]]] = {name: [[] for _ in range(n + 1)] for name in names}
+    for _ in range(repeats):
+        for k in range(1, n + 1):
+            for name in names:
+                prefix[name][k].append(call(name, "time_prefix", k))
     out = {}
     for name in names:
-        cols = [[p[i] for p in passes[name]] for i in range(n)]
-        med = [statistics.median(c) for c in cols]
-        quart = [statistics.quantiles(c, n=4, method="inclusive") if len(c) > 1 else [c[0]] * 3 for c in cols]
+        med = [0.0] + [statistics.median(prefix[name][k]) for k in range(1, n + 1)]
+        mono = list(np.maximum.accumulate(med))
+        inner = [mono[k + 1] - mono[k] for k in range(n)]
+        per_round = [[prefix[name][k + 1][r] - (prefix[name][k][r] if k else 0.0) for r in range(repeats)]
+                     for k in range(n)]
+        order = sorted(range(1, n), key=lambda k: inner[k])[:max(1, (n - 1) // 2)] if n > 1 else []
+        cheap = sorted(order)[:MAX_FIRST_LAYERS]
+        firsts: dict[int, list[float]] = {k: [] for k in cheap}
+        out[name] = (inner, per_round, cheap, firsts)
+    for _ in range(repeats):
+        for name in names:
+            for k in out[name][2]:
+                out[name][3][k].append(call(name, "time_first", k))
+    result = {}
+    for name in names:
+        inner, per_round, cheap, firsts = out[name]
         overhead = 0.0
-        if cheap[name]:
-            overhead = max(0.0, statistics.median(statistics.median(firsts[name][i]) - med[i] for i in cheap[name]))
-        shift = med[0] - max(med[0] - overhead, MIN_LAYER_TIME)
-        med[0] -= shift
-        q1 = [q[0] for q in quart]
-        q3 = [q[2] for q in quart]
-        q1[0] = max(q1[0] - shift, MIN_LAYER_TIME)
-        q3[0] = max(q3[0] - shift, MIN_LAYER_TIME)
-        out[name] = (med, q1, q3, len(passes[name]), overhead)
-    return out
+        if cheap:
+            overhead = max(0.0, statistics.median(statistics.median(firsts[k]) - inner[k] for k in cheap))
+        med = [max(t, MIN_LAYER_TIME) for t in inner]
+        med[0] = max(inner[0] - overhead, MIN_LAYER_TIME)
+        quart = [statistics.quantiles(c, n=4, method="inclusive") if len(c) > 1 else [c[0]] * 3 for c in per_round]
+        shift = inner[0] - med[0]
+        q1 = [max(min(q[0], m), MIN_LAYER_TIME) for q, m in zip(quart, med)]
+        q3 = [max(q[2], m) for q, m in zip(quart, med)]
+        q1[0] = max(min(quart[0][0] - shift, med[0]), MIN_LAYER_TIME)
+        q3[0] = max(quart[0][2] - shift, med[0])
+        result[name] = (med, q1, q3, repeats, overhead)
+    return result
 
 
 def _walk(workers: Sequence[str]) -> list[str]:
@@ -437,19 +448,21 @@ HopSamples = dict[tuple[str, str, int], list[float]]
 
 def _time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes: Sequence[int],
                 repeats: int, warmup: int, engine: str, progress: bool,
-                notes: list[str]) -> tuple[HopSamples, dict[tuple[str, int], list[float]]]:
+                notes: list[str]) -> tuple[HopSamples, HopSamples, dict[tuple[str, int], list[float]]]:
+    """Hops for the link fits (probes between computing workers), and, timed
+    alternately, bare hops (nothing computed) beside bare actor calls."""
     import ray
 
-    routes: list[list[str]] = []
     walk = _walk(workers)
     if engine == "tasks":
         routes = [[w] for w in workers] + ([walk] if walk else [])
-    else:
+    else:   # one compiled graph: its actors take no other calls while it exists
         routes = [walk or workers[:1]] if workers else []
         if len(workers) > 2:
             notes.append("compiled engine: one graph crosses every worker pair; the driver's links to "
                          "workers other than the first and last of it are the mean of the measured ones")
     hops: HopSamples = {}
+    idle: HopSamples = {}
     bare: dict[tuple[str, int], list[float]] = {}
     bar = _bar(progress, len(sizes) * len(routes), "profiling links")
 
@@ -458,36 +471,36 @@ def _time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes
         ray.get(ws.actors[dev].echo.remote(x), timeout=ws.timeout)
         return time.perf_counter() - t0
 
-    if engine == "compiled":   # a compiled graph's actors take no other calls while it exists
-        for size in sizes:
-            x = np.zeros(size // 4, np.float32)
-            for dev in workers:
-                for _ in range(warmup):
-                    bare_call(dev, x)
-                bare[(dev, size)] = [bare_call(dev, x) for _ in range(repeats)]
-    for route in routes:
-        chain = [(d, PROBE) for d in route]
-        labels = [f"link probe on device {d!r}" for d in route]
+    def probe(route: list[str], stage: int, x: np.ndarray, into: HopSamples) -> None:
+        chain = [(d, stage) for d in route]
+        res = ray_engine.run_chain(ws, chain, [f"link probe on device {d!r}" for d in route], [x], window=1,
+                                   engine=engine)
+        tr = res.traces[0]
         full = [driver] + route + [driver]
+        off = [0.0] + [ws.info[d].clock_offset for d in route] + [0.0]
+        starts = [tr[1 + 2 * i] - off[i + 1] for i in range(len(route))] + [tr[-1]]
+        ends = [tr[0]] + [tr[2 + 2 * i] - off[i + 1] for i in range(len(route))]
+        for h in range(len(full) - 1):
+            into.setdefault((full[h], full[h + 1], x.nbytes), []).append(starts[h] - ends[h])
+
+    for route in routes:
+        compare = engine == "tasks" and route is routes[-1] and len(route) > 1
         for size in sizes:
             x = np.zeros(size // 4, np.float32)
             for _ in range(warmup):
-                ray_engine.run_chain(ws, chain, labels, [x], window=1, engine=engine)
+                probe(route, PROBE, x, {})
+                if compare:
+                    probe(route, PROBE_IDLE, x, {})
+                    bare_call(route[-1], x)
             for _ in range(repeats):
-                res = ray_engine.run_chain(ws, chain, labels, [x], window=1, engine=engine)
-                tr = res.traces[0]
-                off = [0.0] + [ws.info[d].clock_offset for d in route] + [0.0]
-                starts = [tr[0]] + [tr[1 + 2 * i] - off[i + 1] for i in range(len(route))]
-                ends = [tr[0]] + [tr[2 + 2 * i] - off[i + 1] for i in range(len(route))] + [tr[-1]]
-                for h in range(len(full) - 1):
-                    t = (starts[h + 1] if h + 1 < len(starts) else tr[-1]) - ends[h]
-                    hops.setdefault((full[h], full[h + 1], size), []).append(t)
-                if engine == "tasks":
-                    dev = route[-1]
-                    bare.setdefault((dev, size), []).append(bare_call(dev, x))
+                probe(route, PROBE, x, hops)
+                if compare:   # alternately: a bare hop into each worker, and a bare call to the last
+                    probe(route, PROBE_IDLE, x, idle)
+                    for dev in set(route):
+                        bare.setdefault((dev, size), []).append(bare_call(dev, x))
             bar.update(1)
     bar.close()
-    return hops, bare
+    return hops, idle, bare
 
 
 def _fit_links(hops: HopSamples) -> list[LinkFit]:

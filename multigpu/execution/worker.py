@@ -21,13 +21,15 @@ import numpy as np
 
 from ..protocol import Device
 
-__all__ = ["PROBE", "StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
+__all__ = ["PROBE", "PROBE_IDLE", "StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
 
 # Stage id of a link probe: the message passes through unchanged while the worker
 # computes some layers of the profiled model, so a hop is timed between two workers
 # that really compute (their caches as cold as in a run).
 PROBE = -1
-MIN_TIME = 1e-7   # seconds: the floor of a timed layer once the instrumentation is taken off
+# Stage id of a bare link probe: nothing computed (the engine's own cost, compared
+# with a bare actor call).
+PROBE_IDLE = -2
 
 # Read by OpenMP, MKL, OpenBLAS and oneDNN when the framework loads; torch, paddle
 # and mxnet size their CPU thread pools from them.
@@ -123,8 +125,9 @@ class StageWorker:
         be, dev = self.be, self.device
         t = be.from_numpy(x, dev)
         t0 = time.time()
-        if stage == PROBE:   # a link probe: the payload passes unchanged, but the worker works
-            self._busy()
+        if stage in (PROBE, PROBE_IDLE):   # a link probe: the payload passes unchanged
+            if stage == PROBE:               # ... while the worker computes, as a stage would
+                self._busy()
             y = t
         else:
             start, stop = self.stages[stage]
@@ -157,13 +160,8 @@ class StageWorker:
         model.forward(self.be, self._prof_params, self._prof_inputs[0], 0, getattr(self, "_probe_layers", 0))
 
     def time_pass(self) -> list[float]:
-        """Seconds of each layer in one forward pass, run as a stage runs it (right
-        after this worker was called), the device synchronized after each layer.
-
-        Timing layer by layer adds a call, a synchronize and a timer read per layer
-        that a stage's single loop does not pay; that instrumentation is timed on an
-        empty slice after the pass and taken off (it is ~10 us a layer: most of a
-        small layer's time)."""
+        """Seconds of each layer in one forward pass, the device synchronized after each
+        (a warm-up; the profile's layer times come from ``time_prefix``)."""
         be, dev, model = self.be, self.device, self._prof_model
         x = self._prof_inputs[0]
         out = []
@@ -172,20 +170,17 @@ class StageWorker:
             x = model.forward(be, self._prof_params, x, i, i + 1)
             be.synchronize(dev)
             out.append(time.perf_counter() - t0)
-        empty = self._instrumentation()
-        return [max(t - empty, MIN_TIME) for t in out]
+        return out
 
-    def _instrumentation(self, repeats: int = 7) -> float:
-        """Median seconds of the timed region around an empty slice."""
+    def time_prefix(self, stop: int) -> float:
+        """Seconds of layers ``0..stop-1`` run as one stage runs them: one call of the
+        model's slice, one synchronize (differences of prefixes give each layer's time
+        without per-layer instrumentation)."""
         be, dev, model = self.be, self.device, self._prof_model
-        x = self._prof_inputs[0]
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model.forward(be, self._prof_params, x, 0, 0)
-            be.synchronize(dev)
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
+        t0 = time.perf_counter()
+        model.forward(be, self._prof_params, self._prof_inputs[0], 0, stop)
+        be.synchronize(dev)
+        return time.perf_counter() - t0
 
     def time_first(self, layer: int) -> float:
         """Seconds of layer ``layer`` alone as the first work of a call: what a stage
@@ -194,5 +189,4 @@ class StageWorker:
         t0 = time.perf_counter()
         model.forward(be, self._prof_params, self._prof_inputs[layer], layer, layer + 1)
         be.synchronize(dev)
-        t = time.perf_counter() - t0
-        return max(t - self._instrumentation(), MIN_TIME)
+        return time.perf_counter() - t0

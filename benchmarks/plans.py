@@ -117,7 +117,7 @@ def run(opts: Options) -> Result:
     spec = Cluster(devices=tuple(DeviceSpec(d["name"], 1.0, 0.0, backend=d["backend"], threads=d.get("threads"))
                                  for d in [driver, *workers]), source=driver["name"])
     names = [w["name"] for w in workers]
-    cycles = opts.repeats(3, 2)
+    cycles = opts.repeats(3, 1)
     items = {"lenet": opts.repeats(60, 25), "alexnet": opts.repeats(6, 3)}
     stream_items = {"lenet": opts.repeats(200, 80), "alexnet": opts.repeats(24, 12)}
     rng = np.random.default_rng(0)

@@ -315,3 +315,78 @@ def test_a_killed_worker_raises_naming_its_stage_and_leaves_nothing_behind(tmp_p
     assert len(out["pids"]) >= 3                  # raylet, gcs_server and the workers at least
     left = wait_gone(set(out["pids"]))
     assert not left, f"processes of the killed run still alive: {sorted(left)}"
+
+
+JOIN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import multigpu
+    from multigpu.errors import PlanError
+    from multigpu.partition import Cluster, DeviceSpec, LinkSpec
+
+    address = sys.argv[1]
+    cl = Cluster(devices=(DeviceSpec("driver", 1e9, 0, backend="numpy"),
+                          DeviceSpec("pi", 1e9, 0, backend="numpy", resources={"pi1": 1}),
+                          DeviceSpec("desk", 1e9, 0, backend="numpy", resources={"desk": 1})),
+                 source="driver", default_link=LinkSpec(1e8, 1e-3))
+    x = np.random.default_rng(0).random((3, 1, 28, 28), dtype=np.float32)
+    r = multigpu.run_partitioned("lenet", None, ["pi"] * 5 + ["desk"] * 5, x, cl, address=address)
+    import ray
+    out = {"workers": r.workers, "still_connected": ray.is_initialized(), "outputs": r.outputs.tolist()}
+    bad = Cluster(devices=cl.devices[:1] + (DeviceSpec("gpu", 1e9, 0, backend="numpy", resources={"GPU": 1}),),
+                  source="driver")
+    try:
+        multigpu.run_partitioned("lenet", None, ["gpu"] * 10, x, bad, address=address)
+    except PlanError as e:
+        out["missing"] = str(e)
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_joining_a_started_cluster_pins_workers_by_resources_and_leaves_it_running(tmp_path):
+    """`ray start --head` with custom resources (as on each host of a real cluster),
+    then a run with --address: each device's worker lands where its resources are,
+    the driver disconnects afterwards, and the cluster keeps running."""
+    import socket
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="mgray", dir="/tmp")   # short: Ray's socket paths have a length limit
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    start = subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2",
+                            "--resources={\"pi1\": 1, \"desk\": 1}", f"--temp-dir={temp}",
+                            "--include-dashboard=false", "--disable-usage-stats"],
+                           capture_output=True, text=True, timeout=120, env=env)
+    def started() -> set[int]:
+        roots = set()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if temp in Path(f"/proc/{entry}/cmdline").read_text(errors="replace"):
+                        roots.add(int(entry))
+                except OSError:
+                    pass
+        return roots | {c for r in roots for c in descendants(r)}
+    try:
+        assert start.returncode == 0, start.stderr[-2000:]
+        proc = subprocess.run([sys.executable, "-c", JOIN_SCRIPT, f"127.0.0.1:{port}"], capture_output=True,
+                              text=True, timeout=170, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert {w["device"] for w in out["workers"]} == {"pi", "desk"} and not out["still_connected"]
+        x = np.random.default_rng(0).random((3, 1, 28, 28), dtype=np.float32)
+        np.testing.assert_allclose(np.array(out["outputs"]), reference(x, LENET.init_params(0)), atol=1e-5)
+        assert "asks for Ray resource GPU=1" in out["missing"]
+        assert started(), "the cluster the run joined must still be running"
+    finally:
+        pids = started()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not wait_gone(pids)

@@ -86,6 +86,12 @@ class RaySession:
                 ray.init(address=self.address, **kwargs)
             except (ConnectionError, ValueError, RuntimeError) as e:
                 where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray instance"
+                chain, cause = str(e), e.__cause__
+                while cause is not None:
+                    chain, cause = chain + " " + str(cause), cause.__cause__
+                if "AuthToken" in chain or "Authentication" in chain:
+                    raise PlanError(f"cannot join {where}: it asks for an authentication token; copy the head's "
+                                    f"~/.ray/auth_token to this machine and set RAY_AUTH_MODE=token") from None
                 raise PlanError(f"cannot start or join {where}: {e}; check the address "
                                 f"(`ray start --head` prints it) or leave --address out") from None
             self.started = True

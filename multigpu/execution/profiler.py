@@ -35,7 +35,7 @@ from ..partition.graph import graph_from_model
 from .runner import ENGINES, resolve_model
 from .worker import PROBE, PROBE_IDLE
 
-__all__ = ["LayerProfile", "LinkFit", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
+__all__ = ["LayerProfile", "LinkFit", "PassProfile", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
 
 PROBE_WORK = 3e-4      # seconds of real layers a link probe computes on each worker (see worker.PROBE)
 MIN_INV_BANDWIDTH = 1e-15   # a fit with no measurable per-byte cost: 1 PB/s, never a 0 or inf
@@ -48,6 +48,19 @@ class LayerProfile:
     device: str
     graph: str
     layer: str
+    median: float
+    q1: float
+    q3: float
+    n: int
+
+
+@dataclass(frozen=True)
+class PassProfile:
+    """A whole forward pass of one graph on one device (all its layers as one stage):
+    median and quartiles of ``n`` timed passes (s)."""
+
+    device: str
+    graph: str
     median: float
     q1: float
     q3: float
@@ -96,6 +109,7 @@ class ProfileResult:
 
     cluster: Cluster
     layers: list[LayerProfile]
+    passes: list[PassProfile]
     links: list[LinkFit]
     hop_vs_bare: list[HopVsBare]
     engine: str
@@ -120,7 +134,7 @@ class ProfileResult:
         """JSON-ready: the cluster, per-layer spreads, link fits, hop against bare call."""
         return {"engine": self.engine, "batch": self.batch, "graphs": self.graphs, "seconds": self.seconds,
                 "cluster": self.cluster.to_dict(),
-                "layers": [vars(x) for x in self.layers],
+                "layers": [vars(x) for x in self.layers], "passes": [vars(x) for x in self.passes],
                 "links": [{"between": list(f.between), "latency": f.latency, "bandwidth": f.bandwidth,
                            "worst_error": f.worst_error,
                            "samples": [{"bytes": b, "median": t, "n": n} for b, t, n in f.samples]}
@@ -143,10 +157,10 @@ class ProfileResult:
                 xs = [x for x in rows if x.graph == g]
                 total = math.fsum(x.median for x in xs)
                 slowest = max(xs, key=lambda x: x.median)
-                spread = max((x.q3 - x.q1) / x.median for x in xs)
-                out.append(f"  {d.name:<16} {d.backend:<7} {g:<18} sum of layers {fmt_time(total):>10} + stage "
-                           f"overhead {fmt_time(d.stage_overhead)}; slowest {slowest.layer} "
-                           f"{fmt_time(slowest.median)}; widest spread (IQR/median) {spread:.0%}")
+                full = next(p for p in self.passes if p.device == d.name and p.graph == g)
+                out.append(f"  {d.name:<10} {d.backend:<7} {g:<17} layers {fmt_time(total):>9} + stage overhead "
+                           f"{fmt_time(d.stage_overhead):>8}; slowest {slowest.layer} {fmt_time(slowest.median)}; "
+                           f"a whole pass {fmt_time(full.median)} (IQR {(full.q3 - full.q1) / full.median:.0%})")
         for f in self.links:
             out.append(f"  link {f.between[0]} <-> {f.between[1]}: latency {fmt_time(f.latency)}, bandwidth "
                        f"{fmt_bytes(f.bandwidth)}/s (fit within {f.worst_error:.0%} of its medians)")
@@ -294,6 +308,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
 
     graphs = [graph_from_model(m, batch) for m in model_list]
     layer_rows: list[LayerProfile] = []
+    passes: list[PassProfile] = []
     overheads: dict[str, list[float]] = {}
     notes: list[str] = []
     computing = [driver_spec] if driver_spec.backend is not None else []
@@ -313,8 +328,9 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         first_medians: dict[str, list[float]] = {}
         for m, g in zip(model_list, graphs):
             timed = _time_devices(ws, names_computing, m, batch, repeats, warmup, seed)
-            for name, (medians, q1, q3, n_samples, oh) in timed.items():
+            for name, (medians, q1, q3, n_samples, oh, full) in timed.items():
                 overheads.setdefault(name, []).append(oh)
+                passes.append(PassProfile(name, g.name, full[1], full[0], full[2], n_samples))
                 first_medians.setdefault(name, medians)
                 for (label, _), med, a, b in zip(m.layers, medians, q1, q3):
                     layer_rows.append(LayerProfile(name, g.name, label, med, a, b, n_samples))
@@ -334,7 +350,8 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     pairs_vs_bare = _hop_vs_bare(idle, bare, driver_spec.name)
     stage_overhead = {name: statistics.median(v) for name, v in overheads.items()}
     result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, fits, stage_overhead)
-    return ProfileResult(cluster=result_cluster, layers=layer_rows, links=fits, hop_vs_bare=pairs_vs_bare,
+    return ProfileResult(cluster=result_cluster, layers=layer_rows, passes=passes, links=fits,
+                         hop_vs_bare=pairs_vs_bare,
                          engine=engine, batch=batch, graphs=[g.name for g in graphs],
                          seconds=time.perf_counter() - t_begin, notes=notes)
 
@@ -355,8 +372,9 @@ def _probe_layers(medians: Sequence[float], budget: float) -> int:
 
 
 def _time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats: int, warmup: int, seed: int
-                  ) -> dict[str, tuple[list[float], list[float], list[float], int, float]]:
-    """Per device: per-layer median and quartiles, sample count and stage overhead.
+                  ) -> dict[str, tuple[list[float], list[float], list[float], int, float, tuple[float, ...]]]:
+    """Per device: per-layer median and quartiles, sample count, stage overhead and the
+    quartiles of a whole pass.
 
     A layer's time is the difference of two prefixes of the model (layers 0..k and
     0..k+1), each run the way a stage runs (one call of the slice, one synchronize)
@@ -425,7 +443,8 @@ def _time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats
         q3 = [max(q[2], m) for q, m in zip(quart, med)]
         q1[0] = max(min(quart[0][0] - shift, med[0]), MIN_LAYER_TIME)
         q3[0] = max(quart[0][2] - shift, med[0])
-        result[name] = (med, q1, q3, repeats, overhead)
+        full = statistics.quantiles(prefix[name][n], n=4, method="inclusive") if repeats > 1 else [mono[n]] * 3
+        result[name] = (med, q1, q3, repeats, overhead, (full[0], statistics.median(prefix[name][n]), full[2]))
     return result
 
 

@@ -162,10 +162,14 @@ class RunResult:
             lines.append(f"  worker {w['device']}: {w['backend']}{threads}, {where}")
         lines.append(f"  workers started in {self.startup_seconds:.2f} s; parameters shipped: "
                      f"{fmt_bytes(self.param_bytes)} in {fmt_time(self.param_seconds)} (not counted below)")
+        sw = max(len(_span(s)) for s in self.stages)
+        dw = max(len(s.device) for s in self.stages)
         for i, s in enumerate(self.stages):
-            lines.append(f"  stage {i + 1} {_span(s):<18} on {s.device:<14} compute {fmt_time(self.stage_time(i))}")
+            lines.append(f"  stage {i + 1} {_span(s):<{sw}} on {s.device:<{dw}}  compute {fmt_time(self.stage_time(i))}")
+        width = max(len(f"{a} -> {b}") for a, b in self.hop_routes)
         for h, (a, b) in enumerate(self.hop_routes):
-            lines.append(f"  hop {a} -> {b}  {fmt_bytes(self.hop_bytes[h]):>9}  {fmt_time(self.hop_time(h))}")
+            lines.append(f"  hop {f'{a} -> {b}':<{width}}  {fmt_bytes(self.hop_bytes[h]):>9}  "
+                         f"{fmt_time(self.hop_time(h))}")
         lines.append(f"  end to end (median per item): {fmt_time(self.latency)}")
         if self.items_per_second is not None:
             lines.append(f"  streaming: {self.items_per_second:.1f} items/s"

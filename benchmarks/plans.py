@@ -270,20 +270,21 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
     tables.append(detail)
 
     def plot(fig: Any) -> None:
-        ax = fig.add_subplot(1, 1, 1)
-        lat = [d for d in data_plans if not d["stream"]]
+        ax = fig.add_axes([0.07, 0.1, 0.55, 0.8])
         colors = {"lenet": "tab:blue", "alexnet": "tab:red"}
-        for d in lat:
-            ax.scatter(1e3 * d["predicted"], 1e3 * d["measured"], color=colors.get(d["model"], "k"), s=40, zorder=3)
-            ax.annotate(f"{d['model']}: {d['label']}", (1e3 * d["predicted"], 1e3 * d["measured"]), fontsize=7,
-                        xytext=(4, 2), textcoords="offset points")
-        for d in (d for d in data_plans if d["stream"]):
-            p_ms, m_ms = 1e3 / d["predicted"], 1e3 / d["measured"]
-            ax.scatter(p_ms, m_ms, marker="s", color=colors.get(d["model"], "k"), s=50, zorder=3)
-            ax.annotate(f"{d['model']}: {d['label']} (ms per item)", (p_ms, m_ms), fontsize=7, xytext=(4, -8),
-                        textcoords="offset points")
-        vals = [1e3 * d["predicted"] for d in lat] + [1e3 * d["measured"] for d in lat]
-        vals += [1e3 / d["predicted"] for d in data_plans if d["stream"]]
+        keys = []
+        vals = []
+        for k, d in enumerate(data_plans, start=1):
+            if d["stream"]:
+                x, y, marker = 1e3 / d["predicted"], 1e3 / d["measured"], "s"
+                what = "ms per item, streamed"
+            else:
+                x, y, marker = 1e3 * d["predicted"], 1e3 * d["measured"], "o"
+                what = "end to end"
+            vals += [x, y]
+            ax.scatter(x, y, marker=marker, color=colors.get(d["model"], "k"), s=45, zorder=3)
+            ax.annotate(str(k), (x, y), fontsize=8, xytext=(5, -3), textcoords="offset points")
+            keys.append(f"{k:>2}  {d['model']}: {d['label']} ({what}): {100 * d['error']:+.1f}%")
         lo, hi = min(vals) / 1.5, max(vals) * 1.5
         xs = np.geomspace(lo, hi, 50)
         ax.plot(xs, xs, "k-", lw=1, label="measured = predicted")
@@ -294,9 +295,10 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
         ax.set_ylim(lo, hi)
         ax.set_xlabel("predicted by the cost model on the profile (ms)")
         ax.set_ylabel("measured (ms, median)")
-        ax.set_title(f"Plans on Ray workers: end to end (dots), streamed per item (squares); "
-                     f"median |error| {100 * mape:.1f}%")
+        ax.set_title(f"Plans on Ray workers (dots: end to end; squares: streamed, per item)\n"
+                     f"median |error| end to end {100 * mape:.1f}%")
         ax.legend(loc="upper left", fontsize=8)
+        fig.text(0.64, 0.9, "\n".join(keys), fontsize=7.5, va="top", family="monospace")
 
     return Result(name="plans", title=TITLE, tables=tables, notes=notes, plot=plot,
                   settings={"quick": quick, "cycles": len(profiles), "engine": "tasks",

@@ -196,11 +196,11 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
         if p.get("stream"):
             stream_errors.append(err)
             rows.append([p["model"], p["label"], _stages_text(p["plan"]), "items/s", f"{predicted:.1f}",
-                         f"{measured:.1f}", _pct(err)])
+                         f"{measured:.1f}", _pct(err), " ".join(_pct(e) for e in errs)])
         else:
             latency_errors.append(err)
             rows.append([p["model"], p["label"], _stages_text(p["plan"]), "end to end, ms", _ms(predicted),
-                         _ms(measured), _pct(err)])
+                         _ms(measured), _pct(err), " ".join(_pct(e) for e in errs)])
         parts = []
         for row_i, first in enumerate(rs[0].compare_rows()):
             cells = [r.compare_rows()[row_i] for r in rs]
@@ -214,9 +214,9 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
                            "stream": bool(p.get("stream")), "predicted": predicted, "measured": measured,
                            "error": err, "cycle_errors": errs, "rounds": [r.to_dict() for r in rs], "parts": parts})
     mape = statistics.median(abs(e) for e in latency_errors)
-    table = Table(f"Predicted against measured, per plan (median over {len(profiles)} cycles of profile, "
-                  f"then runs)",
-                  ["model", "plan", "stages", "figure", "predicted", "measured", "error"], rows,
+    table = Table(f"Predicted against measured, per plan: {len(profiles)} cycles of a profile, then every plan "
+                  f"priced on it and run; medians over cycles (error: the median of the cycles' errors)",
+                  ["model", "plan", "stages", "figure", "predicted", "measured", "error", "error by cycle"], rows,
                   note=f"Median |error| of end-to-end time over {len(latency_errors)} plans: {100 * mape:.1f}% "
                        f"(target <= {100 * TARGET_LATENCY:.0f}%). Streaming: "
                        + ", ".join(f"{100 * abs(e):.1f}%" for e in stream_errors)

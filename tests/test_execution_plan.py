@@ -379,3 +379,18 @@ def test_real_images_come_with_labels_and_class_names():
     assert im.classes[int(im.labels[0])] == "Ankle boot"      # the first test image
     with pytest.raises(InputError, match="rows 0-9999"):
         load_images("fashion-mnist:test:9990-10010", LENET)
+
+
+def test_the_readme_multi_host_cluster_file_loads(tmp_path):
+    """The README's multi-host example is a valid cluster whose devices can all run."""
+    from pathlib import Path as P
+
+    text = (P(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("### Multi-host", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    f = tmp_path / "lab-ray.json"
+    f.write_text(block)
+    cl = load_cluster(f)
+    assert all(d.backend and d.resources for d in cl.devices)
+    assert cl.devices[cl.index("desk-gpu")].device == "gpu:0"
+    x = check_plan(multigpu.models.alexnet(), cl, ["pi1"] * 6 + ["desk-gpu"] * 13)
+    assert x.workers == ["desk-gpu"] and x.driver == "pi1"

@@ -12,7 +12,6 @@ two ends can be subtracted (the engine corrects for another host's clock offset)
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 from typing import Any, Optional, Sequence

@@ -257,6 +257,18 @@ def test_a_hung_worker_times_out_naming_its_stage_and_device(local_ray):
     assert stopped and not wait_gone(set(stopped))
 
 
+def test_a_worker_killed_inside_a_compiled_graph_raises_without_hanging(local_ray):
+    cl = cluster(DeviceSpec("a", 1e9, 0.0, backend="numpy"), DeviceSpec("b", 1e9, 0.0, backend="numpy"))
+    killed: list[int] = []
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDiedError, match="stage 2 \\(pool2..fc4\\) on device 'b'|a worker of the compiled "
+                                              "graph.*device 'b'"):
+        run_partitioned(LENET, PARAMS, ["a"] * 5 + ["b"] * 5, inputs(20000), cl, engine="compiled", stream=True,
+                        timeout=20.0, on_workers=_stop_later(local_ray, "b", signal.SIGKILL, 1.0, killed))
+    assert killed and time.monotonic() - t0 < 90
+    assert not wait_gone(set(killed))
+
+
 def test_a_missing_ray_resource_is_named_before_anything_starts(local_ray):
     cl = cluster(DeviceSpec("pi", 1e9, 0.0, backend="numpy", resources={"pi1": 1}))
     with pytest.raises(PlanError, match="device 'pi' asks for Ray resource pi1=1.*--resources='\\{\"pi1\": 1\\}'"):

@@ -167,6 +167,7 @@ class Workers:
         self.local: Optional[StageWorker] = None
         self.info: dict[str, WorkerInfo] = {}
         self.compiled: Any = None
+        self.compiled_chain: list[Link] = []
         self._actor_ids: dict[str, str] = {}
 
     # -- life cycle ------------------------------------------------------------
@@ -417,7 +418,11 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
                         "plan (a compiled graph cannot call back into the driver); use engine='tasks'")
     head = [chain[i] for i in range(0, remote[0] if remote else len(chain))]
     tail = [chain[i] for i in range(remote[-1] + 1, len(chain))] if remote else []
+    if workers.compiled is not None and workers.compiled_chain != list(chain):
+        raise PlanError("this set of workers already runs a compiled graph for another chain; a compiled "
+                        "graph is compiled once per set of workers (run_partitioned starts fresh ones)")
     if workers.compiled is None and remote:
+        workers.compiled_chain = list(chain)
         with InputNode() as node:
             dag = node
             for i in remote:
@@ -443,7 +448,10 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
                 f"item {idx} did not come out of the compiled graph ({', '.join(labels[i] for i in remote)}) "
                 f"within {workers.timeout:g} s; the run was stopped and its workers shut down") from None
         except ray_exceptions.RayActorError as e:
-            dev = workers.device_of(e) or _dead_device(workers)
+            dev = workers.device_of(e)
+            if dev is None:   # Ray's error names no actor: say which stages could be the one
+                who = "a worker of the compiled graph (" + "; ".join(labels[i] for i in remote) + ")"
+                raise workers.died(e, lambda: who) from None
             pos = next((i for i in remote if chain[i][0] == dev), remote[0])
             raise workers.died(e, lambda: labels[pos]) from None
         except ray_exceptions.RayTaskError as e:
@@ -455,11 +463,9 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
 
     for idx, x in enumerate(inputs):
         msg = local(head, (x, (time.time(),)))
-        if not remote:
-            pending.append((idx, None))
-            out.outputs[idx], out.traces[idx] = msg[0], msg[1] + (time.time(),)
-            out.done[idx] = out.traces[idx][-1]
-            pending.popleft()
+        if not remote:   # every stage on the driver: nothing to compile
+            arrival = time.time()
+            out.outputs[idx], out.traces[idx], out.done[idx] = msg[0], msg[1] + (arrival,), arrival
             continue
         pending.append((idx, cdag.execute(msg)))
         if len(pending) >= window:
@@ -467,13 +473,3 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
     while pending:
         collect()
     return out
-
-
-def _dead_device(workers: Workers) -> Optional[str]:
-    """The first device whose actor no longer answers (used when Ray's error names no actor)."""
-    for name, handle in workers.actors.items():
-        try:
-            ray.get(handle.clock.remote(), timeout=PING_TIMEOUT)
-        except Exception:  # noqa: BLE001 - any failure means it is gone
-            return name
-    return None

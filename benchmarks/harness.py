@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, str] = {
     "dist_allreduce": "dist_allreduce",
     "dist_step": "dist_step",
     "contract": "contract_overhead",
+    "plans": "plans",
 }
 
 FRAMEWORK_PACKAGES = ("numpy", "scipy", "torch", "mxnet", "paddlepaddle", "ray", "matplotlib")

@@ -36,3 +36,7 @@ __all__ += ["TrainResult", "train"]
 from .partition import autopartition, evaluate, load_cluster, load_graph  # noqa: E402
 
 __all__ += ["autopartition", "evaluate", "load_cluster", "load_graph"]
+
+from .execution import profile, run_partitioned  # noqa: E402  (no Ray until a plan runs)
+
+__all__ += ["profile", "run_partitioned"]

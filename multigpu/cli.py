@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 from .errors import InfeasibleError, MultigpuError
 
-COMMANDS = ("check", "train", "partition", "bench", "launch")
+COMMANDS = ("check", "train", "partition", "profile", "run", "launch", "bench")
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -103,3 +103,18 @@ class AdapterError(MultigpuError, RuntimeError):
 class SolverError(MultigpuError, RuntimeError):
     """A solver (HiGHS) stopped without an answer, e.g. at its time limit
     (a failure at run time, exit 1)."""
+
+
+class PlanError(MultigpuError, ValueError):
+    """A plan that cannot run: wrong length for the model, a device the cluster
+    lacks, a device with no backend, or a malformed plan file. Bad input (exit 2)."""
+
+
+class WorkerDiedError(MultigpuError, RuntimeError):
+    """A stage's worker process died while running a plan; the message names the
+    stage and its device. A run-time failure (exit 1)."""
+
+
+class WorkerTimeoutError(MultigpuError, TimeoutError):
+    """A stage's worker did not answer within the run's timeout; the message names
+    the stage and its device. A run-time failure (exit 1)."""

@@ -60,6 +60,14 @@ def backend(name: str) -> CheckedBackend:
     (listing the available ones) for an unknown name and BackendNotInstalledError
     (naming the pip extra) when its framework is missing.
     """
+    return checked(require_installed(name).load())
+
+
+def require_installed(name: str) -> ModuleType:
+    """Return the adapter module of ``name`` without importing its framework.
+
+    Raises UnknownBackendError or BackendNotInstalledError exactly as ``backend`` does.
+    """
     if not isinstance(name, str):
         raise UnknownBackendError(f"backend must be a name such as 'numpy', got {name!r}")
     module = _module(name)
@@ -70,7 +78,7 @@ def backend(name: str) -> CheckedBackend:
             f"backend {name!r} needs the {framework!r} package, which is not installed; "
             f"install it with: pip install 'multigpu[{extra}]'"
         )
-    return checked(module.load())
+    return module
 
 
 #: The order ``default_backend`` tries the frameworks in.

@@ -11,7 +11,7 @@ import pytest
 import multigpu
 from multigpu import registry
 
-FRAMEWORK_MODULES = ["torch", "mxnet", "paddle"]
+FRAMEWORK_MODULES = ["torch", "mxnet", "paddle", "ray"]
 
 
 def test_importing_multigpu_loads_no_framework(tmp_path):

@@ -4,16 +4,22 @@ A cluster is read from JSON or TOML with exactly the keys ``devices``, ``links``
 ``default_link``, ``source`` and ``sink`` (only ``devices`` and ``source`` are
 required). Shipped examples live in ``multigpu/partition/clusters/`` and can be named
 without a path (``load_cluster("lab")``).
+
+A device may also say how to run a stage on it (``backend``, ``device``,
+``threads``, ``resources``: read by ``multigpu run``) and carry measured figures
+(``layer_times`` and ``stage_overhead``: written by ``multigpu profile``, read by the
+cost model, where a measured time overrides ``flops``).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -26,7 +32,9 @@ __all__ = ["Cluster", "DeviceSpec", "Link", "LinkSpec", "LinkTables", "load_clus
 CLUSTER_KEYS_REQUIRED = ("devices", "source")
 CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink")
 DEVICE_KEYS_REQUIRED = ("name", "flops", "power")
-DEVICE_KEYS_OPTIONAL = ("memory",)
+DEVICE_KEYS_OPTIONAL = ("memory", "backend", "device", "threads", "resources", "layer_times",
+                        "stage_overhead")
+FRAMEWORK_DEVICE = re.compile(r"cpu|(?:gpu|cuda):\d+")
 LINK_KEYS_REQUIRED = ("between", "bandwidth", "latency")
 LINK_KEYS_OPTIONAL = ("power",)
 DEFAULT_LINK_KEYS_REQUIRED = ("bandwidth", "latency")
@@ -35,12 +43,33 @@ DEFAULT_LINK_KEYS_REQUIRED = ("bandwidth", "latency")
 @dataclass(frozen=True)
 class DeviceSpec:
     """One device: ``flops`` (FLOP/s), ``power`` (W while computing), optional
-    ``memory`` (bytes; ``None`` means unlimited)."""
+    ``memory`` (bytes; ``None`` means unlimited).
+
+    How ``multigpu run`` runs a stage here (all optional): ``backend`` (an adapter
+    name such as "torch"), ``device`` (the framework device, "cpu" or "gpu:0";
+    default "cpu"), ``threads`` (math threads of the worker process) and
+    ``resources`` (Ray resources that pin the worker to a node, e.g. {"pi1": 1};
+    "CPU" and "GPU" are Ray's CPU and GPU counts).
+
+    Measured figures (``multigpu profile`` writes them): ``layer_times`` maps a graph
+    name (such as "lenet(batch=1)") to each of its layers' forward time in seconds on
+    this device; for that graph they replace ``flops``. ``stage_overhead`` (seconds,
+    default 0) is what starting a stage here costs beyond its layers' times: the
+    first layer of a call runs slower than the same layer in the middle of a pass
+    (a worker woken from waiting has cold caches); the cost model adds it once per
+    stage.
+    """
 
     name: str
     flops: float
     power: float
     memory: Optional[float] = None
+    backend: Optional[str] = None
+    device: Optional[str] = None
+    threads: Optional[int] = None
+    resources: Optional[Mapping[str, float]] = field(default=None, hash=False)
+    layer_times: Optional[Mapping[str, Mapping[str, float]]] = field(default=None, hash=False)
+    stage_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         check_name(self.name, "device name")
@@ -53,6 +82,59 @@ class DeviceSpec:
             object.__setattr__(self, "memory", check_number(
                 self.memory, f"{what}: memory", strict=True,
                 unit="bytes; leave the key out for unlimited memory"))
+        if self.backend is not None:
+            check_name(self.backend, f"{what}: backend")
+        if self.device is not None:
+            if not isinstance(self.device, str) or not FRAMEWORK_DEVICE.fullmatch(self.device.strip().lower()):
+                raise ClusterError(f"{what}: device={self.device!r} is not a framework device; "
+                                   f"write \"cpu\" or \"gpu:0\" (a GPU index)")
+            object.__setattr__(self, "device", self.device.strip().lower().replace("cuda", "gpu"))
+        if self.threads is not None:
+            if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+                raise ClusterError(f"{what}: threads={self.threads!r} must be a whole number >= 1 "
+                                   f"(math threads of the worker process)")
+        if self.resources is not None:
+            object.__setattr__(self, "resources", _check_resources(self.resources, what))
+        if self.layer_times is not None:
+            object.__setattr__(self, "layer_times", _check_layer_times(self.layer_times, what))
+        object.__setattr__(self, "stage_overhead", check_number(
+            self.stage_overhead, f"{what}: stage_overhead", unit="seconds per stage; 0 if not measured"))
+
+    def measured(self, graph_name: str) -> Optional[Mapping[str, float]]:
+        """The measured per-layer times of graph ``graph_name`` on this device, or None."""
+        return None if self.layer_times is None else self.layer_times.get(graph_name)
+
+
+def _check_resources(value: Any, what: str) -> dict[str, float]:
+    if not isinstance(value, Mapping) or not value:
+        raise ClusterError(f"{what}: resources must be a non-empty object of Ray resource amounts, "
+                           f"e.g. {{\"pi1\": 1}} or {{\"GPU\": 1}}; got {value!r:.80}")
+    out = {}
+    for key, amount in value.items():
+        check_name(key, f"{what}: a resource name")
+        out[key] = check_number(amount, f"{what}: resources[{key!r}]", strict=True,
+                                unit="an amount of the Ray resource, e.g. 1")
+    return out
+
+
+def _check_layer_times(value: Any, what: str) -> dict[str, dict[str, float]]:
+    fix = "re-profile with multigpu profile, or write {\"GRAPH\": {\"LAYER\": seconds}}"
+    if not isinstance(value, Mapping) or not value:
+        raise ClusterError(f"{what}: layer_times must be a non-empty object mapping a graph name "
+                           f"such as \"lenet(batch=1)\" to per-layer seconds; {fix}")
+    out: dict[str, dict[str, float]] = {}
+    for graph, times in value.items():
+        check_name(graph, f"{what}: a layer_times graph name")
+        if not isinstance(times, Mapping) or not times:
+            raise ClusterError(f"{what}: layer_times[{graph!r}] must be a non-empty object mapping "
+                               f"layer names to seconds; {fix}")
+        row = {}
+        for layer, t in times.items():
+            check_name(layer, f"{what}: a layer name in layer_times[{graph!r}]")
+            row[layer] = check_number(t, f"{what}: layer_times[{graph!r}][{layer!r}]", strict=True,
+                                      unit="seconds; measured times are positive and finite")
+        out[graph] = row
+    return out
 
 
 def _check_link_numbers(obj: Any, what: str) -> None:
@@ -232,6 +314,11 @@ class Cluster:
         return np.array([d.power for d in self.devices], dtype=float)
 
     @cached_property
+    def stage_overhead(self) -> np.ndarray:
+        """Seconds each device adds per stage it starts, shape (k,)."""
+        return np.array([d.stage_overhead for d in self.devices], dtype=float)
+
+    @cached_property
     def memory(self) -> np.ndarray:
         """Memory (bytes) per device, +inf where none is declared, shape (k,)."""
         return np.array([np.inf if d.memory is None else d.memory for d in self.devices], dtype=float)
@@ -276,7 +363,10 @@ class Cluster:
         for i, d in enumerate(raw_devices):
             check_keys(d, f"{name}: devices[{i}]", DEVICE_KEYS_REQUIRED, DEVICE_KEYS_OPTIONAL)
             devices.append(DeviceSpec(name=d["name"], flops=d["flops"], power=d["power"],
-                                      memory=d.get("memory")))
+                                      memory=d.get("memory"), backend=d.get("backend"),
+                                      device=d.get("device"), threads=d.get("threads"),
+                                      resources=d.get("resources"), layer_times=d.get("layer_times"),
+                                      stage_overhead=d.get("stage_overhead", 0.0)))
         raw_links = data.get("links", [])
         if not isinstance(raw_links, list):
             raise ClusterError(f"{name}: \"links\" must be a list of link objects, got "
@@ -302,6 +392,15 @@ class Cluster:
             dev: dict[str, Any] = {"name": d.name, "flops": d.flops, "power": d.power}
             if d.memory is not None:
                 dev["memory"] = d.memory
+            for key in ("backend", "device", "threads"):
+                if getattr(d, key) is not None:
+                    dev[key] = getattr(d, key)
+            if d.resources is not None:
+                dev["resources"] = dict(d.resources)
+            if d.stage_overhead:
+                dev["stage_overhead"] = d.stage_overhead
+            if d.layer_times is not None:
+                dev["layer_times"] = {g: dict(t) for g, t in d.layer_times.items()}
             out["devices"].append(dev)
         for ln in self.links:
             out["links"].append({"between": list(ln.between), "bandwidth": ln.bandwidth,

@@ -2,14 +2,17 @@
 
 Definition (a_0 = source, a_{n+1} = sink, a_1..a_n the layers' devices):
 
-* compute time of layer i:  flops_i / flops(a_i)
+* compute time of layer i:  flops_i / flops(a_i), or the time measured for layer i on
+  a_i when that device's ``layer_times`` hold this graph (``multigpu profile``);
 * a transfer of b bytes from u to v costs 0 if u == v, else b / bandwidth(u,v) + latency(u,v);
   layer 1 receives ``input_bytes`` from a_0, layer i receives ``output_bytes`` of layer
   i-1, and the sink receives ``output_bytes`` of layer n;
 * with ``ship_params``, each layer with parameters first receives its ``param_bytes``
   from the source (a layer without parameters ships nothing);
-* T = sum of compute times + sum of transfer times
-* E = sum of power(a_i) * compute time_i + sum of transfer time * link power
+* a stage (a maximal run of consecutive layers on one device) costs its device's
+  ``stage_overhead`` once, charged to its first layer (0 unless measured);
+* T = sum of compute times + sum of stage overheads + sum of transfer times
+* E = sum of power(a_i) * (compute time_i + stage overhead_i) + sum of transfer time * link power
 * cost = wt * T + we * E
 
 A pair with no link and no default link cannot be used; ``evaluate`` raises
@@ -25,11 +28,11 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from .cluster import Cluster
-from .exceptions import PartitionInputError, UnusableLinkError
+from .exceptions import ClusterError, PartitionInputError, UnusableLinkError
 from .graph import Graph
 
 __all__ = ["Breakdown", "CostTables", "DeviceCost", "LayerCost", "LinkCost", "MatrixForm",
-           "check_weights", "evaluate", "resolve_assignment"]
+           "check_weights", "compute_times", "evaluate", "measured_devices", "resolve_assignment"]
 
 AssignmentLike = Sequence[Union[str, int]]
 
@@ -74,6 +77,42 @@ def resolve_assignment(graph: Graph, cluster: Cluster, assignment: AssignmentLik
     return out
 
 
+def measured_devices(graph: Graph, cluster: Cluster) -> list[str]:
+    """Names of the devices whose ``layer_times`` hold ``graph`` (checked: every layer
+    of the graph and no other); ClusterError naming the layer otherwise."""
+    out = []
+    names = set(graph.names)
+    for d in cluster.devices:
+        times = d.measured(graph.name)
+        if times is None:
+            continue
+        extra = [layer for layer in times if layer not in names]
+        if extra:
+            raise ClusterError(
+                f"device {d.name!r}: layer_times[{graph.name!r}] has a time for layer {extra[0]!r}, which "
+                f"graph {graph.name!r} lacks (its layers: {', '.join(graph.names[:12])}"
+                f"{', ...' if graph.n > 12 else ''}); re-profile the device for this graph or remove the entry")
+        missing = [layer for layer in graph.names if layer not in times]
+        if missing:
+            raise ClusterError(
+                f"device {d.name!r}: layer_times[{graph.name!r}] has no time for layer {missing[0]!r}; a "
+                f"profile covers every layer of its graph (mixing measured times with nominal FLOP/s would "
+                f"compare unlike figures); re-profile the device for this graph or remove the entry")
+        out.append(d.name)
+    return out
+
+
+def compute_times(graph: Graph, cluster: Cluster) -> np.ndarray:
+    """n x k seconds of each layer on each device: ``flops / FLOP/s``, replaced by the
+    measured time wherever a device's ``layer_times`` hold this graph."""
+    table = graph.flops[:, None] / cluster.flops[None, :]
+    for name in measured_devices(graph, cluster):
+        d = cluster.index(name)
+        times = cluster.devices[d].measured(graph.name)
+        table[:, d] = [times[layer] for layer in graph.names]  # type: ignore[index]
+    return table
+
+
 # -- breakdown records -----------------------------------------------------------
 @dataclass(frozen=True)
 class LayerCost:
@@ -91,12 +130,14 @@ class LayerCost:
     time: float
     energy: float
     cost: float
+    stage_overhead: float = 0.0   # > 0 on the first layer of a stage whose device has one
 
 
 @dataclass(frozen=True)
 class DeviceCost:
     """Totals of one device. ``transfer_time`` counts every transfer it sends or
-    receives; ``memory`` is its parameters plus the largest activation it holds."""
+    receives; ``memory`` is its parameters plus the largest activation it holds;
+    ``stage_overhead`` is its stages' overhead (its energy is in ``compute_energy``)."""
 
     name: str
     layers: int
@@ -107,6 +148,7 @@ class DeviceCost:
     activation_bytes: float
     memory: float
     memory_limit: Optional[float]
+    stage_overhead: float = 0.0   # the stage overheads of its stages (not in compute_time)
 
 
 @dataclass(frozen=True)
@@ -130,8 +172,10 @@ class MatrixForm:
     matrices: ``L[0]`` from the source to layer 1, ``L[i]`` from layer i to layer i+1
     (1 <= i < n, the document's L_i), and ``L[n]`` from layer n to the sink.
     ``compute_time`` (n x k), ``param_time`` (n x k) and ``transfer_time``
-    ((n+1) x k x k, +inf on unusable pairs) are the per-choice costs, so that
-    T = <A, compute_time + param_time> + sum_i <L[i], transfer_time[i]>.
+    ((n+1) x k x k, +inf on unusable pairs) are the per-choice costs; ``stage_time``
+    ((n+1) x k x k) is the stage overhead a transition starts (on L[0] always, on
+    L[i] when the device changes, never on L[n]), so that
+    T = <A, compute_time + param_time> + sum_i <L[i], transfer_time[i] + stage_time[i]>.
     """
 
     A: np.ndarray
@@ -142,18 +186,20 @@ class MatrixForm:
     transfer_time: np.ndarray
     device_power: np.ndarray
     link_power: np.ndarray
+    stage_time: np.ndarray
 
     def time(self) -> float:
         """Total time T from the matrix form."""
         return float(np.sum(self._chosen(self.compute_time + self.param_time))
-                     + np.sum(self._masked(self.transfer_time)))
+                     + np.sum(self._masked(self.transfer_time)) + np.sum(self._masked(self.stage_time)))
 
     def energy(self) -> float:
         """Total energy E from the matrix form."""
         compute = np.sum(self._chosen(self.compute_time) * self.device_power[None, :])
         params = np.sum(self._chosen(self.param_time) * self.param_power[None, :])
         moves = np.sum(self._masked(self.transfer_time) * self.link_power[None, :, :])
-        return float(compute + params + moves)
+        stages = np.sum(self._masked(self.stage_time) * self.device_power[None, None, :])
+        return float(compute + params + moves + stages)
 
     def cost(self, wt: float = 1.0, we: float = 0.0) -> float:
         """wt * T + we * E from the matrix form."""
@@ -190,6 +236,7 @@ class Breakdown:
     compute_time: float
     transfer_time: float
     param_time: float
+    stage_time: float
     output_time: float
     output_energy: float
     bottleneck: float
@@ -229,6 +276,8 @@ class AssignmentArrays:
     e_param: np.ndarray
     t_out: float             # layer n -> sink
     e_out: float
+    t_stage: np.ndarray      # stage overhead, on the first layer of each stage
+    e_stage: np.ndarray
 
 
 def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool) -> AssignmentArrays:
@@ -250,7 +299,10 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
             f"the output of the last layer {graph.layers[-1].name!r} on {cluster.names[last]!r} must "
             f"reach the sink {cluster.sink!r}, but no link joins them and the cluster has no "
             f"default_link; add a link or a default_link, or assign the last layer differently")
-    comp = graph.flops / cluster.flops[a]
+    if any(d.measured(graph.name) is not None for d in cluster.devices):
+        comp = compute_times(graph, cluster)[np.arange(graph.n), a]
+    else:  # the common case, O(n) instead of O(n k): this runs inside the solvers' loops
+        comp = graph.flops / cluster.flops[a]
     comp_energy = comp * cluster.power[a]
     local = prev == a
     t_in = np.where(local, 0.0, graph.input_bytes_per_layer * tab.inv_bandwidth[prev, a]
@@ -275,14 +327,28 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
     else:
         t_out = float(graph.output_bytes[-1] * tab.inv_bandwidth[last, sink] + tab.latency[last, sink])
         e_out = t_out * float(tab.power[last, sink])
-    return AssignmentArrays(a, prev, comp, comp_energy, t_in, e_in, t_param, e_param, t_out, e_out)
+    t_stage = stage_overheads(cluster, a)
+    e_stage = t_stage * cluster.power[a]
+    return AssignmentArrays(a, prev, comp, comp_energy, t_in, e_in, t_param, e_param, t_out, e_out,
+                            t_stage, e_stage)
+
+
+def stage_overheads(cluster: Cluster, a: np.ndarray) -> np.ndarray:
+    """Per layer: its device's ``stage_overhead`` if a stage starts there (layer 1, or a
+    change of device), else 0."""
+    oh = cluster.stage_overhead
+    if not oh.any():
+        return np.zeros(len(a))
+    starts = np.concatenate([[True], a[1:] != a[:-1]])
+    return np.where(starts, oh[a], 0.0)
 
 
 def _totals(x: AssignmentArrays, wt: float, we: float) -> tuple[float, float, float]:
     # fsum: the totals are compared against independent re-computations, so avoid
     # summation-order noise.
-    time = math.fsum(x.comp) + math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out
-    energy = math.fsum(x.comp_energy) + math.fsum(x.e_in) + math.fsum(x.e_param) + x.e_out
+    time = math.fsum(x.comp) + math.fsum(x.t_stage) + math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out
+    energy = (math.fsum(x.comp_energy) + math.fsum(x.e_stage) + math.fsum(x.e_in) + math.fsum(x.e_param)
+              + x.e_out)
     return time, energy, wt * time + we * energy
 
 
@@ -327,8 +393,8 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
     names = cluster.names
     k = cluster.k
 
-    layer_time = x.comp + x.t_in + x.t_param
-    layer_energy = x.comp_energy + x.e_in + x.e_param
+    layer_time = x.comp + x.t_stage + x.t_in + x.t_param
+    layer_energy = x.comp_energy + x.e_stage + x.e_in + x.e_param
     layers = [LayerCost(
         name=spec.name, device=names[a[i]],
         compute_time=float(x.comp[i]), compute_energy=float(x.comp_energy[i]),
@@ -336,12 +402,13 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
         transfer_time=float(x.t_in[i]), transfer_energy=float(x.e_in[i]),
         param_time=float(x.t_param[i]), param_energy=float(x.e_param[i]),
         time=float(layer_time[i]), energy=float(layer_energy[i]),
-        cost=float(wt * layer_time[i] + we * layer_energy[i]),
+        cost=float(wt * layer_time[i] + we * layer_energy[i]), stage_overhead=float(x.t_stage[i]),
     ) for i, spec in enumerate(graph.layers)]
 
     src, sink = cluster.source_index, cluster.sink_index
     busy = np.bincount(a, weights=x.comp, minlength=k)
-    busy_e = np.bincount(a, weights=x.comp_energy, minlength=k)
+    busy_e = np.bincount(a, weights=x.comp_energy + x.e_stage, minlength=k)
+    overhead = np.bincount(a, weights=x.t_stage, minlength=k)
     moving = np.bincount(a, weights=x.t_in + x.t_param, minlength=k)       # received
     moving += np.bincount(x.prev, weights=x.t_in, minlength=k)             # sent
     moving[src] += x.t_param.sum()
@@ -356,6 +423,7 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
         compute_energy=float(busy_e[d]), transfer_time=float(moving[d]),
         param_bytes=float(params[d]), activation_bytes=float(act[d]),
         memory=float(params[d] + act[d]), memory_limit=cluster.devices[d].memory,
+        stage_overhead=float(overhead[d]),
     ) for d in range(k)]
 
     links = _link_records(graph, cluster, x)
@@ -363,7 +431,7 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
     bottleneck = float(max(busy.max(), loads.max()))
     return Breakdown(
         assignment=[names[d] for d in a], time=time, energy=energy, cost=cost, wt=wt, we=we,
-        ship_params=bool(ship_params), compute_time=math.fsum(x.comp),
+        ship_params=bool(ship_params), compute_time=math.fsum(x.comp), stage_time=math.fsum(x.t_stage),
         transfer_time=math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out,
         param_time=math.fsum(x.t_param), output_time=x.t_out, output_energy=x.e_out,
         bottleneck=bottleneck, layers=layers, devices=devices, links=links,
@@ -419,7 +487,7 @@ def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool
     T = nbytes[:, None, None] * tab.inv_bandwidth[None] + tab.latency[None]
     T[:, np.arange(k), np.arange(k)] = 0.0
     T[:, ~tab.usable] = np.inf
-    comp = graph.flops[:, None] / cluster.flops[None, :]
+    comp = compute_times(graph, cluster)
     if ship_params:
         ptime = graph.param_bytes[:, None] * tab.inv_bandwidth[src][None, :] + tab.latency[src][None, :]
         ptime[:, src] = 0.0
@@ -427,8 +495,13 @@ def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool
         ptime[:, ~tab.usable[src]] = np.where(graph.param_bytes[:, None] > 0, np.inf, 0.0)
     else:
         ptime = np.zeros((n, k))
+    S = np.zeros((n + 1, k, k))
+    oh = cluster.stage_overhead
+    S[0] = oh[None, :]                                   # layer 1 always starts a stage
+    S[1:n] = np.where(np.eye(k, dtype=bool), 0.0, oh[None, :])[None]
     return MatrixForm(A=A, L=L, compute_time=comp, param_time=ptime, param_power=tab.power[src].copy(),
-                      transfer_time=T, device_power=cluster.power.copy(), link_power=tab.power.copy())
+                      transfer_time=T, device_power=cluster.power.copy(), link_power=tab.power.copy(),
+                      stage_time=S)
 
 
 # -- tables for the solvers ----------------------------------------------------------
@@ -454,7 +527,7 @@ class CostTables:
         """Compute the node tables (vectorized, O(n k))."""
         tab = cluster.tables
         src = cluster.source_index
-        comp = graph.flops[:, None] / cluster.flops[None, :]
+        comp = compute_times(graph, cluster)
         node_time = comp.copy()
         node_energy = comp * cluster.power[None, :]
         if ship_params:
@@ -479,25 +552,43 @@ class CostTables:
 
     def edge(self, wt: float, we: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(alpha, beta, blocked): edge cost is b * alpha + beta, and +inf where
-        ``blocked`` (unusable pairs). alpha and beta are 0 on the diagonal."""
+        ``blocked`` (unusable pairs). alpha and beta are 0 on the diagonal; beta[u, v]
+        includes the stage overhead of v (a change of device starts a stage)."""
+        return self._edge(wt, we, stage=True)
+
+    def _edge(self, wt: float, we: float, stage: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         tab = self.cluster.tables
         weight = wt + we * tab.power
         alpha = weight * tab.inv_bandwidth
         beta = weight * tab.latency
+        if stage:
+            beta = beta + self._stage(wt, we)[None, :]
+            np.fill_diagonal(beta, 0.0)
         return alpha, beta, ~tab.usable
 
-    def edge_matrix(self, nbytes: float, wt: float, we: float) -> np.ndarray:
-        """k x k weighted cost of moving ``nbytes`` between each pair (+inf if unusable)."""
-        alpha, beta, blocked = self.edge(wt, we)
+    def _stage(self, wt: float, we: float) -> np.ndarray:
+        """(k,) weighted cost of starting a stage on each device."""
+        return (wt + we * self.cluster.power) * self.cluster.stage_overhead
+
+    def edge_matrix(self, nbytes: float, wt: float, we: float, stage: bool = True) -> np.ndarray:
+        """k x k weighted cost of moving ``nbytes`` between each pair (+inf if unusable),
+        with the receiver's stage overhead unless ``stage`` is False."""
+        alpha, beta, blocked = self._edge(wt, we, stage)
         m = nbytes * alpha + beta
         np.fill_diagonal(m, 0.0)
         m[blocked] = np.inf
         return m
 
     def first_edge(self, wt: float, we: float) -> np.ndarray:
-        """Cost (k,) of sending the input from the source to layer 1 on each device."""
-        return self.edge_matrix(self.graph.input_bytes, wt, we)[self.cluster.source_index].copy()
+        """Cost (k,) of sending the input from the source to layer 1 on each device,
+        plus starting the first stage there."""
+        row = self.edge_matrix(self.graph.input_bytes, wt, we)[self.cluster.source_index].copy()
+        src = self.cluster.source_index
+        row[src] = self._stage(wt, we)[src]   # the diagonal of edge_matrix is 0, but a stage starts
+        return row
 
     def last_edge(self, wt: float, we: float) -> np.ndarray:
         """Cost (k,) of sending the last layer's output from each device to the sink."""
-        return self.edge_matrix(float(self.graph.output_bytes[-1]), wt, we)[:, self.cluster.sink_index].copy()
+        # No stage starts at the sink.
+        m = self.edge_matrix(float(self.graph.output_bytes[-1]), wt, we, stage=False)
+        return m[:, self.cluster.sink_index].copy()

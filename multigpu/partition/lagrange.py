@@ -93,8 +93,8 @@ def cost_if_feasible(tables: CostTables, cons: ResolvedConstraints, wt: float, w
     """(cost, over-full-memory devices, over-busy devices, over energy?) of ``a``."""
     graph, cluster = tables.graph, tables.cluster
     x = assignment_arrays(graph, cluster, a, tables.ship_params)
-    energy = float(x.comp_energy.sum() + x.e_in.sum() + x.e_param.sum() + x.e_out)
-    time_ = float(x.comp.sum() + x.t_in.sum() + x.t_param.sum() + x.t_out)
+    energy = float(x.comp_energy.sum() + x.e_stage.sum() + x.e_in.sum() + x.e_param.sum() + x.e_out)
+    time_ = float(x.comp.sum() + x.t_stage.sum() + x.t_in.sum() + x.t_param.sum() + x.t_out)
     busy = np.bincount(a, weights=tables.comp[np.arange(graph.n), a], minlength=cluster.k)
     over_mem = list(np.flatnonzero(memory_use(graph, cluster, a) > cons.memory))
     over_busy = list(np.flatnonzero(busy > cons.busy))

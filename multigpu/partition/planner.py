@@ -114,7 +114,7 @@ def _violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) ->
     if cons.has_energy:
         # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
         x = assignment_arrays(graph, cluster, a, tables.ship_params)
-        energy = float(x.comp_energy.sum() + x.e_in.sum() + x.e_param.sum() + x.e_out)
+        energy = float(x.comp_energy.sum() + x.e_stage.sum() + x.e_in.sum() + x.e_param.sum() + x.e_out)
     return cons.violations(cluster, mem, busy, energy, a)
 
 

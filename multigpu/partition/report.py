@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 from .baselines import BaselineResult
 from .cluster import Cluster
+from .costmodel import measured_devices
 from .graph import Graph
 from .planner import Plan
 
@@ -63,6 +64,14 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
     out.append(f"AutoPartition: {graph.name} ({graph.n} layers) on {cluster.name} ({cluster.k} devices; "
                f"source {cluster.source}, sink {cluster.sink})")
     out.append(f"objective: {plan.objective}; cost = wt*T + we*E with {weights}")
+    measured = measured_devices(graph, cluster)
+    if measured:
+        rest = [n for n in cluster.names if n not in measured]
+        out.append(f"compute times: measured on {', '.join(measured)} (layer_times of {graph.name})"
+                   + (f"; from FLOP/s on {', '.join(rest)}" if rest else ""))
+    if bd.stage_time:
+        out.append(f"stage overheads (once per stage, in T; busy time and bottleneck count compute only): "
+                   f"{fmt_time(bd.stage_time)} in all")
     how = {"dp": "exact DP", "milp": "exact MILP (HiGHS)",
            "bound": "exact: a feasible plan meets the LP/Lagrangian lower bound"}.get(plan.solver, plan.solver)
     out.append(f"plan: cost {plan.cost:.6g}  time {fmt_time(plan.time)}  energy {fmt_energy(plan.energy)}  "
@@ -76,7 +85,10 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
     rows = []
     for i, lc in enumerate(bd.layers):
         moved = f"{fmt_time(lc.transfer_time)} from {lc.transfer_from}" if lc.transfer_from else "-"
-        rows.append([str(i + 1), lc.name, lc.device, fmt_time(lc.compute_time), moved,
+        compute = fmt_time(lc.compute_time)
+        if lc.stage_overhead:
+            compute += f" + {fmt_time(lc.stage_overhead)} stage"
+        rows.append([str(i + 1), lc.name, lc.device, compute, moved,
                      fmt_time(lc.param_time) if lc.param_time else "-",
                      fmt_time(lc.time), fmt_energy(lc.energy)])
     if bd.output_time:

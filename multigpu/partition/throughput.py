@@ -97,8 +97,9 @@ def _zero_load(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
     graph, cluster = tables.graph, tables.cluster
     k = cluster.k
     fix_x = tables.comp > 0
-    first = tables.first_edge(1.0, 0.0)
-    last = tables.last_edge(1.0, 0.0)
+    # Loads are compute and transfers; a stage overhead is neither (see costmodel).
+    first = tables.edge_matrix(tables.graph.input_bytes, 1.0, 0.0, stage=False)[cluster.source_index]
+    last = tables.edge_matrix(float(graph.output_bytes[-1]), 1.0, 0.0, stage=False)[:, cluster.sink_index]
     fix_x[0] |= first > 0
     fix_x[-1] |= last > 0
     nb = graph.output_bytes[:-1]

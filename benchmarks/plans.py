@@ -1,0 +1,307 @@
+"""Plans that run: profile this machine, run plans of 1 to 3 stages for LeNet and AlexNet
+(mixed frameworks, a streaming run, AutoPartition's own plans), and compare the cost
+model's prediction with the measured time.
+
+The devices are worker processes (Ray actors) with their own framework and thread
+count, plus the driver (this process, the source and sink). ``profile`` measures
+every layer on every device and every link through the engine; the cost model on
+that profile predicts each plan's end-to-end time (and, streamed, 1 / bottleneck);
+the plans then run in alternating rounds and the medians are compared. Also
+reported: a hop against a bare actor call with the same payload, and what a Ray
+Compiled Graph gives on the same plan.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+import multigpu
+from multigpu.execution import Session, profile
+from multigpu.partition import Cluster, Constraints, DeviceSpec, autopartition, graph_from_model
+from multigpu.partition.costmodel import compute_times
+
+from .harness import Options, Result, Table
+
+TITLE = "Plans that run: predicted against measured time, 1-3 stages, LeNet and AlexNet, mixed frameworks"
+IN_QUICK = True
+
+TARGET_LATENCY = 0.10      # median |error| of end-to-end time
+TARGET_STREAM = 0.15       # |error| of streaming throughput
+
+
+def _devices(threads: Optional[int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The driver and the workers: one single-threaded worker per framework (they differ
+    by up to 2.2x in speed), and with ``threads`` a torch worker with that many threads.
+
+    No multi-threaded worker by default: on a two-core machine shared with other
+    jobs, an OpenMP team of two waits at every barrier for a descheduled thread, and
+    one such worker profiled LeNet at 32 ms a pass against 0.44 ms single-threaded.
+    Set MULTIGPU_BENCH_THREADS=2 on a quiet machine with spare cores."""
+    have = multigpu.available_backends()
+    first = next((b for b in ("torch", "paddle", "mxnet") if b in have), "numpy")
+    workers = [{"name": f"{b}-1t", "backend": b, "threads": 1} for b in ("torch", "paddle", "mxnet") if b in have]
+    if "torch" in have and threads:
+        workers.append({"name": f"torch-{threads}t", "backend": "torch", "threads": threads})
+    if len(workers) < 3:
+        workers.append({"name": "numpy", "backend": "numpy"})
+    return {"name": "driver", "backend": first, "threads": 1}, workers
+
+
+def _cut(n: int, names: list[str], fractions: list[float]) -> list[str]:
+    """A contiguous plan: device names[i] gets a share fractions[i] of the n layers."""
+    out: list[str] = []
+    for i, (name, f) in enumerate(zip(names, fractions)):
+        count = n - len(out) if i == len(names) - 1 else max(1, round(f * n))
+        out += [name] * count
+    return out
+
+
+def _plans(quick: bool, workers: list[str], cluster: Any) -> list[dict[str, Any]]:
+    w1, w2, w3 = workers[0], workers[1], workers[2]
+    plans: list[dict[str, Any]] = []
+    models = ["lenet"] if quick else ["lenet", "alexnet"]
+    for model in models:
+        m = multigpu.models.get(model)
+        n = len(m)
+        names = [name for name, _ in m.layers]
+        plans += [
+            {"model": model, "label": f"1 stage: {w1}", "plan": [w1] * n},
+            {"model": model, "label": f"2 stages: {w1} | {w2}", "plan": _cut(n, [w1, w2], [0.5, 0.5])},
+            {"model": model, "label": f"3 stages: {w1} | {w2} | {w3}",
+             "plan": _cut(n, [w1, w2, w3], [0.34, 0.33, 0.33])},
+        ]
+        multi = [w for w in workers if w.startswith("torch-") and w != "torch-1t"]
+        if not quick and multi:
+            cut = names.index("flatten") if "flatten" in names else n // 2
+            plans.append({"model": model, "label": f"2 stages by threads: {multi[0]} | {w1}",
+                          "plan": [multi[0]] * cut + [w1] * (n - cut)})
+        g = graph_from_model(m, 1)
+        auto = autopartition(g, cluster, constraints=Constraints(excluded=["driver"]))
+        plans.append({"model": model, "label": "AutoPartition (latency, workers only)", "plan": auto.assignment})
+    # Streamed: AlexNet split where its compute is balanced between two single-threaded
+    # workers (two busy stages fit the two cores), and LeNet, whose items are mostly hops.
+    alex = multigpu.models.alexnet()
+    g = graph_from_model(alex, 1)
+    table = compute_times(g, cluster)
+    a, b = cluster.index(w1), cluster.index(w2)
+    cut = min(range(1, g.n), key=lambda c: max(table[:c, a].sum(), table[c:, b].sum()))
+    plans.append({"model": "alexnet", "label": f"streamed, 2 stages: {w1} | {w2}",
+                  "plan": [w1] * cut + [w2] * (g.n - cut), "stream": True})
+    if not quick:
+        plans.append({"model": "lenet", "label": f"streamed, 2 stages: {w1} | {w2}",
+                      "plan": _cut(len(multigpu.models.lenet()), [w1, w2], [0.5, 0.5]), "stream": True})
+    return plans
+
+
+def _stages_text(plan: list[str]) -> str:
+    out, start = [], 0
+    for i in range(1, len(plan) + 1):
+        if i == len(plan) or plan[i] != plan[start]:
+            out.append(f"{plan[start]} x{i - start}")
+            start = i
+    return " | ".join(out)
+
+
+def run(opts: Options) -> Result:
+    """Profile, plan, run, compare: ``cycles`` times, each profile next to its runs."""
+    quick = opts.quick
+    driver, workers = _devices(int(os.environ.get("MULTIGPU_BENCH_THREADS", "0")) or None)
+    say = (lambda s: print(s, file=sys.stderr, flush=True)) if opts.progress else (lambda s: None)
+    models = ["lenet", "alexnet"]
+    spec = Cluster(devices=tuple(DeviceSpec(d["name"], 1.0, 0.0, backend=d["backend"], threads=d.get("threads"))
+                                 for d in [driver, *workers]), source=driver["name"])
+    names = [w["name"] for w in workers]
+    cycles = opts.repeats(3, 1)
+    items = {"lenet": opts.repeats(60, 25), "alexnet": opts.repeats(6, 3)}
+    stream_items = {"lenet": opts.repeats(200, 80), "alexnet": opts.repeats(24, 12)}
+    rng = np.random.default_rng(0)
+    profiles: list[Any] = []
+    plans: list[dict[str, Any]] = []
+    runs: dict[int, list[Any]] = {}
+    with Session(spec) as session:
+        for c in range(cycles):
+            say(f"plans: cycle {c + 1}/{cycles}: profiling {', '.join(models)} on {', '.join(names)} and the driver")
+            t0 = time.perf_counter()
+            prof = profile(models, session=session, repeats=opts.repeats(15, 6), warmup=opts.repeats(3, 1),
+                           link_repeats=opts.repeats(12, 5), progress=opts.progress)
+            prof.seconds = time.perf_counter() - t0
+            profiles.append(prof)
+            if not plans:
+                plans = _plans(quick, names, prof.cluster)
+                runs = {i: [] for i in range(len(plans))}
+            params = {m: multigpu.models.get(m).init_params(0) for m in set(p["model"] for p in plans)}
+            for i, p in enumerate(plans):
+                m = multigpu.models.get(p["model"])
+                n_items = (stream_items if p.get("stream") else items)[p["model"]]
+                x = rng.random((n_items, *m.input_shape), dtype=np.float32)
+                say(f"plans: cycle {c + 1}/{cycles}: {p['model']} {p['label']}")
+                runs[i].append(session.run(m, params[p["model"]], p["plan"], x, stream=bool(p.get("stream")),
+                                           warmup=2, cluster=prof.cluster))
+        compiled = None if quick else _compiled_comparison(session, plans, params, rng, say, profiles[-1])
+    return _report(profiles, plans, runs, compiled, quick)
+
+
+def _compiled_comparison(session: Session, plans: list[dict[str, Any]], params: dict[str, Any],
+                         rng: np.random.Generator, say: Any, prof: Any) -> dict[str, Any]:
+    """The LeNet 2-stage plan on actor calls and on a Compiled Graph, one after the other."""
+    p = next(q for q in plans if q["model"] == "lenet" and q["label"].startswith("2 stages"))
+    m = multigpu.models.lenet()
+    x = rng.random((60, *m.input_shape), dtype=np.float32)
+    out: dict[str, Any] = {"plan": _stages_text(p["plan"])}
+    for engine in ("tasks", "compiled"):
+        say(f"plans: LeNet 2 stages on the {engine} engine")
+        lat = session.run(m, params["lenet"], p["plan"], x, engine=engine, warmup=2, cluster=prof.cluster)
+        st = session.run(m, params["lenet"], p["plan"], x, engine=engine, stream=True, warmup=2,
+                         cluster=prof.cluster)
+        out[engine] = {"end_to_end": lat.latency, "hops": [lat.hop_time(h) for h in range(len(lat.hop_routes))],
+                       "stages": [lat.stage_time(i) for i in range(len(lat.stages))],
+                       "items_per_second": st.items_per_second,
+                       "stream_stages": [st.stage_time(i) for i in range(len(st.stages))]}
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%" if math.isfinite(x) else "-"
+
+
+def _ms(x: float) -> str:
+    return f"{1e3 * x:.3f}" if math.isfinite(x) else "-"
+
+
+def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, list[Any]],
+            compiled: Optional[dict[str, Any]], quick: bool) -> Result:
+    """Each plan's error is the median over cycles of (predicted - measured) / measured,
+    each cycle's prediction from the profile taken just before its runs."""
+    prof, cluster = profiles[-1], profiles[-1].cluster
+    profile_seconds = statistics.median(p.seconds for p in profiles)
+    rows, data_plans = [], []
+    latency_errors, stream_errors, part_errors = [], [], {"stage": [], "hop": []}
+    for i, p in enumerate(plans):
+        rs = runs[i]
+        if p.get("stream"):
+            preds = [r.prediction.throughput for r in rs]
+            meas = [r.items_per_second for r in rs]
+        else:
+            preds = [r.prediction.end_to_end for r in rs]
+            meas = [r.latency for r in rs]
+        errs = [(a - b) / b for a, b in zip(preds, meas)]
+        err = statistics.median(errs)
+        predicted, measured = statistics.median(preds), statistics.median(meas)
+        if p.get("stream"):
+            stream_errors.append(err)
+            rows.append([p["model"], p["label"], _stages_text(p["plan"]), "items/s", f"{predicted:.1f}",
+                         f"{measured:.1f}", _pct(err), " ".join(_pct(e) for e in errs)])
+        else:
+            latency_errors.append(err)
+            rows.append([p["model"], p["label"], _stages_text(p["plan"]), "end to end, ms", _ms(predicted),
+                         _ms(measured), _pct(err), " ".join(_pct(e) for e in errs)])
+        parts = []
+        for row_i, first in enumerate(rs[0].compare_rows()):
+            cells = [r.compare_rows()[row_i] for r in rs]
+            e = statistics.median(c["error"] for c in cells)
+            if first["kind"] in part_errors:
+                part_errors[first["kind"]].append(e)
+            parts.append({"what": first["what"], "kind": first["kind"],
+                          "predicted": statistics.median(c["predicted"] for c in cells),
+                          "measured": statistics.median(c["measured"] for c in cells), "error": e})
+        data_plans.append({"model": p["model"], "label": p["label"], "plan": p["plan"],
+                           "stream": bool(p.get("stream")), "predicted": predicted, "measured": measured,
+                           "error": err, "cycle_errors": errs, "rounds": [r.to_dict() for r in rs], "parts": parts})
+    mape = statistics.median(abs(e) for e in latency_errors)
+    table = Table(f"Predicted against measured, per plan: {len(profiles)} cycles of a profile, then every plan "
+                  f"priced on it and run; medians over cycles (error: the median of the cycles' errors)",
+                  ["model", "plan", "stages", "figure", "predicted", "measured", "error", "error by cycle"], rows,
+                  note=f"Median |error| of end-to-end time over {len(latency_errors)} plans: {100 * mape:.1f}% "
+                       f"(target <= {100 * TARGET_LATENCY:.0f}%). Streaming: "
+                       + ", ".join(f"{100 * abs(e):.1f}%" for e in stream_errors)
+                       + f" (target <= {100 * TARGET_STREAM:.0f}%).")
+    part_rows = [[kind, str(len(errs)), f"{100 * statistics.median(abs(e) for e in errs):.1f}%",
+                  f"{100 * max(abs(e) for e in errs):.1f}%"] for kind, errs in part_errors.items() if errs]
+    parts_table = Table("Per part: |error| of each stage's compute and each hop, over all plans",
+                        ["part", "count", "median |error|", "largest |error|"], part_rows)
+    detail_rows = []
+    for d in data_plans:
+        for part in d["parts"]:
+            detail_rows.append([d["model"], d["label"], part["what"], _ms(part["predicted"]), _ms(part["measured"]),
+                                _pct(part["error"])])
+    detail = Table("Every part of every plan (ms)", ["model", "plan", "part", "predicted", "measured", "error"],
+                   detail_rows)
+    hop_rows = [[f"{h.between[0]} -> {h.between[1]}", str(h.nbytes), _ms(h.hop), _ms(h.bare), f"{h.ratio:.2f}x"]
+                for h in prof.hop_vs_bare]
+    worst = max((h.ratio for h in prof.hop_vs_bare), default=math.nan)
+    hops = Table("A hop between two workers against a bare actor call with the same payload (timed alternately)",
+                 ["hop", "bytes", "hop, ms", "bare call, ms", "ratio"], hop_rows,
+                 note=f"Largest ratio {worst:.2f}x (target <= 1.5x).")
+    dev_rows = []
+    for d in cluster.devices:
+        for g in prof.graphs:
+            t = d.measured(g)
+            if t:
+                dev_rows.append([d.name, d.backend or "-", str(d.threads or "-"), g, _ms(sum(t.values())),
+                                 f"{1e6 * d.stage_overhead:.1f}", f"{d.flops / 1e9:.2f}"])
+    devices = Table("The profile: per device, sum of its layer times, stage overhead and effective GFLOP/s",
+                    ["device", "backend", "threads", "graph", "sum of layers, ms", "stage overhead, us",
+                     "GFLOP/s"], dev_rows, note=f"Profiled in {profile_seconds:.0f} s.")
+    link_rows = [[f"{f.between[0]} <-> {f.between[1]}", f"{1e6 * f.latency:.1f}", f"{f.bandwidth / 1e6:.0f}",
+                  f"{100 * f.worst_error:.1f}%"] for f in prof.links]
+    links = Table("The profile: links fitted to hops through the engine", ["link", "latency, us", "bandwidth, MB/s",
+                                                                          "worst fit error"], link_rows)
+    tables = [table, parts_table, devices, links, hops]
+    notes = [f"Median |error| end to end: {100 * mape:.1f}% (target 10%): "
+             f"{'met' if mape <= TARGET_LATENCY else 'missed'}.",
+             "Streaming |error|: " + ", ".join(f"{100 * abs(e):.1f}%" for e in stream_errors)
+             + f" (target 15%): {'met' if all(abs(e) <= TARGET_STREAM for e in stream_errors) else 'missed'}."]
+    if compiled is not None:
+        t, c = compiled["tasks"], compiled["compiled"]
+        tables.append(Table(f"Actor calls against a Ray Compiled Graph, LeNet {compiled['plan']}",
+                            ["engine", "end to end, ms", "hops, ms", "stages, ms", "streamed items/s"],
+                            [[e, _ms(v["end_to_end"]), " / ".join(_ms(h) for h in v["hops"]),
+                              " / ".join(_ms(s) for s in v["stages"]), f"{v['items_per_second']:.0f}"]
+                             for e, v in (("tasks (actor calls)", t), ("compiled graph", c))]))
+        notes.append(f"Compiled Graph: end to end {t['end_to_end'] / c['end_to_end']:.2f}x faster, streaming "
+                     f"{c['items_per_second'] / t['items_per_second']:.2f}x the items/s of actor calls, on this "
+                     f"plan; its waiting actors poll their channels (CPU busy while idle).")
+    tables.append(detail)
+
+    def plot(fig: Any) -> None:
+        ax = fig.add_axes([0.07, 0.1, 0.55, 0.8])
+        colors = {"lenet": "tab:blue", "alexnet": "tab:red"}
+        keys = []
+        vals = []
+        for k, d in enumerate(data_plans, start=1):
+            if d["stream"]:
+                x, y, marker = 1e3 / d["predicted"], 1e3 / d["measured"], "s"
+                what = "ms per item, streamed"
+            else:
+                x, y, marker = 1e3 * d["predicted"], 1e3 * d["measured"], "o"
+                what = "end to end"
+            vals += [x, y]
+            ax.scatter(x, y, marker=marker, color=colors.get(d["model"], "k"), s=45, zorder=3)
+            ax.annotate(str(k), (x, y), fontsize=8, xytext=(5, -3), textcoords="offset points")
+            keys.append(f"{k:>2}  {d['model']}: {d['label']} ({what}): {100 * d['error']:+.1f}%")
+        lo, hi = min(vals) / 1.5, max(vals) * 1.5
+        xs = np.geomspace(lo, hi, 50)
+        ax.plot(xs, xs, "k-", lw=1, label="measured = predicted")
+        ax.fill_between(xs, xs / 1.1, xs * 1.1, color="0.85", label="within 10%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("predicted by the cost model on the profile (ms)")
+        ax.set_ylabel("measured (ms, median)")
+        ax.set_title(f"Plans on Ray workers (dots: end to end; squares: streamed, per item)\n"
+                     f"median |error| end to end {100 * mape:.1f}%")
+        ax.legend(loc="upper left", fontsize=8)
+        fig.text(0.64, 0.9, "\n".join(keys), fontsize=7.5, va="top", family="monospace")
+
+    return Result(name="plans", title=TITLE, tables=tables, notes=notes, plot=plot,
+                  settings={"quick": quick, "cycles": len(profiles), "engine": "tasks",
+                            "devices": [d.name for d in cluster.devices]},
+                  data={"median_abs_error": mape, "stream_errors": stream_errors, "plans": data_plans,
+                        "profiles": [q.to_dict() for q in profiles], "compiled": compiled})

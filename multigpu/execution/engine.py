@@ -1,0 +1,475 @@
+"""The Ray engine: one actor per worker device, stages chained through Ray, timed at both ends.
+
+This is the only module of multigpu that imports Ray, and nothing imports it until
+a plan runs or a profile starts (``multigpu.run_partitioned`` and
+``multigpu.profile`` load it on their first call).
+
+Two ways to move activations between stages:
+
+* ``"tasks"`` (default): ordinary actor calls. The driver submits every stage of an
+  item at once, each call taking the previous call's result (an ObjectRef), so Ray
+  moves the activation from stage to stage without the driver waiting in between.
+  An idle worker uses no CPU.
+* ``"compiled"``: a Ray Compiled Graph (``experimental_compile``): shared-memory
+  channels between the actors, several times cheaper per hop, but each waiting
+  actor polls its channel and so keeps a CPU core partly busy (see README).
+
+A message is ``(array, trace)``; the driver stamps the send time, every stage adds
+the start and end of its computation, and the driver stamps the arrival of the
+result. A hop's time is the receiver's start minus the sender's end: measured at
+both ends, and it includes converting to and from numpy on either side.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ..errors import (MissingDependencyError, MultigpuError, PlanError, WorkerDiedError,
+                      WorkerTimeoutError)
+from ..partition.cluster import DeviceSpec
+from .worker import StageWorker, thread_env
+
+try:
+    import ray
+    from ray import exceptions as ray_exceptions
+except ImportError as _exc:  # pragma: no cover - exercised through a subprocess test
+    raise MissingDependencyError(
+        "running a plan needs Ray, which is not installed; install it with: "
+        "pip install 'multigpu[cluster]'") from _exc
+
+__all__ = ["ChainResult", "RaySession", "Workers", "run_chain"]
+
+# Seconds a compiled graph's teardown waits for an actor's loop before killing it
+# (Ray's default is 30 s, and without kill_actors it may wait forever).
+CGRAPH_TEARDOWN_TIMEOUT = 1
+PING_TIMEOUT = 5.0
+# Items a compiled graph may hold at once (the streaming window is capped to it).
+CGRAPH_MAX_INFLIGHT = 16
+# Ray returns results below ``max_direct_call_object_size`` (100 KB by default) inline
+# through the caller and larger ones through the shared-memory object store, and the
+# second path costs about 0.7 ms more per hop: a step at 100 KB that no
+# latency + bytes/bandwidth link can fit. A local instance started here sends every
+# activation up to this size inline, so a hop's cost grows smoothly with its bytes.
+INLINE_LIMIT = 64 * 2**20
+# Ray starts worker processes at nice 15 by default (to keep its own daemons responsive);
+# here the workers do the inference, so a stage gets the same CPU priority as the
+# driver's own stages, and a busy machine slows both alike.
+LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_LIMIT, "worker_niceness": 0}
+
+Link = tuple[str, int]  # (device, stage id on that device's worker)
+
+
+class RaySession:
+    """Start a local Ray instance, join one (``address``), or reuse the one already
+    initialised in this process; on exit shut down only what this session started."""
+
+    def __init__(self, address: Optional[str] = None, num_cpus: Optional[int] = None):
+        self.address = address
+        self.num_cpus = num_cpus
+        self.started = False
+
+    def __enter__(self) -> "RaySession":
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
+                                          logging_level=logging.ERROR)
+            if self.address is None:
+                kwargs["num_cpus"] = self.num_cpus or os.cpu_count() or 1
+                kwargs["_system_config"] = LOCAL_SYSTEM_CONFIG
+            try:
+                ray.init(address=self.address, **kwargs)
+            except (ConnectionError, ValueError, RuntimeError) as e:
+                where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray instance"
+                chain, cause = str(e), e.__cause__
+                while cause is not None:
+                    chain, cause = chain + " " + str(cause), cause.__cause__
+                if "AuthToken" in chain or "Authentication" in chain:
+                    raise PlanError(f"cannot join {where}: it asks for an authentication token; copy the head's "
+                                    f"~/.ray/auth_token to this machine and set RAY_AUTH_MODE=token") from None
+                raise PlanError(f"cannot start or join {where}: {e}; check the address "
+                                f"(`ray start --head` prints it) or leave --address out") from None
+            self.started = True
+        quiet_ray_loggers()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.started:
+            ray.shutdown()
+            self.started = False
+
+
+def quiet_ray_loggers() -> None:
+    """Keep Ray's INFO/WARNING chatter (compiled-graph teardown, worker deaths) off stderr."""
+    for name in ("ray", "ray.dag", "ray.dag.compiled_dag_node", "ray.experimental"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _actor_options(spec: DeviceSpec) -> dict[str, Any]:
+    res = dict(spec.resources or {})
+    opts: dict[str, Any] = {"num_cpus": res.pop("CPU", 0), "max_restarts": 0, "max_task_retries": 0}
+    if "GPU" in res:
+        opts["num_gpus"] = res.pop("GPU")
+    if res:
+        opts["resources"] = res
+    env = thread_env(spec.threads)
+    if env:
+        # Set before the worker process starts, so the framework sizes its pools by it.
+        opts["runtime_env"] = {"env_vars": env}
+    return opts
+
+
+def _check_resources(specs: Sequence[DeviceSpec]) -> None:
+    total = ray.cluster_resources()
+    for spec in specs:
+        need = dict(spec.resources or {})
+        for key, amount in need.items():
+            have = total.get(key, 0.0)
+            if have < amount:
+                offered = ", ".join(sorted(k for k in total if not k.startswith("node:"))) or "nothing"
+                raise PlanError(
+                    f"device {spec.name!r} asks for Ray resource {key}={amount:g}, but the Ray cluster "
+                    f"offers {have:g} (its resources: {offered}); start the node that should host it with "
+                    f"`ray start --address=HEAD:6379 --resources='{{\"{key}\": {amount:g}}}'`, or change "
+                    f"\"resources\" in the cluster file")
+
+
+@dataclass
+class WorkerInfo:
+    """Where one device's worker runs."""
+
+    device: str
+    backend: str
+    pid: int
+    host: str
+    local: bool
+    threads: Optional[int]
+    clock_offset: float = 0.0   # worker clock minus driver clock, seconds
+
+
+class Workers:
+    """The workers of a set of devices: a Ray actor per device, and an in-process
+    worker for the driver's device. Use as a context manager: leaving it kills the
+    actors (and tears down a compiled graph)."""
+
+    def __init__(self, specs: Sequence[DeviceSpec], driver: Optional[DeviceSpec], timeout: float,
+                 startup_timeout: float):
+        self.specs = {s.name: s for s in specs}
+        self.driver = driver
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self.actors: dict[str, Any] = {}
+        self.local: Optional[StageWorker] = None
+        self.info: dict[str, WorkerInfo] = {}
+        self.compiled: Any = None
+        self.compiled_chain: list[Link] = []
+        self._actor_ids: dict[str, str] = {}
+
+    # -- life cycle ------------------------------------------------------------
+    def __enter__(self) -> "Workers":
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        host = socket.gethostname()
+        if self.driver is not None and self.driver.backend is not None:
+            d = self.driver
+            self.local = StageWorker(d.name, d.backend, d.device, d.threads)  # type: ignore[arg-type]
+            got = self.local.setup()
+            self.info[d.name] = WorkerInfo(d.name, d.backend, os.getpid(), host, True, d.threads)  # type: ignore[arg-type]
+            if not got["threads_applied"]:
+                import warnings
+
+                warnings.warn(f"threads={d.threads} of the driver device {d.name!r} is not applied: its "
+                              f"framework was imported before the run started", RuntimeWarning, stacklevel=3)
+        remote_specs = [s for s in self.specs.values()]
+        _check_resources(remote_specs)
+        actor_cls = ray.remote(StageWorker)
+        for spec in remote_specs:
+            handle = actor_cls.options(**_actor_options(spec)).remote(
+                spec.name, spec.backend, spec.device, spec.threads)
+            self.actors[spec.name] = handle
+            self._actor_ids[handle._actor_id.hex()] = spec.name
+        refs = {name: a.setup.remote() for name, a in self.actors.items()}
+        for name, ref in refs.items():
+            try:
+                got = ray.get(ref, timeout=self.startup_timeout)
+            except ray_exceptions.GetTimeoutError:
+                raise WorkerTimeoutError(
+                    f"the worker of device {name!r} did not start within {self.startup_timeout:g} s "
+                    f"(no node can host it, or its framework takes longer to import); check its "
+                    f"\"resources\" and the Ray cluster, or raise the startup timeout") from None
+            except ray_exceptions.RayTaskError as e:
+                raise _cause(e, f"device {name!r}: ") from None
+            except ray_exceptions.RayActorError as e:
+                raise WorkerDiedError(f"the worker of device {name!r} died while starting: "
+                                      f"{_first_line(e)}") from None
+            self.info[name] = WorkerInfo(name, got["backend"], got["pid"], got["host"], False, got["threads"])
+        for name, info in self.info.items():
+            if not info.local and info.host != host:
+                info.clock_offset = self._clock_offset(self.actors[name])
+
+    def _clock_offset(self, actor: Any, pings: int = 7) -> float:
+        """Worker clock minus driver clock, from the ping with the shortest round trip
+        (Cristian's algorithm); only used for workers on another host."""
+        best = (float("inf"), 0.0)
+        for _ in range(pings):
+            t0 = time.time()
+            remote = ray.get(actor.clock.remote(), timeout=PING_TIMEOUT)
+            t1 = time.time()
+            best = min(best, (t1 - t0, remote - (t0 + t1) / 2))
+        return best[1]
+
+    def load(self, model: Any, stages: dict[str, list[tuple[int, int, int]]],
+             params: dict[str, dict[int, np.ndarray]]) -> tuple[int, float]:
+        """Send each worker its stages and parameters; return (bytes shipped to the
+        actors, seconds until every actor had them on its device)."""
+        shipped = sum(int(a.nbytes) for name, p in params.items() if name in self.actors for a in p.values())
+        t0 = time.perf_counter()
+        # ray.put: parameters travel through the object store, whatever INLINE_LIMIT says.
+        refs = {name: self.actors[name].load.remote(model, stages.get(name, []), ray.put(params.get(name, {})))
+                for name in self.actors}
+        for name, ref in refs.items():
+            self._get(ref, lambda n=name: f"the worker of device {n!r}", what="receiving its parameters")
+        seconds = time.perf_counter() - t0
+        if self.local is not None:
+            name = self.local.name
+            self.local.load(model, stages.get(name, []), params.get(name, {}))
+        return shipped, seconds
+
+    def close(self) -> None:
+        """Tear down the compiled graph, if any, and kill every actor (idempotent)."""
+        if self.compiled is not None:
+            cdag, self.compiled = self.compiled, None
+            try:
+                from ray.dag import DAGContext
+
+                DAGContext.get_current().teardown_timeout = CGRAPH_TEARDOWN_TIMEOUT
+                cdag.teardown(kill_actors=True)
+            except Exception:  # noqa: BLE001 - the actors are killed below either way
+                pass
+        for handle in self.actors.values():
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self.actors.clear()
+
+    # -- errors --------------------------------------------------------------
+    def _get(self, ref: Any, who: Callable[[], str], what: str) -> Any:
+        try:
+            return ray.get(ref, timeout=self.timeout)
+        except ray_exceptions.GetTimeoutError:
+            raise WorkerTimeoutError(f"{who()} did not finish {what} within {self.timeout:g} s; the run "
+                                     f"was stopped and its workers shut down (raise the timeout if it is "
+                                     f"only slow)") from None
+        except ray_exceptions.RayActorError as e:
+            raise self.died(e, who) from None
+        except ray_exceptions.RayTaskError as e:
+            raise _cause(e, f"{who()}: ") from None
+
+    def died(self, e: Exception, who: Callable[[], str]) -> WorkerDiedError:
+        """A WorkerDiedError naming the worker whose actor ``e`` reports dead."""
+        name = self.device_of(e)
+        info = self.info.get(name) if name else None
+        where = f" (pid {info.pid} on {info.host})" if info else ""
+        return WorkerDiedError(f"{who()}: its worker process{where} died ({_first_line(e)}); the run "
+                               f"was stopped and its workers shut down")
+
+    def device_of(self, e: Exception) -> Optional[str]:
+        """The device whose actor the Ray error ``e`` is about, if it names one."""
+        return self._actor_ids.get(_actor_id_hex(e) or "")
+
+
+def _actor_id_hex(e: Exception) -> Optional[str]:
+    aid = getattr(e, "actor_id", None)
+    if aid is None:
+        return None
+    return aid if isinstance(aid, str) else getattr(aid, "hex", lambda: None)()
+
+
+def _first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    for marker in ("The actor died", "The actor is dead", "The actor is unavailable"):
+        i = text.find(marker)
+        if i >= 0:
+            return text[i:].split(". ")[0]
+    return text[:200]
+
+
+def _cause(e: Any, prefix: str) -> BaseException:
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, MultigpuError):
+        return type(cause)(prefix + str(cause))
+    if isinstance(cause, BaseException):
+        return RuntimeError(f"{prefix}{type(cause).__name__}: {cause}")
+    return RuntimeError(f"{prefix}{e}")
+
+
+# -- running a chain -------------------------------------------------------------
+@dataclass
+class ChainResult:
+    """Per item: the output, the trace (send, (start, end) per link, arrival)."""
+
+    outputs: list[np.ndarray]
+    traces: list[tuple[float, ...]]
+    done: list[float] = field(default_factory=list)   # driver clock at each item's arrival
+
+
+@dataclass
+class _Item:
+    index: int
+    value: Any
+    next: int = 0
+    refs: list[tuple[int, Any]] = field(default_factory=list)
+
+
+def run_chain(workers: Workers, chain: Sequence[Link], labels: Sequence[str], inputs: Sequence[np.ndarray],
+              window: int = 1, engine: str = "tasks") -> ChainResult:
+    """Push every input through ``chain`` (``(device, stage id)`` per link) and return
+    the outputs and their traces in input order.
+
+    ``window`` items are in flight at once (1: one at a time, for latency; more:
+    a pipeline, stage i working on item j while stage i-1 works on item j+1).
+    ``labels`` name each link in error messages.
+    """
+    if engine == "compiled":
+        return _run_compiled(workers, chain, labels, inputs, window)
+    driver = workers.local.name if workers.local is not None else None
+    out = ChainResult([None] * len(inputs), [()] * len(inputs), [0.0] * len(inputs))  # type: ignore[list-item]
+    active: deque[_Item] = deque()
+    nxt = 0
+    finished = 0
+
+    def advance(item: _Item) -> None:
+        while item.next < len(chain):
+            dev, sid = chain[item.next]
+            if dev == driver:
+                if isinstance(item.value, ray.ObjectRef):
+                    return
+                item.value = workers.local.run(sid, item.value)  # type: ignore[union-attr]
+            else:
+                item.value = workers.actors[dev].run.remote(sid, item.value)
+                item.refs.append((item.next, item.value))
+            item.next += 1
+
+    while finished < len(inputs):
+        while nxt < len(inputs) and len(active) < window:
+            item = _Item(nxt, (inputs[nxt], (time.time(),)))
+            advance(item)
+            active.append(item)
+            nxt += 1
+        item = active[0]
+        if isinstance(item.value, ray.ObjectRef):
+            item.value = _wait_item(workers, item, labels)
+        if item.next < len(chain):
+            advance(item)
+            continue
+        arrival = time.time()
+        y, trace = item.value
+        out.outputs[item.index] = y
+        out.traces[item.index] = trace + (arrival,)
+        out.done[item.index] = arrival
+        active.popleft()
+        finished += 1
+    return out
+
+
+def _wait_item(workers: Workers, item: _Item, labels: Sequence[str]) -> Any:
+    """``ray.get`` the item's latest result; name the failing stage on an error."""
+    try:
+        return ray.get(item.value, timeout=workers.timeout)
+    except ray_exceptions.GetTimeoutError:
+        refs = [r for _, r in item.refs]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done = {r.hex() for r in ready}
+        stuck = next((pos for pos, r in item.refs if r.hex() not in done), item.refs[-1][0])
+        raise WorkerTimeoutError(
+            f"{labels[stuck]} did not finish item {item.index} within {workers.timeout:g} s; the run was "
+            f"stopped and its workers shut down (raise the timeout if the stage is only slow)") from None
+    except ray_exceptions.RayActorError as e:
+        dev = workers.device_of(e)
+        pos = next((p for p, _ in item.refs if labels[p].endswith(f"device {dev!r}")), item.refs[-1][0])
+        raise workers.died(e, lambda: labels[pos]) from None
+    except ray_exceptions.RayTaskError as e:
+        raise _cause(e, "") from None
+
+
+def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str],
+                  inputs: Sequence[np.ndarray], window: int) -> ChainResult:
+    from ray.dag import InputNode
+
+    driver = workers.local.name if workers.local is not None else None
+    remote = [i for i, (dev, _) in enumerate(chain) if dev != driver]
+    if remote and remote != list(range(remote[0], remote[-1] + 1)):
+        raise PlanError("the compiled engine needs the driver's stages at the start or the end of the "
+                        "plan (a compiled graph cannot call back into the driver); use engine='tasks'")
+    head = [chain[i] for i in range(0, remote[0] if remote else len(chain))]
+    tail = [chain[i] for i in range(remote[-1] + 1, len(chain))] if remote else []
+    if workers.compiled is not None and workers.compiled_chain != list(chain):
+        raise PlanError("this set of workers already runs a compiled graph for another chain; a compiled "
+                        "graph is compiled once per set of workers (run_partitioned starts fresh ones)")
+    if workers.compiled is None and remote:
+        workers.compiled_chain = list(chain)
+        with InputNode() as node:
+            dag = node
+            for i in remote:
+                dev, sid = chain[i]
+                dag = workers.actors[dev].run.bind(sid, dag)
+        workers.compiled = dag.experimental_compile(_max_inflight_executions=CGRAPH_MAX_INFLIGHT)
+    cdag = workers.compiled
+    window = min(window, CGRAPH_MAX_INFLIGHT)
+    out = ChainResult([None] * len(inputs), [()] * len(inputs), [0.0] * len(inputs))  # type: ignore[list-item]
+    pending: deque[tuple[int, Any]] = deque()
+
+    def local(links: Sequence[Link], msg: Any) -> Any:
+        for _, sid in links:
+            msg = workers.local.run(sid, msg)  # type: ignore[union-attr]
+        return msg
+
+    def collect() -> None:
+        idx, ref = pending.popleft()
+        try:
+            msg = ray.get(ref, timeout=workers.timeout)
+        except ray_exceptions.GetTimeoutError:
+            raise WorkerTimeoutError(
+                f"item {idx} did not come out of the compiled graph ({', '.join(labels[i] for i in remote)}) "
+                f"within {workers.timeout:g} s; the run was stopped and its workers shut down") from None
+        except ray_exceptions.RayActorError as e:
+            dev = workers.device_of(e)
+            if dev is None:   # Ray's error names no actor: say which stages could be the one
+                who = "a worker of the compiled graph (" + "; ".join(labels[i] for i in remote) + ")"
+                raise workers.died(e, lambda: who) from None
+            pos = next((i for i in remote if chain[i][0] == dev), remote[0])
+            raise workers.died(e, lambda: labels[pos]) from None
+        except ray_exceptions.RayTaskError as e:
+            raise _cause(e, "") from None
+        y, trace = msg
+        y, trace = local(tail, (np.array(y, copy=True), tuple(trace)))
+        arrival = time.time()
+        out.outputs[idx], out.traces[idx], out.done[idx] = y, trace + (arrival,), arrival
+
+    for idx, x in enumerate(inputs):
+        msg = local(head, (x, (time.time(),)))
+        if not remote:   # every stage on the driver: nothing to compile
+            arrival = time.time()
+            out.outputs[idx], out.traces[idx], out.done[idx] = msg[0], msg[1] + (arrival,), arrival
+            continue
+        pending.append((idx, cdag.execute(msg)))
+        if len(pending) >= window:
+            collect()
+    while pending:
+        collect()
+    return out

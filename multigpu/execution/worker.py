@@ -1,0 +1,191 @@
+"""The stage worker: hosts the stages of one device and runs them on its own backend.
+
+A plain class with no Ray import. The Ray engine wraps it as an actor (one process
+per device of a plan); the driver instantiates it directly for the stages that run
+on the source device. Every stage is a slice of the same ``Sequential``
+(``model.forward(backend, params, x, start, stop)``) on the backend the device
+names, so no framework-specific model code exists anywhere.
+
+Timestamps use ``time.time()``: one clock for every process on a host, so a hop's
+two ends can be subtracted (the engine corrects for another host's clock offset).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ..protocol import Device
+
+__all__ = ["PROBE", "PROBE_IDLE", "StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
+
+# Stage id of a link probe: the message passes through unchanged while the worker
+# computes some layers of the profiled model, so a hop is timed between two workers
+# that really compute (their caches as cold as in a run).
+PROBE = -1
+# Stage id of a bare link probe: nothing computed (the engine's own cost, compared
+# with a bare actor call).
+PROBE_IDLE = -2
+
+# Read by OpenMP, MKL, OpenBLAS and oneDNN when the framework loads; torch, paddle
+# and mxnet size their CPU thread pools from them.
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def thread_env(threads: Optional[int]) -> dict[str, str]:
+    """Environment variables that give a fresh worker process ``threads`` math threads."""
+    return {} if threads is None else {k: str(threads) for k in THREAD_ENV_VARS}
+
+
+def parse_framework_device(text: Optional[str]) -> Device:
+    """``"cpu"`` -> Device("cpu", 0); ``"gpu:1"`` -> Device("gpu", 1) (the cluster file has
+    already checked the syntax)."""
+    if text is None or text == "cpu":
+        return Device("cpu", 0)
+    kind, _, index = text.partition(":")
+    return Device(kind, int(index))
+
+
+class StageWorker:
+    """One device's worker: loads the backend, receives stages and parameters, runs them.
+
+    A message between stages is ``(array, trace)``: ``trace`` is a tuple of
+    timestamps that every stage extends with the start and end of its computation.
+    """
+
+    def __init__(self, name: str, backend: str, device: Optional[str], threads: Optional[int]):
+        self.name = name
+        self.backend_name = backend
+        self.device = parse_framework_device(device)
+        self.threads = threads
+        self.be: Any = None
+        self.model: Any = None
+        self.params: list[Any] = []
+        self.stages: dict[int, tuple[int, int]] = {}
+
+    # -- set-up ------------------------------------------------------------
+    def setup(self) -> dict[str, Any]:
+        """Load the backend (the framework is imported here); return where this worker runs.
+
+        Raises BackendNotInstalledError (naming the pip extra) or UnknownBackendError.
+        """
+        from .. import registry
+
+        framework_loaded = self._framework_loaded()
+        wanted = thread_env(self.threads)
+        if self.threads is not None and not framework_loaded:
+            os.environ.update(wanted)
+        # Loaded earlier under the same settings (a second run in one process) counts as applied.
+        applied = not framework_loaded or all(os.environ.get(k) == v for k, v in wanted.items())
+        self.be = registry.backend(self.backend_name)
+        self.be.from_numpy(np.zeros(1, np.float32), self.device)  # fail now on a bad device
+        return {"name": self.name, "pid": os.getpid(), "host": os.uname().nodename,
+                "backend": self.backend_name, "device": str(self.device), "threads": self.threads,
+                "threads_applied": applied, "time": time.time()}
+
+    def _framework_loaded(self) -> bool:
+        from .. import registry
+
+        try:
+            framework = getattr(registry._module(self.backend_name), "FRAMEWORK", None)
+        except Exception:
+            return False  # setup's registry.backend call raises the precise error
+        return framework is not None and framework in sys.modules
+
+    def load(self, model: Any, stages: Sequence[tuple[int, int, int]], params: dict[int, np.ndarray]) -> float:
+        """Receive the model spec, this device's stages ``(index, start, stop)`` and the
+        parameters they use (by index into the model's parameter list); return the
+        seconds spent placing the parameters on the device."""
+        t0 = time.perf_counter()
+        self.model = model
+        self.stages = {int(i): (int(a), int(b)) for i, a, b in stages}
+        full: list[Any] = [None] * len(model.param_shapes)
+        for i, arr in params.items():
+            full[int(i)] = self.be.from_numpy(arr, self.device)
+        self.params = full
+        self.be.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def echo(self, x: np.ndarray) -> np.ndarray:
+        """Return ``x``: a bare actor call, the yardstick a hop is compared with."""
+        return x
+
+    def clock(self) -> float:
+        """This worker's ``time.time()`` (for clock-offset estimates across hosts)."""
+        return time.time()
+
+    # -- running -----------------------------------------------------------
+    def run(self, stage: int, message: tuple[np.ndarray, tuple[float, ...]]) -> tuple[np.ndarray, tuple[float, ...]]:
+        """Run stage ``stage`` on the message's array; return the output and the extended trace."""
+        x, trace = message
+        be, dev = self.be, self.device
+        t = be.from_numpy(x, dev)
+        t0 = time.time()
+        if stage in (PROBE, PROBE_IDLE):   # a link probe: the payload passes unchanged
+            if stage == PROBE:               # ... while the worker computes, as a stage would
+                self._busy()
+            y = t
+        else:
+            start, stop = self.stages[stage]
+            y = self.model.forward(be, self.params, t, start, stop)
+        be.synchronize(dev)
+        t1 = time.time()
+        return be.to_numpy(y), trace + (t0, t1)
+
+    # -- profiling ---------------------------------------------------------
+    def prepare_profile(self, model: Any, params: Sequence[np.ndarray], batch: int, seed: int = 0) -> None:
+        """Place ``params`` and a random input batch on the device and keep every
+        layer's input of one pass, for ``time_pass`` and ``time_first``."""
+        be, dev = self.be, self.device
+        self._prof_model = model
+        self._prof_params = [be.from_numpy(p, dev) for p in params]
+        rng = np.random.default_rng(seed)
+        x = be.from_numpy(rng.random((batch, *model.input_shape), dtype=np.float32), dev)
+        self._prof_inputs = [x]
+        for i in range(len(model) - 1):
+            x = model.forward(be, self._prof_params, x, i, i + 1)
+            self._prof_inputs.append(x)
+        be.synchronize(dev)
+
+    def set_probe_work(self, layers: int) -> None:
+        """A probe computes the first ``layers`` layers of the model ``prepare_profile`` set up."""
+        self._probe_layers = int(layers)
+
+    def _busy(self) -> None:
+        model = self._prof_model
+        model.forward(self.be, self._prof_params, self._prof_inputs[0], 0, getattr(self, "_probe_layers", 0))
+
+    def time_pass(self) -> list[float]:
+        """Seconds of each layer in one forward pass, the device synchronized after each
+        (a warm-up; the profile's layer times come from ``time_prefix``)."""
+        be, dev, model = self.be, self.device, self._prof_model
+        x = self._prof_inputs[0]
+        out = []
+        for i in range(len(model)):
+            t0 = time.perf_counter()
+            x = model.forward(be, self._prof_params, x, i, i + 1)
+            be.synchronize(dev)
+            out.append(time.perf_counter() - t0)
+        return out
+
+    def time_prefix(self, stop: int) -> float:
+        """Seconds of layers ``0..stop-1`` run as one stage runs them: one call of the
+        model's slice, one synchronize (differences of prefixes give each layer's time
+        without per-layer instrumentation)."""
+        be, dev, model = self.be, self.device, self._prof_model
+        t0 = time.perf_counter()
+        model.forward(be, self._prof_params, self._prof_inputs[0], 0, stop)
+        be.synchronize(dev)
+        return time.perf_counter() - t0
+
+    def time_first(self, layer: int) -> float:
+        """Seconds of layer ``layer`` alone as the first work of a call: what a stage
+        starting at that layer pays (``time_pass`` minus this is the stage overhead)."""
+        be, dev, model = self.be, self.device, self._prof_model
+        t0 = time.perf_counter()
+        model.forward(be, self._prof_params, self._prof_inputs[layer], layer, layer + 1)
+        be.synchronize(dev)
+        return time.perf_counter() - t0

@@ -149,7 +149,9 @@ def test_default_backend_order(monkeypatch):
 # -- interrupted and unexpected failures, the same for every command ---------------------
 
 def _argv(command: str) -> list[str]:
-    return {"partition": ["partition", "--graph", "lenet", "--cluster", "lab"]}.get(command, [command])
+    return {"partition": ["partition", "--graph", "lenet", "--cluster", "lab"],
+            "profile": ["profile", "--out", "cluster.json"],
+            "run": ["run", "--plan", "cpu0", "--cluster", "cluster.json"]}.get(command, [command])
 
 
 @pytest.mark.parametrize("command", COMMANDS)

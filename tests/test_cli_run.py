@@ -77,7 +77,8 @@ def test_profile_partition_run_on_real_images(tmp_path):
     real test images with checkpointed parameters, compare and check against the
     unpartitioned model."""
     params = multigpu.models.lenet().init_params(7, scale=0.1)
-    save_checkpoint(tmp_path / "ck", params, {"epoch": 1})
+    save_checkpoint(tmp_path / "ck", params, {"config": {}, "epoch": 1, "rng": {}, "test_acc": [0.1],
+                                              "train_loss": [2.3], "sec_per_epoch": [1.0]})
     workers = ["--worker", "numpy"] + (["--worker", "torch:1"] if "torch" in multigpu.available_backends() else [])
     prof = cli("profile", "--model", "lenet", *workers, "--driver-backend", "numpy", "--repeats", "3",
                "--warmup", "1", "--link-repeats", "3", "--out", str(tmp_path / "measured.json"), "--quiet",

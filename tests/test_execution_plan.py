@@ -341,7 +341,8 @@ def test_profile_worker_specs():
 
 def test_params_load_from_a_checkpoint_folder_its_file_or_an_npz(tmp_path):
     params = LENET.init_params(3)
-    save_checkpoint(tmp_path / "ck", params, {"epoch": 1})
+    save_checkpoint(tmp_path / "ck", params, {"config": {}, "epoch": 1, "rng": {}, "test_acc": [0.1],
+                                              "train_loss": [2.3], "sec_per_epoch": [1.0]})
     for where in (tmp_path / "ck", tmp_path / "ck" / "checkpoint.npz"):
         for p, q in zip(load_params(where), params):
             np.testing.assert_array_equal(p, q)

@@ -56,3 +56,7 @@ class MissingDependencyError(MultigpuError, ImportError):
 
 class CheckpointError(MultigpuError, ValueError):
     """A checkpoint that is unreadable or belongs to a different run."""
+
+
+class BenchmarkError(MultigpuError, RuntimeError):
+    """A benchmark failed while it ran (a run-time failure: exit 1)."""

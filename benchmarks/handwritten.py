@@ -56,7 +56,10 @@ def torch_autograd(init: Sequence[np.ndarray], lr: float, batch: int, gpu: bool)
 
 
 def torch_nn_data_parallel(init: Sequence[np.ndarray], lr: float, batch: int, num_gpus: int) -> Runner:
-    """An ``nn.Module`` LeNet under ``nn.DataParallel`` on ``num_gpus`` GPUs (needs CUDA)."""
+    """An ``nn.Module`` LeNet under ``nn.DataParallel`` on ``num_gpus`` GPUs (needs CUDA).
+
+    NOT RUN YET: written on a machine without a GPU; ``step`` uses it only where torch sees GPUs.
+    """
     import torch
     import torch.nn.functional as F
     from torch import nn

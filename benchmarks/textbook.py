@@ -21,6 +21,10 @@ cannot run here is substituted, each marked ``SUBSTITUTED`` and listed in
   place (``add_``, ``paddle.assign``) and is the one compared with ``DataParallel``;
   ``fixed=False`` runs the chapter's code as printed.
 
+The GPU branches (``gpus=True``: ``cuda:i``, ``nn.parallel.scatter``, ``mx.gpu(i)``,
+``paddle.CUDAPlace(i)``) are the chapter's code unchanged, but NOT RUN YET: this was
+written and measured on a machine without a GPU.
+
 Every runner takes numpy batches, as ``DataParallel.train_batch`` does, and
 ``params()`` returns replica 0's parameters in the model's order, so a benchmark can
 check that the transcription computes what ``DataParallel`` computes.

@@ -84,12 +84,13 @@ def flat_schedule(devices: Sequence[Device], group: Optional[Any] = None) -> str
       the first buffer suffices and every replica reads it; a broadcast would copy
       within the same memory and move nothing between devices.
     * ``"ring"`` (three or more GPUs, one process): the ring's transfers between
-      distinct GPUs run side by side.
+      distinct GPUs run side by side. (Not yet measured: no GPU was available when
+      ``benchmarks/allreduce.py`` was written; run it where one is.)
     * ``"reduce"`` (otherwise): reduce into the first device, sum across processes
       when there is a group, and copy the sum back to every device.
 
     One Python thread issues every transfer, so on CPU replicas the ring's 2(n-1)
-    chunked rounds only add calls (see ``benchmarks/``).
+    chunked rounds only add calls (``multigpu bench allreduce``).
     """
     if all(d.kind == "cpu" for d in devices):
         return "shared"
@@ -124,8 +125,9 @@ def fused_allreduce(backend: Any, grads: Sequence[Sequence[Any]], devices: Seque
     shapes = [backend.shape(g) for g in grads[0]]
     flats = [backend.flatten(per_device) for per_device in grads]
     sums = allreduce_flat(backend, flats, devices)
+    views = {id(f): backend.unflatten(f, shapes) for f in sums}  # CPU replicas share one sum
     for per_device, flat in zip(grads, sums):
-        for g, view in zip(per_device, backend.unflatten(flat, shapes)):
+        for g, view in zip(per_device, views[id(flat)]):
             backend.assign_(g, view)
 
 

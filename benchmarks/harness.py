@@ -318,7 +318,9 @@ def _write(result: Result, out: Path, before: dict[str, Any], load_after: list[f
     versions = ", ".join(f"{k} {v}" for k, v in before["versions"].items() if v)
     header = [f"## {result.title}", "",
               f"Machine: {before['cpu']}, {before['cores']} cores, {before['memory_gib']} GiB, "
-              f"GPUs: {', '.join(before['gpus']) or 'none'}; Python {before['python']}; {versions}.", "",
+              f"GPUs: {', '.join(before['gpus']) or 'none'}; Python {before['python']}; {versions}; "
+              f"threads: {', '.join(f'{k}={v}' for k, v in before['thread_env'].items()) or 'framework defaults'}.",
+              "",
               _load_line(before, load_after, load) + (" Other load was present." if loaded else "")
               + f" Took {seconds:.0f} s.", ""]
     body = [t.markdown() for t in result.tables] + [f"- {n}" for n in result.notes]

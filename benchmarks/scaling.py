@@ -78,8 +78,14 @@ def run(opts: Options) -> Result:
                 rec["efficiency"] = {k: v * scale if k != "n" else v for k, v in eff.items()}
                 rec["samples_per_s"] = rec["batch"] / t["median"]
                 e = rec["efficiency"]
+                # Same global batch: is a step on N devices quicker than on one? (On GPUs the
+                # no-host-sync step should make 2 GPUs beat 1.)
+                vs_one = ratio(rec["samples"], one["samples"]) if mode == "strong" else None
+                rec["time_vs_one_device"] = vs_one
                 rows.append([fw, mode, f"{n} {rec['kind'].upper()}", rec["batch"], fmt_ms(t),
-                             f"{rec['samples_per_s']:.0f}", f"{e['median']:.2f} ({e['q1']:.2f}-{e['q3']:.2f})"])
+                             f"{rec['samples_per_s']:.0f}", f"{e['median']:.2f} ({e['q1']:.2f}-{e['q3']:.2f})",
+                             "-" if vs_one is None or n == counts[0] else
+                             f"{vs_one['median']:.2f} ({vs_one['q1']:.2f}-{vs_one['q3']:.2f})"])
     notes = [f"{repeat} alternating rounds (one step per device count each) after {warmup} warm-up; "
              "step time median (quartiles) in ms; efficiency = thr_N / (N x thr_1), median (quartiles) of "
              "per-round ratios.",
@@ -87,7 +93,8 @@ def run(opts: Options) -> Result:
              "machine's cores: N replicas do N times the Python and launch work on the same cores, so ideal "
              "CPU efficiency is 1/N for strong and about 1/N for weak scaling here."]
     table = Table("Throughput and scaling efficiency (DataParallel, fused allreduce)",
-                  ["backend", "scaling", "devices", "global batch", "step ms", "examples/s", "efficiency"], rows)
+                  ["backend", "scaling", "devices", "global batch", "step ms", "examples/s", "efficiency",
+                   "step time / 1 device (strong)"], rows)
     return Result("scaling", TITLE, [table], data,
                   settings={"devices": counts, "per_device": PER_DEVICE, "global": GLOBAL, "repeat": repeat,
                             "warmup": warmup}, notes=notes, plot=lambda fig: _plot(fig, data))

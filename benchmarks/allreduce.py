@@ -100,7 +100,7 @@ def _timed(be: Any, devices: list[Any], shapes: list[tuple[int, ...]], repeat: i
         else:
             algo = "fused" if name == "fused (tensor API)" else name
             timed[name] = (lambda a: lambda: allreduce_grads(be, views, devices, a))(algo)
-    return interleaved(timed, repeat=repeat, warmup=warmup, sync=sync, progress=tick)
+    return interleaved(timed, repeat=repeat, warmup=warmup, sync=sync, progress=tick, reverse_odd_rounds=True)
 
 
 def measure(framework: str, lenet_counts: tuple[int, ...], buffer_counts: tuple[int, ...], sizes: tuple[int, ...],

@@ -126,11 +126,14 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
 
 def interleaved(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int = 2,
                 sync: Optional[Callable[[], None]] = None,
-                progress: Optional[Callable[[], None]] = None) -> dict[str, list[float]]:
+                progress: Optional[Callable[[], None]] = None,
+                reverse_odd_rounds: bool = False) -> dict[str, list[float]]:
     """Time each case ``repeat`` times, alternating between cases; return seconds per call.
 
     ``warmup`` untimed rounds run first. ``sync`` (a device synchronize) runs inside
     the timed region after every call, so queued device work is counted.
+    ``reverse_odd_rounds`` runs every second round in reverse order (A B C, C B A, ...),
+    so no case always follows the same neighbour (caches, allocator state).
     """
     if repeat < 1:
         raise ValueError(f"repeat={repeat} must be >= 1")
@@ -140,8 +143,9 @@ def interleaved(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int
             if sync is not None:
                 sync()
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeat):
-        for name, fn in cases.items():
+    order = list(cases.items())
+    for i in range(repeat):
+        for name, fn in (order[::-1] if reverse_odd_rounds and i % 2 else order):
             t0 = time.perf_counter()
             fn()
             if sync is not None:

@@ -54,7 +54,8 @@ def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, p
             X = rng.random((B, 1, 28, 28), dtype=np.float32)
             y = rng.integers(0, 10, B)
             cases[str(n)] = (lambda tr, X, y: lambda: (tr.train_batch(X, y), tr.synchronize()))(tr, X, y)
-        samples = interleaved(cases, repeat=repeat, warmup=warmup, progress=bar.update)
+        samples = interleaved(cases, repeat=repeat, warmup=warmup, progress=bar.update,
+                              reverse_odd_rounds=True)
         out[mode] = {n: {"kind": kinds[n], "batch": _batch(mode, n), "samples": samples[str(n)]} for n in counts}
     bar.close()
     return out

@@ -116,7 +116,8 @@ def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, p
         cases = {"ours": ours}
         for name, r in runners.items():
             cases[name] = (lambda r: lambda: (r.step(X, y), r.sync()))(r)
-        samples = interleaved(cases, repeat=repeat, warmup=warmup, progress=bar.update)
+        samples = interleaved(cases, repeat=repeat, warmup=warmup, progress=bar.update,
+                              reverse_odd_rounds=True)
         out["counts"][n] = {"spec": spec, "kind": kind, "samples": samples, "agreement": agreement}
     bar.close()
     return out

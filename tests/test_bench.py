@@ -36,6 +36,9 @@ def test_interleaved_alternates_cases_after_the_warmup_and_syncs_each_call():
     assert all(t >= 0 for v in samples.values() for t in v)
     with pytest.raises(ValueError):
         interleaved(cases, repeat=0)
+    order.clear()
+    interleaved(cases, repeat=3, warmup=1, reverse_odd_rounds=True)
+    assert "".join(order) == "abc" + "abc" + "cba" + "abc"
 
 
 def test_ratio_pairs_rounds_so_a_slow_round_cancels():

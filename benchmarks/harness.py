@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 __all__ = ["BENCHMARKS", "Options", "Result", "Table", "device_spec", "fmt_ms", "interleaved", "isolated",
-           "fmt_ratio", "machine", "progress_bar", "ratio", "run_benchmarks", "summary"]
+           "fmt_ratio", "interleaved_wall_cpu", "machine", "progress_bar", "ratio", "run_benchmarks", "summary"]
 
 # Benchmark name -> module in this package, in the order a full run takes them.
 BENCHMARKS: dict[str, str] = {
@@ -135,6 +135,21 @@ def interleaved(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int
     ``reverse_odd_rounds`` runs every second round in reverse order (A B C, C B A, ...),
     so no case always follows the same neighbour (caches, allocator state).
     """
+    return interleaved_wall_cpu(cases, repeat, warmup, sync, progress, reverse_odd_rounds)[0]
+
+
+def interleaved_wall_cpu(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int = 2,
+                         sync: Optional[Callable[[], None]] = None,
+                         progress: Optional[Callable[[], None]] = None,
+                         reverse_odd_rounds: bool = False) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """:func:`interleaved`, returning ``(wall, cpu)``: wall-clock seconds and this process's
+    CPU seconds (all its threads) per call.
+
+    CPU time stops while the process waits for a core, so on a machine shared with
+    other jobs it shows the work done where wall time also shows the waiting. It does
+    not count device time, and it counts a thread pool's spin-waits, so use it beside
+    wall time, with one CPU thread per framework, never instead of it.
+    """
     if repeat < 1:
         raise ValueError(f"repeat={repeat} must be >= 1")
     for _ in range(warmup):
@@ -142,18 +157,21 @@ def interleaved(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int
             fn()
             if sync is not None:
                 sync()
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+    wall: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
     order = list(cases.items())
     for i in range(repeat):
         for name, fn in (order[::-1] if reverse_odd_rounds and i % 2 else order):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             if sync is not None:
                 sync()
-            samples[name].append(time.perf_counter() - t0)
+            t1, c1 = time.perf_counter(), time.process_time()
+            wall[name].append(t1 - t0)
+            cpu[name].append(c1 - c0)
         if progress is not None:
             progress()
-    return samples
+    return wall, cpu
 
 
 def ratio(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:

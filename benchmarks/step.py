@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .harness import (Options, Result, Table, device_spec, fmt_ms, fmt_ratio, interleaved, isolated,
+from .harness import (Options, Result, Table, device_spec, fmt_ms, fmt_ratio, interleaved_wall_cpu, isolated,
                       progress_bar, ratio, summary)
 
 TITLE = "One LeNet step (batch 256): DataParallel against hand-written loops, the textbook's code, nn.DataParallel"
@@ -116,9 +116,10 @@ def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, p
         cases = {"ours": ours}
         for name, r in runners.items():
             cases[name] = (lambda r: lambda: (r.step(X, y), r.sync()))(r)
-        samples = interleaved(cases, repeat=repeat, warmup=warmup, progress=bar.update,
-                              reverse_odd_rounds=True)
-        out["counts"][n] = {"spec": spec, "kind": kind, "samples": samples, "agreement": agreement}
+        samples, cpu = interleaved_wall_cpu(cases, repeat=repeat, warmup=warmup, progress=bar.update,
+                                            reverse_odd_rounds=True)
+        out["counts"][n] = {"spec": spec, "kind": kind, "samples": samples, "cpu_samples": cpu,
+                            "agreement": agreement}
     bar.close()
     return out
 
@@ -146,19 +147,24 @@ def run(opts: Options) -> Result:
                     continue
                 goal = target(case, n)
                 r = ratio(s["ours"], s[case])
+                rc = ratio(rec["cpu_samples"]["ours"], rec["cpu_samples"][case])
                 rec.setdefault("ratios", {})[case] = r
+                rec.setdefault("cpu_ratios", {})[case] = rc
                 agrees = rec["agreement"][case] <= AGREE_TOL
                 rows.append([fw, f"{n} {rec['kind'].upper()}", fmt_ms(ours), case, fmt_ms(summary(s[case])),
                              fmt_ratio(r), "-" if goal is None else f"<= {goal:g}",
                              "-" if goal is None else ("yes" if r["median"] <= goal else "**no**"),
-                             f"{rec['agreement'][case]:.1e}" + ("" if agrees else " (differs)")])
+                             fmt_ratio(rc), f"{rec['agreement'][case]:.1e}" + ("" if agrees else " (differs)")])
     if not data:
         notes.append("no framework backend is installed; nothing to measure")
     from .textbook import SUBSTITUTIONS
 
     notes += [
         f"{repeat} alternating rounds after {warmup} warm-up rounds; times are median (quartiles) in ms; "
-        "ours / theirs is the median of per-round ratios (quartiles).",
+        "ours / theirs is the median of per-round ratios (quartiles) of wall time; the target applies to it.",
+        "CPU time ours / theirs: the same for this process's CPU time (every thread). It leaves out time spent "
+        "waiting for a core, so under outside load it shows whether the work differs; it counts thread pools' "
+        "spin-waits, so read it with one thread per framework (--threads 1).",
         "max |dparam|: largest parameter difference from ours after one step from the same start on the "
         f"same batch; above {AGREE_TOL:g} the loop computes something else (the printed Paddle textbook code "
         "never sums the gradients).",
@@ -167,7 +173,7 @@ def run(opts: Options) -> Result:
     ] + [f"textbook transcription, {k}: {v}" for k, v in SUBSTITUTIONS.items() if k in data]
     table = Table("ours / theirs, one LeNet step, batch 256",
                   ["backend", "devices", "ours ms", "compared with", "theirs ms", "ours / theirs", "target",
-                   "met", "max |dparam|"], rows)
+                   "met", "CPU time ours / theirs", "max |dparam|"], rows)
     legend = Table("what each case is", ["case", "what", "target on 1 device", "on 2 and 4"],
                    [[c, w, "-" if t1 is None else f"<= {t1:g}", "-" if tn is None else f"<= {tn:g}"]
                     for c, (w, t1, tn) in CASES.items()])

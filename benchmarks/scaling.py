@@ -103,13 +103,14 @@ def run(opts: Options) -> Result:
 
 def _plot(fig: Any, data: dict[str, Any]) -> None:
     ax_thr, ax_eff = fig.subplots(1, 2)
-    for fw, got in data.items():
+    for i, (fw, got) in enumerate(data.items()):
+        color = f"C{i}"  # one colour per framework; the line style tells the mode
         for mode, style in (("weak", "-"), ("strong", "--")):
             ns = list(got[mode])
-            line = ax_thr.plot(ns, [got[mode][n]["samples_per_s"] for n in ns], style, marker="o",
-                               label=f"{fw} {mode}")[0]
+            ax_thr.plot(ns, [got[mode][n]["samples_per_s"] for n in ns], style, marker="o", color=color,
+                        label=f"{fw} {mode}")
             ax_eff.plot(ns, [got[mode][n]["efficiency"]["median"] for n in ns], style, marker="o",
-                        color=line.get_color(), label=f"{fw} {mode}")
+                        color=color, label=f"{fw} {mode}")
     ax_thr.set(xlabel="devices", ylabel="examples / s", title="throughput (weak: solid, strong: dashed)")
     ax_eff.set(xlabel="devices", ylabel="thr_N / (N x thr_1)", title="scaling efficiency", ylim=(0, None))
     for ax in (ax_thr, ax_eff):

@@ -134,7 +134,7 @@ def _threads(framework: str) -> dict[str, Any]:
 
 def run(opts: Options) -> Result:
     """Run every framework's cases in its own process and tabulate ours / theirs."""
-    repeat, warmup = opts.repeats(30, 5), opts.repeats(3, 1)
+    repeat, warmup = opts.repeats(40, 5), opts.repeats(3, 1)
     data: dict[str, Any] = {}
     rows, notes = [], []
     for fw in opts.frameworks():

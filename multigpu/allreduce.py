@@ -125,10 +125,20 @@ def fused_allreduce(backend: Any, grads: Sequence[Sequence[Any]], devices: Seque
     shapes = [backend.shape(g) for g in grads[0]]
     flats = [backend.flatten(per_device) for per_device in grads]
     sums = allreduce_flat(backend, flats, devices)
-    views = {id(f): backend.unflatten(f, shapes) for f in sums}  # CPU replicas share one sum
+    views = views_per_buffer(backend, sums, shapes)
     for per_device, flat in zip(grads, sums):
         for g, view in zip(per_device, views[id(flat)]):
             backend.assign_(g, view)
+
+
+def views_per_buffer(backend: Any, flats: Sequence[Any], shapes: Sequence[Sequence[int]]) -> dict[int, list[Any]]:
+    """Return ``{id(flat): unflatten(flat, shapes)}``, unflattening each distinct buffer once
+    (under the ``"shared"`` schedule every CPU replica holds the same buffer)."""
+    views: dict[int, list[Any]] = {}
+    for f in flats:
+        if id(f) not in views:
+            views[id(f)] = backend.unflatten(f, shapes)
+    return views
 
 
 def check_algorithm(backend: Any, algorithm: str) -> str:

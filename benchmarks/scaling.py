@@ -91,8 +91,11 @@ def run(opts: Options) -> Result:
              "step time median (quartiles) in ms; efficiency = thr_N / (N x thr_1), median (quartiles) of "
              "per-round ratios.",
              "weak: 128 examples per device; strong: 256 in all. CPU rows are CPU replicas sharing this "
-             "machine's cores: N replicas do N times the Python and launch work on the same cores, so ideal "
-             "CPU efficiency is 1/N for strong and about 1/N for weak scaling here."]
+             "machine's cores: the arithmetic does not grow with N, so efficiency near 1/N is what CPU "
+             "replicas can give; above 1/N, smaller per-replica batches run faster per example (cache) and "
+             "MXNet runs each CPU context on its own engine thread.",
+             "step time / 1 device: the same global batch on N devices against one device (median, "
+             "quartiles of per-round ratios); below 1, N devices finish the step sooner."]
     table = Table("Throughput and scaling efficiency (DataParallel, fused allreduce)",
                   ["backend", "scaling", "devices", "global batch", "step ms", "examples/s", "efficiency",
                    "step time / 1 device (strong)"], rows)

@@ -212,7 +212,7 @@ def run(opts: Options) -> Result:
 
     def ms(s: dict[str, float]) -> str:
         k, unit = (1.0, " s") if s["median"] >= 1 else (1e3, " ms")
-        return f"{k * s['median']:.3g}{unit} ({k * s['q1']:.3g}-{k * s['q3']:.3g})"
+        return f"{k * s['median']:.3g}{unit} ({k * s['q1']:.4g}-{k * s['q3']:.4g})"
 
     dp_rows = [[r["n"], r["k"], ms(r["wall"]), ms(r["solver"]), r["stages"],
                 (("yes" if r["solver"]["median"] <= DP_TARGET_S else "**no**") if (r["n"], r["k"]) == (10_000, 64)

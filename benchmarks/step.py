@@ -153,7 +153,8 @@ def run(opts: Options) -> Result:
                 agrees = rec["agreement"][case] <= AGREE_TOL
                 rows.append([fw, f"{n} {rec['kind'].upper()}", fmt_ms(ours), case, fmt_ms(summary(s[case])),
                              fmt_ratio(r), "-" if goal is None else f"<= {goal:g}",
-                             "-" if goal is None else ("yes" if r["median"] <= goal else "**no**"),
+                             "-" if goal is None else ("yes" if r["median"] <= goal else
+                                                       f"**no** (+{100 * (r['median'] / goal - 1):.1f}%)"),
                              fmt_ratio(rc), f"{rec['agreement'][case]:.1e}" + ("" if agrees else " (differs)")])
     if not data:
         notes.append("no framework backend is installed; nothing to measure")

@@ -16,7 +16,13 @@ Rules every benchmark follows, so that its numbers can be trusted:
 * run each framework in its own process (:func:`isolated`) when more than one
   framework, or a distributed engine, is involved: MXNet's engine crashes beside
   torch or paddle in some paths, and a fresh process keeps one framework's threads
-  from slowing another.
+  from slowing another;
+* compare two cases with :func:`ratio` (per-round ratios of alternately timed
+  samples, so a burst of load cancels out) and show progress with
+  :func:`progress_bar` (quiet under ``--quiet``).
+
+The runner measures outside load itself: the CPU time that processes other than
+this run used while it ran (from ``/proc/stat``), besides the load average.
 """
 from __future__ import annotations
 
@@ -36,16 +42,24 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-__all__ = ["BENCHMARKS", "Options", "Result", "Table", "interleaved", "isolated", "machine",
-           "run_benchmarks", "summary"]
+__all__ = ["BENCHMARKS", "Options", "Result", "Table", "device_spec", "fmt_ms", "interleaved", "isolated",
+           "fmt_ratio", "interleaved_wall_cpu", "machine", "progress_bar", "ratio", "run_benchmarks", "summary"]
 
-# Benchmark name -> module in this package, in the order ``--all`` runs them.
+# Benchmark name -> module in this package, in the order a full run takes them.
 BENCHMARKS: dict[str, str] = {
+    "step": "step",
+    "allreduce": "allreduce",
+    "scaling": "scaling",
+    "planner": "planner",
+    "accuracy": "accuracy",
     "dist_allreduce": "dist_allreduce",
     "dist_step": "dist_step",
-    "contract": "contract_overhead",
     "plans": "plans",
+    "contract": "contract_overhead",
 }
+
+# Read by the frameworks' thread pools when they start (torch, MXNet and Paddle use OpenMP).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 FRAMEWORK_PACKAGES = ("numpy", "scipy", "torch", "mxnet", "paddlepaddle", "ray", "matplotlib")
 
@@ -57,10 +71,19 @@ class Options:
     quick: bool = False
     out: Path = Path("benchmarks/out")
     progress: bool = True
+    backends: Optional[tuple[str, ...]] = None  # None: every installed framework
+    threads: Optional[int] = None  # CPU threads per framework process; None: the frameworks' defaults
 
     def repeats(self, full: int, quick: int) -> int:
         """Return ``quick`` under ``--quick``, else ``full``."""
         return quick if self.quick else full
+
+    def frameworks(self) -> list[str]:
+        """Return the installed framework backends to measure (never the NumPy reference)."""
+        from multigpu import available_backends
+
+        installed = [b for b in available_backends() if b != "numpy"]
+        return installed if self.backends is None else [b for b in self.backends if b in installed]
 
 
 @dataclass
@@ -107,11 +130,29 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
 
 def interleaved(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int = 2,
                 sync: Optional[Callable[[], None]] = None,
-                progress: Optional[Callable[[], None]] = None) -> dict[str, list[float]]:
+                progress: Optional[Callable[[], None]] = None,
+                reverse_odd_rounds: bool = False) -> dict[str, list[float]]:
     """Time each case ``repeat`` times, alternating between cases; return seconds per call.
 
     ``warmup`` untimed rounds run first. ``sync`` (a device synchronize) runs inside
     the timed region after every call, so queued device work is counted.
+    ``reverse_odd_rounds`` runs every second round in reverse order (A B C, C B A, ...),
+    so no case always follows the same neighbour (caches, allocator state).
+    """
+    return interleaved_wall_cpu(cases, repeat, warmup, sync, progress, reverse_odd_rounds)[0]
+
+
+def interleaved_wall_cpu(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int = 2,
+                         sync: Optional[Callable[[], None]] = None,
+                         progress: Optional[Callable[[], None]] = None,
+                         reverse_odd_rounds: bool = False) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """:func:`interleaved`, returning ``(wall, cpu)``: wall-clock seconds and this process's
+    CPU seconds (all its threads) per call.
+
+    CPU time stops while the process waits for a core, so on a machine shared with
+    other jobs it shows the work done where wall time also shows the waiting. It does
+    not count device time, and it counts a thread pool's spin-waits, so use it beside
+    wall time, with one CPU thread per framework, never instead of it.
     """
     if repeat < 1:
         raise ValueError(f"repeat={repeat} must be >= 1")
@@ -120,17 +161,61 @@ def interleaved(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int
             fn()
             if sync is not None:
                 sync()
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeat):
-        for name, fn in cases.items():
-            t0 = time.perf_counter()
+    wall: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+    order = list(cases.items())
+    for i in range(repeat):
+        for name, fn in (order[::-1] if reverse_odd_rounds and i % 2 else order):
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             if sync is not None:
                 sync()
-            samples[name].append(time.perf_counter() - t0)
+            t1, c1 = time.perf_counter(), time.process_time()
+            wall[name].append(t1 - t0)
+            cpu[name].append(c1 - c0)
         if progress is not None:
             progress()
-    return samples
+    return wall, cpu
+
+
+def ratio(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
+    """Compare two cases timed by the same :func:`interleaved` run: ``num / den``.
+
+    Round i's samples of both cases ran back to back, so the per-round ratios cancel
+    load that changes between rounds. Returns their median, quartiles, min and max,
+    and the plain ratio of the two medians (``of_medians``).
+    """
+    if len(num) != len(den) or not num:
+        raise ValueError(f"ratio needs two equally long, non-empty sample lists (got {len(num)}, {len(den)})")
+    out = summary([a / b for a, b in zip(num, den)])
+    out["of_medians"] = statistics.median(num) / statistics.median(den)
+    return out
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True) -> Any:
+    """Return a tqdm bar on stderr (a silent one when not ``enabled``); call ``.update()``/``.close()``."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, file=sys.stderr,
+                dynamic_ncols=True)
+
+
+def device_spec(backend: Any, n: int) -> tuple[str, str]:
+    """Return ``(spec, kind)`` for ``n`` devices: ``"gpu:0,..,n-1"`` when the backend sees
+    that many GPUs, else ``"cpu:n"`` (CPU replicas)."""
+    if backend.gpu_count() >= n:
+        return "gpu:" + ",".join(str(i) for i in range(n)), "gpu"
+    return f"cpu:{n}", "cpu"
+
+
+def fmt_ms(s: dict[str, float], digits: int = 1) -> str:
+    """Format a :func:`summary` of seconds as ``"median ms (q1-q3)"``."""
+    return f"{1e3 * s['median']:.{digits}f} ({1e3 * s['q1']:.{digits}f}-{1e3 * s['q3']:.{digits}f})"
+
+
+def fmt_ratio(r: dict[str, float]) -> str:
+    """Format a :func:`ratio` as ``"median (q1-q3)"``."""
+    return f"{r['median']:.3f} ({r['q1']:.2f}-{r['q3']:.2f})"
 
 
 def isolated(target: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
@@ -165,17 +250,67 @@ def _gpus() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
 
 
+def _memory_gib() -> Optional[float]:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
 def machine() -> dict[str, Any]:
-    """Describe this machine: CPU, cores, GPUs, Python, package versions, load average."""
+    """Describe this machine: CPU, cores, memory, GPUs, Python, package versions, thread
+    settings, load average."""
     versions = {}
     for pkg in FRAMEWORK_PACKAGES:
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "gpus": _gpus(),
+    threads = {k: os.environ[k] for k in (*THREAD_VARIABLES, "MXNET_CPU_WORKER_NTHREADS") if k in os.environ}
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(), "gpus": _gpus(),
             "python": platform.python_version(), "platform": platform.platform(),
-            "versions": versions, "loadavg": list(os.getloadavg())}
+            "versions": versions, "thread_env": threads, "loadavg": list(os.getloadavg())}
+
+
+class LoadMeter:
+    """CPU seconds used by processes other than this run, between ``__init__`` and ``stop()``.
+
+    Busy time of the whole machine comes from ``/proc/stat``; this run's share is this
+    process plus its finished children (``isolated`` workers are joined, so they count).
+    """
+
+    def __init__(self) -> None:
+        self.t0, self.busy0, self.own0 = time.perf_counter(), self._busy(), self._own()
+
+    @staticmethod
+    def _busy() -> Optional[float]:
+        try:
+            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        except (OSError, IndexError):
+            return None
+        ticks = [int(f) for f in fields]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        guest = sum(ticks[8:10]) if len(ticks) > 9 else 0  # already counted in user/nice
+        return (sum(ticks) - idle - guest) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own() -> float:
+        import resource
+
+        return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                      resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    def stop(self) -> dict[str, Optional[float]]:
+        """Return wall seconds, this run's CPU seconds, other processes' CPU seconds and
+        their average share of the machine's cores (0..1)."""
+        wall, busy, own = time.perf_counter() - self.t0, self._busy(), self._own() - self.own0
+        other = None if busy is None or self.busy0 is None else max(0.0, busy - self.busy0 - own)
+        cores = os.cpu_count() or 1
+        return {"wall_s": wall, "own_cpu_s": own, "other_cpu_s": other,
+                "other_share": None if other is None else other / (wall * cores)}
 
 
 def _jsonable(x: Any) -> Any:
@@ -192,22 +327,35 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+def _load_line(before: dict[str, Any], load_after: list[float], load: dict[str, Any]) -> str:
+    share = load.get("other_share")
+    other = ("unknown" if share is None else
+             f"{share:.0%} of the {before['cores']} cores ({load['other_cpu_s']:.0f} CPU-s)")
+    return (f"Load average (1 min) {before['loadavg'][0]:.2f} before, {load_after[0]:.2f} after; "
+            f"other processes used {other} during the run.")
+
+
 def _write(result: Result, out: Path, before: dict[str, Any], load_after: list[float],
-           seconds: float) -> list[Path]:
+           load: dict[str, Any]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    md = out / f"{result.name}.md"
-    loaded = max(before["loadavg"][0], load_after[0]) > 0.5 * (before["cores"] or 1)
+    seconds = load["wall_s"]
+    share = load.get("other_share")
+    loaded = share is not None and share > 0.1 or before["loadavg"][0] > 0.5 * (before["cores"] or 1)
+    versions = ", ".join(f"{k} {v}" for k, v in before["versions"].items() if v)
     header = [f"## {result.title}", "",
-              f"Machine: {before['cpu']}, {before['cores']} cores, "
-              f"GPUs: {', '.join(before['gpus']) or 'none'}; load average (1 min) "
-              f"{before['loadavg'][0]:.2f} before, {load_after[0]:.2f} after"
-              f"{' (other load was present)' if loaded else ''}; {seconds:.0f} s.", ""]
+              f"Machine: {before['cpu']}, {before['cores']} cores, {before['memory_gib']} GiB, "
+              f"GPUs: {', '.join(before['gpus']) or 'none'}; Python {before['python']}; {versions}; "
+              f"threads: {', '.join(f'{k}={v}' for k, v in before['thread_env'].items()) or 'framework defaults'}.",
+              "",
+              _load_line(before, load_after, load) + (" Other load was present." if loaded else "")
+              + f" Took {seconds:.0f} s.", ""]
     body = [t.markdown() for t in result.tables] + [f"- {n}" for n in result.notes]
+    md = out / f"{result.name}.md"
     md.write_text("\n".join(header + body) + "\n")
     js = out / f"{result.name}.json"
     js.write_text(json.dumps(_jsonable({
         "name": result.name, "title": result.title, "machine": before,
-        "loadavg_after": load_after, "other_load": loaded, "seconds": seconds,
+        "loadavg_after": load_after, "load": load, "other_load": loaded, "seconds": seconds,
         "settings": result.settings, "tables": [asdict(t) for t in result.tables],
         "notes": result.notes, "data": result.data}), indent=1))
     paths = [md, js]
@@ -218,28 +366,59 @@ def _write(result: Result, out: Path, before: dict[str, Any], load_after: list[f
         import matplotlib.pyplot as plt
 
         fig = plt.figure(figsize=(10, 6))
-        result.plot(fig)
-        png = out / f"{result.name}.png"
-        fig.savefig(png, dpi=110, bbox_inches="tight")
-        plt.close(fig)
+        try:
+            result.plot(fig)
+            png = out / f"{result.name}.png"
+            fig.savefig(png, dpi=110, bbox_inches="tight")
+        finally:
+            plt.close(fig)
         paths.append(png)
     return paths
 
 
 def run_benchmarks(names: Iterable[str], opts: Options,
                    echo: Callable[[str], None] = print) -> list[Path]:
-    """Run the named benchmarks in order; return every file written."""
+    """Run the named benchmarks in order; return every file written.
+
+    A benchmark that raises is reported and the others still run; at the end
+    BenchmarkError names every one that failed.
+    """
+    from multigpu.errors import BenchmarkError
+
     written: list[Path] = []
+    failed: dict[str, str] = {}
+    saved = {k: os.environ.get(k) for k in THREAD_VARIABLES}
+    if opts.threads is not None:  # isolated() children inherit these when they start
+        os.environ.update({k: str(opts.threads) for k in THREAD_VARIABLES})
+    try:
+        _run_each(names, opts, echo, written, failed)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if failed:
+        raise BenchmarkError("benchmark(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    return written
+
+
+def _run_each(names: Iterable[str], opts: Options, echo: Callable[[str], None], written: list[Path],
+              failed: dict[str, str]) -> None:
     for name in names:
         module = importlib.import_module(f"{__package__}.{BENCHMARKS[name]}")
         before = machine()
         echo(f"bench {name}: {module.TITLE}")
-        t0 = time.perf_counter()
-        result = module.run(opts)
-        seconds = time.perf_counter() - t0
-        written += _write(result, opts.out, before, list(os.getloadavg()), seconds)
-        echo(f"bench {name}: done in {seconds:.0f} s -> {opts.out / name}.{{md,json,png}}")
-    return written
+        meter = LoadMeter()
+        try:
+            result = module.run(opts)
+        except Exception as exc:  # one broken benchmark must not hide the others' results
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            echo(f"bench {name}: FAILED: {failed[name]}")
+            continue
+        load = meter.stop()
+        written += _write(result, opts.out, before, list(os.getloadavg()), load)
+        echo(f"bench {name}: done in {load['wall_s']:.0f} s -> {opts.out / name}.{{md,json,png}}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -84,12 +84,13 @@ def flat_schedule(devices: Sequence[Device], group: Optional[Any] = None) -> str
       the first buffer suffices and every replica reads it; a broadcast would copy
       within the same memory and move nothing between devices.
     * ``"ring"`` (three or more GPUs, one process): the ring's transfers between
-      distinct GPUs run side by side.
+      distinct GPUs run side by side. (Not yet measured: no GPU was available when
+      ``benchmarks/allreduce.py`` was written; run it where one is.)
     * ``"reduce"`` (otherwise): reduce into the first device, sum across processes
       when there is a group, and copy the sum back to every device.
 
     One Python thread issues every transfer, so on CPU replicas the ring's 2(n-1)
-    chunked rounds only add calls (see ``benchmarks/``).
+    chunked rounds only add calls (``multigpu bench allreduce``).
     """
     if all(d.kind == "cpu" for d in devices):
         return "shared"
@@ -126,9 +127,20 @@ def fused_allreduce(backend: Any, grads: Sequence[Sequence[Any]], devices: Seque
         return
     flats = [backend.flatten(per_device) for per_device in grads]
     sums = allreduce_flat(backend, flats, devices)
+    views = views_per_buffer(backend, sums, shapes)
     for per_device, flat in zip(grads, sums):
-        for g, view in zip(per_device, backend.unflatten(flat, shapes)):
+        for g, view in zip(per_device, views[id(flat)]):
             backend.assign_(g, view)
+
+
+def views_per_buffer(backend: Any, flats: Sequence[Any], shapes: Sequence[Sequence[int]]) -> dict[int, list[Any]]:
+    """Return ``{id(flat): unflatten(flat, shapes)}``, unflattening each distinct buffer once
+    (under the ``"shared"`` schedule every CPU replica holds the same buffer)."""
+    views: dict[int, list[Any]] = {}
+    for f in flats:
+        if id(f) not in views:
+            views[id(f)] = backend.unflatten(f, shapes)
+    return views
 
 
 def check_algorithm(backend: Any, algorithm: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from .allreduce import allreduce_flat, allreduce_grads, check_algorithm, reduce_to_first
+from .allreduce import allreduce_flat, allreduce_grads, check_algorithm, reduce_to_first, views_per_buffer
 from .devices import DeviceSpec, resolve_devices
 from .distributed import allreduce_numpy
 from .errors import DeviceError, InputError, ModelError
@@ -177,7 +177,7 @@ class DataParallel:
         shapes = [*self.model.param_shapes, (1,)]
         if self.allreduce == "fused":
             sums = allreduce_flat(b, flats, self.devices, group)
-            views = {id(f): b.unflatten(f, shapes) for f in sums}  # CPU replicas share one sum
+            views = views_per_buffer(b, sums, shapes)  # CPU replicas share one sum
             return [views[id(f)][:-1] for f in sums], views[id(sums[0])][-1]
         views = [b.unflatten(f, shapes) for f in flats]
         allreduce_grads(b, [v[:-1] for v in views], self.devices, self.allreduce)

@@ -118,3 +118,7 @@ class WorkerDiedError(MultigpuError, RuntimeError):
 class WorkerTimeoutError(MultigpuError, TimeoutError):
     """A stage's worker did not answer within the run's timeout; the message names
     the stage and its device. A run-time failure (exit 1)."""
+
+
+class BenchmarkError(MultigpuError, RuntimeError):
+    """A benchmark failed while it ran (a run-time failure: exit 1)."""

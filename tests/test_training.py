@@ -255,7 +255,7 @@ def test_short_real_data_run_agrees_across_backends():
     """Ten steps on real Fashion-MNIST with every backend from one seed: the same numbers.
 
     LeNet's 0.01 init sits on a loss plateau for a few hundred steps, so a short run
-    cannot show accuracy; benchmarks/fashion_mnist_backends.py measures the full run.
+    cannot show accuracy; `multigpu bench accuracy` measures the full run.
     """
     results = {b: multigpu.train(backend=b, num_gpus="cpu:2", batch_size=256, lr=0.2, num_epochs=1,
                                  train_limit=2560, test_limit=1000, progress=False, seed=0)

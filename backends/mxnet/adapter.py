@@ -105,13 +105,17 @@ class MXNetBackend:
 
     def relu(self, x: NDArray) -> NDArray:
         """Return max(x, 0)."""
-        return mx.nd.relu(x)
+        # NOTE: mx.nd.relu is a generic element-wise kernel; Activation(act_type="relu") runs
+        # MKL-DNN's, about 4x faster forward and backward on LeNet's activations (benchmarks/step).
+        return mx.nd.Activation(x, act_type="relu")
 
     def dense(self, x: NDArray, w: NDArray, b: NDArray) -> NDArray:
         """Return ``x @ w + b`` with ``w`` of shape (in, out)."""
-        # dot() takes w as (in, out) directly; FullyConnected would want (out, in).
-        y = mx.nd.dot(x, w, transpose_a=False, transpose_b=False)
-        return mx.nd.broadcast_add(y, mx.nd.reshape(b, shape=(1, -1)))
+        # NOTE: FullyConnected wants (out, in), hence the transpose; it is still about twice as
+        # fast forward and backward as dot + broadcast_add (one MKL-DNN op, bias fused), see
+        # benchmarks/step. flatten=False: x is already (batch, in).
+        return mx.nd.FullyConnected(data=x, weight=mx.nd.transpose(w), bias=b, num_hidden=int(w.shape[1]),
+                                    no_bias=False, flatten=False)
 
     def reshape(self, x: NDArray, shape: Sequence[int]) -> NDArray:
         """Return ``x`` reshaped to ``shape`` (fully resolved by the contract: no -1, no 0)."""

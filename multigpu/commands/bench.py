@@ -19,6 +19,12 @@ def register(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="fewer repeats and sizes; skips the long benchmarks")
     p.add_argument("--out", default="benchmarks/out", metavar="DIR", help="output folder (default benchmarks/out)")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    p.add_argument("--backends", metavar="LIST",
+                   help="comma-separated frameworks to measure, e.g. torch,mxnet (default: every installed one)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads per framework process (sets OMP_NUM_THREADS and friends; default: the "
+                        "frameworks' own choice). On a machine shared with other jobs, 1 keeps a busy core "
+                        "from stalling every parallel op")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
 
@@ -39,11 +45,27 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)} (see --list)")
     names = args.names or [n for n, m in BENCHMARKS.items()
                            if not args.quick or importlib.import_module(f"multigpu.benchmarks.{m}").IN_QUICK]
+    backends = None
+    if args.backends is not None:
+        from ..registry import available_backends, registered_backends
+
+        backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+        bad = [b for b in backends if b not in registered_backends() or b == "numpy"]
+        if bad or not backends:
+            raise InputError(f"--backends {args.backends!r}: {bad or 'empty'} is not a framework backend; "
+                             f"choose from {[b for b in registered_backends() if b != 'numpy']}")
+        missing = [b for b in backends if b not in available_backends()]
+        if missing:
+            raise InputError(f"--backends {args.backends!r}: {missing} not installed here; "
+                             f"installed: {[b for b in available_backends() if b != 'numpy']}")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads {args.threads} must be at least 1")
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out {out} cannot be created ({exc.strerror}); pass a writable folder") from exc
-    run_benchmarks(names, Options(quick=args.quick, out=out, progress=not args.quiet),
+    run_benchmarks(names, Options(quick=args.quick, out=out, progress=not args.quiet, backends=backends,
+                                       threads=args.threads),
                    echo=(lambda s: None) if args.quiet else print)
     return 0

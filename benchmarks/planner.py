@@ -1,0 +1,283 @@
+"""``planner``: AutoPartition's solve times against n (layers) and k (devices), and each
+baseline's gap to the optimum.
+
+* DP: latency without coupling constraints, random chains, n up to 10,000 and k up
+  to 64 (target: n = 10,000, k = 64 in <= 1 s).
+* MILP: memory-constrained random chains where each device holds 40% of the
+  parameters (the unconstrained optimum does not fit), n up to 200 and k up to 16
+  (target: n = 200, k = 16 in <= 10 s); in a full run also three seeds at
+  n = 200, k = 16, a 200-layer transformer on a 16-device GPU/CPU cluster, and a
+  generalised-assignment-like stress case (15% memory) under a time limit.
+* Gaps: AlexNet (batch 1) on every shipped cluster, for time (wt=1, we=0), energy
+  (wt=0, we=1) and the throughput objective (gap in bottleneck).
+
+Pure numpy/scipy: it runs in the harness's own process. Grid cells are timed
+alternately; reported are the wall time of ``autopartition`` (median, quartiles)
+and the solver's own time (``plan.solve_time``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .harness import Options, Result, Table, interleaved, progress_bar, summary
+
+TITLE = "Planner: DP and MILP solve times against n and k; baselines' gap to the optimum"
+IN_QUICK = True
+
+DP_TARGET_S, MILP_TARGET_S = 1.0, 10.0
+STRESS_LIMIT_S = 120.0
+
+
+def random_graph(n: int, rng: np.random.Generator) -> Any:
+    """A chain with log-uniform FLOPs and activations, and parameters on about half the layers."""
+    from multigpu.partition import Graph, LayerSpec
+
+    layers = tuple(LayerSpec(name=f"l{i}", flops=float(10 ** rng.uniform(6, 10)),
+                             param_bytes=float(rng.uniform(0, 2e6) * (rng.random() < 0.5)),
+                             output_bytes=float(10 ** rng.uniform(3, 7))) for i in range(n))
+    return Graph(layers, input_bytes=float(10 ** rng.uniform(4, 7)), name=f"random-{n}")
+
+
+def random_cluster(k: int, rng: np.random.Generator, memory: Any = None) -> Any:
+    """k devices (10 GFLOP/s .. 10 TFLOP/s), a 100 MB/s default link, faster links on a random tenth of pairs."""
+    from multigpu.partition import Cluster, DeviceSpec, Link, LinkSpec
+
+    devices = tuple(DeviceSpec(f"d{i}", float(10 ** rng.uniform(10, 13)), float(rng.uniform(5, 300)), memory)
+                    for i in range(k))
+    links = []
+    for u in range(k):
+        for v in range(u + 1, k):
+            if rng.random() < 0.1:
+                links.append(Link((f"d{u}", f"d{v}"), float(10 ** rng.uniform(8, 10.5)),
+                                  float(rng.uniform(0, 1e-4)), float(rng.uniform(0, 10))))
+    return Cluster(devices, source="d0", links=tuple(links), default_link=LinkSpec(1e8, 1e-4, 2.0),
+                   name=f"random-{k}")
+
+
+def memory_bound(n: int, k: int, seed: int, share: float = 0.4) -> tuple[Any, Any]:
+    """A random chain and cluster where each device holds ``share`` of the parameters."""
+    rng = np.random.default_rng(seed)
+    graph = random_graph(n, rng)
+    mem = share * float(graph.param_bytes.sum()) + float(graph.activation_bytes.max())
+    return graph, random_cluster(k, rng, memory=mem)
+
+
+def transformer_chain(d_model: int = 5120, tokens: int = 512, blocks: int = 50) -> Any:
+    """A decoder-only transformer as a chain of 4 matmul layers per block (fp32): 50 blocks =
+    200 layers and 63 GB of parameters at d_model = 5120, more than any single device below holds."""
+    from multigpu.partition import Graph, LayerSpec
+
+    layers = []
+    for b in range(blocks):
+        for name, params, width in (("qkv", 3 * d_model * d_model, 3 * d_model),
+                                    ("proj", d_model * d_model, d_model),
+                                    ("up", 4 * d_model * d_model, 4 * d_model),
+                                    ("down", 4 * d_model * d_model, d_model)):
+            layers.append(LayerSpec(f"b{b}.{name}", 2.0 * params * tokens, 4.0 * params, 4.0 * tokens * width))
+    return Graph(tuple(layers), input_bytes=4.0 * tokens * d_model, name=f"transformer-{d_model}")
+
+
+def gpu_cluster() -> Any:
+    """16 devices: a host (source and sink), an A6000-class GPU (48 GB), four V100-class and
+    four T4-class GPUs (16 GB) on PCIe to the host, six CPU nodes on 10 GbE."""
+    from multigpu.partition import Cluster, DeviceSpec, Link, LinkSpec
+
+    devices = [DeviceSpec("host", 1.4e12, 135.0, 256e9), DeviceSpec("a6000", 38.7e12, 300.0, 48e9)]
+    devices += [DeviceSpec(f"v100-{i}", 15.7e12, 300.0, 16e9) for i in range(4)]
+    devices += [DeviceSpec(f"t4-{i}", 8.1e12, 70.0, 16e9) for i in range(4)]
+    devices += [DeviceSpec(f"cpu-{i}", 1.0e12, 150.0, 64e9) for i in range(6)]
+    links = tuple(Link(("host", d.name), 1.25e9 if d.name.startswith("cpu") else 15.75e9, 1e-5)
+                  for d in devices[1:])
+    return Cluster(tuple(devices), source="host", links=links, default_link=LinkSpec(1.25e9, 5e-5, 0.0),
+                   name="gpu-cluster-16")
+
+
+def _timed_grid(problems: dict[str, tuple[Any, Any, dict[str, Any]]], repeat: int, tick: Any) -> dict[str, Any]:
+    """Solve each problem ``repeat`` times, alternating; return wall and solver times and the plan."""
+    from multigpu.partition import autopartition
+
+    plans: dict[str, list[Any]] = {k: [] for k in problems}
+
+    def solver(key: str) -> Any:
+        graph, cluster, kw = problems[key]
+        return lambda: plans[key].append(autopartition(graph, cluster, **kw))
+
+    walls = interleaved({k: solver(k) for k in problems}, repeat=repeat, warmup=0, progress=tick)
+    return {k: {"wall": walls[k], "solver_s": [p.solve_time for p in plans[k]], "plan": plans[k][-1]}
+            for k in problems}
+
+
+def bench_dp(ns: tuple[int, ...], ks: tuple[int, ...], repeat: int, tick: Any) -> list[dict[str, Any]]:
+    """DP (latency, no coupling constraint) over the n x k grid."""
+    problems = {}
+    for n in ns:
+        for k in ks:
+            rng = np.random.default_rng(n * 1000 + k)
+            problems[f"{n},{k}"] = (random_graph(n, rng), random_cluster(k, rng),
+                                    {"wt": 1.0, "we": 0.01, "constraints": {"memory": False}})
+    got = _timed_grid(problems, repeat, tick)
+    rows = []
+    for key, g in got.items():
+        n, k = map(int, key.split(","))
+        assert g["plan"].solver == "dp", g["plan"].solver
+        rows.append({"n": n, "k": k, "wall": summary(g["wall"]), "solver": summary(g["solver_s"]),
+                     "samples": g["wall"], "stages": len(g["plan"].stages)})
+    return rows
+
+
+def bench_milp(cases: dict[str, tuple[Any, Any]], repeat: int, tick: Any) -> list[dict[str, Any]]:
+    """Memory-constrained AutoPartition (the exact LP -> bound -> MILP path) on each case."""
+    from multigpu.partition import autopartition
+    from multigpu.partition.costmodel import memory_use
+
+    rows = []
+    got = _timed_grid({k: (g, c, {}) for k, (g, c) in cases.items()}, repeat, tick)
+    for label, (graph, cluster) in cases.items():
+        free = autopartition(graph, cluster, constraints={"memory": False})
+        cols = np.array([cluster.index(d) for d in free.assignment])
+        binds = bool(np.any(memory_use(graph, cluster, cols) > cluster.memory))
+        plan = got[label]["plan"]
+        rows.append({"case": label, "n": graph.n, "k": cluster.k, "wall": summary(got[label]["wall"]),
+                     "solver": summary(got[label]["solver_s"]), "samples": got[label]["wall"],
+                     "memory_binds": binds, "method": plan.solver,
+                     "devices_used": sum(d.layers > 0 for d in plan.breakdown.devices),
+                     "cost_over_unconstrained": plan.cost / free.cost})
+    return rows
+
+
+def bench_stress(n: int, k: int, seed: int, limit: float) -> dict[str, Any]:
+    """The MILP alone, under a time limit, on a case where each device holds 15% of the parameters."""
+    from multigpu.partition import Constraints, autopartition
+    from multigpu.partition.costmodel import CostTables
+    from multigpu.partition.milp import solve_milp
+
+    graph, cluster = memory_bound(n, k, seed, share=0.15)
+    free = autopartition(graph, cluster, constraints={"memory": False})
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints().resolve(graph, cluster)
+    t0 = time.perf_counter()
+    res = solve_milp(tables, cons, 1.0, 0.0, scale=1e3 / free.cost, options={"time_limit": limit})
+    return {"n": n, "k": k, "seconds": time.perf_counter() - t0, "status": res.status, "message": res.message,
+            "time_limit": limit, "best_cost": res.value if res.a is not None else None}
+
+
+def bench_gaps(model: str = "alexnet", batch: int = 1) -> list[dict[str, Any]]:
+    """Each baseline's gap to the optimum on every shipped cluster (latency: cost; throughput: bottleneck)."""
+    from multigpu.partition import Constraints, autopartition, baselines, load_cluster, load_graph, shipped_clusters
+
+    graph = load_graph(model, batch=batch)
+    rows = []
+    for name in shipped_clusters():
+        cluster = load_cluster(name)
+        for label, kw in (("time (wt=1, we=0)", {"wt": 1.0, "we": 0.0}),
+                          ("energy (wt=0, we=1)", {"wt": 0.0, "we": 1.0}),
+                          ("throughput (bottleneck)", {"objective": "throughput"})):
+            plan = autopartition(graph, cluster, **kw)
+            thr = kw.get("objective") == "throughput"
+            best = plan.bottleneck if thr else plan.cost
+            gaps = {}
+            for b in baselines(graph, cluster, kw.get("wt", 1.0), kw.get("we", 0.0), constraints=Constraints()):
+                if b.breakdown is None:
+                    gaps[b.name] = None
+                    continue
+                value = b.breakdown.bottleneck if thr else b.cost
+                gaps[b.name] = {"value": value, "gap": value / best - 1, "breaks": list(b.violations)}
+            rows.append({"cluster": name, "model": model, "batch": batch, "objective": label, "optimum": best,
+                         "stages": [f"{s.first}..{s.last}@{s.device}" for s in plan.stages], "gaps": gaps})
+    return rows
+
+
+def run(opts: Options) -> Result:
+    """Time the solvers on the grids, compute the gaps, tabulate."""
+    dp_ns, dp_ks = (100, 1000, 10_000), (4, 16, 64)
+    milp_ns, milp_ks = opts.repeats(((50, 100, 200), (4, 8, 16)), ((20, 50), (4, 8)))
+    dp_repeat, milp_repeat = opts.repeats(5, 2), opts.repeats(3, 1)
+    milp_cases = {f"random chain, 40% memory, n={n} k={k}": memory_bound(n, k, seed=0)
+                  for n in milp_ns for k in milp_ks}
+    if not opts.quick:
+        for seed in (1, 2):
+            milp_cases[f"random chain, 40% memory, n=200 k=16, seed {seed}"] = memory_bound(200, 16, seed)
+        milp_cases["transformer, 200 layers (63 GB) on 16 GPUs/CPUs"] = (transformer_chain(), gpu_cluster())
+    bar = progress_bar(dp_repeat + milp_repeat + 1 + (0 if opts.quick else 1), "planner", opts.progress)
+    dp = bench_dp(dp_ns, dp_ks, dp_repeat, bar.update)
+    milp = bench_milp(milp_cases, milp_repeat, bar.update)
+    gaps = bench_gaps()
+    bar.update()
+    stress = None if opts.quick else bench_stress(200, 16, 0, STRESS_LIMIT_S)
+    bar.update()
+    bar.close()
+
+    def ms(s: dict[str, float]) -> str:
+        k, unit = (1.0, " s") if s["median"] >= 1 else (1e3, " ms")
+        return f"{k * s['median']:.3g}{unit} ({k * s['q1']:.4g}-{k * s['q3']:.4g})"
+
+    dp_rows = [[r["n"], r["k"], ms(r["wall"]), ms(r["solver"]), r["stages"],
+                (("yes" if r["solver"]["median"] <= DP_TARGET_S else "**no**") if (r["n"], r["k"]) == (10_000, 64)
+                 else "-")] for r in dp]
+    milp_rows = [[r["case"], r["n"], r["k"], ms(r["wall"]), ms(r["solver"]), r["method"],
+                  "yes" if r["memory_binds"] else "no", r["devices_used"], f"{r['cost_over_unconstrained']:.3f}",
+                  ("yes" if r["wall"]["median"] <= MILP_TARGET_S else "**no**") if (r["n"], r["k"]) == (200, 16)
+                  else "-"] for r in milp]
+    names = ["single", "uniform", "balanced", "greedy"]
+    gap_rows = []
+    for r in gaps:
+        cells = []
+        for nm in names:
+            g = r["gaps"].get(nm)
+            cells.append("n/a" if g is None else f"{100 * g['gap']:+.1f}%" + ("*" if g["breaks"] else ""))
+        gap_rows.append([r["cluster"], r["objective"], f"{r['optimum']:.5g}", *cells, "; ".join(r["stages"])])
+    tables = [
+        Table("DP (latency, no coupling constraint): solve time against n and k",
+              ["n layers", "k devices", "autopartition", "solver", "stages", f"<= {DP_TARGET_S:g} s"], dp_rows),
+        Table("Memory-constrained (LP, Lagrangian bound, MILP): solve time against n and k",
+              ["case", "n", "k", "autopartition", "solver", "method", "memory binds", "devices used",
+               "cost / unconstrained", f"<= {MILP_TARGET_S:g} s"], milp_rows),
+        Table("Baselines' gap to the optimum, AlexNet batch 1 (throughput rows: gap in bottleneck)",
+              ["cluster", "objective", "optimum", *names, "optimal stages"], gap_rows),
+    ]
+    notes = [f"DP: {dp_repeat} alternating rounds over the grid; MILP: {milp_repeat}. Times are median "
+             "(quartiles); autopartition includes building the cost tables and evaluating the plan.",
+             "single = best single device; uniform = contiguous split in cluster order; balanced = FLOPs "
+             "proportional to each device's FLOP/s; greedy = each layer on its fastest device. "
+             "* = the baseline breaks a constraint."]
+    if stress is not None:
+        notes.append(f"stress (n={stress['n']}, k={stress['k']}, each device holds 15% of the parameters, "
+                     f"MILP alone, time limit {stress['time_limit']:g} s): {stress['seconds']:.0f} s, "
+                     f"HiGHS: {stress['message']}")
+    data = {"dp": dp, "milp": milp, "gaps": gaps, "stress": stress}
+    return Result("planner", TITLE, tables, data,
+                  settings={"dp_n": dp_ns, "dp_k": dp_ks, "milp_n": milp_ns, "milp_k": milp_ks,
+                            "dp_repeat": dp_repeat, "milp_repeat": milp_repeat},
+                  notes=notes, plot=lambda fig: _plot(fig, dp, milp, gaps))
+
+
+def _plot(fig: Any, dp: list[dict[str, Any]], milp: list[dict[str, Any]], gaps: list[dict[str, Any]]) -> None:
+    ax_dp, ax_milp, ax_gap = fig.subplots(1, 3)
+    for k in sorted({r["k"] for r in dp}):
+        pts = sorted((r["n"], r["solver"]["median"]) for r in dp if r["k"] == k)
+        ax_dp.plot(*zip(*pts), marker="o", label=f"k={k}")
+    ax_dp.axhline(DP_TARGET_S, color="r", ls="--", lw=0.8)
+    ax_dp.set(xscale="log", yscale="log", xlabel="layers n", ylabel="solver s", title="DP")
+    grid = [r for r in milp if r["case"].startswith("random chain") and "seed" not in r["case"]]
+    for k in sorted({r["k"] for r in grid}):
+        pts = sorted((r["n"], r["wall"]["median"]) for r in grid if r["k"] == k)
+        ax_milp.plot(*zip(*pts), marker="o", label=f"k={k}")
+    ax_milp.axhline(MILP_TARGET_S, color="r", ls="--", lw=0.8)
+    ax_milp.set(xscale="log", yscale="log", xlabel="layers n", ylabel="autopartition s",
+                title="memory-constrained (MILP path)")
+    names = ["single", "uniform", "balanced", "greedy"]
+    labels = [f"{r['cluster']}\n{r['objective'].split(' ')[0]}" for r in gaps]
+    width = 0.8 / len(names)
+    for j, nm in enumerate(names):
+        ys = [100 * (r["gaps"][nm]["gap"] if r["gaps"].get(nm) else np.nan) for r in gaps]
+        ax_gap.bar(np.arange(len(gaps)) + (j - 1.5) * width, np.maximum(ys, 0.1), width, label=nm)
+    ax_gap.set_xticks(range(len(gaps)), labels, fontsize=6)
+    ax_gap.set(yscale="log", ylabel="gap to optimum, % (log)", title="baselines, AlexNet")
+    for ax in (ax_dp, ax_milp, ax_gap):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.set_size_inches(15, 5)
+    fig.tight_layout()

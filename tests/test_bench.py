@@ -1,0 +1,159 @@
+"""The benchmark harness: timing helpers, the runner's files, and ``multigpu bench --quick``."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from multigpu.benchmarks import harness
+from multigpu.benchmarks.harness import BENCHMARKS, Options, Result, Table, interleaved, ratio, summary
+from multigpu.errors import BenchmarkError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_summary_gives_median_quartiles_and_range():
+    s = summary([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s["median"], s["min"], s["max"], s["q1"], s["q3"], s["n"]) == (3.0, 1.0, 5.0, 2.0, 4.0, 5)
+    assert summary([7.0])["q1"] == summary([7.0])["q3"] == 7.0
+    with pytest.raises(ValueError):
+        summary([])
+
+
+def test_interleaved_alternates_cases_after_the_warmup_and_syncs_each_call():
+    order: list[str] = []
+    syncs: list[str] = []
+    cases = {name: (lambda name: lambda: order.append(name))(name) for name in "abc"}
+    samples = interleaved(cases, repeat=3, warmup=2, sync=lambda: syncs.append(order[-1]))
+    assert order == list("abc") * 5
+    assert syncs == order  # a sync after every call, warm-up included
+    assert {k: len(v) for k, v in samples.items()} == {"a": 3, "b": 3, "c": 3}
+    assert all(t >= 0 for v in samples.values() for t in v)
+    with pytest.raises(ValueError):
+        interleaved(cases, repeat=0)
+    order.clear()
+    interleaved(cases, repeat=3, warmup=1, reverse_odd_rounds=True)
+    assert "".join(order) == "abc" + "abc" + "cba" + "abc"
+
+
+def test_ratio_pairs_rounds_so_a_slow_round_cancels():
+    fast, slow = [1.0, 10.0, 1.0], [2.0, 20.0, 2.0]  # round 2 hit both cases alike
+    r = ratio(fast, slow)
+    assert r["median"] == r["min"] == r["max"] == 0.5
+    assert r["of_medians"] == 0.5
+    with pytest.raises(ValueError):
+        ratio([1.0], [1.0, 2.0])
+
+
+def test_every_benchmark_module_has_title_quick_flag_and_run():
+    import importlib
+
+    assert {"step", "allreduce", "scaling", "planner", "accuracy"} <= set(BENCHMARKS)
+    for name, module in BENCHMARKS.items():
+        mod = importlib.import_module(f"multigpu.benchmarks.{module}")
+        assert isinstance(mod.TITLE, str) and mod.TITLE, name
+        assert isinstance(mod.IN_QUICK, bool), name
+        assert callable(mod.run), name
+    quick = {n for n, m in BENCHMARKS.items() if importlib.import_module(f"multigpu.benchmarks.{m}").IN_QUICK}
+    assert {"step", "allreduce", "scaling", "planner"} <= quick and "accuracy" not in quick
+
+
+def _fake(name: str, fail: bool = False) -> types.ModuleType:
+    mod = types.ModuleType(f"multigpu.benchmarks._{name}")
+    mod.TITLE, mod.IN_QUICK = f"fake {name}", True
+
+    def run(opts: Options) -> Result:
+        if fail:
+            raise RuntimeError("boom")
+        return Result(name, mod.TITLE, [Table("t", ["a", "b"], [[1, 2.5]], note="n")], {"x": [1.0, float("nan")]},
+                      settings={"quick": opts.quick}, notes=["a note"],
+                      plot=lambda fig: fig.subplots().plot([1, 2], [3, 4]))
+
+    mod.run = run
+    return mod
+
+
+def test_runner_writes_md_json_png_and_records_machine_and_load(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "multigpu.benchmarks._ok", _fake("ok"))
+    monkeypatch.setitem(BENCHMARKS, "ok", "_ok")
+    written = harness.run_benchmarks(["ok"], Options(quick=True, out=tmp_path, progress=False, threads=1),
+                                     echo=lambda s: None)
+    assert sorted(p.name for p in written) == ["ok.json", "ok.md", "ok.png"]
+    md = (tmp_path / "ok.md").read_text()
+    assert "| a | b |" in md and "| 1 | 2.5 |" in md and "- a note" in md and "Load average" in md
+    js = json.loads((tmp_path / "ok.json").read_text())
+    assert js["data"] == {"x": [1.0, None]}  # NaN is not JSON; it becomes null
+    assert js["settings"] == {"quick": True}
+    m = js["machine"]
+    assert m["cores"] >= 1 and "versions" in m and len(m["loadavg"]) == 3
+    assert m["thread_env"]["OMP_NUM_THREADS"] == "1"  # --threads reaches the environment of the run
+    assert js["load"]["wall_s"] > 0 and js["load"]["own_cpu_s"] >= 0
+    assert (tmp_path / "ok.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failing_benchmark_does_not_hide_the_others(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "multigpu.benchmarks._bad", _fake("bad", fail=True))
+    monkeypatch.setitem(sys.modules, "multigpu.benchmarks._ok", _fake("ok"))
+    monkeypatch.setitem(BENCHMARKS, "bad", "_bad")
+    monkeypatch.setitem(BENCHMARKS, "ok", "_ok")
+    with pytest.raises(BenchmarkError, match="bad: RuntimeError: boom"):
+        harness.run_benchmarks(["bad", "ok"], Options(out=tmp_path, progress=False), echo=lambda s: None)
+    assert (tmp_path / "ok.json").exists() and not (tmp_path / "bad.json").exists()
+
+
+def test_isolated_runs_in_another_process_and_reraises():
+    import os
+
+    assert harness.isolated("os:getpid") != os.getpid()
+    with pytest.raises(ZeroDivisionError):
+        harness.isolated("operator:truediv", 1, 0)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "multigpu", "bench", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+
+
+def test_bench_cli_rejects_unknown_names_and_backends(tmp_path):
+    r = _cli("nosuch", "--out", str(tmp_path))
+    assert r.returncode != 0 and "unknown benchmark" in r.stderr and "step" in r.stderr
+    r = _cli("planner", "--backends", "numpy", "--out", str(tmp_path))
+    assert r.returncode != 0 and "--backends" in r.stderr
+    r = _cli("planner", "--threads", "0", "--out", str(tmp_path))
+    assert r.returncode != 0 and "--threads" in r.stderr
+    r = _cli("--list")
+    assert r.returncode == 0 and all(name in r.stdout for name in BENCHMARKS)
+
+
+@pytest.mark.slow
+def test_bench_quick_writes_every_file_and_each_parses(tmp_path):
+    """What CI runs: ``multigpu bench --quick``; every quick benchmark's md, json and png."""
+    import importlib
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image
+
+    t0 = time.perf_counter()
+    r = _cli("--quick", "--quiet", "--out", str(tmp_path))
+    seconds = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    quick = [n for n, m in BENCHMARKS.items() if importlib.import_module(f"multigpu.benchmarks.{m}").IN_QUICK]
+    assert {"step", "allreduce", "scaling", "planner"} <= set(quick)
+    for name in quick:
+        md = (tmp_path / f"{name}.md").read_text()
+        assert md.startswith("## ") and "|---|" in md and "Load average" in md, name
+        js = json.loads((tmp_path / f"{name}.json").read_text())
+        assert js["name"] == name and js["tables"] and all(t["rows"] for t in js["tables"]), name
+        assert js["machine"]["cores"] >= 1 and js["data"], name
+        img = matplotlib.image.imread(tmp_path / f"{name}.png")
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100, name
+    assert not (tmp_path / "accuracy.json").exists()  # long: not in --quick
+    assert "FAILED" not in r.stdout
+    print(f"multigpu bench --quick took {seconds:.0f} s")

@@ -15,6 +15,16 @@ Definition (a_0 = source, a_{n+1} = sink, a_1..a_n the layers' devices):
 * E = sum of power(a_i) * (compute time_i + stage overhead_i) + sum of transfer time * link power
 * cost = wt * T + we * E
 
+The throughput objective (pipelined inference) is the *bottleneck*, the largest of:
+
+* each device's load per item: its compute, its stage overheads, and the CPU of the
+  transfers it takes part in (``transfer_cpu`` of each end: ``fixed + per_byte * b``
+  for every transfer it sends or receives; the ``relay``'s figure for every transfer
+  between two other devices when it is the relay);
+* each link's activation transfer time per item;
+* each host's load: the sum of its devices' loads divided by its ``cores``.
+
+Transfer CPU enters nothing but the bottleneck (a transfer's time already holds it).
 A pair with no link and no default link cannot be used; ``evaluate`` raises
 UnusableLinkError for an assignment that needs one.
 """
@@ -31,8 +41,9 @@ from .cluster import Cluster
 from .exceptions import ClusterError, PartitionInputError, UnusableLinkError
 from .graph import Graph
 
-__all__ = ["Breakdown", "CostTables", "DeviceCost", "LayerCost", "LinkCost", "MatrixForm",
-           "check_weights", "compute_times", "evaluate", "measured_devices", "resolve_assignment"]
+__all__ = ["Breakdown", "CostTables", "DeviceCost", "HostCost", "LayerCost", "LinkCost", "MatrixForm",
+           "check_weights", "compute_times", "evaluate", "measured_devices", "resolve_assignment",
+           "transfer_cpu_loads"]
 
 AssignmentLike = Sequence[Union[str, int]]
 
@@ -149,6 +160,24 @@ class DeviceCost:
     memory: float
     memory_limit: Optional[float]
     stage_overhead: float = 0.0   # the stage overheads of its stages (not in compute_time)
+    transfer_cpu: float = 0.0     # CPU of the transfers it sends, receives or relays, per item
+    load: float = 0.0             # per item when pipelined: compute + stage overhead + transfer_cpu
+
+
+@dataclass(frozen=True)
+class HostCost:
+    """One host: its ``devices``, their summed ``load`` per item and its ``cores``;
+    ``share`` = load / cores is what the throughput bottleneck counts."""
+
+    name: str
+    cores: float
+    devices: list[str]
+    load: float
+
+    @property
+    def share(self) -> float:
+        """Seconds per item the host's cores need: load / cores."""
+        return self.load / self.cores
 
 
 @dataclass(frozen=True)
@@ -221,9 +250,11 @@ class Breakdown:
     ``time``, ``energy`` and ``cost`` are the totals of the definition;
     ``layers``/``devices``/``links`` break them down; ``output_time`` and
     ``output_energy`` are the final transfer to the sink; ``bottleneck`` is the
-    throughput objective (the larger of the most loaded device's compute time and
-    the most loaded link's activation transfer time). ``matrix`` is the document's
-    matrix form, built on first access (it holds (n+1)*k*k numbers).
+    throughput objective (the largest of a device's load, a link's activation
+    transfer time and a host's load over its cores), set by ``bottleneck_at`` (e.g.
+    "device 'a'", "link a <-> b", "host 'box' (2 cores)"). ``hosts`` lists each
+    host's load. ``matrix`` is the document's matrix form, built on first access (it
+    holds (n+1)*k*k numbers).
     """
 
     assignment: list[str]
@@ -243,6 +274,8 @@ class Breakdown:
     layers: list[LayerCost]
     devices: list[DeviceCost]
     links: list[LinkCost]
+    hosts: list[HostCost]
+    bottleneck_at: str
     _graph: Graph = field(repr=False)
     _cluster: Cluster = field(repr=False)
     _columns: np.ndarray = field(repr=False)
@@ -363,11 +396,77 @@ def _link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
     return load
 
 
+def _transfers(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sender, receiver, bytes) of every activation transfer of one item (u != v)."""
+    moved = x.prev != x.a
+    u, v, b = x.prev[moved], x.a[moved], graph.input_bytes_per_layer[moved]
+    last, sink = int(x.a[-1]), cluster.sink_index
+    if last != sink:
+        u = np.append(u, last)
+        v = np.append(v, sink)
+        b = np.append(b, graph.output_bytes[-1])
+    return u, v, b
+
+
+def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds)
+    triplets: ``transfer_cpu`` of the sender and of the receiver, and the relay's
+    figure where the relay is neither. Empty when no transfer costs CPU."""
+    u, v, b = np.asarray(u, dtype=np.intp), np.asarray(v, dtype=np.intp), np.asarray(b, dtype=float)
+    if not cluster.has_transfer_cpu or len(u) == 0:
+        empty = np.zeros(0, dtype=np.intp)
+        return empty, empty, np.zeros(0)
+    fixed, per_byte = cluster.cpu_fixed, cluster.cpu_per_byte
+    j = np.arange(len(u))
+    parts = [(j, u, fixed[u] + per_byte[u] * b), (j, v, fixed[v] + per_byte[v] * b)]
+    r = cluster.relay_index
+    if r >= 0:
+        via = (u != r) & (v != r)
+        relay = cluster.relay
+        parts.append((j[via], np.full(int(via.sum()), r), relay.fixed + relay.per_byte * b[via]))  # type: ignore[union-attr]
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]))
+
+
+def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(k,) CPU seconds each device spends per item on transfers (u[j] -> v[j], b[j]
+    bytes); see ``transfer_cpu_terms``."""
+    _, dev, val = transfer_cpu_terms(cluster, u, v, b)
+    return np.bincount(dev, weights=val, minlength=cluster.k).astype(float)
+
+
+def _loads(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per item when pipelined: (device loads (k,), their transfer CPU (k,), host loads (h,))."""
+    cpu = transfer_cpu_loads(cluster, *_transfers(graph, cluster, x))
+    load = np.bincount(x.a, weights=x.comp + x.t_stage, minlength=cluster.k) + cpu
+    hosts = np.zeros(len(cluster.hosts))
+    on = cluster.host_index >= 0
+    np.add.at(hosts, cluster.host_index[on], load[on])
+    return load, cpu, hosts
+
+
+def _bottleneck(cluster: Cluster, load: np.ndarray, links: np.ndarray, hosts: np.ndarray) -> tuple[float, str]:
+    """The bottleneck and what sets it (the first of device, link, host on a tie)."""
+    names = cluster.names
+    d = int(np.argmax(load))
+    best, at = float(load[d]), f"device {names[d]!r}"
+    if links.size and links.max() > best:
+        u, v = np.unravel_index(int(np.argmax(links)), links.shape)
+        best, at = float(links[u, v]), f"link {names[min(u, v)]} <-> {names[max(u, v)]}"
+    if hosts.size:
+        share = hosts / cluster.host_cores
+        h = int(np.argmax(share))
+        if share[h] > best:
+            best, at = float(share[h]), f"host {cluster.hosts[h].name!r} ({cluster.hosts[h].cores:g} cores)"
+    return best, at
+
+
 def bottleneck_of(graph: Graph, cluster: Cluster, a: np.ndarray) -> float:
     """The throughput objective of assignment ``a`` (device columns)."""
     x = assignment_arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False)
-    busy = np.bincount(x.a, weights=x.comp, minlength=cluster.k)
-    return float(max(busy.max(), _link_loads(cluster, x).max()))
+    load, _, hosts = _loads(graph, cluster, x)
+    return _bottleneck(cluster, load, _link_loads(cluster, x), hosts)[0]
 
 
 def memory_use(graph: Graph, cluster: Cluster, a: np.ndarray) -> np.ndarray:
@@ -418,24 +517,26 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
     act = np.zeros(k)
     np.maximum.at(act, a, graph.activation_bytes)
     counts = np.bincount(a, minlength=k)
+    load, cpu, host_load = _loads(graph, cluster, x)
     devices = [DeviceCost(
         name=names[d], layers=int(counts[d]), compute_time=float(busy[d]),
         compute_energy=float(busy_e[d]), transfer_time=float(moving[d]),
         param_bytes=float(params[d]), activation_bytes=float(act[d]),
         memory=float(params[d] + act[d]), memory_limit=cluster.devices[d].memory,
-        stage_overhead=float(overhead[d]),
+        stage_overhead=float(overhead[d]), transfer_cpu=float(cpu[d]), load=float(load[d]),
     ) for d in range(k)]
+    hosts = [HostCost(name=h.name, cores=h.cores, devices=[names[d] for d in np.flatnonzero(cluster.host_index == j)],
+                      load=float(host_load[j])) for j, h in enumerate(cluster.hosts)]
 
     links = _link_records(graph, cluster, x)
-    loads = _link_loads(cluster, x)
-    bottleneck = float(max(busy.max(), loads.max()))
+    bottleneck, bottleneck_at = _bottleneck(cluster, load, _link_loads(cluster, x), host_load)
     return Breakdown(
         assignment=[names[d] for d in a], time=time, energy=energy, cost=cost, wt=wt, we=we,
         ship_params=bool(ship_params), compute_time=math.fsum(x.comp), stage_time=math.fsum(x.t_stage),
         transfer_time=math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out,
         param_time=math.fsum(x.t_param), output_time=x.t_out, output_energy=x.e_out,
-        bottleneck=bottleneck, layers=layers, devices=devices, links=links,
-        _graph=graph, _cluster=cluster, _columns=a,
+        bottleneck=bottleneck, layers=layers, devices=devices, links=links, hosts=hosts,
+        bottleneck_at=bottleneck_at, _graph=graph, _cluster=cluster, _columns=a,
     )
 
 

@@ -14,6 +14,11 @@ builds the cluster; ``layer_timing`` times layers, ``link_fitting`` fits links.
   ``latency + bytes / bandwidth`` is fitted to them (least squares on relative
   error). Bare hops (nothing computed) and bare actor calls with the same payload
   are timed alternately, as the yardstick for the engine's own cost.
+* Transfer CPU (``transfer_cpu``): payloads streamed through the engine between
+  workers that compute nothing, each process's CPU time read around them; each
+  device's CPU per transfer and the driver's per relayed hop are fitted to them.
+* Hosts: every device's worker reports its machine and the cores it may use; the
+  devices of one machine share a ``hosts`` entry.
 * Each device's ``flops`` becomes its effective FLOP/s on the profiled graphs
   (FLOPs / measured time), the estimate the cost model uses for other graphs.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -30,13 +36,15 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ..errors import InputError, PlanError
-from ..partition.cluster import Cluster, DeviceSpec, Link, LinkSpec
+from ..partition.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec
 from ..partition.graph import graph_from_model
 from .layer_timing import LayerProfile, PassProfile, probe_layers, time_devices
 from .link_fitting import (PROBE_WORK, HopVsBare, LinkFit, fit_link, fit_links, hop_vs_bare, link_sizes,
                            time_links)
+from .cores import usable_cores
 from .progress import bar as progress_bar
 from .runner import ENGINES, resolve_model
+from .transfer_cpu import TransferCpuFit, cpu_sizes, fit_transfer_cpu, time_transfer_cpu
 
 __all__ = ["LayerProfile", "LinkFit", "PassProfile", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
 
@@ -55,6 +63,8 @@ class ProfileResult:
     graphs: list[str]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    transfer_cpu: Optional[TransferCpuFit] = None
+    hosts: dict[str, float] = field(default_factory=dict)
 
     def write(self, path: Union[str, "os.PathLike[str]"]) -> Path:
         """Write the cluster as JSON to ``path`` (atomically)."""
@@ -79,6 +89,13 @@ class ProfileResult:
                           for f in self.links],
                 "hop_vs_bare": [{"between": list(h.between), "bytes": h.nbytes, "hop": h.hop, "bare": h.bare,
                                  "ratio": h.ratio} for h in self.hop_vs_bare],
+                "hosts": self.hosts,
+                "transfer_cpu": None if self.transfer_cpu is None else {
+                    "devices": {d: f.to_dict() for d, f in self.transfer_cpu.devices.items()},
+                    "relay": None if self.transfer_cpu.relay is None else self.transfer_cpu.relay.to_dict(),
+                    "worst_error": self.transfer_cpu.worst_error(self.cluster.source),
+                    "samples": [{"route": list(x.route), "bytes": x.nbytes, "items": x.items, "cpu": x.cpu}
+                                for x in self.transfer_cpu.samples]},
                 "notes": self.notes}
 
     def format(self) -> str:
@@ -111,6 +128,18 @@ class ProfileResult:
                        f"{min(h.ratio for h in hs):.2f}x to {worst.ratio:.2f}x over {fmt_bytes(hs[0].nbytes)} to "
                        f"{fmt_bytes(hs[-1].nbytes)} (worst: {fmt_time(worst.hop)} against {fmt_time(worst.bare)} "
                        f"at {fmt_bytes(worst.nbytes)})")
+        for h, cores in self.hosts.items():
+            on = [d.name for d in self.cluster.devices if d.host == h]
+            out.append(f"  host {h}: {cores:g} cores, shared by {', '.join(on)}")
+        tc = self.transfer_cpu
+        if tc is not None:
+            for d, f in tc.devices.items():
+                out.append(f"  transfer CPU of {d}: {fmt_time(f.fixed)} + {f.per_byte * 1e9:.3g} ns/byte per transfer "
+                           f"it sends or receives")
+            if tc.relay is not None:
+                out.append(f"  relay {tc.relay.device}: {fmt_time(tc.relay.fixed)} + {tc.relay.per_byte * 1e9:.3g} "
+                           f"ns/byte per hop between two workers")
+            out.append(f"  transfer CPU fit within {tc.worst_error(self.cluster.source):.0%} of its samples")
         out += [f"  note: {n}" for n in self.notes]
         return "\n".join(out)
 
@@ -134,7 +163,8 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
             devices: Optional[Sequence[Union[DeviceSpec, Mapping[str, Any]]]] = None, *,
             driver: Union[None, DeviceSpec, Mapping[str, Any]] = None, cluster: Optional[Cluster] = None,
             batch: int = 1, repeats: int = 20, warmup: int = 3, link_repeats: int = 15,
-            sizes: Optional[Sequence[int]] = None, engine: str = "tasks", address: Optional[str] = None,
+            sizes: Optional[Sequence[int]] = None, cpu_items: int = 60, engine: str = "tasks",
+            address: Optional[str] = None,
             timeout: float = 120.0, startup_timeout: float = 180.0, progress: bool = True,
             seed: int = 0, session: Any = None) -> ProfileResult:
     """Profile ``models`` on the worker ``devices`` and the ``driver`` (this process);
@@ -148,6 +178,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     other figures (power, memory, other graphs' layer_times) are kept. ``session``
     (an open ``Session`` on that cluster) profiles its workers instead of starting
     new ones, so profiling and runs can alternate on the same processes.
+    ``cpu_items`` payloads per route and size measure the transfer CPU.
 
     Raises PlanError, InputError, BackendNotInstalledError, MissingDependencyError
     (Ray), and WorkerDiedError / WorkerTimeoutError.
@@ -160,7 +191,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     if not model_list:
         raise InputError("profile needs at least one model")
     for name, value, low in (("batch", batch, 1), ("repeats", repeats, 1), ("warmup", warmup, 0),
-                             ("link_repeats", link_repeats, 3)):
+                             ("link_repeats", link_repeats, 3), ("cpu_items", cpu_items, 10)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InputError(f"{name}={value!r} must be a whole number >= {low}")
     if engine not in ENGINES:
@@ -245,19 +276,38 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
             ws._get(ws.actors[name].set_probe_work.remote(work), lambda n=name: f"device {n!r}",
                     what="preparing link probes")
         hops, idle, bare = time_links(ws, ray_engine, [w.name for w in workers], driver_spec.name,
-                                       link_payloads, link_repeats, warmup, engine, progress, notes)
+                                      link_payloads, link_repeats, warmup, engine, progress, notes)
+        # -- transfer CPU through the same engine, and the hosts the workers run on ----------
+        cpu_fit = None
+        if engine == "tasks" and workers:
+            samples = time_transfer_cpu(ws, ray_engine, [w.name for w in workers], driver_spec.name,
+                                        cpu_sizes(link_payloads), cpu_items, warmup, progress)
+            cpu_fit = fit_transfer_cpu(samples, [w.name for w in workers], driver_spec.name)
+        elif engine != "tasks":
+            notes.append("compiled engine: transfer CPU not measured (a compiled graph's actors poll their "
+                         "channels, so their CPU per item depends on how long they wait, not on the hop); "
+                         "the cluster has no transfer_cpu or relay")
+        host_of = {name: (info.host, info.cores) for name, info in ws.info.items()}
+    if driver_spec.name not in host_of:   # a driver that runs no layers has no worker of its own
+        host_of[driver_spec.name] = (socket.gethostname(), usable_cores())
     fits = fit_links(hops)
     pairs_vs_bare = hop_vs_bare(idle, bare, driver_spec.name)
     stage_overhead = {name: statistics.median(v) for name, v in overheads.items()}
-    result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, fits, stage_overhead)
+    hosts = {}
+    for host, cores in host_of.values():
+        hosts[host] = min(hosts.get(host, math.inf), cores or math.inf)
+    result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, fits, stage_overhead,
+                                    {name: h for name, (h, _) in host_of.items()}, hosts, cpu_fit)
     return ProfileResult(cluster=result_cluster, layers=layer_rows, passes=passes, links=fits,
                          hop_vs_bare=pairs_vs_bare,
                          engine=engine, batch=batch, graphs=[g.name for g in graphs],
-                         seconds=time.perf_counter() - t_begin, notes=notes)
+                         seconds=time.perf_counter() - t_begin, notes=notes, transfer_cpu=cpu_fit, hosts=hosts)
 
 
 def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequence[DeviceSpec], graphs: Sequence[Any],
-                   rows: Sequence[LayerProfile], fits: Sequence[LinkFit], overhead: Mapping[str, float]) -> Cluster:
+                   rows: Sequence[LayerProfile], fits: Sequence[LinkFit], overhead: Mapping[str, float],
+                   host_of: Mapping[str, str], hosts: Mapping[str, float],
+                   cpu: Optional[TransferCpuFit]) -> Cluster:
     devices = []
     for spec in [driver, *workers]:
         times = {g.name: {r.layer: r.median for r in rows if r.device == spec.name and r.graph == g.name}
@@ -273,7 +323,9 @@ def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequenc
         devices.append(DeviceSpec(name=spec.name, flops=flops, power=spec.power, memory=spec.memory,
                                   backend=spec.backend, device=spec.device, threads=spec.threads,
                                   resources=spec.resources, layer_times=old or None,
-                                  stage_overhead=overhead.get(spec.name, spec.stage_overhead)))
+                                  stage_overhead=overhead.get(spec.name, spec.stage_overhead),
+                                  host=host_of[spec.name],
+                                  transfer_cpu=None if cpu is None else cpu.devices.get(spec.name)))
     links = [Link(between=f.between, bandwidth=f.bandwidth, latency=f.latency) for f in fits]
     measured = {frozenset(f.between) for f in fits}
     names = [d.name for d in devices]
@@ -292,4 +344,5 @@ def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequenc
         links += [ln for ln in keep if not any(frozenset(ln.between) == frozenset(x.between) for x in links)]
         default = default or base.default_link
     return Cluster(devices=tuple(devices), source=driver.name, links=tuple(links), default_link=default,
-                   sink=driver.name, name=base.name if base is not None else "profiled")
+                   sink=driver.name, hosts=tuple(HostSpec(h, c) for h, c in hosts.items()),
+                   relay=None if cpu is None else cpu.relay, name=base.name if base is not None else "profiled")

@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..protocol import Device
+from .cores import usable_cores
 
 __all__ = ["PROBE", "PROBE_IDLE", "StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
 
@@ -84,7 +85,7 @@ class StageWorker:
         self.be.from_numpy(np.zeros(1, np.float32), self.device)  # fail now on a bad device
         return {"name": self.name, "pid": os.getpid(), "host": os.uname().nodename,
                 "backend": self.backend_name, "device": str(self.device), "threads": self.threads,
-                "threads_applied": applied, "time": time.time()}
+                "threads_applied": applied, "time": time.time(), "cores": usable_cores()}
 
     def _framework_loaded(self) -> bool:
         from .. import registry
@@ -117,6 +118,11 @@ class StageWorker:
         """This worker's ``time.time()`` (for clock-offset estimates across hosts)."""
         return time.time()
 
+    def cpu_time(self) -> tuple[float, float]:
+        """(CPU seconds this worker's process has used, every thread (Ray's included);
+        CPU seconds of that spent computing link probes' layers)."""
+        return time.process_time(), getattr(self, "_probe_cpu", 0.0)
+
     # -- running -----------------------------------------------------------
     def run(self, stage: int, message: tuple[np.ndarray, tuple[float, ...]]) -> tuple[np.ndarray, tuple[float, ...]]:
         """Run stage ``stage`` on the message's array; return the output and the extended trace."""
@@ -126,7 +132,10 @@ class StageWorker:
         t0 = time.time()
         if stage in (PROBE, PROBE_IDLE):   # a link probe: the payload passes unchanged
             if stage == PROBE:               # ... while the worker computes, as a stage would
+                c0 = time.process_time()
                 self._busy()
+                be.synchronize(dev)
+                self._probe_cpu = getattr(self, "_probe_cpu", 0.0) + time.process_time() - c0
             y = t
         else:
             start, stop = self.stages[stage]

@@ -87,6 +87,10 @@ def _plans(quick: bool, workers: list[str], cluster: Any) -> list[dict[str, Any]
         g = graph_from_model(m, 1)
         auto = autopartition(g, cluster, constraints=Constraints(excluded=["driver"]))
         plans.append({"model": model, "label": "AutoPartition (latency, workers only)", "plan": auto.assignment})
+        if not quick:   # the planner's throughput plan, streamed: does the run deliver its bottleneck?
+            best = autopartition(g, cluster, objective="throughput", constraints=Constraints(excluded=["driver"]))
+            plans.append({"model": model, "label": "streamed, AutoPartition (throughput, workers only)",
+                          "plan": best.assignment, "stream": True})
     # Streamed: AlexNet split where its compute is balanced between two single-threaded
     # workers (two busy stages fit the two cores), and LeNet, whose items are mostly hops.
     alex = multigpu.models.alexnet()
@@ -226,6 +230,51 @@ def _ms(x: float) -> str:
     return f"{1e3 * x:.3f}" if math.isfinite(x) else "-"
 
 
+def plot_plans(data_plans: list[dict[str, Any]], mape: float) -> Any:
+    """The predicted-against-measured plot of ``data_plans`` (the JSON's ``plans``):
+    dots end to end, squares streamed per item; a streamed plan's hollow square is its
+    prediction without hosts and transfer CPU."""
+    def plot(fig: Any) -> None:
+        ax = fig.add_axes([0.07, 0.1, 0.55, 0.8])
+        colors = {"lenet": "tab:blue", "alexnet": "tab:red"}
+        keys = []
+        vals = []
+        for k, d in enumerate(data_plans, start=1):
+            if d["stream"]:
+                x, y, marker = 1e3 / d["predicted"], 1e3 / d["measured"], "s"
+                what = "ms per item, streamed"
+            else:
+                x, y, marker = 1e3 * d["predicted"], 1e3 * d["measured"], "o"
+                what = "end to end"
+            vals += [x, y]
+            ax.scatter(x, y, marker=marker, color=colors.get(d["model"], "k"), s=45, zorder=3)
+            if d["stream"] and d.get("predicted_unshared"):
+                # Where the model without hosts and transfer CPU put it (1 / bottleneck, median).
+                x0 = 1e3 / statistics.median(d["predicted_unshared"])
+                ax.scatter(x0, y, marker="s", facecolors="none", edgecolors=colors.get(d["model"], "k"), s=45, zorder=3)
+                ax.plot([x0, x], [y, y], color=colors.get(d["model"], "k"), lw=0.8, ls=":", zorder=2)
+                vals.append(x0)
+            ax.annotate(str(k), (x, y), fontsize=8, xytext=(5, -3), textcoords="offset points")
+            keys.append(f"{k:>2}  {d['model']}: {d['label']} ({what}): {100 * d['error']:+.1f}%")
+        lo, hi = min(vals) / 1.5, max(vals) * 1.5
+        xs = np.geomspace(lo, hi, 50)
+        ax.plot(xs, xs, "k-", lw=1, label="measured = predicted")
+        ax.fill_between(xs, xs / 1.1, xs * 1.1, color="0.85", label="within 10%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("predicted by the cost model on the profile (ms)")
+        ax.set_ylabel("measured (ms, median)")
+        ax.set_title(f"Plans on Ray workers (dots: end to end; squares: streamed, per item;\n"
+                     f"hollow: streamed, predicted without hosts and transfer CPU); "
+                     f"median |error| end to end {100 * mape:.1f}%", fontsize=10)
+        ax.legend(loc="upper left", fontsize=8)
+        fig.text(0.64, 0.9, "\n".join(keys), fontsize=7.5, va="top", family="monospace")
+
+    return plot
+
+
 def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, list[Any]],
             compiled: Optional[dict[str, Any]], quick: bool, loads: list[tuple[float, float]],
             others: dict[int, list[float]]) -> Result:
@@ -354,36 +403,7 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
                      f"plan; its waiting actors poll their channels (CPU busy while idle).")
     tables.append(detail)
 
-    def plot(fig: Any) -> None:
-        ax = fig.add_axes([0.07, 0.1, 0.55, 0.8])
-        colors = {"lenet": "tab:blue", "alexnet": "tab:red"}
-        keys = []
-        vals = []
-        for k, d in enumerate(data_plans, start=1):
-            if d["stream"]:
-                x, y, marker = 1e3 / d["predicted"], 1e3 / d["measured"], "s"
-                what = "ms per item, streamed"
-            else:
-                x, y, marker = 1e3 * d["predicted"], 1e3 * d["measured"], "o"
-                what = "end to end"
-            vals += [x, y]
-            ax.scatter(x, y, marker=marker, color=colors.get(d["model"], "k"), s=45, zorder=3)
-            ax.annotate(str(k), (x, y), fontsize=8, xytext=(5, -3), textcoords="offset points")
-            keys.append(f"{k:>2}  {d['model']}: {d['label']} ({what}): {100 * d['error']:+.1f}%")
-        lo, hi = min(vals) / 1.5, max(vals) * 1.5
-        xs = np.geomspace(lo, hi, 50)
-        ax.plot(xs, xs, "k-", lw=1, label="measured = predicted")
-        ax.fill_between(xs, xs / 1.1, xs * 1.1, color="0.85", label="within 10%")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel("predicted by the cost model on the profile (ms)")
-        ax.set_ylabel("measured (ms, median)")
-        ax.set_title(f"Plans on Ray workers (dots: end to end; squares: streamed, per item)\n"
-                     f"median |error| end to end {100 * mape:.1f}%")
-        ax.legend(loc="upper left", fontsize=8)
-        fig.text(0.64, 0.9, "\n".join(keys), fontsize=7.5, va="top", family="monospace")
+    plot = plot_plans(data_plans, mape)
 
     return Result(name="plans", title=TITLE, tables=tables, notes=notes, plot=plot,
                   settings={"quick": quick, "cycles": len(profiles), "engine": "tasks",

@@ -128,3 +128,31 @@ def _write(tmp_path, data):
     f = tmp_path / "cluster.json"
     f.write_text(json.dumps(data))
     return f
+
+
+def test_a_link_inside_one_host_with_transfer_cpu_is_no_resource():
+    """A 5 ms link latency each way puts 10 ms on link d <-> a for [a, a]. Between two
+    processes of one host that both have transfer CPU, that time is their CPU work
+    (already in their loads) plus waiting, so only the loads count: a = 7 + 0.2 ms.
+    With a device on another host, or without transfer_cpu, the link's 10 ms binds."""
+    def two(host_a, cpu_a, d_flops=1e9):
+        return Cluster(devices=(DeviceSpec("d", d_flops, 0.0, host="box", transfer_cpu=TransferCpu(0.1 * MS)),
+                                DeviceSpec("a", 1e9, 0.0, host=host_a,
+                                           transfer_cpu=TransferCpu(0.1 * MS) if cpu_a else None)),
+                       source="d", default_link=LinkSpec(1e9, 5 * MS),
+                       hosts=(HostSpec("box", 4),) + ((HostSpec("other", 4),) if host_a == "other" else ()))
+    g = graph()
+    inside = evaluate(g, two("box", True), ["a", "a"])
+    assert inside.bottleneck == pytest.approx(7.2 * MS) and inside.bottleneck_at == "device 'a'"
+    assert inside.links[0].cpu_work and inside.links[0].load == pytest.approx(10 * MS)
+    for other in (two("other", True), two("box", False)):
+        bd = evaluate(g, other, ["a", "a"])
+        assert bd.bottleneck == pytest.approx(10 * MS) and bd.bottleneck_at == "link d <-> a"
+        assert not bd.links[0].cpu_work
+    # The planner agrees. d computes both layers in 8 ms: inside one host, handing work
+    # to a pays; across hosts every hand-off costs the link's 10 ms, so d keeps it all.
+    slow = 7e6 / 8e-3
+    plan = autopartition(g, two("box", True, slow), objective="throughput")
+    assert "a" in plan.assignment and plan.bottleneck < 8 * MS
+    plan = autopartition(g, two("other", True, slow), objective="throughput")
+    assert plan.assignment == ["d", "d"] and plan.bottleneck == pytest.approx(8 * MS)

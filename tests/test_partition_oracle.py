@@ -84,6 +84,14 @@ def ref_cpu(cd: dict, name: str, b: float) -> float:
     return 0.0 if tc is None else tc["fixed"] + tc.get("per_byte", 0.0) * b
 
 
+def ref_cpu_link(cd: dict, u: str, v: str) -> bool:
+    """True when u and v are on one host and both have transfer_cpu: their transfers are
+    CPU work of that host, not a load on the link."""
+    du, dv = (next(d for d in cd["devices"] if d["name"] == x) for x in (u, v))
+    return (du.get("host") is not None and du.get("host") == dv.get("host")
+            and "transfer_cpu" in du and "transfer_cpu" in dv)
+
+
 def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     """The largest of: a device's load per item (compute, stage overheads, the CPU of the
     transfers it sends, receives or relays), a link's activation transfer time, and a
@@ -105,7 +113,8 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     hops.append((prev, sink, nbytes))
     for u, v, b in hops:
         if u != v:
-            load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
+            if not ref_cpu_link(cd, u, v):
+                load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
             busy[u] = busy.get(u, 0.0) + ref_cpu(cd, u, b)
             busy[v] = busy.get(v, 0.0) + ref_cpu(cd, v, b)
             if relay is not None and relay["device"] not in (u, v):
@@ -195,6 +204,8 @@ class Brute:
                                 + np.where(A == d, act[None, :], 0.0).max(1) for d in range(k)], axis=1)
         loads = []
         for u, v in itertools.combinations(range(k), 2):
+            if ref_cpu_link(cd, names[u], names[v]):
+                continue
             on = ((prev == u) & (A == v)) | ((prev == v) & (A == u))
             l_ = np.where(on, t_in, 0.0).sum(1)
             l_ += np.where(((last == u) & (sink == v)) | ((last == v) & (sink == u)), t_out, 0.0)

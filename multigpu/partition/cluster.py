@@ -396,6 +396,18 @@ class Cluster:
         return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.per_byte for d in self.devices])
 
     @cached_property
+    def cpu_links(self) -> np.ndarray:
+        """(k, k) True for a pair of devices on one host that both have ``transfer_cpu``:
+        moving data between them is CPU work of that host (in the devices' loads), so
+        the link's time is no resource of its own in the throughput bottleneck."""
+        h = self.host_index
+        has = np.array([d.transfer_cpu is not None for d in self.devices])
+        out = (h[:, None] == h[None, :]) & (h[:, None] >= 0) & has[:, None] & has[None, :]
+        np.fill_diagonal(out, False)
+        out.flags.writeable = False
+        return out
+
+    @cached_property
     def relay_index(self) -> int:
         """Column of the relay device, -1 without one."""
         return -1 if self.relay is None else self.index(self.relay.device)

@@ -21,7 +21,8 @@ The throughput objective (pipelined inference) is the *bottleneck*, the largest 
   transfers it takes part in (``transfer_cpu`` of each end: ``fixed + per_byte * b``
   for every transfer it sends or receives; the ``relay``'s figure for every transfer
   between two other devices when it is the relay);
-* each link's activation transfer time per item;
+* each link's activation transfer time per item (not on a pair of devices of one host
+  that both have ``transfer_cpu``: moving data between them is that CPU work);
 * each host's load: the sum of its devices' loads divided by its ``cores``.
 
 Transfer CPU enters nothing but the bottleneck (a transfer's time already holds it).
@@ -183,14 +184,16 @@ class HostCost:
 @dataclass(frozen=True)
 class LinkCost:
     """Traffic on one (symmetric) link. ``load`` is the per-inference transfer time of
-    activations (what the throughput bottleneck counts); ``param_time`` is the one-off
-    parameter shipping."""
+    activations (what the throughput bottleneck counts, unless ``cpu_work``: both ends
+    on one host with ``transfer_cpu``, where moving the data is CPU work already in
+    their loads); ``param_time`` is the one-off parameter shipping."""
 
     between: tuple[str, str]
     bytes: float
     load: float
     param_time: float
     energy: float
+    cpu_work: bool = False
 
 
 @dataclass(frozen=True)
@@ -386,13 +389,16 @@ def _totals(x: AssignmentArrays, wt: float, we: float) -> tuple[float, float, fl
 
 
 def _link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
-    """k x k symmetric matrix of activation transfer time per unordered pair."""
+    """k x k symmetric matrix of activation transfer time per unordered pair, as the
+    bottleneck counts it: 0 on a pair whose transfers are CPU work of one host
+    (``Cluster.cpu_links``)."""
     k = cluster.k
     load = np.zeros((k, k))
     np.add.at(load, (x.prev, x.a), x.t_in)
     load[int(x.a[-1]), cluster.sink_index] += x.t_out
     load = load + load.T
     np.fill_diagonal(load, 0.0)
+    load[cluster.cpu_links] = 0.0
     return load
 
 
@@ -568,7 +574,8 @@ def _link_records(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> list[L
             p = ptime[u, v] + ptime[v, u]
             if b > 0 or t > 0 or p > 0:
                 out.append(LinkCost(between=(names[u], names[v]), bytes=float(b), load=float(t),
-                                    param_time=float(p), energy=float(energy[u, v] + energy[v, u])))
+                                    param_time=float(p), energy=float(energy[u, v] + energy[v, u]),
+                                    cpu_work=bool(cluster.cpu_links[u, v])))
     return out
 
 

@@ -16,7 +16,8 @@ spends its effort on the coupling constraints only:
            load_d(x, y) <= B              for every device: compute, stage overheads
                                           (x[0,d], y[e,u,d]) and transfer CPU (the
                                           transfers d sends, receives or relays)
-           load_{u,v}(x, y) <= B          for every usable pair
+           load_{u,v}(x, y) <= B          for every usable pair (but two devices of one
+                                          host with transfer_cpu: that is CPU work)
            sum_{d on h} load_d / cores_h <= B   for every host of two or more devices
                                           (or of fewer than one core)
 
@@ -75,7 +76,8 @@ def _biggest_cost(tables: CostTables, forbid: np.ndarray, y_open: np.ndarray, nb
 def _link_times(tables: CostTables, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Activation transfer time a choice puts on its link: (k,) of the input from the
     source to layer 1 on each device, (k,) of the output from each device to the sink,
-    (n-1, k, k) of each edge; 0 where nothing moves or the pair is unusable."""
+    (n-1, k, k) of each edge; 0 where nothing moves, the pair is unusable, or its
+    transfers are CPU work of one host (``Cluster.cpu_links``)."""
     graph, cluster = tables.graph, tables.cluster
     tab = cluster.tables
     src, sink = cluster.source_index, cluster.sink_index
@@ -83,8 +85,10 @@ def _link_times(tables: CostTables, nbytes: np.ndarray) -> tuple[np.ndarray, np.
     t_last = np.where(tab.usable[:, sink], float(graph.output_bytes[-1]) * tab.inv_bandwidth[:, sink]
                       + tab.latency[:, sink], 0.0)
     t_first[src] = t_last[sink] = 0.0
+    t_first[cluster.cpu_links[src]] = 0.0          # CPU work of one host: no link load
+    t_last[cluster.cpu_links[:, sink]] = 0.0
     t_edge = nbytes[:, None, None] * tab.inv_bandwidth[None] + tab.latency[None]
-    t_edge[:, ~tab.usable] = 0.0
+    t_edge[:, ~tab.usable | cluster.cpu_links] = 0.0
     t_edge[:, np.arange(cluster.k), np.arange(cluster.k)] = 0.0
     return t_first, t_last, t_edge
 
@@ -467,7 +471,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
                      np.concatenate([load_col[sel], np.full(host_rows, b_idx)]),
                      np.concatenate([b_scale * host_val, -np.ones(host_rows)]), host_rows, -np.inf, 0.0)
         # Link rows: b_scale * activation transfer time over {u, v} - B <= 0.
-        pu, pv = np.nonzero(np.triu(tab.usable, 1))
+        pu, pv = np.nonzero(np.triu(tab.usable & ~cluster.cpu_links, 1))
         npairs = len(pu)
         if npairs:
             r_parts, c_parts, v_parts = [], [], []

@@ -115,8 +115,10 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
         out += _table(["host", "cores", "devices", "load", "share"], rows, [False, True, False, True, True])
     if bd.links:
         out.append("")
-        out.append("Per link (load = activation transfer time per inference)")
-        rows = [[f"{ln.between[0]} <-> {ln.between[1]}", fmt_bytes(ln.bytes), fmt_time(ln.load),
+        out.append("Per link (load = activation transfer time per inference; * = one host's CPU work, not "
+                   "counted in the bottleneck)")
+        rows = [[f"{ln.between[0]} <-> {ln.between[1]}", fmt_bytes(ln.bytes),
+                 fmt_time(ln.load) + (" *" if ln.cpu_work else ""),
                  fmt_time(ln.param_time) if ln.param_time else "-", fmt_energy(ln.energy)] for ln in bd.links]
         out += _table(["link", "bytes", "load", "params", "energy"], rows, [False, True, True, True, True])
 

@@ -113,8 +113,9 @@ def _zero_load(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
     fix_x[0] |= oh > 0                       # layer 1 always starts a stage
     first = tables.edge_matrix(tables.graph.input_bytes, 1.0, 0.0, stage=False)[src]
     last = tables.edge_matrix(float(graph.output_bytes[-1]), 1.0, 0.0, stage=False)[:, sink]
-    fix_x[0] |= first > 0
-    fix_x[-1] |= last > 0
+    cpu_links = cluster.cpu_links            # their time is CPU work, counted below, not a link load
+    fix_x[0] |= (first > 0) & ~cpu_links[src]
+    fix_x[-1] |= (last > 0) & ~cpu_links[:, sink]
     off = np.arange(k)
     for layer, end, nb, sending in ((0, src, graph.input_bytes, False),
                                     (graph.n - 1, sink, float(graph.output_bytes[-1]), True)):
@@ -124,6 +125,7 @@ def _zero_load(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
         fix_x[layer, others[j[val > 0]]] = True
     nb = graph.output_bytes[:-1]
     t = nb[:, None, None] * cluster.tables.inv_bandwidth[None] + cluster.tables.latency[None]
+    t[:, cpu_links] = 0.0
     t = t + np.where(np.eye(k, dtype=bool), 0.0, oh[None, :])[None]   # a change of device starts a stage
     if len(nb) and cluster.has_transfer_cpu:
         e, u, v = np.nonzero(np.broadcast_to(~np.eye(k, dtype=bool), t.shape))

@@ -369,17 +369,19 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
                   f"{100 * f.worst_error:.1f}%"] for f in prof.links]
     links = Table("The profile: links fitted to hops through the engine", ["link", "latency, us", "bandwidth, MB/s",
                                                                           "worst fit error"], link_rows)
-    cpu_rows = []
-    for d in cluster.devices:
-        if d.transfer_cpu is not None:
-            cpu_rows.append([d.name, d.host or "-", f"{1e6 * d.transfer_cpu.fixed:.1f}",
-                             f"{1e9 * d.transfer_cpu.per_byte:.3f}"])
+    def cpu_cells(f: Any) -> list[str]:
+        return [f"{1e6 * f.fixed:.1f}", f"{1e9 * f.per_byte:.3f}", f"{1e6 * f.serial_cost(0.0):.1f}",
+                f"{1e9 * (f.serial_cost(1.0) - f.serial_cost(0.0)):.3f}"]
+
+    cpu_rows = [[d.name, d.host or "-", *cpu_cells(d.transfer_cpu)] for d in cluster.devices
+                if d.transfer_cpu is not None]
     if cluster.relay is not None:
         cpu_rows.append([f"{cluster.relay.device} (relay: each hop between two workers)", "-",
-                         f"{1e6 * cluster.relay.fixed:.1f}", f"{1e9 * cluster.relay.per_byte:.3f}"])
+                         *cpu_cells(cluster.relay)])
     cpu_table = Table("The profile: CPU per transfer (each one a device sends or receives), measured as process CPU "
-                      "time through the engine",
-                      ["device", "host", "fixed, us", "per byte, ns"], cpu_rows,
+                      "time through the engine; serial: the part on the thread that runs the calls",
+                      ["device", "host", "fixed, us", "per byte, ns", "serial fixed, us", "serial per byte, ns"],
+                      cpu_rows,
                       note="Hosts: " + ", ".join(f"{h.name} ({h.cores:g} cores)" for h in cluster.hosts) + ".")
     outside = Table("Streamed runs and the machine's other load: cores other processes used during each cycle's run "
                     "(/proc/stat busy time less this benchmark's processes), the error, and the error had the host "

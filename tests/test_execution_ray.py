@@ -235,7 +235,10 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     r = run_partitioned(LENET, PARAMS, ["w1"] * 5 + ["w2"] * 5, inputs(3), cl, on_workers=record(local_ray))
     assert r.prediction.measured == ["host", "w1", "w2"]
     bd = evaluate(g, cl, ["w1"] * 5 + ["w2"] * 5)
-    assert r.prediction.bottleneck == bd.bottleneck and bd.hosts[0].load == pytest.approx(sum(d.load for d in bd.devices))
+    assert r.prediction.bottleneck == bd.bottleneck
+    assert bd.hosts[0].load == pytest.approx(sum(d.compute_time + d.stage_overhead + d.transfer_cpu for d in bd.devices))
+    assert all(d.transfer_cpu.serial_fixed is not None and d.transfer_cpu.serial_fixed <= d.transfer_cpu.fixed
+               for d in cl.devices)
     assert "predicted" in r.format_compare() and "end to end" in r.format_compare()
 
 

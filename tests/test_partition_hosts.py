@@ -156,3 +156,37 @@ def test_a_link_inside_one_host_with_transfer_cpu_is_no_resource():
     assert "a" in plan.assignment and plan.bottleneck < 8 * MS
     plan = autopartition(g, two("other", True, slow), objective="throughput")
     assert plan.assignment == ["d", "d"] and plan.bottleneck == pytest.approx(8 * MS)
+
+
+def test_a_host_of_one_device_counts_the_cpu_off_its_computing_thread():
+    """d1's transfer CPU is all off its computing thread (serial 0): its own load misses
+    it, but its host's single core does not. Sending l0's 100 B to d0 and receiving the
+    10 MB output back costs d1 1 us + 0.1 s of CPU, so the optimum keeps the last layer
+    on d1 (10 ms) instead."""
+    g = Graph(layers=(LayerSpec("l0", 0.0, 0.0, 100.0), LayerSpec("l1", 1e7, 0.0, 1e7)), input_bytes=0.0, name="g2")
+    cl = Cluster(devices=(DeviceSpec("d0", 1e12, 0.0),
+                          DeviceSpec("d1", 1e9, 0.0, host="h0",
+                                     transfer_cpu=TransferCpu(0.0, 1e-8, serial_fixed=0.0, serial_per_byte=0.0))),
+                 source="d1", default_link=LinkSpec(1e10, 0.0), hosts=(HostSpec("h0", 1),))
+    away = evaluate(g, cl, ["d1", "d0"])
+    assert away.device("d1").load == 0.0 and away.device("d1").transfer_cpu == pytest.approx(0.100001)
+    assert away.bottleneck == pytest.approx(0.100001) and away.bottleneck_at == "host 'h0' (1 cores)"
+    plan = autopartition(g, cl, objective="throughput")
+    assert plan.assignment[-1] == "d1" and plan.bottleneck == pytest.approx(0.01)
+
+
+def test_serial_part_round_trips_and_is_checked(tmp_path):
+    data = base()
+    data["devices"][1]["transfer_cpu"]["serial"] = {"fixed": 5e-5, "per_byte": 5e-10}
+    data["relay"]["serial"] = {"fixed": 2e-5}
+    cl = load_cluster(_write(tmp_path, data))
+    a = cl.devices[1].transfer_cpu
+    assert (a.serial_fixed, a.serial_per_byte) == (5e-5, 5e-10) and cl.relay.serial_cost(0) == 2e-5
+    assert load_cluster(_write(tmp_path, cl.to_dict())) == cl
+    for serial, match in (({"fixed": 2e-4}, "serial: fixed = 0.0002 is more than the whole fixed = 0.0001"),
+                          ({"per_byte": 1e-10}, "serial is missing the key 'fixed'"),
+                          ({"fixed": 1e-5, "share": 1}, "serial has unknown key 'share'"),
+                          ({"fixed": -1e-5}, "serial: fixed = -1e-05 must be at least 0")):
+        data["devices"][1]["transfer_cpu"]["serial"] = serial
+        with pytest.raises(ClusterError, match=match):
+            load_cluster(_write(tmp_path, data))

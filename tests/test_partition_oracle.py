@@ -78,10 +78,19 @@ def ref_evaluate(gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we:
     return T, E, wt * T + we * E
 
 
-def ref_cpu(cd: dict, name: str, b: float) -> float:
-    """CPU seconds device ``name`` spends on one transfer of b bytes it sends or receives."""
-    tc = next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu")
-    return 0.0 if tc is None else tc["fixed"] + tc.get("per_byte", 0.0) * b
+def ref_figures(fig: Optional[dict], b: float) -> tuple[float, float]:
+    """(all, serial) CPU seconds of a transfer_cpu or relay entry for b bytes."""
+    if fig is None:
+        return 0.0, 0.0
+    total = fig["fixed"] + fig.get("per_byte", 0.0) * b
+    ser = fig.get("serial")
+    return total, total if ser is None else ser["fixed"] + ser.get("per_byte", 0.0) * b
+
+
+def ref_cpu(cd: dict, name: str, b: float) -> tuple[float, float]:
+    """(all, serial) CPU seconds device ``name`` spends on one transfer of b bytes it
+    sends or receives."""
+    return ref_figures(next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu"), b)
 
 
 def ref_cpu_link(cd: dict, u: str, v: str) -> bool:
@@ -100,14 +109,21 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     source = cd["source"]
     sink = cd.get("sink", source)
     relay = cd.get("relay")
-    busy: dict[str, float] = {}
+    busy: dict[str, float] = {}       # a device's own load (serial transfer CPU)
+    work: dict[str, float] = {}       # what it puts on its host (all its transfer CPU)
     load: dict[frozenset, float] = {}
+
+    def add(name: str, own: float, host: float) -> None:
+        busy[name] = busy.get(name, 0.0) + own
+        work[name] = work.get(name, 0.0) + host
+
     prev, nbytes = source, gd["input_bytes"]
     hops = []
     for i, (layer, a) in enumerate(zip(gd["layers"], assignment)):
-        busy[a] = busy.get(a, 0.0) + layer["flops"] / dev[a]["flops"]
+        c = layer["flops"] / dev[a]["flops"]
         if i == 0 or assignment[i - 1] != a:
-            busy[a] += dev[a].get("stage_overhead", 0.0)
+            c += dev[a].get("stage_overhead", 0.0)
+        add(a, c, c)
         hops.append((prev, a, nbytes))
         prev, nbytes = a, layer["output_bytes"]
     hops.append((prev, sink, nbytes))
@@ -115,12 +131,13 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
         if u != v:
             if not ref_cpu_link(cd, u, v):
                 load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
-            busy[u] = busy.get(u, 0.0) + ref_cpu(cd, u, b)
-            busy[v] = busy.get(v, 0.0) + ref_cpu(cd, v, b)
+            for end in (u, v):
+                total, ser = ref_cpu(cd, end, b)
+                add(end, ser, total)
             if relay is not None and relay["device"] not in (u, v):
-                r = relay["device"]
-                busy[r] = busy.get(r, 0.0) + relay["fixed"] + relay.get("per_byte", 0.0) * b
-    shares = [sum(busy.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
+                total, ser = ref_figures(relay, b)
+                add(relay["device"], ser, total)
+    shares = [sum(work.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
               for h, spec in cd.get("hosts", {}).items()]
     return max(list(busy.values()) + list(load.values()) + shares)
 
@@ -149,6 +166,8 @@ class Brute:
         tc = [d.get("transfer_cpu") or {"fixed": 0.0} for d in cd["devices"]]
         CF = np.array([t["fixed"] for t in tc], float)
         CB = np.array([t.get("per_byte", 0.0) for t in tc], float)
+        SF = np.array([t.get("serial", t)["fixed"] for t in tc], float)
+        SB = np.array([t.get("serial", t).get("per_byte", 0.0) for t in tc], float)
         flops = np.array([x["flops"] for x in gd["layers"]], float)
         params = np.array([x["param_bytes"] for x in gd["layers"]], float)
         out = np.array([x["output_bytes"] for x in gd["layers"]], float)
@@ -183,21 +202,23 @@ class Brute:
         out_moved = last != sink
         relay = cd.get("relay")
         r = names.index(relay["device"]) if relay is not None else -1
-        load = []
-        for d in range(k):
+        def device_load(d: int, fixed: float, per_byte: float, rel: Optional[dict]) -> np.ndarray:
             l_ = np.where(A == d, comp + stage, 0.0).sum(1)
-            cpu_in = CF[d] + CB[d] * b_in[None, :]
-            l_ += np.where(moved & ((prev == d) | (A == d)), cpu_in, 0.0).sum(1)
-            l_ += np.where(out_moved & ((last == d) | (sink == d)), CF[d] + CB[d] * out[-1], 0.0)
+            l_ += np.where(moved & ((prev == d) | (A == d)), fixed + per_byte * b_in[None, :], 0.0).sum(1)
+            l_ += np.where(out_moved & ((last == d) | (sink == d)), fixed + per_byte * out[-1], 0.0)
             if d == r:
+                rf, rb = rel["fixed"], rel.get("per_byte", 0.0)
                 via = moved & (prev != r) & (A != r)
-                l_ += np.where(via, relay["fixed"] + relay.get("per_byte", 0.0) * b_in[None, :], 0.0).sum(1)
-                l_ += np.where(out_moved & (last != r) & (sink != r),
-                               relay["fixed"] + relay.get("per_byte", 0.0) * out[-1], 0.0)
-            load.append(l_)
-        self.load = np.stack(load, axis=1)
+                l_ += np.where(via, rf + rb * b_in[None, :], 0.0).sum(1)
+                l_ += np.where(out_moved & (last != r) & (sink != r), rf + rb * out[-1], 0.0)
+            return l_
+
+        rser = None if relay is None else relay.get("serial", relay)
+        # A device's own load counts the serial part of its transfer CPU; its host all of it.
+        self.load = np.stack([device_load(d, SF[d], SB[d], rser) for d in range(k)], axis=1)
+        work = np.stack([device_load(d, CF[d], CB[d], relay) for d in range(k)], axis=1)
         host_of = [d.get("host") for d in cd["devices"]]
-        shares = [self.load[:, [d for d in range(k) if host_of[d] == h]].sum(1) / spec["cores"]
+        shares = [work[:, [d for d in range(k) if host_of[d] == h]].sum(1) / spec["cores"]
                   for h, spec in cd.get("hosts", {}).items()]
         act = np.maximum(b_in, out)
         self.memory = np.stack([np.where(A == d, params[None, :], 0.0).sum(1)
@@ -222,6 +243,13 @@ class Brute:
 
 
 # -- instances ----------------------------------------------------------------------------
+def draw_serial(draw: Any, fig: dict) -> None:
+    """Sometimes say which share of a CPU figure is on the computing thread."""
+    if draw(st.booleans()):
+        share = draw(st.sampled_from([0.0, 0.4, 1.0]))
+        fig["serial"] = {"fixed": share * fig["fixed"], "per_byte": draw(st.sampled_from([0.0, share])) * fig["per_byte"]}
+
+
 def draw_shared(draw: Any, cd: dict) -> None:
     """Sometimes add what a pipelined run shares: stage overheads, transfer CPU per
     device, a relay, and hosts (some devices on none)."""
@@ -233,9 +261,11 @@ def draw_shared(draw: Any, cd: dict) -> None:
             d["stage_overhead"] = draw(st.sampled_from([1e-5, 3e-4, 3e-3]))
         if draw(st.booleans()):
             d["transfer_cpu"] = {"fixed": draw(cpu), "per_byte": draw(st.sampled_from([0.0, 1e-10, 1e-8]))}
+            draw_serial(draw, d["transfer_cpu"])
     if draw(st.integers(0, 2)) == 0:
         cd["relay"] = {"device": draw(st.sampled_from(names)), "fixed": draw(cpu),
                        "per_byte": draw(st.sampled_from([0.0, 1e-9]))}
+        draw_serial(draw, cd["relay"])
     if draw(st.booleans()):
         hosts = draw(st.integers(1, len(names)))
         used = set()

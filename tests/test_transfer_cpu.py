@@ -10,15 +10,16 @@ from multigpu.execution.transfer_cpu import CpuSample, cpu_sizes, fit_transfer_c
 DRIVER = "drv"
 
 
-def synthetic(routes, sizes, figs, relay):
+def synthetic(routes, sizes, figs, relay, share=0.6):
     """Samples as the model says they are: a worker visited v times spends
-    v * 2 * (fixed + per_byte * b); the driver 2 * (fixed + per_byte * b) plus the relay per hop."""
+    v * 2 * (fixed + per_byte * b); the driver 2 * (fixed + per_byte * b) plus the relay
+    per hop; ``share`` of each on the thread that runs the calls."""
     out = []
     for route in routes:
         for b in sizes:
             cpu = {w: route.count(w) * 2 * (figs[w][0] + figs[w][1] * b) for w in set(route)}
             cpu[DRIVER] = 2 * (figs[DRIVER][0] + figs[DRIVER][1] * b) + (len(route) - 1) * (relay[0] + relay[1] * b)
-            out.append(CpuSample(tuple(route), b, 60, cpu))
+            out.append(CpuSample(tuple(route), b, 60, cpu, {d: share * t for d, t in cpu.items()}))
     return out
 
 
@@ -33,6 +34,20 @@ def test_the_fit_recovers_each_process_and_the_relay():
     assert fit.relay.device == DRIVER
     assert (fit.relay.fixed, fit.relay.per_byte) == pytest.approx(relay, rel=1e-6)
     assert fit.worst_error(DRIVER) < 1e-6
+    # The serial parts: 60% of every figure, read on the calling thread.
+    for name, (fixed, per_byte) in figs.items():
+        assert fit.devices[name].serial_fixed == pytest.approx(0.6 * fixed, rel=1e-6, abs=1e-12)
+        assert fit.devices[name].serial_per_byte == pytest.approx(0.6 * per_byte, rel=1e-6, abs=1e-16)
+    assert fit.relay.serial_cost(1000) == pytest.approx(0.6 * (relay[0] + relay[1] * 1000), rel=1e-6)
+
+
+def test_a_serial_fit_above_the_whole_is_capped():
+    figs = {"a": (2e-4, 1e-9), DRIVER: (1e-4, 1e-9)}
+    samples = synthetic([["a"]], [40, 4000, 400000], figs, (0.0, 0.0), share=1.0)
+    samples[0].serial["a"] *= 1.5      # a noisy thread reading above its process
+    fit = fit_transfer_cpu(samples, ["a"], DRIVER)
+    a = fit.devices["a"]
+    assert a.serial_fixed <= a.fixed and a.serial_per_byte <= a.per_byte
 
 
 def test_one_worker_gives_no_relay_and_noise_never_goes_negative():

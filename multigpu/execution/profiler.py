@@ -94,8 +94,8 @@ class ProfileResult:
                     "devices": {d: f.to_dict() for d, f in self.transfer_cpu.devices.items()},
                     "relay": None if self.transfer_cpu.relay is None else self.transfer_cpu.relay.to_dict(),
                     "worst_error": self.transfer_cpu.worst_error(self.cluster.source),
-                    "samples": [{"route": list(x.route), "bytes": x.nbytes, "items": x.items, "cpu": x.cpu}
-                                for x in self.transfer_cpu.samples]},
+                    "samples": [{"route": list(x.route), "bytes": x.nbytes, "items": x.items, "cpu": x.cpu,
+                                 "serial": x.serial} for x in self.transfer_cpu.samples]},
                 "notes": self.notes}
 
     def format(self) -> str:
@@ -133,12 +133,15 @@ class ProfileResult:
             out.append(f"  host {h}: {cores:g} cores, shared by {', '.join(on)}")
         tc = self.transfer_cpu
         if tc is not None:
+            def figures(f: Any) -> str:
+                serial = "" if f.serial_fixed is None else (
+                    f" (on its calling thread: {fmt_time(f.serial_fixed)} + {(f.serial_per_byte or 0) * 1e9:.3g} ns/byte)")
+                return f"{fmt_time(f.fixed)} + {f.per_byte * 1e9:.3g} ns/byte{serial}"
+
             for d, f in tc.devices.items():
-                out.append(f"  transfer CPU of {d}: {fmt_time(f.fixed)} + {f.per_byte * 1e9:.3g} ns/byte per transfer "
-                           f"it sends or receives")
+                out.append(f"  transfer CPU of {d}: {figures(f)} per transfer it sends or receives")
             if tc.relay is not None:
-                out.append(f"  relay {tc.relay.device}: {fmt_time(tc.relay.fixed)} + {tc.relay.per_byte * 1e9:.3g} "
-                           f"ns/byte per hop between two workers")
+                out.append(f"  relay {tc.relay.device}: {figures(tc.relay)} per hop between two workers")
             out.append(f"  transfer CPU fit within {tc.worst_error(self.cluster.source):.0%} of its samples")
         out += [f"  note: {n}" for n in self.notes]
         return "\n".join(out)

@@ -21,6 +21,10 @@ taken out. Per item:
   the input and receives the output) ``+ (L - 1) * (relay_fixed + relay_per_byte * bytes)``
   (each hop between two workers passes through it).
 
+The same is read for the thread that runs each process's calls (``time.thread_time``):
+the *serial* part, which a device's own items wait for; the rest runs on Ray's I/O
+threads, beside the stages when the host has a core to spare.
+
 Routes: each worker alone, and a walk crossing every pair of workers; a few payload
 sizes. The figures are fitted by non-negative least squares on relative error.
 """
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -43,13 +47,15 @@ __all__ = ["CpuSample", "TransferCpuFit", "cpu_sizes", "fit_transfer_cpu", "time
 
 @dataclass(frozen=True)
 class CpuSample:
-    """CPU seconds per item of each process (``cpu``: device -> seconds) while ``items``
-    payloads of ``nbytes`` streamed through ``route`` (worker names, in order)."""
+    """CPU seconds per item of each process (``cpu``: device -> seconds) and of the
+    thread that runs its calls (``serial``) while ``items`` payloads of ``nbytes``
+    streamed through ``route`` (worker names, in order)."""
 
     route: tuple[str, ...]
     nbytes: int
     items: int
     cpu: dict[str, float]
+    serial: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,14 +99,16 @@ def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: 
     bar = progress_bar(progress, len(routes) * len(sizes), "profiling transfer CPU")
     out: list[CpuSample] = []
 
-    def read(route: Sequence[str]) -> dict[str, float]:
-        """CPU seconds of each process so far, less what its probes' layers took."""
+    def read(route: Sequence[str]) -> dict[str, tuple[float, float]]:
+        """(process, calling thread) CPU seconds of each process so far, less what its
+        probes' layers took."""
         refs = {d: ws.actors[d].cpu_time.remote() for d in set(route)}
         got = {}
         for d, r in refs.items():
-            total, probes = ws._get(r, lambda d=d: f"device {d!r}", what="reading its CPU time")
-            got[d] = total - probes
-        got[driver] = time.process_time()
+            proc, thread, probe_proc, probe_thread = ws._get(r, lambda d=d: f"device {d!r}",
+                                                             what="reading its CPU time")
+            got[d] = (proc - probe_proc, thread - probe_thread)
+        got[driver] = (time.process_time(), time.thread_time())
         return got
 
     for route in routes:
@@ -110,7 +118,7 @@ def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: 
         # What reading the clocks costs each process (subtracted from every sample).
         a = read(route)
         b = read(route)
-        base = {d: b[d] - a[d] for d in a}
+        base = {d: (b[d][0] - a[d][0], b[d][1] - a[d][1]) for d in a}
         for size in sizes:
             x = np.zeros(size // 4, np.float32)
             if warmup:
@@ -118,8 +126,9 @@ def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: 
             c0 = read(route)
             ray_engine.run_chain(ws, chain, labels, [x] * items, window=window)
             c1 = read(route)
-            cpu = {d: max(c1[d] - c0[d] - base[d], 0.0) / items for d in c0}
-            out.append(CpuSample(tuple(route), int(x.nbytes), items, cpu))
+            per = {d: [max(c1[d][i] - c0[d][i] - base[d][i], 0.0) / items for i in (0, 1)] for d in c0}
+            out.append(CpuSample(tuple(route), int(x.nbytes), items, {d: v[0] for d, v in per.items()},
+                                 {d: min(v[1], v[0]) for d, v in per.items()}))
             bar.update(1)
     bar.close()
     return out
@@ -141,29 +150,50 @@ def _nnls(rows: list[list[float]], ys: list[float]) -> np.ndarray:
     return coef / col
 
 
-def fit_transfer_cpu(samples: Sequence[CpuSample], workers: Sequence[str], driver: str) -> TransferCpuFit:
-    """Fit each worker's and the driver's ``transfer_cpu`` and the driver's relay figure."""
-    devices: dict[str, TransferCpu] = {}
+def _fit(samples: Sequence[CpuSample], workers: Sequence[str], driver: str, serial: bool
+         ) -> tuple[dict[str, tuple[float, float]], Optional[tuple[float, float]]]:
+    """(fixed, per_byte) per process and the relay's, from the process CPU or, with
+    ``serial``, the calling thread's."""
+    def y(s: CpuSample, d: str) -> float:
+        return (s.serial if serial else s.cpu)[d]
+
+    out: dict[str, tuple[float, float]] = {}
     for w in workers:
         rows, ys = [], []
         for s in samples:
             v = Counter(s.route)[w]
             if v and w in s.cpu:
                 rows.append([2.0 * v, 2.0 * v * s.nbytes])
-                ys.append(s.cpu[w])
+                ys.append(y(s, w))
         if rows:
             fixed, per_byte = _nnls(rows, ys)
-            devices[w] = TransferCpu(float(fixed), float(per_byte))
+            out[w] = (float(fixed), float(per_byte))
     relay = None
-    rows, ys = [], []
     relayed = any(len(s.route) > 1 for s in samples)
+    rows, ys = [], []
     for s in samples:
         hops = len(s.route) - 1
         rows.append([2.0, 2.0 * s.nbytes] + ([float(hops), float(hops * s.nbytes)] if relayed else []))
-        ys.append(s.cpu[driver])
+        ys.append(y(s, driver))
     if rows:
         coef = _nnls(rows, ys)
-        devices[driver] = TransferCpu(float(coef[0]), float(coef[1]))
+        out[driver] = (float(coef[0]), float(coef[1]))
         if relayed:
-            relay = Relay(driver, float(coef[2]), float(coef[3]))
-    return TransferCpuFit(devices, relay, list(samples))
+            relay = (float(coef[2]), float(coef[3]))
+    return out, relay
+
+
+def fit_transfer_cpu(samples: Sequence[CpuSample], workers: Sequence[str], driver: str) -> TransferCpuFit:
+    """Fit each worker's and the driver's ``transfer_cpu`` and the driver's relay figure,
+    with their serial parts (each at most the whole, which the fits of the two clocks
+    on their own need not respect)."""
+    total, relay = _fit(samples, workers, driver, serial=False)
+    have_serial = all(s.serial for s in samples)
+    part, relay_part = _fit(samples, workers, driver, serial=True) if have_serial else ({}, None)
+
+    def serial_of(whole: tuple[float, float], p: Optional[tuple[float, float]]) -> tuple[Optional[float], ...]:
+        return (None, None) if p is None else (min(p[0], whole[0]), min(p[1], whole[1]))
+
+    devices = {d: TransferCpu(f, c, *serial_of((f, c), part.get(d))) for d, (f, c) in total.items()}
+    relay_fig = None if relay is None else Relay(driver, relay[0], relay[1], *serial_of(relay, relay_part))
+    return TransferCpuFit(devices, relay_fig, list(samples))

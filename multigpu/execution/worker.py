@@ -118,10 +118,12 @@ class StageWorker:
         """This worker's ``time.time()`` (for clock-offset estimates across hosts)."""
         return time.time()
 
-    def cpu_time(self) -> tuple[float, float]:
-        """(CPU seconds this worker's process has used, every thread (Ray's included);
-        CPU seconds of that spent computing link probes' layers)."""
-        return time.process_time(), getattr(self, "_probe_cpu", 0.0)
+    def cpu_time(self) -> tuple[float, float, float, float]:
+        """CPU seconds so far: (this worker's process, every thread (Ray's included); the
+        thread that runs its calls (and stages); of the first, spent computing link
+        probes' layers; of the second, likewise)."""
+        probe = getattr(self, "_probe_cpu", (0.0, 0.0))
+        return time.process_time(), time.thread_time(), probe[0], probe[1]
 
     # -- running -----------------------------------------------------------
     def run(self, stage: int, message: tuple[np.ndarray, tuple[float, ...]]) -> tuple[np.ndarray, tuple[float, ...]]:
@@ -132,10 +134,11 @@ class StageWorker:
         t0 = time.time()
         if stage in (PROBE, PROBE_IDLE):   # a link probe: the payload passes unchanged
             if stage == PROBE:               # ... while the worker computes, as a stage would
-                c0 = time.process_time()
+                c0, h0 = time.process_time(), time.thread_time()
                 self._busy()
                 be.synchronize(dev)
-                self._probe_cpu = getattr(self, "_probe_cpu", 0.0) + time.process_time() - c0
+                p0, p1 = getattr(self, "_probe_cpu", (0.0, 0.0))
+                self._probe_cpu = (p0 + time.process_time() - c0, p1 + time.thread_time() - h0)
             y = t
         else:
             start, stop = self.stages[stage]

@@ -396,6 +396,17 @@ class Cluster:
         return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.per_byte for d in self.devices])
 
     @cached_property
+    def cpu_serial_fixed(self) -> np.ndarray:
+        """The part of ``cpu_fixed`` on each device's computing thread, shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_cost(0.0) for d in self.devices])
+
+    @cached_property
+    def cpu_serial_per_byte(self) -> np.ndarray:
+        """The part of ``cpu_per_byte`` on each device's computing thread, shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_cost(1.0)
+                         - d.transfer_cpu.serial_cost(0.0) for d in self.devices])
+
+    @cached_property
     def cpu_links(self) -> np.ndarray:
         """(k, k) True for a pair of devices on one host that both have ``transfer_cpu``:
         moving data between them is CPU work of that host (in the devices' loads), so

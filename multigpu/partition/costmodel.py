@@ -20,10 +20,12 @@ The throughput objective (pipelined inference) is the *bottleneck*, the largest 
 * each device's load per item: its compute, its stage overheads, and the CPU of the
   transfers it takes part in (``transfer_cpu`` of each end: ``fixed + per_byte * b``
   for every transfer it sends or receives; the ``relay``'s figure for every transfer
-  between two other devices when it is the relay);
+  between two other devices when it is the relay), of that CPU only the ``serial``
+  part (on its computing thread; all of it without ``serial``);
 * each link's activation transfer time per item (not on a pair of devices of one host
   that both have ``transfer_cpu``: moving data between them is that CPU work);
-* each host's load: the sum of its devices' loads divided by its ``cores``.
+* each host's load: its devices' compute, stage overheads and all their transfer CPU,
+  divided by its ``cores``.
 
 Transfer CPU enters nothing but the bottleneck (a transfer's time already holds it).
 A pair with no link and no default link cannot be used; ``evaluate`` raises
@@ -162,13 +164,15 @@ class DeviceCost:
     memory_limit: Optional[float]
     stage_overhead: float = 0.0   # the stage overheads of its stages (not in compute_time)
     transfer_cpu: float = 0.0     # CPU of the transfers it sends, receives or relays, per item
-    load: float = 0.0             # per item when pipelined: compute + stage overhead + transfer_cpu
+    load: float = 0.0             # per item when pipelined: compute + stage overhead + transfer_cpu_serial
+    transfer_cpu_serial: float = 0.0   # the part of transfer_cpu on its computing thread
 
 
 @dataclass(frozen=True)
 class HostCost:
-    """One host: its ``devices``, their summed ``load`` per item and its ``cores``;
-    ``share`` = load / cores is what the throughput bottleneck counts."""
+    """One host: its ``devices``, their summed ``load`` per item (compute, stage
+    overheads and all their transfer CPU) and its ``cores``; ``share`` = load / cores
+    is what the throughput bottleneck counts."""
 
     name: str
     cores: float
@@ -415,41 +419,48 @@ def _transfers(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.
 
 
 def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds)
-    triplets: ``transfer_cpu`` of the sender and of the receiver, and the relay's
-    figure where the relay is neither. Empty when no transfer costs CPU."""
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds,
+    serial seconds) quadruples: ``transfer_cpu`` of the sender and of the receiver, and
+    the relay's figure where the relay is neither; the serial seconds are the part on
+    the device's computing thread. Empty when no transfer costs CPU."""
     u, v, b = np.asarray(u, dtype=np.intp), np.asarray(v, dtype=np.intp), np.asarray(b, dtype=float)
     if not cluster.has_transfer_cpu or len(u) == 0:
         empty = np.zeros(0, dtype=np.intp)
-        return empty, empty, np.zeros(0)
-    fixed, per_byte = cluster.cpu_fixed, cluster.cpu_per_byte
+        return empty, empty, np.zeros(0), np.zeros(0)
+    f, c = cluster.cpu_fixed, cluster.cpu_per_byte
+    sf, sc = cluster.cpu_serial_fixed, cluster.cpu_serial_per_byte
     j = np.arange(len(u))
-    parts = [(j, u, fixed[u] + per_byte[u] * b), (j, v, fixed[v] + per_byte[v] * b)]
+    parts = [(j, u, f[u] + c[u] * b, sf[u] + sc[u] * b), (j, v, f[v] + c[v] * b, sf[v] + sc[v] * b)]
     r = cluster.relay_index
     if r >= 0:
         via = (u != r) & (v != r)
         relay = cluster.relay
-        parts.append((j[via], np.full(int(via.sum()), r), relay.fixed + relay.per_byte * b[via]))  # type: ignore[union-attr]
-    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-            np.concatenate([p[2] for p in parts]))
+        bv = b[via]
+        parts.append((j[via], np.full(int(via.sum()), r), relay.cost(bv), relay.serial_cost(bv)))  # type: ignore[union-attr]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
 
 
-def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray) -> np.ndarray:
+def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """(k,) CPU seconds each device spends per item on transfers (u[j] -> v[j], b[j]
-    bytes); see ``transfer_cpu_terms``."""
-    _, dev, val = transfer_cpu_terms(cluster, u, v, b)
-    return np.bincount(dev, weights=val, minlength=cluster.k).astype(float)
+    bytes), and (k,) the part on its computing thread; see ``transfer_cpu_terms``."""
+    _, dev, val, serial = transfer_cpu_terms(cluster, u, v, b)
+    return (np.bincount(dev, weights=val, minlength=cluster.k).astype(float),
+            np.bincount(dev, weights=serial, minlength=cluster.k).astype(float))
 
 
-def _loads(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per item when pipelined: (device loads (k,), their transfer CPU (k,), host loads (h,))."""
-    cpu = transfer_cpu_loads(cluster, *_transfers(graph, cluster, x))
-    load = np.bincount(x.a, weights=x.comp + x.t_stage, minlength=cluster.k) + cpu
+def _loads(graph: Graph, cluster: Cluster, x: AssignmentArrays
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per item when pipelined: (device loads (k,): compute, stage overheads and the
+    serial part of their transfer CPU; transfer CPU (k,); its serial part (k,); host
+    loads (h,): their devices' compute, stage overheads and all their transfer CPU)."""
+    cpu, serial = transfer_cpu_loads(cluster, *_transfers(graph, cluster, x))
+    work = np.bincount(x.a, weights=x.comp + x.t_stage, minlength=cluster.k)
     hosts = np.zeros(len(cluster.hosts))
     on = cluster.host_index >= 0
-    np.add.at(hosts, cluster.host_index[on], load[on])
-    return load, cpu, hosts
+    np.add.at(hosts, cluster.host_index[on], (work + cpu)[on])
+    return work + serial, cpu, serial, hosts
 
 
 def _bottleneck(cluster: Cluster, load: np.ndarray, links: np.ndarray, hosts: np.ndarray) -> tuple[float, str]:
@@ -471,7 +482,7 @@ def _bottleneck(cluster: Cluster, load: np.ndarray, links: np.ndarray, hosts: np
 def bottleneck_of(graph: Graph, cluster: Cluster, a: np.ndarray) -> float:
     """The throughput objective of assignment ``a`` (device columns)."""
     x = assignment_arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False)
-    load, _, hosts = _loads(graph, cluster, x)
+    load, _, _, hosts = _loads(graph, cluster, x)
     return _bottleneck(cluster, load, _link_loads(cluster, x), hosts)[0]
 
 
@@ -523,13 +534,14 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
     act = np.zeros(k)
     np.maximum.at(act, a, graph.activation_bytes)
     counts = np.bincount(a, minlength=k)
-    load, cpu, host_load = _loads(graph, cluster, x)
+    load, cpu, serial, host_load = _loads(graph, cluster, x)
     devices = [DeviceCost(
         name=names[d], layers=int(counts[d]), compute_time=float(busy[d]),
         compute_energy=float(busy_e[d]), transfer_time=float(moving[d]),
         param_bytes=float(params[d]), activation_bytes=float(act[d]),
         memory=float(params[d] + act[d]), memory_limit=cluster.devices[d].memory,
         stage_overhead=float(overhead[d]), transfer_cpu=float(cpu[d]), load=float(load[d]),
+        transfer_cpu_serial=float(serial[d]),
     ) for d in range(k)]
     hosts = [HostCost(name=h.name, cores=h.cores, devices=[names[d] for d in np.flatnonzero(cluster.host_index == j)],
                       load=float(host_load[j])) for j, h in enumerate(cluster.hosts)]

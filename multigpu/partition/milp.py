@@ -93,12 +93,17 @@ def _link_times(tables: CostTables, nbytes: np.ndarray) -> tuple[np.ndarray, np.
     return t_first, t_last, t_edge
 
 
-def _host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+def _host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray, load_serial: np.ndarray
+                ) -> tuple[int, np.ndarray, np.ndarray]:
     """Host rows: (how many, the host row of each load term or -1, the values of the
     terms on a host divided by its cores). Only hosts whose share can exceed their
-    devices' own loads get a row: two or more devices, or fewer than one core."""
-    members = np.bincount(cluster.host_index[cluster.host_index >= 0], minlength=len(cluster.hosts))
-    hosts = np.flatnonzero((members >= 2) | ((members == 1) & (cluster.host_cores < 1)))
+    devices' own loads get a row: two or more devices, fewer than one core, or a device
+    whose transfer CPU is partly off its computing thread (counted by the host only)."""
+    nh = len(cluster.hosts)
+    members = np.bincount(cluster.host_index[cluster.host_index >= 0], minlength=nh)
+    h_term = cluster.host_index[load_dev]
+    partly = np.bincount(h_term[(h_term >= 0) & (load_val > load_serial)], minlength=nh) > 0
+    hosts = np.flatnonzero((members >= 2) | ((members == 1) & ((cluster.host_cores < 1) | partly)))
     row_of_host = -np.ones(len(cluster.hosts) + 1, dtype=np.int64)   # index -1: no host
     row_of_host[hosts] = np.arange(len(hosts))
     term_row = row_of_host[cluster.host_index[load_dev]]
@@ -108,23 +113,24 @@ def _host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray) -> tup
 
 
 def _load_terms(tables: CostTables, forbid: np.ndarray, xi: np.ndarray, yi: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each device's load per item as (device, column, seconds) triplets over x and y:
-    compute on x[i,d]; the stage overhead of the stage a choice starts (x[0,d], and
-    y[e,u,d] for u != d); the CPU of the transfer a choice makes (x[0,v] for the
-    input from the source, y[e,u,v], x[n-1,u] for the output to the sink)."""
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each device's load per item as (device, column, seconds, serial seconds) over x
+    and y: compute on x[i,d]; the stage overhead of the stage a choice starts (x[0,d],
+    and y[e,u,d] for u != d); the CPU of the transfer a choice makes (x[0,v] for the
+    input from the source, y[e,u,v], x[n-1,u] for the output to the sink). A device's
+    row counts the serial seconds, its host's row all of them."""
     graph, cluster = tables.graph, tables.cluster
     n, k = graph.n, cluster.k
     src, sink = cluster.source_index, cluster.sink_index
-    devs = [np.repeat(np.arange(k), n)]
-    cols = [xi.T.ravel()]
-    vals = [np.where(forbid, 0.0, tables.comp).T.ravel()]
+    comp = np.where(forbid, 0.0, tables.comp).T.ravel()
+    devs, cols, vals, serial = [np.repeat(np.arange(k), n)], [xi.T.ravel()], [comp], [comp]
     oh = cluster.stage_overhead
     ar = np.arange(k)
     if oh.any():
         devs.append(ar)
         cols.append(xi[0])
         vals.append(oh)
+        serial.append(oh)
     ne = n - 1
     off = ~np.eye(k, dtype=bool)
     eu, ev = np.nonzero(off)                                  # every ordered pair u != v
@@ -132,24 +138,27 @@ def _load_terms(tables: CostTables, forbid: np.ndarray, xi: np.ndarray, yi: np.n
         devs.append(np.tile(ev, ne))
         cols.append(yi[:, eu, ev].ravel())
         vals.append(np.tile(oh[ev], ne))
+        serial.append(vals[-1])
     if cluster.has_transfer_cpu:
         # The transfers a single choice makes: input from the source, output to the sink.
         for layer, end, nb, sending in ((0, src, graph.input_bytes, False),
                                         (n - 1, sink, float(graph.output_bytes[-1]), True)):
             others = ar[ar != end]
             u, v = (others, np.full(len(others), end)) if sending else (np.full(len(others), end), others)
-            j, d, val = transfer_cpu_terms(cluster, u, v, np.full(len(others), nb))
+            j, d, val, ser = transfer_cpu_terms(cluster, u, v, np.full(len(others), nb))
             devs.append(d)
             cols.append(xi[layer, others[j]])
             vals.append(val)
+            serial.append(ser)
         if ne:
             e = np.repeat(np.arange(ne), len(eu))
             u, v = np.tile(eu, ne), np.tile(ev, ne)
-            j, d, val = transfer_cpu_terms(cluster, u, v, graph.output_bytes[:-1][e])
+            j, d, val, ser = transfer_cpu_terms(cluster, u, v, graph.output_bytes[:-1][e])
             devs.append(d)
             cols.append(yi[e[j], u[j], v[j]])
             vals.append(val)
-    return np.concatenate(devs), np.concatenate(cols), np.concatenate(vals)
+            serial.append(ser)
+    return np.concatenate(devs), np.concatenate(cols), np.concatenate(vals), np.concatenate(serial)
 
 
 class _Rows:
@@ -340,14 +349,14 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
         # exceeds a known bound on B (a feasible plan's, or the cap) cannot be optimal.
         # Fixing it to 0 is exact, and keeps absurd choices' huge coefficients away from
         # HiGHS (1.8 declared a feasible model infeasible with coefficients near 1e9).
-        load_dev, load_col, load_val = _load_terms(tables, forbid, xi, yi)
-        host_rows, host_of_term, host_val = _host_terms(cluster, load_dev, load_val)
+        load_dev, load_col, load_val, load_serial = _load_terms(tables, forbid, xi, yi)
+        host_rows, host_of_term, host_val = _host_terms(cluster, load_dev, load_val, load_serial)
         t_first, t_last, t_edge = _link_times(tables, nbytes)
         upper = min(math.inf if b_upper is None else b_upper,
                     math.inf if bottleneck_cap is None else bottleneck_cap)
         if math.isfinite(upper):
             lim = upper * (1 + 1e-9)
-            over = np.concatenate([load_col[load_val > lim], load_col[host_of_term >= 0][host_val > lim]])
+            over = np.concatenate([load_col[load_serial > lim], load_col[host_of_term >= 0][host_val > lim]])
             flat_x, flat_y = forbid.reshape(-1), y_open.reshape(-1)
             flat_x[over[over < nx]] = True
             flat_y[over[over >= nx] - nx] = False
@@ -371,7 +380,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
         scale = _clamp(scale, _biggest_cost(tables, forbid, y_open, nbytes, wt, we))
     if need_b:
         is_open = ub[load_col] != 0
-        biggest = max(float(np.max(load_val[is_open], initial=0.0)),
+        biggest = max(float(np.max(load_serial[is_open], initial=0.0)),
                       float(np.max(host_val[is_open[host_of_term >= 0]], initial=0.0)),
                       float(np.max(t_first[~forbid[0]], initial=0.0)), float(np.max(t_last[~forbid[-1]], initial=0.0)),
                       float(np.max(t_edge[y_open], initial=0.0)))
@@ -461,9 +470,9 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
                  n_m * n, -np.inf, 0.0)
 
     if need_b:
-        # Device rows: b_scale * load of d - B <= 0.
+        # Device rows: b_scale * load of d (serial transfer CPU) - B <= 0.
         rows.add(np.concatenate([load_dev, np.arange(k)]), np.concatenate([load_col, np.full(k, b_idx)]),
-                 np.concatenate([b_scale * load_val, -np.ones(k)]), k, -np.inf, 0.0)
+                 np.concatenate([b_scale * load_serial, -np.ones(k)]), k, -np.inf, 0.0)
         if host_rows:
             # Host rows: b_scale * (sum of its devices' loads) / cores - B <= 0.
             sel = host_of_term >= 0

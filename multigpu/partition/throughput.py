@@ -14,7 +14,7 @@ and minimises wt*T + we*E among them, giving a plan that is also sensible per it
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -96,11 +96,17 @@ def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:
     cpu = 0.0
     if cluster.k > 1:
         u, v = np.nonzero(~np.eye(cluster.k, dtype=bool))
-        _, _, val = transfer_cpu_terms(cluster, u, v, np.full(len(u), nb.max()))
+        _, _, val, _ = transfer_cpu_terms(cluster, u, v, np.full(len(u), nb.max()))
         cpu = 3 * float(np.max(val, initial=0.0))
     cores = min(1.0, float(np.min(cluster.host_cores, initial=1.0)))
     return float(comp.max(axis=1).sum() + len(comp) * cluster.stage_overhead.max()
                  + len(nb) * (t + cpu)) / cores
+
+
+def _loads_something(cluster: Any, dev: np.ndarray, total: np.ndarray, serial: np.ndarray) -> np.ndarray:
+    """Which transfer-CPU terms load a resource: a device's serial part, or any CPU of
+    a device on a host."""
+    return (serial > 0) | ((total > 0) & (cluster.host_index[dev] >= 0))
 
 
 def _zero_load(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
@@ -121,15 +127,15 @@ def _zero_load(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
                                     (graph.n - 1, sink, float(graph.output_bytes[-1]), True)):
         others = off[off != end]
         u, v = (others, np.full(len(others), end)) if sending else (np.full(len(others), end), others)
-        j, _, val = transfer_cpu_terms(cluster, u, v, np.full(len(others), nb))
-        fix_x[layer, others[j[val > 0]]] = True
+        j, d, val, ser = transfer_cpu_terms(cluster, u, v, np.full(len(others), nb))
+        fix_x[layer, others[j[_loads_something(cluster, d, val, ser)]]] = True
     nb = graph.output_bytes[:-1]
     t = nb[:, None, None] * cluster.tables.inv_bandwidth[None] + cluster.tables.latency[None]
     t[:, cpu_links] = 0.0
     t = t + np.where(np.eye(k, dtype=bool), 0.0, oh[None, :])[None]   # a change of device starts a stage
     if len(nb) and cluster.has_transfer_cpu:
         e, u, v = np.nonzero(np.broadcast_to(~np.eye(k, dtype=bool), t.shape))
-        j, _, val = transfer_cpu_terms(cluster, u, v, nb[e])
-        np.add.at(t, (e[j], u[j], v[j]), val)
+        j, d, val, ser = transfer_cpu_terms(cluster, u, v, nb[e])
+        np.add.at(t, (e[j], u[j], v[j]), _loads_something(cluster, d, val, ser).astype(float))
     t[:, np.arange(k), np.arange(k)] = 0.0
     return fix_x, t > 0

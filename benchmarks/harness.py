@@ -99,7 +99,8 @@ class Table:
         """Return the table as GitHub markdown, title and note included."""
         lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
                  "|" + "|".join("---" for _ in self.columns) + "|"]
-        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in self.rows]
+        # A "|" inside a cell (a plan "a | b") would end the cell: escape it.
+        lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in self.rows]
         if self.note:
             lines += ["", self.note]
         return "\n".join(lines) + "\n"

@@ -6,12 +6,15 @@ The devices are worker processes (Ray actors) with their own framework and threa
 count, plus the driver (this process, the source and sink). ``profile`` measures
 every layer on every device and every link through the engine; the cost model on
 that profile predicts each plan's end-to-end time (and, streamed, 1 / bottleneck);
-the plans then run in alternating rounds and the medians are compared. Also
-reported: a hop against a bare actor call with the same payload, and what a Ray
+the plans then run in alternating rounds and the medians are compared. A streamed
+plan is also priced without the terms of what it shares (hosts' cores, transfer
+CPU, the driver's relay), to show what they change. Also reported: a hop against a
+bare actor call with the same payload, each cycle's load average, and what a Ray
 Compiled Graph gives on the same plan.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -23,7 +26,7 @@ import numpy as np
 
 import multigpu
 from multigpu.execution import Session, profile
-from multigpu.partition import Cluster, Constraints, DeviceSpec, autopartition, graph_from_model
+from multigpu.partition import Cluster, Constraints, DeviceSpec, autopartition, evaluate, graph_from_model
 from multigpu.partition.costmodel import compute_times
 
 from .harness import Options, Result, Table
@@ -84,6 +87,10 @@ def _plans(quick: bool, workers: list[str], cluster: Any) -> list[dict[str, Any]
         g = graph_from_model(m, 1)
         auto = autopartition(g, cluster, constraints=Constraints(excluded=["driver"]))
         plans.append({"model": model, "label": "AutoPartition (latency, workers only)", "plan": auto.assignment})
+        if not quick:   # the planner's throughput plan, streamed: does the run deliver its bottleneck?
+            best = autopartition(g, cluster, objective="throughput", constraints=Constraints(excluded=["driver"]))
+            plans.append({"model": model, "label": "streamed, AutoPartition (throughput, workers only)",
+                          "plan": best.assignment, "stream": True})
     # Streamed: AlexNet split where its compute is balanced between two single-threaded
     # workers (two busy stages fit the two cores), and LeNet, whose items are mostly hops.
     alex = multigpu.models.alexnet()
@@ -94,9 +101,50 @@ def _plans(quick: bool, workers: list[str], cluster: Any) -> list[dict[str, Any]
     plans.append({"model": "alexnet", "label": f"streamed, 2 stages: {w1} | {w2}",
                   "plan": [w1] * cut + [w2] * (g.n - cut), "stream": True})
     if not quick:
+        n = len(multigpu.models.lenet())
         plans.append({"model": "lenet", "label": f"streamed, 2 stages: {w1} | {w2}",
-                      "plan": _cut(len(multigpu.models.lenet()), [w1, w2], [0.5, 0.5]), "stream": True})
+                      "plan": _cut(n, [w1, w2], [0.5, 0.5]), "stream": True})
+        plans.append({"model": "lenet", "label": f"streamed, 3 stages: {w1} | {w2} | {w3}",
+                      "plan": _cut(n, [w1, w2, w3], [0.34, 0.33, 0.33]), "stream": True})
     return plans
+
+
+def _unshared(cluster: Cluster) -> Cluster:
+    """The cluster without what a pipelined run shares: no hosts, transfer CPU or relay
+    (the cost model before those terms: each device and link its own resource)."""
+    devices = tuple(dataclasses.replace(d, host=None, transfer_cpu=None) for d in cluster.devices)
+    return dataclasses.replace(cluster, devices=devices, hosts=(), relay=None)
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _busy_seconds() -> Optional[float]:
+    """CPU seconds the whole machine has been busy (every process, steal included), from
+    /proc/stat; None where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _our_seconds(session: Session) -> float:
+    """CPU seconds used so far by the driver and every worker of the session."""
+    ws = session.workers
+    return time.process_time() + sum(ws._get(a.cpu_time.remote(), lambda: "a worker", what="reading its CPU time")[0]
+                                     for a in ws.actors.values())
+
+
+def _with_cores_left(cluster: Cluster, others: float) -> Cluster:
+    """The cluster with the driver's host given the cores other processes left on the
+    machine (at most its own: a run pinned to fewer cores keeps its count)."""
+    host = cluster.devices[cluster.source_index].host
+    left = max((os.cpu_count() or 1) - others, 0.05)
+    hosts = tuple(dataclasses.replace(h, cores=min(h.cores, left)) if h.name == host else h for h in cluster.hosts)
+    return dataclasses.replace(cluster, hosts=hosts)
 
 
 def _stages_text(plan: list[str]) -> str:
@@ -124,8 +172,11 @@ def run(opts: Options) -> Result:
     profiles: list[Any] = []
     plans: list[dict[str, Any]] = []
     runs: dict[int, list[Any]] = {}
+    loads: list[tuple[float, float]] = []
+    others: dict[int, list[float]] = {}      # per plan and cycle: cores other processes used during its run
     with Session(spec) as session:
         for c in range(cycles):
+            load_before = _load()
             say(f"plans: cycle {c + 1}/{cycles}: profiling {', '.join(models)} on {', '.join(names)} and the driver")
             t0 = time.perf_counter()
             prof = profile(models, session=session, repeats=opts.repeats(15, 6), warmup=opts.repeats(3, 1),
@@ -141,10 +192,15 @@ def run(opts: Options) -> Result:
                 n_items = (stream_items if p.get("stream") else items)[p["model"]]
                 x = rng.random((n_items, *m.input_shape), dtype=np.float32)
                 say(f"plans: cycle {c + 1}/{cycles}: {p['model']} {p['label']}")
+                busy0, ours0, wall0 = _busy_seconds(), _our_seconds(session), time.perf_counter()
                 runs[i].append(session.run(m, params[p["model"]], p["plan"], x, stream=bool(p.get("stream")),
                                            warmup=2, cluster=prof.cluster))
+                busy1, ours1, wall1 = _busy_seconds(), _our_seconds(session), time.perf_counter()
+                if busy0 is not None and busy1 is not None:
+                    others.setdefault(i, []).append(max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (wall1 - wall0))
+            loads.append((load_before, _load()))
         compiled = None if quick else _compiled_comparison(session, plans, params, rng, say, profiles[-1])
-    return _report(profiles, plans, runs, compiled, quick)
+    return _report(profiles, plans, runs, compiled, quick, loads, others)
 
 
 def _compiled_comparison(session: Session, plans: list[dict[str, Any]], params: dict[str, Any],
@@ -174,19 +230,70 @@ def _ms(x: float) -> str:
     return f"{1e3 * x:.3f}" if math.isfinite(x) else "-"
 
 
+def plot_plans(data_plans: list[dict[str, Any]], mape: float) -> Any:
+    """The predicted-against-measured plot of ``data_plans`` (the JSON's ``plans``):
+    dots end to end, squares streamed per item; a streamed plan's hollow square is its
+    prediction without hosts and transfer CPU."""
+    def plot(fig: Any) -> None:
+        ax = fig.add_axes([0.07, 0.1, 0.55, 0.8])
+        colors = {"lenet": "tab:blue", "alexnet": "tab:red"}
+        keys = []
+        vals = []
+        for k, d in enumerate(data_plans, start=1):
+            if d["stream"]:
+                x, y, marker = 1e3 / d["predicted"], 1e3 / d["measured"], "s"
+                what = "ms per item, streamed"
+            else:
+                x, y, marker = 1e3 * d["predicted"], 1e3 * d["measured"], "o"
+                what = "end to end"
+            vals += [x, y]
+            ax.scatter(x, y, marker=marker, color=colors.get(d["model"], "k"), s=45, zorder=3)
+            if d["stream"] and d.get("predicted_unshared"):
+                # Where the model without hosts and transfer CPU put it (1 / bottleneck, median).
+                x0 = 1e3 / statistics.median(d["predicted_unshared"])
+                ax.scatter(x0, y, marker="s", facecolors="none", edgecolors=colors.get(d["model"], "k"), s=45, zorder=3)
+                ax.plot([x0, x], [y, y], color=colors.get(d["model"], "k"), lw=0.8, ls=":", zorder=2)
+                vals.append(x0)
+            ax.annotate(str(k), (x, y), fontsize=8, xytext=(5, -3), textcoords="offset points")
+            keys.append(f"{k:>2}  {d['model']}: {d['label']} ({what}): {100 * d['error']:+.1f}%")
+        lo, hi = min(vals) / 1.5, max(vals) * 1.5
+        xs = np.geomspace(lo, hi, 50)
+        ax.plot(xs, xs, "k-", lw=1, label="measured = predicted")
+        ax.fill_between(xs, xs / 1.1, xs * 1.1, color="0.85", label="within 10%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("predicted by the cost model on the profile (ms)")
+        ax.set_ylabel("measured (ms, median)")
+        ax.set_title(f"Plans on Ray workers (dots: end to end; squares: streamed, per item;\n"
+                     f"hollow: streamed, predicted without hosts and transfer CPU); "
+                     f"median |error| end to end {100 * mape:.1f}%", fontsize=10)
+        ax.legend(loc="upper left", fontsize=8)
+        fig.text(0.64, 0.9, "\n".join(keys), fontsize=7.5, va="top", family="monospace")
+
+    return plot
+
+
 def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, list[Any]],
-            compiled: Optional[dict[str, Any]], quick: bool) -> Result:
+            compiled: Optional[dict[str, Any]], quick: bool, loads: list[tuple[float, float]],
+            others: dict[int, list[float]]) -> Result:
     """Each plan's error is the median over cycles of (predicted - measured) / measured,
     each cycle's prediction from the profile taken just before its runs."""
     prof, cluster = profiles[-1], profiles[-1].cluster
     profile_seconds = statistics.median(p.seconds for p in profiles)
-    rows, data_plans = [], []
+    rows, data_plans, stream_rows = [], [], []
     latency_errors, stream_errors, part_errors = [], [], {"stage": [], "hop": []}
     for i, p in enumerate(plans):
         rs = runs[i]
+        old = []
         if p.get("stream"):
             preds = [r.prediction.throughput for r in rs]
             meas = [r.items_per_second for r in rs]
+            g = graph_from_model(multigpu.models.get(p["model"]), 1)
+            old = [1.0 / evaluate(g, _unshared(q.cluster), p["plan"]).bottleneck for q in profiles]
+            left = [1.0 / evaluate(g, _with_cores_left(q.cluster, o), p["plan"]).bottleneck
+                    for q, o in zip(profiles, others.get(i, []))]
         else:
             preds = [r.prediction.end_to_end for r in rs]
             meas = [r.latency for r in rs]
@@ -195,12 +302,18 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
         predicted, measured = statistics.median(preds), statistics.median(meas)
         if p.get("stream"):
             stream_errors.append(err)
+            old_errs = [(a - b) / b for a, b in zip(old, meas)]
             rows.append([p["model"], p["label"], _stages_text(p["plan"]), "items/s", f"{predicted:.1f}",
-                         f"{measured:.1f}", _pct(err), " ".join(_pct(e) for e in errs)])
+                         f"{measured:.1f}", _pct(err), " ".join(_pct(e) for e in errs),
+                         f"{statistics.median(old):.1f} ({_pct(statistics.median(old_errs))})",
+                         rs[-1].prediction.bottleneck_at])
+            stream_rows.append([p["model"], p["label"], " ".join(f"{o:.2f}" for o in others.get(i, [])),
+                                " ".join(_pct(e) for e in errs),
+                                " ".join(_pct((a - b) / b) for a, b in zip(left, meas)) if left else "-"])
         else:
             latency_errors.append(err)
             rows.append([p["model"], p["label"], _stages_text(p["plan"]), "end to end, ms", _ms(predicted),
-                         _ms(measured), _pct(err), " ".join(_pct(e) for e in errs)])
+                         _ms(measured), _pct(err), " ".join(_pct(e) for e in errs), "", ""])
         parts = []
         for row_i, first in enumerate(rs[0].compare_rows()):
             cells = [r.compare_rows()[row_i] for r in rs]
@@ -212,15 +325,19 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
                           "measured": statistics.median(c["measured"] for c in cells), "error": e})
         data_plans.append({"model": p["model"], "label": p["label"], "plan": p["plan"],
                            "stream": bool(p.get("stream")), "predicted": predicted, "measured": measured,
-                           "error": err, "cycle_errors": errs, "rounds": [r.to_dict() for r in rs], "parts": parts})
+                           "error": err, "cycle_errors": errs, "predicted_unshared": old,
+                           "others_cores": others.get(i, []),
+                           "rounds": [r.to_dict() for r in rs], "parts": parts})
     mape = statistics.median(abs(e) for e in latency_errors)
     table = Table(f"Predicted against measured, per plan: {len(profiles)} cycles of a profile, then every plan "
                   f"priced on it and run; medians over cycles (error: the median of the cycles' errors)",
-                  ["model", "plan", "stages", "figure", "predicted", "measured", "error", "error by cycle"], rows,
+                  ["model", "plan", "stages", "figure", "predicted", "measured", "error", "error by cycle",
+                   "without hosts and transfer CPU", "bottleneck at"], rows,
                   note=f"Median |error| of end-to-end time over {len(latency_errors)} plans: {100 * mape:.1f}% "
                        f"(target <= {100 * TARGET_LATENCY:.0f}%). Streaming: "
                        + ", ".join(f"{100 * abs(e):.1f}%" for e in stream_errors)
-                       + f" (target <= {100 * TARGET_STREAM:.0f}%).")
+                       + f" (target <= {100 * TARGET_STREAM:.0f}%). Load average (1 min) before and after each "
+                       f"cycle: " + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in loads) + ".")
     part_rows = [[kind, str(len(errs)), f"{100 * statistics.median(abs(e) for e in errs):.1f}%",
                   f"{100 * max(abs(e) for e in errs):.1f}%"] for kind, errs in part_errors.items() if errs]
     parts_table = Table("Per part: |error| of each stage's compute and each hop, over all plans",
@@ -252,7 +369,26 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
                   f"{100 * f.worst_error:.1f}%"] for f in prof.links]
     links = Table("The profile: links fitted to hops through the engine", ["link", "latency, us", "bandwidth, MB/s",
                                                                           "worst fit error"], link_rows)
-    tables = [table, parts_table, devices, links, hops]
+    def cpu_cells(f: Any) -> list[str]:
+        return [f"{1e6 * f.fixed:.1f}", f"{1e9 * f.per_byte:.3f}", f"{1e6 * f.serial_cost(0.0):.1f}",
+                f"{1e9 * (f.serial_cost(1.0) - f.serial_cost(0.0)):.3f}"]
+
+    cpu_rows = [[d.name, d.host or "-", *cpu_cells(d.transfer_cpu)] for d in cluster.devices
+                if d.transfer_cpu is not None]
+    if cluster.relay is not None:
+        cpu_rows.append([f"{cluster.relay.device} (relay: each hop between two workers)", "-",
+                         *cpu_cells(cluster.relay)])
+    cpu_table = Table("The profile: CPU per transfer (each one a device sends or receives), measured as process CPU "
+                      "time through the engine; serial: the part on the thread that runs the calls",
+                      ["device", "host", "fixed, us", "per byte, ns", "serial fixed, us", "serial per byte, ns"],
+                      cpu_rows,
+                      note="Hosts: " + ", ".join(f"{h.name} ({h.cores:g} cores)" for h in cluster.hosts) + ".")
+    outside = Table("Streamed runs and the machine's other load: cores other processes used during each cycle's run "
+                    "(/proc/stat busy time less this benchmark's processes), the error, and the error had the host "
+                    "been given only the cores they left on the machine, at most its own (a diagnostic, not the "
+                    "model: the profile's host keeps its cores)", ["model", "plan", "others' cores by cycle", "error by cycle",
+                               "error with the cores left"], stream_rows)
+    tables = [table, outside, parts_table, devices, links, cpu_table, hops]
     notes = [f"Median |error| end to end: {100 * mape:.1f}% (target 10%): "
              f"{'met' if mape <= TARGET_LATENCY else 'missed'}.",
              "Streaming |error|: " + ", ".join(f"{100 * abs(e):.1f}%" for e in stream_errors)
@@ -269,39 +405,10 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
                      f"plan; its waiting actors poll their channels (CPU busy while idle).")
     tables.append(detail)
 
-    def plot(fig: Any) -> None:
-        ax = fig.add_axes([0.07, 0.1, 0.55, 0.8])
-        colors = {"lenet": "tab:blue", "alexnet": "tab:red"}
-        keys = []
-        vals = []
-        for k, d in enumerate(data_plans, start=1):
-            if d["stream"]:
-                x, y, marker = 1e3 / d["predicted"], 1e3 / d["measured"], "s"
-                what = "ms per item, streamed"
-            else:
-                x, y, marker = 1e3 * d["predicted"], 1e3 * d["measured"], "o"
-                what = "end to end"
-            vals += [x, y]
-            ax.scatter(x, y, marker=marker, color=colors.get(d["model"], "k"), s=45, zorder=3)
-            ax.annotate(str(k), (x, y), fontsize=8, xytext=(5, -3), textcoords="offset points")
-            keys.append(f"{k:>2}  {d['model']}: {d['label']} ({what}): {100 * d['error']:+.1f}%")
-        lo, hi = min(vals) / 1.5, max(vals) * 1.5
-        xs = np.geomspace(lo, hi, 50)
-        ax.plot(xs, xs, "k-", lw=1, label="measured = predicted")
-        ax.fill_between(xs, xs / 1.1, xs * 1.1, color="0.85", label="within 10%")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel("predicted by the cost model on the profile (ms)")
-        ax.set_ylabel("measured (ms, median)")
-        ax.set_title(f"Plans on Ray workers (dots: end to end; squares: streamed, per item)\n"
-                     f"median |error| end to end {100 * mape:.1f}%")
-        ax.legend(loc="upper left", fontsize=8)
-        fig.text(0.64, 0.9, "\n".join(keys), fontsize=7.5, va="top", family="monospace")
+    plot = plot_plans(data_plans, mape)
 
     return Result(name="plans", title=TITLE, tables=tables, notes=notes, plot=plot,
                   settings={"quick": quick, "cycles": len(profiles), "engine": "tasks",
                             "devices": [d.name for d in cluster.devices]},
-                  data={"median_abs_error": mape, "stream_errors": stream_errors, "plans": data_plans,
+                  data={"median_abs_error": mape, "stream_errors": stream_errors, "plans": data_plans, "loads": loads,
                         "profiles": [q.to_dict() for q in profiles], "compiled": compiled})

@@ -19,7 +19,7 @@ from multigpu.errors import (BackendNotInstalledError, ClusterError, InputError,
 from multigpu.execution import check_plan, fit_link, predict, read_plan, run_partitioned, split_stages
 from multigpu.execution.inputs import load_images, load_params, random_inputs
 from multigpu.execution.plan import worker_params
-from multigpu.execution.profiler import _walk, link_sizes
+from multigpu.execution.link_fitting import link_sizes, pair_walk
 from multigpu.partition import (Cluster, DeviceSpec, LinkSpec, autopartition, evaluate, graph_from_model,
                                 load_cluster)
 from multigpu.partition.costmodel import compute_times
@@ -310,7 +310,7 @@ def test_link_sizes_span_every_activation():
 def test_walk_crosses_every_pair():
     for k in range(1, 6):
         names = [f"w{i}" for i in range(k)]
-        walk = _walk(names)
+        walk = pair_walk(names)
         pairs = {frozenset(p) for p in zip(walk, walk[1:])}
         assert pairs == {frozenset(p) for p in itertools.combinations(names, 2)}
 

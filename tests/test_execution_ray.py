@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,9 @@ import pytest
 import multigpu
 from multigpu.errors import DeviceError, PlanError, WorkerDiedError, WorkerTimeoutError
 from multigpu.execution import Session, profile, run_partitioned
-from multigpu.partition import Cluster, DeviceSpec, LinkSpec, autopartition, graph_from_model, load_cluster
+from multigpu.execution.cores import usable_cores
+from multigpu.partition import (Cluster, DeviceSpec, LinkSpec, autopartition, evaluate, graph_from_model,
+                                load_cluster)
 
 ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
 
@@ -219,10 +222,23 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     assert all(f.latency > 0 and f.bandwidth > 0 for f in res.links)
     assert res.hop_vs_bare and all(h.ratio > 0 for h in res.hop_vs_bare)
     assert {x.layer for x in res.layers} == set(g.names) and all(x.q1 <= x.median <= x.q3 for x in res.layers)
+    # One host, this machine's cores; every process's CPU per transfer; the driver relays.
+    assert [h.name for h in cl.hosts] == [socket.gethostname()] and cl.hosts[0].cores == usable_cores()
+    assert all(d.host == socket.gethostname() for d in cl.devices)
+    assert all(d.transfer_cpu is not None and d.transfer_cpu.fixed + d.transfer_cpu.per_byte > 0 for d in cl.devices)
+    assert cl.relay is not None and cl.relay.device == "host"
+    routes = {s.route for s in res.transfer_cpu.samples}
+    assert ("w1",) in routes and ("w2",) in routes and ("w1", "w2") in routes
+    assert all(t > 0 for s in res.transfer_cpu.samples for t in s.cpu.values())
     plan = autopartition(g, cl)
     assert plan.breakdown.layers[0].compute_time == cl.devices[cl.index(plan.assignment[0])].measured(g.name)["conv1"]
     r = run_partitioned(LENET, PARAMS, ["w1"] * 5 + ["w2"] * 5, inputs(3), cl, on_workers=record(local_ray))
     assert r.prediction.measured == ["host", "w1", "w2"]
+    bd = evaluate(g, cl, ["w1"] * 5 + ["w2"] * 5)
+    assert r.prediction.bottleneck == bd.bottleneck
+    assert bd.hosts[0].load == pytest.approx(sum(d.compute_time + d.stage_overhead + d.transfer_cpu for d in bd.devices))
+    assert all(d.transfer_cpu.serial_fixed is not None and d.transfer_cpu.serial_fixed <= d.transfer_cpu.fixed
+               for d in cl.devices)
     assert "predicted" in r.format_compare() and "end to end" in r.format_compare()
 
 

@@ -4,7 +4,9 @@ The oracle below re-implements the issue's definition from the raw file dicts (i
 does not use the library's loader, tables, DP or MILP). ``ref_evaluate`` is a plain
 loop over one assignment; ``Brute`` prices all k^n assignments at once with numpy.
 Hypothesis draws instances with n <= 8 layers and k <= 4 devices, random links
-(sometimes missing, with or without a default link) and sometimes a different sink.
+(sometimes missing, with or without a default link), sometimes a different sink, and
+sometimes what a pipelined run shares: stage overheads, each device's transfer CPU,
+a relay, and hosts (with fractional or whole cores) that some devices share.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any, Optional
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from multigpu.partition import (Cluster, Constraints, Graph, InfeasibleError, UnusableLinkError,
@@ -59,9 +61,12 @@ def ref_evaluate(gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we:
     layers = gd["layers"]
     T = E = 0.0
     prev, nbytes = source, gd["input_bytes"]
-    for layer, a in zip(layers, assignment):
+    for i, (layer, a) in enumerate(zip(layers, assignment)):
         t, e = ref_transfer(cd, nbytes, prev, a)
         T, E = T + t, E + e
+        if i == 0 or assignment[i - 1] != a:          # a stage starts
+            oh = dev[a].get("stage_overhead", 0.0)
+            T, E = T + oh, E + oh * dev[a]["power"]
         if ship and layer["param_bytes"] > 0:
             t, e = ref_transfer(cd, layer["param_bytes"], source, a)
             T, E = T + t, E + e
@@ -73,24 +78,68 @@ def ref_evaluate(gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we:
     return T, E, wt * T + we * E
 
 
+def ref_figures(fig: Optional[dict], b: float) -> tuple[float, float]:
+    """(all, serial) CPU seconds of a transfer_cpu or relay entry for b bytes."""
+    if fig is None:
+        return 0.0, 0.0
+    total = fig["fixed"] + fig.get("per_byte", 0.0) * b
+    ser = fig.get("serial")
+    return total, total if ser is None else ser["fixed"] + ser.get("per_byte", 0.0) * b
+
+
+def ref_cpu(cd: dict, name: str, b: float) -> tuple[float, float]:
+    """(all, serial) CPU seconds device ``name`` spends on one transfer of b bytes it
+    sends or receives."""
+    return ref_figures(next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu"), b)
+
+
+def ref_cpu_link(cd: dict, u: str, v: str) -> bool:
+    """True when u and v are on one host and both have transfer_cpu: their transfers are
+    CPU work of that host, not a load on the link."""
+    du, dv = (next(d for d in cd["devices"] if d["name"] == x) for x in (u, v))
+    return (du.get("host") is not None and du.get("host") == dv.get("host")
+            and "transfer_cpu" in du and "transfer_cpu" in dv)
+
+
 def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
-    """Max over devices of compute time and over links of activation transfer time."""
+    """The largest of: a device's load per item (compute, stage overheads, the CPU of the
+    transfers it sends, receives or relays), a link's activation transfer time, and a
+    host's summed device loads over its cores."""
     dev = {d["name"]: d for d in cd["devices"]}
     source = cd["source"]
     sink = cd.get("sink", source)
-    busy: dict[str, float] = {}
+    relay = cd.get("relay")
+    busy: dict[str, float] = {}       # a device's own load (serial transfer CPU)
+    work: dict[str, float] = {}       # what it puts on its host (all its transfer CPU)
     load: dict[frozenset, float] = {}
+
+    def add(name: str, own: float, host: float) -> None:
+        busy[name] = busy.get(name, 0.0) + own
+        work[name] = work.get(name, 0.0) + host
+
     prev, nbytes = source, gd["input_bytes"]
     hops = []
-    for layer, a in zip(gd["layers"], assignment):
-        busy[a] = busy.get(a, 0.0) + layer["flops"] / dev[a]["flops"]
+    for i, (layer, a) in enumerate(zip(gd["layers"], assignment)):
+        c = layer["flops"] / dev[a]["flops"]
+        if i == 0 or assignment[i - 1] != a:
+            c += dev[a].get("stage_overhead", 0.0)
+        add(a, c, c)
         hops.append((prev, a, nbytes))
         prev, nbytes = a, layer["output_bytes"]
     hops.append((prev, sink, nbytes))
     for u, v, b in hops:
         if u != v:
-            load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
-    return max(list(busy.values()) + list(load.values()))
+            if not ref_cpu_link(cd, u, v):
+                load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
+            for end in (u, v):
+                total, ser = ref_cpu(cd, end, b)
+                add(end, ser, total)
+            if relay is not None and relay["device"] not in (u, v):
+                total, ser = ref_figures(relay, b)
+                add(relay["device"], ser, total)
+    shares = [sum(work.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
+              for h, spec in cd.get("hosts", {}).items()]
+    return max(list(busy.values()) + list(load.values()) + shares)
 
 
 class Brute:
@@ -113,6 +162,12 @@ class Brute:
                 ok[u, v] = True
         F = np.array([d["flops"] for d in cd["devices"]], float)
         P = np.array([d["power"] for d in cd["devices"]], float)
+        OH = np.array([d.get("stage_overhead", 0.0) for d in cd["devices"]], float)
+        tc = [d.get("transfer_cpu") or {"fixed": 0.0} for d in cd["devices"]]
+        CF = np.array([t["fixed"] for t in tc], float)
+        CB = np.array([t.get("per_byte", 0.0) for t in tc], float)
+        SF = np.array([t.get("serial", t)["fixed"] for t in tc], float)
+        SB = np.array([t.get("serial", t).get("per_byte", 0.0) for t in tc], float)
         flops = np.array([x["flops"] for x in gd["layers"]], float)
         params = np.array([x["param_bytes"] for x in gd["layers"]], float)
         out = np.array([x["output_bytes"] for x in gd["layers"]], float)
@@ -136,22 +191,49 @@ class Brute:
                 e_par = 0.0
         self.valid = valid
         self.A = A
-        self.T = comp.sum(1) + t_in.sum(1) + t_par.sum(1) + t_out
-        self.E = ((P[A] * comp).sum(1) + (t_in * pw[prev, A]).sum(1) + e_par
+        starts = np.concatenate([np.ones((len(A), 1), bool), A[:, 1:] != A[:, :-1]], axis=1)
+        stage = np.where(starts, OH[A], 0.0)
+        self.T = comp.sum(1) + stage.sum(1) + t_in.sum(1) + t_par.sum(1) + t_out
+        self.E = ((P[A] * (comp + stage)).sum(1) + (t_in * pw[prev, A]).sum(1) + e_par
                   + t_out * pw[last, sink])
         # Per-device compute and memory; per-pair activation load.
         self.busy = np.stack([np.where(A == d, comp, 0.0).sum(1) for d in range(k)], axis=1)
+        # Per-device load when pipelined: compute, stage overheads, transfer CPU.
+        out_moved = last != sink
+        relay = cd.get("relay")
+        r = names.index(relay["device"]) if relay is not None else -1
+        def device_load(d: int, fixed: float, per_byte: float, rel: Optional[dict]) -> np.ndarray:
+            l_ = np.where(A == d, comp + stage, 0.0).sum(1)
+            l_ += np.where(moved & ((prev == d) | (A == d)), fixed + per_byte * b_in[None, :], 0.0).sum(1)
+            l_ += np.where(out_moved & ((last == d) | (sink == d)), fixed + per_byte * out[-1], 0.0)
+            if d == r:
+                rf, rb = rel["fixed"], rel.get("per_byte", 0.0)
+                via = moved & (prev != r) & (A != r)
+                l_ += np.where(via, rf + rb * b_in[None, :], 0.0).sum(1)
+                l_ += np.where(out_moved & (last != r) & (sink != r), rf + rb * out[-1], 0.0)
+            return l_
+
+        rser = None if relay is None else relay.get("serial", relay)
+        # A device's own load counts the serial part of its transfer CPU; its host all of it.
+        self.load = np.stack([device_load(d, SF[d], SB[d], rser) for d in range(k)], axis=1)
+        work = np.stack([device_load(d, CF[d], CB[d], relay) for d in range(k)], axis=1)
+        host_of = [d.get("host") for d in cd["devices"]]
+        shares = [work[:, [d for d in range(k) if host_of[d] == h]].sum(1) / spec["cores"]
+                  for h, spec in cd.get("hosts", {}).items()]
         act = np.maximum(b_in, out)
         self.memory = np.stack([np.where(A == d, params[None, :], 0.0).sum(1)
                                 + np.where(A == d, act[None, :], 0.0).max(1) for d in range(k)], axis=1)
         loads = []
         for u, v in itertools.combinations(range(k), 2):
+            if ref_cpu_link(cd, names[u], names[v]):
+                continue
             on = ((prev == u) & (A == v)) | ((prev == v) & (A == u))
             l_ = np.where(on, t_in, 0.0).sum(1)
             l_ += np.where(((last == u) & (sink == v)) | ((last == v) & (sink == u)), t_out, 0.0)
             loads.append(l_)
         link_max = np.max(np.stack(loads, 1), axis=1) if loads else np.zeros(len(A))
-        self.bottleneck = np.maximum(self.busy.max(1), np.nan_to_num(link_max))
+        host_max = np.max(np.stack(shares, 1), axis=1) if shares else np.zeros(len(A))
+        self.bottleneck = np.maximum(np.maximum(self.load.max(1), np.nan_to_num(link_max)), host_max)
 
     def cost(self, wt: float, we: float) -> np.ndarray:
         return np.where(self.valid, wt * self.T + we * self.E, np.inf)
@@ -161,9 +243,46 @@ class Brute:
 
 
 # -- instances ----------------------------------------------------------------------------
+def draw_serial(draw: Any, fig: dict) -> None:
+    """Sometimes say which share of a CPU figure is on the computing thread."""
+    if draw(st.booleans()):
+        share = draw(st.sampled_from([0.0, 0.4, 1.0]))
+        fig["serial"] = {"fixed": share * fig["fixed"], "per_byte": draw(st.sampled_from([0.0, share])) * fig["per_byte"]}
+
+
+def draw_shared(draw: Any, cd: dict) -> None:
+    """Sometimes add what a pipelined run shares: stage overheads, transfer CPU per
+    device, a relay, and hosts (some devices on none)."""
+    devices = cd["devices"]
+    names = [d["name"] for d in devices]
+    cpu = st.sampled_from([0.0, 1e-5, 3e-4, 2e-3])
+    for d in devices:
+        if draw(st.integers(0, 2)) == 0:
+            d["stage_overhead"] = draw(st.sampled_from([1e-5, 3e-4, 3e-3]))
+        if draw(st.booleans()):
+            d["transfer_cpu"] = {"fixed": draw(cpu), "per_byte": draw(st.sampled_from([0.0, 1e-10, 1e-8]))}
+            draw_serial(draw, d["transfer_cpu"])
+    if draw(st.integers(0, 2)) == 0:
+        cd["relay"] = {"device": draw(st.sampled_from(names)), "fixed": draw(cpu),
+                       "per_byte": draw(st.sampled_from([0.0, 1e-9]))}
+        draw_serial(draw, cd["relay"])
+    if draw(st.booleans()):
+        hosts = draw(st.integers(1, len(names)))
+        used = set()
+        for d in devices:
+            h = draw(st.integers(-1, hosts - 1))
+            if h >= 0:
+                d["host"] = f"h{h}"
+                used.add(h)
+        if used:
+            cd["hosts"] = {f"h{h}": {"cores": draw(st.sampled_from([0.5, 1, 2, 3]))} for h in sorted(used)}
+
+
 @st.composite
-def instances(draw: Any, max_n: int = 8, max_k: int = 4) -> tuple[dict, dict]:
-    """(graph dict, cluster dict) with random sizes, speeds, links and endpoints."""
+def instances(draw: Any, max_n: int = 8, max_k: int = 4, shared: bool = True,
+              always_shared: bool = False) -> tuple[dict, dict]:
+    """(graph dict, cluster dict) with random sizes, speeds, links and endpoints (and,
+    with ``shared``, sometimes hosts, transfer CPU, a relay and stage overheads)."""
     k = draw(st.integers(1, max_k))
     n = draw(st.integers(1, max_n))
     names = [f"d{i}" for i in range(k)]
@@ -188,6 +307,8 @@ def instances(draw: Any, max_n: int = 8, max_k: int = 4) -> tuple[dict, dict]:
                "param_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (3 + 4 * draw(mag)),
                "output_bytes": 10 ** (2 + 5 * draw(mag))} for i in range(n)]
     gd = {"input_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (2 + 5 * draw(mag)), "layers": layers}
+    if always_shared or (shared and draw(st.booleans())):
+        draw_shared(draw, cd)
     return gd, cd
 
 
@@ -270,6 +391,11 @@ def test_autopartition_reaches_bruteforce_minimum(inst, w, ship, solver):
 @given(instances(max_n=7, max_k=3), weights)
 def test_throughput_reaches_bruteforce_bottleneck(inst, w):
     gd, cd = inst
+    for key in ("hosts", "relay"):
+        if key in cd:
+            event(f"with {key}")
+    if any("transfer_cpu" in d for d in cd["devices"]):
+        event("with transfer_cpu")
     graph, cluster = build(gd, cd)
     bf = Brute(gd, cd)
     b = np.where(bf.valid, bf.bottleneck, np.inf)
@@ -283,6 +409,26 @@ def test_throughput_reaches_bruteforce_bottleneck(inst, w):
     assert close(plan.bottleneck, ref_bottleneck(gd, cd, plan.assignment))
     # Among the bottleneck-optimal assignments the plan also has the least cost (the
     # library keeps every plan within 1e-7 of the optimum; compare with a subset).
+    tied = b <= b.min() * (1 + 1e-8)
+    assert plan.cost <= bf.cost(*w)[tied].min() * (1 + 1e-6) + 1e-12
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(instances(max_n=6, max_k=4, always_shared=True), weights)
+def test_throughput_with_hosts_transfer_cpu_and_relay_reaches_bruteforce(inst, w):
+    """The host term, transfer CPU, the relay and stage overheads in every instance:
+    the MILP's bottleneck is still the brute-force minimum over all k^n assignments."""
+    gd, cd = inst
+    graph, cluster = build(gd, cd)
+    bf = Brute(gd, cd)
+    b = np.where(bf.valid, bf.bottleneck, np.inf)
+    if not np.isfinite(b.min()):
+        return
+    if "hosts" in cd and any(sum(d.get("host") == h for d in cd["devices"]) > 1 for h in cd["hosts"]):
+        event("a host shared by two or more devices")
+    plan = autopartition(graph, cluster, *w, objective="throughput", constraints={"memory": False})
+    assert close(plan.bottleneck, b.min(), rel=1e-6), (plan.bottleneck, b.min())
+    assert close(plan.bottleneck, ref_bottleneck(gd, cd, plan.assignment))
     tied = b <= b.min() * (1 + 1e-8)
     assert plan.cost <= bf.cost(*w)[tied].min() * (1 + 1e-6) + 1e-12
 

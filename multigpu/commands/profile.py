@@ -15,7 +15,11 @@ Measure, on the workers a run would use, each layer's forward time (warm-up, the
 --repeats passes, device synchronized; median and spread) and each link's cost
 through the Ray engine (payloads of several sizes; latency + bytes/bandwidth fitted),
 and write them as a cluster file: every device gets "layer_times" (per graph, e.g.
-"lenet(batch=1)"), "stage_overhead" and its effective "flops"; every pair a link.
+"lenet(batch=1)"), "stage_overhead", its effective "flops", its "host" (the machine
+its worker runs on; "hosts" gives each machine's usable cores) and "transfer_cpu"
+(CPU per transfer it sends or receives, measured as process CPU time while payloads
+stream through the engine); the driver gets the "relay" figure (CPU per hop between
+two workers, which Ray's actor calls route through it); every pair a link.
 `multigpu partition --cluster FILE` and `multigpu run --cluster FILE` then use the
 measured figures.
 
@@ -49,6 +53,8 @@ def register(sub: Any) -> None:
     p.add_argument("--repeats", type=int, default=20, help="timed passes per device and model (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed passes first (default 3)")
     p.add_argument("--link-repeats", type=int, default=15, help="timed transfers per size and route (default 15)")
+    p.add_argument("--cpu-items", type=int, default=60,
+                   help="payloads streamed per size and route to measure transfer CPU (default 60)")
     p.add_argument("--engine", choices=("tasks", "compiled"), default="tasks",
                    help="Ray engine whose hops to measure: tasks (actor calls, default) or compiled (a Compiled Graph)")
     p.add_argument("--address", default=None, help="join this Ray cluster (default: start a local one)")
@@ -112,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
             if args.backend or args.worker:
                 raise PlanError("give the workers either with --cluster or with --backend/--worker, not both")
             result = profile(models, cluster=load_cluster(args.cluster), batch=args.batch, repeats=args.repeats,
-                             warmup=args.warmup, link_repeats=args.link_repeats, engine=args.engine,
-                             address=args.address, progress=not args.quiet)
+                             warmup=args.warmup, link_repeats=args.link_repeats, cpu_items=args.cpu_items,
+                             engine=args.engine, address=args.address, progress=not args.quiet)
         else:
             workers = _workers(args)
             if not workers:
@@ -125,8 +131,8 @@ def run(args: argparse.Namespace) -> int:
             if args.driver_threads is not None and driver["backend"] is not None:
                 driver["threads"] = args.driver_threads
             result = profile(models, workers, driver=driver, batch=args.batch, repeats=args.repeats,
-                             warmup=args.warmup, link_repeats=args.link_repeats, engine=args.engine,
-                             address=args.address, progress=not args.quiet)
+                             warmup=args.warmup, link_repeats=args.link_repeats, cpu_items=args.cpu_items,
+                             engine=args.engine, address=args.address, progress=not args.quiet)
         path = result.write(args.out)
     except (WorkerDiedError, WorkerTimeoutError) as exc:
         print(f"multigpu profile: error: {_one_line(exc)}", file=sys.stderr)

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import (MissingDependencyError, MultigpuError, PlanError, WorkerDiedError,
                       WorkerTimeoutError)
 from ..partition.cluster import DeviceSpec
+from .cores import usable_cores
 from .worker import StageWorker, thread_env
 
 try:
@@ -150,6 +151,7 @@ class WorkerInfo:
     local: bool
     threads: Optional[int]
     clock_offset: float = 0.0   # worker clock minus driver clock, seconds
+    cores: Optional[float] = None   # CPU cores its process may use on its host
 
 
 class Workers:
@@ -188,7 +190,8 @@ class Workers:
             d = self.driver
             self.local = StageWorker(d.name, d.backend, d.device, d.threads)  # type: ignore[arg-type]
             got = self.local.setup()
-            self.info[d.name] = WorkerInfo(d.name, d.backend, os.getpid(), host, True, d.threads)  # type: ignore[arg-type]
+            self.info[d.name] = WorkerInfo(d.name, d.backend, os.getpid(), host, True, d.threads,  # type: ignore[arg-type]
+                                           cores=usable_cores())
             if not got["threads_applied"]:
                 import warnings
 
@@ -216,7 +219,8 @@ class Workers:
             except ray_exceptions.RayActorError as e:
                 raise WorkerDiedError(f"the worker of device {name!r} died while starting: "
                                       f"{_first_line(e)}") from None
-            self.info[name] = WorkerInfo(name, got["backend"], got["pid"], got["host"], False, got["threads"])
+            self.info[name] = WorkerInfo(name, got["backend"], got["pid"], got["host"], False, got["threads"],
+                                         cores=got.get("cores"))
         for name, info in self.info.items():
             if not info.local and info.host != host:
                 info.clock_offset = self._clock_offset(self.actors[name])

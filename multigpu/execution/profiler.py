@@ -1,5 +1,6 @@
 """``profile``: measure each layer on each device and each link through the engine, and
-write them as a cluster file the cost model reads.
+write them as a cluster file the cost model reads. This module runs the steps and
+builds the cluster; ``layer_timing`` times layers, ``link_fitting`` fits links.
 
 * Layers: every layer's forward pass on every device, after warm-up, ``repeats``
   times with the device synchronized, in the worker process that ``multigpu run``
@@ -13,6 +14,11 @@ write them as a cluster file the cost model reads.
   ``latency + bytes / bandwidth`` is fitted to them (least squares on relative
   error). Bare hops (nothing computed) and bare actor calls with the same payload
   are timed alternately, as the yardstick for the engine's own cost.
+* Transfer CPU (``transfer_cpu``): payloads streamed through the engine between
+  workers that compute nothing, each process's CPU time read around them; each
+  device's CPU per transfer and the driver's per relayed hop are fitted to them.
+* Hosts: every device's worker reports its machine and the cores it may use; the
+  devices of one machine share a ``hosts`` entry.
 * Each device's ``flops`` becomes its effective FLOP/s on the profiled graphs
   (FLOPs / measured time), the estimate the cost model uses for other graphs.
 """
@@ -20,8 +26,8 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,77 +36,17 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ..errors import InputError, PlanError
-from ..partition.cluster import Cluster, DeviceSpec, Link, LinkSpec
+from ..partition.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec
 from ..partition.graph import graph_from_model
+from .layer_timing import LayerProfile, PassProfile, probe_layers, time_devices
+from .link_fitting import (PROBE_WORK, HopVsBare, LinkFit, fit_link, fit_links, hop_vs_bare, link_sizes,
+                           time_links)
+from .cores import usable_cores
+from .progress import bar as progress_bar
 from .runner import ENGINES, resolve_model
-from .worker import PROBE, PROBE_IDLE
+from .transfer_cpu import TransferCpuFit, cpu_sizes, fit_transfer_cpu, time_transfer_cpu
 
 __all__ = ["LayerProfile", "LinkFit", "PassProfile", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
-
-PROBE_WORK = 3e-4      # seconds of real layers a link probe computes on each worker (see worker.PROBE)
-MIN_INV_BANDWIDTH = 1e-15   # a fit with no measurable per-byte cost: 1 PB/s, never a 0 or inf
-
-
-@dataclass(frozen=True)
-class LayerProfile:
-    """One layer on one device: median and quartiles of ``n`` timed forward passes (s)."""
-
-    device: str
-    graph: str
-    layer: str
-    median: float
-    q1: float
-    q3: float
-    n: int
-
-
-@dataclass(frozen=True)
-class PassProfile:
-    """A whole forward pass of one graph on one device (all its layers as one stage):
-    median and quartiles of ``n`` timed passes (s)."""
-
-    device: str
-    graph: str
-    median: float
-    q1: float
-    q3: float
-    n: int
-
-
-@dataclass(frozen=True)
-class LinkFit:
-    """The fitted link between two devices and what it was fitted to: ``samples`` holds
-    (bytes, seconds, count) per payload size, the seconds being the mean of the two
-    directions' medians where both were timed."""
-
-    between: tuple[str, str]
-    latency: float
-    bandwidth: float
-    samples: list[tuple[int, float, int]]
-
-    def predict(self, nbytes: float) -> float:
-        """Fitted seconds for ``nbytes``."""
-        return self.latency + nbytes / self.bandwidth
-
-    @property
-    def worst_error(self) -> float:
-        """Largest relative miss of the fit on its own medians."""
-        return max(abs(self.predict(b) - t) / t for b, t, _ in self.samples)
-
-
-@dataclass(frozen=True)
-class HopVsBare:
-    """A hop between two workers against a bare actor call with the same payload, timed alternately."""
-
-    between: tuple[str, str]
-    nbytes: int
-    hop: float
-    bare: float
-
-    @property
-    def ratio(self) -> float:
-        """hop / bare."""
-        return self.hop / self.bare
 
 
 @dataclass
@@ -117,6 +63,8 @@ class ProfileResult:
     graphs: list[str]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    transfer_cpu: Optional[TransferCpuFit] = None
+    hosts: dict[str, float] = field(default_factory=dict)
 
     def write(self, path: Union[str, "os.PathLike[str]"]) -> Path:
         """Write the cluster as JSON to ``path`` (atomically)."""
@@ -141,6 +89,13 @@ class ProfileResult:
                           for f in self.links],
                 "hop_vs_bare": [{"between": list(h.between), "bytes": h.nbytes, "hop": h.hop, "bare": h.bare,
                                  "ratio": h.ratio} for h in self.hop_vs_bare],
+                "hosts": self.hosts,
+                "transfer_cpu": None if self.transfer_cpu is None else {
+                    "devices": {d: f.to_dict() for d, f in self.transfer_cpu.devices.items()},
+                    "relay": None if self.transfer_cpu.relay is None else self.transfer_cpu.relay.to_dict(),
+                    "worst_error": self.transfer_cpu.worst_error(self.cluster.source),
+                    "samples": [{"route": list(x.route), "bytes": x.nbytes, "items": x.items, "cpu": x.cpu,
+                                 "serial": x.serial} for x in self.transfer_cpu.samples]},
                 "notes": self.notes}
 
     def format(self) -> str:
@@ -173,40 +128,23 @@ class ProfileResult:
                        f"{min(h.ratio for h in hs):.2f}x to {worst.ratio:.2f}x over {fmt_bytes(hs[0].nbytes)} to "
                        f"{fmt_bytes(hs[-1].nbytes)} (worst: {fmt_time(worst.hop)} against {fmt_time(worst.bare)} "
                        f"at {fmt_bytes(worst.nbytes)})")
+        for h, cores in self.hosts.items():
+            on = [d.name for d in self.cluster.devices if d.host == h]
+            out.append(f"  host {h}: {cores:g} cores, shared by {', '.join(on)}")
+        tc = self.transfer_cpu
+        if tc is not None:
+            def figures(f: Any) -> str:
+                serial = "" if f.serial_fixed is None else (
+                    f" (on its calling thread: {fmt_time(f.serial_fixed)} + {(f.serial_per_byte or 0) * 1e9:.3g} ns/byte)")
+                return f"{fmt_time(f.fixed)} + {f.per_byte * 1e9:.3g} ns/byte{serial}"
+
+            for d, f in tc.devices.items():
+                out.append(f"  transfer CPU of {d}: {figures(f)} per transfer it sends or receives")
+            if tc.relay is not None:
+                out.append(f"  relay {tc.relay.device}: {figures(tc.relay)} per hop between two workers")
+            out.append(f"  transfer CPU fit within {tc.worst_error(self.cluster.source):.0%} of its samples")
         out += [f"  note: {n}" for n in self.notes]
         return "\n".join(out)
-
-
-def fit_link(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """Fit ``t = latency + bytes / bandwidth`` to (bytes, seconds) pairs, least squares on
-    relative error, both terms >= 0; return (latency, bandwidth)."""
-    b = np.array([s[0] for s in samples], dtype=float)
-    t = np.array([s[1] for s in samples], dtype=float)
-    if len(b) == 0 or np.any(t <= 0):
-        raise ValueError("fit_link needs positive times")
-    a = np.stack([1.0 / t, b / t], axis=1)          # [lat, inv_bw] . row = 1
-    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    lat, inv = float(coef[0]), float(coef[1])
-    if inv < MIN_INV_BANDWIDTH:       # no measurable per-byte cost: latency only
-        inv = MIN_INV_BANDWIDTH
-        lat = float(np.sum(1.0 / t) / np.sum(1.0 / t ** 2))
-    if lat < 0:                       # per-byte cost only
-        lat = 0.0
-        inv = max(float(np.sum(b / t) / np.sum((b / t) ** 2)), MIN_INV_BANDWIDTH)
-    return lat, 1.0 / inv
-
-
-def link_sizes(models: Sequence[Any], batch: int, count: int = 5) -> list[int]:
-    """``count`` payload sizes (bytes, multiples of 4) log-spaced over every activation
-    the models pass between layers, including the input and the output."""
-    sizes: list[int] = []
-    for m in models:
-        sizes.append(m.input_bytes(batch))
-        sizes += [s.output_bytes for s in m.layer_stats(batch)]
-    lo, hi = max(min(sizes), 4), max(sizes)
-    if hi <= lo:
-        return [int(lo)]
-    return sorted({int(round(x / 4)) * 4 for x in np.geomspace(lo, hi, count)})
 
 
 def _spec(x: Union[DeviceSpec, Mapping[str, Any]]) -> DeviceSpec:
@@ -224,17 +162,12 @@ def _spec(x: Union[DeviceSpec, Mapping[str, Any]]) -> DeviceSpec:
                       resources=x.get("resources"))
 
 
-def _bar(progress: bool, total: int, desc: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, disable=not progress, file=sys.stderr, leave=False)
-
-
 def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
             devices: Optional[Sequence[Union[DeviceSpec, Mapping[str, Any]]]] = None, *,
             driver: Union[None, DeviceSpec, Mapping[str, Any]] = None, cluster: Optional[Cluster] = None,
             batch: int = 1, repeats: int = 20, warmup: int = 3, link_repeats: int = 15,
-            sizes: Optional[Sequence[int]] = None, engine: str = "tasks", address: Optional[str] = None,
+            sizes: Optional[Sequence[int]] = None, cpu_items: int = 60, engine: str = "tasks",
+            address: Optional[str] = None,
             timeout: float = 120.0, startup_timeout: float = 180.0, progress: bool = True,
             seed: int = 0, session: Any = None) -> ProfileResult:
     """Profile ``models`` on the worker ``devices`` and the ``driver`` (this process);
@@ -248,6 +181,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     other figures (power, memory, other graphs' layer_times) are kept. ``session``
     (an open ``Session`` on that cluster) profiles its workers instead of starting
     new ones, so profiling and runs can alternate on the same processes.
+    ``cpu_items`` payloads per route and size measure the transfer CPU.
 
     Raises PlanError, InputError, BackendNotInstalledError, MissingDependencyError
     (Ray), and WorkerDiedError / WorkerTimeoutError.
@@ -260,7 +194,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     if not model_list:
         raise InputError("profile needs at least one model")
     for name, value, low in (("batch", batch, 1), ("repeats", repeats, 1), ("warmup", warmup, 0),
-                             ("link_repeats", link_repeats, 3)):
+                             ("link_repeats", link_repeats, 3), ("cpu_items", cpu_items, 10)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InputError(f"{name}={value!r} must be a whole number >= {low}")
     if engine not in ENGINES:
@@ -323,11 +257,11 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
             ws = stack.enter_context(ray_engine.Workers(workers, driver_spec if driver_spec.backend else None,
                                                         float(timeout), float(startup_timeout)))
         # -- layers: the devices take turns, one pass each, as stages of a run do ----------
-        bar = _bar(progress, len(model_list), "profiling layers")
+        bar = progress_bar(progress, len(model_list), "profiling layers")
         names_computing = [d.name for d in computing]
         first_medians: dict[str, list[float]] = {}
         for m, g in zip(model_list, graphs):
-            timed = _time_devices(ws, names_computing, m, batch, repeats, warmup, seed)
+            timed = time_devices(ws, names_computing, m, batch, repeats, warmup, seed)
             for name, (medians, q1, q3, n_samples, oh, full) in timed.items():
                 overheads.setdefault(name, []).append(oh)
                 passes.append(PassProfile(name, g.name, full[1], full[0], full[2], n_samples))
@@ -339,220 +273,44 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         # -- links through the engine, between workers that compute ---------------------------
         m0 = model_list[0]
         for name in [w.name for w in workers]:
-            work = _probe_layers(first_medians[name], PROBE_WORK)
+            work = probe_layers(first_medians[name], PROBE_WORK)
             ws._get(ws.actors[name].prepare_profile.remote(m0, m0.init_params(seed), batch, seed),
                     lambda n=name: f"device {n!r}", what="preparing link probes")
             ws._get(ws.actors[name].set_probe_work.remote(work), lambda n=name: f"device {n!r}",
                     what="preparing link probes")
-        hops, idle, bare = _time_links(ws, ray_engine, [w.name for w in workers], driver_spec.name,
-                                       link_payloads, link_repeats, warmup, engine, progress, notes)
-    fits = _fit_links(hops)
-    pairs_vs_bare = _hop_vs_bare(idle, bare, driver_spec.name)
+        hops, idle, bare = time_links(ws, ray_engine, [w.name for w in workers], driver_spec.name,
+                                      link_payloads, link_repeats, warmup, engine, progress, notes)
+        # -- transfer CPU through the same engine, and the hosts the workers run on ----------
+        cpu_fit = None
+        if engine == "tasks" and workers:
+            samples = time_transfer_cpu(ws, ray_engine, [w.name for w in workers], driver_spec.name,
+                                        cpu_sizes(link_payloads), cpu_items, warmup, progress)
+            cpu_fit = fit_transfer_cpu(samples, [w.name for w in workers], driver_spec.name)
+        elif engine != "tasks":
+            notes.append("compiled engine: transfer CPU not measured (a compiled graph's actors poll their "
+                         "channels, so their CPU per item depends on how long they wait, not on the hop); "
+                         "the cluster has no transfer_cpu or relay")
+        host_of = {name: (info.host, info.cores) for name, info in ws.info.items()}
+    if driver_spec.name not in host_of:   # a driver that runs no layers has no worker of its own
+        host_of[driver_spec.name] = (socket.gethostname(), usable_cores())
+    fits = fit_links(hops)
+    pairs_vs_bare = hop_vs_bare(idle, bare, driver_spec.name)
     stage_overhead = {name: statistics.median(v) for name, v in overheads.items()}
-    result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, fits, stage_overhead)
+    hosts = {}
+    for host, cores in host_of.values():
+        hosts[host] = min(hosts.get(host, math.inf), cores or math.inf)
+    result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, fits, stage_overhead,
+                                    {name: h for name, (h, _) in host_of.items()}, hosts, cpu_fit)
     return ProfileResult(cluster=result_cluster, layers=layer_rows, passes=passes, links=fits,
                          hop_vs_bare=pairs_vs_bare,
                          engine=engine, batch=batch, graphs=[g.name for g in graphs],
-                         seconds=time.perf_counter() - t_begin, notes=notes)
-
-
-MAX_FIRST_LAYERS = 6   # cheap layers timed as the first work of a call, for the stage overhead
-MIN_LAYER_TIME = 1e-7  # seconds; floor for the first layer once its stage overhead is taken out
-
-
-def _probe_layers(medians: Sequence[float], budget: float) -> int:
-    """How many leading layers fit in ``budget`` seconds (at least one)."""
-    total, k = 0.0, 0
-    for t in medians:
-        if k and total + t > budget:
-            break
-        total += t
-        k += 1
-    return max(k, 1)
-
-
-def _time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats: int, warmup: int, seed: int
-                  ) -> dict[str, tuple[list[float], list[float], list[float], int, float, tuple[float, ...]]]:
-    """Per device: per-layer median and quartiles, sample count, stage overhead and the
-    quartiles of a whole pass.
-
-    A layer's time is the difference of two prefixes of the model (layers 0..k and
-    0..k+1), each run the way a stage runs (one call of the slice, one synchronize)
-    in one call into the worker after it waited (an actor call; for the driver,
-    after a Ray round trip), the devices taking turns so each finds its caches as
-    the others left them. Timing layer by layer instead adds a call, a synchronize
-    and a timer read per layer (about 10 us: most of a small layer's time). The
-    medians of the prefixes are made non-decreasing before taking differences, so a
-    sum over a run of layers is the difference of two medians.
-
-    The stage overhead is how much slower a cheap layer runs alone, as the first
-    work of a call, than inside a prefix (median over up to MAX_FIRST_LAYERS of the
-    cheaper half of the layers, the earliest first); the first layer's time is its
-    prefix minus that overhead.
-    """
-    import ray
-
-    echo_to = next(iter(ws.actors.values()), None)
-
-    def call(name: str, method: str, *args: Any) -> Any:
-        if ws.local is not None and ws.local.name == name:
-            if echo_to is not None:   # wait in Ray as the driver does between items
-                ray.get(echo_to.clock.remote(), timeout=ws.timeout)
-            return getattr(ws.local, method)(*args)
-        return ws._get(getattr(ws.actors[name], method).remote(*args), lambda: f"device {name!r}",
-                       what="profiling its layers")
-
-    n = len(model)
-    params = model.init_params(seed)
-    for name in names:
-        call(name, "prepare_profile", model, params, batch, seed)
-    for _ in range(warmup):
-        for name in names:
-            call(name, "time_pass")
-    prefix: dict[str, list[list[float]]] = {name: [[] for _ in range(n + 1)] for name in names}
-    for _ in range(repeats):
-        for k in range(1, n + 1):
-            for name in names:
-                prefix[name][k].append(call(name, "time_prefix", k))
-    out = {}
-    for name in names:
-        med = [0.0] + [statistics.median(prefix[name][k]) for k in range(1, n + 1)]
-        mono = list(np.maximum.accumulate(med))
-        inner = [mono[k + 1] - mono[k] for k in range(n)]
-        per_round = [[prefix[name][k + 1][r] - (prefix[name][k][r] if k else 0.0) for r in range(repeats)]
-                     for k in range(n)]
-        order = sorted(range(1, n), key=lambda k: inner[k])[:max(1, (n - 1) // 2)] if n > 1 else []
-        cheap = sorted(order)[:MAX_FIRST_LAYERS]
-        firsts: dict[int, list[float]] = {k: [] for k in cheap}
-        out[name] = (inner, per_round, cheap, firsts)
-    for _ in range(repeats):
-        for name in names:
-            for k in out[name][2]:
-                out[name][3][k].append(call(name, "time_first", k))
-    result = {}
-    for name in names:
-        inner, per_round, cheap, firsts = out[name]
-        overhead = 0.0
-        if cheap:
-            overhead = max(0.0, statistics.median(statistics.median(firsts[k]) - inner[k] for k in cheap))
-        med = [max(t, MIN_LAYER_TIME) for t in inner]
-        med[0] = max(inner[0] - overhead, MIN_LAYER_TIME)
-        quart = [statistics.quantiles(c, n=4, method="inclusive") if len(c) > 1 else [c[0]] * 3 for c in per_round]
-        shift = inner[0] - med[0]
-        q1 = [max(min(q[0], m), MIN_LAYER_TIME) for q, m in zip(quart, med)]
-        q3 = [max(q[2], m) for q, m in zip(quart, med)]
-        q1[0] = max(min(quart[0][0] - shift, med[0]), MIN_LAYER_TIME)
-        q3[0] = max(quart[0][2] - shift, med[0])
-        full = statistics.quantiles(prefix[name][n], n=4, method="inclusive") if repeats > 1 else [mono[n]] * 3
-        result[name] = (med, q1, q3, repeats, overhead, (full[0], statistics.median(prefix[name][n]), full[2]))
-    return result
-
-
-def _walk(workers: Sequence[str]) -> list[str]:
-    """A walk over the workers that crosses every unordered pair at least once."""
-    walk: list[str] = []
-    for i, a in enumerate(workers):
-        for b in workers[i + 1:]:
-            if walk and walk[-1] == a:
-                walk.append(b)
-            elif walk and walk[-1] == b:
-                walk.append(a)
-            else:
-                walk += [a, b]
-    return walk
-
-
-HopSamples = dict[tuple[str, str, int], list[float]]
-
-
-def _time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes: Sequence[int],
-                repeats: int, warmup: int, engine: str, progress: bool,
-                notes: list[str]) -> tuple[HopSamples, HopSamples, dict[tuple[str, int], list[float]]]:
-    """Hops for the link fits (probes between computing workers), and, timed
-    alternately, bare hops (nothing computed) beside bare actor calls."""
-    import ray
-
-    walk = _walk(workers)
-    if engine == "tasks":
-        routes = [[w] for w in workers] + ([walk] if walk else [])
-    else:   # one compiled graph: its actors take no other calls while it exists
-        routes = [walk or workers[:1]] if workers else []
-        if len(workers) > 2:
-            notes.append("compiled engine: one graph crosses every worker pair; the driver's links to "
-                         "workers other than the first and last of it are the mean of the measured ones")
-    hops: HopSamples = {}
-    idle: HopSamples = {}
-    bare: dict[tuple[str, int], list[float]] = {}
-    bar = _bar(progress, len(sizes) * len(routes), "profiling links")
-
-    def bare_call(dev: str, x: np.ndarray) -> float:
-        t0 = time.perf_counter()
-        ray.get(ws.actors[dev].echo.remote(x), timeout=ws.timeout)
-        return time.perf_counter() - t0
-
-    def probe(route: list[str], stage: int, x: np.ndarray, into: HopSamples) -> None:
-        chain = [(d, stage) for d in route]
-        res = ray_engine.run_chain(ws, chain, [f"link probe on device {d!r}" for d in route], [x], window=1,
-                                   engine=engine)
-        tr = res.traces[0]
-        full = [driver] + route + [driver]
-        off = [0.0] + [ws.info[d].clock_offset for d in route] + [0.0]
-        starts = [tr[1 + 2 * i] - off[i + 1] for i in range(len(route))] + [tr[-1]]
-        ends = [tr[0]] + [tr[2 + 2 * i] - off[i + 1] for i in range(len(route))]
-        for h in range(len(full) - 1):
-            into.setdefault((full[h], full[h + 1], x.nbytes), []).append(starts[h] - ends[h])
-
-    for route in routes:
-        compare = engine == "tasks" and route is routes[-1] and len(route) > 1
-        for size in sizes:
-            x = np.zeros(size // 4, np.float32)
-            for _ in range(warmup):
-                probe(route, PROBE, x, {})
-                if compare:
-                    probe(route, PROBE_IDLE, x, {})
-                    bare_call(route[-1], x)
-            for _ in range(repeats):
-                probe(route, PROBE, x, hops)
-                if compare:   # alternately: a bare hop into each worker, and a bare call to the last
-                    probe(route, PROBE_IDLE, x, idle)
-                    for dev in set(route):
-                        bare.setdefault((dev, size), []).append(bare_call(dev, x))
-            bar.update(1)
-    bar.close()
-    return hops, idle, bare
-
-
-def _fit_links(hops: HopSamples) -> list[LinkFit]:
-    """One symmetric link per pair, fitted to the mean of the two directions' medians at
-    each size (a plan crosses a link one way or, for the driver's, once each way)."""
-    by_pair: dict[frozenset[str], dict[int, list[tuple[float, int]]]] = {}
-    order: dict[frozenset[str], tuple[str, str]] = {}
-    for (a, b, size), ts in sorted(hops.items()):
-        if a == b:
-            continue
-        key = frozenset((a, b))
-        order.setdefault(key, (a, b))
-        by_pair.setdefault(key, {}).setdefault(size, []).append((statistics.median(ts), len(ts)))
-    fits = []
-    for key, per_size in by_pair.items():
-        samples = [(size, statistics.mean(t for t, _ in v), sum(n for _, n in v))
-                   for size, v in sorted(per_size.items())]
-        lat, bw = fit_link([(b, t) for b, t, _ in samples])
-        fits.append(LinkFit(order[key], lat, bw, samples))
-    return fits
-
-
-def _hop_vs_bare(hops: HopSamples, bare: dict[tuple[str, int], list[float]], driver: str) -> list[HopVsBare]:
-    out = []
-    for (a, b, size), ts in sorted(hops.items()):
-        if a == driver or b == driver or (b, size) not in bare:
-            continue
-        out.append(HopVsBare((a, b), size, statistics.median(ts), statistics.median(bare[(b, size)])))
-    return out
+                         seconds=time.perf_counter() - t_begin, notes=notes, transfer_cpu=cpu_fit, hosts=hosts)
 
 
 def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequence[DeviceSpec], graphs: Sequence[Any],
-                   rows: Sequence[LayerProfile], fits: Sequence[LinkFit], overhead: Mapping[str, float]) -> Cluster:
+                   rows: Sequence[LayerProfile], fits: Sequence[LinkFit], overhead: Mapping[str, float],
+                   host_of: Mapping[str, str], hosts: Mapping[str, float],
+                   cpu: Optional[TransferCpuFit]) -> Cluster:
     devices = []
     for spec in [driver, *workers]:
         times = {g.name: {r.layer: r.median for r in rows if r.device == spec.name and r.graph == g.name}
@@ -568,7 +326,9 @@ def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequenc
         devices.append(DeviceSpec(name=spec.name, flops=flops, power=spec.power, memory=spec.memory,
                                   backend=spec.backend, device=spec.device, threads=spec.threads,
                                   resources=spec.resources, layer_times=old or None,
-                                  stage_overhead=overhead.get(spec.name, spec.stage_overhead)))
+                                  stage_overhead=overhead.get(spec.name, spec.stage_overhead),
+                                  host=host_of[spec.name],
+                                  transfer_cpu=None if cpu is None else cpu.devices.get(spec.name)))
     links = [Link(between=f.between, bandwidth=f.bandwidth, latency=f.latency) for f in fits]
     measured = {frozenset(f.between) for f in fits}
     names = [d.name for d in devices]
@@ -587,4 +347,5 @@ def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequenc
         links += [ln for ln in keep if not any(frozenset(ln.between) == frozenset(x.between) for x in links)]
         default = default or base.default_link
     return Cluster(devices=tuple(devices), source=driver.name, links=tuple(links), default_link=default,
-                   sink=driver.name, name=base.name if base is not None else "profiled")
+                   sink=driver.name, hosts=tuple(HostSpec(h, c) for h, c in hosts.items()),
+                   relay=None if cpu is None else cpu.relay, name=base.name if base is not None else "profiled")

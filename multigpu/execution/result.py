@@ -33,6 +33,7 @@ class Prediction:
     end_to_end: float
     bottleneck: float
     measured: list[str]
+    bottleneck_at: str = ""
 
     @property
     def throughput(self) -> float:
@@ -53,7 +54,7 @@ def predict(xplan: ExecutionPlan, batch: int = 1) -> Prediction:
                for s in xplan.stages]
     hops = [bd.layers[s.start].transfer_time for s in xplan.stages] + [bd.output_time]
     return Prediction(graph=graph.name, stage_compute=compute, hops=hops, end_to_end=bd.time,
-                      bottleneck=bd.bottleneck, measured=measured)
+                      bottleneck=bd.bottleneck, measured=measured, bottleneck_at=bd.bottleneck_at)
 
 
 def try_predict(xplan: ExecutionPlan, batch: int) -> tuple[Optional[Prediction], Optional[str]]:
@@ -144,7 +145,8 @@ class RunResult:
             rows.append({"what": "end to end", "kind": "end_to_end", "predicted": p.end_to_end,
                          "measured": self.latency})
         else:
-            rows.append({"what": "streaming: seconds per item (1 / rate)", "kind": "stream",
+            rows.append({"what": f"streaming: seconds per item (1 / rate; bottleneck at {p.bottleneck_at})",
+                         "kind": "stream",
                          "predicted": p.bottleneck,
                          "measured": 1.0 / self.items_per_second if self.items_per_second else math.nan})
         for r in rows:
@@ -174,7 +176,8 @@ class RunResult:
         if self.items_per_second is not None:
             lines.append(f"  streaming: {self.items_per_second:.1f} items/s"
                          + (f" (predicted {self.prediction.throughput:.1f} items/s = 1 / bottleneck "
-                            f"{fmt_time(self.prediction.bottleneck)})" if self.prediction else ""))
+                            f"{fmt_time(self.prediction.bottleneck)} at {self.prediction.bottleneck_at})"
+                            if self.prediction else ""))
         return "\n".join(lines)
 
     def format_compare(self) -> str:
@@ -212,7 +215,8 @@ class RunResult:
             "workers": self.workers, "predictions": self.predictions().tolist(), "notes": self.notes,
             "prediction": None if p is None else {
                 "graph": p.graph, "stage_compute": p.stage_compute, "hops": p.hops,
-                "end_to_end": p.end_to_end, "bottleneck": p.bottleneck, "throughput": p.throughput,
+                "end_to_end": p.end_to_end, "bottleneck": p.bottleneck, "bottleneck_at": p.bottleneck_at,
+                "throughput": p.throughput,
                 "measured_devices": p.measured},
             "compare": self.compare_rows(),
         }

@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..protocol import Device
+from .cores import usable_cores
 
 __all__ = ["PROBE", "PROBE_IDLE", "StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
 
@@ -84,7 +85,7 @@ class StageWorker:
         self.be.from_numpy(np.zeros(1, np.float32), self.device)  # fail now on a bad device
         return {"name": self.name, "pid": os.getpid(), "host": os.uname().nodename,
                 "backend": self.backend_name, "device": str(self.device), "threads": self.threads,
-                "threads_applied": applied, "time": time.time()}
+                "threads_applied": applied, "time": time.time(), "cores": usable_cores()}
 
     def _framework_loaded(self) -> bool:
         from .. import registry
@@ -117,6 +118,13 @@ class StageWorker:
         """This worker's ``time.time()`` (for clock-offset estimates across hosts)."""
         return time.time()
 
+    def cpu_time(self) -> tuple[float, float, float, float]:
+        """CPU seconds so far: (this worker's process, every thread (Ray's included); the
+        thread that runs its calls (and stages); of the first, spent computing link
+        probes' layers; of the second, likewise)."""
+        probe = getattr(self, "_probe_cpu", (0.0, 0.0))
+        return time.process_time(), time.thread_time(), probe[0], probe[1]
+
     # -- running -----------------------------------------------------------
     def run(self, stage: int, message: tuple[np.ndarray, tuple[float, ...]]) -> tuple[np.ndarray, tuple[float, ...]]:
         """Run stage ``stage`` on the message's array; return the output and the extended trace."""
@@ -126,7 +134,11 @@ class StageWorker:
         t0 = time.time()
         if stage in (PROBE, PROBE_IDLE):   # a link probe: the payload passes unchanged
             if stage == PROBE:               # ... while the worker computes, as a stage would
+                c0, h0 = time.process_time(), time.thread_time()
                 self._busy()
+                be.synchronize(dev)
+                p0, p1 = getattr(self, "_probe_cpu", (0.0, 0.0))
+                self._probe_cpu = (p0 + time.process_time() - c0, p1 + time.thread_time() - h0)
             y = t
         else:
             start, stop = self.stages[stage]

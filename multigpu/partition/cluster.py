@@ -8,7 +8,8 @@ without a path (``load_cluster("lab")``).
 A device may also say how to run a stage on it (``backend``, ``device``,
 ``threads``, ``resources``: read by ``multigpu run``) and carry measured figures
 (``layer_times`` and ``stage_overhead``: written by ``multigpu profile``, read by the
-cost model, where a measured time overrides ``flops``).
+cost model, where a measured time overrides ``flops``). The CPU a pipelined run shares
+(``host``/``hosts``, ``transfer_cpu``, ``relay``) is described in ``hosts.py``.
 """
 from __future__ import annotations
 
@@ -24,16 +25,17 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .exceptions import ClusterError
+from .hosts import HostSpec, Relay, TransferCpu, hosts_from_dict, relay_from_dict, transfer_cpu_from_dict
 from .validate import check_keys, check_name, check_number
 
-__all__ = ["Cluster", "DeviceSpec", "Link", "LinkSpec", "LinkTables", "load_cluster",
-           "shipped_clusters"]
+__all__ = ["Cluster", "DeviceSpec", "HostSpec", "Link", "LinkSpec", "LinkTables", "Relay", "TransferCpu",
+           "load_cluster", "shipped_clusters"]
 
 CLUSTER_KEYS_REQUIRED = ("devices", "source")
-CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink")
+CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay")
 DEVICE_KEYS_REQUIRED = ("name", "flops", "power")
 DEVICE_KEYS_OPTIONAL = ("memory", "backend", "device", "threads", "resources", "layer_times",
-                        "stage_overhead")
+                        "stage_overhead", "host", "transfer_cpu")
 FRAMEWORK_DEVICE = re.compile(r"cpu|(?:gpu|cuda):\d+")
 LINK_KEYS_REQUIRED = ("between", "bandwidth", "latency")
 LINK_KEYS_OPTIONAL = ("power",)
@@ -58,6 +60,11 @@ class DeviceSpec:
     first layer of a call runs slower than the same layer in the middle of a pass
     (a worker woken from waiting has cold caches); the cost model adds it once per
     stage.
+
+    What a pipelined run shares (see ``hosts.py``): ``host`` names the entry of the
+    cluster's ``hosts`` whose cores this device's worker shares with the other
+    devices there; ``transfer_cpu`` is the CPU this device spends on each transfer
+    it sends or receives. Both enter only the throughput bottleneck.
     """
 
     name: str
@@ -70,6 +77,8 @@ class DeviceSpec:
     resources: Optional[Mapping[str, float]] = field(default=None, hash=False)
     layer_times: Optional[Mapping[str, Mapping[str, float]]] = field(default=None, hash=False)
     stage_overhead: float = 0.0
+    host: Optional[str] = None
+    transfer_cpu: Optional[TransferCpu] = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "device name")
@@ -99,6 +108,10 @@ class DeviceSpec:
             object.__setattr__(self, "layer_times", _check_layer_times(self.layer_times, what))
         object.__setattr__(self, "stage_overhead", check_number(
             self.stage_overhead, f"{what}: stage_overhead", unit="seconds per stage; 0 if not measured"))
+        if self.host is not None:
+            check_name(self.host, f"{what}: host")
+        if self.transfer_cpu is not None:
+            object.__setattr__(self, "transfer_cpu", transfer_cpu_from_dict(self.transfer_cpu, what))
 
     def measured(self, graph_name: str) -> Optional[Mapping[str, float]]:
         """The measured per-layer times of graph ``graph_name`` on this device, or None."""
@@ -209,13 +222,20 @@ class LinkTables:
 @dataclass(frozen=True)
 class Cluster:
     """Devices, symmetric links, an optional default link, and the ``source``
-    (holds the input) and ``sink`` (receives the output; defaults to ``source``)."""
+    (holds the input) and ``sink`` (receives the output; defaults to ``source``).
+
+    ``hosts`` (the machines whose cores devices share: a device names its own with
+    ``host``) and ``relay`` (the device every transfer between two others passes
+    through) describe the CPU a pipelined run shares; see ``hosts.py``.
+    """
 
     devices: tuple[DeviceSpec, ...]
     source: str
     links: tuple[Link, ...] = ()
     default_link: Optional[LinkSpec] = None
     sink: Optional[str] = None
+    hosts: tuple[HostSpec, ...] = ()
+    relay: Optional[Relay] = None
     name: str = field(default="cluster", compare=False)
 
     def __post_init__(self) -> None:
@@ -258,6 +278,42 @@ class Cluster:
             raise ClusterError(f"sink {sink!r} is not a device; choose one of: {', '.join(names)} "
                                f"(or leave it out to use the source)")
         object.__setattr__(self, "sink", sink)
+        self._check_hosts(names)
+
+    def _check_hosts(self, names: list[str]) -> None:
+        hosts = self.hosts
+        if isinstance(hosts, Mapping):
+            hosts = hosts_from_dict(hosts, self.name)
+        hosts = tuple(hosts)
+        for h in hosts:
+            if not isinstance(h, HostSpec):
+                raise ClusterError(f"hosts must hold HostSpec objects, got {type(h).__name__}")
+        host_names = [h.name for h in hosts]
+        dup = next((h for i, h in enumerate(host_names) if h in host_names[:i]), None)
+        if dup is not None:
+            raise ClusterError(f"duplicate host name {dup!r}; every host needs a unique name")
+        object.__setattr__(self, "hosts", hosts)
+        for d in self.devices:
+            if d.host is not None and d.host not in host_names:
+                listed = ", ".join(host_names) if host_names else "none (the cluster has no \"hosts\")"
+                raise ClusterError(f"device {d.name!r}: host {d.host!r} is not in the cluster's \"hosts\" "
+                                   f"(hosts: {listed}); add {{\"{d.host}\": {{\"cores\": N}}}} to \"hosts\" "
+                                   f"or fix the name")
+        used = {d.host for d in self.devices}
+        idle = [h for h in host_names if h not in used]
+        if idle:
+            raise ClusterError(f"host {idle[0]!r} in \"hosts\" has no device; set \"host\": \"{idle[0]}\" on "
+                               f"the devices it runs, or remove it")
+        relay = self.relay
+        if relay is not None:
+            if isinstance(relay, Mapping):
+                relay = relay_from_dict(relay, self.name)
+                object.__setattr__(self, "relay", relay)
+            if not isinstance(relay, Relay):
+                raise ClusterError(f"relay must be a Relay, got {type(relay).__name__}")
+            if relay.device not in names:
+                raise ClusterError(f"relay device {relay.device!r} is not a device; choose one of: "
+                                   f"{', '.join(names)} (the driver, for Ray's actor calls)")
 
     # -- lookups ---------------------------------------------------------------
     @property
@@ -319,6 +375,61 @@ class Cluster:
         return np.array([d.stage_overhead for d in self.devices], dtype=float)
 
     @cached_property
+    def host_index(self) -> np.ndarray:
+        """Index into ``hosts`` of each device's host, -1 where it names none; shape (k,)."""
+        where = {h.name: i for i, h in enumerate(self.hosts)}
+        return np.array([where.get(d.host, -1) if d.host is not None else -1 for d in self.devices], dtype=np.intp)
+
+    @cached_property
+    def host_cores(self) -> np.ndarray:
+        """Cores of each host, in ``hosts`` order."""
+        return np.array([h.cores for h in self.hosts], dtype=float)
+
+    @cached_property
+    def cpu_fixed(self) -> np.ndarray:
+        """CPU seconds per transfer each device sends or receives (0 where unset), shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.fixed for d in self.devices])
+
+    @cached_property
+    def cpu_per_byte(self) -> np.ndarray:
+        """CPU seconds per byte each device sends or receives (0 where unset), shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.per_byte for d in self.devices])
+
+    @cached_property
+    def cpu_serial_fixed(self) -> np.ndarray:
+        """The part of ``cpu_fixed`` on each device's computing thread, shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_cost(0.0) for d in self.devices])
+
+    @cached_property
+    def cpu_serial_per_byte(self) -> np.ndarray:
+        """The part of ``cpu_per_byte`` on each device's computing thread, shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_cost(1.0)
+                         - d.transfer_cpu.serial_cost(0.0) for d in self.devices])
+
+    @cached_property
+    def cpu_links(self) -> np.ndarray:
+        """(k, k) True for a pair of devices on one host that both have ``transfer_cpu``:
+        moving data between them is CPU work of that host (in the devices' loads), so
+        the link's time is no resource of its own in the throughput bottleneck."""
+        h = self.host_index
+        has = np.array([d.transfer_cpu is not None for d in self.devices])
+        out = (h[:, None] == h[None, :]) & (h[:, None] >= 0) & has[:, None] & has[None, :]
+        np.fill_diagonal(out, False)
+        out.flags.writeable = False
+        return out
+
+    @cached_property
+    def relay_index(self) -> int:
+        """Column of the relay device, -1 without one."""
+        return -1 if self.relay is None else self.index(self.relay.device)
+
+    @property
+    def has_transfer_cpu(self) -> bool:
+        """True when some transfer costs CPU (a device's transfer_cpu or a relay)."""
+        return bool(self.cpu_fixed.any() or self.cpu_per_byte.any()) or (
+            self.relay is not None and (self.relay.fixed > 0 or self.relay.per_byte > 0))
+
+    @cached_property
     def memory(self) -> np.ndarray:
         """Memory (bytes) per device, +inf where none is declared, shape (k,)."""
         return np.array([np.inf if d.memory is None else d.memory for d in self.devices], dtype=float)
@@ -366,7 +477,9 @@ class Cluster:
                                       memory=d.get("memory"), backend=d.get("backend"),
                                       device=d.get("device"), threads=d.get("threads"),
                                       resources=d.get("resources"), layer_times=d.get("layer_times"),
-                                      stage_overhead=d.get("stage_overhead", 0.0)))
+                                      stage_overhead=d.get("stage_overhead", 0.0), host=d.get("host"),
+                                      transfer_cpu=None if d.get("transfer_cpu") is None else
+                                      transfer_cpu_from_dict(d["transfer_cpu"], f"device {d['name']!r}")))
         raw_links = data.get("links", [])
         if not isinstance(raw_links, list):
             raise ClusterError(f"{name}: \"links\" must be a list of link objects, got "
@@ -382,8 +495,10 @@ class Cluster:
                             DEFAULT_LINK_KEYS_REQUIRED, LINK_KEYS_OPTIONAL)
             default = LinkSpec(bandwidth=dl["bandwidth"], latency=dl["latency"],
                                power=dl.get("power", 0.0))
+        hosts = hosts_from_dict(data["hosts"], name) if "hosts" in data else ()
+        relay = relay_from_dict(data["relay"], name) if "relay" in data else None
         return cls(devices=tuple(devices), links=tuple(links), default_link=default,
-                   source=data["source"], sink=data.get("sink"), name=name)
+                   source=data["source"], sink=data.get("sink"), hosts=hosts, relay=relay, name=name)
 
     def to_dict(self) -> dict[str, Any]:
         """The file structure of this cluster (round-trips through ``from_dict``)."""
@@ -401,6 +516,10 @@ class Cluster:
                 dev["stage_overhead"] = d.stage_overhead
             if d.layer_times is not None:
                 dev["layer_times"] = {g: dict(t) for g, t in d.layer_times.items()}
+            if d.host is not None:
+                dev["host"] = d.host
+            if d.transfer_cpu is not None:
+                dev["transfer_cpu"] = d.transfer_cpu.to_dict()
             out["devices"].append(dev)
         for ln in self.links:
             out["links"].append({"between": list(ln.between), "bandwidth": ln.bandwidth,
@@ -410,6 +529,10 @@ class Cluster:
             out["default_link"] = {"bandwidth": dl.bandwidth, "latency": dl.latency, "power": dl.power}
         out["source"] = self.source
         out["sink"] = self.sink
+        if self.hosts:
+            out["hosts"] = {h.name: {"cores": h.cores} for h in self.hosts}
+        if self.relay is not None:
+            out["relay"] = self.relay.to_dict()
         return out
 
 

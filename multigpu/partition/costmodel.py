@@ -15,6 +15,19 @@ Definition (a_0 = source, a_{n+1} = sink, a_1..a_n the layers' devices):
 * E = sum of power(a_i) * (compute time_i + stage overhead_i) + sum of transfer time * link power
 * cost = wt * T + we * E
 
+The throughput objective (pipelined inference) is the *bottleneck*, the largest of:
+
+* each device's load per item: its compute, its stage overheads, and the CPU of the
+  transfers it takes part in (``transfer_cpu`` of each end: ``fixed + per_byte * b``
+  for every transfer it sends or receives; the ``relay``'s figure for every transfer
+  between two other devices when it is the relay), of that CPU only the ``serial``
+  part (on its computing thread; all of it without ``serial``);
+* each link's activation transfer time per item (not on a pair of devices of one host
+  that both have ``transfer_cpu``: moving data between them is that CPU work);
+* each host's load: its devices' compute, stage overheads and all their transfer CPU,
+  divided by its ``cores``.
+
+Transfer CPU enters nothing but the bottleneck (a transfer's time already holds it).
 A pair with no link and no default link cannot be used; ``evaluate`` raises
 UnusableLinkError for an assignment that needs one.
 """
@@ -31,8 +44,9 @@ from .cluster import Cluster
 from .exceptions import ClusterError, PartitionInputError, UnusableLinkError
 from .graph import Graph
 
-__all__ = ["Breakdown", "CostTables", "DeviceCost", "LayerCost", "LinkCost", "MatrixForm",
-           "check_weights", "compute_times", "evaluate", "measured_devices", "resolve_assignment"]
+__all__ = ["Breakdown", "CostTables", "DeviceCost", "HostCost", "LayerCost", "LinkCost", "MatrixForm",
+           "check_weights", "compute_times", "evaluate", "measured_devices", "resolve_assignment",
+           "transfer_cpu_loads"]
 
 AssignmentLike = Sequence[Union[str, int]]
 
@@ -149,19 +163,41 @@ class DeviceCost:
     memory: float
     memory_limit: Optional[float]
     stage_overhead: float = 0.0   # the stage overheads of its stages (not in compute_time)
+    transfer_cpu: float = 0.0     # CPU of the transfers it sends, receives or relays, per item
+    load: float = 0.0             # per item when pipelined: compute + stage overhead + transfer_cpu_serial
+    transfer_cpu_serial: float = 0.0   # the part of transfer_cpu on its computing thread
+
+
+@dataclass(frozen=True)
+class HostCost:
+    """One host: its ``devices``, their summed ``load`` per item (compute, stage
+    overheads and all their transfer CPU) and its ``cores``; ``share`` = load / cores
+    is what the throughput bottleneck counts."""
+
+    name: str
+    cores: float
+    devices: list[str]
+    load: float
+
+    @property
+    def share(self) -> float:
+        """Seconds per item the host's cores need: load / cores."""
+        return self.load / self.cores
 
 
 @dataclass(frozen=True)
 class LinkCost:
     """Traffic on one (symmetric) link. ``load`` is the per-inference transfer time of
-    activations (what the throughput bottleneck counts); ``param_time`` is the one-off
-    parameter shipping."""
+    activations (what the throughput bottleneck counts, unless ``cpu_work``: both ends
+    on one host with ``transfer_cpu``, where moving the data is CPU work already in
+    their loads); ``param_time`` is the one-off parameter shipping."""
 
     between: tuple[str, str]
     bytes: float
     load: float
     param_time: float
     energy: float
+    cpu_work: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,9 +257,11 @@ class Breakdown:
     ``time``, ``energy`` and ``cost`` are the totals of the definition;
     ``layers``/``devices``/``links`` break them down; ``output_time`` and
     ``output_energy`` are the final transfer to the sink; ``bottleneck`` is the
-    throughput objective (the larger of the most loaded device's compute time and
-    the most loaded link's activation transfer time). ``matrix`` is the document's
-    matrix form, built on first access (it holds (n+1)*k*k numbers).
+    throughput objective (the largest of a device's load, a link's activation
+    transfer time and a host's load over its cores), set by ``bottleneck_at`` (e.g.
+    "device 'a'", "link a <-> b", "host 'box' (2 cores)"). ``hosts`` lists each
+    host's load. ``matrix`` is the document's matrix form, built on first access (it
+    holds (n+1)*k*k numbers).
     """
 
     assignment: list[str]
@@ -243,6 +281,8 @@ class Breakdown:
     layers: list[LayerCost]
     devices: list[DeviceCost]
     links: list[LinkCost]
+    hosts: list[HostCost]
+    bottleneck_at: str
     _graph: Graph = field(repr=False)
     _cluster: Cluster = field(repr=False)
     _columns: np.ndarray = field(repr=False)
@@ -353,21 +393,97 @@ def _totals(x: AssignmentArrays, wt: float, we: float) -> tuple[float, float, fl
 
 
 def _link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
-    """k x k symmetric matrix of activation transfer time per unordered pair."""
+    """k x k symmetric matrix of activation transfer time per unordered pair, as the
+    bottleneck counts it: 0 on a pair whose transfers are CPU work of one host
+    (``Cluster.cpu_links``)."""
     k = cluster.k
     load = np.zeros((k, k))
     np.add.at(load, (x.prev, x.a), x.t_in)
     load[int(x.a[-1]), cluster.sink_index] += x.t_out
     load = load + load.T
     np.fill_diagonal(load, 0.0)
+    load[cluster.cpu_links] = 0.0
     return load
+
+
+def _transfers(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sender, receiver, bytes) of every activation transfer of one item (u != v)."""
+    moved = x.prev != x.a
+    u, v, b = x.prev[moved], x.a[moved], graph.input_bytes_per_layer[moved]
+    last, sink = int(x.a[-1]), cluster.sink_index
+    if last != sink:
+        u = np.append(u, last)
+        v = np.append(v, sink)
+        b = np.append(b, graph.output_bytes[-1])
+    return u, v, b
+
+
+def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds,
+    serial seconds) quadruples: ``transfer_cpu`` of the sender and of the receiver, and
+    the relay's figure where the relay is neither; the serial seconds are the part on
+    the device's computing thread. Empty when no transfer costs CPU."""
+    u, v, b = np.asarray(u, dtype=np.intp), np.asarray(v, dtype=np.intp), np.asarray(b, dtype=float)
+    if not cluster.has_transfer_cpu or len(u) == 0:
+        empty = np.zeros(0, dtype=np.intp)
+        return empty, empty, np.zeros(0), np.zeros(0)
+    f, c = cluster.cpu_fixed, cluster.cpu_per_byte
+    sf, sc = cluster.cpu_serial_fixed, cluster.cpu_serial_per_byte
+    j = np.arange(len(u))
+    parts = [(j, u, f[u] + c[u] * b, sf[u] + sc[u] * b), (j, v, f[v] + c[v] * b, sf[v] + sc[v] * b)]
+    r = cluster.relay_index
+    if r >= 0:
+        via = (u != r) & (v != r)
+        relay = cluster.relay
+        bv = b[via]
+        parts.append((j[via], np.full(int(via.sum()), r), relay.cost(bv), relay.serial_cost(bv)))  # type: ignore[union-attr]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+
+
+def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(k,) CPU seconds each device spends per item on transfers (u[j] -> v[j], b[j]
+    bytes), and (k,) the part on its computing thread; see ``transfer_cpu_terms``."""
+    _, dev, val, serial = transfer_cpu_terms(cluster, u, v, b)
+    return (np.bincount(dev, weights=val, minlength=cluster.k).astype(float),
+            np.bincount(dev, weights=serial, minlength=cluster.k).astype(float))
+
+
+def _loads(graph: Graph, cluster: Cluster, x: AssignmentArrays
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per item when pipelined: (device loads (k,): compute, stage overheads and the
+    serial part of their transfer CPU; transfer CPU (k,); its serial part (k,); host
+    loads (h,): their devices' compute, stage overheads and all their transfer CPU)."""
+    cpu, serial = transfer_cpu_loads(cluster, *_transfers(graph, cluster, x))
+    work = np.bincount(x.a, weights=x.comp + x.t_stage, minlength=cluster.k)
+    hosts = np.zeros(len(cluster.hosts))
+    on = cluster.host_index >= 0
+    np.add.at(hosts, cluster.host_index[on], (work + cpu)[on])
+    return work + serial, cpu, serial, hosts
+
+
+def _bottleneck(cluster: Cluster, load: np.ndarray, links: np.ndarray, hosts: np.ndarray) -> tuple[float, str]:
+    """The bottleneck and what sets it (the first of device, link, host on a tie)."""
+    names = cluster.names
+    d = int(np.argmax(load))
+    best, at = float(load[d]), f"device {names[d]!r}"
+    if links.size and links.max() > best:
+        u, v = np.unravel_index(int(np.argmax(links)), links.shape)
+        best, at = float(links[u, v]), f"link {names[min(u, v)]} <-> {names[max(u, v)]}"
+    if hosts.size:
+        share = hosts / cluster.host_cores
+        h = int(np.argmax(share))
+        if share[h] > best:
+            best, at = float(share[h]), f"host {cluster.hosts[h].name!r} ({cluster.hosts[h].cores:g} cores)"
+    return best, at
 
 
 def bottleneck_of(graph: Graph, cluster: Cluster, a: np.ndarray) -> float:
     """The throughput objective of assignment ``a`` (device columns)."""
     x = assignment_arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False)
-    busy = np.bincount(x.a, weights=x.comp, minlength=cluster.k)
-    return float(max(busy.max(), _link_loads(cluster, x).max()))
+    load, _, _, hosts = _loads(graph, cluster, x)
+    return _bottleneck(cluster, load, _link_loads(cluster, x), hosts)[0]
 
 
 def memory_use(graph: Graph, cluster: Cluster, a: np.ndarray) -> np.ndarray:
@@ -418,24 +534,27 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
     act = np.zeros(k)
     np.maximum.at(act, a, graph.activation_bytes)
     counts = np.bincount(a, minlength=k)
+    load, cpu, serial, host_load = _loads(graph, cluster, x)
     devices = [DeviceCost(
         name=names[d], layers=int(counts[d]), compute_time=float(busy[d]),
         compute_energy=float(busy_e[d]), transfer_time=float(moving[d]),
         param_bytes=float(params[d]), activation_bytes=float(act[d]),
         memory=float(params[d] + act[d]), memory_limit=cluster.devices[d].memory,
-        stage_overhead=float(overhead[d]),
+        stage_overhead=float(overhead[d]), transfer_cpu=float(cpu[d]), load=float(load[d]),
+        transfer_cpu_serial=float(serial[d]),
     ) for d in range(k)]
+    hosts = [HostCost(name=h.name, cores=h.cores, devices=[names[d] for d in np.flatnonzero(cluster.host_index == j)],
+                      load=float(host_load[j])) for j, h in enumerate(cluster.hosts)]
 
     links = _link_records(graph, cluster, x)
-    loads = _link_loads(cluster, x)
-    bottleneck = float(max(busy.max(), loads.max()))
+    bottleneck, bottleneck_at = _bottleneck(cluster, load, _link_loads(cluster, x), host_load)
     return Breakdown(
         assignment=[names[d] for d in a], time=time, energy=energy, cost=cost, wt=wt, we=we,
         ship_params=bool(ship_params), compute_time=math.fsum(x.comp), stage_time=math.fsum(x.t_stage),
         transfer_time=math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out,
         param_time=math.fsum(x.t_param), output_time=x.t_out, output_energy=x.e_out,
-        bottleneck=bottleneck, layers=layers, devices=devices, links=links,
-        _graph=graph, _cluster=cluster, _columns=a,
+        bottleneck=bottleneck, layers=layers, devices=devices, links=links, hosts=hosts,
+        bottleneck_at=bottleneck_at, _graph=graph, _cluster=cluster, _columns=a,
     )
 
 
@@ -467,7 +586,8 @@ def _link_records(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> list[L
             p = ptime[u, v] + ptime[v, u]
             if b > 0 or t > 0 or p > 0:
                 out.append(LinkCost(between=(names[u], names[v]), bytes=float(b), load=float(t),
-                                    param_time=float(p), energy=float(energy[u, v] + energy[v, u])))
+                                    param_time=float(p), energy=float(energy[u, v] + energy[v, u]),
+                                    cpu_work=bool(cluster.cpu_links[u, v])))
     return out
 
 

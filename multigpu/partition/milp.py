@@ -13,8 +13,13 @@ spends its effort on the coupling constraints only:
   busy     sum_i comp[i,d] x[i,d] <= busy_d
   energy   E(x, y) <= budget
   bottleneck (throughput objective)
-           sum_i comp[i,d] x[i,d] <= B   for every device
-           load_{u,v}(x, y) <= B          for every usable pair
+           load_d(x, y) <= B              for every device: compute, stage overheads
+                                          (x[0,d], y[e,u,d]) and transfer CPU (the
+                                          transfers d sends, receives or relays)
+           load_{u,v}(x, y) <= B          for every usable pair (but two devices of one
+                                          host with transfer_cpu: that is CPU work)
+           sum_{d on h} load_d / cores_h <= B   for every host of two or more devices
+                                          (or of fewer than one core)
 
 scipy is imported here, lazily, so the core imports numpy and the standard library only.
 """
@@ -28,7 +33,7 @@ from typing import Any, Collection, Optional
 import numpy as np
 
 from .constraints import ResolvedConstraints
-from .costmodel import CostTables
+from .costmodel import CostTables, transfer_cpu_terms
 
 __all__ = ["FAMILIES", "MilpResult", "Model", "Multipliers", "build_model", "relax", "solve_milp",
            "solve_model"]
@@ -68,14 +73,92 @@ def _biggest_cost(tables: CostTables, forbid: np.ndarray, y_open: np.ndarray, nb
     return max(float(np.max(v[np.isfinite(v)], initial=0.0)) for v in vals)
 
 
-def _biggest_load(tables: CostTables, forbid: np.ndarray, nbytes: np.ndarray) -> float:
-    tab = tables.cluster.tables
-    out = float(np.max(tables.comp[~forbid], initial=0.0))
-    if len(nbytes):
-        out = max(out, float((nbytes.max() * tab.inv_bandwidth + tab.latency).max()))
-    first, last = tables.first_edge(1.0, 0.0)[~forbid[0]], tables.last_edge(1.0, 0.0)[~forbid[-1]]
-    return max(out, float(np.max(first[np.isfinite(first)], initial=0.0)),
-               float(np.max(last[np.isfinite(last)], initial=0.0)))
+def _link_times(tables: CostTables, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Activation transfer time a choice puts on its link: (k,) of the input from the
+    source to layer 1 on each device, (k,) of the output from each device to the sink,
+    (n-1, k, k) of each edge; 0 where nothing moves, the pair is unusable, or its
+    transfers are CPU work of one host (``Cluster.cpu_links``)."""
+    graph, cluster = tables.graph, tables.cluster
+    tab = cluster.tables
+    src, sink = cluster.source_index, cluster.sink_index
+    t_first = np.where(tab.usable[src], graph.input_bytes * tab.inv_bandwidth[src] + tab.latency[src], 0.0)
+    t_last = np.where(tab.usable[:, sink], float(graph.output_bytes[-1]) * tab.inv_bandwidth[:, sink]
+                      + tab.latency[:, sink], 0.0)
+    t_first[src] = t_last[sink] = 0.0
+    t_first[cluster.cpu_links[src]] = 0.0          # CPU work of one host: no link load
+    t_last[cluster.cpu_links[:, sink]] = 0.0
+    t_edge = nbytes[:, None, None] * tab.inv_bandwidth[None] + tab.latency[None]
+    t_edge[:, ~tab.usable | cluster.cpu_links] = 0.0
+    t_edge[:, np.arange(cluster.k), np.arange(cluster.k)] = 0.0
+    return t_first, t_last, t_edge
+
+
+def _host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray, load_serial: np.ndarray
+                ) -> tuple[int, np.ndarray, np.ndarray]:
+    """Host rows: (how many, the host row of each load term or -1, the values of the
+    terms on a host divided by its cores). Only hosts whose share can exceed their
+    devices' own loads get a row: two or more devices, fewer than one core, or a device
+    whose transfer CPU is partly off its computing thread (counted by the host only)."""
+    nh = len(cluster.hosts)
+    members = np.bincount(cluster.host_index[cluster.host_index >= 0], minlength=nh)
+    h_term = cluster.host_index[load_dev]
+    partly = np.bincount(h_term[(h_term >= 0) & (load_val > load_serial)], minlength=nh) > 0
+    hosts = np.flatnonzero((members >= 2) | ((members == 1) & ((cluster.host_cores < 1) | partly)))
+    row_of_host = -np.ones(len(cluster.hosts) + 1, dtype=np.int64)   # index -1: no host
+    row_of_host[hosts] = np.arange(len(hosts))
+    term_row = row_of_host[cluster.host_index[load_dev]]
+    on = term_row >= 0
+    cores = cluster.host_cores[cluster.host_index[load_dev[on]]] if on.any() else np.zeros(0)
+    return len(hosts), term_row, load_val[on] / cores
+
+
+def _load_terms(tables: CostTables, forbid: np.ndarray, xi: np.ndarray, yi: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each device's load per item as (device, column, seconds, serial seconds) over x
+    and y: compute on x[i,d]; the stage overhead of the stage a choice starts (x[0,d],
+    and y[e,u,d] for u != d); the CPU of the transfer a choice makes (x[0,v] for the
+    input from the source, y[e,u,v], x[n-1,u] for the output to the sink). A device's
+    row counts the serial seconds, its host's row all of them."""
+    graph, cluster = tables.graph, tables.cluster
+    n, k = graph.n, cluster.k
+    src, sink = cluster.source_index, cluster.sink_index
+    comp = np.where(forbid, 0.0, tables.comp).T.ravel()
+    devs, cols, vals, serial = [np.repeat(np.arange(k), n)], [xi.T.ravel()], [comp], [comp]
+    oh = cluster.stage_overhead
+    ar = np.arange(k)
+    if oh.any():
+        devs.append(ar)
+        cols.append(xi[0])
+        vals.append(oh)
+        serial.append(oh)
+    ne = n - 1
+    off = ~np.eye(k, dtype=bool)
+    eu, ev = np.nonzero(off)                                  # every ordered pair u != v
+    if ne and oh.any():
+        devs.append(np.tile(ev, ne))
+        cols.append(yi[:, eu, ev].ravel())
+        vals.append(np.tile(oh[ev], ne))
+        serial.append(vals[-1])
+    if cluster.has_transfer_cpu:
+        # The transfers a single choice makes: input from the source, output to the sink.
+        for layer, end, nb, sending in ((0, src, graph.input_bytes, False),
+                                        (n - 1, sink, float(graph.output_bytes[-1]), True)):
+            others = ar[ar != end]
+            u, v = (others, np.full(len(others), end)) if sending else (np.full(len(others), end), others)
+            j, d, val, ser = transfer_cpu_terms(cluster, u, v, np.full(len(others), nb))
+            devs.append(d)
+            cols.append(xi[layer, others[j]])
+            vals.append(val)
+            serial.append(ser)
+        if ne:
+            e = np.repeat(np.arange(ne), len(eu))
+            u, v = np.tile(eu, ne), np.tile(ev, ne)
+            j, d, val, ser = transfer_cpu_terms(cluster, u, v, graph.output_bytes[:-1][e])
+            devs.append(d)
+            cols.append(yi[e[j], u[j], v[j]])
+            vals.append(val)
+            serial.append(ser)
+    return np.concatenate(devs), np.concatenate(cols), np.concatenate(vals), np.concatenate(serial)
 
 
 class _Rows:
@@ -135,13 +218,14 @@ class Model:
 def solve_milp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, *,
                objective: str = "latency", scale: float = 1.0,
                bottleneck_cap: Optional[float] = None, b_scale: Optional[float] = None,
+               b_upper: Optional[float] = None,
                families: Collection[str] = FAMILIES, verbose: bool = False,
                fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None,
                options: Optional[dict] = None) -> MilpResult:
     """Build and solve the placement MILP (see ``build_model`` for the arguments);
     ``options`` are passed on to HiGHS (e.g. ``time_limit``)."""
     model = build_model(tables, cons, wt, we, objective=objective, scale=scale,
-                        bottleneck_cap=bottleneck_cap, b_scale=b_scale, families=families,
+                        bottleneck_cap=bottleneck_cap, b_scale=b_scale, b_upper=b_upper, families=families,
                         fix_x=fix_x, fix_y=fix_y)
     return solve_model(model, verbose=verbose, options=options)
 
@@ -182,14 +266,15 @@ def solve_model(model: Model, verbose: bool = False, options: Optional[dict] = N
 def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, *,
                 objective: str = "latency", scale: float = 1.0,
                 bottleneck_cap: Optional[float] = None, b_scale: Optional[float] = None,
-                families: Collection[str] = FAMILIES,
+                b_upper: Optional[float] = None, families: Collection[str] = FAMILIES,
                 fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None) -> Model:
     """Build the placement MILP.
 
     ``objective="latency"`` minimises wt*T + we*E; ``"bottleneck"`` minimises the
     throughput bottleneck; ``"feasibility"`` only looks for a feasible point.
     ``bottleneck_cap`` (seconds) adds B <= cap to a latency solve (the tie-break
-    phase of the throughput objective). ``families`` selects which coupling
+    phase of the throughput objective). ``b_upper`` (seconds) is the bottleneck of
+    a known feasible plan: choices that alone exceed it are fixed to 0. ``families`` selects which coupling
     constraints to include (used to find the binding one). ``scale`` multiplies the
     objective so its optimum is well above HiGHS's absolute gap (1e-6); the caller
     picks it from a lower bound. ``b_scale`` scales the bottleneck rows (default
@@ -258,6 +343,26 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
         forbid |= fix_x
     if fix_y is not None and ne:
         y_open &= ~fix_y
+    if need_b:
+        # Every bottleneck row's coefficient of a choice is a lower bound on B once that
+        # choice is taken (all coefficients are >= 0), so a choice whose coefficient alone
+        # exceeds a known bound on B (a feasible plan's, or the cap) cannot be optimal.
+        # Fixing it to 0 is exact, and keeps absurd choices' huge coefficients away from
+        # HiGHS (1.8 declared a feasible model infeasible with coefficients near 1e9).
+        load_dev, load_col, load_val, load_serial = _load_terms(tables, forbid, xi, yi)
+        host_rows, host_of_term, host_val = _host_terms(cluster, load_dev, load_val, load_serial)
+        t_first, t_last, t_edge = _link_times(tables, nbytes)
+        upper = min(math.inf if b_upper is None else b_upper,
+                    math.inf if bottleneck_cap is None else bottleneck_cap)
+        if math.isfinite(upper):
+            lim = upper * (1 + 1e-9)
+            over = np.concatenate([load_col[load_serial > lim], load_col[host_of_term >= 0][host_val > lim]])
+            flat_x, flat_y = forbid.reshape(-1), y_open.reshape(-1)
+            flat_x[over[over < nx]] = True
+            flat_y[over[over >= nx] - nx] = False
+            forbid[0] |= t_first > lim
+            forbid[-1] |= t_last > lim
+            y_open &= ~(t_edge > lim)
     if ne:
         # An edge can only carry flow between choices that are still open.
         y_open &= ~forbid[:-1, :, None] & ~forbid[1:, None, :]
@@ -274,7 +379,12 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     if objective == "latency":
         scale = _clamp(scale, _biggest_cost(tables, forbid, y_open, nbytes, wt, we))
     if need_b:
-        b_scale = _clamp(b_scale, _biggest_load(tables, forbid, nbytes))
+        is_open = ub[load_col] != 0
+        biggest = max(float(np.max(load_serial[is_open], initial=0.0)),
+                      float(np.max(host_val[is_open[host_of_term >= 0]], initial=0.0)),
+                      float(np.max(t_first[~forbid[0]], initial=0.0)), float(np.max(t_last[~forbid[-1]], initial=0.0)),
+                      float(np.max(t_edge[y_open], initial=0.0)))
+        b_scale = _clamp(b_scale, biggest)
         if objective == "bottleneck":
             scale = b_scale
         ub[b_idx] = np.inf if bottleneck_cap is None else bottleneck_cap * b_scale
@@ -360,13 +470,17 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
                  n_m * n, -np.inf, 0.0)
 
     if need_b:
-        # Device rows: b_scale * compute time on d - B <= 0.
-        comp = np.where(forbid, 0.0, tables.comp)
-        rows.add(np.concatenate([np.repeat(np.arange(k), n), np.arange(k)]),
-                 np.concatenate([xi.T.ravel(), np.full(k, b_idx)]),
-                 np.concatenate([b_scale * comp.T.ravel(), -np.ones(k)]), k, -np.inf, 0.0)
+        # Device rows: b_scale * load of d (serial transfer CPU) - B <= 0.
+        rows.add(np.concatenate([load_dev, np.arange(k)]), np.concatenate([load_col, np.full(k, b_idx)]),
+                 np.concatenate([b_scale * load_serial, -np.ones(k)]), k, -np.inf, 0.0)
+        if host_rows:
+            # Host rows: b_scale * (sum of its devices' loads) / cores - B <= 0.
+            sel = host_of_term >= 0
+            rows.add(np.concatenate([host_of_term[sel], np.arange(host_rows)]),
+                     np.concatenate([load_col[sel], np.full(host_rows, b_idx)]),
+                     np.concatenate([b_scale * host_val, -np.ones(host_rows)]), host_rows, -np.inf, 0.0)
         # Link rows: b_scale * activation transfer time over {u, v} - B <= 0.
-        pu, pv = np.nonzero(np.triu(tab.usable, 1))
+        pu, pv = np.nonzero(np.triu(tab.usable & ~cluster.cpu_links, 1))
         npairs = len(pu)
         if npairs:
             r_parts, c_parts, v_parts = [], [], []

@@ -70,12 +70,12 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
         out.append(f"compute times: measured on {', '.join(measured)} (layer_times of {graph.name})"
                    + (f"; from FLOP/s on {', '.join(rest)}" if rest else ""))
     if bd.stage_time:
-        out.append(f"stage overheads (once per stage, in T; busy time and bottleneck count compute only): "
+        out.append(f"stage overheads (once per stage, in T and in the bottleneck; busy time counts compute only): "
                    f"{fmt_time(bd.stage_time)} in all")
     how = {"dp": "exact DP", "milp": "exact MILP (HiGHS)",
            "bound": "exact: a feasible plan meets the LP/Lagrangian lower bound"}.get(plan.solver, plan.solver)
     out.append(f"plan: cost {plan.cost:.6g}  time {fmt_time(plan.time)}  energy {fmt_energy(plan.energy)}  "
-               f"bottleneck {fmt_time(plan.bottleneck)}  ({how}, {plan.solve_time * 1e3:.3g} ms)")
+               f"bottleneck {fmt_time(plan.bottleneck)} at {bd.bottleneck_at}  ({how}, {plan.solve_time * 1e3:.3g} ms)")
     out.append("stages: " + "; ".join(
         f"{s.first}..{s.last} on {s.device}" if s.first != s.last else f"{s.first} on {s.device}"
         for s in plan.stages))
@@ -98,18 +98,27 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
                   rows, [True, False, False, True, True, True, True, True])
     out.append("")
 
-    out.append("Per device (transfer = time of the transfers it sends or receives)")
+    out.append("Per device (transfer = time of the transfers it sends or receives; load = per item when "
+               "pipelined: compute, stage overheads, transfer CPU)")
     rows = []
     for d in bd.devices:
         limit = "unlimited" if d.memory_limit is None else fmt_bytes(d.memory_limit)
         rows.append([d.name, str(d.layers), fmt_time(d.compute_time), fmt_time(d.transfer_time),
+                     fmt_time(d.transfer_cpu) if d.transfer_cpu else "-", fmt_time(d.load),
                      fmt_energy(d.compute_energy), f"{fmt_bytes(d.memory)} / {limit}"])
-    out += _table(["device", "layers", "compute", "transfer", "energy", "memory / limit"], rows,
-                  [False, True, True, True, True, True])
+    out += _table(["device", "layers", "compute", "transfer", "transfer CPU", "load", "energy", "memory / limit"],
+                  rows, [False, True, True, True, True, True, True, True])
+    if bd.hosts:
+        out.append("")
+        out.append("Per host (share = load of its devices / cores: the bottleneck counts it)")
+        rows = [[h.name, f"{h.cores:g}", ", ".join(h.devices), fmt_time(h.load), fmt_time(h.share)] for h in bd.hosts]
+        out += _table(["host", "cores", "devices", "load", "share"], rows, [False, True, False, True, True])
     if bd.links:
         out.append("")
-        out.append("Per link (load = activation transfer time per inference)")
-        rows = [[f"{ln.between[0]} <-> {ln.between[1]}", fmt_bytes(ln.bytes), fmt_time(ln.load),
+        out.append("Per link (load = activation transfer time per inference; * = one host's CPU work, not "
+                   "counted in the bottleneck)")
+        rows = [[f"{ln.between[0]} <-> {ln.between[1]}", fmt_bytes(ln.bytes),
+                 fmt_time(ln.load) + (" *" if ln.cpu_work else ""),
                  fmt_time(ln.param_time) if ln.param_time else "-", fmt_energy(ln.energy)] for ln in bd.links]
         out += _table(["link", "bytes", "load", "params", "energy"], rows, [False, True, True, True, True])
 

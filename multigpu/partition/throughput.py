@@ -1,24 +1,25 @@
 """The throughput objective for pipelined inference, solved exactly.
 
 With every device and link working on a different inference at once, the steady
-state delivers one result per *bottleneck*: the larger of the most loaded device's
-compute time and the most loaded link's activation transfer time (parameter
+state delivers one result per *bottleneck*: the largest of a device's load per item
+(compute, stage overheads and the CPU of its transfers), a link's activation
+transfer time, and a host's load (its devices' loads) over its cores (parameter
 shipping is a one-off setup cost, so it does not count).
 
-Phase 1 minimises the bottleneck B with the MILP (B >= every device's compute time,
-B >= every link's load). Many assignments usually share the optimal B (layers off
+Phase 1 minimises the bottleneck B with the MILP (B >= every device's load,
+B >= every link's load, B >= every shared host's load / cores). Many assignments usually share the optimal B (layers off
 the critical device can move freely), so phase 2 keeps B within 1e-7 of the optimum
 and minimises wt*T + we*E among them, giving a plan that is also sensible per item.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .constraints import ResolvedConstraints
-from .costmodel import CostTables, bottleneck_of
+from .costmodel import CostTables, bottleneck_of, transfer_cpu_terms
 from ..errors import SolverError
 from .exceptions import InfeasibleError
 from .milp import solve_milp
@@ -32,7 +33,8 @@ CAP_SLACK = 1e-7
 
 def bottleneck_lower_bound(tables: CostTables, cons: ResolvedConstraints) -> float:
     """A lower bound on the optimal bottleneck: each layer's compute lands on some
-    device, and all compute is shared by at most k devices."""
+    device, and all compute is shared by at most k devices (a device's load is at
+    least its compute)."""
     comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp, np.inf)
     per_layer = comp.min(axis=1)
     usable_devs = max(int((cons.allowed.any(axis=0)).sum()), 1)
@@ -60,7 +62,7 @@ def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, w
         # absolute gap (1e-6) would then accept a clearly worse plan.
         options = {"mip_abs_gap": 0.0} if lb <= 0 else None
         first = solve_milp(tables, cons, wt, we, objective="bottleneck", scale=b_scale, verbose=verbose,
-                           options=options)
+                           b_upper=None if known is None else known[1], options=options)
         if first.status == 2:
             raise explain()
         if first.status != 0 or first.a is None:
@@ -84,25 +86,56 @@ def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, w
 
 def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:
     """An upper bound on any assignment's bottleneck: all compute on the slowest
-    allowed device plus every transfer on the slowest link."""
+    allowed device, a stage start per layer, every transfer on the slowest link and
+    every transfer's CPU, over the fewest cores a host has (if below one)."""
+    cluster = tables.cluster
     comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp, 0.0)
-    tab = tables.cluster.tables
+    tab = cluster.tables
     nb = np.concatenate([[tables.graph.input_bytes], tables.graph.output_bytes])
-    t = nb.max() * tab.inv_bandwidth.max() + tab.latency.max() if tables.cluster.k > 1 else 0.0
-    return float(comp.max(axis=1).sum() + len(nb) * t)
+    t = nb.max() * tab.inv_bandwidth.max() + tab.latency.max() if cluster.k > 1 else 0.0
+    cpu = 0.0
+    if cluster.k > 1:
+        u, v = np.nonzero(~np.eye(cluster.k, dtype=bool))
+        _, _, val, _ = transfer_cpu_terms(cluster, u, v, np.full(len(u), nb.max()))
+        cpu = 3 * float(np.max(val, initial=0.0))
+    cores = min(1.0, float(np.min(cluster.host_cores, initial=1.0)))
+    return float(comp.max(axis=1).sum() + len(comp) * cluster.stage_overhead.max()
+                 + len(nb) * (t + cpu)) / cores
+
+
+def _loads_something(cluster: Any, dev: np.ndarray, total: np.ndarray, serial: np.ndarray) -> np.ndarray:
+    """Which transfer-CPU terms load a resource: a device's serial part, or any CPU of
+    a device on a host."""
+    return (serial > 0) | ((total > 0) & (cluster.host_index[dev] >= 0))
 
 
 def _zero_load(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
-    """Choices that would put any load on a device or link (for B = 0)."""
+    """Choices that would put any load on a device, link or host (for B = 0)."""
     graph, cluster = tables.graph, tables.cluster
     k = cluster.k
+    src, sink = cluster.source_index, cluster.sink_index
+    oh = cluster.stage_overhead
     fix_x = tables.comp > 0
-    # Loads are compute and transfers; a stage overhead is neither (see costmodel).
-    first = tables.edge_matrix(tables.graph.input_bytes, 1.0, 0.0, stage=False)[cluster.source_index]
-    last = tables.edge_matrix(float(graph.output_bytes[-1]), 1.0, 0.0, stage=False)[:, cluster.sink_index]
-    fix_x[0] |= first > 0
-    fix_x[-1] |= last > 0
+    fix_x[0] |= oh > 0                       # layer 1 always starts a stage
+    first = tables.edge_matrix(tables.graph.input_bytes, 1.0, 0.0, stage=False)[src]
+    last = tables.edge_matrix(float(graph.output_bytes[-1]), 1.0, 0.0, stage=False)[:, sink]
+    cpu_links = cluster.cpu_links            # their time is CPU work, counted below, not a link load
+    fix_x[0] |= (first > 0) & ~cpu_links[src]
+    fix_x[-1] |= (last > 0) & ~cpu_links[:, sink]
+    off = np.arange(k)
+    for layer, end, nb, sending in ((0, src, graph.input_bytes, False),
+                                    (graph.n - 1, sink, float(graph.output_bytes[-1]), True)):
+        others = off[off != end]
+        u, v = (others, np.full(len(others), end)) if sending else (np.full(len(others), end), others)
+        j, d, val, ser = transfer_cpu_terms(cluster, u, v, np.full(len(others), nb))
+        fix_x[layer, others[j[_loads_something(cluster, d, val, ser)]]] = True
     nb = graph.output_bytes[:-1]
     t = nb[:, None, None] * cluster.tables.inv_bandwidth[None] + cluster.tables.latency[None]
+    t[:, cpu_links] = 0.0
+    t = t + np.where(np.eye(k, dtype=bool), 0.0, oh[None, :])[None]   # a change of device starts a stage
+    if len(nb) and cluster.has_transfer_cpu:
+        e, u, v = np.nonzero(np.broadcast_to(~np.eye(k, dtype=bool), t.shape))
+        j, d, val, ser = transfer_cpu_terms(cluster, u, v, nb[e])
+        np.add.at(t, (e[j], u[j], v[j]), _loads_something(cluster, d, val, ser).astype(float))
     t[:, np.arange(k), np.arange(k)] = 0.0
     return fix_x, t > 0

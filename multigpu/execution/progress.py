@@ -1,0 +1,14 @@
+"""Progress bars of the profiler (tqdm on stderr, off when quiet)."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["bar"]
+
+
+def bar(progress: bool, total: int, desc: str) -> Any:
+    """A tqdm bar of ``total`` steps on stderr; disabled unless ``progress``."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not progress, file=sys.stderr, leave=False)

@@ -1,0 +1,175 @@
+"""Hosts and the CPU work of transfers: what a pipelined (streaming) run shares.
+
+Devices whose workers run on one machine share its cores, and moving an activation
+between two worker processes is CPU work at both ends (and, with Ray's actor calls,
+in the driver, which receives every intermediate result and sends it on). The cost
+model counts that work in the throughput bottleneck; these are the cluster-file
+fields that describe it:
+
+* a device's ``host`` names an entry of the cluster's ``hosts``, which gives that
+  machine's ``cores``;
+* a device's ``transfer_cpu`` is ``{"fixed": s, "per_byte": s}``: the CPU seconds it
+  spends on each transfer it sends or receives (``fixed + per_byte * bytes``);
+* the cluster's ``relay`` is ``{"device": NAME, "fixed": s, "per_byte": s}``: every
+  transfer between two other devices passes through that device's process, which
+  spends ``fixed + per_byte * bytes`` of CPU on it;
+* either may add ``"serial": {"fixed": s, "per_byte": s}``, the part of that CPU spent
+  on the thread that computes the device's stages (Ray's actor calls also use I/O
+  threads, which run beside the stages when the host has a core to spare). A device
+  serves items one after another only as fast as that thread allows, so its own
+  load counts the serial part; its host's load counts all of it. Without ``serial``
+  all of it is serial.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from .exceptions import ClusterError
+from .validate import check_keys, check_name, check_number
+
+__all__ = ["HostSpec", "Relay", "TransferCpu", "hosts_from_dict", "relay_from_dict", "transfer_cpu_from_dict"]
+
+TRANSFER_CPU_KEYS_REQUIRED = ("fixed",)
+TRANSFER_CPU_KEYS_OPTIONAL = ("per_byte", "serial")
+SERIAL_KEYS_OPTIONAL = ("per_byte",)
+RELAY_KEYS_REQUIRED = ("device", "fixed")
+HOST_KEYS_REQUIRED = ("cores",)
+
+
+def _check_cpu(obj: Any, what: str) -> None:
+    object.__setattr__(obj, "fixed", check_number(
+        obj.fixed, f"{what}: fixed", unit="CPU seconds per transfer; 0 if negligible"))
+    object.__setattr__(obj, "per_byte", check_number(
+        obj.per_byte, f"{what}: per_byte", unit="CPU seconds per byte moved; 0 if negligible"))
+    if obj.serial_fixed is None and obj.serial_per_byte is None:
+        return
+    if obj.serial_fixed is None:
+        raise ClusterError(f"{what}: serial is missing the key 'fixed'; give \"serial\": "
+                           f"{{\"fixed\": s, \"per_byte\": s}} or leave \"serial\" out (all of it serial)")
+    for key, total in (("fixed", obj.fixed), ("per_byte", obj.per_byte)):
+        attr = f"serial_{key}"
+        value = check_number(0.0 if getattr(obj, attr) is None else getattr(obj, attr), f"{what}: serial: {key}",
+                             unit="CPU seconds on the computing thread; 0 if none")
+        if value > total:
+            raise ClusterError(f"{what}: serial: {key} = {value!r} is more than the whole {key} = {total!r}; the "
+                               f"serial part is the share of the CPU spent on the computing thread, at most all of it")
+        object.__setattr__(obj, attr, value)
+
+
+class _CpuFigures:
+    """``fixed + per_byte * bytes`` of CPU, and its serial part."""
+
+    fixed: float
+    per_byte: float
+    serial_fixed: Optional[float]
+    serial_per_byte: Optional[float]
+
+    def cost(self, nbytes: float) -> float:
+        """CPU seconds for one transfer of ``nbytes``."""
+        return self.fixed + self.per_byte * nbytes
+
+    def serial_cost(self, nbytes: float) -> float:
+        """The part of ``cost`` on the computing thread (all of it without ``serial``)."""
+        if self.serial_fixed is None:
+            return self.cost(nbytes)
+        return self.serial_fixed + (self.serial_per_byte or 0.0) * nbytes
+
+    def _figures(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fixed": self.fixed, "per_byte": self.per_byte}
+        if self.serial_fixed is not None:
+            out["serial"] = {"fixed": self.serial_fixed, "per_byte": self.serial_per_byte or 0.0}
+        return out
+
+
+def _serial_from(value: Any, what: str) -> tuple[Optional[float], Optional[float]]:
+    if "serial" not in value:
+        return None, None
+    serial = check_keys(value["serial"], f"{what}: serial", TRANSFER_CPU_KEYS_REQUIRED, SERIAL_KEYS_OPTIONAL)
+    return serial["fixed"], serial.get("per_byte", 0.0)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """A machine whose ``cores`` (CPU cores the devices on it may use) its devices share."""
+
+    name: str
+    cores: float
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "host name")
+        object.__setattr__(self, "cores", check_number(
+            self.cores, f"host {self.name!r}: cores", strict=True,
+            unit="CPU cores the devices on this host may use, e.g. 2"))
+
+
+@dataclass(frozen=True)
+class TransferCpu(_CpuFigures):
+    """CPU seconds a device spends on each transfer it sends or receives:
+    ``fixed + per_byte * bytes``, of which ``serial_fixed + serial_per_byte * bytes``
+    on the thread that computes its stages (None: all of it)."""
+
+    fixed: float
+    per_byte: float = 0.0
+    serial_fixed: Optional[float] = None
+    serial_per_byte: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _check_cpu(self, "transfer_cpu")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file form."""
+        return self._figures()
+
+
+@dataclass(frozen=True)
+class Relay(_CpuFigures):
+    """The device whose process every transfer between two other devices passes
+    through, and the CPU seconds it spends on each: ``fixed + per_byte * bytes``, of
+    which ``serial_fixed + serial_per_byte * bytes`` on its computing thread."""
+
+    device: str
+    fixed: float
+    per_byte: float = 0.0
+    serial_fixed: Optional[float] = None
+    serial_per_byte: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        check_name(self.device, "relay: device")
+        _check_cpu(self, "relay")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file form."""
+        return {"device": self.device, **self._figures()}
+
+
+def transfer_cpu_from_dict(value: Any, what: str) -> TransferCpu:
+    """A device's ``transfer_cpu`` from the file; ClusterError naming the bad key or value."""
+    if isinstance(value, TransferCpu):
+        return value
+    check_keys(value, f"{what}: transfer_cpu", TRANSFER_CPU_KEYS_REQUIRED, TRANSFER_CPU_KEYS_OPTIONAL)
+    try:
+        return TransferCpu(value["fixed"], value.get("per_byte", 0.0), *_serial_from(value, "transfer_cpu"))
+    except ClusterError as e:
+        raise ClusterError(f"{what}: {e}") from None
+
+
+def relay_from_dict(value: Any, what: str) -> Relay:
+    """The cluster's ``relay`` from the file; ClusterError naming the bad key or value."""
+    if isinstance(value, Relay):
+        return value
+    check_keys(value, f"{what}: relay", RELAY_KEYS_REQUIRED, TRANSFER_CPU_KEYS_OPTIONAL)
+    return Relay(value["device"], value["fixed"], value.get("per_byte", 0.0), *_serial_from(value, "relay"))
+
+
+def hosts_from_dict(value: Any, what: str) -> tuple[HostSpec, ...]:
+    """The cluster's ``hosts`` (an object mapping each host name to ``{"cores": N}``)."""
+    if not isinstance(value, Mapping) or not value:
+        raise ClusterError(f"{what}: \"hosts\" must be a non-empty object mapping a host name to its "
+                           f"cores, e.g. {{\"box\": {{\"cores\": 8}}}}; got {value!r:.80}")
+    out = []
+    for name, entry in value.items():
+        check_name(name, f"{what}: a host name")
+        check_keys(entry, f"{what}: hosts[{name!r}]", HOST_KEYS_REQUIRED)
+        out.append(HostSpec(name, entry["cores"]))
+    return tuple(out)

@@ -1,0 +1,90 @@
+"""Transfer CPU and cores, without Ray: the fit recovers known figures, the cores honour
+a cgroup quota, and the fitted figures price a streamed plan as the definition says."""
+from __future__ import annotations
+
+import pytest
+
+from multigpu.execution import cores
+from multigpu.execution.transfer_cpu import CpuSample, cpu_sizes, fit_transfer_cpu
+
+DRIVER = "drv"
+
+
+def synthetic(routes, sizes, figs, relay, share=0.6):
+    """Samples as the model says they are: a worker visited v times spends
+    v * 2 * (fixed + per_byte * b); the driver 2 * (fixed + per_byte * b) plus the relay
+    per hop; ``share`` of each on the thread that runs the calls."""
+    out = []
+    for route in routes:
+        for b in sizes:
+            cpu = {w: route.count(w) * 2 * (figs[w][0] + figs[w][1] * b) for w in set(route)}
+            cpu[DRIVER] = 2 * (figs[DRIVER][0] + figs[DRIVER][1] * b) + (len(route) - 1) * (relay[0] + relay[1] * b)
+            out.append(CpuSample(tuple(route), b, 60, cpu, {d: share * t for d, t in cpu.items()}))
+    return out
+
+
+def test_the_fit_recovers_each_process_and_the_relay():
+    figs = {"a": (2.2e-4, 7e-10), "b": (2.5e-4, 0.0), DRIVER: (1.9e-4, 9e-10)}
+    relay = (1.6e-4, 1.2e-9)
+    samples = synthetic([["a"], ["b"], ["a", "b"], ["a", "b", "a"]], [40, 6816, 1161600], figs, relay)
+    fit = fit_transfer_cpu(samples, ["a", "b"], DRIVER)
+    for name, (fixed, per_byte) in figs.items():
+        assert fit.devices[name].fixed == pytest.approx(fixed, rel=1e-6, abs=1e-12)
+        assert fit.devices[name].per_byte == pytest.approx(per_byte, rel=1e-6, abs=1e-16)
+    assert fit.relay.device == DRIVER
+    assert (fit.relay.fixed, fit.relay.per_byte) == pytest.approx(relay, rel=1e-6)
+    assert fit.worst_error(DRIVER) < 1e-6
+    # The serial parts: 60% of every figure, read on the calling thread.
+    for name, (fixed, per_byte) in figs.items():
+        assert fit.devices[name].serial_fixed == pytest.approx(0.6 * fixed, rel=1e-6, abs=1e-12)
+        assert fit.devices[name].serial_per_byte == pytest.approx(0.6 * per_byte, rel=1e-6, abs=1e-16)
+    assert fit.relay.serial_cost(1000) == pytest.approx(0.6 * (relay[0] + relay[1] * 1000), rel=1e-6)
+
+
+def test_a_serial_fit_above_the_whole_is_capped():
+    figs = {"a": (2e-4, 1e-9), DRIVER: (1e-4, 1e-9)}
+    samples = synthetic([["a"]], [40, 4000, 400000], figs, (0.0, 0.0), share=1.0)
+    samples[0].serial["a"] *= 1.5      # a noisy thread reading above its process
+    fit = fit_transfer_cpu(samples, ["a"], DRIVER)
+    a = fit.devices["a"]
+    assert a.serial_fixed <= a.fixed and a.serial_per_byte <= a.per_byte
+
+
+def test_one_worker_gives_no_relay_and_noise_never_goes_negative():
+    figs = {"a": (2e-4, 1e-9), DRIVER: (1e-4, 0.0)}
+    samples = synthetic([["a"]], [40, 4000, 400000], figs, (0.0, 0.0))
+    # Noise that would pull an unconstrained per-byte figure below 0.
+    samples[-1].cpu[DRIVER] *= 0.9
+    fit = fit_transfer_cpu(samples, ["a"], DRIVER)
+    assert fit.relay is None
+    assert fit.devices[DRIVER].per_byte >= 0 and fit.devices[DRIVER].fixed > 0
+    assert fit.devices["a"].fixed == pytest.approx(2e-4, rel=1e-6)
+
+
+def test_cpu_sizes_take_the_ends_and_the_middle():
+    assert cpu_sizes([40, 524, 6816, 88984, 1161600]) == [40, 6816, 1161600]
+    assert cpu_sizes([64]) == [64]
+
+
+@pytest.mark.parametrize("files, quota", [
+    ({"cpu.max": "150000 100000\n"}, 1.5),
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+])
+def test_cgroup_quota(tmp_path, files, quota):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cores._cgroup_quota(tmp_path) == quota
+
+
+def test_usable_cores_is_the_affinity_capped_by_the_quota(monkeypatch):
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(cores, "_cgroup_quota", lambda: None)
+    assert cores.usable_cores() == 4
+    monkeypatch.setattr(cores, "_cgroup_quota", lambda: 1.5)
+    assert cores.usable_cores() == 1.5
+    monkeypatch.setattr(cores, "_cgroup_quota", lambda: 8.0)
+    assert cores.usable_cores() == 4

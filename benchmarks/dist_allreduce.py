@@ -144,9 +144,7 @@ def busbw(nbytes: int, seconds: float, n: int) -> float:
 
 def run(opts: Options) -> Result:
     """Every installed framework; 2 processes/replicas (and 4 unless --quick)."""
-    import multigpu
-
-    frameworks = [f for f in FRAMEWORKS if f in multigpu.available_backends()]
+    frameworks = [f for f in FRAMEWORKS if f in opts.frameworks()]
     counts = [2] if opts.quick else [2, 4]
     sizes, repeat = _sizes(opts.quick), opts.repeats(100, 30)
     tables, data = [], {}

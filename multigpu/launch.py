@@ -342,6 +342,34 @@ def run(job: Job, command: Sequence[str], env: Optional[dict[str, str]] = None,
     children: list[_Child] = []
     services: list[_Child] = []
     ranks: list[_Child] = []
+    with _DeferredInterrupt() as interrupted:
+        _supervise(job, plan, argv, base, sink, on_start, interrupted, children, services, ranks)
+    return job
+
+
+class _DeferredInterrupt:
+    """Turn Ctrl-C into a flag that the supervisor checks between polls.
+
+    Python raises KeyboardInterrupt between any two bytecodes; raised inside
+    ``Popen.poll`` it can leave the Popen's internal waitpid lock held, and the
+    cleanup's ``wait()`` then blocks forever. Outside the main thread, where no
+    handler can be installed, Ctrl-C reaches the main thread as usual.
+    """
+
+    def __enter__(self) -> threading.Event:
+        self.flag, self.old = threading.Event(), None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, lambda signum, frame: self.flag.set())
+        return self.flag
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+
+
+def _supervise(job: Job, plan: LaunchPlan, argv: list[str], base: dict[str, str], sink: TextIO,
+               on_start: Optional[Callable[[list[int]], None]], interrupted: threading.Event,
+               children: list[_Child], services: list[_Child], ranks: list[_Child]) -> None:
     try:
         for s in plan.services:
             services.append(_Child(s.name, s.argv, {**base, **s.env}, sink, prefix=True))
@@ -349,10 +377,12 @@ def run(job: Job, command: Sequence[str], env: Optional[dict[str, str]] = None,
             rank = job.rank(local)
             child_env = {**base, **plan.rank_env[local], **rank_env(job, local)}
             ranks.append(_Child(f"rank {rank}", argv, child_env, sink, prefix=rank != 0))
-        children = services + ranks
+        children[:] = services + ranks
         if on_start is not None:
             on_start([c.pid for c in children])
         while True:
+            if interrupted.is_set():
+                raise KeyboardInterrupt
             done = [c for c in ranks if c.poll() == 0]
             # A service that exits 0 has finished its part (MXNet's end once every worker
             # has said goodbye); a rank left waiting on it hits its collective deadline.
@@ -371,10 +401,11 @@ def run(job: Job, command: Sequence[str], env: Optional[dict[str, str]] = None,
             time.sleep(POLL)
         deadline = time.monotonic() + 10.0  # services end once every worker has left
         while any(c.poll() is None for c in services) and time.monotonic() < deadline:
+            if interrupted.is_set():
+                raise KeyboardInterrupt
             time.sleep(POLL)
     finally:
         stop(children or services + ranks)
-    return job
 
 
 def _failure_message(job: Job, failed: list[_Child], running: list[str]) -> str:

@@ -289,6 +289,45 @@ def test_the_failure_message_names_the_cause_before_its_consequences():
     assert msg.startswith("torch job j failed: rank 2 (pid 103) exited with status 1: ValueError: bad things")
 
 
+_INTERRUPT_AT = """
+import os, signal, sys, threading, time
+from pathlib import Path
+from multigpu import launch
+from multigpu.launch import Job
+launch.POLL = 0.0  # busy polling: the interrupt lands inside Popen.poll as often as possible
+script, started, before = sys.argv[1], [], signal.getsignal(signal.SIGINT)
+timer = threading.Timer(float(sys.argv[2]), os.kill, (os.getpid(), signal.SIGINT))
+try:
+    with open(os.devnull, "w") as sink:
+        timer.start()
+        launch.run(Job("numpy", 2), [script], out=sink, on_start=started.extend)
+    print("returned")
+except KeyboardInterrupt:
+    left = [p for p in started if Path(f"/proc/{p}").exists()
+            and "zombie" not in Path(f"/proc/{p}/status").read_text()]
+    print("interrupted", "left", left, "handler restored", signal.getsignal(signal.SIGINT) is before)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.01, 0.03, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5])
+def test_ctrl_c_at_any_moment_stops_the_children_and_raises(tmp_path, delay):
+    # Raised asynchronously inside Popen.poll, KeyboardInterrupt could leave Popen's
+    # waitpid lock held and the cleanup's wait() blocked forever (2 hangs in 11 runs
+    # of 4 delays before the supervisor took Ctrl-C over); a subprocess keeps a
+    # regression from hanging the suite.
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPT_AT, str(script), str(delay)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the launcher did not stop within 30 s of Ctrl-C at {delay} s")
+    assert out.strip() == "interrupted left [] handler restored True", err
+
+
 def test_launch_command_needs_a_command_and_has_help(capsys):
     assert main(["launch", "--nproc", "2"]) != 0
     assert "no command given" in capsys.readouterr().err

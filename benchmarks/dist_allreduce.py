@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .allreduce import busbw
 from .harness import Options, Result, Table, interleaved, isolated, summary
 
 TITLE = "Allreduce: each engine (2 and 4 processes) vs the in-process naive/ring/fused, 4 KB..64 MB + LeNet"
@@ -73,16 +74,15 @@ def worker(out: str, sizes: list[int], repeat: int) -> None:
     group.close()
 
 
-def in_process(framework: str, counts: list[int], sizes: list[int], repeat: int) -> dict[str, Any]:
-    """Time naive, ring and fused on CPU replicas of ``framework`` (run in its own process).
+def in_process(framework: str, n: int, sizes: list[int], repeat: int) -> dict[str, Any]:
+    """Time naive, ring and fused on ``n`` CPU replicas of ``framework`` (run in its own process).
 
-    The process gets the OpenMP threads the launcher gives one rank of an n-process
-    job on this host (``len(counts)`` is 1 here), so both sides use the cores alike.
+    Unless ``--threads`` set it, the process gets the OpenMP threads the launcher gives
+    one rank of an n-process job on this host, so both sides use the cores alike.
     """
     import os
 
-    (n_threads_for,) = counts
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n_threads_for))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))  # as launch.run does
     import multigpu
     from multigpu import models
     from multigpu.allreduce import allreduce_flat, allreduce_grads, naive_allreduce, ring_allreduce
@@ -91,29 +91,28 @@ def in_process(framework: str, counts: list[int], sizes: list[int], repeat: int)
     be = multigpu.backend(framework)
     shapes = models.lenet().param_shapes
     out: dict[str, Any] = {}
-    for n in counts:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CPUFallbackWarning)
-            devices = multigpu.resolve_devices(be, f"cpu:{n}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CPUFallbackWarning)
+        devices = multigpu.resolve_devices(be, f"cpu:{n}")
 
-        def sync() -> None:
-            for d in devices:
-                be.synchronize(d)
+    def sync() -> None:
+        for d in devices:
+            be.synchronize(d)
 
-        rng = np.random.default_rng(0)
-        grads = [[be.from_numpy(rng.random(s, dtype=np.float32), d) for s in shapes] for d in devices]
-        one = {"naive": lambda: allreduce_grads(be, grads, devices, "naive"),
-               "ring": lambda: allreduce_grads(be, grads, devices, "ring"),
-               "fused": lambda: allreduce_grads(be, grads, devices, "fused")}
-        out[f"{n}/lenet"] = {"bytes": _lenet_floats() * 4, **interleaved(one, repeat=repeat, warmup=1, sync=sync)}
-        for nbytes in sizes:
-            bufs = [be.from_numpy(np.ones(nbytes // 4, np.float32), d) for d in devices]
-            cases: dict[str, Callable[[], Any]] = {
-                "naive": lambda b=bufs: naive_allreduce(be, b, devices),
-                "ring": lambda b=bufs: ring_allreduce(be, b, devices),
-                "fused": lambda b=bufs: allreduce_flat(be, b, devices)}
-            out[f"{n}/{nbytes}"] = {"bytes": nbytes,
-                                    **interleaved(cases, repeat=_repeat(nbytes, repeat), warmup=1, sync=sync)}
+    rng = np.random.default_rng(0)
+    grads = [[be.from_numpy(rng.random(s, dtype=np.float32), d) for s in shapes] for d in devices]
+    one = {"naive": lambda: allreduce_grads(be, grads, devices, "naive"),
+           "ring": lambda: allreduce_grads(be, grads, devices, "ring"),
+           "fused": lambda: allreduce_grads(be, grads, devices, "fused")}
+    out[f"{n}/lenet"] = {"bytes": _lenet_floats() * 4, **interleaved(one, repeat=repeat, warmup=1, sync=sync)}
+    for nbytes in sizes:
+        bufs = [be.from_numpy(np.ones(nbytes // 4, np.float32), d) for d in devices]
+        cases: dict[str, Callable[[], Any]] = {
+            "naive": lambda b=bufs: naive_allreduce(be, b, devices),
+            "ring": lambda b=bufs: ring_allreduce(be, b, devices),
+            "fused": lambda b=bufs: allreduce_flat(be, b, devices)}
+        out[f"{n}/{nbytes}"] = {"bytes": nbytes,
+                                **interleaved(cases, repeat=_repeat(nbytes, repeat), warmup=1, sync=sync)}
     return out
 
 
@@ -137,14 +136,9 @@ def _label(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def busbw(nbytes: int, seconds: float, n: int) -> float:
-    """nccl-tests bus bandwidth in GB/s: (bytes / time) * 2(n-1)/n."""
-    return nbytes / seconds * 2 * (n - 1) / n / 1e9
-
-
 def run(opts: Options) -> Result:
     """Every installed framework; 2 processes/replicas (and 4 unless --quick)."""
-    frameworks = [f for f in FRAMEWORKS if f in opts.frameworks()]
+    frameworks = [f for f in opts.frameworks() if f in FRAMEWORKS]
     counts = [2] if opts.quick else [2, 4]
     sizes, repeat = _sizes(opts.quick), opts.repeats(100, 30)
     tables, data = [], {}
@@ -152,7 +146,7 @@ def run(opts: Options) -> Result:
         t0 = time.perf_counter()
         local: dict[str, Any] = {}
         for n in counts:  # a fresh process per n: the thread count is fixed at import
-            local.update(isolated(f"{__package__}.dist_allreduce:in_process", fw, [n], sizes, repeat))
+            local.update(isolated(f"{__package__}.dist_allreduce:in_process", fw, n, sizes, repeat))
         engine = {n: _engine_job(fw, n, sizes, repeat)["results"] for n in counts}
         if opts.progress:
             print(f"  {fw}: done in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -177,7 +177,7 @@ def _run_job(framework: str, processes: int, opts: Options) -> dict[str, Any]:
 
 def run(opts: Options) -> Result:
     """Run every installed framework at 2 processes (and 4 unless --quick)."""
-    frameworks = [f for f in FRAMEWORKS if f in opts.frameworks()]
+    frameworks = [f for f in opts.frameworks() if f in FRAMEWORKS]
     counts = [2] if opts.quick else [2, 4]
     rows, data, notes = [], [], []
     for fw in frameworks:

@@ -276,6 +276,19 @@ def machine() -> dict[str, Any]:
             "versions": versions, "thread_env": threads, "loadavg": list(os.getloadavg())}
 
 
+def busy_seconds() -> Optional[float]:
+    """CPU seconds the whole machine has been busy (every process, steal included), from
+    /proc/stat; None where it cannot be read."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    ticks = [int(f) for f in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    guest = sum(ticks[8:10]) if len(ticks) > 9 else 0  # already counted in user/nice
+    return (sum(ticks) - idle - guest) / os.sysconf("SC_CLK_TCK")
+
+
 class LoadMeter:
     """CPU seconds used by processes other than this run, between ``__init__`` and ``stop()``.
 
@@ -288,14 +301,7 @@ class LoadMeter:
 
     @staticmethod
     def _busy() -> Optional[float]:
-        try:
-            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        except (OSError, IndexError):
-            return None
-        ticks = [int(f) for f in fields]
-        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-        guest = sum(ticks[8:10]) if len(ticks) > 9 else 0  # already counted in user/nice
-        return (sum(ticks) - idle - guest) / os.sysconf("SC_CLK_TCK")
+        return busy_seconds()
 
     @staticmethod
     def _own() -> float:

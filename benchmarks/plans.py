@@ -28,8 +28,9 @@ import multigpu
 from multigpu.execution import Session, profile
 from multigpu.partition import Cluster, Constraints, DeviceSpec, autopartition, evaluate, graph_from_model
 from multigpu.partition.costmodel import compute_times
+from multigpu.registry import PREFERRED
 
-from .harness import Options, Result, Table
+from .harness import Options, Result, Table, busy_seconds
 
 TITLE = "Plans that run: predicted against measured time, 1-3 stages, LeNet and AlexNet, mixed frameworks"
 IN_QUICK = True
@@ -38,17 +39,18 @@ TARGET_LATENCY = 0.10      # median |error| of end-to-end time
 TARGET_STREAM = 0.15       # |error| of streaming throughput
 
 
-def _devices(threads: Optional[int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The driver and the workers: one single-threaded worker per framework (they differ
-    by up to 2.2x in speed), and with ``threads`` a torch worker with that many threads.
+def _devices(frameworks: list[str], threads: Optional[int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The driver and the workers: one single-threaded worker per framework of
+    ``frameworks`` (they differ by up to 2.2x in speed; in torch, paddle, mxnet order),
+    and with ``threads`` a torch worker with that many threads.
 
     No multi-threaded worker by default: on a two-core machine shared with other
     jobs, an OpenMP team of two waits at every barrier for a descheduled thread, and
     one such worker profiled LeNet at 32 ms a pass against 0.44 ms single-threaded.
     Set MULTIGPU_BENCH_THREADS=2 on a quiet machine with spare cores."""
-    have = multigpu.available_backends()
-    first = next((b for b in ("torch", "paddle", "mxnet") if b in have), "numpy")
-    workers = [{"name": f"{b}-1t", "backend": b, "threads": 1} for b in ("torch", "paddle", "mxnet") if b in have]
+    have = [b for b in PREFERRED if b in frameworks]
+    first = have[0] if have else "numpy"
+    workers = [{"name": f"{b}-1t", "backend": b, "threads": 1} for b in have]
     if "torch" in have and threads:
         workers.append({"name": f"torch-{threads}t", "backend": "torch", "threads": threads})
     if len(workers) < 3:
@@ -120,17 +122,6 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
-def _busy_seconds() -> Optional[float]:
-    """CPU seconds the whole machine has been busy (every process, steal included), from
-    /proc/stat; None where it cannot be read."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def _our_seconds(session: Session) -> float:
     """CPU seconds used so far by the driver and every worker of the session."""
     ws = session.workers
@@ -159,7 +150,7 @@ def _stages_text(plan: list[str]) -> str:
 def run(opts: Options) -> Result:
     """Profile, plan, run, compare: ``cycles`` times, each profile next to its runs."""
     quick = opts.quick
-    driver, workers = _devices(int(os.environ.get("MULTIGPU_BENCH_THREADS", "0")) or None)
+    driver, workers = _devices(opts.frameworks(), int(os.environ.get("MULTIGPU_BENCH_THREADS", "0")) or None)
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if opts.progress else (lambda s: None)
     models = ["lenet", "alexnet"]
     spec = Cluster(devices=tuple(DeviceSpec(d["name"], 1.0, 0.0, backend=d["backend"], threads=d.get("threads"))
@@ -192,10 +183,10 @@ def run(opts: Options) -> Result:
                 n_items = (stream_items if p.get("stream") else items)[p["model"]]
                 x = rng.random((n_items, *m.input_shape), dtype=np.float32)
                 say(f"plans: cycle {c + 1}/{cycles}: {p['model']} {p['label']}")
-                busy0, ours0, wall0 = _busy_seconds(), _our_seconds(session), time.perf_counter()
+                busy0, ours0, wall0 = busy_seconds(), _our_seconds(session), time.perf_counter()
                 runs[i].append(session.run(m, params[p["model"]], p["plan"], x, stream=bool(p.get("stream")),
                                            warmup=2, cluster=prof.cluster))
-                busy1, ours1, wall1 = _busy_seconds(), _our_seconds(session), time.perf_counter()
+                busy1, ours1, wall1 = busy_seconds(), _our_seconds(session), time.perf_counter()
                 if busy0 is not None and busy1 is not None:
                     others.setdefault(i, []).append(max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (wall1 - wall0))
             loads.append((load_before, _load()))

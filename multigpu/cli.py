@@ -12,7 +12,8 @@ negative result such as ``check``'s disagreement, and raises on every error):
   (``InputError``, ``ParamsError``, ``DeviceError``, ``ModelError``,
   ``ClusterError``, ``DataError``, ``CheckpointError``, ``UnknownBackendError``,
   ``BackendNotInstalledError``, ``MissingDependencyError``, ...), except the
-  classes listed in ``RUN_TIME`` (``InfeasibleError``);
+  classes listed in ``RUN_TIME`` (``InfeasibleError``), and a ``RankFailedError``
+  whose rank exited with 2 (the rank refused its input);
 * 130: interrupted (Ctrl-C).
 
 The error itself is one line on stderr: ``multigpu COMMAND: error: MESSAGE``.
@@ -24,7 +25,7 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
-from .errors import InfeasibleError, MultigpuError
+from .errors import InfeasibleError, MultigpuError, RankFailedError
 
 COMMANDS = ("check", "train", "partition", "profile", "run", "launch", "bench")
 
@@ -40,6 +41,8 @@ def exit_code(exc: BaseException) -> int:
     """Return the exit status for ``exc`` under the scheme above."""
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
+    if isinstance(exc, RankFailedError) and exc.status == EXIT_BAD_INPUT:
+        return EXIT_BAD_INPUT  # the rank refused its input: the job's input was bad
     if isinstance(exc, MultigpuError) and isinstance(exc, BAD_INPUT) and not isinstance(exc, RUN_TIME):
         return EXIT_BAD_INPUT
     return EXIT_FAILURE

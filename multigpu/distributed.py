@@ -39,7 +39,8 @@ def launched_backend() -> Optional[str]:
     return os.environ.get(ENV_BACKEND) if launched() else None
 
 
-def _env_float(name: str, default: float) -> float:
+def env_seconds(name: str, default: float) -> float:
+    """The positive number of seconds in environment variable ``name`` (``default`` when unset)."""
     text = os.environ.get(name)
     if text is None:
         return default
@@ -100,8 +101,8 @@ def init_process_group(backend: Optional[str] = None, device: Optional[Device] =
         raise InputError(f"backend {name!r} has no multi-process engine; use numpy, torch, paddle or mxnet")
     be = get_backend(name)
     device = Device("cpu", 0) if device is None else device
-    timeout = _env_float(ENV_TIMEOUT, DEFAULT_TIMEOUT) if timeout is None else float(timeout)
-    init_timeout = (_env_float(ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT) if init_timeout is None
+    timeout = env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT) if timeout is None else float(timeout)
+    init_timeout = (env_seconds(ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT) if init_timeout is None
                     else float(init_timeout))
     where = f"rank {os.environ.get(ENV_RANK, '?')} ({name})"
     watchdog = Watchdog()

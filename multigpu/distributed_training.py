@@ -9,7 +9,6 @@ a rank that raises writes its exception beside it, so the caller gets the same
 """
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 import tempfile
@@ -18,9 +17,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .distributed import broadcast_json, init_process_group, launched, local_devices
+from .distributed import broadcast_json, env_seconds, init_process_group, launched, launched_rank, local_devices
 from .errors import CollectiveError, InputError, MultigpuError, RankFailedError
-from .launch import DEFAULT_TIMEOUT, ENV_RANK, ENV_TIMEOUT, Job
+from .launch import DEFAULT_TIMEOUT, ENV_TIMEOUT, Job
 from .launch import run as run_job
 from .registry import backend as get_backend
 
@@ -46,7 +45,7 @@ def train_processes(processes: int, kwargs: dict[str, Any]) -> Any:
                          "load a function or class defined in __main__; move it into an importable module")
     # The ranks import what the arguments need from the same places as this process.
     spec = pickle.dumps({"sys_path": list(sys.path), "kwargs": pickled})
-    timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
+    timeout = env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT)
     with tempfile.TemporaryDirectory(prefix="multigpu-train-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.pkl", Path(tmp) / "result.pkl"
         spec_path.write_bytes(spec)
@@ -83,17 +82,16 @@ def join_job(backend: str, num_gpus: Any) -> tuple[Any, list[Any]]:
 
 
 def share_checkpoint(tr: Any, saved: Optional[tuple[list[np.ndarray], dict[str, Any]]]) -> Any:
-    """Give every rank rank 0's checkpoint (``saved`` is read on rank 0 only); return it.
+    """Give every rank rank 0's checkpoint state (``saved`` is read on rank 0 only).
 
-    Only rank 0 needs the checkpoint folder, which suits hosts without a shared disk.
+    Returns ``(params, state)``, params on rank 0 only (None elsewhere: the caller sets
+    rank 0's and broadcasts them), or None when there is no checkpoint. Only rank 0
+    needs the checkpoint folder, which suits hosts without a shared disk.
     """
     state = broadcast_json(tr.process_group, tr.backend, None if saved is None else saved[1])
     if state is None:
         return None
-    if tr.rank == 0:
-        tr.set_params(saved[0])  # type: ignore[index]
-    tr.broadcast_params()
-    return tr.get_params(), state
+    return (saved[0] if tr.rank == 0 else None), state  # type: ignore[index]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -101,7 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .training import train
 
     spec, out = sys.argv[1:] if argv is None else argv
-    rank = int(os.environ.get(ENV_RANK, "0"))
+    rank = launched_rank()
     with open(spec, "rb") as f:
         outer = pickle.load(f)
     sys.path[:] = [*outer["sys_path"], *(p for p in sys.path if p not in outer["sys_path"])]

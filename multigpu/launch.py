@@ -162,7 +162,7 @@ def command_argv(command: Sequence[str]) -> list[str]:
     from .cli import COMMANDS
 
     if not command:
-        raise InputError("no command to launch; write e.g. 'multigpu launch --nproc 2 -- train --epochs 1'")
+        raise InputError("no command given; write it after '--', e.g. 'multigpu launch --nproc 2 -- train --epochs 1'")
     first = command[0]
     if first == "launch":
         raise InputError("'launch' cannot launch itself; give the command each rank runs, e.g. 'train'")
@@ -338,12 +338,8 @@ def run(job: Job, command: Sequence[str], env: Optional[dict[str, str]] = None,
     if job.nproc > 1 and "OMP_NUM_THREADS" not in base:
         # As torchrun does: N ranks on one node share its cores.
         base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
-    sink = sys.stderr if out is None else out
-    children: list[_Child] = []
-    services: list[_Child] = []
-    ranks: list[_Child] = []
     with _DeferredInterrupt() as interrupted:
-        _supervise(job, plan, argv, base, sink, on_start, interrupted, children, services, ranks)
+        _supervise(job, plan, argv, base, sys.stderr if out is None else out, on_start, interrupted)
     return job
 
 
@@ -368,8 +364,9 @@ class _DeferredInterrupt:
 
 
 def _supervise(job: Job, plan: LaunchPlan, argv: list[str], base: dict[str, str], sink: TextIO,
-               on_start: Optional[Callable[[list[int]], None]], interrupted: threading.Event,
-               children: list[_Child], services: list[_Child], ranks: list[_Child]) -> None:
+               on_start: Optional[Callable[[list[int]], None]], interrupted: threading.Event) -> None:
+    services: list[_Child] = []
+    ranks: list[_Child] = []
     try:
         for s in plan.services:
             services.append(_Child(s.name, s.argv, {**base, **s.env}, sink, prefix=True))
@@ -377,7 +374,7 @@ def _supervise(job: Job, plan: LaunchPlan, argv: list[str], base: dict[str, str]
             rank = job.rank(local)
             child_env = {**base, **plan.rank_env[local], **rank_env(job, local)}
             ranks.append(_Child(f"rank {rank}", argv, child_env, sink, prefix=rank != 0))
-        children[:] = services + ranks
+        children = services + ranks
         if on_start is not None:
             on_start([c.pid for c in children])
         while True:
@@ -405,7 +402,7 @@ def _supervise(job: Job, plan: LaunchPlan, argv: list[str], base: dict[str, str]
                 raise KeyboardInterrupt
             time.sleep(POLL)
     finally:
-        stop(children or services + ranks)
+        stop(services + ranks)
 
 
 def _failure_message(job: Job, failed: list[_Child], running: list[str]) -> str:

@@ -68,9 +68,7 @@ def require_installed(name: str) -> ModuleType:
 
     Raises UnknownBackendError or BackendNotInstalledError exactly as ``backend`` does.
     """
-    if not isinstance(name, str):
-        raise UnknownBackendError(f"backend must be a name such as 'numpy', got {name!r}")
-    module = _module(name)
+    module = adapter_module(name)
     framework = getattr(module, "FRAMEWORK", None)
     if framework is not None and importlib.util.find_spec(framework) is None:
         extra = getattr(module, "EXTRA", name)

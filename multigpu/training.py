@@ -136,7 +136,6 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
         from .distributed_training import train_processes
 
         return train_processes(processes, args)
-    progress = progress and launched_rank() == 0
     _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "use a positive integer")
     _check("num_epochs", num_epochs, isinstance(num_epochs, int) and num_epochs >= 1, "use a positive integer")
     _check("lr", lr, _real(lr) and lr > 0, "use a positive finite number, e.g. 0.2")
@@ -205,10 +204,12 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
                 f"checkpoint in {checkpoint} belongs to a different run (saved vs now: {diff}); "
                 "use another folder or the same settings")
         try:
-            tr.set_params(params)
+            if params is not None:  # None on ranks other than 0: broadcast below
+                tr.set_params(params)
             rng.bit_generator.state = state["rng"]
         except (ParamsError, TypeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"checkpoint in {checkpoint} is damaged ({exc}); delete it to start afresh") from exc
+        tr.broadcast_params()  # rank 0's restored parameters to every rank (no-op in one process)
         start_epoch = state["epoch"]
         for key in ("test_acc", "train_loss", "sec_per_epoch"):
             getattr(result, key).extend(state[key])

@@ -62,18 +62,15 @@ class MXNetGroup:
 
     def allreduce_(self, flat: Any) -> None:
         """In place SUM over ranks: push to the servers, pull the sum back."""
-        key = self._key(int(flat.size))
-        # NOTE: without an optimizer a dist_sync server stores the sum of the pushes of
-        # every worker, so the pull returns the allreduce.
-        self.kvstore.push(key, flat)
-        self.kvstore.pull(key, out=flat)
         # NOTE: push/pull only queue work on MXNet's engine; wait here so that a dead peer
         # stalls this call, under the core's deadline, and not a later read.
-        flat.wait_to_read()
+        self.allreduce_async_(flat)()
 
     def allreduce_async_(self, flat: Any) -> Callable[[], None]:
         """Queue the push and the pull; return the function that waits for the sum."""
         key = self._key(int(flat.size))
+        # NOTE: without an optimizer a dist_sync server stores the sum of the pushes of
+        # every worker, so the pull returns the allreduce.
         self.kvstore.push(key, flat)
         self.kvstore.pull(key, out=flat)
         return flat.wait_to_read

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from ..errors import InputError, RankFailedError
 from ..launch import DEFAULT_INIT_TIMEOUT, DEFAULT_MULTI_HOST_PORT, DEFAULT_TIMEOUT, Job, run as run_job
 
 EPILOG = """\
@@ -55,21 +53,13 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the job; return 0, 2 when the first failed rank reported bad input, or raise RankFailedError."""
+    """Run the job; return 0 or raise RankFailedError (exit 2 when the failed rank refused its input)."""
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
-    if not command:
-        raise InputError("no command given; write it after '--', e.g. multigpu launch --nproc 2 -- train")
     job = Job(args.backend, args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
               master_addr=args.master_addr, master_port=args.master_port, node_addr=args.node_addr,
               timeout=args.timeout, init_timeout=args.init_timeout, servers=args.servers,
               check=not args.no_check)
-    try:
-        run_job(job, command)
-    except RankFailedError as exc:
-        if exc.status == 2:  # the rank rejected its input: report it as bad input, as the rank did
-            print(f"multigpu launch: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    run_job(job, command)
     return 0

@@ -10,9 +10,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import InfeasibleError, MultigpuError, PlanError, WorkerDiedError, WorkerTimeoutError
+from ..errors import PlanError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED = 0, 1
 
 DESCRIPTION = """\
 Run each stage of a plan on its device: one Ray actor per device (a local Ray
@@ -80,26 +80,19 @@ def run(args: argparse.Namespace) -> int:
     from ..execution.inputs import load_images, load_params, random_inputs
     from ..execution.runner import resolve_cluster, resolve_model
 
-    try:
-        model = resolve_model(args.model)
-        params = load_params(args.params) if args.params else None
-        params = model.init_params(args.seed) if params is None else model.check_params(params)
-        plan = parse_plan(args.plan)
-        cluster = resolve_cluster(args.cluster)
-        if args.images:
-            images = load_images(args.images, model, args.data_dir)
-        else:
-            images = random_inputs(model, args.random if args.random is not None else 8, args.seed)
-        result = run_partitioned(model, params, plan, images.x, cluster, batch=args.batch, stream=args.stream,
-                                 engine=args.engine, address=args.address, timeout=args.timeout,
-                                 warmup=args.warmup)
-        check = _check(model, params, images.x, result.outputs, cluster) if args.check else None
-    except (WorkerDiedError, WorkerTimeoutError, InfeasibleError) as exc:
-        print(f"multigpu run: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_FAILED
-    except MultigpuError as exc:
-        print(f"multigpu run: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    model = resolve_model(args.model)
+    params = load_params(args.params) if args.params else None
+    params = model.init_params(args.seed) if params is None else model.check_params(params)
+    plan = parse_plan(args.plan)
+    cluster = resolve_cluster(args.cluster)
+    if args.images:
+        images = load_images(args.images, model, args.data_dir)
+    else:
+        images = random_inputs(model, args.random if args.random is not None else 8, args.seed)
+    result = run_partitioned(model, params, plan, images.x, cluster, batch=args.batch, stream=args.stream,
+                             engine=args.engine, address=args.address, timeout=args.timeout,
+                             warmup=args.warmup)
+    check = _check(model, params, images.x, result.outputs, cluster) if args.check else None
     if not args.params:
         print("note: no --params, so the seeded random init is used: the classes mean nothing",
               file=sys.stderr)
@@ -162,7 +155,3 @@ def _check(model: Any, params: Any, x: np.ndarray, outputs: np.ndarray, cluster:
         len(x[i:i + 64]), -1) for i in range(0, len(x), 64)])
     same = int(np.sum(ref.argmax(1) == outputs.argmax(1)))
     return {"backend": name, "same": same, "total": len(ref), "max_abs_diff": float(np.abs(ref - outputs).max())}
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())

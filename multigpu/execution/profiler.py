@@ -36,6 +36,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ..errors import InputError, PlanError
+from ..files import atomic_write
 from ..partition.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec
 from ..partition.graph import graph_from_model
 from .layer_timing import LayerProfile, PassProfile, probe_layers, time_devices
@@ -73,9 +74,8 @@ class ProfileResult:
         p = Path(path)
         if p.suffix.lower() != ".json":
             raise InputError(f"--out {str(p)!r}: the profile is written as JSON; name it .json")
-        tmp = p.with_name(f".{p.name}.part")
-        tmp.write_text(json.dumps(self.cluster.to_dict(), indent=1) + "\n")
-        os.replace(tmp, p)
+        with atomic_write(p) as f:
+            f.write((json.dumps(self.cluster.to_dict(), indent=1) + "\n").encode())
         return p
 
     def to_dict(self) -> dict[str, Any]:

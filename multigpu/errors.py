@@ -81,7 +81,8 @@ class CollectiveMismatchError(CollectiveError):
 
 class RankFailedError(MultigpuError, RuntimeError):
     """A process of a multi-process job died, raised or was stopped; the message names the
-    rank (run-time failure, exit 1)."""
+    rank (run-time failure, exit 1; the CLI exits 2 when that rank exited 2, refusing its
+    input)."""
 
     status: "int | None" = None  # the failing rank's exit status (negative: the signal that killed it)
 

@@ -69,6 +69,15 @@ def test_profile_bad_input_exits_2_with_one_line(tmp_path, args, match):
     assert not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.parametrize("out, match", [("p.txt", "name it .json"), ("no-such-dir/p.json", "does not exist")])
+def test_profile_out_is_checked_before_profiling(tmp_path, out, match):
+    # Workers that would profile for minutes: the bad --out is refused before any of it.
+    out = cli("profile", "--out", str(tmp_path / out), "--backend", "numpy", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("multigpu profile: error: --out") and match in lines[0], out.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(find_fashion_mnist() is None, reason="real Fashion-MNIST not installed "
                     "(apt-get install dataset-fashion-mnist)")

@@ -108,9 +108,11 @@ def _worker(backend: str, device: str, threads: Optional[int]) -> dict[str, Any]
 
 def run(args: argparse.Namespace) -> int:
     """Profile and write the cluster file; return the exit status."""
-    from ..execution.profiler import profile
+    from ..execution.profiler import json_path, profile
+    from ..files import check_writable
     from ..partition import load_cluster
 
+    check_writable(json_path(args.out), "--out")  # before minutes of profiling, not after
     models = args.model or ["lenet"]
     if args.cluster:
         if args.backend or args.worker:

@@ -47,14 +47,8 @@ def load_images(spec: str, model: Any, data_dir: Optional[Union[str, "os.PathLik
     if tuple(model.input_shape) != (1, 28, 28):
         raise InputError(f"{model.name} takes inputs of shape {tuple(model.input_shape)}, and Fashion-MNIST "
                          f"images are (1, 28, 28); use --random N for {model.name}")
-    folder = fm.find_fashion_mnist(data_dir)
-    if folder is not None:
-        files, _ = fm._locate(folder)
-        x, y = fm._load_split(files[f"{split}_images"], files[f"{split}_labels"])
-    else:  # the same search, then download, as `multigpu train`
-        data = fm.load_fashion_mnist(data_dir, progress=progress)
-        x, y = ((data.test_images, data.test_labels) if split == "test"
-                else (data.train_images, data.train_labels))
+    data = fm.load_fashion_mnist(data_dir, progress=progress)  # the search, MD5 check and download of `train`
+    x, y = (data.test_images, data.test_labels) if split == "test" else (data.train_images, data.train_labels)
     if last >= len(x):
         raise InputError(f"--images {spec!r}: the {split} split has rows 0-{len(x) - 1}; pick a range inside it")
     return Images(x[first:last + 1], y[first:last + 1].astype(np.int64), fm.CLASSES,

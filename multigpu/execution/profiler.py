@@ -50,6 +50,14 @@ from .transfer_cpu import TransferCpuFit, cpu_sizes, fit_transfer_cpu, time_tran
 __all__ = ["LayerProfile", "LinkFit", "PassProfile", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
 
 
+def json_path(path: Union[str, "os.PathLike[str]"]) -> Path:
+    """``path`` as a Path; InputError unless it names a .json file (a profile is JSON)."""
+    p = Path(path)
+    if p.suffix.lower() != ".json":
+        raise InputError(f"--out {str(p)!r}: the profile is written as JSON; name it .json")
+    return p
+
+
 @dataclass
 class ProfileResult:
     """What ``profile`` measured, and the cluster built from it (``cluster``)."""
@@ -71,9 +79,7 @@ class ProfileResult:
         """Write the cluster as JSON to ``path`` (atomically)."""
         import json
 
-        p = Path(path)
-        if p.suffix.lower() != ".json":
-            raise InputError(f"--out {str(p)!r}: the profile is written as JSON; name it .json")
+        p = json_path(path)
         with atomic_write(p) as f:
             f.write((json.dumps(self.cluster.to_dict(), indent=1) + "\n").encode())
         return p

@@ -91,7 +91,7 @@ class StageWorker:
         from .. import registry
 
         try:
-            framework = getattr(registry._module(self.backend_name), "FRAMEWORK", None)
+            framework = getattr(registry.adapter_module(self.backend_name), "FRAMEWORK", None)
         except Exception:
             return False  # setup's registry.backend call raises the precise error
         return framework is not None and framework in sys.modules

@@ -1,6 +1,6 @@
 """``python -m benchmarks``: the same as ``multigpu bench``."""
 import sys
 
-from .harness import main
+from multigpu.benchmarks.harness import main
 
 sys.exit(main())

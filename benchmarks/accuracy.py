@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .harness import Options, Result, Table, isolated
+from multigpu.benchmarks.harness import Options, Result, Table, isolated
 
 TITLE = "Accuracy: LeNet on real Fashion-MNIST, 2 devices, 10 epochs, 3 seeds per framework"
 IN_QUICK = False
@@ -28,7 +28,7 @@ def train_one(framework: str, seed: int, epochs: int, train_limit: Any, test_lim
     import warnings
 
     import multigpu
-    from multigpu.devices import CPUFallbackWarning
+    from multigpu.contract.devices import CPUFallbackWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)

@@ -26,9 +26,18 @@ import warnings
 from typing import Any, Callable
 
 import numpy as np
-
-from .harness import (Options, Result, Table, device_spec, fmt_ms, interleaved, isolated, progress_bar, ratio,
-                      summary)
+from multigpu.benchmarks.harness import (
+    Options,
+    Result,
+    Table,
+    device_spec,
+    fmt_ms,
+    interleaved,
+    isolated,
+    progress_bar,
+    ratio,
+    summary,
+)
 
 TITLE = "Allreduce: naive, ring, fused, native on LeNet's gradients and 4 KB-64 MB buffers"
 IN_QUICK = True
@@ -58,7 +67,7 @@ def _check(be: Any, devices: list[Any], shapes: list[tuple[int, ...]], algo: str
 
 def _cases(be: Any, devices: list[Any], shapes: list[tuple[int, ...]]) -> dict[str, Callable[[list[Any]], list[Any]]]:
     """Each algorithm as a function of one flat buffer per device -> the buffer each replica reads."""
-    from multigpu.allreduce import allreduce_flat, allreduce_grads
+    from multigpu.parallel.allreduce import allreduce_flat, allreduce_grads
 
     def per_param(algo: str) -> Callable[[list[Any]], list[Any]]:
         def run(flats: list[Any]) -> list[Any]:
@@ -78,7 +87,7 @@ def _cases(be: Any, devices: list[Any], shapes: list[tuple[int, ...]]) -> dict[s
 def _timed(be: Any, devices: list[Any], shapes: list[tuple[int, ...]], repeat: int, warmup: int,
            tick: Callable[[], None]) -> dict[str, list[float]]:
     """Check every algorithm, then time them alternately on buffers that persist across calls."""
-    from multigpu.allreduce import allreduce_flat, allreduce_grads
+    from multigpu.parallel.allreduce import allreduce_flat, allreduce_grads
 
     size = int(sum(np.prod(s) for s in shapes))
     cases = _cases(be, devices, shapes)
@@ -108,7 +117,7 @@ def measure(framework: str, lenet_counts: tuple[int, ...], buffer_counts: tuple[
     """In a fresh process: time every algorithm on LeNet's gradients and on each buffer size."""
     import multigpu
     from multigpu import models
-    from multigpu.devices import CPUFallbackWarning, resolve_devices
+    from multigpu.contract.devices import CPUFallbackWarning, resolve_devices
 
     be = multigpu.backend(framework)
     shapes = [*models.lenet().param_shapes, (1,)]  # value_and_grad's layout: grads then the loss

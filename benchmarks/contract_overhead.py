@@ -1,8 +1,8 @@
 """What the backend contract costs: one LeNet DataParallel step with and without the checks.
 
 The same model, batch and devices run through ``multigpu.backend("torch")`` (every
-call checked by ``multigpu.contract``) and through the bare adapter
-(``multigpu.contract.unchecked``), alternating step by step in one process, so
+call checked by ``multigpu.contract.checked``) and through the bare adapter
+(``multigpu.contract.checked.unchecked``), alternating step by step in one process, so
 outside load hits both alike. Batch 256 is the textbook's step; batch 2 makes the
 arithmetic negligible, so the same checks show up as an absolute time (they read
 shapes and dtypes only, so their cost does not grow with the batch). The checks'
@@ -16,7 +16,14 @@ import time
 import warnings
 from typing import Any
 
-from .harness import Options, Result, Table, interleaved, isolated, summary
+from multigpu.benchmarks.harness import (
+    Options,
+    Result,
+    Table,
+    interleaved,
+    isolated,
+    summary,
+)
 
 TITLE = "Contract overhead: a LeNet DataParallel step with and without the checks (torch, CPU replicas)"
 IN_QUICK = True
@@ -33,8 +40,8 @@ def measure(backend: str, repeat: int, warmup: int) -> dict[str, Any]:
     """
     import multigpu
     from multigpu import models
-    from multigpu.agreement import random_batches
-    from multigpu.contract import unchecked
+    from multigpu.contract.checked import unchecked
+    from multigpu.parallel.agreement import random_batches
 
     warnings.simplefilter("ignore")
     if backend == "torch":  # one thread: no spinning pool inflates this thread's CPU time
@@ -132,7 +139,7 @@ def run(opts: Options) -> Result:
 
     return Result(name="contract", title=TITLE, tables=[table], data=data,
                   settings={"repeat": repeat, "devices": list(DEVICES), "batches": list(BATCHES)},
-                  notes=["the bare adapter is multigpu.contract.unchecked(multigpu.backend(name)); "
+                  notes=["the bare adapter is multigpu.contract.checked.unchecked(multigpu.backend(name)); "
                          "DataParallel uses a backend object as given",
                          "torch runs with one intra-op thread here (torch.set_num_threads(1))"],
                   plot=plot)

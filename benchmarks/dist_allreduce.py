@@ -29,9 +29,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-
-from .allreduce import busbw
-from .harness import Options, Result, Table, interleaved, isolated, summary
+from multigpu.benchmarks.allreduce import busbw
+from multigpu.benchmarks.harness import (
+    Options,
+    Result,
+    Table,
+    interleaved,
+    isolated,
+    summary,
+)
 
 TITLE = "Allreduce: each engine (2 and 4 processes) vs the in-process naive/ring/fused, 4 KB..64 MB + LeNet"
 IN_QUICK = True
@@ -56,7 +62,7 @@ def _repeat(nbytes: int, repeat: int) -> int:
 
 def worker(out: str, sizes: list[int], repeat: int) -> None:
     """One rank: time the engine and the checked allreduce per size; rank 0 writes ``out``."""
-    from multigpu.distributed import init_process_group
+    from multigpu.distributed.rank import init_process_group
 
     group = init_process_group()
     be = group.backend
@@ -85,8 +91,13 @@ def in_process(framework: str, n: int, sizes: list[int], repeat: int) -> dict[st
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))  # as launch.run does
     import multigpu
     from multigpu import models
-    from multigpu.allreduce import allreduce_flat, allreduce_grads, naive_allreduce, ring_allreduce
-    from multigpu.devices import CPUFallbackWarning
+    from multigpu.contract.devices import CPUFallbackWarning
+    from multigpu.parallel.allreduce import (
+        allreduce_flat,
+        allreduce_grads,
+        naive_allreduce,
+        ring_allreduce,
+    )
 
     be = multigpu.backend(framework)
     shapes = models.lenet().param_shapes
@@ -117,8 +128,8 @@ def in_process(framework: str, n: int, sizes: list[int], repeat: int) -> dict[st
 
 
 def _engine_job(framework: str, processes: int, sizes: list[int], repeat: int) -> dict[str, Any]:
-    from multigpu.launch import Job
-    from multigpu.launch import run as run_job
+    from multigpu.distributed.job import Job
+    from multigpu.distributed.supervisor import run as run_job
 
     with tempfile.TemporaryDirectory(prefix="dist-allreduce-") as tmp:
         out = Path(tmp) / "out.json"

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-
-from .harness import Options, Result, Table, interleaved, summary
+from multigpu.benchmarks.harness import Options, Result, Table, interleaved, summary
 
 TITLE = "Multi-process LeNet step (batch 256): ours vs DDP / paddle.DataParallel / Gluon Trainer"
 IN_QUICK = True
@@ -124,9 +123,9 @@ def _profile(fn: Callable[[], Any], steps: int, top: int = 14) -> list[str]:
 def worker(out: str, repeat: int, warmup: int, profile_steps: int) -> None:
     """One rank: time the three cases alternately; rank 0 writes samples and profiles to ``out``."""
     from multigpu import models
-    from multigpu.checked_group import CheckedGroup
-    from multigpu.data_parallel import DataParallel
-    from multigpu.distributed import init_process_group
+    from multigpu.distributed.checked_group import CheckedGroup
+    from multigpu.distributed.rank import init_process_group
+    from multigpu.parallel.data_parallel import DataParallel
 
     group = init_process_group()
     name, rank, world = group.backend.name, group.rank, group.world_size
@@ -163,8 +162,8 @@ def worker(out: str, repeat: int, warmup: int, profile_steps: int) -> None:
 
 
 def _run_job(framework: str, processes: int, opts: Options) -> dict[str, Any]:
-    from multigpu.launch import Job
-    from multigpu.launch import run as run_job
+    from multigpu.distributed.job import Job
+    from multigpu.distributed.supervisor import run as run_job
 
     repeat, warmup = opts.repeats(30, 8), opts.repeats(3, 2)
     with tempfile.TemporaryDirectory(prefix="dist-step-") as tmp:

@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-
-from .textbook import Runner
+from multigpu.benchmarks.textbook import Runner
 
 
 def torch_autograd(init: Sequence[np.ndarray], lr: float, batch: int, gpu: bool) -> Runner:

@@ -80,7 +80,7 @@ class Options:
 
     def frameworks(self) -> list[str]:
         """Return the installed framework backends to measure (never the NumPy reference)."""
-        from multigpu import available_backends
+        from multigpu.contract.registry import available_backends
 
         installed = [b for b in available_backends() if b != "numpy"]
         return installed if self.backends is None else [b for b in self.backends if b in installed]

@@ -18,8 +18,18 @@ import warnings
 from typing import Any
 
 import numpy as np
-
-from .harness import Options, Result, Table, device_spec, fmt_ms, interleaved, isolated, progress_bar, ratio, summary
+from multigpu.benchmarks.harness import (
+    Options,
+    Result,
+    Table,
+    device_spec,
+    fmt_ms,
+    interleaved,
+    isolated,
+    progress_bar,
+    ratio,
+    summary,
+)
 
 TITLE = "Scaling: LeNet examples per second against device count, efficiency thr_N / (N x thr_1)"
 IN_QUICK = True
@@ -36,7 +46,7 @@ def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, p
     """In a fresh process: time one step per device count, alternately, for both modes."""
     import multigpu
     from multigpu import models
-    from multigpu.devices import CPUFallbackWarning
+    from multigpu.contract.devices import CPUFallbackWarning
 
     be = multigpu.backend(framework)
     model = models.lenet()

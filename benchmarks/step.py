@@ -26,9 +26,19 @@ import warnings
 from typing import Any, Optional
 
 import numpy as np
-
-from .harness import (Options, Result, Table, device_spec, fmt_ms, fmt_ratio, interleaved_wall_cpu, isolated,
-                      progress_bar, ratio, summary)
+from multigpu.benchmarks.harness import (
+    Options,
+    Result,
+    Table,
+    device_spec,
+    fmt_ms,
+    fmt_ratio,
+    interleaved_wall_cpu,
+    isolated,
+    progress_bar,
+    ratio,
+    summary,
+)
 
 TITLE = "One LeNet step (batch 256): DataParallel against hand-written loops, the textbook's code, nn.DataParallel"
 IN_QUICK = True
@@ -57,8 +67,8 @@ def target(case: str, n: int) -> Optional[float]:
 
 
 def _runners(framework: str, init: list[np.ndarray], n: int, gpu: bool) -> dict[str, Any]:
-    from . import handwritten as hw
-    from .textbook import TEXTBOOK, paddle_textbook
+    from multigpu.benchmarks import handwritten as hw
+    from multigpu.benchmarks.textbook import TEXTBOOK, paddle_textbook
 
     out: dict[str, Any] = {}
     if n == 1:
@@ -83,7 +93,7 @@ def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, p
     """In a fresh process: time every case for each device count; return raw samples."""
     import multigpu
     from multigpu import models
-    from multigpu.devices import CPUFallbackWarning
+    from multigpu.contract.devices import CPUFallbackWarning
 
     be = multigpu.backend(framework)
     model = models.lenet()
@@ -158,7 +168,7 @@ def run(opts: Options) -> Result:
                              fmt_ratio(rc), f"{rec['agreement'][case]:.1e}" + ("" if agrees else " (differs)")])
     if not data:
         notes.append("no framework backend is installed; nothing to measure")
-    from .textbook import SUBSTITUTIONS
+    from multigpu.benchmarks.textbook import SUBSTITUTIONS
 
     notes += [
         f"{repeat} alternating rounds after {warmup} warm-up rounds; times are median (quartiles) in ms; "

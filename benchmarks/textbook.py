@@ -134,7 +134,8 @@ def torch_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus
 def mxnet_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus: bool) -> Runner:
     """The chapter's MXNet code (np/npx interface) on GPUs or CPU contexts ``mx.cpu(i)``."""
     import mxnet as mx
-    from mxnet import autograd, gluon, np as mnp, npx
+    from mxnet import autograd, gluon, npx
+    from mxnet import np as mnp
 
     def np_mode() -> Any:
         # The chapter calls npx.set_np() once for the process; scoping it keeps the

@@ -1,6 +1,6 @@
 """``python -m multigpu`` runs the command line."""
 import sys
 
-from .cli import main
+from multigpu.cli import main
 
 sys.exit(main())

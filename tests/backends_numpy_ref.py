@@ -1,5 +1,6 @@
 """Direct access to the reference adapter's Var type, for float64 finite differences."""
-from multigpu.backends.numpy.adapter import NumpyBackend, Var as NumpyVar
+from multigpu.backends.numpy.adapter import NumpyBackend
+from multigpu.backends.numpy.adapter import Var as NumpyVar
 
 
 def numpy_backend() -> NumpyBackend:

@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from multigpu.contract.protocol import Device
 from multigpu.errors import DeviceError, InputError
-from multigpu.protocol import Device
 
 CPU, CPU1 = Device("cpu", 0), Device("cpu", 1)
 THIRD_PARTY_DIR = Path(__file__).parent / "thirdparty"  # holds mgpu_lenient and its .dist-info

@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import multigpu  # noqa: E402
-
 from conformance_cases import CASES, CPU, THIRD_PARTY, third_party_on_path  # noqa: E402
+
+import multigpu  # noqa: E402
 
 
 def outcome(call: Callable[[Any], Any], be: Any) -> str:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import settings
 
 import multigpu
-from multigpu.devices import CPUFallbackWarning
+from multigpu.contract.devices import CPUFallbackWarning
 
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci")

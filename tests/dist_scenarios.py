@@ -19,11 +19,11 @@ import numpy as np
 
 import multigpu
 from multigpu import models
-from multigpu.agreement import random_batches, train_steps
-from multigpu.data_parallel import DataParallel
-from multigpu.distributed import init_process_group
+from multigpu.distributed.job import ENV_RANK
+from multigpu.distributed.rank import init_process_group
 from multigpu.errors import CollectiveMismatchError
-from multigpu.launch import ENV_RANK
+from multigpu.parallel.agreement import random_batches, train_steps
+from multigpu.parallel.data_parallel import DataParallel
 
 OUT = Path(sys.argv[1])
 group = init_process_group()

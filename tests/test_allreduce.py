@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import multigpu
-from multigpu.allreduce import naive_allreduce, ring_allreduce
-from multigpu.protocol import Device
+from multigpu.contract.protocol import Device
+from multigpu.parallel.allreduce import naive_allreduce, ring_allreduce
 
 ALGOS = ["naive", "ring", "fused"]
 

@@ -6,17 +6,23 @@ import importlib
 import inspect
 
 import pytest
+from conftest import FRAMEWORKS
+from idx_files import write_learnable_set
 
 import multigpu
 import multigpu.errors
 import multigpu.partition.exceptions
-from multigpu import registry
-from multigpu.checkpoint import FILENAME
-from multigpu.cli import COMMANDS, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, exit_code, main
+from multigpu.cli import (
+    COMMANDS,
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    exit_code,
+    main,
+)
+from multigpu.contract import registry
 from multigpu.errors import AdapterError, SolverError
-
-from conftest import FRAMEWORKS
-from idx_files import write_learnable_set
+from multigpu.training.checkpoint import FILENAME
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +169,7 @@ def test_every_command_maps_exceptions_the_same_way(capsys, monkeypatch, command
     def fail(args):
         raise exc
 
-    monkeypatch.setattr(importlib.import_module(f"multigpu.commands.{command}"), "run", fail)
+    monkeypatch.setattr(importlib.import_module(f"multigpu.cli.commands.{command}"), "run", fail)
     got, _, err = run(capsys, _argv(command))
     assert got == code
     if code == EXIT_INTERRUPTED:

@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import FRAMEWORKS
 
 from multigpu.cli import main
-
-from conftest import FRAMEWORKS
 
 
 def test_help_works_for_every_command():

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import multigpu
-from multigpu.checkpoint import save_checkpoint
 from multigpu.data import find_fashion_mnist
 from multigpu.partition import Cluster, DeviceSpec, LinkSpec
+from multigpu.training.checkpoint import save_checkpoint
 
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -8,18 +8,24 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
+from conformance_cases import (
+    CASES,
+    CPU,
+    CPU1,
+    THIRD_PARTY,
+    f32,
+    third_party_off_path,
+    third_party_on_path,
+)
+from conftest import BACKENDS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import multigpu
 from multigpu import models
-from multigpu.agreement import random_batches
-from multigpu.contract import CheckedBackend
+from multigpu.contract.checked import CheckedBackend
 from multigpu.errors import InputError
-
-from conformance_cases import (CASES, CPU, CPU1, THIRD_PARTY, f32, third_party_off_path,
-                               third_party_on_path)
-from conftest import BACKENDS
+from multigpu.parallel.agreement import random_batches
 
 ADAPTERS = [*BACKENDS, THIRD_PARTY]
 
@@ -305,7 +311,7 @@ def test_the_table_script_reports_what_the_suite_asserts():
 
 def test_an_adapter_that_breaks_the_result_layout_is_an_adapter_error():
     """A third party's bug (a value_and_grad buffer without the value) is named as such."""
-    from multigpu.contract import checked
+    from multigpu.contract.checked import checked
     from multigpu.errors import AdapterError
 
     raw = backend(THIRD_PARTY).adapter

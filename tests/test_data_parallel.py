@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import FRAMEWORKS
 
 import multigpu
 from multigpu import models
-from multigpu.agreement import agreement, random_batches, train_steps
-
-from conftest import FRAMEWORKS
+from multigpu.parallel.agreement import agreement, random_batches, train_steps
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])

@@ -24,24 +24,24 @@ from typing import Optional
 
 import numpy as np
 import pytest
+from conftest import FRAMEWORKS
 from hypothesis import given
 from hypothesis import strategies as st
+from idx_files import write_learnable_set
 
 import multigpu
 from multigpu import models
-from multigpu import checked_group
-from multigpu.checked_group import CheckedGroup
 from multigpu.cli import main
+from multigpu.cli.commands.launch import command_argv
+from multigpu.contract.protocol import Device
 from multigpu.data import load_fashion_mnist
-from multigpu.data_parallel import DataParallel
+from multigpu.distributed import checked_group
+from multigpu.distributed import supervisor as launch_module
+from multigpu.distributed.checked_group import CheckedGroup
+from multigpu.distributed.job import Job, check_job, free_port
 from multigpu.errors import CollectiveError, CollectiveMismatchError, InputError
-from multigpu import launch as launch_module
-from multigpu.launch import Job, check_job, command_argv, free_port
-from multigpu.protocol import Device
-from multigpu.training import _batches
-
-from conftest import FRAMEWORKS
-from idx_files import write_learnable_set
+from multigpu.parallel.data_parallel import DataParallel
+from multigpu.training.trainer import _batches
 
 HERE = Path(__file__).parent
 ENGINES = ["numpy", *[f for f in ("torch", "paddle", "mxnet") if f in FRAMEWORKS]]
@@ -292,15 +292,15 @@ def test_the_failure_message_names_the_cause_before_its_consequences():
 _INTERRUPT_AT = """
 import os, signal, sys, threading, time
 from pathlib import Path
-from multigpu import launch
-from multigpu.launch import Job
+from multigpu.distributed import supervisor as launch
+from multigpu.distributed.job import Job
 launch.POLL = 0.0  # busy polling: the interrupt lands inside Popen.poll as often as possible
 script, started, before = sys.argv[1], [], signal.getsignal(signal.SIGINT)
 timer = threading.Timer(float(sys.argv[2]), os.kill, (os.getpid(), signal.SIGINT))
 try:
     with open(os.devnull, "w") as sink:
         timer.start()
-        launch.run(Job("numpy", 2), [script], out=sink, on_start=started.extend)
+        launch.run(Job("numpy", 2), [sys.executable, script], out=sink, on_start=started.extend)
     print("returned")
 except KeyboardInterrupt:
     left = [p for p in started if Path(f"/proc/{p}").exists()

@@ -13,16 +13,36 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import multigpu
-from multigpu import registry
-from multigpu.checkpoint import save_checkpoint
-from multigpu.errors import (BackendNotInstalledError, ClusterError, InputError, ParamsError, PlanError)
-from multigpu.execution import check_plan, fit_link, predict, read_plan, run_partitioned, split_stages
+from multigpu.contract import registry
+from multigpu.errors import (
+    BackendNotInstalledError,
+    ClusterError,
+    InputError,
+    ParamsError,
+    PlanError,
+)
+from multigpu.execution import (
+    check_plan,
+    fit_link,
+    predict,
+    read_plan,
+    run_partitioned,
+    split_stages,
+)
 from multigpu.execution.inputs import load_images, load_params, random_inputs
-from multigpu.execution.plan import worker_params
 from multigpu.execution.link_fitting import link_sizes, pair_walk
-from multigpu.partition import (Cluster, DeviceSpec, LinkSpec, autopartition, evaluate, graph_from_model,
-                                load_cluster)
+from multigpu.execution.plan import worker_params
+from multigpu.partition import (
+    Cluster,
+    DeviceSpec,
+    LinkSpec,
+    autopartition,
+    evaluate,
+    graph_from_model,
+    load_cluster,
+)
 from multigpu.partition.costmodel import compute_times
+from multigpu.training.checkpoint import save_checkpoint
 
 LENET = multigpu.models.lenet()
 NAMES = [n for n, _ in LENET.layers]
@@ -317,7 +337,7 @@ def test_walk_crosses_every_pair():
 
 # -- CLI parsing, inputs, parameters -------------------------------------------------------
 def test_run_plan_argument_takes_files_and_inline_names(tmp_path):
-    from multigpu.commands.run import parse_plan
+    from multigpu.cli.commands.run import parse_plan
 
     assert parse_plan("a*3,b,c*2") == ["a", "a", "a", "b", "c", "c"]
     f = tmp_path / "p.json"
@@ -328,7 +348,7 @@ def test_run_plan_argument_takes_files_and_inline_names(tmp_path):
 
 
 def test_profile_worker_specs():
-    from multigpu.commands.profile import _parse_worker
+    from multigpu.cli.commands.profile import _parse_worker
 
     assert _parse_worker("torch") == {"name": "torch", "backend": "torch", "device": "cpu", "threads": None}
     assert _parse_worker("torch:cpu:1")["name"] == "torch-1t"

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import multigpu.data.fashion_mnist as fm
-from multigpu import files
-from multigpu.checkpoint import save_checkpoint
+from multigpu.data import files
 from multigpu.errors import InputError
+from multigpu.training.checkpoint import save_checkpoint
 
 
 @pytest.fixture

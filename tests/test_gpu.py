@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import FRAMEWORKS
 
 import multigpu
 from multigpu import models
-from multigpu.agreement import random_batches, train_steps
-
-from conftest import FRAMEWORKS
+from multigpu.parallel.agreement import random_batches, train_steps
 
 GPU_BACKENDS = [b for b in FRAMEWORKS if multigpu.backend(b).gpu_count() > 0]
 pytestmark = [pytest.mark.gpu,

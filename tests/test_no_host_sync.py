@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from recording_backend import Recording, host_reads
 
 import multigpu
 from multigpu import models
-from multigpu.agreement import random_batches
-from multigpu.allreduce import ALGORITHMS
-
-from recording_backend import Recording, host_reads
+from multigpu.parallel.agreement import random_batches
+from multigpu.parallel.allreduce import ALGORITHMS
 
 CROSSING = {"add_", "assign_", "copy_to", "native_allreduce"}
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backends_numpy_ref import NumpyVar, numpy_backend
+from conftest import FRAMEWORKS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multigpu.protocol import Device
-from backends_numpy_ref import NumpyVar, numpy_backend
-
-from conftest import FRAMEWORKS
+from multigpu.contract.protocol import Device
 
 CPU = Device("cpu", 0)
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from multigpu.cli import main
-from multigpu.commands import partition as cmd
+from multigpu.cli.commands import partition as cmd
 from multigpu.partition import autopartition, load_cluster, load_graph
 
 

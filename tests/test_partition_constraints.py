@@ -9,12 +9,32 @@ import numpy as np
 import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
+from test_partition_oracle import (
+    SETTINGS,
+    Brute,
+    build,
+    close,
+    instances,
+    ref_evaluate,
+    weights,
+)
 
-from multigpu.partition import (Cluster, Constraints, DeviceSpec, Graph, InfeasibleError, LayerSpec,
-                                Link, LinkSpec, PartitionInputError, UnusableLinkError,
-                                autopartition, evaluate, load_cluster, load_graph)
-
-from test_partition_oracle import SETTINGS, Brute, build, close, instances, ref_evaluate, weights
+from multigpu.partition import (
+    Cluster,
+    Constraints,
+    DeviceSpec,
+    Graph,
+    InfeasibleError,
+    LayerSpec,
+    Link,
+    LinkSpec,
+    PartitionInputError,
+    UnusableLinkError,
+    autopartition,
+    evaluate,
+    load_cluster,
+    load_graph,
+)
 
 TOL = 1e-6  # the library honours limits to this relative tolerance
 

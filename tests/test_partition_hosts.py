@@ -7,8 +7,18 @@ import json
 
 import pytest
 
-from multigpu.partition import (Cluster, ClusterError, DeviceSpec, Graph, LayerSpec, LinkSpec, autopartition,
-                                evaluate, format_report, load_cluster)
+from multigpu.partition import (
+    Cluster,
+    ClusterError,
+    DeviceSpec,
+    Graph,
+    LayerSpec,
+    LinkSpec,
+    autopartition,
+    evaluate,
+    format_report,
+    load_cluster,
+)
 from multigpu.partition.hosts import HostSpec, Relay, TransferCpu
 
 MS = 1e-3

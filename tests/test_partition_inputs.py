@@ -13,8 +13,16 @@ from typing import Any
 import pytest
 
 from multigpu.errors import ClusterError
-from multigpu.partition import (Cluster, DeviceSpec, Graph, LayerSpec, Link, load_cluster, load_graph,
-                                shipped_clusters)
+from multigpu.partition import (
+    Cluster,
+    DeviceSpec,
+    Graph,
+    LayerSpec,
+    Link,
+    load_cluster,
+    load_graph,
+    shipped_clusters,
+)
 
 GOOD_CLUSTER: dict[str, Any] = {
     "devices": [{"name": "pi1", "flops": 38.4e9, "power": 4.0, "memory": 1e9},
@@ -247,7 +255,7 @@ def test_shipped_clusters_load_and_lab_matches_the_document():
 
 
 def test_core_imports_without_scipy_or_frameworks():
-    code = ("import sys, multigpu.partition, multigpu.commands.partition; "
+    code = ("import sys, multigpu.partition, multigpu.cli.commands.partition; "
             "bad = [m for m in sys.modules if m.split('.')[0] in "
             "('scipy', 'torch', 'mxnet', 'paddle', 'tensorflow', 'jax')]; print(bad); sys.exit(bool(bad))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import multigpu
-from multigpu import registry
+from multigpu.contract import registry
 
 FRAMEWORK_MODULES = ["torch", "mxnet", "paddle", "ray"]
 

@@ -10,15 +10,21 @@ import time
 
 import numpy as np
 import pytest
+from idx_files import write_learnable_set
 
 import multigpu
-from multigpu.checkpoint import FILENAME, load_checkpoint
 from multigpu.data import FashionMNIST, find_fashion_mnist, load_fashion_mnist
-from multigpu.errors import (CheckpointError, DeviceError, InputError, ModelError, TrainingDivergedError,
-                             UnknownAlgorithmError, UnknownBackendError)
-from multigpu.training import learning_rate
-
-from idx_files import write_learnable_set
+from multigpu.errors import (
+    CheckpointError,
+    DeviceError,
+    InputError,
+    ModelError,
+    TrainingDivergedError,
+    UnknownAlgorithmError,
+    UnknownBackendError,
+)
+from multigpu.training.checkpoint import FILENAME, load_checkpoint
+from multigpu.training.trainer import learning_rate
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +166,7 @@ def test_a_checkpoint_missing_its_state_is_refused(tmp_path):
 
 
 def test_every_example_is_used_each_epoch(small_data):
-    from multigpu.training import _batches
+    from multigpu.training.trainer import _batches
     chunks = _batches(601, 64, 3, np.random.default_rng(0))
     assert sorted(np.concatenate(chunks).tolist()) == list(range(601))
     assert min(len(c) for c in chunks) >= 3

@@ -9,20 +9,20 @@ EXTRA = "mxnet"
 
 def load() -> Any:
     """Return the MXNet adapter (imports the framework)."""
-    from .adapter import MXNetBackend
+    from multigpu.backends.mxnet.adapter import MXNetBackend
 
     return MXNetBackend()
 
 
 def launch_plan(job: Any) -> Any:
     """Return the variables and service processes a job on kvstore dist_sync needs (no framework import)."""
-    from .process_group import launch_plan as plan
+    from multigpu.backends.mxnet.process_group import launch_plan as plan
 
     return plan(job)
 
 
 def process_group(device: Any, timeout: float, init_timeout: float) -> Any:
     """Join the job this process was launched into with kvstore dist_sync (imports the framework)."""
-    from .process_group import join
+    from multigpu.backends.mxnet.process_group import join
 
     return join(device, timeout, init_timeout)

@@ -4,7 +4,7 @@ Every op is a single ``mx.nd`` call with all arguments spelled out, so that a
 changed MXNet default cannot change the numbers. Gradients come from
 ``mx.autograd``. MXNet runs ops on an asynchronous engine: a call returns before
 the work is done, and errors surface at the next blocking read (``asnumpy``,
-``asscalar``, ``waitall``). Arguments arrive already checked by ``multigpu.contract``
+``asscalar``, ``waitall``). Arguments arrive already checked by ``multigpu.contract.checked``
 (shapes, dtypes, sizes, labels, devices), so nothing here validates them again.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import mxnet as mx
 import numpy as np
 
-from multigpu.protocol import Device
+from multigpu.contract.protocol import Device
 
 NDArray = mx.nd.NDArray
 

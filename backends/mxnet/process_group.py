@@ -13,8 +13,8 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from multigpu.launch import ENV_RANK, Job, LaunchPlan, Service
-from multigpu.protocol import Device
+from multigpu.contract.protocol import Device
+from multigpu.distributed.job import ENV_RANK, Job, LaunchPlan, Service
 
 KEY_BASE = 1 << 30  # far above the integer keys a Gluon Trainer uses on the same kvstore
 

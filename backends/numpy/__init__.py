@@ -9,20 +9,20 @@ EXTRA = None
 
 def load() -> Any:
     """Return the NumPy reference adapter."""
-    from .adapter import NumpyBackend
+    from multigpu.backends.numpy.adapter import NumpyBackend
 
     return NumpyBackend()
 
 
 def launch_plan(job: Any) -> Any:
     """Return the variables and service processes a job on NumPy reference needs (no framework import)."""
-    from .process_group import launch_plan as plan
+    from multigpu.backends.numpy.process_group import launch_plan as plan
 
     return plan(job)
 
 
 def process_group(device: Any, timeout: float, init_timeout: float) -> Any:
     """Join the job this process was launched into with NumPy reference (imports the framework)."""
-    from .process_group import join
+    from multigpu.backends.numpy.process_group import join
 
     return join(device, timeout, init_timeout)

@@ -5,7 +5,7 @@ closure; ``value_and_grad`` walks them in reverse topological order. The results
 define what "correct" means for the framework adapters. Ops keep the input dtype,
 so the tests check these backward rules in float64 against finite differences
 (``from_numpy`` itself gives float32).
-It is the strictest adapter: besides the contract (``multigpu.contract``), it checks
+It is the strictest adapter: besides the contract (``multigpu.contract.checked``), it checks
 every label on every call and that an op's operands share one logical device, so a
 core bug that mixes CPU replicas fails on the oracle although the frameworks run it.
 """
@@ -16,9 +16,9 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from multigpu.contract import check_label_range
+from multigpu.contract.checked import check_label_range
+from multigpu.contract.protocol import Device
 from multigpu.errors import InputError
-from multigpu.protocol import Device
 
 Backward = Callable[[np.ndarray], Sequence[Optional[np.ndarray]]]
 

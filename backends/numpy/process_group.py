@@ -15,12 +15,18 @@ import time
 from typing import Optional
 
 import numpy as np
+from multigpu.backends.numpy.adapter import Var
 
+from multigpu.contract.protocol import Device
+from multigpu.distributed.job import (
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+    Job,
+    LaunchPlan,
+)
 from multigpu.errors import CollectiveError, CollectiveTimeoutError
-from multigpu.launch import ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, Job, LaunchPlan
-from multigpu.protocol import Device
-
-from .adapter import Var
 
 _LEN = struct.Struct("!Q")
 

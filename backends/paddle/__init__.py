@@ -9,20 +9,20 @@ EXTRA = "paddle"
 
 def load() -> Any:
     """Return the Paddle adapter (imports the framework)."""
-    from .adapter import PaddleBackend
+    from multigpu.backends.paddle.adapter import PaddleBackend
 
     return PaddleBackend()
 
 
 def launch_plan(job: Any) -> Any:
     """Return the variables and service processes a job on paddle.distributed needs (no framework import)."""
-    from .process_group import launch_plan as plan
+    from multigpu.backends.paddle.process_group import launch_plan as plan
 
     return plan(job)
 
 
 def process_group(device: Any, timeout: float, init_timeout: float) -> Any:
     """Join the job this process was launched into with paddle.distributed (imports the framework)."""
-    from .process_group import join
+    from multigpu.backends.paddle.process_group import join
 
     return join(device, timeout, init_timeout)

@@ -3,7 +3,7 @@
 Paddle is imported when this module is imported, which ``load()`` defers to first
 use. Every op passes every argument explicitly: Paddle's defaults differ from the
 protocol's conventions in several places, each marked with a ``NOTE:``. Arguments
-arrive already checked by ``multigpu.contract`` (shapes, dtypes, sizes, labels,
+arrive already checked by ``multigpu.contract.checked`` (shapes, dtypes, sizes, labels,
 devices), so nothing here validates them again.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from multigpu.protocol import Device
+from multigpu.contract.protocol import Device
 
 with warnings.catch_warnings():
     # Paddle's C++-extension helper warns "No ccache found" on every import; the

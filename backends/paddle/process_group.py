@@ -13,9 +13,9 @@ import os
 import sys
 from typing import Any, Callable
 
+from multigpu.contract.protocol import Device
+from multigpu.distributed.job import Job, LaunchPlan
 from multigpu.errors import CollectiveError, CollectiveTimeoutError
-from multigpu.launch import Job, LaunchPlan
-from multigpu.protocol import Device
 
 
 def launch_plan(job: Job) -> LaunchPlan:

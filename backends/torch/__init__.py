@@ -9,20 +9,20 @@ EXTRA = "torch"
 
 def load() -> Any:
     """Return the Torch adapter (imports the framework)."""
-    from .adapter import TorchBackend
+    from multigpu.backends.torch.adapter import TorchBackend
 
     return TorchBackend()
 
 
 def launch_plan(job: Any) -> Any:
     """Return the variables and service processes a job on torch.distributed needs (no framework import)."""
-    from .process_group import launch_plan as plan
+    from multigpu.backends.torch.process_group import launch_plan as plan
 
     return plan(job)
 
 
 def process_group(device: Any, timeout: float, init_timeout: float) -> Any:
     """Join the job this process was launched into with torch.distributed (imports the framework)."""
-    from .process_group import join
+    from multigpu.backends.torch.process_group import join
 
     return join(device, timeout, init_timeout)

@@ -1,8 +1,8 @@
-"""PyTorch adapter for the multigpu backend protocol (see ``multigpu.protocol``).
+"""PyTorch adapter for the multigpu backend protocol (see ``multigpu.contract.protocol``).
 
 Thin on purpose: every op passes every argument explicitly, and each place where
 PyTorch's own behaviour differs from the protocol convention carries a ``NOTE:``.
-Arguments arrive already checked by ``multigpu.contract`` (shapes, dtypes, sizes,
+Arguments arrive already checked by ``multigpu.contract.checked`` (shapes, dtypes, sizes,
 labels, devices), so nothing here validates them again.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from multigpu.protocol import Device
+from multigpu.contract.protocol import Device
 
 Tensor = torch.Tensor
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.int64: np.dtype(np.int64),

@@ -9,9 +9,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Callable
 
+from multigpu.contract.protocol import Device
+from multigpu.distributed.job import Job, LaunchPlan
 from multigpu.errors import CollectiveError, CollectiveTimeoutError
-from multigpu.launch import Job, LaunchPlan
-from multigpu.protocol import Device
 
 
 def launch_plan(job: Job) -> LaunchPlan:

@@ -1,8 +1,13 @@
 """Data sets for multigpu's experiments (numpy and the standard library only)."""
 from __future__ import annotations
 
-from .fashion_mnist import (FashionMNIST, download_fashion_mnist, find_fashion_mnist,
-                            load_fashion_mnist, read_idx)
+from multigpu.data.fashion_mnist import (
+                            FashionMNIST,
+                            download_fashion_mnist,
+                            find_fashion_mnist,
+                            load_fashion_mnist,
+                            read_idx,
+)
 
 __all__ = ["FashionMNIST", "download_fashion_mnist", "find_fashion_mnist",
            "load_fashion_mnist", "read_idx"]

@@ -42,8 +42,8 @@ from typing import IO, Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import DataError, DataNotFoundError
-from ..files import atomic_write
+from multigpu.data.files import atomic_write
+from multigpu.errors import DataError, DataNotFoundError
 
 __all__ = [
     "CLASSES", "ENV_VAR", "FILES", "GZ_MD5", "MIRRORS", "RAW_MD5", "SYSTEM_DIR",
@@ -277,7 +277,7 @@ def _fetch_to(url: str, dest: Path, md5: str, progress: bool) -> None:
     """Stream ``url`` to ``dest`` through a temporary file; rename only if verified.
 
     The temporary file lives in ``dest``'s folder so the final rename is atomic on
-    one file system: ``dest`` is either absent or complete (``multigpu.files``:
+    one file system: ``dest`` is either absent or complete (``multigpu.data.files``:
     flushed, renamed, folder flushed, the umask's normal mode). Any exception, a
     Ctrl-C or a checksum mismatch included, removes the temporary file.
     """

@@ -8,10 +8,16 @@ Importing this package loads no framework and not Ray: the Ray engine
 """
 from __future__ import annotations
 
-from .plan import ExecutionPlan, Stage, check_plan, read_plan, split_stages
-from .profiler import ProfileResult, fit_link, profile
-from .result import Prediction, RunResult, predict
-from .runner import Session, run_partitioned
+from multigpu.execution.plan import (
+           ExecutionPlan,
+           Stage,
+           check_plan,
+           read_plan,
+           split_stages,
+)
+from multigpu.execution.profiler import ProfileResult, fit_link, profile
+from multigpu.execution.result import Prediction, RunResult, predict
+from multigpu.execution.runner import Session, run_partitioned
 
 __all__ = ["ExecutionPlan", "Prediction", "ProfileResult", "RunResult", "Session", "Stage", "check_plan", "fit_link",
            "predict", "profile", "read_plan", "run_partitioned", "split_stages"]

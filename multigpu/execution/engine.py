@@ -31,11 +31,16 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..errors import (MissingDependencyError, MultigpuError, PlanError, WorkerDiedError,
-                      WorkerTimeoutError)
-from ..partition.cluster import DeviceSpec
-from .cores import usable_cores
-from .worker import StageWorker, thread_env
+from multigpu.errors import (
+    MissingDependencyError,
+    MultigpuError,
+    PlanError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+)
+from multigpu.execution.cores import usable_cores
+from multigpu.execution.worker import StageWorker, thread_env
+from multigpu.partition.cluster import DeviceSpec
 
 try:
     import ray

@@ -10,8 +10,8 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..checkpoint import FILENAME, load_checkpoint
-from ..errors import CheckpointError, InputError, ParamsError
+from multigpu.errors import CheckpointError, InputError, ParamsError
+from multigpu.training.checkpoint import FILENAME, load_checkpoint
 
 __all__ = ["Images", "load_images", "load_params", "random_inputs"]
 
@@ -35,7 +35,7 @@ def load_images(spec: str, model: Any, data_dir: Optional[Union[str, "os.PathLik
     Raises InputError for a bad spec, a range outside the split, or a model whose
     input is not 1x28x28; DataNotFoundError when the data set is nowhere to be found.
     """
-    from ..data import fashion_mnist as fm
+    from multigpu.data import fashion_mnist as fm
 
     m = IMAGES_SPEC.fullmatch(spec.strip()) if isinstance(spec, str) else None
     if m is None:

@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .progress import bar as progress_bar
-from .worker import PROBE, PROBE_IDLE
+from multigpu.execution.progress import bar as progress_bar
+from multigpu.execution.worker import PROBE, PROBE_IDLE
 
 __all__ = ["HopSamples", "HopVsBare", "LinkFit", "PROBE_WORK", "fit_link", "fit_links", "hop_vs_bare",
            "link_sizes", "pair_walk", "time_links"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
-from ..errors import PlanError
-from ..partition.cluster import Cluster, DeviceSpec
+from multigpu.errors import PlanError
+from multigpu.partition.cluster import Cluster, DeviceSpec
 
 __all__ = ["ExecutionPlan", "Stage", "check_plan", "read_plan", "split_stages", "worker_params"]
 

@@ -35,17 +35,35 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from ..errors import InputError, PlanError
-from ..files import atomic_write
-from ..partition.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec
-from ..partition.graph import graph_from_model
-from .layer_timing import LayerProfile, PassProfile, probe_layers, time_devices
-from .link_fitting import (PROBE_WORK, HopVsBare, LinkFit, fit_link, fit_links, hop_vs_bare, link_sizes,
-                           time_links)
-from .cores import usable_cores
-from .progress import bar as progress_bar
-from .runner import ENGINES, resolve_model
-from .transfer_cpu import TransferCpuFit, cpu_sizes, fit_transfer_cpu, time_transfer_cpu
+from multigpu.data.files import atomic_write
+from multigpu.errors import InputError, PlanError
+from multigpu.execution.cores import usable_cores
+from multigpu.execution.layer_timing import (
+    LayerProfile,
+    PassProfile,
+    probe_layers,
+    time_devices,
+)
+from multigpu.execution.link_fitting import (
+    PROBE_WORK,
+    HopVsBare,
+    LinkFit,
+    fit_link,
+    fit_links,
+    hop_vs_bare,
+    link_sizes,
+    time_links,
+)
+from multigpu.execution.progress import bar as progress_bar
+from multigpu.execution.runner import ENGINES, resolve_model
+from multigpu.execution.transfer_cpu import (
+    TransferCpuFit,
+    cpu_sizes,
+    fit_transfer_cpu,
+    time_transfer_cpu,
+)
+from multigpu.partition.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec
+from multigpu.partition.graph import graph_from_model
 
 __all__ = ["LayerProfile", "LinkFit", "PassProfile", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
 
@@ -106,7 +124,7 @@ class ProfileResult:
 
     def format(self) -> str:
         """A readable summary: per device and graph, per link, hop against bare call."""
-        from ..partition.report import fmt_bytes, fmt_time
+        from multigpu.partition.report import fmt_bytes, fmt_time
 
         out = [f"profiled {', '.join(self.graphs)} on {self.cluster.k} device(s) in {self.seconds:.1f} s "
                f"(engine: Ray {self.engine}); driver: {self.cluster.source}"]
@@ -235,7 +253,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
             raise PlanError(f"the session has no worker for {lacking or [driver_spec.name]}; open it on every "
                             f"device to profile")
     elif address is None:
-        from .. import registry
+        from multigpu.contract import registry
 
         for spec in [driver_spec] + workers:
             if spec.backend is not None:
@@ -244,7 +262,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     if any(s < 4 or s % 4 for s in link_payloads):
         raise InputError(f"sizes={list(link_payloads)} must be positive multiples of 4 bytes (float32 payloads)")
 
-    from . import engine as ray_engine
+    from multigpu.execution import engine as ray_engine
 
     graphs = [graph_from_model(m, batch) for m in model_list]
     layer_rows: list[LayerProfile] = []

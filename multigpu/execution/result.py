@@ -8,11 +8,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..partition.costmodel import evaluate, measured_devices
-from ..partition.exceptions import UnusableLinkError
-from ..partition.graph import graph_from_model
-from ..partition.report import fmt_bytes, fmt_time
-from .plan import ExecutionPlan, Stage
+from multigpu.execution.plan import ExecutionPlan, Stage
+from multigpu.partition.costmodel import evaluate, measured_devices
+from multigpu.partition.exceptions import UnusableLinkError
+from multigpu.partition.graph import graph_from_model
+from multigpu.partition.report import fmt_bytes, fmt_time
 
 __all__ = ["Prediction", "RunResult", "predict"]
 

@@ -8,11 +8,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from .. import models, registry
-from ..errors import InputError, PlanError
-from ..partition.cluster import Cluster, load_cluster
-from .plan import ExecutionPlan, PlanLike, check_plan, worker_params
-from .result import RunResult, try_predict
+from multigpu import models
+from multigpu.contract import registry
+from multigpu.errors import InputError, PlanError
+from multigpu.execution.plan import ExecutionPlan, PlanLike, check_plan, worker_params
+from multigpu.execution.result import RunResult, try_predict
+from multigpu.partition.cluster import Cluster, load_cluster
 
 __all__ = ["Session", "run_partitioned", "resolve_model", "resolve_cluster", "split_inputs"]
 
@@ -135,7 +136,9 @@ class Session:
     def __enter__(self) -> "Session":
         from contextlib import ExitStack
 
-        from . import engine as ray_engine   # the one place Ray is imported
+        from multigpu.execution import (
+            engine as ray_engine,  # the one place Ray is imported
+        )
 
         driver = self.cluster.devices[self.cluster.source_index]
         t0 = time.perf_counter()
@@ -222,7 +225,7 @@ def run_partitioned(model: Any, params: Optional[Sequence[Any]], plan: PlanLike,
 
 def _run(workers: Any, prep: _Prepared, batch: int, stream: bool, engine: str, warmup: int,
          window: Optional[int], startup: float) -> RunResult:
-    from . import engine as ray_engine
+    from multigpu.execution import engine as ray_engine
 
     xplan, items = prep.xplan, prep.items
     driver = xplan.driver

@@ -37,10 +37,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..partition.hosts import Relay, TransferCpu
-from .link_fitting import pair_walk
-from .progress import bar as progress_bar
-from .worker import PROBE
+from multigpu.execution.link_fitting import pair_walk
+from multigpu.execution.progress import bar as progress_bar
+from multigpu.execution.worker import PROBE
+from multigpu.partition.hosts import Relay, TransferCpu
 
 __all__ = ["CpuSample", "TransferCpuFit", "cpu_sizes", "fit_transfer_cpu", "time_transfer_cpu"]
 

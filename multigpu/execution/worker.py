@@ -18,8 +18,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..protocol import Device
-from .cores import usable_cores
+from multigpu.contract.protocol import Device
+from multigpu.execution.cores import usable_cores
 
 __all__ = ["PROBE", "PROBE_IDLE", "StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
 
@@ -73,7 +73,7 @@ class StageWorker:
 
         Raises BackendNotInstalledError (naming the pip extra) or UnknownBackendError.
         """
-        from .. import registry
+        from multigpu.contract import registry
 
         framework_loaded = self._framework_loaded()
         wanted = thread_env(self.threads)
@@ -88,7 +88,7 @@ class StageWorker:
                 "threads_applied": applied, "time": time.time(), "cores": usable_cores()}
 
     def _framework_loaded(self) -> bool:
-        from .. import registry
+        from multigpu.contract import registry
 
         try:
             framework = getattr(registry.adapter_module(self.backend_name), "FRAMEWORK", None)

@@ -9,14 +9,34 @@ loaded on the first MILP solve.
 """
 from __future__ import annotations
 
-from .baselines import BASELINES, BaselineResult, baselines
-from .cluster import Cluster, DeviceSpec, Link, LinkSpec, LinkTables, load_cluster, shipped_clusters
-from .constraints import Constraints
-from .costmodel import Breakdown, DeviceCost, LayerCost, LinkCost, MatrixForm, evaluate
-from .exceptions import ClusterError, InfeasibleError, PartitionInputError, UnusableLinkError
-from .graph import Graph, LayerSpec, graph_from_model, load_graph
-from .planner import OBJECTIVES, Plan, Stage, autopartition
-from .report import format_report
+from multigpu.partition.baselines import BASELINES, BaselineResult, baselines
+from multigpu.partition.cluster import (
+    Cluster,
+    DeviceSpec,
+    Link,
+    LinkSpec,
+    LinkTables,
+    load_cluster,
+    shipped_clusters,
+)
+from multigpu.partition.constraints import Constraints
+from multigpu.partition.costmodel import (
+    Breakdown,
+    DeviceCost,
+    LayerCost,
+    LinkCost,
+    MatrixForm,
+    evaluate,
+)
+from multigpu.partition.exceptions import (
+    ClusterError,
+    InfeasibleError,
+    PartitionInputError,
+    UnusableLinkError,
+)
+from multigpu.partition.graph import Graph, LayerSpec, graph_from_model, load_graph
+from multigpu.partition.planner import OBJECTIVES, Plan, Stage, autopartition
+from multigpu.partition.report import format_report
 
 __all__ = [
     "BASELINES", "BaselineResult", "Breakdown", "Cluster", "ClusterError", "Constraints",

@@ -19,11 +19,17 @@ from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
-from .cluster import Cluster
-from .constraints import Constraints
-from .costmodel import Breakdown, CostTables, check_weights, evaluate, memory_use
-from .exceptions import UnusableLinkError
-from .graph import Graph
+from multigpu.partition.cluster import Cluster
+from multigpu.partition.constraints import Constraints
+from multigpu.partition.costmodel import (
+    Breakdown,
+    CostTables,
+    check_weights,
+    evaluate,
+    memory_use,
+)
+from multigpu.partition.exceptions import UnusableLinkError
+from multigpu.partition.graph import Graph
 
 __all__ = ["BaselineResult", "baselines", "BASELINES"]
 

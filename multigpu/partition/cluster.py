@@ -24,9 +24,16 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .exceptions import ClusterError
-from .hosts import HostSpec, Relay, TransferCpu, hosts_from_dict, relay_from_dict, transfer_cpu_from_dict
-from .validate import check_keys, check_name, check_number
+from multigpu.partition.exceptions import ClusterError
+from multigpu.partition.hosts import (
+    HostSpec,
+    Relay,
+    TransferCpu,
+    hosts_from_dict,
+    relay_from_dict,
+    transfer_cpu_from_dict,
+)
+from multigpu.partition.validate import check_keys, check_name, check_number
 
 __all__ = ["Cluster", "DeviceSpec", "HostSpec", "Link", "LinkSpec", "LinkTables", "Relay", "TransferCpu",
            "load_cluster", "shipped_clusters"]

@@ -13,10 +13,14 @@ from typing import Any, Collection, Mapping, Optional, Union
 
 import numpy as np
 
-from .cluster import Cluster
-from .exceptions import ClusterError, InfeasibleError, PartitionInputError
-from .graph import Graph
-from .validate import check_number
+from multigpu.partition.cluster import Cluster
+from multigpu.partition.exceptions import (
+    ClusterError,
+    InfeasibleError,
+    PartitionInputError,
+)
+from multigpu.partition.graph import Graph
+from multigpu.partition.validate import check_number
 
 __all__ = ["Constraints", "ResolvedConstraints", "FEASIBILITY_RTOL"]
 

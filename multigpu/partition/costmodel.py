@@ -40,9 +40,13 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from .cluster import Cluster
-from .exceptions import ClusterError, PartitionInputError, UnusableLinkError
-from .graph import Graph
+from multigpu.partition.cluster import Cluster
+from multigpu.partition.exceptions import (
+    ClusterError,
+    PartitionInputError,
+    UnusableLinkError,
+)
+from multigpu.partition.graph import Graph
 
 __all__ = ["Breakdown", "CostTables", "DeviceCost", "HostCost", "LayerCost", "LinkCost", "MatrixForm",
            "check_weights", "compute_times", "evaluate", "measured_devices", "resolve_assignment",

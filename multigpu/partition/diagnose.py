@@ -11,10 +11,10 @@ import itertools
 
 import numpy as np
 
-from .constraints import ResolvedConstraints
-from .costmodel import CostTables
-from .dp import solve_chain
-from .exceptions import InfeasibleError
+from multigpu.partition.constraints import ResolvedConstraints
+from multigpu.partition.costmodel import CostTables
+from multigpu.partition.dp import solve_chain
+from multigpu.partition.exceptions import InfeasibleError
 
 __all__ = ["explain_unreachable", "explain_coupled", "layer_candidates"]
 
@@ -110,7 +110,7 @@ def min_energy(tables: CostTables, cons: ResolvedConstraints) -> tuple[np.ndarra
 def explain_coupled(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
                     verbose: bool = False) -> InfeasibleError:
     """Error for a MILP the solver found infeasible, naming the binding constraint(s)."""
-    from .milp import FAMILIES, solve_milp
+    from multigpu.partition.milp import FAMILIES, solve_milp
 
     cluster = tables.cluster
     cand = layer_candidates(tables, cons)

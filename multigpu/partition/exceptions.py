@@ -6,7 +6,7 @@ those two, or ``MultigpuError``, without knowing about this module.
 """
 from __future__ import annotations
 
-from ..errors import ClusterError, InfeasibleError
+from multigpu.errors import ClusterError, InfeasibleError
 
 __all__ = ["ClusterError", "InfeasibleError", "PartitionInputError", "UnusableLinkError"]
 

@@ -13,9 +13,9 @@ from typing import Any, Union
 
 import numpy as np
 
-from .cluster import read_structured_file
-from .exceptions import ClusterError
-from .validate import check_keys, check_name, check_number
+from multigpu.partition.cluster import read_structured_file
+from multigpu.partition.exceptions import ClusterError
+from multigpu.partition.validate import check_keys, check_name, check_number
 
 __all__ = ["Graph", "LayerSpec", "load_graph", "graph_from_model"]
 
@@ -168,7 +168,9 @@ def load_graph(path: Union[str, "os.PathLike[str]"], batch: int = 1) -> Graph:
     ``./alexnet`` to force the file. ``batch`` only applies to built-in models.
     Raises ClusterError for a missing or malformed file and any bad key or value.
     """
-    from .. import models  # local: models pulls in the layer specs only when needed
+    from multigpu import (
+        models,  # local: models pulls in the layer specs only when needed
+    )
 
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     if text is None:

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .exceptions import ClusterError
-from .validate import check_keys, check_name, check_number
+from multigpu.partition.exceptions import ClusterError
+from multigpu.partition.validate import check_keys, check_name, check_number
 
 __all__ = ["HostSpec", "Relay", "TransferCpu", "hosts_from_dict", "relay_from_dict", "transfer_cpu_from_dict"]
 

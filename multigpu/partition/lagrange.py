@@ -22,10 +22,10 @@ from typing import Optional
 
 import numpy as np
 
-from .constraints import ResolvedConstraints
-from .costmodel import CostTables, assignment_arrays, memory_use
-from .dp import solve_chain
-from .milp import Multipliers
+from multigpu.partition.constraints import ResolvedConstraints
+from multigpu.partition.costmodel import CostTables, assignment_arrays, memory_use
+from multigpu.partition.dp import solve_chain
+from multigpu.partition.milp import Multipliers
 
 __all__ = ["FIX_MARGIN", "Penalised", "cost_if_feasible", "fixings", "lower_bound", "penalise", "repair"]
 

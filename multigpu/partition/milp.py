@@ -32,8 +32,8 @@ from typing import Any, Collection, Optional
 
 import numpy as np
 
-from .constraints import ResolvedConstraints
-from .costmodel import CostTables, transfer_cpu_terms
+from multigpu.partition.constraints import ResolvedConstraints
+from multigpu.partition.costmodel import CostTables, transfer_cpu_terms
 
 __all__ = ["FAMILIES", "MilpResult", "Model", "Multipliers", "build_model", "relax", "solve_milp",
            "solve_model"]

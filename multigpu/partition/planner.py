@@ -20,18 +20,35 @@ from typing import Any, Mapping, Union
 
 import numpy as np
 
-from .cluster import Cluster
-from .constraints import Constraints, ResolvedConstraints
-from .costmodel import Breakdown, CostTables, bottleneck_of, check_weights, evaluate, memory_use
-from .costmodel import assignment_arrays
-from .diagnose import explain_coupled, explain_unreachable, layer_candidates
-from .dp import solve_chain
-from ..errors import SolverError
-from .exceptions import PartitionInputError
-from .graph import Graph
-from .lagrange import cost_if_feasible, fixings, lower_bound, penalise, repair
-from .milp import build_model, relax, solve_milp
-from .throughput import solve_throughput
+from multigpu.errors import SolverError
+from multigpu.partition.cluster import Cluster
+from multigpu.partition.constraints import Constraints, ResolvedConstraints
+from multigpu.partition.costmodel import (
+    Breakdown,
+    CostTables,
+    assignment_arrays,
+    bottleneck_of,
+    check_weights,
+    evaluate,
+    memory_use,
+)
+from multigpu.partition.diagnose import (
+    explain_coupled,
+    explain_unreachable,
+    layer_candidates,
+)
+from multigpu.partition.dp import solve_chain
+from multigpu.partition.exceptions import PartitionInputError
+from multigpu.partition.graph import Graph
+from multigpu.partition.lagrange import (
+    cost_if_feasible,
+    fixings,
+    lower_bound,
+    penalise,
+    repair,
+)
+from multigpu.partition.milp import build_model, relax, solve_milp
+from multigpu.partition.throughput import solve_throughput
 
 __all__ = ["Plan", "Stage", "autopartition", "OBJECTIVES", "SOLVERS"]
 

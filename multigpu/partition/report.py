@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from .baselines import BaselineResult
-from .cluster import Cluster
-from .costmodel import measured_devices
-from .graph import Graph
-from .planner import Plan
+from multigpu.partition.baselines import BaselineResult
+from multigpu.partition.cluster import Cluster
+from multigpu.partition.costmodel import measured_devices
+from multigpu.partition.graph import Graph
+from multigpu.partition.planner import Plan
 
 __all__ = ["baseline_gap", "format_report", "fmt_bytes", "fmt_energy", "fmt_time"]
 

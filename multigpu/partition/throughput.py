@@ -18,11 +18,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .constraints import ResolvedConstraints
-from .costmodel import CostTables, bottleneck_of, transfer_cpu_terms
-from ..errors import SolverError
-from .exceptions import InfeasibleError
-from .milp import solve_milp
+from multigpu.errors import SolverError
+from multigpu.partition.constraints import ResolvedConstraints
+from multigpu.partition.costmodel import CostTables, bottleneck_of, transfer_cpu_terms
+from multigpu.partition.exceptions import InfeasibleError
+from multigpu.partition.milp import solve_milp
 
 __all__ = ["solve_throughput", "bottleneck_lower_bound"]
 

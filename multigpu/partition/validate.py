@@ -9,7 +9,7 @@ import math
 import numbers
 from typing import Any, Collection, Mapping
 
-from .exceptions import ClusterError
+from multigpu.partition.exceptions import ClusterError
 
 
 def check_number(value: Any, what: str, *, minimum: float = 0.0, strict: bool = False,

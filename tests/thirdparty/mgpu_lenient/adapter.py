@@ -4,7 +4,7 @@ It reuses the reference's ops and backward rules, but behaves as leniently as th
 reference used to: ``from_numpy`` casts booleans and complex numbers, labels wrap
 like numpy indexing (-1 is the last class), an op accepts operands from different
 devices, ``assign_`` broadcasts and ``split`` takes any sizes. Behind
-``multigpu.contract`` (what ``multigpu.backend("lenient")`` returns) it must still
+``multigpu.contract.checked`` (what ``multigpu.backend("lenient")`` returns) it must still
 raise exactly what the built-in adapters raise: the conformance suite proves that
 the contract is enforced by the core, not by each adapter's good manners.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from multigpu.backends.numpy.adapter import NumpyBackend, Var
-from multigpu.protocol import Device
+
+from multigpu.contract.protocol import Device
 
 
 class LenientBackend(NumpyBackend):

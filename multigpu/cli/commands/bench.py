@@ -1,0 +1,71 @@
+"""``multigpu bench``: run the comparative benchmarks through one harness."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from multigpu.errors import InputError
+
+
+def register(sub: Any) -> None:
+    """Add the ``bench`` sub-command."""
+    p = sub.add_parser("bench", help="run the comparative benchmarks (tables, JSON, plots)",
+                       description="Run benchmarks through one harness. Each writes NAME.md (a table), "
+                                   "NAME.json (machine, settings, raw samples) and NAME.png (a plot) into "
+                                   "--out. Without names, runs every benchmark (--quick: the quick ones, "
+                                   "with fewer repeats).")
+    p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all; see --list)")
+    p.add_argument("--quick", action="store_true", help="fewer repeats and sizes; skips the long benchmarks")
+    p.add_argument("--out", default="benchmarks/out", metavar="DIR", help="output folder (default benchmarks/out)")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    p.add_argument("--backends", metavar="LIST",
+                   help="comma-separated frameworks to measure, e.g. torch,mxnet (default: every installed one)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads per framework process (sets OMP_NUM_THREADS and friends; default: the "
+                        "frameworks' own choice). On a machine shared with other jobs, 1 keeps a busy core "
+                        "from stalling every parallel op")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen benchmarks; return 0, or raise InputError for an unknown name."""
+    import importlib
+
+    from multigpu.benchmarks.harness import BENCHMARKS, Options, run_benchmarks
+
+    if args.list:
+        for name, module in BENCHMARKS.items():
+            mod = importlib.import_module(f"multigpu.benchmarks.{module}")
+            print(f"{name:<12} {'quick ' if mod.IN_QUICK else 'full  '} {mod.TITLE}")
+        return 0
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        raise InputError(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)} (see --list)")
+    names = args.names or [n for n, m in BENCHMARKS.items()
+                           if not args.quick or importlib.import_module(f"multigpu.benchmarks.{m}").IN_QUICK]
+    backends = None
+    if args.backends is not None:
+        from multigpu.contract.registry import available_backends, registered_backends
+
+        backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+        bad = [b for b in backends if b not in registered_backends() or b == "numpy"]
+        if bad or not backends:
+            raise InputError(f"--backends {args.backends!r}: {bad or 'empty'} is not a framework backend; "
+                             f"choose from {[b for b in registered_backends() if b != 'numpy']}")
+        missing = [b for b in backends if b not in available_backends()]
+        if missing:
+            raise InputError(f"--backends {args.backends!r}: {missing} not installed here; "
+                             f"installed: {[b for b in available_backends() if b != 'numpy']}")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads {args.threads} must be at least 1")
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out} cannot be created ({exc.strerror}); pass a writable folder") from exc
+    run_benchmarks(names, Options(quick=args.quick, out=out, progress=not args.quiet, backends=backends,
+                                       threads=args.threads),
+                   echo=(lambda s: None) if args.quiet else print)
+    return 0

@@ -1,0 +1,124 @@
+"""``multigpu partition``: the cheapest placement of a network's layers on a cluster."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any, Optional
+
+DESCRIPTION = """\
+Place each layer of a chain network on a device of a heterogeneous cluster at the
+least cost = wt*T + we*E, where T is compute plus transfer time and E is compute
+energy plus link energy (README.md, "Cost model and AutoPartition", gives the exact model). The optimum is
+exact: a DP without coupling constraints, a HiGHS MILP with memory, busy-time or
+energy constraints and for --objective throughput. Prints a per-layer table, each
+device's compute/transfer/energy/memory, and the plan against four baselines.
+Exit status: 0 ok, 1 infeasible constraints or a solver failure, 2 bad input,
+130 interrupted."""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``partition`` sub-command to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "partition", help="place a network's layers on heterogeneous devices at minimal time/energy cost",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--graph", required=True, metavar="FILE|lenet|alexnet",
+                   help="layer graph: a JSON file, or a built-in model name")
+    p.add_argument("--cluster", required=True, metavar="FILE|NAME",
+                   help="cluster: a JSON/TOML file, or a shipped one (lab, gpu-box)")
+    p.add_argument("--batch", type=int, default=1, help="batch size for a built-in model (default 1)")
+    p.add_argument("--wt", type=float, default=1.0, help="weight of time T in seconds (default 1)")
+    p.add_argument("--we", type=float, default=0.0, help="weight of energy E in joules (default 0)")
+    p.add_argument("--objective", choices=("latency", "throughput"), default="latency",
+                   help="latency: minimise wt*T + we*E (default); throughput: minimise the pipelined "
+                        "bottleneck (busiest device or link)")
+    p.add_argument("--energy-budget", type=float, default=None, metavar="J",
+                   help="the most energy E one inference may use, in joules")
+    p.add_argument("--busy-limit", action="append", default=[], metavar="DEVICE=SECONDS",
+                   help="the most compute seconds on DEVICE (repeatable)")
+    p.add_argument("--pin", action="append", default=[], metavar="LAYER=DEVICE",
+                   help="run LAYER on DEVICE (repeatable)")
+    p.add_argument("--exclude", action="append", default=[], metavar="DEVICE",
+                   help="run no layer on DEVICE (repeatable)")
+    p.add_argument("--ignore-memory", action="store_true",
+                   help="ignore the devices' declared memory (respected by default)")
+    p.add_argument("--ship-params", action="store_true",
+                   help="each layer's parameters travel from the source first (as in the source report)")
+    p.add_argument("--solver", choices=("auto", "dp", "milp"), default="auto",
+                   help="force the DP or the MILP (default auto)")
+    p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (assignment, time, energy, cost, ...) instead of the report")
+    p.add_argument("--verbose", action="store_true", help="print the MILP solver's log")
+    p.set_defaults(func=run)
+
+
+def _bad_input(message: str) -> Exception:
+    from multigpu.partition import PartitionInputError
+    return PartitionInputError(message)
+
+
+def _pairs(items: list[str], flag: str, value_kind: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise _bad_input(f"{flag} {item!r} must look like NAME={value_kind}")
+        if key in out:
+            raise _bad_input(f"{flag} names {key!r} twice ({key}={out[key]} and {key}={value}); "
+                             "give each once")
+        out[key] = value
+    return out
+
+
+def _busy(items: list[str]) -> Optional[dict[str, float]]:
+    if not items:
+        return None
+    out = {}
+    for dev, text in _pairs(items, "--busy-limit", "SECONDS").items():
+        try:
+            out[dev] = float(text)
+        except ValueError:
+            raise _bad_input(f"--busy-limit {dev}={text!r}: {text!r} is not a number of seconds") from None
+    return out
+
+
+def _json_number(x: float) -> Optional[float]:
+    return x if math.isfinite(x) else None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan the placement and print the report (or JSON); return 0 or raise (``multigpu.cli`` maps
+    InfeasibleError and SolverError to exit 1, bad input to exit 2)."""
+    from multigpu.partition import (
+        Constraints,
+        autopartition,
+        baselines,
+        format_report,
+        load_cluster,
+        load_graph,
+    )
+    from multigpu.partition.report import baseline_gap
+
+    graph = load_graph(args.graph, batch=args.batch)
+    cluster = load_cluster(args.cluster)
+    pins: dict[Any, str] = dict(_pairs(args.pin, "--pin", "DEVICE"))
+    cons = Constraints(memory=not args.ignore_memory, busy_time=_busy(args.busy_limit),
+                       energy_budget=args.energy_budget, pinned=pins, excluded=list(args.exclude))
+    plan = autopartition(graph, cluster, wt=args.wt, we=args.we, objective=args.objective,
+                         constraints=cons, ship_params=args.ship_params, solver=args.solver,
+                         verbose=args.verbose)
+    base = [] if args.no_baselines else baselines(graph, cluster, args.wt, args.we, args.ship_params, cons)
+    if args.json:
+        out = plan.to_dict()
+        out["baselines"] = {
+            b.name: None if b.breakdown is None else {
+                "assignment": b.assignment, "time": b.breakdown.time, "energy": b.breakdown.energy,
+                "cost": b.breakdown.cost, "bottleneck": b.breakdown.bottleneck,
+                "gap": _json_number(baseline_gap(plan, b)),
+                "violations": b.violations}
+            for b in base}
+        print(json.dumps(out))
+    else:
+        print(format_report(plan, graph, cluster, base))
+    return 0

@@ -1,0 +1,417 @@
+"""The backend contract, enforced once: every protocol call is checked here, then run.
+
+``checked(adapter)`` wraps an adapter in :class:`CheckedBackend`; the registry does
+this for every backend it hands out, so the rules written in ``multigpu.contract.protocol``
+hold for every adapter, a third party's included, without each adapter repeating
+them. The checks read shapes, dtypes and Python arguments only (a few attribute
+reads per call, no device read and no per-element pass on the step's fast path);
+``benchmarks/contract_overhead.py`` measures what they cost per step.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from math import prod
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from multigpu.contract.protocol import Device
+from multigpu.errors import AdapterError, DeviceError, InputError
+
+Shape = tuple[int, ...]
+
+# Label tensors whose value range is known from the host (see softmax_cross_entropy).
+# Entries hold the tensor itself, so an id cannot be reused while it is listed; the
+# oldest entries fall out first, and a tensor that fell out is checked by a read-back.
+_TRACKED = 64
+
+
+def _int(value: Any, op: str, name: str, low: int) -> int:
+    if type(value) is int and value >= low:  # the common case, first: this runs on every op
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise InputError(f"{op} {name}={value!r} must be an integer >= {low}")
+    return int(value)
+
+
+def check_label_range(low: int, high: int, classes: int) -> None:
+    """Raise InputError unless every label in ``low..high`` is a class of ``0..classes-1``."""
+    if low < 0 or high >= classes:
+        raise InputError(f"label {low if low < 0 else high} is out of range: {classes} classes need labels "
+                         f"0..{classes - 1} (no label is ignored, wrapped or clipped)")
+
+
+class CheckedBackend:
+    """An adapter behind the contract: bad calls raise the same exception on every backend.
+
+    Attributes the protocol does not name (``torch_device``, say) pass through to
+    the adapter, which is ``self.adapter``.
+    """
+
+    def __init__(self, adapter: Any):
+        self.adapter = adapter
+        self.name: str = adapter.name
+        self.tensor_type: type = adapter.tensor_type
+        self._gpus: int | None = None
+        self._ranges: dict[int, tuple[Any, int, int]] = {}
+        self._lock = threading.Lock()
+        if hasattr(adapter, "native_allreduce"):  # optional; hasattr() stays honest without it
+            self.native_allreduce = self._native_allreduce
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "adapter" or attr.startswith("__"):  # unpickling, copy: never recurse
+            raise AttributeError(attr)
+        return getattr(self.adapter, attr)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (checked, (self.adapter,))
+
+    def __repr__(self) -> str:
+        return f"CheckedBackend({self.adapter!r})"
+
+    # -- argument checks ---------------------------------------------------
+    def _shape(self, t: Any, what: str) -> Shape:
+        if not isinstance(t, self.tensor_type):
+            raise InputError(f"{what} must be a {self.name} tensor ({self.tensor_type.__name__}), "
+                             f"got {type(t).__name__}; make one with from_numpy")
+        return self.adapter.shape(t)
+
+    def _float(self, t: Any, what: str) -> Shape:
+        if not isinstance(t, self.tensor_type):  # inlined _shape: this runs ~40 times a step
+            self._shape(t, what)
+        if self.adapter.dtype(t).kind != "f":
+            raise InputError(f"{what} has dtype {self.adapter.dtype(t)}; this needs a float32 tensor")
+        return self.adapter.shape(t)
+
+    def _input(self, t: Any, op: str, ndim: int | None = None) -> Shape:
+        """A float, non-empty operand of ``op`` (of rank ``ndim`` when given)."""
+        if not isinstance(t, self.tensor_type) or self.adapter.dtype(t).kind != "f":
+            self._float(t, f"{op} input")  # raises, naming the problem
+        shape = self.adapter.shape(t)
+        if ndim is not None and len(shape) != ndim:
+            raise InputError(f"{op} needs a {ndim}-D input, got shape {shape}")
+        if 0 in shape:
+            raise InputError(f"{op} got an empty tensor of shape {shape}; it needs at least one element")
+        return shape
+
+    def _device(self, device: Any) -> None:
+        if (not isinstance(device, Device) or device.kind not in ("cpu", "gpu")
+                or isinstance(device.index, bool) or not isinstance(device.index, int) or device.index < 0):
+            raise DeviceError(f"{device!r} is not a device; use Device('cpu', i) or Device('gpu', i), i >= 0")
+        if device.kind == "gpu":
+            if self._gpus is None:
+                self._gpus = int(self.adapter.gpu_count())
+            if device.index >= self._gpus:
+                raise DeviceError(f"device {device} does not exist: {self.name} sees {self._gpus} GPU(s); "
+                                  "use a smaller index or CPU devices")
+
+    def _same(self, dst: Any, src: Any, op: str) -> Shape:
+        a, b = self._shape(dst, f"{op} dst"), self._shape(src, f"{op} src")
+        if a != b:
+            raise InputError(f"{op} needs equal shapes, got dst {a} and src {b}; nothing broadcasts")
+        da, db = self.adapter.dtype(dst), self.adapter.dtype(src)
+        if da != db:
+            raise InputError(f"{op} needs equal dtypes, got dst {da} and src {db}")
+        if da.kind != "f":
+            self._forget_ranges()  # an integer tensor (or a view of one) changes
+        return a
+
+    # -- label ranges --------------------------------------------------------
+    def _remember(self, t: Any, low: int, high: int) -> None:
+        with self._lock:
+            self._ranges[id(t)] = (t, low, high)
+            while len(self._ranges) > _TRACKED:
+                del self._ranges[next(iter(self._ranges))]
+
+    def _range_of(self, t: Any) -> tuple[int, int] | None:
+        entry = self._ranges.get(id(t))
+        return (entry[1], entry[2]) if entry is not None and entry[0] is t else None
+
+    def _pass_range(self, src: Any, dst: Any) -> None:
+        known = self._range_of(src)
+        if known is not None:
+            self._remember(dst, *known)
+
+    def _forget_ranges(self) -> None:
+        with self._lock:
+            self._ranges.clear()
+
+    # -- devices ---------------------------------------------------------------
+    def gpu_count(self) -> int:
+        """Return how many GPUs the framework can use."""
+        return self.adapter.gpu_count()
+
+    def synchronize(self, device: Device) -> None:
+        """Wait for ``device``; DeviceError for a bad device."""
+        self._device(device)
+        self.adapter.synchronize(device)
+
+    # -- tensors ---------------------------------------------------------------
+    def from_numpy(self, array: Any, device: Device) -> Any:
+        """A new float32/int64 tensor on ``device``; InputError for other dtypes."""
+        self._device(device)
+        a = np.asarray(array)
+        kind = a.dtype.kind
+        if kind == "f":
+            return self.adapter.from_numpy(a.astype(np.float32, order="C", copy=False), device)
+        if kind not in "iu":
+            raise InputError(f"from_numpy takes floating or integer arrays, got dtype {a.dtype}; "
+                             "cast it first, e.g. mask.astype('float32') or flags.astype('int64')")
+        a = a.astype(np.int64, order="C", copy=False)
+        t = self.adapter.from_numpy(a, device)
+        if a.ndim == 1 and a.size:  # a label vector: its range is known here, for free
+            self._remember(t, int(a.min()), int(a.max()))
+        return t
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """A numpy copy of ``tensor``."""
+        self._shape(tensor, "to_numpy tensor")
+        return self.adapter.to_numpy(tensor)
+
+    def copy_to(self, tensor: Any, device: Device) -> Any:
+        """A new buffer on ``device``."""
+        shape = self._shape(tensor, "copy_to tensor")
+        self._device(device)
+        if 0 in shape:  # NOTE: MXNet's legacy NDArray cannot copy an empty array
+            return self.adapter.from_numpy(np.zeros(shape, self.adapter.dtype(tensor)), device)
+        out = self.adapter.copy_to(tensor, device)
+        self._pass_range(tensor, out)
+        return out
+
+    def shape(self, tensor: Any) -> Shape:
+        """The shape of ``tensor``."""
+        return self._shape(tensor, "shape tensor")
+
+    def dtype(self, tensor: Any) -> np.dtype:
+        """The numpy dtype of ``tensor``."""
+        self._shape(tensor, "dtype tensor")
+        return self.adapter.dtype(tensor)
+
+    # -- ops -------------------------------------------------------------------
+    def conv2d(self, x: Any, w: Any, b: Any, stride: int, padding: int, groups: int) -> Any:
+        """Checked NCHW convolution."""
+        xs, ws = self._input(x, "conv2d", 4), self._float(w, "conv2d w")
+        bs = self._float(b, "conv2d b")
+        stride, padding = _int(stride, "conv2d", "stride", 1), _int(padding, "conv2d", "padding", 0)
+        groups = _int(groups, "conv2d", "groups", 1)
+        if (len(ws) != 4 or bs != ws[:1] or 0 in ws or ws[0] % groups
+                or xs[1] != ws[1] * groups):
+            raise InputError(f"conv2d needs x (B, C, H, W), w (O, C/groups, kH, kW) and b (O,) with O "
+                             f"divisible by groups; got x {xs}, w {ws}, b {bs}, groups={groups}")
+        if xs[2] + 2 * padding < ws[2] or xs[3] + 2 * padding < ws[3]:
+            raise InputError(f"conv2d kernel {ws[2:]} is larger than the padded input "
+                             f"{(xs[2] + 2 * padding, xs[3] + 2 * padding)}")
+        return self.adapter.conv2d(x, w, b, stride, padding, groups)
+
+    def _pool(self, op: str, x: Any, kernel: int, stride: int, padding: int) -> None:
+        xs = self._input(x, op, 4)
+        kernel, stride = _int(kernel, op, "kernel", 1), _int(stride, op, "stride", 1)
+        if _int(padding, op, "padding", 0) > kernel // 2:
+            raise InputError(f"{op} padding={padding} is more than half the kernel {kernel}; "
+                             f"use at most {kernel // 2}")
+        if min(xs[2], xs[3]) + 2 * padding < kernel:
+            raise InputError(f"{op} kernel {kernel} is larger than the padded input "
+                             f"{(xs[2] + 2 * padding, xs[3] + 2 * padding)}")
+
+    def avg_pool2d(self, x: Any, kernel: int, stride: int, padding: int) -> Any:
+        """Checked average pooling."""
+        self._pool("avg_pool2d", x, kernel, stride, padding)
+        return self.adapter.avg_pool2d(x, kernel, stride, padding)
+
+    def max_pool2d(self, x: Any, kernel: int, stride: int, padding: int) -> Any:
+        """Checked max pooling."""
+        self._pool("max_pool2d", x, kernel, stride, padding)
+        return self.adapter.max_pool2d(x, kernel, stride, padding)
+
+    def relu(self, x: Any) -> Any:
+        """Checked max(x, 0)."""
+        self._input(x, "relu")
+        return self.adapter.relu(x)
+
+    def dense(self, x: Any, w: Any, b: Any) -> Any:
+        """Checked ``x @ w + b``."""
+        xs, ws, bs = self._input(x, "dense", 2), self._float(w, "dense w"), self._float(b, "dense b")
+        if len(ws) != 2 or xs[1] != ws[0] or bs != ws[1:]:
+            raise InputError(f"dense needs x (B, I), w (I, O) and b (O,); got x {xs}, w {ws}, b {bs}")
+        return self.adapter.dense(x, w, b)
+
+    def reshape(self, x: Any, shape: Sequence[int]) -> Any:
+        """Checked reshape; the adapter receives fully resolved dims."""
+        xs = self._shape(x, "reshape input")
+        size = prod(xs)
+        if not size:
+            raise InputError(f"reshape got an empty tensor of shape {xs}")
+        if not isinstance(shape, (list, tuple, np.ndarray)):
+            raise InputError(f"reshape target must be a tuple of dims, got {shape!r}")
+        dims = [_int(d, "reshape", "dim", -1) for d in shape]
+        if dims.count(-1) > 1 or 0 in dims:
+            raise InputError(f"reshape target {tuple(dims)} may hold -1 once and every other dim must be >= 1")
+        known = prod(d for d in dims if d != -1)
+        if -1 in dims and size % known == 0:
+            dims[dims.index(-1)] = size // known
+        if prod(dims) != size or -1 in dims:
+            raise InputError(f"cannot reshape {xs} ({size} elements) to {tuple(shape)}")
+        out = self.adapter.reshape(x, tuple(dims))
+        self._pass_range(x, out)
+        return out
+
+    def softmax_cross_entropy(self, logits: Any, labels: Any) -> Any:
+        """Checked per-example loss; every label must be in 0..C-1."""
+        ls, ys = self._input(logits, "softmax_cross_entropy", 2), self._shape(labels, "labels")
+        if ys != ls[:1]:
+            raise InputError(f"softmax_cross_entropy needs labels of shape {ls[:1]} for logits {ls}, got {ys}")
+        if self.adapter.dtype(labels).kind not in "iu":
+            raise InputError(f"labels have dtype {self.adapter.dtype(labels)}; they must be integers")
+        known = self._range_of(labels)
+        if known is None:  # not made by from_numpy here: read back once (a device wait)
+            values = self.adapter.to_numpy(labels)
+            known = (int(values.min()), int(values.max()))
+        check_label_range(*known, ls[1])
+        return self.adapter.softmax_cross_entropy(logits, labels)
+
+    def sum(self, x: Any) -> Any:
+        """Checked sum of all elements."""
+        self._input(x, "sum")
+        return self.adapter.sum(x)
+
+    def argmax(self, x: Any, axis: int) -> Any:
+        """Checked index of the maximum along ``axis``."""
+        xs = self._shape(x, "argmax input")
+        if 0 in xs:
+            raise InputError(f"argmax got an empty tensor of shape {xs}")
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -len(xs) <= axis < len(xs):
+            raise InputError(f"argmax axis={axis!r} is out of range for shape {xs}")
+        return self.adapter.argmax(x, int(axis))
+
+    # -- math for the algorithms -----------------------------------------------
+    def add_(self, dst: Any, src: Any) -> None:
+        """Checked in-place ``dst += src``."""
+        if 0 not in self._same(dst, src, "add_"):
+            self.adapter.add_(dst, src)
+
+    def assign_(self, dst: Any, src: Any) -> None:
+        """Checked in-place copy; dst keeps its shape and buffer."""
+        shape = self._same(dst, src, "assign_")
+        if src is not dst and 0 not in shape:
+            self.adapter.assign_(dst, src)
+
+    def split(self, x: Any, sizes: Sequence[int]) -> list[Any]:
+        """Checked split into copies along axis 0."""
+        xs = self._shape(x, "split input")
+        if not isinstance(sizes, (list, tuple, np.ndarray)) or not len(sizes):
+            raise InputError(f"split sizes must be a non-empty list of integers, got {sizes!r}")
+        parts = [_int(s, "split", "size", 1) for s in sizes]
+        if not xs or sum(parts) != xs[0]:
+            raise InputError(f"split sizes {parts} add up to {sum(parts)}, but the tensor has "
+                             f"{xs[0] if xs else 'no'} rows (shape {xs}); they must match")
+        out = self.adapter.split(x, parts)
+        for part in out:
+            self._pass_range(x, part)
+        return out
+
+    def _parts(self, xs: Sequence[Any], op: str) -> tuple[list[Any], list[Shape]]:
+        """The non-empty tensors of ``xs``, and the shapes of all; equal dtypes required."""
+        if not isinstance(xs, (list, tuple)) or not xs:
+            raise InputError(f"{op} needs a non-empty list of tensors, got {xs!r:.60}")
+        shapes = [self._shape(t, f"{op} input") for t in xs]
+        dtypes = {self.adapter.dtype(t) for t in xs}
+        if len(dtypes) > 1:
+            raise InputError(f"{op} needs tensors of one dtype, got {sorted(map(str, dtypes))}")
+        # NOTE: MXNet's legacy NDArray cannot concatenate an empty part, so none is passed.
+        kept = [t for t, s in zip(xs, shapes) if 0 not in s]
+        if not kept:
+            raise InputError(f"{op} got only empty tensors {shapes}; it needs at least one element")
+        return kept, shapes
+
+    def concat(self, xs: Sequence[Any]) -> Any:
+        """Checked concatenation along axis 0."""
+        parts, shapes = self._parts(xs, "concat")
+        if any(len(s) == 0 or s[1:] != shapes[0][1:] for s in shapes):
+            raise InputError(f"concat needs tensors of rank >= 1 with equal trailing shapes, got {shapes}")
+        ranges = [self._range_of(t) for t in xs]
+        out = self.adapter.concat(parts)
+        if all(r is not None for r in ranges):
+            self._remember(out, min(r[0] for r in ranges), max(r[1] for r in ranges))  # type: ignore[index]
+        return out
+
+    def flatten(self, xs: Sequence[Any]) -> Any:
+        """Checked flattening into one new 1-D buffer."""
+        return self.adapter.flatten(self._parts(xs, "flatten")[0])
+
+    def unflatten(self, flat: Any, shapes: Sequence[Sequence[int]]) -> list[Any]:
+        """Checked views of consecutive slices of ``flat``."""
+        fs = self._shape(flat, "unflatten flat")
+        if len(fs) != 1:
+            raise InputError(f"unflatten needs a 1-D flat buffer, got shape {fs}")
+        sequences = (list, tuple, np.ndarray)
+        if not isinstance(shapes, (list, tuple)) or not all(isinstance(s, sequences) for s in shapes):
+            raise InputError(f"unflatten needs a list of shapes (tuples), got {shapes!r:.80}")
+        wanted = [tuple(s) for s in shapes]
+        if not all(type(d) is int and d >= 0 for s in wanted for d in s):  # else numpy ints, or bad dims
+            wanted = [tuple(_int(d, "unflatten", "dim", 0) for d in s) for s in wanted]
+        total = sum(prod(s) for s in wanted)
+        if total != fs[0]:
+            raise InputError(f"unflatten shapes {wanted} hold {total} elements, but the buffer has {fs[0]}")
+        return self.adapter.unflatten(flat, wanted)
+
+    def _native_allreduce(self, tensors: Sequence[Any]) -> None:
+        """Checked native SUM allreduce: equal shapes and dtypes."""
+        shapes = {self._shape(t, "native_allreduce tensor") for t in tensors}
+        if len(shapes) > 1 or len({self.adapter.dtype(t) for t in tensors}) > 1:
+            raise InputError(f"native_allreduce needs tensors of one shape and dtype, got shapes {shapes}")
+        if tensors and 0 not in next(iter(shapes)):
+            self.adapter.native_allreduce(tensors)
+
+    # -- gradients and update ----------------------------------------------------
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], *inputs: Any) -> Any:
+        """Checked ``[grads..., value]`` in one flat buffer."""
+        if not callable(fn):
+            raise InputError(f"value_and_grad needs a callable fn, got {fn!r:.60}")
+        if not isinstance(params, (list, tuple)) or not params:
+            raise InputError("value_and_grad needs at least one parameter (its result lives on params[0]'s device)")
+        size = sum(prod(self._float(p, "value_and_grad param")) for p in params)
+
+        def scalar_fn(leaves: Sequence[Any], *args: Any) -> Any:
+            out = fn(leaves, *args)
+            if (not isinstance(out, self.tensor_type) or prod(self.adapter.shape(out)) != 1
+                    or self.adapter.dtype(out).kind != "f"):
+                what = f"shape {self.adapter.shape(out)}" if isinstance(out, self.tensor_type) else type(out).__name__
+                raise InputError(f"value_and_grad needs fn to return a one-element float tensor "
+                                 f"(the loss), got {what}; reduce it with sum")
+            return out
+
+        flat = self.adapter.value_and_grad(scalar_fn, params, *inputs)
+        got = self._shape(flat, "value_and_grad result")
+        if got != (size + 1,):
+            raise AdapterError(f"{self.name} adapter's value_and_grad returned shape {got}; "
+                               f"the contract says ({size + 1},): every gradient, then the value")
+        return flat
+
+    def sgd_(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> None:
+        """Checked in-place ``p -= lr * g``."""
+        if len(params) != len(grads):
+            raise InputError(f"sgd_ got {len(params)} params but {len(grads)} grads; pass one grad per param")
+        if (isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating, np.integer))
+                or not math.isfinite(lr)):
+            raise InputError(f"sgd_ lr={lr!r} must be a finite real number")
+        empty = False
+        for p, g in zip(params, grads):
+            ps, gs = self._float(p, "sgd_ param"), self._float(g, "sgd_ grad")
+            if ps != gs:
+                raise InputError(f"sgd_ got a param of shape {ps} with a grad of shape {gs}")
+            empty = empty or 0 in ps
+        if empty:
+            pairs = [(p, g) for p, g in zip(params, grads) if 0 not in self.adapter.shape(p)]
+            params, grads = [p for p, _ in pairs], [g for _, g in pairs]
+        self.adapter.sgd_(params, grads, float(lr))
+
+
+def checked(backend: Any) -> CheckedBackend:
+    """Return ``backend`` behind the contract (itself when it already is)."""
+    return backend if isinstance(backend, CheckedBackend) else CheckedBackend(backend)
+
+
+def unchecked(backend: Any) -> Any:
+    """Return the adapter behind ``backend`` (for measuring what the checks cost)."""
+    return backend.adapter if isinstance(backend, CheckedBackend) else backend

@@ -1,0 +1,258 @@
+"""The backend protocol: everything the core needs from a framework, and the contract.
+
+An adapter implements these methods for one framework. ``T`` is the adapter's
+tensor type and is opaque to the core: the core only passes tensors back to the
+adapter that made them. Conventions fixed by the core, not by any framework:
+
+* every op receives every argument explicitly (no framework default is relied on);
+* ``avg_pool2d`` counts padded zeros in the divisor (``count_include_pad=True``)
+  and every pooling uses floor rounding of the output size;
+* ``softmax_cross_entropy`` returns the per-example loss, never a mean;
+* ``copy_to`` and ``from_numpy`` always return a new buffer, even when the tensor is
+  already on that device (CPU replicas must never alias each other);
+* ``value_and_grad`` returns the gradients and the value together in one fresh flat
+  buffer; nothing accumulates between calls, and nothing is read back to the host,
+  so queuing work on one device never waits for another (the core reads the loss
+  once per step, after the update, and sums gradients as one buffer);
+* ``unflatten`` returns views: they share the flat buffer's storage.
+
+The contract (what every backend does with bad input)
+------------------------------------------------------
+Every backend obtained from ``multigpu.backend(name)`` is wrapped by
+``multigpu.contract.checked.CheckedBackend``, which checks each call below *before* the
+adapter runs, so the same bad call raises the same exception on every backend
+(the conformance suite, ``tests/test_contract.py``, proves it for every installed
+adapter and for a third-party one). The checks look at shapes, dtypes, sizes and
+Python arguments only: no value is read back from a device and no per-element
+pass runs on the step's fast path. The one exception is the label range, which
+``from_numpy`` records on the host (see ``softmax_cross_entropy``).
+
+* **Tensors.** Only two dtypes exist: float32 (``from_numpy`` of any floating
+  array) and int64 (of any integer array). Boolean, complex, string or object
+  arrays raise ``InputError``; so does any argument that is not a tensor of this
+  backend (a numpy array passed where a tensor is expected, say).
+* **Devices.** A device that is not a ``Device``, has an unknown kind, a negative
+  index, or names a GPU the framework does not see raises ``DeviceError``.
+* **Shapes.** Ops check ranks and the dimensions that must agree and raise
+  ``InputError`` naming both shapes; nothing broadcasts (``assign_`` of a (1,)
+  source into a (3,) destination is an error, never a fill or a resize).
+* **Empty tensors.** ``from_numpy``, ``to_numpy``, ``copy_to``, ``shape`` and
+  ``unflatten`` accept tensors with zero elements; ``add_``, ``assign_`` and
+  ``sgd_`` do nothing to them; ``flatten``/``concat`` skip them and raise
+  ``InputError`` when nothing is left; every differentiable op and ``split``
+  raises ``InputError`` on them.
+* **Integer arguments** (stride, padding, groups, kernel, axis, sizes) must be
+  Python or numpy integers (not bool) in the documented range, else ``InputError``.
+* **Grad mode.** ``value_and_grad`` returns real gradients whatever the caller's
+  own grad mode is (inside ``torch.no_grad()``, ``paddle.no_grad()`` or
+  ``mxnet.autograd.pause()``); the other methods never record a graph.
+* **Adapters may rely on the checks**: they only ever receive float32/int64
+  C-contiguous arrays in ``from_numpy``, fully resolved positive shapes in
+  ``reshape``, distinct ``dst``/``src`` in ``assign_``, and non-empty tensors where
+  the list above says so. An adapter result that breaks the contract (a
+  ``value_and_grad`` buffer of the wrong length) raises ``AdapterError``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence, TypeVar, runtime_checkable
+
+import numpy as np
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A logical device: ``kind`` is ``"cpu"`` or ``"gpu"``; ``index`` numbers it.
+
+    Several ``cpu`` devices are CPU replicas: distinct parameter copies that share
+    the host processor.
+    """
+
+    kind: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.index}"
+
+
+@runtime_checkable
+class Backend(Protocol[T]):
+    """The tensor/device protocol that every framework adapter implements.
+
+    Each method's docstring states its contract: what it returns, and which
+    exception a bad call raises (the same on every backend).
+    """
+
+    name: str
+    #: The framework's tensor class; any other argument where a tensor is expected
+    #: raises InputError.
+    tensor_type: type
+
+    # -- devices ---------------------------------------------------------
+    def gpu_count(self) -> int:
+        """Return how many GPUs this framework can use on this machine (0 without CUDA)."""
+
+    def synchronize(self, device: Device) -> None:
+        """Block until all queued work on ``device`` has finished.
+
+        A bad device raises DeviceError.
+        """
+
+    # -- tensors ---------------------------------------------------------
+    def from_numpy(self, array: np.ndarray, device: Device) -> T:
+        """Return a new tensor on ``device`` holding a copy of ``array``.
+
+        Floating arrays become float32 and integer arrays int64 (values beyond
+        float32's range become +-inf: this method does not scan values, the trainer's
+        batch check does). Bool, complex, string and object arrays raise InputError;
+        a bad device raises DeviceError. The array may be empty.
+        """
+
+    def to_numpy(self, tensor: T) -> np.ndarray:
+        """Return a numpy copy of ``tensor`` (a float32 or int64 array); waits for the device."""
+
+    def copy_to(self, tensor: T, device: Device) -> T:
+        """Return a new buffer on ``device`` with the values of ``tensor``.
+
+        A bad device raises DeviceError. Inside ``value_and_grad`` the copy is
+        differentiable (a partitioned forward may hop devices).
+        """
+
+    def shape(self, tensor: T) -> tuple[int, ...]:
+        """Return the shape of ``tensor`` as a tuple of Python ints."""
+
+    def dtype(self, tensor: T) -> np.dtype:
+        """Return the numpy dtype matching ``tensor``'s dtype (float32 or int64)."""
+
+    # -- ops (differentiable inside value_and_grad) ----------------------
+    # Every op raises InputError for an empty input, a non-float32 input (argmax also
+    # takes int64), or ranks and dimensions that do not agree, naming the shapes.
+    def conv2d(self, x: T, w: T, b: T, stride: int, padding: int, groups: int) -> T:
+        """NCHW cross-correlation with OIHW weights, bias, zero padding and groups.
+
+        Needs x (B, C, H, W), w (O, C/groups, kH, kW), b (O,), O divisible by
+        groups, stride >= 1, padding >= 0, groups >= 1, and a kernel no larger than
+        the padded input; otherwise InputError.
+        """
+
+    def avg_pool2d(self, x: T, kernel: int, stride: int, padding: int) -> T:
+        """Average pooling; padded zeros count in the divisor; floor output size.
+
+        Needs x (B, C, H, W), kernel >= 1, stride >= 1, 0 <= padding <= kernel // 2
+        and a kernel no larger than the padded input; otherwise InputError.
+        """
+
+    def max_pool2d(self, x: T, kernel: int, stride: int, padding: int) -> T:
+        """Max pooling over windows; padding never wins; floor output size.
+
+        Same argument rules as ``avg_pool2d``.
+        """
+
+    def relu(self, x: T) -> T:
+        """Return max(x, 0) (the gradient at 0 is 0).
+
+        NaN stays NaN on the NumPy reference and torch; the fast kernels of Paddle
+        and MXNet (``Activation``, which MKL-DNN runs) return 0. The contract does
+        not force it: a NaN guard costs a pass over every activation (about 4% of a
+        Paddle LeNet step), and MXNet's NaN-keeping ``relu`` kernel made its step
+        12-22% slower than Gluon's. Training instead checks
+        the loss at every step and the parameters at every epoch's end.
+        """
+
+    def dense(self, x: T, w: T, b: T) -> T:
+        """Return ``x @ w + b``; needs x (B, I), w (I, O), b (O,), else InputError."""
+
+    def reshape(self, x: T, shape: Sequence[int]) -> T:
+        """Return ``x`` reshaped; ``-1`` is allowed once and every other dim is >= 1.
+
+        A target whose size differs from x's raises InputError; 0 never means "copy
+        this dimension" (MXNet's convention) and is refused.
+        """
+
+    def softmax_cross_entropy(self, logits: T, labels: T) -> T:
+        """Return the per-example loss -log softmax(logits)[label], shape (B,).
+
+        Needs float logits (B, C) and int64 labels (B,) with every label in
+        0..C-1; anything else raises InputError: no label is wrapped (numpy's -1),
+        clipped (MXNet's pick) or ignored (the -100 of torch's and Paddle's
+        ``ignore_index``). The range of labels made by ``from_numpy`` (or copied or
+        split from such) is recorded on the host, so the check needs no device read;
+        for other labels (an argmax, say) it reads them back once.
+        """
+
+    def sum(self, x: T) -> T:
+        """Return the sum of all elements as a 0-d or 1-element tensor."""
+
+    def argmax(self, x: T, axis: int) -> T:
+        """Return the int64 index of the maximum along ``axis`` (-ndim <= axis < ndim)."""
+
+    # -- math for the algorithms (outside autograd) ----------------------
+    def add_(self, dst: T, src: T) -> None:
+        """In place ``dst += src``; ``src`` may live on another device.
+
+        Shapes and dtypes must be equal (no broadcasting), else InputError.
+        """
+
+    def assign_(self, dst: T, src: T) -> None:
+        """In place ``dst[...] = src``; ``src`` may live on another device.
+
+        Shapes and dtypes must be equal, else InputError; ``dst`` keeps its buffer
+        and shape (it is never resized). ``assign_(t, t)`` does nothing.
+        """
+
+    def split(self, x: T, sizes: Sequence[int]) -> list[T]:
+        """Split along axis 0 into new tensors of the given lengths.
+
+        Every size must be an integer >= 1 and the sizes must add up to x's first
+        dimension, else InputError.
+        """
+
+    def concat(self, xs: Sequence[T]) -> T:
+        """Concatenate along axis 0 into a new tensor on the device of ``xs[0]``.
+
+        Needs at least one non-empty tensor, equal trailing shapes and equal dtypes,
+        else InputError.
+        """
+
+    def flatten(self, xs: Sequence[T]) -> T:
+        """Return a new 1-D buffer on the device of ``xs[0]``: every tensor raveled, in order.
+
+        Needs at least one non-empty tensor and equal dtypes, else InputError.
+        """
+
+    def unflatten(self, flat: T, shapes: Sequence[Sequence[int]]) -> list[T]:
+        """Return views of consecutive slices of the 1-D ``flat``, reshaped to ``shapes``.
+
+        The sizes of ``shapes`` must add up to the length of ``flat`` (else
+        InputError). The views share ``flat``'s storage: an in-place write to
+        ``flat`` shows through.
+        """
+
+    # -- gradients and update -------------------------------------------
+    def value_and_grad(
+        self, fn: Callable[..., T], params: Sequence[T], *inputs: Any
+    ) -> T:
+        """Evaluate ``fn(params, *inputs)`` (a scalar) and its gradients w.r.t. ``params``.
+
+        Returns one new 1-D buffer on the device of ``params[0]``: every gradient
+        raveled, in ``params`` order, then the value (one element). A parameter that
+        ``fn`` does not use has gradient zero. ``unflatten(result, [*shapes, (1,)])``
+        gives per-parameter views. Nothing is read back to the host, so no device is
+        waited for while the others are still being queued. Gradients never
+        accumulate between calls and the caller's ``params`` gain no gradient state.
+
+        The caller's grad mode does not matter: under ``torch.no_grad()``,
+        ``paddle.no_grad()`` or ``mxnet.autograd.pause()`` the gradients are the
+        same as outside. An empty ``params``, a parameter that is not float32, or an
+        ``fn`` whose result is not a one-element float tensor raises InputError; an
+        exception raised by ``fn`` itself passes through unchanged.
+        """
+
+    def sgd_(self, params: Sequence[T], grads: Sequence[T], lr: float) -> None:
+        """In place ``p -= lr * g`` for every pair; grads may live on other devices.
+
+        Needs as many grads as params, equal shapes pairwise, float32 tensors and a
+        finite real ``lr``, else InputError.
+        """

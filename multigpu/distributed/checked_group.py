@@ -1,0 +1,258 @@
+"""A process group that reports mismatched collectives and never hangs, for every engine.
+
+``CheckedGroup`` wraps an adapter's engine group (``multigpu.parallel.process_group``) and adds,
+once for all engines:
+
+* **a header exchange** before each collective: every rank writes (op, call number,
+  buffer size, source rank) into its own row of a ``world_size x 6`` buffer and the
+  engine SUM-allreduces it, which works as an all-gather on every engine. Ranks that
+  disagree raise ``CollectiveMismatchError`` naming every side, before the engine is
+  asked to reduce buffers of different sizes (which hangs or corrupts memory). The
+  exchange itself completed on every rank, so the group stays usable;
+* **a deadline** on every engine call: a call that outlives ``timeout`` seconds
+  prints a ``CollectiveTimeoutError`` line naming this rank and the call, and ends
+  the process with status 1. A blocked engine call cannot be interrupted from
+  Python, and a process whose peer is gone cannot continue anyway; the launcher
+  then stops the other ranks (torch's NCCL watchdog does the same);
+* **errors with context**: an engine failure becomes ``CollectiveError`` naming this
+  rank, the call and the engine's own message; later calls fail at once.
+
+The header costs one small allreduce per collective (see ``benchmarks/dist_step.py``
+for its measured share of a step); ``check=False`` drops it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from math import prod
+from typing import Any, Callable, Optional, TypeVar
+
+import numpy as np
+
+from multigpu.errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    InputError,
+    MultigpuError,
+)
+
+R = TypeVar("R")
+
+OPS = ("allreduce_", "broadcast_", "barrier", "close")
+FIELDS = 6  # present, op, call number, size // 2**20, size % 2**20, src + 1
+_LOW = 1 << 20  # float32 holds integers below 2**24 exactly; split larger values
+TIMEOUT_EXIT_STATUS = 1
+
+
+def _describe(op: str, size: int, src: int, seq: Optional[int] = None) -> str:
+    text = op if op in ("barrier", "close") else f"{op} of {size:,} floats"
+    if op == "broadcast_":
+        text += f" from rank {src}"
+    return text if seq is None else f"call #{seq} ({text})"
+
+
+class Watchdog:
+    """One daemon thread that ends the process when an armed deadline passes.
+
+    ``arm(seconds, message)`` sets the deadline (replacing any earlier one);
+    ``disarm()`` clears it. On expiry ``message`` goes to stderr and the process
+    exits with status 1. Arming is two attribute writes: the thread polls every
+    ``POLL`` seconds instead of being woken, because waking a thread twice per
+    collective costs a GIL hand-off on a busy core (measured: it doubled a small
+    allreduce here).
+    """
+
+    POLL = 0.1
+
+    def __init__(self) -> None:
+        self._deadline: Optional[float] = None
+        self._message = ""
+        self._thread: Optional[threading.Thread] = None
+
+    def arm(self, seconds: float, message: str) -> None:
+        self._message = message
+        self._deadline = time.monotonic() + seconds
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="multigpu-watchdog", daemon=True)
+            self._thread.start()
+
+    def disarm(self) -> None:
+        self._deadline = None
+
+    def _run(self) -> None:
+        while True:
+            deadline, message = self._deadline, self._message
+            if deadline is not None and time.monotonic() >= deadline and self._deadline == deadline:
+                self._deadline = None
+                self.on_expire(message)
+            time.sleep(self.POLL)
+
+    @staticmethod
+    def on_expire(message: str) -> None:
+        """Print ``message`` and end the process with status 1 (tests replace this)."""
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os.write(2, (message + "\n").encode())
+            os._exit(TIMEOUT_EXIT_STATUS)
+
+
+class CheckedGroup:
+    """A ``ProcessGroup`` over an engine group: header check, deadline, errors with context.
+
+    ``backend`` is the adapter whose tensors the engine takes. ``timeout`` defaults
+    to the engine group's and may be changed at any time (it applies to the next call).
+    """
+
+    def __init__(self, engine: Any, backend: Any, check: bool = True, name: str = ""):
+        self.engine = engine
+        self.backend = backend
+        self.check = check
+        self.name = name or getattr(backend, "name", "engine")
+        self.rank: int = int(engine.rank)
+        self.world_size: int = int(engine.world_size)
+        self.device = engine.device
+        self.timeout: float = float(engine.timeout)
+        self.calls = 0
+        self._pending: Optional[tuple[tuple[str, int, int], np.ndarray, Any, Callable[[], Any]]] = None
+        self._failed: Optional[str] = None
+        self._closed = False
+        self._watchdog = Watchdog()
+
+    # -- the protocol ----------------------------------------------------
+    def allreduce_(self, flat: Any) -> None:
+        """In place: ``flat`` becomes the elementwise sum of every rank's ``flat``."""
+        self._collective("allreduce_", self._numel(flat), -1, lambda: self.engine.allreduce_(flat))
+
+    def broadcast_(self, flat: Any, src: int = 0) -> None:
+        """In place: ``flat`` becomes rank ``src``'s ``flat`` on every rank."""
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
+            raise InputError(f"broadcast_ src={src!r} is not a rank; use 0..{self.world_size - 1}")
+        self._collective("broadcast_", self._numel(flat), src, lambda: self.engine.broadcast_(flat, src))
+
+    def barrier(self) -> None:
+        """Return once every rank has called ``barrier`` (the header exchange is one)."""
+        self._collective("barrier", 0, -1, None if self.check else self.engine.barrier)
+
+    def announce(self, op: str, size: int, src: int = -1) -> None:
+        """Start the header exchange of the next collective now, to overlap the work before it.
+
+        ``DataParallel`` announces its gradient allreduce before computing the gradients,
+        so the header's round trip runs while the devices compute. The other ranks need
+        not announce: each rank still makes exactly one header exchange per collective.
+        A no-op without the check, or when the engine has no ``allreduce_async_``. The
+        next call must be the announced collective: the other ranks have already seen its
+        header.
+        """
+        start = getattr(self.engine, "allreduce_async_", None)
+        if not self.check or start is None or self._pending is not None or self._closed or self._failed:
+            return
+        what = _describe(op, size, src, self.calls + 1)
+        mine, buf = self._header(op, size, src, self.calls + 1)
+        wait = self._guarded(f"{what}, header", lambda: start(buf))
+        self._pending = ((op, size, src), mine, buf, wait)
+
+    def close(self) -> None:
+        """Leave the group: a last checked barrier (unless a call failed), then the engine's close."""
+        if self._closed:
+            return
+        try:
+            if self._failed is None:
+                self._collective("close", 0, -1, None if self.check else self.engine.barrier)
+                self._guarded("close (engine)", self.engine.close)
+        finally:
+            self._closed = True
+            self._watchdog.disarm()
+
+    # -- internals -------------------------------------------------------
+    def _numel(self, flat: Any) -> int:
+        return int(prod(self.backend.shape(flat)))
+
+    def _where(self) -> str:
+        return f"rank {self.rank} of {self.world_size} ({self.name})"
+
+    def _collective(self, op: str, size: int, src: int, run: Optional[Callable[[], Any]]) -> None:
+        if self._closed:
+            raise CollectiveError(f"{self._where()}: {op} on a closed process group; create a new one")
+        if self._failed is not None:
+            raise CollectiveError(f"{self._where()}: {op} on a group whose earlier call failed "
+                                  f"({self._failed}); the job cannot continue")
+        self.calls += 1
+        what = _describe(op, size, src, self.calls)
+        if self.check:
+            self._exchange(op, size, src, what)
+        if run is not None:
+            self._guarded(what, run)
+
+    def _header(self, op: str, size: int, src: int, seq: int) -> tuple[np.ndarray, Any]:
+        mine = np.array([1, OPS.index(op) + 1, seq % _LOW, size // _LOW, size % _LOW, src + 1], np.float32)
+        header = np.zeros((self.world_size, FIELDS), np.float32)
+        header[self.rank] = mine
+        return mine, self.backend.from_numpy(header.reshape(-1), self.device)
+
+    def _exchange(self, op: str, size: int, src: int, what: str) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            mine, buf = self._header(op, size, src, self.calls)
+
+            def run() -> np.ndarray:
+                self.engine.allreduce_(buf)
+                return self.backend.to_numpy(buf)
+        else:
+            announced, mine, buf, wait = pending
+
+            def run() -> np.ndarray:
+                wait()
+                return self.backend.to_numpy(buf)
+
+        rows = self._guarded(f"{what}, header", run).reshape(self.world_size, FIELDS)
+        if pending is not None and announced != (op, size, src):
+            self._failed = "announced a different collective"
+            raise CollectiveMismatchError(
+                f"{self._where()}: {what}: this rank announced {_describe(*announced)} and then called "
+                f"{_describe(op, size, src)}; the other ranks saw the announced header, so the job cannot "
+                "continue; announce exactly the next collective")
+        if np.array_equal(rows, np.broadcast_to(mine, rows.shape)):
+            return
+        bad = [r for r in range(self.world_size) if rows[r, 0] != 1]
+        if bad:
+            raise CollectiveMismatchError(
+                f"{self._where()}: {what}: the header rows of rank(s) {bad} hold {rows[bad, 0].tolist()} "
+                "entries instead of 1: two processes use the same rank or the ranks disagree on the "
+                "world size; start every rank with the same world size and a distinct rank")
+        sides: dict[tuple[float, ...], list[int]] = {}
+        for r in range(self.world_size):
+            sides.setdefault(tuple(rows[r, 1:].tolist()), []).append(r)
+        parts = []
+        for key, ranks in sides.items():
+            code, seq, hi, lo, src1 = (int(v) for v in key)
+            desc = _describe(OPS[code - 1], hi * _LOW + lo, src1 - 1, seq)
+            parts.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+                         f"{'are' if len(ranks) > 1 else 'is'} at {desc}")
+        raise CollectiveMismatchError(
+            f"{self._where()}: collective mismatch: {'; '.join(parts)}. Every rank must call the same "
+            "collectives in the same order with buffers of the same size")
+
+    def _guarded(self, what: str, fn: Callable[[], R]) -> R:
+        self._watchdog.arm(self.timeout, (
+            f"multigpu.errors.CollectiveTimeoutError: {self._where()}: {what} timed out after "
+            f"{self.timeout:g} s: another rank died, hangs, or stopped calling collectives; this "
+            f"process exits with status {TIMEOUT_EXIT_STATUS} because a blocked engine call cannot be "
+            "interrupted (raise the limit with --timeout or MULTIGPU_TIMEOUT if the work between "
+            "collectives is that long)"))
+        try:
+            return fn()
+        except CollectiveError as exc:
+            self._failed = f"{what}: {type(exc).__name__}"
+            raise type(exc)(f"{self._where()}: {what} failed: {exc}") from exc
+        except MultigpuError:
+            raise
+        except Exception as exc:
+            self._failed = f"{what}: {type(exc).__name__}"
+            raise CollectiveError(f"{self._where()}: {what} failed in the engine: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._watchdog.disarm()

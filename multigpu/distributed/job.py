@@ -1,0 +1,134 @@
+"""The job description: what a launcher and every engine need to know about a job.
+
+``Job`` is one node's view of a multi-process job; ``LaunchPlan`` is an adapter's
+answer to ``launch_plan(job)`` (the variables each local rank needs and any service
+processes, such as MXNet's scheduler and servers); the ``ENV_*`` names are the
+``MULTIGPU_*`` variables every rank receives. Adapters' process groups import this
+module only, never the supervisor that starts the processes.
+"""
+from __future__ import annotations
+
+import socket
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from multigpu.contract.registry import adapter_module
+from multigpu.errors import InputError
+
+# Variables every rank receives, whatever the engine (read by ``multigpu.distributed.rank``).
+ENV_BACKEND = "MULTIGPU_BACKEND"
+ENV_RANK = "MULTIGPU_RANK"
+ENV_WORLD_SIZE = "MULTIGPU_WORLD_SIZE"
+ENV_LOCAL_RANK = "MULTIGPU_LOCAL_RANK"
+ENV_LOCAL_WORLD_SIZE = "MULTIGPU_LOCAL_WORLD_SIZE"
+ENV_MASTER_ADDR = "MULTIGPU_MASTER_ADDR"
+ENV_MASTER_PORT = "MULTIGPU_MASTER_PORT"
+ENV_TIMEOUT = "MULTIGPU_TIMEOUT"
+ENV_INIT_TIMEOUT = "MULTIGPU_INIT_TIMEOUT"
+ENV_JOB_ID = "MULTIGPU_JOB_ID"
+ENV_CHECK = "MULTIGPU_CHECK"
+
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_INIT_TIMEOUT = 300.0
+DEFAULT_MULTI_HOST_PORT = 29500  # torchrun's default; every node must agree on it
+
+
+@dataclass(frozen=True)
+class Job:
+    """What this node's launcher knows about the job."""
+
+    backend: str
+    nproc: int  # ranks on this node
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0: pick a free port (single node only)
+    node_addr: Optional[str] = None  # this node's address as the other nodes reach it
+    timeout: float = DEFAULT_TIMEOUT
+    init_timeout: float = DEFAULT_INIT_TIMEOUT
+    servers: int = 1  # MXNet parameter servers per node
+    check: bool = True  # the header exchange before each collective
+    job_id: str = ""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks across every node."""
+        return self.nproc * self.nnodes
+
+    def rank(self, local_rank: int) -> int:
+        """The global rank of this node's ``local_rank``."""
+        return self.node_rank * self.nproc + local_rank
+
+    @property
+    def host(self) -> str:
+        """This node's address for engines that announce one (loopback on one node)."""
+        if self.node_addr:
+            return self.node_addr
+        return "127.0.0.1" if self.nnodes == 1 else ""
+
+
+@dataclass
+class Service:
+    """A process an engine needs besides the ranks (e.g. MXNet's scheduler and servers)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass
+class LaunchPlan:
+    """An adapter's answer to ``launch_plan(job)``: variables per local rank and services."""
+
+    rank_env: list[dict[str, str]]
+    services: list[Service] = field(default_factory=list)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_job(job: Job) -> Job:
+    """Return ``job`` with a port picked and a job id; raise InputError for a bad setting."""
+    def bad(name: str, value: Any, fix: str) -> None:
+        raise InputError(f"{name}={value!r} is not valid; {fix}")
+
+    if isinstance(job.nproc, bool) or not isinstance(job.nproc, int) or job.nproc < 1:
+        bad("nproc", job.nproc, "use a positive integer, e.g. --nproc 2")
+    if isinstance(job.nnodes, bool) or not isinstance(job.nnodes, int) or job.nnodes < 1:
+        bad("nnodes", job.nnodes, "use a positive integer")
+    if not isinstance(job.node_rank, int) or not 0 <= job.node_rank < job.nnodes:
+        bad("node_rank", job.node_rank, f"use 0..{job.nnodes - 1} (one distinct value per node)")
+    if not isinstance(job.master_port, int) or not 0 <= job.master_port < 65536:
+        bad("master_port", job.master_port, "use a TCP port in 1..65535")
+    for name in ("timeout", "init_timeout"):
+        value = getattr(job, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            bad(name, value, "use a positive number of seconds, e.g. 60")
+    if job.servers < 1:
+        bad("servers", job.servers, "use at least 1 parameter server per node")
+    module = adapter_module(job.backend)
+    if not hasattr(module, "launch_plan"):
+        raise InputError(f"backend {job.backend!r} has no multi-process engine; "
+                         "use numpy, torch, paddle or mxnet")
+    port = job.master_port
+    if port == 0:
+        if job.nnodes > 1:
+            port = DEFAULT_MULTI_HOST_PORT
+        else:
+            port = free_port(job.master_addr)
+    return replace(job, master_port=port, job_id=job.job_id or uuid.uuid4().hex[:12])
+
+
+def rank_env(job: Job, local_rank: int) -> dict[str, str]:
+    """The ``MULTIGPU_*`` variables of one local rank."""
+    return {ENV_BACKEND: job.backend, ENV_RANK: str(job.rank(local_rank)),
+            ENV_WORLD_SIZE: str(job.world_size), ENV_LOCAL_RANK: str(local_rank),
+            ENV_LOCAL_WORLD_SIZE: str(job.nproc), ENV_MASTER_ADDR: job.master_addr,
+            ENV_MASTER_PORT: str(job.master_port), ENV_TIMEOUT: repr(float(job.timeout)),
+            ENV_INIT_TIMEOUT: repr(float(job.init_timeout)), ENV_JOB_ID: job.job_id,
+            ENV_CHECK: "1" if job.check else "0"}

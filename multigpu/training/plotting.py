@@ -1,0 +1,41 @@
+"""Plots of training curves (matplotlib is the optional ``plot`` extra)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Sequence
+
+from multigpu.errors import MissingDependencyError
+
+
+def require_matplotlib() -> None:
+    """Raise MissingDependencyError naming the extra when matplotlib is absent."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MissingDependencyError(
+            "plotting needs matplotlib, which is not installed; install it with: pip install 'multigpu[plot]'")
+
+
+def plot_curves(results: Sequence[Any], path: str | os.PathLike[str], title: str = "") -> None:
+    """Write a PNG of test accuracy and train loss per epoch for one or more TrainResults."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display is needed or wanted
+    import matplotlib.pyplot as plt
+
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for r in results:
+        epochs = range(1, len(r.test_acc) + 1)
+        label = f"{r.backend} ({len(r.devices)} dev)"
+        acc_ax.plot(epochs, r.test_acc, marker="o", label=label)
+        loss_ax.plot(epochs, r.train_loss, marker="o", label=label)
+    acc_ax.set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
+    loss_ax.set(xlabel="epoch", ylabel="train loss", title="train loss (mean per example)")
+    for ax in (acc_ax, loss_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

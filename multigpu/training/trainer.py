@@ -1,0 +1,280 @@
+"""``multigpu.train``: the textbook's experiment, LeNet on Fashion-MNIST, on any backend."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from multigpu import models
+from multigpu.contract.devices import CPUFallbackWarning
+from multigpu.data.files import atomic_write, check_writable, check_writable_dir
+from multigpu.distributed.rank import launched, launched_rank
+from multigpu.errors import (
+    CheckpointError,
+    InputError,
+    ParamsError,
+    TrainingDivergedError,
+)
+from multigpu.parallel.data_parallel import DataParallel
+from multigpu.parallel.process_group import ProcessGroup
+from multigpu.training.checkpoint import load_checkpoint, save_checkpoint
+from multigpu.training.plotting import plot_curves, require_matplotlib
+from multigpu.training.processes import join_job, share_checkpoint, train_processes
+
+LR_SCALINGS = (None, "linear")
+
+
+@dataclass
+class TrainResult:
+    """What a training run measured; ``params`` are numpy arrays in model order."""
+
+    backend: str
+    devices: list[str]
+    model: str
+    batch_size: int
+    lr: float
+    allreduce: str
+    seed: int
+    test_acc: list[float] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    sec_per_epoch: list[float] = field(default_factory=list)
+    samples_per_sec: float = 0.0
+    params: list[np.ndarray] = field(default_factory=list, repr=False)
+    processes: int = 1  # ranks that trained together; ``devices`` are one rank's
+    rank: int = 0  # the rank that returned this result (every rank holds the same numbers)
+
+    def to_dict(self, include_params: bool = False) -> dict[str, Any]:
+        """Return a JSON-able dict; parameters only when ``include_params``."""
+        d = asdict(self)
+        d["params"] = [p.tolist() for p in self.params] if include_params else None
+        return d
+
+    def save_json(self, path: Union[str, os.PathLike[str]], include_params: bool = False) -> None:
+        """Write the result as JSON to ``path`` (atomically: the old file or the whole new one)."""
+        with atomic_write(path) as f:
+            f.write(json.dumps(self.to_dict(include_params), indent=2).encode())
+
+
+def learning_rate(lr: float, scale: int, step: int, steps_per_epoch: int, lr_scaling: Optional[str],
+                  warmup_epochs: float) -> float:
+    """Return the learning rate for global step ``step``.
+
+    ``lr_scaling="linear"`` multiplies ``lr`` by ``scale``, the global-batch
+    multiplier (global batch / ``batch_size``: the device count with
+    ``scale_batch``, else 1), reached by a linear ramp from ``lr`` over
+    ``warmup_epochs`` (Goyal et al., 2017). The rate follows the batch, not the
+    device count, so k devices at one global batch train exactly like one device.
+    """
+    if lr_scaling is None:
+        return lr
+    target = lr * scale
+    ramp = warmup_epochs * steps_per_epoch
+    if ramp <= 0 or step >= ramp:
+        return target
+    return lr + (target - lr) * step / ramp
+
+
+def _batches(n: int, batch_size: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
+    order = rng.permutation(n)
+    chunks = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    # A last batch too small to give every device a row joins the one before it,
+    # so no example is dropped.
+    if len(chunks) > 1 and len(chunks[-1]) < parts:
+        last = chunks.pop()  # popped first: chunks[-2] = f(chunks.pop()) would overwrite the wrong batch
+        chunks[-1] = np.concatenate([chunks[-1], last])
+    return chunks
+
+
+def _check(name: str, value: Any, ok: bool, fix: str) -> None:
+    if not ok:
+        raise InputError(f"{name}={value!r} is not valid; {fix}")
+
+
+def _real(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int = 256, lr: float = 0.2,
+          num_epochs: int = 10, model: str = "lenet", allreduce: str = "fused",
+          data_dir: Optional[Union[str, os.PathLike[str]]] = None, seed: int = 0, progress: bool = True,
+          plot: Optional[Union[str, os.PathLike[str]]] = None,
+          checkpoint: Optional[Union[str, os.PathLike[str]]] = None, *, scale_batch: bool = False,
+          lr_scaling: Optional[str] = None, warmup_epochs: float = 0.0,
+          train_limit: Optional[int] = None, test_limit: Optional[int] = None, data: Any = None,
+          on_epoch: Optional[Callable[[int, "TrainResult"], None]] = None, processes: int = 1,
+          process_group: Optional[ProcessGroup] = None, verify_data: bool = True) -> TrainResult:
+    """Train ``model`` on Fashion-MNIST with data-parallel SGD; return a TrainResult.
+
+    ``num_gpus`` is a device count (CPU replicas with a warning when the framework
+    sees fewer GPUs) or a device string such as ``"cpu:2"``. ``scale_batch``
+    multiplies the batch by the device count; ``lr_scaling="linear"`` scales the
+    rate by the same global-batch multiplier (1 without ``scale_batch``), with an
+    optional warmup. ``checkpoint=DIR`` saves after every epoch and resumes from
+    DIR. ``train_limit``/``test_limit`` use the first N examples; ``data`` replaces
+    the loader with any object shaped like ``FashionMNIST``; ``verify_data=False``
+    loads IDX files whose MD5 is not Fashion-MNIST's (your own subset).
+
+    Every argument, the backend, devices and output paths are checked before any
+    data is loaded. A NaN or infinite training loss stops the run with
+    TrainingDivergedError naming the epoch and step; the checkpoint of the last
+    finished epoch stays as it was. Raises InputError, DataError/DataNotFoundError,
+    MissingDependencyError (plot without matplotlib), CheckpointError or
+    TrainingDivergedError.
+
+    ``processes=N`` trains as N processes on this host, each driving ``num_gpus``
+    devices, with the backend's own distributed engine, and returns rank 0's result
+    (``data`` and ``on_epoch`` must then be picklable; ``on_epoch`` runs in rank 0).
+    Inside a rank started by ``multigpu launch`` train() joins that job by itself;
+    ``process_group`` joins one made elsewhere. Every rank draws the same global
+    batches from ``seed`` and trains on its shard; loss and accuracy are reduced
+    across ranks; only rank 0 writes checkpoints and plots. A rank that fails raises
+    RankFailedError (or CollectiveError) on the others.
+    """
+    if processes != 1:
+        args = {k: v for k, v in locals().items() if k != "processes"}  # the arguments, nothing else yet
+        return train_processes(processes, args)
+    _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "use a positive integer")
+    _check("num_epochs", num_epochs, isinstance(num_epochs, int) and num_epochs >= 1, "use a positive integer")
+    _check("lr", lr, _real(lr) and lr > 0, "use a positive finite number, e.g. 0.2")
+    _check("lr_scaling", lr_scaling, lr_scaling in LR_SCALINGS, "use None or 'linear'")
+    _check("warmup_epochs", warmup_epochs, _real(warmup_epochs) and warmup_epochs >= 0, "use a number >= 0")
+    if warmup_epochs and lr_scaling is None:
+        raise InputError("warmup_epochs only applies with lr_scaling='linear'; set both or neither")
+    for name, limit in (("train_limit", train_limit), ("test_limit", test_limit)):
+        _check(name, limit, limit is None or (isinstance(limit, int) and limit >= 1), "use a positive integer")
+    writer = (process_group.rank if process_group is not None else launched_rank()) == 0  # writes files
+    if plot is not None:  # fail before training, not after ten epochs
+        require_matplotlib()
+        if writer:
+            check_writable(plot, "plot")
+    saved = None
+    if checkpoint is not None and writer:  # only rank 0 reads and writes the folder
+        saved = load_checkpoint(check_writable_dir(checkpoint, "checkpoint"))
+    net = models.get(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CPUFallbackWarning)
+        group, devices, joined = process_group, num_gpus, False
+        if group is None and launched():
+            group, devices = join_job(backend, num_gpus)
+            joined = True
+        tr = DataParallel(net, backend=backend, devices=devices, lr=lr, allreduce=allreduce, seed=seed,
+                          process_group=group)
+    rank, world = tr.rank, tr.world_size
+    progress = progress and rank == 0
+    for w in caught:
+        if progress:
+            print(f"note: {w.message}", file=sys.stderr)
+        if rank == 0:
+            warnings.warn(w.message, stacklevel=2)  # keep it visible to callers that filter warnings
+    n_dev = len(tr.devices) * world  # every device of the job
+    global_batch = batch_size * n_dev if scale_batch else batch_size
+    _check("batch_size", global_batch, global_batch >= n_dev, f"use at least {n_dev}, one row per device")
+    if data is None:
+        from multigpu.data import load_fashion_mnist
+
+        data = load_fashion_mnist(data_dir, progress=progress, verify=verify_data)
+    Xtr, ytr, Xte, yte = data.train_images, data.train_labels, data.test_images, data.test_labels
+    Xtr, ytr = Xtr[:train_limit], ytr[:train_limit]
+    Xte, yte = Xte[:test_limit], yte[:test_limit]
+
+    result = TrainResult(backend=tr.backend.name, devices=[str(d) for d in tr.devices], model=model,
+                         batch_size=global_batch, lr=lr, allreduce=allreduce, seed=seed,
+                         processes=world, rank=rank)
+    config = {"backend": result.backend, "devices": result.devices, "model": model, "batch_size": global_batch,
+              "lr": lr, "allreduce": allreduce, "seed": seed, "lr_scaling": lr_scaling,
+              "warmup_epochs": warmup_epochs, "train_size": len(Xtr), "test_size": len(Xte)}
+    if world > 1:
+        config["processes"] = world
+    rng = np.random.default_rng(seed)
+    start_epoch = 0
+    if checkpoint is not None and world > 1:
+        saved = share_checkpoint(tr, saved)  # only rank 0 needs the folder
+    if saved is not None:
+        params, state = saved
+        diff = {k: (state["config"].get(k), v) for k, v in config.items() if state["config"].get(k) != v}
+        if diff:
+            raise CheckpointError(
+                f"checkpoint in {checkpoint} belongs to a different run (saved vs now: {diff}); "
+                "use another folder or the same settings")
+        try:
+            if params is not None:  # None on ranks other than 0: broadcast below
+                tr.set_params(params)
+            rng.bit_generator.state = state["rng"]
+        except (ParamsError, TypeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint in {checkpoint} is damaged ({exc}); delete it to start afresh") from exc
+        tr.broadcast_params()  # rank 0's restored parameters to every rank (no-op in one process)
+        start_epoch = state["epoch"]
+        for key in ("test_acc", "train_loss", "sec_per_epoch"):
+            getattr(result, key).extend(state[key])
+
+    steps_per_epoch = math.ceil(len(Xtr) / global_batch)
+    multiplier = global_batch // batch_size  # linear scaling follows the batch, not the device count
+    bar = _progress_bar(progress)
+    for epoch in range(start_epoch, num_epochs):
+        chunks = _batches(len(Xtr), global_batch, n_dev, rng)
+        total = 0.0
+        with bar(total=len(chunks), desc=f"epoch {epoch + 1}/{num_epochs}", unit="batch", leave=False) as pbar:
+            t0 = time.perf_counter()
+            for i, idx in enumerate(chunks):
+                tr.lr = learning_rate(lr, multiplier, epoch * steps_per_epoch + i, steps_per_epoch,
+                                      lr_scaling, warmup_epochs)
+                loss = tr.train_batch(Xtr[idx], ytr[idx])  # read after the update: no extra device wait
+                if not math.isfinite(loss):  # Keras's TerminateOnNaN: stop, keep the last checkpoint
+                    raise _diverged(f"the loss is {loss} at epoch {epoch + 1}, step {i + 1}", epoch, i + 1,
+                                    loss, tr.lr, checkpoint, len(result.test_acc))
+                total += loss * len(idx)
+                pbar.update(1)
+            tr.synchronize()  # queued device work belongs to this epoch's time
+            seconds = time.perf_counter() - t0
+        params = tr.get_params()  # one read per epoch, after the device work is done
+        if not all(np.isfinite(p).all() for p in params):  # a ReLU may have hidden NaN from the loss
+            raise _diverged(f"the parameters hold NaN or infinity after epoch {epoch + 1} although every "
+                            "loss was finite", epoch, len(chunks), math.nan, tr.lr, checkpoint, len(result.test_acc))
+        result.sec_per_epoch.append(seconds)
+        result.train_loss.append(total / len(Xtr))
+        result.test_acc.append(tr.evaluate(Xte, yte))
+        if checkpoint is not None and rank == 0:
+            save_checkpoint(checkpoint, params, {
+                "config": config, "epoch": epoch + 1, "rng": rng.bit_generator.state,
+                "test_acc": result.test_acc, "train_loss": result.train_loss,
+                "sec_per_epoch": result.sec_per_epoch})
+        if progress:
+            print(f"epoch {epoch + 1}/{num_epochs}: test acc {result.test_acc[-1]:.3f}, "
+                  f"train loss {result.train_loss[-1]:.3f}, {seconds:.1f} sec/epoch "
+                  f"on {result.devices} ({result.backend})", flush=True)
+        if on_epoch is not None and rank == 0:
+            on_epoch(epoch, result)
+    result.params = tr.get_params()  # after a resume that had nothing left to do, too
+    result.samples_per_sec = len(Xtr) * len(result.sec_per_epoch) / max(sum(result.sec_per_epoch), 1e-12)
+    if joined:
+        tr.process_group.close()
+    if plot is not None and rank == 0:
+        plot_curves([result], plot, title=f"{model} on Fashion-MNIST, {result.backend}")
+    return result
+
+
+def _diverged(what: str, epoch: int, step: int, loss: float, lr: float, checkpoint: Any,
+              done: int) -> TrainingDivergedError:
+    if checkpoint is None:
+        kept = "no checkpoint was asked for (--checkpoint DIR keeps one per epoch)"
+    elif done:
+        kept = f"the checkpoint in {checkpoint} still holds epoch {done}"
+    else:
+        kept = f"no epoch finished, so {checkpoint} holds no checkpoint"
+    return TrainingDivergedError(f"training diverged: {what} (lr {lr:g}); lower the learning rate, "
+                                 f"e.g. to {lr / 10:g}; {kept}", epoch=epoch + 1, step=step, loss=loss)
+
+
+def _progress_bar(enabled: bool) -> Callable[..., Any]:
+    from functools import partial
+
+    from tqdm.auto import tqdm
+
+    return partial(tqdm, disable=not enabled, file=sys.stderr)

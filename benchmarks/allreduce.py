@@ -26,6 +26,7 @@ import warnings
 from typing import Any, Callable
 
 import numpy as np
+
 from multigpu.benchmarks.harness import (
     Options,
     Result,
@@ -161,7 +162,6 @@ def run(opts: Options) -> Result:
     for fw in opts.frameworks():
         data[fw] = got = isolated(f"{__package__}.allreduce:measure", fw, lenet_counts, buffer_counts, sizes,
                                   repeat, warmup, opts.progress)
-        algos = got["algorithms"]
         for n, rec in got["lenet"].items():
             s = rec["samples"]
             speedup = ratio(s["naive"], s["fused"])

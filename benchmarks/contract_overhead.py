@@ -16,14 +16,7 @@ import time
 import warnings
 from typing import Any
 
-from multigpu.benchmarks.harness import (
-    Options,
-    Result,
-    Table,
-    interleaved,
-    isolated,
-    summary,
-)
+from multigpu.benchmarks.harness import Options, Result, Table, interleaved, isolated, summary
 
 TITLE = "Contract overhead: a LeNet DataParallel step with and without the checks (torch, CPU replicas)"
 IN_QUICK = True

@@ -29,15 +29,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
 from multigpu.benchmarks.allreduce import busbw
-from multigpu.benchmarks.harness import (
-    Options,
-    Result,
-    Table,
-    interleaved,
-    isolated,
-    summary,
-)
+from multigpu.benchmarks.harness import Options, Result, Table, interleaved, isolated, summary
 
 TITLE = "Allreduce: each engine (2 and 4 processes) vs the in-process naive/ring/fused, 4 KB..64 MB + LeNet"
 IN_QUICK = True
@@ -92,12 +86,7 @@ def in_process(framework: str, n: int, sizes: list[int], repeat: int) -> dict[st
     import multigpu
     from multigpu import models
     from multigpu.contract.devices import CPUFallbackWarning
-    from multigpu.parallel.allreduce import (
-        allreduce_flat,
-        allreduce_grads,
-        naive_allreduce,
-        ring_allreduce,
-    )
+    from multigpu.parallel.allreduce import allreduce_flat, allreduce_grads, naive_allreduce, ring_allreduce
 
     be = multigpu.backend(framework)
     shapes = models.lenet().param_shapes

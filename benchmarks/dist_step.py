@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
 from multigpu.benchmarks.harness import Options, Result, Table, interleaved, summary
 
 TITLE = "Multi-process LeNet step (batch 256): ours vs DDP / paddle.DataParallel / Gluon Trainer"

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+
 from multigpu.benchmarks.textbook import Runner
 
 

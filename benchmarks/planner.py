@@ -21,14 +21,8 @@ import time
 from typing import Any
 
 import numpy as np
-from multigpu.benchmarks.harness import (
-    Options,
-    Result,
-    Table,
-    interleaved,
-    progress_bar,
-    summary,
-)
+
+from multigpu.benchmarks.harness import Options, Result, Table, interleaved, progress_bar, summary
 
 TITLE = "Planner: DP and MILP solve times against n and k; baselines' gap to the optimum"
 IN_QUICK = True
@@ -172,14 +166,7 @@ def bench_stress(n: int, k: int, seed: int, limit: float) -> dict[str, Any]:
 
 def bench_gaps(model: str = "alexnet", batch: int = 1) -> list[dict[str, Any]]:
     """Each baseline's gap to the optimum on every shipped cluster (latency: cost; throughput: bottleneck)."""
-    from multigpu.partition import (
-        Constraints,
-        autopartition,
-        baselines,
-        load_cluster,
-        load_graph,
-        shipped_clusters,
-    )
+    from multigpu.partition import Constraints, autopartition, baselines, load_cluster, load_graph, shipped_clusters
 
     graph = load_graph(model, batch=batch)
     rows = []

@@ -23,19 +23,12 @@ import time
 from typing import Any, Optional
 
 import numpy as np
-from multigpu.benchmarks.harness import Options, Result, Table, busy_seconds
 
 import multigpu
+from multigpu.benchmarks.harness import Options, Result, Table, busy_seconds
 from multigpu.contract.registry import PREFERRED
 from multigpu.execution import Session, profile
-from multigpu.partition import (
-    Cluster,
-    Constraints,
-    DeviceSpec,
-    autopartition,
-    evaluate,
-    graph_from_model,
-)
+from multigpu.partition import Cluster, Constraints, DeviceSpec, autopartition, evaluate, graph_from_model
 from multigpu.partition.costmodel import compute_times
 
 TITLE = "Plans that run: predicted against measured time, 1-3 stages, LeNet and AlexNet, mixed frameworks"

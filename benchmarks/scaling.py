@@ -18,6 +18,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+
 from multigpu.benchmarks.harness import (
     Options,
     Result,

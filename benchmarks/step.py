@@ -26,6 +26,7 @@ import warnings
 from typing import Any, Optional
 
 import numpy as np
+
 from multigpu.benchmarks.harness import (
     Options,
     Result,

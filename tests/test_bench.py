@@ -9,17 +9,9 @@ import types
 from pathlib import Path
 
 import pytest
-from multigpu.benchmarks import harness
-from multigpu.benchmarks.harness import (
-    BENCHMARKS,
-    Options,
-    Result,
-    Table,
-    interleaved,
-    ratio,
-    summary,
-)
 
+from multigpu.benchmarks import harness
+from multigpu.benchmarks.harness import BENCHMARKS, Options, Result, Table, interleaved, ratio, summary
 from multigpu.errors import BenchmarkError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,14 +12,7 @@ from idx_files import write_learnable_set
 import multigpu
 import multigpu.errors
 import multigpu.partition.exceptions
-from multigpu.cli import (
-    COMMANDS,
-    EXIT_BAD_INPUT,
-    EXIT_FAILURE,
-    EXIT_INTERRUPTED,
-    exit_code,
-    main,
-)
+from multigpu.cli import COMMANDS, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, exit_code, main
 from multigpu.contract import registry
 from multigpu.errors import AdapterError, SolverError
 from multigpu.training.checkpoint import FILENAME
@@ -90,7 +83,7 @@ def test_train_exit_codes(capsys, data_dir, tmp_path):
     code, out, err = run(capsys, [*_train(data_dir, "--lr", "1e9"), "--epochs", "3"])  # a run-time failure
     assert code == EXIT_FAILURE and "the loss is nan at epoch 2, step 1" in _one_error_line(err, "train")
     code, out, err = run(capsys, _train(data_dir, "--lr", "nan"))  # the bare ValueError
-    assert code == EXIT_BAD_INPUT and "lr=nan is not valid" in _one_error_line(err, "train")
+    assert code == EXIT_BAD_INPUT and "lr=nan must be a finite number" in _one_error_line(err, "train")
     code, _, err = run(capsys, _train(tmp_path / "no-such-folder"))
     assert code == EXIT_BAD_INPUT and "no-such-folder does not exist" in _one_error_line(err, "train")
 

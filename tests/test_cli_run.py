@@ -37,7 +37,7 @@ def test_help(command):
 @pytest.mark.parametrize("args, match", [
     (["--plan", "a*3"], "the plan has 3 entries but lenet has 10 layers"),
     (["--plan", "a*9,zz"], "device 'zz', which cluster 'c' lacks"),
-    (["--plan", "a*10", "--random", "0"], "--random 0 must be a whole number >= 1"),
+    (["--plan", "a*10", "--random", "0"], "--random=0 must be a positive integer"),
     (["--plan", "a*10", "--images", "fashion-mnist:dev:0"], "--images 'fashion-mnist:dev:0' is not understood"),
     (["--plan", "a*10", "--params", "nowhere.npz"], "--params 'nowhere.npz' does not exist"),
     (["--plan", "a*10", "--model", "vgg"], "unknown model 'vgg'"),
@@ -59,7 +59,7 @@ def test_run_missing_cluster_file_exits_2(tmp_path):
     (["--backend", "torch", "--threads", "1,x"], "--threads '1,x' must list whole numbers"),
     (["--worker", "torch:fast"], "is not BACKEND[:DEVICE][:THREADS]"),
     (["--backend", "jax"], "unknown backend 'jax'"),
-    (["--backend", "numpy", "--repeats", "0"], "repeats=0 must be a whole number >= 1"),
+    (["--backend", "numpy", "--repeats", "0"], "repeats=0 must be a positive integer"),
 ])
 def test_profile_bad_input_exits_2_with_one_line(tmp_path, args, match):
     out = cli("profile", "--out", str(tmp_path / "p.json"), *args, cwd=tmp_path)

@@ -8,15 +8,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
-from conformance_cases import (
-    CASES,
-    CPU,
-    CPU1,
-    THIRD_PARTY,
-    f32,
-    third_party_off_path,
-    third_party_on_path,
-)
+from conformance_cases import CASES, CPU, CPU1, THIRD_PARTY, f32, third_party_off_path, third_party_on_path
 from conftest import BACKENDS
 from hypothesis import given, settings
 from hypothesis import strategies as st

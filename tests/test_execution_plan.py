@@ -14,33 +14,12 @@ from hypothesis import strategies as st
 
 import multigpu
 from multigpu.contract import registry
-from multigpu.errors import (
-    BackendNotInstalledError,
-    ClusterError,
-    InputError,
-    ParamsError,
-    PlanError,
-)
-from multigpu.execution import (
-    check_plan,
-    fit_link,
-    predict,
-    read_plan,
-    run_partitioned,
-    split_stages,
-)
+from multigpu.errors import BackendNotInstalledError, ClusterError, InputError, ParamsError, PlanError
+from multigpu.execution import check_plan, fit_link, predict, read_plan, run_partitioned, split_stages
 from multigpu.execution.inputs import load_images, load_params, random_inputs
 from multigpu.execution.link_fitting import link_sizes, pair_walk
 from multigpu.execution.plan import worker_params
-from multigpu.partition import (
-    Cluster,
-    DeviceSpec,
-    LinkSpec,
-    autopartition,
-    evaluate,
-    graph_from_model,
-    load_cluster,
-)
+from multigpu.partition import Cluster, DeviceSpec, LinkSpec, autopartition, evaluate, graph_from_model, load_cluster
 from multigpu.partition.costmodel import compute_times
 from multigpu.training.checkpoint import save_checkpoint
 
@@ -122,7 +101,7 @@ def test_bad_inputs_fail_before_ray_starts(monkeypatch):
     cl = cluster()
     with pytest.raises(ParamsError, match="params has 2 arrays"):
         run_partitioned(LENET, LENET.init_params(0)[:2], ["a"] * 10, np.zeros((1, 1, 28, 28), np.float32), cl)
-    with pytest.raises(InputError, match="inputs have shape \\(2, 28, 28\\)"):
+    with pytest.raises(InputError, match="inputs has shape \\(2, 28, 28\\)"):
         run_partitioned(LENET, None, ["a"] * 10, np.zeros((2, 28, 28), np.float32), cl)
     with pytest.raises(PlanError, match="engine='fast' is unknown"):
         run_partitioned(LENET, None, ["a"] * 10, np.zeros((1, 1, 28, 28), np.float32), cl, engine="fast")
@@ -196,14 +175,14 @@ def test_a_measured_time_for_a_layer_the_graph_lacks_is_an_error(times, match):
 
 @pytest.mark.parametrize("entry, match", [
     ({"layer_times": {"lenet(batch=1)": {"conv1": -1.0}}}, "must be greater than 0"),
-    ({"layer_times": {"lenet(batch=1)": {"conv1": float("nan")}}}, "NaN"),
+    ({"layer_times": {"lenet(batch=1)": {"conv1": float("nan")}}}, "=nan must be a finite number"),
     ({"layer_times": {"lenet(batch=1)": {"conv1": "fast"}}}, "must be a number"),
     ({"layer_times": {"lenet(batch=1)": {}}}, "non-empty object mapping layer names"),
     ({"layer_times": []}, "graph name"),
-    ({"threads": 0}, "threads=0 must be a whole number >= 1"),
+    ({"threads": 0}, "threads=0 must be a positive integer"),
     ({"device": "tpu:0"}, "not a framework device"),
-    ({"resources": {"pi1": 0}}, "resources\\['pi1'\\] = 0 must be greater than 0"),
-    ({"stage_overhead": -1e-3}, "stage_overhead = -0.001 must be at least 0"),
+    ({"resources": {"pi1": 0}}, "resources\\['pi1'\\]=0 must be greater than 0"),
+    ({"stage_overhead": -1e-3}, "stage_overhead=-0.001 must be at least 0"),
     ({"backend": ""}, "backend must be a non-empty string"),
     ({"layer_time": {}}, "unknown key 'layer_time'"),
 ])

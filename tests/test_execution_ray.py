@@ -22,15 +22,7 @@ import multigpu
 from multigpu.errors import DeviceError, PlanError, WorkerDiedError, WorkerTimeoutError
 from multigpu.execution import Session, profile, run_partitioned
 from multigpu.execution.cores import usable_cores
-from multigpu.partition import (
-    Cluster,
-    DeviceSpec,
-    LinkSpec,
-    autopartition,
-    evaluate,
-    graph_from_model,
-    load_cluster,
-)
+from multigpu.partition import Cluster, DeviceSpec, LinkSpec, autopartition, evaluate, graph_from_model, load_cluster
 
 ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
 

@@ -92,4 +92,4 @@ def test_bad_cluster_file_exit_code(capsys, tmp_path):
     p = tmp_path / "c.json"
     p.write_text('{"devices": [{"name": "a", "flops": 0, "power": 1}], "source": "a"}')
     assert run(["--graph", "lenet", "--cluster", str(p)]) == 2
-    assert "device 'a': flops = 0 must be greater than 0" in capsys.readouterr().err
+    assert "device 'a': flops=0 must be greater than 0" in capsys.readouterr().err

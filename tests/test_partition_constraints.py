@@ -9,15 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
-from test_partition_oracle import (
-    SETTINGS,
-    Brute,
-    build,
-    close,
-    instances,
-    ref_evaluate,
-    weights,
-)
+from test_partition_oracle import SETTINGS, Brute, build, close, instances, ref_evaluate, weights
 
 from multigpu.partition import (
     Cluster,

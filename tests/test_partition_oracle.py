@@ -19,15 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from multigpu.partition import (
-    Cluster,
-    Constraints,
-    Graph,
-    InfeasibleError,
-    UnusableLinkError,
-    autopartition,
-    evaluate,
-)
+from multigpu.partition import Cluster, Constraints, Graph, InfeasibleError, UnusableLinkError, autopartition, evaluate
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

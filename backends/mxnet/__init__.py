@@ -1,28 +1,9 @@
-"""MXNet backend adapter. The framework is imported on first use, in load()."""
-from __future__ import annotations
+"""MXNet: ``adapter.MXNetBackend`` on NDArrays and ``mxnet.autograd``; the engine is the kvstore ``dist_sync`` parameter server.
 
-from typing import Any
+The package itself is framework-free: the registry reads ``BACKEND`` without importing
+the framework.
+"""
+from multigpu.contract.declaration import BackendDeclaration
 
-FRAMEWORK = "mxnet"
-EXTRA = "mxnet"
-
-
-def load() -> Any:
-    """Return the MXNet adapter (imports the framework)."""
-    from multigpu.backends.mxnet.adapter import MXNetBackend
-
-    return MXNetBackend()
-
-
-def launch_plan(job: Any) -> Any:
-    """Return the variables and service processes a job on kvstore dist_sync needs (no framework import)."""
-    from multigpu.backends.mxnet.process_group import launch_plan as plan
-
-    return plan(job)
-
-
-def process_group(device: Any, timeout: float, init_timeout: float) -> Any:
-    """Join the job this process was launched into with kvstore dist_sync (imports the framework)."""
-    from multigpu.backends.mxnet.process_group import join
-
-    return join(device, timeout, init_timeout)
+BACKEND = BackendDeclaration(name="mxnet", adapter="multigpu.backends.mxnet.adapter:MXNetBackend",
+                             framework='mxnet', extra='mxnet', engine="multigpu.backends.mxnet.process_group")

@@ -41,6 +41,7 @@ class MXNetGroup:
         self._mx = mx
         self.device = device
         self.timeout = float(timeout)
+        self.label = "MXNet kvstore (dist_sync)"  # names the engine in CheckedGroup's errors
         self.kvstore = mx.kv.create("dist_sync") if kvstore is None else kvstore
         # NOTE: ps-lite numbers workers by (host, port) of a randomly bound port, not by
         # launch order. The sums do not depend on it, and broadcast_ below names its

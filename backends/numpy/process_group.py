@@ -15,17 +15,10 @@ import time
 from typing import Optional
 
 import numpy as np
-from multigpu.backends.numpy.adapter import Var
 
+from multigpu.backends.numpy.adapter import Var
 from multigpu.contract.protocol import Device
-from multigpu.distributed.job import (
-    ENV_MASTER_ADDR,
-    ENV_MASTER_PORT,
-    ENV_RANK,
-    ENV_WORLD_SIZE,
-    Job,
-    LaunchPlan,
-)
+from multigpu.distributed.job import ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, Job, LaunchPlan
 from multigpu.errors import CollectiveError, CollectiveTimeoutError
 
 _LEN = struct.Struct("!Q")

@@ -1,28 +1,9 @@
-"""Paddle backend adapter. The framework is imported on first use, in load()."""
-from __future__ import annotations
+"""PaddlePaddle: ``adapter.PaddleBackend`` on dygraph tensors; the engine is paddle.distributed (Gloo, NCCL).
 
-from typing import Any
+The package itself is framework-free: the registry reads ``BACKEND`` without importing
+the framework.
+"""
+from multigpu.contract.declaration import BackendDeclaration
 
-FRAMEWORK = "paddle"
-EXTRA = "paddle"
-
-
-def load() -> Any:
-    """Return the Paddle adapter (imports the framework)."""
-    from multigpu.backends.paddle.adapter import PaddleBackend
-
-    return PaddleBackend()
-
-
-def launch_plan(job: Any) -> Any:
-    """Return the variables and service processes a job on paddle.distributed needs (no framework import)."""
-    from multigpu.backends.paddle.process_group import launch_plan as plan
-
-    return plan(job)
-
-
-def process_group(device: Any, timeout: float, init_timeout: float) -> Any:
-    """Join the job this process was launched into with paddle.distributed (imports the framework)."""
-    from multigpu.backends.paddle.process_group import join
-
-    return join(device, timeout, init_timeout)
+BACKEND = BackendDeclaration(name="paddle", adapter="multigpu.backends.paddle.adapter:PaddleBackend",
+                             framework='paddle', extra='paddle', engine="multigpu.backends.paddle.process_group")

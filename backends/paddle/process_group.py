@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 from multigpu.contract.protocol import Device
 from multigpu.distributed.job import Job, LaunchPlan
-from multigpu.errors import CollectiveError, CollectiveTimeoutError
 
 
 def launch_plan(job: Job) -> LaunchPlan:
@@ -43,6 +42,7 @@ class PaddleGroup:
         self.device = device
         self.timeout = float(timeout)
         self.engine = "nccl" if device.kind == "gpu" else "gloo"
+        self.label = f"paddle.distributed ({self.engine})"  # names the engine in CheckedGroup's errors
         # NOTE: init_parallel_env reads the engine and the GPU from the environment.
         os.environ["PADDLE_DISTRI_BACKEND"] = self.engine
         if device.kind == "gpu":
@@ -66,32 +66,26 @@ class PaddleGroup:
                 raise
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
-    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
-        if self.world_size == 1:
-            return None  # NOTE: init_parallel_env does nothing for one trainer, so neither do we
-        try:
-            return fn()
-        except (RuntimeError, OSError) as exc:
-            text = str(exc).strip().split("\n")[0]
-            kind = CollectiveTimeoutError if "timeout" in text.lower() else CollectiveError
-            raise kind(f"paddle.distributed ({self.engine}) {what}: {text}") from exc
+    def _run(self, fn: Callable[[], Any]) -> Any:
+        # NOTE: init_parallel_env does nothing for one trainer, so neither do the collectives.
+        return None if self.world_size == 1 else fn()
 
     def allreduce_(self, flat: Any) -> None:
         """In place SUM over ranks."""
-        self._run("all_reduce", lambda: self._dist.all_reduce(flat, sync_op=True))
+        self._run(lambda: self._dist.all_reduce(flat, sync_op=True))
 
     def allreduce_async_(self, flat: Any) -> Callable[[], None]:
         """Start an in place SUM; return the function that waits for it."""
-        task = self._run("all_reduce", lambda: self._dist.all_reduce(flat, sync_op=False))
-        return lambda: None if task is None else self._run("all_reduce", task.wait)
+        task = self._run(lambda: self._dist.all_reduce(flat, sync_op=False))
+        return (lambda: None) if task is None else task.wait
 
     def broadcast_(self, flat: Any, src: int = 0) -> None:
         """In place: rank ``src``'s values on every rank."""
-        self._run("broadcast", lambda: self._dist.broadcast(flat, src=src, sync_op=True))
+        self._run(lambda: self._dist.broadcast(flat, src=src, sync_op=True))
 
     def barrier(self) -> None:
         """Wait for every rank."""
-        self._run("barrier", self._dist.barrier)
+        self._run(self._dist.barrier)
 
     def close(self) -> None:
         """Leave Paddle's default group."""

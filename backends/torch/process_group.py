@@ -11,7 +11,6 @@ from typing import Any, Callable
 
 from multigpu.contract.protocol import Device
 from multigpu.distributed.job import Job, LaunchPlan
-from multigpu.errors import CollectiveError, CollectiveTimeoutError
 
 
 def launch_plan(job: Job) -> LaunchPlan:
@@ -33,6 +32,7 @@ class TorchGroup:
         self.device = device
         self.timeout = float(timeout)
         self.engine = "nccl" if device.kind == "gpu" else "gloo"
+        self.label = f"torch.distributed ({self.engine})"  # names the engine in CheckedGroup's errors
         self._owner = not dist.is_initialized()
         if device.kind == "gpu":
             torch.cuda.set_device(device.index)
@@ -47,31 +47,21 @@ class TorchGroup:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
 
-    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except RuntimeError as exc:  # Gloo and NCCL failures, DistBackendError included
-            text = str(exc).split("\n")[0]
-            kind = CollectiveTimeoutError if "timed out" in text.lower() else CollectiveError
-            raise kind(f"torch.distributed ({self.engine}) {what}: {text}") from exc
-
     def allreduce_(self, flat: Any) -> None:
         """In place SUM over ranks (synchronous on Gloo; stream-ordered on NCCL)."""
-        self._run("all_reduce", lambda: self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM))
+        self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM)
 
     def allreduce_async_(self, flat: Any) -> Callable[[], None]:
         """Start an in place SUM; return the function that waits for it."""
-        work = self._run("all_reduce", lambda: self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM,
-                                                                   async_op=True))
-        return lambda: self._run("all_reduce", work.wait)
+        return self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM, async_op=True).wait
 
     def broadcast_(self, flat: Any, src: int = 0) -> None:
         """In place: rank ``src``'s values on every rank."""
-        self._run("broadcast", lambda: self._dist.broadcast(flat, src=src))
+        self._dist.broadcast(flat, src=src)
 
     def barrier(self) -> None:
         """Wait for every rank."""
-        self._run("barrier", self._dist.barrier)
+        self._dist.barrier()
 
     def close(self) -> None:
         """Destroy the default group if this object created it."""

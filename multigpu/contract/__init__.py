@@ -8,12 +8,7 @@ from __future__ import annotations
 from multigpu.contract.checked import CheckedBackend, checked, unchecked
 from multigpu.contract.devices import CPUFallbackWarning, DeviceSpec, resolve_devices
 from multigpu.contract.protocol import Backend, Device
-from multigpu.contract.registry import (
-           available_backends,
-           backend,
-           default_backend,
-           registered_backends,
-)
+from multigpu.contract.registry import available_backends, backend, default_backend, registered_backends
 
 __all__ = ["Backend", "CPUFallbackWarning", "CheckedBackend", "Device", "DeviceSpec", "available_backends",
            "backend", "checked", "default_backend", "registered_backends", "resolve_devices", "unchecked"]

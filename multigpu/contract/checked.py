@@ -9,13 +9,13 @@ reads per call, no device read and no per-element pass on the step's fast path);
 """
 from __future__ import annotations
 
-import math
 import threading
 from math import prod
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from multigpu.checks import check_count, check_number
 from multigpu.contract.protocol import Device
 from multigpu.errors import AdapterError, DeviceError, InputError
 
@@ -30,9 +30,7 @@ _TRACKED = 64
 def _int(value: Any, op: str, name: str, low: int) -> int:
     if type(value) is int and value >= low:  # the common case, first: this runs on every op
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise InputError(f"{op} {name}={value!r} must be an integer >= {low}")
-    return int(value)
+    return check_count(value, f"{op} {name}", minimum=low)
 
 
 def check_label_range(low: int, high: int, classes: int) -> None:
@@ -392,9 +390,7 @@ class CheckedBackend:
         """Checked in-place ``p -= lr * g``."""
         if len(params) != len(grads):
             raise InputError(f"sgd_ got {len(params)} params but {len(grads)} grads; pass one grad per param")
-        if (isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating, np.integer))
-                or not math.isfinite(lr)):
-            raise InputError(f"sgd_ lr={lr!r} must be a finite real number")
+        check_number(lr, "sgd_ lr")
         empty = False
         for p, g in zip(params, grads):
             ps, gs = self._float(p, "sgd_ param"), self._float(g, "sgd_ grad")

@@ -1,17 +1,17 @@
-"""Find backend adapters through the ``multigpu.backends`` entry-point group.
+"""Find backends through the ``multigpu.backends`` entry-point group.
 
-An adapter module declares ``FRAMEWORK`` (the import name it needs), ``EXTRA`` (the
-pip extra that installs it) and ``load()`` (returns the adapter). Listing backends
-never imports a framework; ``backend(name)`` does, on first use.
+Each entry point names a ``BackendDeclaration`` (``multigpu.contract.declaration``):
+the framework it needs, the pip extra that installs it, its adapter class and its
+engine. Listing backends never imports a framework; ``backend(name)`` does, on first use.
 """
 from __future__ import annotations
 
 import importlib.util
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
-from types import ModuleType
 
 from multigpu.contract.checked import CheckedBackend, checked
+from multigpu.contract.declaration import BackendDeclaration
 from multigpu.errors import BackendNotInstalledError, UnknownBackendError
 
 GROUP = "multigpu.backends"
@@ -21,34 +21,40 @@ def _entry_points() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
-def _module(name: str) -> ModuleType:
-    eps = _entry_points()
-    if name not in eps:
-        raise UnknownBackendError(
-            f"unknown backend {name!r}; available backends: {', '.join(available_backends()) or 'none'}"
-            f" (registered: {', '.join(sorted(eps)) or 'none'})"
-        )
-    return eps[name].load()
-
-
 def registered_backends() -> list[str]:
-    """Return the names of every registered adapter, installed framework or not."""
+    """Return the names of every registered backend, installed framework or not."""
     return sorted(_entry_points())
 
 
 def available_backends() -> list[str]:
-    """Return the registered adapters whose framework is importable here."""
+    """Return the registered backends whose framework is importable here."""
     out = []
-    for name, ep in sorted(_entry_points().items()):
-        framework = _framework_of(ep)
+    for name in sorted(_entry_points()):
+        framework = declaration(name).framework
         if framework is None or importlib.util.find_spec(framework) is not None:
             out.append(name)
     return out
 
 
-def _framework_of(ep: EntryPoint) -> str | None:
-    # The module is tiny and framework-free, so loading it here is cheap and safe.
-    return getattr(ep.load(), "FRAMEWORK", None)
+def declaration(name: str) -> BackendDeclaration:
+    """Return the declaration of the backend called ``name`` (no framework import).
+
+    Raises UnknownBackendError, listing the available backends, for an unknown name.
+    The launcher reads an engine's ``launch_plan`` through it without loading the framework.
+    """
+    if not isinstance(name, str):
+        raise UnknownBackendError(f"backend must be a name such as 'torch', got {name!r}")
+    eps = _entry_points()
+    if name not in eps:
+        raise UnknownBackendError(
+            f"unknown backend {name!r}; available backends: {', '.join(available_backends()) or 'none'}"
+            f" (registered: {', '.join(sorted(eps)) or 'none'})")
+    found = eps[name].load()
+    if not isinstance(found, BackendDeclaration):
+        raise UnknownBackendError(
+            f"the entry point {name!r} = {eps[name].value!r} is not a BackendDeclaration; point it at the "
+            "package's BACKEND, e.g. 'mypkg:BACKEND' (see multigpu.contract.declaration)")
+    return found
 
 
 @lru_cache(maxsize=None)
@@ -63,20 +69,17 @@ def backend(name: str) -> CheckedBackend:
     return checked(require_installed(name).load())
 
 
-def require_installed(name: str) -> ModuleType:
-    """Return the adapter module of ``name`` without importing its framework.
+def require_installed(name: str) -> BackendDeclaration:
+    """Return the declaration of ``name`` after checking that its framework is installed.
 
     Raises UnknownBackendError or BackendNotInstalledError exactly as ``backend`` does.
     """
-    module = adapter_module(name)
-    framework = getattr(module, "FRAMEWORK", None)
-    if framework is not None and importlib.util.find_spec(framework) is None:
-        extra = getattr(module, "EXTRA", name)
+    decl = declaration(name)
+    if decl.framework is not None and importlib.util.find_spec(decl.framework) is None:
         raise BackendNotInstalledError(
-            f"backend {name!r} needs the {framework!r} package, which is not installed; "
-            f"install it with: pip install 'multigpu[{extra}]'"
-        )
-    return module
+            f"backend {name!r} needs the {decl.framework!r} package, which is not installed; "
+            f"install it with: pip install 'multigpu[{decl.extra or name}]'")
+    return decl
 
 
 #: The order ``default_backend`` tries the frameworks in.
@@ -90,14 +93,3 @@ def default_backend() -> str:
     """
     installed = available_backends()
     return next((name for name in PREFERRED if name in installed), "numpy")
-
-
-def adapter_module(name: str) -> ModuleType:
-    """Return the framework-free package of the adapter called ``name`` (no framework import).
-
-    Raises UnknownBackendError for an unknown name. The launcher reads an engine's
-    ``launch_plan`` from it without loading the framework.
-    """
-    if not isinstance(name, str):
-        raise UnknownBackendError(f"backend must be a name such as 'torch', got {name!r}")
-    return _module(name)

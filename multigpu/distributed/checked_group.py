@@ -31,12 +31,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import numpy as np
 
-from multigpu.errors import (
-    CollectiveError,
-    CollectiveMismatchError,
-    InputError,
-    MultigpuError,
-)
+from multigpu.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, InputError, MultigpuError
 
 R = TypeVar("R")
 
@@ -51,6 +46,18 @@ def _describe(op: str, size: int, src: int, seq: Optional[int] = None) -> str:
     if op == "broadcast_":
         text += f" from rank {src}"
     return text if seq is None else f"call #{seq} ({text})"
+
+
+def engine_error(exc: BaseException, context: str) -> CollectiveError:
+    """The one translation of an engine's own exception (Gloo's, NCCL's, ps-lite's ...).
+
+    Engine groups let their framework's exceptions through; this turns one into
+    ``CollectiveTimeoutError`` when its message says it timed out, else ``CollectiveError``,
+    with ``context`` and the message's first line.
+    """
+    text = (str(exc).strip().split("\n") or [""])[0]
+    kind = CollectiveTimeoutError if "timed out" in text.lower() or "timeout" in text.lower() else CollectiveError
+    return kind(f"{context}: {type(exc).__name__}: {text}")
 
 
 class Watchdog:
@@ -121,6 +128,7 @@ class CheckedGroup:
         self._failed: Optional[str] = None
         self._closed = False
         self._watchdog = Watchdog()
+        self._engine_label = getattr(engine, "label", "the engine")
 
     # -- the protocol ----------------------------------------------------
     def allreduce_(self, flat: Any) -> None:
@@ -252,7 +260,6 @@ class CheckedGroup:
             raise
         except Exception as exc:
             self._failed = f"{what}: {type(exc).__name__}"
-            raise CollectiveError(f"{self._where()}: {what} failed in the engine: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+            raise engine_error(exc, f"{self._where()}: {what} failed in {self._engine_label}") from exc
         finally:
             self._watchdog.disarm()

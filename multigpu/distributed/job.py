@@ -11,9 +11,10 @@ from __future__ import annotations
 import socket
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Optional
 
-from multigpu.contract.registry import adapter_module
+from multigpu.checks import check_count, check_positive
+from multigpu.contract.registry import declaration
 from multigpu.errors import InputError
 
 # Variables every rank receives, whatever the engine (read by ``multigpu.distributed.rank``).
@@ -94,25 +95,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def check_job(job: Job) -> Job:
     """Return ``job`` with a port picked and a job id; raise InputError for a bad setting."""
-    def bad(name: str, value: Any, fix: str) -> None:
-        raise InputError(f"{name}={value!r} is not valid; {fix}")
-
-    if isinstance(job.nproc, bool) or not isinstance(job.nproc, int) or job.nproc < 1:
-        bad("nproc", job.nproc, "use a positive integer, e.g. --nproc 2")
-    if isinstance(job.nnodes, bool) or not isinstance(job.nnodes, int) or job.nnodes < 1:
-        bad("nnodes", job.nnodes, "use a positive integer")
-    if not isinstance(job.node_rank, int) or not 0 <= job.node_rank < job.nnodes:
-        bad("node_rank", job.node_rank, f"use 0..{job.nnodes - 1} (one distinct value per node)")
-    if not isinstance(job.master_port, int) or not 0 <= job.master_port < 65536:
-        bad("master_port", job.master_port, "use a TCP port in 1..65535")
+    check_count(job.nproc, "nproc", example="--nproc 2")
+    nnodes = check_count(job.nnodes, "nnodes", example="--nnodes 2")
+    check_count(job.node_rank, "node_rank", minimum=0, maximum=nnodes - 1,
+                example="one distinct value per node")
+    check_count(job.master_port, "master_port", minimum=0, maximum=65535, example="29500 (0 picks a free port)")
     for name in ("timeout", "init_timeout"):
-        value = getattr(job, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            bad(name, value, "use a positive number of seconds, e.g. 60")
-    if job.servers < 1:
-        bad("servers", job.servers, "use at least 1 parameter server per node")
-    module = adapter_module(job.backend)
-    if not hasattr(module, "launch_plan"):
+        check_positive(getattr(job, name), name, unit="seconds", example=60)
+    check_count(job.servers, "servers", example="1 parameter server per node")
+    if not declaration(job.backend).has_engine:
         raise InputError(f"backend {job.backend!r} has no multi-process engine; "
                          "use numpy, torch, paddle or mxnet")
     port = job.master_port

@@ -14,10 +14,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from multigpu.checks import check_positive
 from multigpu.contract.devices import CPUFallbackWarning, DeviceSpec, resolve_devices
 from multigpu.contract.protocol import Device
-from multigpu.contract.registry import adapter_module
 from multigpu.contract.registry import backend as get_backend
+from multigpu.contract.registry import declaration
 from multigpu.distributed.checked_group import CheckedGroup, Watchdog
 from multigpu.distributed.job import (
     DEFAULT_INIT_TIMEOUT,
@@ -56,10 +57,8 @@ def env_seconds(name: str, default: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise InputError(f"{name}={text!r} is not valid; use a positive number of seconds")
-    return value
+        raise InputError(f"{name}={text!r} must be a number of seconds, e.g. 60") from None
+    return check_positive(value, name, unit="seconds", example=60)
 
 
 def local_devices(backend: Any, spec: DeviceSpec) -> list[Device]:
@@ -105,8 +104,8 @@ def init_process_group(backend: Optional[str] = None, device: Optional[Device] =
     if env_backend is not None and name != env_backend:
         raise InputError(f"this rank was launched for backend {env_backend!r} but asks for {name!r}; "
                          f"use --backend {env_backend} (or launch with --backend {name})")
-    module = adapter_module(name)
-    if not hasattr(module, "process_group"):
+    decl = declaration(name)
+    if not decl.has_engine:
         raise InputError(f"backend {name!r} has no multi-process engine; use numpy, torch, paddle or mxnet")
     be = get_backend(name)
     device = Device("cpu", 0) if device is None else device
@@ -120,7 +119,7 @@ def init_process_group(backend: Optional[str] = None, device: Optional[Device] =
         "not every rank reached the rendezvous (check that every node runs the launcher with the same "
         "--nnodes, --master-addr and --master-port, and that the port is reachable)"))
     try:
-        engine = module.process_group(device=device, timeout=timeout, init_timeout=init_timeout)
+        engine = decl.join(device, timeout, init_timeout)
     except CollectiveError:
         raise
     except Exception as exc:

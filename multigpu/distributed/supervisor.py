@@ -30,7 +30,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional, Sequence, TextIO
 
-from multigpu.contract.registry import adapter_module
+from multigpu.contract.registry import declaration
 from multigpu.distributed.job import Job, LaunchPlan, check_job, rank_env
 from multigpu.errors import InputError, RankFailedError
 
@@ -197,7 +197,7 @@ def run(job: Job, command: Sequence[str], env: Optional[dict[str, str]] = None,
     if not command:
         raise InputError("no command for the ranks to run; pass an argv such as [sys.executable, 'script.py']")
     argv = list(command)
-    plan: LaunchPlan = adapter_module(job.backend).launch_plan(job)
+    plan: LaunchPlan = declaration(job.backend).launch_plan(job)
     base = dict(os.environ if env is None else env)
     if job.nproc > 1 and "OMP_NUM_THREADS" not in base:
         # As torchrun does: N ranks on one node share its cores.

@@ -8,13 +8,7 @@ Importing this package loads no framework and not Ray: the Ray engine
 """
 from __future__ import annotations
 
-from multigpu.execution.plan import (
-           ExecutionPlan,
-           Stage,
-           check_plan,
-           read_plan,
-           split_stages,
-)
+from multigpu.execution.plan import ExecutionPlan, Stage, check_plan, read_plan, split_stages
 from multigpu.execution.profiler import ProfileResult, fit_link, profile
 from multigpu.execution.result import Prediction, RunResult, predict
 from multigpu.execution.runner import Session, run_partitioned

@@ -31,13 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from multigpu.errors import (
-    MissingDependencyError,
-    MultigpuError,
-    PlanError,
-    WorkerDiedError,
-    WorkerTimeoutError,
-)
+from multigpu.errors import MissingDependencyError, MultigpuError, PlanError, WorkerDiedError, WorkerTimeoutError
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.worker import StageWorker, thread_env
 from multigpu.partition.cluster import DeviceSpec

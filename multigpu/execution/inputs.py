@@ -10,6 +10,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from multigpu.checks import check_count
 from multigpu.errors import CheckpointError, InputError, ParamsError
 from multigpu.training.checkpoint import FILENAME, load_checkpoint
 
@@ -57,8 +58,7 @@ def load_images(spec: str, model: Any, data_dir: Optional[Union[str, "os.PathLik
 
 def random_inputs(model: Any, count: int, seed: int = 0) -> Images:
     """``count`` uniform random inputs in [0, 1) of the model's input shape."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise InputError(f"--random {count!r} must be a whole number >= 1")
+    check_count(count, "--random", example=8)
     rng = np.random.default_rng(seed)
     return Images(rng.random((count, *model.input_shape), dtype=np.float32), None, None,
                   f"{count} random inputs (seed {seed})")

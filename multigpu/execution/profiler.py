@@ -35,15 +35,11 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from multigpu.checks import check_count
 from multigpu.data.files import atomic_write
 from multigpu.errors import InputError, PlanError
 from multigpu.execution.cores import usable_cores
-from multigpu.execution.layer_timing import (
-    LayerProfile,
-    PassProfile,
-    probe_layers,
-    time_devices,
-)
+from multigpu.execution.layer_timing import LayerProfile, PassProfile, probe_layers, time_devices
 from multigpu.execution.link_fitting import (
     PROBE_WORK,
     HopVsBare,
@@ -56,12 +52,7 @@ from multigpu.execution.link_fitting import (
 )
 from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.runner import ENGINES, resolve_model
-from multigpu.execution.transfer_cpu import (
-    TransferCpuFit,
-    cpu_sizes,
-    fit_transfer_cpu,
-    time_transfer_cpu,
-)
+from multigpu.execution.transfer_cpu import TransferCpuFit, cpu_sizes, fit_transfer_cpu, time_transfer_cpu
 from multigpu.partition.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec
 from multigpu.partition.graph import graph_from_model
 
@@ -219,8 +210,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         raise InputError("profile needs at least one model")
     for name, value, low in (("batch", batch, 1), ("repeats", repeats, 1), ("warmup", warmup, 0),
                              ("link_repeats", link_repeats, 3), ("cpu_items", cpu_items, 10)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InputError(f"{name}={value!r} must be a whole number >= {low}")
+        check_count(value, name, minimum=low)
     if engine not in ENGINES:
         raise PlanError(f"engine={engine!r} is unknown; choose one of {', '.join(ENGINES)}")
     if cluster is not None:

@@ -9,10 +9,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from multigpu import models
+from multigpu.checks import check_count, check_positive
 from multigpu.contract import registry
-from multigpu.errors import InputError, PlanError
+from multigpu.errors import PlanError
 from multigpu.execution.plan import ExecutionPlan, PlanLike, check_plan, worker_params
 from multigpu.execution.result import RunResult, try_predict
+from multigpu.models.inputs import check_images
 from multigpu.partition.cluster import Cluster, load_cluster
 
 __all__ = ["Session", "run_partitioned", "resolve_model", "resolve_cluster", "split_inputs"]
@@ -38,19 +40,8 @@ def resolve_cluster(cluster: Union[Cluster, str, "os.PathLike[str]"]) -> Cluster
 def split_inputs(model: Any, inputs: Any, batch: int) -> list[np.ndarray]:
     """Cut ``inputs`` (N, *input_shape) into items of ``batch`` rows (the last may be
     shorter); InputError on a wrong shape or dtype."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise InputError(f"batch={batch!r} must be a positive integer")
-    x = np.asarray(inputs)
-    if x.ndim != len(model.input_shape) + 1 or tuple(x.shape[1:]) != tuple(model.input_shape):
-        raise InputError(f"inputs have shape {x.shape}; {model.name} takes (N, "
-                         f"{', '.join(map(str, model.input_shape))}) with N >= 1")
-    if len(x) == 0:
-        raise InputError("inputs are empty; pass at least one input")
-    if not np.issubdtype(x.dtype, np.floating):
-        raise InputError(f"inputs have dtype {x.dtype}; pass float32 images")
-    if not np.all(np.isfinite(x)):
-        raise InputError("inputs contain NaN or infinity")
-    x = x.astype(np.float32, copy=False)
+    check_count(batch, "batch", example=32)
+    x = check_images(model, inputs, "inputs")
     return [np.ascontiguousarray(x[i:i + batch]) for i in range(0, len(x), batch)]
 
 
@@ -85,10 +76,9 @@ def _prepare(model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs
     items = split_inputs(model, inputs, batch)
     if engine not in ENGINES:
         raise PlanError(f"engine={engine!r} is unknown; choose one of {', '.join(ENGINES)}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise InputError(f"warmup={warmup!r} must be a whole number >= 0")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise InputError(f"window={window!r} must be a whole number >= 1")
+    check_count(warmup, "warmup", minimum=0)
+    if window is not None:
+        check_count(window, "window", example=4)
     prediction, why = try_predict(xplan, batch)   # a bad layer_times entry fails here, before Ray
     if local:
         check_installed(xplan)
@@ -97,8 +87,7 @@ def _prepare(model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs
 
 def _check_timeouts(timeout: float, startup_timeout: float) -> None:
     for name, value in (("timeout", timeout), ("startup_timeout", startup_timeout)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise InputError(f"{name}={value!r} must be a number of seconds > 0")
+        check_positive(value, name, unit="seconds", example=60)
 
 
 class Session:
@@ -136,9 +125,7 @@ class Session:
     def __enter__(self) -> "Session":
         from contextlib import ExitStack
 
-        from multigpu.execution import (
-            engine as ray_engine,  # the one place Ray is imported
-        )
+        from multigpu.execution import engine as ray_engine  # the one place Ray is imported
 
         driver = self.cluster.devices[self.cluster.source_index]
         t0 = time.perf_counter()

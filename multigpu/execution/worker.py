@@ -91,7 +91,7 @@ class StageWorker:
         from multigpu.contract import registry
 
         try:
-            framework = getattr(registry.adapter_module(self.backend_name), "FRAMEWORK", None)
+            framework = registry.declaration(self.backend_name).framework
         except Exception:
             return False  # setup's registry.backend call raises the precise error
         return framework is not None and framework in sys.modules

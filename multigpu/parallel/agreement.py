@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
+from multigpu.checks import check_count
 from multigpu.contract.devices import CPUFallbackWarning
-from multigpu.errors import InputError
 from multigpu.models.sequential import Sequential
 from multigpu.parallel.data_parallel import DataParallel
 
@@ -42,13 +42,6 @@ def random_batches(model: Sequential, steps: int, batch: int, seed: int = 0) -> 
              rng.integers(0, model.num_classes, batch)) for _ in range(steps)]
 
 
-def check_counts(**counts: Any) -> None:
-    """Raise InputError naming the first of ``counts`` that is not a positive integer."""
-    for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{name}={value!r} must be a positive integer")
-
-
 def agreement(model: Sequential, backends: Sequence[str], steps: int = 10, batch: int = 32,
               devices: object = 2, lr: float = 0.2, seed: int = 0,
               allreduce: str = "fused", reference: str = "numpy",
@@ -57,7 +50,8 @@ def agreement(model: Sequential, backends: Sequence[str], steps: int = 10, batch
 
     Raises InputError for fewer than one step or an empty batch.
     """
-    check_counts(steps=steps, batch=batch)
+    check_count(steps, "steps", example=10)
+    check_count(batch, "batch", example=32)
     start = model.init_params(seed) if params is None else list(params)
     batches = random_batches(model, steps, batch, seed)
     # The reference always uses the textbook's naive allreduce: it may offer no native one,

@@ -8,16 +8,17 @@ reduced in-process.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from multigpu.checks import check_count, check_positive
 from multigpu.contract.devices import DeviceSpec, resolve_devices
 from multigpu.contract.protocol import Device
 from multigpu.contract.registry import backend as get_backend
 from multigpu.distributed.rank import allreduce_numpy
-from multigpu.errors import DeviceError, InputError, ModelError
+from multigpu.errors import DeviceError, ModelError
+from multigpu.models.inputs import check_batch, check_images
 from multigpu.models.sequential import Sequential
 from multigpu.parallel.allreduce import (
     allreduce_flat,
@@ -28,42 +29,6 @@ from multigpu.parallel.allreduce import (
 )
 from multigpu.parallel.process_group import ProcessGroup
 from multigpu.parallel.split import shard_sizes, split_batch
-
-
-def check_images(model: Sequential, X: Any) -> np.ndarray:
-    """Return ``X`` as a float32 array; raise InputError naming what is wrong.
-
-    Finiteness is checked after the cast, so a float64 value beyond float32's range
-    (which the cast turns into infinity) is refused too.
-    """
-    X = np.asarray(X)
-    want = model.input_shape
-    if X.ndim != len(want) + 1 or tuple(X.shape[1:]) != want:
-        raise InputError(f"X has shape {X.shape}; {model.name} needs (batch, {', '.join(map(str, want))})")
-    if len(X) == 0:
-        raise InputError("the batch is empty; pass at least one example per device")
-    if not np.issubdtype(X.dtype, np.floating):
-        raise InputError(f"X has dtype {X.dtype}; pass floating-point images (float32), e.g. X.astype('float32') / 255")
-    with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
-        X = X.astype(np.float32, copy=False)
-    if not np.isfinite(X).all():
-        raise InputError("X contains NaN or infinity, or values beyond float32's range (|x| > 3.4e38)")
-    return X
-
-
-def check_batch(model: Sequential, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(X, y)`` as float32/int64 arrays; raise InputError naming what is wrong."""
-    X = check_images(model, X)
-    y = np.asarray(y)
-    if y.shape != (len(X),):
-        raise InputError(f"y has shape {y.shape}; it must be ({len(X)},), one integer label per row of X")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise InputError(f"y has dtype {y.dtype}; labels must be integers")
-    classes = model.num_classes
-    bad = (y < 0) | (y >= classes)
-    if bad.any():
-        raise InputError(f"label {int(y[bad][0])} is out of range; {model.name} has classes 0..{classes - 1}")
-    return X, y.astype(np.int64, copy=False)
 
 
 class DataParallel:
@@ -104,9 +69,7 @@ class DataParallel:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise InputError(f"lr={value!r} must be a positive finite number, e.g. 0.2")
-        self._lr = float(value)
+        self._lr = check_positive(value, "lr", example=0.2)
 
     @property
     def rank(self) -> int:
@@ -214,7 +177,7 @@ class DataParallel:
         is not a positive integer.
         """
         X = check_images(self.model, X)
-        _check_batch_size(batch_size)
+        check_count(batch_size, "batch_size", example=1024)
         b, n = self.backend, len(self.devices)
         out = np.empty(len(X), np.int64)
         step = batch_size * n
@@ -239,14 +202,10 @@ class DataParallel:
         ranks, so every rank returns the same accuracy.
         """
         X, y = check_batch(self.model, X, y)
-        _check_batch_size(batch_size)
+        check_count(batch_size, "batch_size", example=1024)
         if self.process_group is None:
             return float((self.predict(X, batch_size) == y).mean())
         xs, ys = split_batch(X, y, self.world_size)[self.rank]
         correct = np.array([(self.predict(xs, batch_size) == ys).sum()], np.float32)
         return float(allreduce_numpy(self.process_group, self.backend, correct)[0]) / len(X)
 
-
-def _check_batch_size(batch_size: Any) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise InputError(f"batch_size={batch_size!r} must be a positive integer, e.g. 1024")

@@ -40,8 +40,10 @@ class ProcessGroup(Protocol[T]):
 
     * a collective returns only when its result can be read, so a dead or stuck peer
       is noticed inside the call that waits for it, not at a later read;
-    * an engine failure raises ``multigpu.errors.CollectiveError`` (an engine timeout
-      ``CollectiveTimeoutError``) carrying the engine's message;
+    * an engine failure raises the engine's own exception, untranslated: the checked
+      group turns it into ``CollectiveError`` (``CollectiveTimeoutError`` when it says
+      it timed out) in one place, naming the rank, the call and the engine's ``label``
+      (an optional attribute such as ``"torch.distributed (gloo)"``);
     * ``timeout`` (seconds) is passed to the engine where it takes one; the core
       enforces it for every engine;
     * optionally ``allreduce_async_(flat)`` starts the same sum and returns a function

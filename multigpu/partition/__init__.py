@@ -10,30 +10,10 @@ loaded on the first MILP solve.
 from __future__ import annotations
 
 from multigpu.partition.baselines import BASELINES, BaselineResult, baselines
-from multigpu.partition.cluster import (
-    Cluster,
-    DeviceSpec,
-    Link,
-    LinkSpec,
-    LinkTables,
-    load_cluster,
-    shipped_clusters,
-)
+from multigpu.partition.cluster import Cluster, DeviceSpec, Link, LinkSpec, LinkTables, load_cluster, shipped_clusters
 from multigpu.partition.constraints import Constraints
-from multigpu.partition.costmodel import (
-    Breakdown,
-    DeviceCost,
-    LayerCost,
-    LinkCost,
-    MatrixForm,
-    evaluate,
-)
-from multigpu.partition.exceptions import (
-    ClusterError,
-    InfeasibleError,
-    PartitionInputError,
-    UnusableLinkError,
-)
+from multigpu.partition.costmodel import Breakdown, DeviceCost, LayerCost, LinkCost, MatrixForm, evaluate
+from multigpu.partition.exceptions import ClusterError, InfeasibleError, PartitionInputError, UnusableLinkError
 from multigpu.partition.graph import Graph, LayerSpec, graph_from_model, load_graph
 from multigpu.partition.planner import OBJECTIVES, Plan, Stage, autopartition
 from multigpu.partition.report import format_report

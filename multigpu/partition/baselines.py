@@ -21,13 +21,7 @@ import numpy as np
 
 from multigpu.partition.cluster import Cluster
 from multigpu.partition.constraints import Constraints
-from multigpu.partition.costmodel import (
-    Breakdown,
-    CostTables,
-    check_weights,
-    evaluate,
-    memory_use,
-)
+from multigpu.partition.costmodel import Breakdown, CostTables, check_weights, evaluate, memory_use
 from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.graph import Graph
 

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from multigpu.checks import check_count
 from multigpu.partition.exceptions import ClusterError
 from multigpu.partition.hosts import (
     HostSpec,
@@ -106,9 +107,8 @@ class DeviceSpec:
                                    f"write \"cpu\" or \"gpu:0\" (a GPU index)")
             object.__setattr__(self, "device", self.device.strip().lower().replace("cuda", "gpu"))
         if self.threads is not None:
-            if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
-                raise ClusterError(f"{what}: threads={self.threads!r} must be a whole number >= 1 "
-                                   f"(math threads of the worker process)")
+            check_count(self.threads, f"{what}: threads", example="1 (math threads of the worker process)",
+                        error=ClusterError)
         if self.resources is not None:
             object.__setattr__(self, "resources", _check_resources(self.resources, what))
         if self.layer_times is not None:

@@ -14,11 +14,7 @@ from typing import Any, Collection, Mapping, Optional, Union
 import numpy as np
 
 from multigpu.partition.cluster import Cluster
-from multigpu.partition.exceptions import (
-    ClusterError,
-    InfeasibleError,
-    PartitionInputError,
-)
+from multigpu.partition.exceptions import ClusterError, InfeasibleError, PartitionInputError
 from multigpu.partition.graph import Graph
 from multigpu.partition.validate import check_number
 

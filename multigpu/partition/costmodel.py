@@ -40,12 +40,9 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from multigpu.checks import check_number
 from multigpu.partition.cluster import Cluster
-from multigpu.partition.exceptions import (
-    ClusterError,
-    PartitionInputError,
-    UnusableLinkError,
-)
+from multigpu.partition.exceptions import ClusterError, PartitionInputError, UnusableLinkError
 from multigpu.partition.graph import Graph
 
 __all__ = ["Breakdown", "CostTables", "DeviceCost", "HostCost", "LayerCost", "LinkCost", "MatrixForm",
@@ -57,15 +54,9 @@ AssignmentLike = Sequence[Union[str, int]]
 
 def check_weights(wt: Any, we: Any) -> tuple[float, float]:
     """Return (wt, we) as floats; PartitionInputError unless both are finite, >= 0 and not both 0."""
-    out = []
-    for label, v in (("wt", wt), ("we", we)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
-            raise PartitionInputError(f"{label}={v!r} must be a number (the weight of "
-                                      f"{'time' if label == 'wt' else 'energy'} in the cost)")
-        f = float(v)
-        if not math.isfinite(f) or f < 0:
-            raise PartitionInputError(f"{label}={v!r} must be a finite number >= 0")
-        out.append(f)
+    out = [check_number(v, label, minimum=0.0, example=f"1 (the weight of {kind} in the cost)",
+                        error=PartitionInputError)
+           for label, v, kind in (("wt", wt, "time"), ("we", we, "energy"))]
     if out[0] == 0 and out[1] == 0:
         raise PartitionInputError("wt=0 and we=0 make every assignment cost 0; give wt > 0 "
                                   "(weight of time, seconds) or we > 0 (weight of energy, joules)")

@@ -13,6 +13,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from multigpu.checks import check_count
 from multigpu.partition.cluster import read_structured_file
 from multigpu.partition.exceptions import ClusterError
 from multigpu.partition.validate import check_keys, check_name, check_number
@@ -151,9 +152,7 @@ class Graph:
 
 def graph_from_model(model: Any, batch: int = 1) -> Graph:
     """The layer graph of a ``Sequential`` for ``batch`` examples (from ``layer_stats``)."""
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-        raise ClusterError(f"batch={batch!r} must be a positive integer")
-    stats = model.layer_stats(int(batch))
+    stats = model.layer_stats(check_count(batch, "batch", error=ClusterError))
     layers = tuple(LayerSpec(name=s.name, flops=s.flops, param_bytes=s.param_bytes,
                              output_bytes=s.output_bytes) for s in stats)
     name = getattr(model, "name", "model")
@@ -168,9 +167,7 @@ def load_graph(path: Union[str, "os.PathLike[str]"], batch: int = 1) -> Graph:
     ``./alexnet`` to force the file. ``batch`` only applies to built-in models.
     Raises ClusterError for a missing or malformed file and any bad key or value.
     """
-    from multigpu import (
-        models,  # local: models pulls in the layer specs only when needed
-    )
+    from multigpu import models  # local: models pulls in the layer specs only when needed
 
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     if text is None:

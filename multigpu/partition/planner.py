@@ -32,21 +32,11 @@ from multigpu.partition.costmodel import (
     evaluate,
     memory_use,
 )
-from multigpu.partition.diagnose import (
-    explain_coupled,
-    explain_unreachable,
-    layer_candidates,
-)
+from multigpu.partition.diagnose import explain_coupled, explain_unreachable, layer_candidates
 from multigpu.partition.dp import solve_chain
 from multigpu.partition.exceptions import PartitionInputError
 from multigpu.partition.graph import Graph
-from multigpu.partition.lagrange import (
-    cost_if_feasible,
-    fixings,
-    lower_bound,
-    penalise,
-    repair,
-)
+from multigpu.partition.lagrange import cost_if_feasible, fixings, lower_bound, penalise, repair
 from multigpu.partition.milp import build_model, relax, solve_milp
 from multigpu.partition.throughput import solve_throughput
 

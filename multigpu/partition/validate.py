@@ -1,41 +1,23 @@
-"""Checks shared by the cluster and graph readers: numbers and key sets.
+"""Checks shared by the cluster and graph readers: names, key sets, and numbers through
+``multigpu.checks``.
 
 Every check raises ``ClusterError`` (or the class given) with a message that names
 the offending value and says how to fix it.
 """
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any, Collection, Mapping
 
+from multigpu import checks
 from multigpu.partition.exceptions import ClusterError
 
 
-def check_number(value: Any, what: str, *, minimum: float = 0.0, strict: bool = False,
-                 unit: str = "", error: type[Exception] = ClusterError) -> float:
-    """Return ``value`` as a finite float that is ``> minimum`` (``strict``) or ``>= minimum``.
-
-    ``what`` names the value in the message (e.g. "device 'pi1': flops").
-    """
-    # bool is an int subclass in Python; "flops": true is a typo, not 1 FLOP/s.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise error(f"{what} must be a number{_unit(unit)}, got {value!r} "
-                    f"({type(value).__name__}); write it as a plain number such as 1e9")
-    v = float(value)
-    if math.isnan(v):
-        raise error(f"{what} is NaN; give a real number{_unit(unit)}")
-    if math.isinf(v):
-        raise error(f"{what} is {v}; give a finite number{_unit(unit)}")
-    if strict and v <= minimum:
-        raise error(f"{what} = {value!r} must be greater than {minimum:g}{_unit(unit)}")
-    if not strict and v < minimum:
-        raise error(f"{what} = {value!r} must be at least {minimum:g}{_unit(unit)}")
-    return v
-
-
-def _unit(unit: str) -> str:
-    return f" (in {unit})" if unit else ""
+def check_number(value: Any, what: str, **limits: Any) -> float:
+    """``multigpu.checks.check_number`` for a value read from a file: at least 0 unless told
+    otherwise, and ``ClusterError`` unless another class is given."""
+    limits.setdefault("minimum", 0.0)
+    limits.setdefault("error", ClusterError)
+    return checks.check_number(value, what, **limits)
 
 
 def check_name(value: Any, what: str, error: type[Exception] = ClusterError) -> str:

@@ -17,15 +17,10 @@ from typing import Any, Optional
 
 import numpy as np
 
+from multigpu.checks import check_count
 from multigpu.contract.registry import backend as get_backend
 from multigpu.distributed.job import DEFAULT_TIMEOUT, ENV_TIMEOUT, Job
-from multigpu.distributed.rank import (
-    broadcast_json,
-    env_seconds,
-    init_process_group,
-    launched,
-    local_devices,
-)
+from multigpu.distributed.rank import broadcast_json, env_seconds, init_process_group, launched, local_devices
 from multigpu.distributed.supervisor import run as run_job
 from multigpu.errors import CollectiveError, InputError, RankFailedError
 
@@ -36,8 +31,7 @@ def train_processes(processes: int, kwargs: dict[str, Any]) -> Any:
     Raises the ranks' own error when one failed on its own (e.g. InputError), else
     RankFailedError naming the rank; InputError when ``kwargs`` cannot be pickled.
     """
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise InputError(f"processes={processes!r} is not valid; use a positive integer")
+    check_count(processes, "processes", example=2)
     if launched():
         raise InputError("processes=N starts its own job, but this process is already a rank of one; "
                          "call train() without processes inside a launched job")

@@ -13,15 +13,12 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from multigpu import models
+from multigpu.checks import check_count, check_number, check_positive
 from multigpu.contract.devices import CPUFallbackWarning
 from multigpu.data.files import atomic_write, check_writable, check_writable_dir
 from multigpu.distributed.rank import launched, launched_rank
-from multigpu.errors import (
-    CheckpointError,
-    InputError,
-    ParamsError,
-    TrainingDivergedError,
-)
+from multigpu.errors import CheckpointError, InputError, ModelError, ParamsError, TrainingDivergedError
+from multigpu.models.sequential import Sequential
 from multigpu.parallel.data_parallel import DataParallel
 from multigpu.parallel.process_group import ProcessGroup
 from multigpu.training.checkpoint import load_checkpoint, save_checkpoint
@@ -92,17 +89,33 @@ def _batches(n: int, batch_size: int, parts: int, rng: np.random.Generator) -> l
     return chunks
 
 
-def _check(name: str, value: Any, ok: bool, fix: str) -> None:
-    if not ok:
-        raise InputError(f"{name}={value!r} is not valid; {fix}")
+def resolve_model(model: Union[str, Sequential]) -> Sequential:
+    """Return the model to train: a built-in one by name, or the model object itself.
+
+    Raises ModelError for an unknown name or an object that is not a multigpu model.
+    """
+    if isinstance(model, str):
+        return models.get(model)
+    if isinstance(model, Sequential):
+        return model
+    raise ModelError(f"model={model!r} is neither a built-in model name ({', '.join(sorted(models.MODELS))}) "
+                     "nor a multigpu model; pass a name or e.g. multigpu.Sequential([...], input_shape=(1, 28, 28))")
 
 
-def _real(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+def _check_fits(net: Sequential, data: Any) -> None:
+    """Raise ModelError unless ``net`` takes the data's images and has a class per label."""
+    image = tuple(data.train_images.shape[1:])
+    if net.input_shape != image:
+        raise ModelError(f"model {net.name!r} takes inputs of shape {net.input_shape} but the images are {image}; "
+                         f"build it with input_shape={image}")
+    classes = int(max(data.train_labels.max(), data.test_labels.max())) + 1
+    if net.num_classes < classes:
+        raise ModelError(f"model {net.name!r} has {net.num_classes} outputs but the labels run to {classes - 1}; "
+                         f"end it with Dense(out_features={classes})")
 
 
 def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int = 256, lr: float = 0.2,
-          num_epochs: int = 10, model: str = "lenet", allreduce: str = "fused",
+          num_epochs: int = 10, model: Union[str, Sequential] = "lenet", allreduce: str = "fused",
           data_dir: Optional[Union[str, os.PathLike[str]]] = None, seed: int = 0, progress: bool = True,
           plot: Optional[Union[str, os.PathLike[str]]] = None,
           checkpoint: Optional[Union[str, os.PathLike[str]]] = None, *, scale_batch: bool = False,
@@ -140,15 +153,18 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     if processes != 1:
         args = {k: v for k, v in locals().items() if k != "processes"}  # the arguments, nothing else yet
         return train_processes(processes, args)
-    _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "use a positive integer")
-    _check("num_epochs", num_epochs, isinstance(num_epochs, int) and num_epochs >= 1, "use a positive integer")
-    _check("lr", lr, _real(lr) and lr > 0, "use a positive finite number, e.g. 0.2")
-    _check("lr_scaling", lr_scaling, lr_scaling in LR_SCALINGS, "use None or 'linear'")
-    _check("warmup_epochs", warmup_epochs, _real(warmup_epochs) and warmup_epochs >= 0, "use a number >= 0")
+    check_count(batch_size, "batch_size", example=256)
+    check_count(num_epochs, "num_epochs", example=10)
+    check_positive(lr, "lr", example=0.2)
+    if lr_scaling not in LR_SCALINGS:
+        raise InputError(f"lr_scaling={lr_scaling!r} is unknown; use None or 'linear'")
+    check_number(warmup_epochs, "warmup_epochs", minimum=0.0, example=1.0)
     if warmup_epochs and lr_scaling is None:
         raise InputError("warmup_epochs only applies with lr_scaling='linear'; set both or neither")
     for name, limit in (("train_limit", train_limit), ("test_limit", test_limit)):
-        _check(name, limit, limit is None or (isinstance(limit, int) and limit >= 1), "use a positive integer")
+        if limit is not None:
+            check_count(limit, name, example=1000)
+    net = resolve_model(model)
     writer = (process_group.rank if process_group is not None else launched_rank()) == 0  # writes files
     if plot is not None:  # fail before training, not after ten epochs
         require_matplotlib()
@@ -157,7 +173,6 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     saved = None
     if checkpoint is not None and writer:  # only rank 0 reads and writes the folder
         saved = load_checkpoint(check_writable_dir(checkpoint, "checkpoint"))
-    net = models.get(model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CPUFallbackWarning)
         group, devices, joined = process_group, num_gpus, False
@@ -175,19 +190,21 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
             warnings.warn(w.message, stacklevel=2)  # keep it visible to callers that filter warnings
     n_dev = len(tr.devices) * world  # every device of the job
     global_batch = batch_size * n_dev if scale_batch else batch_size
-    _check("batch_size", global_batch, global_batch >= n_dev, f"use at least {n_dev}, one row per device")
+    check_count(global_batch, "batch_size", minimum=n_dev, example=f"{n_dev} (one row per device)")
     if data is None:
         from multigpu.data import load_fashion_mnist
 
         data = load_fashion_mnist(data_dir, progress=progress, verify=verify_data)
+    _check_fits(net, data)
     Xtr, ytr, Xte, yte = data.train_images, data.train_labels, data.test_images, data.test_labels
     Xtr, ytr = Xtr[:train_limit], ytr[:train_limit]
     Xte, yte = Xte[:test_limit], yte[:test_limit]
 
-    result = TrainResult(backend=tr.backend.name, devices=[str(d) for d in tr.devices], model=model,
+    result = TrainResult(backend=tr.backend.name, devices=[str(d) for d in tr.devices], model=net.name,
                          batch_size=global_batch, lr=lr, allreduce=allreduce, seed=seed,
                          processes=world, rank=rank)
-    config = {"backend": result.backend, "devices": result.devices, "model": model, "batch_size": global_batch,
+    config = {"backend": result.backend, "devices": result.devices, "model": net.name,
+              "param_shapes": [list(shape) for shape in net.param_shapes], "batch_size": global_batch,
               "lr": lr, "allreduce": allreduce, "seed": seed, "lr_scaling": lr_scaling,
               "warmup_epochs": warmup_epochs, "train_size": len(Xtr), "test_size": len(Xte)}
     if world > 1:
@@ -256,7 +273,7 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     if joined:
         tr.process_group.close()
     if plot is not None and rank == 0:
-        plot_curves([result], plot, title=f"{model} on Fashion-MNIST, {result.backend}")
+        plot_curves([result], plot, title=f"{net.name} on Fashion-MNIST, {result.backend}")
     return result
 
 

@@ -8,10 +8,11 @@ import sys
 from typing import Any
 
 from multigpu import models
+from multigpu.checks import check_count
 from multigpu.contract.registry import available_backends, backend, registered_backends
 from multigpu.data.files import atomic_write, check_writable
 from multigpu.errors import InputError, MultigpuError
-from multigpu.parallel.agreement import agreement, check_counts
+from multigpu.parallel.agreement import agreement
 from multigpu.parallel.allreduce import ALGORITHMS
 
 
@@ -38,7 +39,8 @@ def _devices(text: str) -> object:
 
 def run(args: argparse.Namespace) -> int:
     """Print the backend/device list and the agreement table; return 1 on disagreement."""
-    check_counts(steps=args.steps, batch=args.batch)  # before any output, not after the listing
+    check_count(args.steps, "--steps", example=10)  # before any output, not after the listing
+    check_count(args.batch, "--batch", example=32)
     if not (args.tol >= 0 and math.isfinite(args.tol)):
         raise InputError(f"--tol {args.tol} must be a finite number >= 0, e.g. 1e-5")
     if args.json_path is not None:

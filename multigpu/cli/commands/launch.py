@@ -6,12 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from multigpu.distributed.job import (
-    DEFAULT_INIT_TIMEOUT,
-    DEFAULT_MULTI_HOST_PORT,
-    DEFAULT_TIMEOUT,
-    Job,
-)
+from multigpu.distributed.job import DEFAULT_INIT_TIMEOUT, DEFAULT_MULTI_HOST_PORT, DEFAULT_TIMEOUT, Job
 from multigpu.distributed.supervisor import run as run_job
 from multigpu.errors import InputError
 

@@ -90,14 +90,7 @@ def _json_number(x: float) -> Optional[float]:
 def run(args: argparse.Namespace) -> int:
     """Plan the placement and print the report (or JSON); return 0 or raise (``multigpu.cli`` maps
     InfeasibleError and SolverError to exit 1, bad input to exit 2)."""
-    from multigpu.partition import (
-        Constraints,
-        autopartition,
-        baselines,
-        format_report,
-        load_cluster,
-        load_graph,
-    )
+    from multigpu.partition import Constraints, autopartition, baselines, format_report, load_cluster, load_graph
     from multigpu.partition.report import baseline_gap
 
     graph = load_graph(args.graph, batch=args.batch)

@@ -4,16 +4,6 @@ The conformance suite puts this folder on ``sys.path``; ``importlib.metadata`` t
 finds the distribution and ``multigpu.backend("lenient")`` loads it like any
 installed adapter, without a line of multigpu knowing its name.
 """
-from __future__ import annotations
+from multigpu.contract.declaration import BackendDeclaration
 
-from typing import Any
-
-FRAMEWORK = None  # needs numpy only
-EXTRA = None
-
-
-def load() -> Any:
-    """Return the adapter."""
-    from .adapter import LenientBackend
-
-    return LenientBackend()
+BACKEND = BackendDeclaration(name="lenient", adapter="mgpu_lenient.adapter:LenientBackend")  # numpy only, no engine

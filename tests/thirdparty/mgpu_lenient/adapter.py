@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from multigpu.backends.numpy.adapter import NumpyBackend, Var
 
+from multigpu.backends.numpy.adapter import NumpyBackend, Var
 from multigpu.contract.protocol import Device
 
 

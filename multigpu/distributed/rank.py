@@ -32,6 +32,7 @@ from multigpu.distributed.job import (
     ENV_TIMEOUT,
 )
 from multigpu.errors import CollectiveError, InputError
+from multigpu.parallel.process_group import allreduce_numpy
 
 
 def launched() -> bool:
@@ -133,13 +134,6 @@ def init_process_group(backend: Optional[str] = None, device: Optional[Device] =
     group.barrier()
     group.timeout = timeout
     return group
-
-
-def allreduce_numpy(group: Any, backend: Any, values: np.ndarray) -> np.ndarray:
-    """Return the sum over ranks of the float32 vector ``values`` (exact for integers below 2**24)."""
-    t = backend.from_numpy(np.asarray(values, np.float32).reshape(-1), group.device)
-    group.allreduce_(t)
-    return backend.to_numpy(t)
 
 
 def broadcast_json(group: Any, backend: Any, obj: Any = None, src: int = 0) -> Any:

@@ -16,7 +16,6 @@ from multigpu.checks import check_count, check_positive
 from multigpu.contract.devices import DeviceSpec, resolve_devices
 from multigpu.contract.protocol import Device
 from multigpu.contract.registry import backend as get_backend
-from multigpu.distributed.rank import allreduce_numpy
 from multigpu.errors import DeviceError, ModelError
 from multigpu.models.inputs import check_batch, check_images
 from multigpu.models.sequential import Sequential
@@ -27,7 +26,7 @@ from multigpu.parallel.allreduce import (
     reduce_to_first,
     views_per_buffer,
 )
-from multigpu.parallel.process_group import ProcessGroup
+from multigpu.parallel.process_group import ProcessGroup, allreduce_numpy
 from multigpu.parallel.split import shard_sizes, split_batch
 
 

@@ -21,7 +21,9 @@ Two layers implement this protocol:
 """
 from __future__ import annotations
 
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
 
 from multigpu.contract.protocol import Device
 
@@ -67,3 +69,10 @@ class ProcessGroup(Protocol[T]):
 
     def close(self) -> None:
         """Leave the group and release the engine; the group is unusable afterwards."""
+
+
+def allreduce_numpy(group: Any, backend: Any, values: np.ndarray) -> np.ndarray:
+    """Return the sum over ranks of the float32 vector ``values`` (exact for integers below 2**24)."""
+    t = backend.from_numpy(np.asarray(values, np.float32).reshape(-1), group.device)
+    group.allreduce_(t)
+    return backend.to_numpy(t)

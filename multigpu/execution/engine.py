@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import shutil
 import socket
+import tempfile
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -68,12 +72,37 @@ Link = tuple[str, int]  # (device, stage id on that device's worker)
 
 class RaySession:
     """Start a local Ray instance, join one (``address``), or reuse the one already
-    initialised in this process; on exit shut down only what this session started."""
+    initialised in this process; on exit shut down only what this session started.
+
+    A local instance listens on loopback only and uses token authentication with a
+    fresh token in a private folder (``private_token``): nobody else on the network can
+    reach it, and no other process on the machine can join it without reading that file.
+    Joining a cluster uses the token the environment gives (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) with ``RAY_AUTH_MODE=token``.
+    """
 
     def __init__(self, address: Optional[str] = None, num_cpus: Optional[int] = None):
         self.address = address
         self.num_cpus = num_cpus
         self.started = False
+        self._saved_env: dict[str, Optional[str]] = {}
+        self._token_dir: Optional[str] = None
+
+    def _set_env(self, **values: str) -> None:
+        for k, v in values.items():
+            self._saved_env.setdefault(k, os.environ.get(k))
+            os.environ[k] = v
+
+    def _restore_env(self) -> None:
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self._saved_env = {}
+        if self._token_dir is not None:
+            shutil.rmtree(self._token_dir, ignore_errors=True)
+            self._token_dir = None
 
     def __enter__(self) -> "RaySession":
         if not ray.is_initialized():
@@ -82,18 +111,31 @@ class RaySession:
             if self.address is None:
                 kwargs["num_cpus"] = self.num_cpus or os.cpu_count() or 1
                 kwargs["_system_config"] = LOCAL_SYSTEM_CONFIG
+                self._token_dir, token = private_token()
+                # Ray's processes (raylet, gcs_server, workers) inherit these from this one.
+                self._set_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
+            elif "RAY_AUTH_MODE" not in os.environ:
+                self._set_env(RAY_AUTH_MODE="token")
+            _reload_auth()
             try:
-                ray.init(address=self.address, **kwargs)
+                with _loopback_only(self.address is None):
+                    ray.init(address=self.address, **kwargs)
             except (ConnectionError, ValueError, RuntimeError) as e:
+                self._restore_env()
+                _reload_auth()
                 where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray instance"
                 chain, cause = str(e), e.__cause__
                 while cause is not None:
                     chain, cause = chain + " " + str(cause), cause.__cause__
                 if "AuthToken" in chain or "Authentication" in chain:
                     raise PlanError(f"cannot join {where}: it asks for an authentication token; copy the head's "
-                                    f"~/.ray/auth_token to this machine and set RAY_AUTH_MODE=token") from None
+                                    f"~/.ray/auth_token to this machine (or point RAY_AUTH_TOKEN_PATH at it) and "
+                                    f"set RAY_AUTH_MODE=token") from None
                 raise PlanError(f"cannot start or join {where}: {e}; check the address "
                                 f"(`ray start --head` prints it) or leave --address out") from None
+            except BaseException:
+                self._restore_env()
+                raise
             self.started = True
         quiet_ray_loggers()
         return self
@@ -102,6 +144,50 @@ class RaySession:
         if self.started:
             ray.shutdown()
             self.started = False
+            self._restore_env()
+            _reload_auth()
+
+
+def private_token() -> tuple[str, str]:
+    """A fresh random Ray token in a new folder only this user can read: (folder, file)."""
+    folder = tempfile.mkdtemp(prefix="multigpu-ray-")   # mode 0700
+    path = os.path.join(folder, "auth_token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return folder, path
+
+
+def _reload_auth() -> None:
+    """Make this process's Ray read RAY_AUTH_MODE and the token again (it caches both)."""
+    # NOTE: Ray caches the authentication mode in its config and the token in a loader
+    # on first use; ray.init itself refreshes the config the same way when it turns
+    # token authentication on.
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):  # pragma: no cover - another Ray version
+        pass
+
+
+@contextmanager
+def _loopback_only(local: bool) -> Iterator[None]:
+    """While a local instance starts, let Ray take 127.0.0.1 as this node's address, so its
+    raylet, gcs_server and workers listen on loopback only."""
+    # NOTE: Ray replaces a loopback node address by the machine's outward address unless
+    # clusters are disabled (as on Windows and macOS, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER);
+    # its processes then bind the node address. The flag is read when the node starts.
+    from ray._private import ray_constants
+
+    old = ray_constants.ENABLE_RAY_CLUSTER
+    if local:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old
 
 
 def quiet_ray_loggers() -> None:

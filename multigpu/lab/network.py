@@ -5,7 +5,8 @@ Nothing is created in the machine's own network namespace: the bridge lives in t
 lab's switch namespace, so the hosts reach each other and nothing else (no route
 leaves the lab, and the machine's interfaces never see its traffic).
 
-Shaping: each host's ``eth0`` gets an htb qdisc with one class per destination host
+Shaping: each host's ``eth0`` sends one segment per packet (no GSO, which would let a
+64 KB burst through a class at once) and gets an htb qdisc with one class per destination host
 (rate = ceil = the link's rate) and a u32 filter on the destination address, so the
 rate differs per pair of hosts. Traffic in the other direction is shaped on the other
 host's egress by its own class for this host. Unclassified traffic (ARP) passes
@@ -89,6 +90,9 @@ def build_network(plan: LabPlan, netns: dict[str, str], switch: str, veth_prefix
         run(["ip", "link", "add", end, "netns", switch, "type", "veth", "peer", "name", IFACE, "netns", ns], what)
         run(["ip", "-n", switch, "link", "set", end, "master", "br0", "up"], what)
         run(["ip", "-n", ns, "addr", "add", f"{h.address}/{prefix_len}", "dev", IFACE], what)
+        # One segment per packet: a 64 KB GSO super-packet passes an htb class whole when it
+        # has any tokens left, so without this a transfer of up to 64 KB is not shaped at all.
+        run(["ip", "-n", ns, "link", "set", IFACE, "gso_max_segs", "1", "gso_max_size", "1514"], what)
         run(["ip", "-n", ns, "link", "set", IFACE, "up"], what)
         run(["ip", "-n", ns, "link", "set", "lo", "up"], what)
     address_of = {h.name: h.address for h in plan.hosts}

@@ -15,16 +15,13 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from multigpu.contract.protocol import Device
-from multigpu.distributed.job import ENV_JOB_ID, Job, LaunchPlan, interface_of
+from multigpu.distributed.job import ENV_JOB_ID, Job, LaunchPlan, interface_env
 
 
 def launch_plan(job: Job) -> LaunchPlan:
     """torchrun's variables for every local rank, and Gloo's interface (unless the caller set
     ``GLOO_SOCKET_IFNAME``); torch needs no service process."""
-    extra = {}
-    iface = interface_of(job.host)
-    if iface is not None and "GLOO_SOCKET_IFNAME" not in os.environ:
-        extra["GLOO_SOCKET_IFNAME"] = iface
+    extra = interface_env(job, "GLOO_SOCKET_IFNAME")
     return LaunchPlan([{"MASTER_ADDR": job.master_addr, "MASTER_PORT": str(job.master_port),
                         "RANK": str(job.rank(i)), "WORLD_SIZE": str(job.world_size),
                         "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(job.nproc),

@@ -8,6 +8,7 @@ module only, never the supervisor that starts the processes.
 """
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from dataclasses import dataclass, field, replace
@@ -120,6 +121,16 @@ def interface_of(address: str) -> Optional[str]:
             if socket.inet_ntoa(got[20:24]) == address:
                 return name
     return None
+
+
+def interface_env(job: Job, variable: str) -> dict[str, str]:
+    """``{variable: NAME}`` naming the interface of ``job.host`` (for engines that bind to an
+    interface, such as Gloo's ``GLOO_SOCKET_IFNAME``); empty when the caller has set the
+    variable already or no interface holds the address."""
+    if variable in os.environ:
+        return {}
+    name = interface_of(job.host)
+    return {} if name is None else {variable: name}
 
 
 def free_port(host: str = "127.0.0.1") -> int:

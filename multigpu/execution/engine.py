@@ -35,7 +35,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from multigpu.errors import MissingDependencyError, MultigpuError, PlanError, WorkerDiedError, WorkerTimeoutError
+from multigpu.distributed.job import route_address
+from multigpu.errors import InputError, MissingDependencyError, MultigpuError, PlanError, WorkerDiedError, WorkerTimeoutError
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.worker import StageWorker, thread_env
 from multigpu.partition.cluster import DeviceSpec
@@ -114,8 +115,12 @@ class RaySession:
                 self._token_dir, token = private_token()
                 # Ray's processes (raylet, gcs_server, workers) inherit these from this one.
                 self._set_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
-            elif "RAY_AUTH_MODE" not in os.environ:
-                self._set_env(RAY_AUTH_MODE="token")
+            else:
+                if "RAY_AUTH_MODE" not in os.environ:
+                    self._set_env(RAY_AUTH_MODE="token")
+                here = _driver_address(self.address)
+                if here is not None:
+                    kwargs["_node_ip_address"] = here
             _reload_auth()
             try:
                 with _loopback_only(self.address is None):
@@ -146,6 +151,21 @@ class RaySession:
             self.started = False
             self._restore_env()
             _reload_auth()
+
+
+def _driver_address(address: str) -> Optional[str]:
+    """This host's address toward the cluster at ``HOST:PORT``, or None (``auto``, ``ray://``)."""
+    # NOTE: a driver joining a cluster attaches to a raylet it finds among this machine's
+    # processes, preferring the head's; on one machine holding several nodes (the lab, or
+    # containers sharing a PID namespace) that is another host's. The node address picks
+    # the raylet of this driver's own host.
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return None
+    try:
+        return route_address(host)
+    except InputError:
+        return None
 
 
 def private_token() -> tuple[str, str]:
@@ -366,6 +386,9 @@ class Workers:
                                      f"only slow)") from None
         except ray_exceptions.RayActorError as e:
             raise self.died(e, who) from None
+        except (ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError):
+            raise WorkerDiedError(f"{who()}: a result was lost with its worker's host (its processes died or its "
+                                  f"node left the Ray cluster) while {what}; the run was stopped") from None
         except ray_exceptions.RayTaskError as e:
             raise _cause(e, f"{who()}: ") from None
 
@@ -376,6 +399,14 @@ class Workers:
         where = f" (pid {info.pid} on {info.host})" if info else ""
         return WorkerDiedError(f"{who()}: its worker process{where} died ({_first_line(e)}); the run "
                                f"was stopped and its workers shut down")
+
+    def lost(self, device: str, label: str, index: int) -> WorkerDiedError:
+        """A WorkerDiedError for a result of ``device`` that Ray lost with its host's node."""
+        info = self.info.get(device)
+        where = f" (pid {info.pid} on host {info.host})" if info else ""
+        return WorkerDiedError(f"{label}: the output of item {index} was lost with its worker{where}: that host's "
+                               f"processes died or its node left the Ray cluster; the run was stopped and its "
+                               f"workers shut down")
 
     def device_of(self, e: Exception) -> Optional[str]:
         """The device whose actor the Ray error ``e`` is about, if it names one."""
@@ -462,7 +493,7 @@ def run_chain(workers: Workers, chain: Sequence[Link], labels: Sequence[str], in
             nxt += 1
         item = active[0]
         if isinstance(item.value, ray.ObjectRef):
-            item.value = _wait_item(workers, item, labels)
+            item.value = _wait_item(workers, item, labels, chain)
         if item.next < len(chain):
             advance(item)
             continue
@@ -476,7 +507,7 @@ def run_chain(workers: Workers, chain: Sequence[Link], labels: Sequence[str], in
     return out
 
 
-def _wait_item(workers: Workers, item: _Item, labels: Sequence[str]) -> Any:
+def _wait_item(workers: Workers, item: _Item, labels: Sequence[str], chain: Sequence[Link]) -> Any:
     """``ray.get`` the item's latest result; name the failing stage on an error."""
     try:
         return ray.get(item.value, timeout=workers.timeout)
@@ -485,13 +516,21 @@ def _wait_item(workers: Workers, item: _Item, labels: Sequence[str]) -> Any:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         done = {r.hex() for r in ready}
         stuck = next((pos for pos, r in item.refs if r.hex() not in done), item.refs[-1][0])
+        info = workers.info.get(chain[stuck][0])
+        where = f" (its worker: pid {info.pid} on host {info.host})" if info is not None else ""
         raise WorkerTimeoutError(
-            f"{labels[stuck]} did not finish item {item.index} within {workers.timeout:g} s; the run was "
-            f"stopped and its workers shut down (raise the timeout if the stage is only slow)") from None
+            f"{labels[stuck]}{where} did not finish item {item.index} within {workers.timeout:g} s; the run was "
+            f"stopped and its workers shut down (raise the timeout if the stage is only slow, or check that "
+            f"host and its link)") from None
     except ray_exceptions.RayActorError as e:
         dev = workers.device_of(e)
         pos = next((p for p, _ in item.refs if labels[p].endswith(f"device {dev!r}")), item.refs[-1][0])
         raise workers.died(e, lambda: labels[pos]) from None
+    except (ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError) as e:
+        # A host that died with its node takes the results it held (and its worker) along.
+        lost = getattr(e, "object_ref_hex", None)
+        pos = next((p for p, r in item.refs if r.hex() == lost), item.refs[-1][0])
+        raise workers.lost(chain[pos][0], labels[pos], item.index) from None
     except ray_exceptions.RayTaskError as e:
         raise _cause(e, "") from None
 

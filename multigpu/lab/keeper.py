@@ -24,6 +24,9 @@ __all__ = ["KEEPER_FILE", "STATUS_FILE", "main"]
 
 KEEPER_FILE = "keeper.json"
 STATUS_FILE = "keeper-status.json"
+#: A FIFO the keeper reads requests from: one JSON line {"id": N, "group": [item, ...]} each;
+#: it answers in ``request-<N>.json`` with the same fields as the status file.
+REQUESTS = "keeper.fifo"
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -51,23 +54,15 @@ def _tail(path: Path, lines: int = 6) -> str:
     return " | ".join(keep[-lines:])
 
 
-def main(argv: list[str]) -> int:
-    """Run the keeper for the lab whose state lives in ``argv[0]``."""
-    state = Path(argv[0])
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C in the terminal is the lab's to handle
-    plan = json.loads((state / KEEPER_FILE).read_text())
-    logs = state / "logs"
-    logs.mkdir(exist_ok=True)
+def _run_groups(groups: list[list[dict[str, Any]]], logs: Path) -> dict[str, Any]:
+    """Run each group's commands at once, the groups in order; stop at the first failure."""
     status: dict[str, Any] = {"ok": True, "started": []}
-    for group in plan.get("groups", []):
+    for group in groups:
         running = [_start(item, logs) for item in group]
         for p, item in running:
             timeout = float(item.get("timeout", 120))
             try:
-                rc = p.wait(timeout=timeout)
+                rc: Any = p.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
@@ -78,14 +73,44 @@ def main(argv: list[str]) -> int:
                 status["started"].append(item["host"])
         if not status["ok"]:
             break
-    tmp = state / (STATUS_FILE + ".tmp")
+    return status
+
+
+def _answer(path: Path, status: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(status))
-    tmp.replace(state / STATUS_FILE)
+    tmp.replace(path)
+
+
+def main(argv: list[str]) -> int:
+    """Run the keeper for the lab whose state lives in ``argv[0]``."""
+    state = Path(argv[0])
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C in the terminal is the lab's to handle
+    plan = json.loads((state / KEEPER_FILE).read_text())
+    logs = state / "logs"
+    logs.mkdir(exist_ok=True)
+    fifo = state / REQUESTS
+    if not fifo.exists():
+        os.mkfifo(fifo, 0o600)
+    requests = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)   # RDWR: no EOF while no writer is connected
+    _answer(state / STATUS_FILE, _run_groups(plan.get("groups", []), logs))
+    pending = b""
     while not stop["now"]:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             pid = 0
+        try:
+            pending += os.read(requests, 65536)
+        except BlockingIOError:
+            pass
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            req = json.loads(line)
+            _answer(state / f"request-{req['id']}.json", _run_groups([req["group"]], logs))
         if pid == 0:
             time.sleep(0.05)
     # Reap what is left (the lab killed it just before stopping the keeper).

@@ -36,7 +36,7 @@ from multigpu.errors import InputError, LabError
 from multigpu.lab import cgroups as cg
 from multigpu.lab import network, raynodes
 from multigpu.lab.enter import HostEntry
-from multigpu.lab.keeper import KEEPER_FILE, STATUS_FILE
+from multigpu.lab.keeper import KEEPER_FILE, REQUESTS, STATUS_FILE
 from multigpu.lab.plan import LabPlan, design
 from multigpu.lab.system import CONTROLLERS, require_support, run
 from multigpu.partition.cluster import Cluster, Link, load_cluster
@@ -396,21 +396,22 @@ class Lab:
         self.cluster_file.write_text(json.dumps(self.emulated_cluster().to_dict(), indent=1) + "\n")
         return self.cluster_file
 
+    def _node_item(self, host: str, head: bool) -> dict[str, Any]:
+        """What the keeper needs to start ``host``'s Ray node."""
+        h = self.plan.host(host)
+        entry = self.hosts[host].entry()
+        return {"host": host, "argv": raynodes.node_command(self.plan, h, TMP_ROOT / f"{PREFIX}{self.id}" / host,
+                                                            head=head),
+                "env": self.env(), "timeout": START_TIMEOUT,
+                "entry": {**vars(entry), "procs_files": list(entry.procs_files)}}
+
     def _start_keeper(self, tmp: Path) -> int:
         groups: list[list[dict[str, Any]]] = []
         if self.ray:
-            env = self.env()
-            order = [self.plan.host(self.plan.head)] + [h for h in self.plan.hosts if h.name != self.plan.head]
-            for i, h in enumerate(order):
-                item = {"host": h.name, "argv": raynodes.node_command(self.plan, h, tmp / h.name, head=i == 0),
-                        "env": env, "timeout": START_TIMEOUT,
-                        "entry": vars(self.hosts[h.name].entry()) | {"procs_files": list(self.hosts[h.name].cgroups.procs_files)}}
-                if i == 0:
-                    groups.append([item])
-                elif len(groups) == 1:
-                    groups.append([item])
-                else:
-                    groups[1].append(item)
+            others = [h.name for h in self.plan.hosts if h.name != self.plan.head]
+            groups = [[self._node_item(self.plan.head, head=True)]]
+            if others:
+                groups.append([self._node_item(h, head=False) for h in others])
         (self.state_dir / KEEPER_FILE).write_text(json.dumps({"groups": groups}))
         log = open(self.state_dir / "keeper.log", "ab")
         try:
@@ -490,6 +491,36 @@ class Lab:
         """Take ``host``'s network interface down (``up=False``: every link of the host is cut at
         once, as a pulled cable or a radio out of range) or bring it back."""
         network.set_link(self._host(host).netns, up)
+
+    def restart(self, host: str) -> None:
+        """Start ``host``'s Ray node again after a fault took it down (its processes are killed
+        first; the head cannot be restarted, as its cluster state would be lost)."""
+        if not self.ray:
+            raise LabError("the lab runs no Ray nodes (it was brought up with ray=False)")
+        if host == self.plan.head:
+            raise InputError(f"host {host!r} holds the Ray head, which cannot be restarted; bring the lab up again")
+        self._host(host)
+        self.kill(host)
+        deadline = time.monotonic() + 10.0
+        while self.pids(host) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        req = secrets.token_hex(4)
+        answer = self.state_dir / f"request-{req}.json"
+        line = json.dumps({"id": req, "group": [self._node_item(host, head=False)]}) + "\n"
+        fd = os.open(self.state_dir / REQUESTS, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not answer.exists():
+            if time.monotonic() > deadline:
+                raise LabError(f"host {host!r}: its Ray node did not start again within {START_TIMEOUT:g} s")
+            time.sleep(0.1)
+        got = json.loads(answer.read_text())
+        answer.unlink()
+        if not got["ok"]:
+            raise LabError(f"host {host!r}: its Ray node did not start again ({got['status']}): {got.get('tail', '')}")
 
     def kill(self, host: str, sig: int = signal.SIGKILL) -> list[int]:
         """Send ``sig`` to every process of ``host`` (its Ray node included); return their pids."""

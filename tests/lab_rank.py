@@ -4,7 +4,8 @@
 Rank 0 also trains the same steps in one process on two CPU devices (the reference the
 two hosts must match) and times a few allreduces of 1 MiB across the link. Each rank
 writes ``OUT/rank<r>.npz``; with LINGER (seconds) the ranks wait that long after a
-barrier, so that a test can see what the job listens on while it runs.
+barrier, so that a test can see what the job listens on while it runs. With ``loop``
+instead, the ranks allreduce until the job is stopped (a link pulled, a host killed).
 """
 from __future__ import annotations
 
@@ -23,9 +24,17 @@ from multigpu.parallel.agreement import random_batches, train_steps
 from multigpu.parallel.data_parallel import DataParallel
 
 OUT = Path(sys.argv[1])
-LINGER = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+LOOP = len(sys.argv) > 2 and sys.argv[2] == "loop"
+LINGER = float(sys.argv[2]) if len(sys.argv) > 2 and not LOOP else 0.0
 group = init_process_group()
 be, rank, name = group.backend, group.rank, group.backend.name
+if LOOP:
+    t = be.from_numpy(np.ones(1000, np.float32), group.device)
+    group.allreduce_(t)
+    (OUT / f"joined.rank{rank}").write_text(str(time.time()))
+    while True:
+        group.allreduce_(t)
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -396,7 +396,7 @@ class Workers:
         """A WorkerDiedError naming the worker whose actor ``e`` reports dead."""
         name = self.device_of(e)
         info = self.info.get(name) if name else None
-        where = f" (pid {info.pid} on {info.host})" if info else ""
+        where = f" (pid {info.pid} on host {info.host})" if info else ""
         return WorkerDiedError(f"{who()}: its worker process{where} died ({_first_line(e)}); the run "
                                f"was stopped and its workers shut down")
 

@@ -420,6 +420,7 @@ class Lab:
                                  start_new_session=True, cwd="/")
         finally:
             log.close()
+        self._keeper = p
         if self.ray:
             self.echo(f"lab {self.id}: starting Ray: head on {self.plan.head}, a node on each other host")
         return p.pid
@@ -428,9 +429,13 @@ class Lab:
         status_file = self.state_dir / STATUS_FILE
         deadline = time.monotonic() + START_TIMEOUT * 2
         while not status_file.exists():
-            if not _alive(keeper, self.id):
-                raise LabError(f"lab {self.id}: its keeper died while starting the Ray nodes; see "
-                               f"{self.state_dir / 'keeper.log'}")
+            if self._keeper.poll() is not None:   # (its cmdline is the parent's until it has exec'd)
+                try:
+                    log = (self.state_dir / "keeper.log").read_text(errors="replace").strip().splitlines()
+                except OSError:
+                    log = []
+                raise LabError(f"lab {self.id}: its keeper died while starting the Ray nodes: "
+                               f"{' | '.join(log[-3:]) or 'it wrote nothing'}")
             if time.monotonic() > deadline:
                 raise LabError(f"lab {self.id}: the Ray nodes did not start within {START_TIMEOUT * 2:g} s")
             time.sleep(0.1)
@@ -463,17 +468,19 @@ class Lab:
             raise InputError(f"the lab has no host {host!r}; its hosts are: {', '.join(self.hosts)}")
         return self.hosts[host]
 
-    def popen(self, host: str, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
+    def popen(self, host: str, argv: Sequence[str], env: Optional[Mapping[str, str]] = None, lab_env: bool = True,
               **kwargs: Any) -> subprocess.Popen:
         """Start ``argv`` inside ``host`` (its namespace, hostname and cgroups) with the lab's
-        environment added to ``env`` (default: this process's); return the Popen."""
-        return start_in(self._host(host).entry(), argv, {**(os.environ if env is None else env), **self.env()},
-                        **kwargs)
+        environment (``env()``, unless ``lab_env`` is False: a process without the token)
+        added to ``env`` (default: this process's); return the Popen."""
+        base = dict(os.environ if env is None else env)
+        return start_in(self._host(host).entry(), argv, {**base, **self.env()} if lab_env else base, **kwargs)
 
     def run(self, host: str, argv: Sequence[str], timeout: float = 300.0, check: bool = False,
-            env: Optional[Mapping[str, str]] = None) -> subprocess.CompletedProcess:
+            env: Optional[Mapping[str, str]] = None, lab_env: bool = True) -> subprocess.CompletedProcess:
         """Run ``argv`` inside ``host`` and wait (output captured as text); return it."""
-        p = self.popen(host, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = self.popen(host, argv, env=env, lab_env=lab_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -5,12 +5,15 @@ Nothing is created in the machine's own network namespace: the bridge lives in t
 lab's switch namespace, so the hosts reach each other and nothing else (no route
 leaves the lab, and the machine's interfaces never see its traffic).
 
-Shaping: each host's ``eth0`` sends one segment per packet (no GSO, which would let a
-64 KB burst through a class at once) and gets an htb qdisc with one class per destination host
-(rate = ceil = the link's rate) and a u32 filter on the destination address, so the
-rate differs per pair of hosts. Traffic in the other direction is shaped on the other
-host's egress by its own class for this host. Unclassified traffic (ARP) passes
-unshaped; a pair with no link gets a filter that drops.
+Shaping: each host's ``eth0`` gets an htb qdisc that sorts its packets by destination
+(a u32 filter on the destination address per other host, into a class of its own),
+and under each class a tbf qdisc at that link's rate, so the rate differs per pair of
+hosts. Traffic in the other direction is shaped on the other host's egress by its own
+class for this host. tbf, not htb, does the shaping because it cuts the 64 KB
+super-packets of segmentation offload (GSO) to its bucket: an htb class lets one whole
+through when it has any tokens left, so a transfer of up to 64 KB would not be shaped
+at all. Unclassified traffic (ARP) passes unshaped; a pair with no link gets a filter
+that drops.
 """
 from __future__ import annotations
 
@@ -46,9 +49,18 @@ def delete_namespace(ns: str) -> None:
     run(["ip", "netns", "del", ns], f"deleting namespace {ns}", check=False)
 
 
-def _quantum(rate_bits: int) -> int:
-    # htb's default quantum (rate / r2q) is out of range for slow and fast classes alike.
-    return int(min(200_000, max(1514, rate_bits // 8 // 10)))
+#: The rate of the sorting htb classes: far above any shaped link, so only their tbf limits.
+SORT_RATE = "10gbit"
+#: tbf's bucket: two full frames, or half a millisecond at the link's rate if that is more
+#: (a bucket far below the bytes a timer tick carries would slow a fast link down).
+MIN_BURST = 2 * 1514
+BURST_SECONDS = 0.5e-3
+#: How long a packet may wait in a tbf queue before it is dropped (TCP then slows down).
+QUEUE_SECONDS = "2s"
+
+
+def _burst(rate_bits: int) -> int:
+    return int(max(MIN_BURST, rate_bits / 8 * BURST_SECONDS))
 
 
 def _shape(ns: str, links: Sequence[LinkPlan], address_of: dict[str, str]) -> None:
@@ -63,10 +75,12 @@ def _shape(ns: str, links: Sequence[LinkPlan], address_of: dict[str, str]) -> No
             continue
         if ln.rate_bits is None:
             continue
-        classid = f"1:{i + 10:x}"
-        rate = f"{ln.rate_bits}bit"
-        run(["tc", "-n", ns, "class", "add", "dev", IFACE, "parent", "1:", "classid", classid, "htb", "rate", rate,
-             "ceil", rate, "quantum", str(_quantum(ln.rate_bits))], what)
+        minor = f"{i + 10:x}"
+        classid = f"1:{minor}"
+        run(["tc", "-n", ns, "class", "add", "dev", IFACE, "parent", "1:", "classid", classid, "htb", "rate",
+             SORT_RATE, "ceil", SORT_RATE, "quantum", "200000"], what)
+        run(["tc", "-n", ns, "qdisc", "add", "dev", IFACE, "parent", classid, "handle", f"{minor}:", "tbf", "rate",
+             f"{ln.rate_bits}bit", "burst", str(_burst(ln.rate_bits)), "latency", QUEUE_SECONDS], what)
         run(["tc", "-n", ns, "filter", "add", "dev", IFACE, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
              *match, "flowid", classid], what)
 
@@ -90,9 +104,6 @@ def build_network(plan: LabPlan, netns: dict[str, str], switch: str, veth_prefix
         run(["ip", "link", "add", end, "netns", switch, "type", "veth", "peer", "name", IFACE, "netns", ns], what)
         run(["ip", "-n", switch, "link", "set", end, "master", "br0", "up"], what)
         run(["ip", "-n", ns, "addr", "add", f"{h.address}/{prefix_len}", "dev", IFACE], what)
-        # One segment per packet: a 64 KB GSO super-packet passes an htb class whole when it
-        # has any tokens left, so without this a transfer of up to 64 KB is not shaped at all.
-        run(["ip", "-n", ns, "link", "set", IFACE, "gso_max_segs", "1", "gso_max_size", "1514"], what)
         run(["ip", "-n", ns, "link", "set", IFACE, "up"], what)
         run(["ip", "-n", ns, "link", "set", "lo", "up"], what)
     address_of = {h.name: h.address for h in plan.hosts}
@@ -107,14 +118,15 @@ def set_link(ns: str, up: bool) -> None:
 
 
 def class_stats(ns: str) -> dict[str, int]:
-    """Bytes each htb class of a host has sent (``classid -> bytes``)."""
-    got = run(["tc", "-n", ns, "-s", "class", "show", "dev", IFACE], f"reading the shaping of {ns}", check=False)
+    """Bytes each link's tbf of a host has sent (``handle -> bytes``)."""
+    got = run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", IFACE], f"reading the shaping of {ns}", check=False)
     out: dict[str, int] = {}
     current = None
     for line in got.stdout.splitlines():
         parts = line.split()
-        if parts[:2] == ["class", "htb"]:
+        if parts[:2] == ["qdisc", "tbf"]:
             current = parts[2]
         elif parts[:1] == ["Sent"] and current is not None:
             out[current] = int(parts[1])
+            current = None
     return out

@@ -8,8 +8,8 @@ build, and what it cannot emulate, before anything is built (and without root).
   198.18.0.0/15 (RFC 2544's range for benchmarking networks) and its own hostname.
 * **Links.** Each ordered pair of hosts gets its own rate: the cluster's link between
   their devices (or its default link), times ``bandwidth_scale``. The rate is shaped
-  on the sender's egress, one htb class per destination, so a WiFi pair and a LAN pair
-  out of one host differ. The file's bandwidth is the rate a TCP stream carries, so
+  on the sender's egress, one htb class and tbf per destination, so a WiFi pair and a
+  LAN pair out of one host differ. The file's bandwidth is the rate a TCP stream carries, so
   the shaped rate adds the headers of a full-size segment (``WIRE_OVERHEAD``). A rate
   above ``MAX_SHAPED`` is left unshaped: this machine carries about that much between
   namespaces, so asking for more emulates nothing.
@@ -44,8 +44,9 @@ NETWORK = ipaddress.ip_network("198.18.0.0/24")
 #: A full TCP segment on the wire against its payload: 1514 bytes (Ethernet header, IP,
 #: TCP with timestamps) carry 1448. The htb rate counts whole frames.
 WIRE_OVERHEAD = 1514 / 1448
-#: Bytes/s above which a link is left unshaped (the machine carries a TCP stream between
-#: two namespaces at a few hundred MB/s to 2 GB/s; an htb class near that rate only adds jitter).
+#: Bytes/s above which a link is left unshaped: a TCP stream between two of the lab's
+#: namespaces runs at about 0.4 to 2 GB/s on this kind of machine (measured), so a rate
+#: near that emulates nothing.
 MAX_SHAPED = 400e6
 #: The shortest CFS quota the kernel accepts (1 ms) and the period used for shares above it.
 MIN_QUOTA_US = 1000

@@ -44,6 +44,9 @@ RAY_ENV = {
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "5",
+    # A worker on a host with a fraction of a core, on a busy machine, may take long to
+    # import its framework and register.
+    "RAY_worker_register_timeout_seconds": "180",
 }
 
 

@@ -18,6 +18,7 @@ import pytest
 
 import multigpu.data.download as download
 import multigpu.data.fashion_mnist as fm
+import multigpu.data.verify as verify
 from multigpu.data.search import ENV_VAR
 
 NAMES = list(fm.FILES.values())
@@ -53,6 +54,19 @@ def isolate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     set_source(monkeypatch, system_dir=tmp_path / "system")
     monkeypatch.setattr(download, "_downloader", lambda progress: offline)
     return tmp_path / "xdg" / "multigpu" / "fashion-mnist"
+
+
+def count_md5(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the MD5s the verification computes: ``calls[0]`` after each load."""
+    calls = [0]
+    real = verify._md5
+
+    def counting(data: bytes) -> str:
+        calls[0] += 1
+        return real(data)
+
+    monkeypatch.setattr(verify, "_md5", counting)
+    return calls
 
 
 def leftovers(folder: Path) -> list[str]:

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_fakes import NAMES, leftovers, publish
+from data_fakes import NAMES, count_md5, leftovers, publish
 from idx_files import idx_bytes, write_idx, write_set
 
 import multigpu.data.download as download
 import multigpu.data.fashion_mnist as fm
-import multigpu.data.verify as verify
 from multigpu.data import FashionMNIST, find_fashion_mnist, load_fashion_mnist, read_idx
 from multigpu.data.search import ENV_VAR, cache_dir, cache_root
 from multigpu.errors import DataError, DataNotFoundError
@@ -93,18 +92,6 @@ def test_wrong_image_shape_and_label_range(tmp_path):
 
 # ---------------------------------------------------------- MD5 verification
 
-def _count_md5(monkeypatch) -> list[int]:
-    calls = [0]
-    real = verify._md5
-
-    def counting(data):
-        calls[0] += 1
-        return real(data)
-
-    monkeypatch.setattr(verify, "_md5", counting)
-    return calls
-
-
 def test_foreign_files_are_refused_naming_file_and_source(tmp_path):
     """MNIST digits (or any other IDX set) with Fashion-MNIST's names: a DataError, not training."""
     folder = write_set(tmp_path / "digits")
@@ -121,7 +108,7 @@ def test_verification_is_remembered_until_a_file_changes(tmp_path, monkeypatch, 
     folder = write_set(tmp_path / "d")
     publish(monkeypatch, folder)
     before = leftovers(folder)
-    calls = _count_md5(monkeypatch)
+    calls = count_md5(monkeypatch)
     load_fashion_mnist(folder)
     assert calls[0] == 4  # one hash per .gz file: each matches the published archive
     stamp = data_cache.parent / "verified.json"

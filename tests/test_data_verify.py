@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from data_fakes import count_md5
 from idx_files import write_idx
 
 import multigpu.data.verify as verify
@@ -33,18 +34,6 @@ def _check(stamps: VerifiedFiles, path: Path) -> None:
     stamps.check(path, data, gzip.decompress(data), os.stat(path))
 
 
-def _counting(monkeypatch) -> list[int]:
-    calls = [0]
-    real = verify._md5
-
-    def counting(data):
-        calls[0] += 1
-        return real(data)
-
-    monkeypatch.setattr(verify, "_md5", counting)
-    return calls
-
-
 def test_stamp_is_keyed_by_path_size_mtime_and_inode(tmp_path, monkeypatch):
     path = write_idx(tmp_path / "d" / "f-idx1-ubyte.gz", np.arange(5, dtype=np.uint8))
     source = _source("one", path)
@@ -54,7 +43,7 @@ def test_stamp_is_keyed_by_path_size_mtime_and_inode(tmp_path, monkeypatch):
     entry = json.loads(stamps_path().read_text())[str(path.resolve())]
     st = path.stat()
     assert entry == [st.st_size, st.st_mtime_ns, st.st_ino, source.gz_md5["f-idx1-ubyte.gz"]]
-    calls = _counting(monkeypatch)
+    calls = count_md5(monkeypatch)
     _check(VerifiedFiles(source), path)
     assert calls[0] == 0  # remembered: no byte hashed
     # The same bytes, size and mtime under a new inode (a copy renamed into place): checked again.
@@ -86,7 +75,7 @@ def test_a_damaged_stamps_file_only_means_verifying_again(tmp_path, monkeypatch)
     path = write_idx(tmp_path / "f-idx1-ubyte.gz", np.arange(5, dtype=np.uint8))
     stamps_path().parent.mkdir(parents=True)
     stamps_path().write_text("[1, 2")  # cut mid-write by someone else's crash
-    calls = _counting(monkeypatch)
+    calls = count_md5(monkeypatch)
     stamps = VerifiedFiles(_source("one", path))
     _check(stamps, path)
     stamps.save()

@@ -93,3 +93,16 @@ def test_an_unwritable_cache_only_means_verifying_again(tmp_path, monkeypatch):
     monkeypatch.setattr(verify, "atomic_write", refuse)  # root may write anywhere, so simulate it
     stamps.save()  # no error
     assert not stamps_path().exists()
+
+
+def test_stamps_of_files_gone_are_dropped_on_the_next_save(tmp_path):
+    gone = write_idx(tmp_path / "tmp" / "f-idx1-ubyte.gz", np.arange(5, dtype=np.uint8))
+    kept = write_idx(tmp_path / "kept" / "f-idx1-ubyte.gz", np.arange(5, dtype=np.uint8))
+    stamps = VerifiedFiles(_source("one", gone))
+    _check(stamps, gone)
+    stamps.save()
+    gone.unlink()
+    stamps = VerifiedFiles(_source("one", kept))
+    _check(stamps, kept)
+    stamps.save()
+    assert list(json.loads(stamps_path().read_text())) == [str(kept.resolve())]

@@ -80,12 +80,17 @@ class VerifiedFiles:
         self.changed = True
 
     def save(self) -> None:
-        """Write the stamps; a folder that cannot take them only means verifying again next time."""
+        """Write the stamps; a folder that cannot take them only means verifying again next time.
+
+        Entries of files that no longer exist (a temporary folder, a moved copy) are
+        dropped, so the file does not grow with every folder ever loaded.
+        """
         if not self.changed:
             return
+        known = {key: entry for key, entry in self.known.items() if os.path.exists(key)}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_write(self.path) as f:
-                f.write(json.dumps(self.known, indent=1).encode())
+                f.write(json.dumps(known, indent=1).encode())
         except OSError:
             pass

@@ -118,8 +118,9 @@ def _quiet(logger: logging.Logger) -> Iterator[None]:
 
 
 def _describe(e: Exception) -> str:
-    # pooch reports a hash mismatch as a ValueError saying "... does not match the known hash".
-    if isinstance(e, ValueError) and "hash" in str(e):
+    # pooch reports a hash mismatch as a ValueError saying "... does not match the known hash"
+    # (tests/test_data_download.py checks those words, so a pooch that changes them is noticed).
+    if isinstance(e, ValueError) and "does not match the known hash" in str(e):
         return f"checksum mismatch: {e}"
     return f"{type(e).__name__}: {e}"
 

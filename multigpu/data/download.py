@@ -11,15 +11,14 @@ the target folder, removed whatever happens.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional
 
-from multigpu.data.files import atomic_write
+from multigpu.data.files import PathLike, atomic_write
 from multigpu.data.search import ENV_VAR, cache_dir, find, locate, searched
 from multigpu.data.source import DataSource
 from multigpu.errors import DataError, DataNotFoundError
@@ -28,8 +27,6 @@ __all__ = ["TIMEOUT_S", "fetch", "obtain"]
 
 #: Seconds a connection may stall before a mirror counts as failed.
 TIMEOUT_S = 60.0
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _downloader(progress: bool) -> Callable[..., Any]:

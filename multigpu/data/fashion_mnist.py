@@ -10,11 +10,11 @@ local files on first use, against :data:`GZ_MD5` or :data:`RAW_MD5`) and
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional
 
 from multigpu.data.download import fetch
+from multigpu.data.files import PathLike
 from multigpu.data.image_sets import ImageSetSpec, LabelledImages, load_image_set
 from multigpu.data.search import find
 from multigpu.data.source import DataSource
@@ -80,8 +80,6 @@ SPEC: ImageSetSpec[FashionMNIST] = ImageSetSpec(
                       raw_md5=RAW_MD5, mirrors=MIRRORS, system_dir=SYSTEM_DIR,
                       package="dataset-fashion-mnist", note="MNIST digits use the same file names."),
     kind=FashionMNIST, image_shape=(28, 28))
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 def find_fashion_mnist(data_dir: Optional[PathLike] = None) -> Optional[Path]:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Generic, Optional, TypeVar, Union
+from typing import ClassVar, Generic, Optional, TypeVar
 
 import numpy as np
 
 from multigpu.data.download import obtain
+from multigpu.data.files import PathLike
 from multigpu.data.idx import decompress, parse_idx, read_bytes
 from multigpu.data.search import locate
 from multigpu.data.source import DataSource
@@ -27,8 +28,6 @@ __all__ = ["ROLES", "ImageSetSpec", "LabelledImages", "load_image_set"]
 
 #: The four files of an image classification set, by role.
 ROLES = ("train_images", "train_labels", "test_images", "test_labels")
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: comparing arrays elementwise makes no sense here

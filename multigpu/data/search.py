@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
+from multigpu.data.files import PathLike
 from multigpu.data.source import DataSource
 from multigpu.errors import DataNotFoundError
 
@@ -26,8 +27,6 @@ __all__ = ["ENV_VAR", "cache_dir", "cache_root", "find", "locate", "searched"]
 
 #: Environment variable naming a folder that holds the data (search step a).
 ENV_VAR = "MULTIGPU_DATA"
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 def cache_root() -> Path:

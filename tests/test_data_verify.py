@@ -34,12 +34,17 @@ def _check(stamps: VerifiedFiles, path: Path) -> None:
     stamps.check(path, data, gzip.decompress(data), os.stat(path))
 
 
-def test_stamp_is_keyed_by_path_size_mtime_and_inode(tmp_path, monkeypatch):
-    path = write_idx(tmp_path / "d" / "f-idx1-ubyte.gz", np.arange(5, dtype=np.uint8))
-    source = _source("one", path)
-    stamps = VerifiedFiles(source)
+def _stamped(path: Path, name: str = "one") -> VerifiedFiles:
+    """Verify ``path`` as the published file of data set ``name`` and save the stamp."""
+    stamps = VerifiedFiles(_source(name, path))
     _check(stamps, path)
     stamps.save()
+    return stamps
+
+
+def test_stamp_is_keyed_by_path_size_mtime_and_inode(tmp_path, monkeypatch):
+    path = write_idx(tmp_path / "d" / "f-idx1-ubyte.gz", np.arange(5, dtype=np.uint8))
+    source = _stamped(path).source
     entry = json.loads(stamps_path().read_text())[str(path.resolve())]
     st = path.stat()
     assert entry == [st.st_size, st.st_mtime_ns, st.st_ino, source.gz_md5["f-idx1-ubyte.gz"]]
@@ -60,9 +65,7 @@ def test_a_file_verified_for_one_data_set_does_not_pass_as_another(tmp_path):
     """Same file name, other content: the twin's stamp must not vouch for it."""
     twin = write_idx(tmp_path / "twin" / "f-idx1-ubyte.gz", np.arange(5, dtype=np.uint8))
     mine = write_idx(tmp_path / "mine" / "f-idx1-ubyte.gz", np.arange(6, dtype=np.uint8))
-    stamps = VerifiedFiles(_source("twin", twin))
-    _check(stamps, twin)
-    stamps.save()
+    _stamped(twin, "twin")
     theirs = VerifiedFiles(_source("mine", mine))
     with pytest.raises(DataError) as e:
         _check(theirs, twin)  # stamped, but under the twin's checksums
@@ -76,9 +79,7 @@ def test_a_damaged_stamps_file_only_means_verifying_again(tmp_path, monkeypatch)
     stamps_path().parent.mkdir(parents=True)
     stamps_path().write_text("[1, 2")  # cut mid-write by someone else's crash
     calls = count_md5(monkeypatch)
-    stamps = VerifiedFiles(_source("one", path))
-    _check(stamps, path)
-    stamps.save()
+    _stamped(path)
     assert calls[0] == 1 and str(path.resolve()) in json.loads(stamps_path().read_text())
 
 
@@ -98,11 +99,7 @@ def test_an_unwritable_cache_only_means_verifying_again(tmp_path, monkeypatch):
 def test_stamps_of_files_gone_are_dropped_on_the_next_save(tmp_path):
     gone = write_idx(tmp_path / "tmp" / "f-idx1-ubyte.gz", np.arange(5, dtype=np.uint8))
     kept = write_idx(tmp_path / "kept" / "f-idx1-ubyte.gz", np.arange(5, dtype=np.uint8))
-    stamps = VerifiedFiles(_source("one", gone))
-    _check(stamps, gone)
-    stamps.save()
+    _stamped(gone)
     gone.unlink()
-    stamps = VerifiedFiles(_source("one", kept))
-    _check(stamps, kept)
-    stamps.save()
+    _stamped(kept)
     assert list(json.loads(stamps_path().read_text())) == [str(kept.resolve())]

@@ -39,7 +39,7 @@ from multigpu.distributed.job import route_address
 from multigpu.errors import InputError, MissingDependencyError, MultigpuError, PlanError, WorkerDiedError, WorkerTimeoutError
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.worker import StageWorker, thread_env
-from multigpu.partition.cluster import DeviceSpec
+from multigpu.partition.inputs.cluster import DeviceSpec
 
 try:
     import ray

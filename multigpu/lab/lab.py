@@ -39,7 +39,7 @@ from multigpu.lab.enter import HostEntry
 from multigpu.lab.keeper import KEEPER_FILE, REQUESTS, STATUS_FILE
 from multigpu.lab.plan import LabPlan, design
 from multigpu.lab.system import CONTROLLERS, require_support, run
-from multigpu.partition.cluster import Cluster, Link, load_cluster
+from multigpu.partition.inputs.cluster import Cluster, Link, load_cluster
 
 __all__ = ["LAB_ROOT", "Lab", "PREFIX", "down_all", "labs", "leftovers"]
 

@@ -35,7 +35,7 @@ from typing import Optional
 
 from multigpu.checks import check_number
 from multigpu.errors import InputError
-from multigpu.partition.cluster import Cluster
+from multigpu.partition.inputs.cluster import Cluster
 
 __all__ = ["HostPlan", "LabPlan", "LinkPlan", "MAX_SHAPED", "NETWORK", "WIRE_OVERHEAD", "design"]
 

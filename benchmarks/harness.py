@@ -1,7 +1,8 @@
 """The benchmark harness: one runner, one result format.
 
 A benchmark is a module in this package with ``TITLE`` (one line), ``IN_QUICK``
-(whether ``--quick`` runs it) and ``run(opts: Options) -> Result``. The runner
+(whether ``--quick`` runs it) and ``run(opts: Options) -> Result``; ``NEEDS_LAB = True``
+marks one that runs only with ``--lab`` (it brings up the emulated lab, as root). The runner
 records the machine and the load around each benchmark and writes, per benchmark,
 ``NAME.md`` (tables), ``NAME.json`` (machine, settings, raw samples) and
 ``NAME.png`` (a plot).
@@ -56,6 +57,7 @@ BENCHMARKS: dict[str, str] = {
     "dist_step": "dist_step",
     "plans": "plans",
     "contract": "contract_overhead",
+    "lab": "lab",
 }
 
 # Read by the frameworks' thread pools when they start (torch, MXNet and Paddle use OpenMP).
@@ -73,6 +75,7 @@ class Options:
     progress: bool = True
     backends: Optional[tuple[str, ...]] = None  # None: every installed framework
     threads: Optional[int] = None  # CPU threads per framework process; None: the frameworks' defaults
+    lab: bool = False  # run across the hosts of the emulated lab (root): `multigpu bench plans --lab`, `lab`
 
     def repeats(self, full: int, quick: int) -> int:
         """Return ``quick`` under ``--quick``, else ``full``."""

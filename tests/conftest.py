@@ -56,3 +56,31 @@ def data_cache(tmp_path, monkeypatch):
     from data_fakes import isolate
 
     return isolate(tmp_path, monkeypatch)
+
+
+# -- the emulated lab's tests: one summary line CI logs can be searched for --------------
+_LAB_TESTS = "tests/test_lab.py"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print ``multigpu lab tests: N passed, ... (root: yes)`` so a CI log shows that the lab ran."""
+    import os
+
+    counts: dict[str, int] = {}
+    reasons: set[str] = set()
+    seconds = 0.0
+    for outcome in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            if not getattr(rep, "nodeid", "").startswith(_LAB_TESTS):
+                continue
+            if outcome == "skipped" and isinstance(rep.longrepr, tuple):
+                reasons.add(str(rep.longrepr[2]).removeprefix("Skipped: "))
+            if rep.when == "call" or outcome in ("skipped", "error"):
+                counts[outcome] = counts.get(outcome, 0) + 1
+            seconds += getattr(rep, "duration", 0.0)
+    if not counts:
+        return
+    text = ", ".join(f"{n} {k}" for k, n in counts.items())
+    why = f"; skipped because {'; '.join(sorted(reasons))}" if reasons else ""
+    terminalreporter.write_line(f"multigpu lab tests: {text} in {seconds:.0f} s "
+                                f"(root: {'yes' if os.geteuid() == 0 else 'no'}){why}")

@@ -103,27 +103,6 @@ def run_in(lab, host: str, *args: str, timeout: float = 240) -> subprocess.Compl
     return lab.run(host, [sys.executable, "-m", "multigpu", *args], timeout=timeout)
 
 
-def listeners(lab, host: str) -> list[tuple[str, int, str]]:
-    """(address, port, process) of every listening TCP socket in ``host``."""
-    out = lab.run(host, ["ss", "-ltnpH"]).stdout
-    rows = []
-    for line in out.splitlines():
-        local = line.split()[3]
-        addr, _, port = local.rpartition(":")
-        procs = ",".join(sorted(set(re.findall(r'\("([^"]+)"', line))))
-        rows.append((addr.strip("[]"), int(port), procs))
-    return rows
-
-
-def reachable(lab, src: str, address: str, ports: list[int]) -> dict[int, str]:
-    """From host ``src``, try each port of ``address``: "open", or the error (refused)."""
-    code = ("import socket,sys\nfor p in sys.argv[2:]:\n s=socket.socket();s.settimeout(2)\n"
-            " try: s.connect((sys.argv[1],int(p)));print(p,'open')\n"
-            " except OSError as e: print(p,type(e).__name__)\n s.close()")
-    out = lab.run(src, [sys.executable, "-c", code, address, *map(str, ports)], lab_env=False).stdout
-    return {int(p): what for p, what in (line.split() for line in out.splitlines() if line.strip())}
-
-
 # -- the lab as built ---------------------------------------------------------------
 def test_every_host_is_a_namespace_with_its_address_name_share_and_limit(lab):
     st = lab.status()
@@ -305,7 +284,7 @@ def test_launch_on_two_hosts_equals_one_process_and_listens_only_on_their_addres
     procs = _launch(lab, backend, tmp_path)
     while not (tmp_path / "listening.rank0").exists() and all(p.poll() is None for p in procs):
         time.sleep(0.1)
-    seen = {h: [row for row in listeners(lab, h) if "ray" not in row[2] and "raylet" not in row[2]
+    seen = {h: [row for row in lab.listening(h) if "ray" not in row[2] and "raylet" not in row[2]
                 and "gcs_server" not in row[2]] for h in ("desk-cpu", "imac")}
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
@@ -363,7 +342,7 @@ def test_single_host_jobs_cannot_be_reached_and_ray_refuses_a_node_without_the_t
     thread = threading.Thread(target=join)
     thread.start()
     host, addr = "desk-gpu", lab.plan.host("desk-gpu").address
-    before = {(a, p) for a, p, _ in listeners(lab, host)}
+    before = {(a, p) for a, p, _ in lab.listening(host)}
     engines = [b for b in ("numpy", "torch", "paddle", "mxnet") if b in available_backends()]
     jobs = {}
     for b in engines:
@@ -383,8 +362,8 @@ def test_single_host_jobs_cannot_be_reached_and_ray_refuses_a_node_without_the_t
     while not all((o / "listening.rank0").exists() for o, _ in jobs.values()):
         assert time.monotonic() < deadline, {b: p.poll() for b, (_, p) in jobs.items()}
         time.sleep(0.2)
-    rows = [r for r in listeners(lab, host) if (r[0], r[1]) not in before]
-    tried = reachable(lab, "pi1", addr, sorted({p for _, p, _ in rows}))
+    rows = [r for r in lab.listening(host) if (r[0], r[1]) not in before]
+    tried = lab.reach("pi1", addr, sorted({p for _, p, _ in rows}))
     for b, (_, p) in jobs.items():
         assert p.wait(timeout=120) == 0, (b, p.stderr.read()[-1500:])
     ray_run.kill()

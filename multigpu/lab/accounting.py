@@ -20,10 +20,21 @@ from typing import Optional
 from multigpu.lab.cgroups import join, own_cgroup, remove_tree, tree_pids
 from multigpu.lab.system import CGROUP_ROOT
 
-__all__ = ["CpuAccount"]
+__all__ = ["ACCOUNT_ENV", "CpuAccount", "read_account"]
 
 ACCT_PREFIX = "mgl-acct-"
 POLL = 0.2
+#: Set while an account is open to its cgroup folder, so that processes the run starts
+#: elsewhere (in a lab host) can read the run's CPU seconds (``read_account``).
+ACCOUNT_ENV = "MULTIGPU_CPU_ACCOUNT"
+
+
+def read_account(folder: str) -> Optional[float]:
+    """CPU seconds so far of the cpuacct cgroup ``folder`` (an open account's), None if unreadable."""
+    try:
+        return int((Path(folder) / "cpuacct.usage").read_text()) / 1e9
+    except (OSError, ValueError):
+        return None
 
 
 def _clean_dead(parent: Path) -> None:
@@ -58,6 +69,7 @@ class CpuAccount:
                 d.mkdir(exist_ok=True)
                 join(os.getpid(), [str(d / "cgroup.procs")])
                 self._dir, self._home, self.method = d, home, "cgroup"
+                os.environ[ACCOUNT_ENV] = str(d)
             except OSError:
                 self._dir = None
         if self._dir is None:
@@ -114,6 +126,8 @@ class CpuAccount:
     def close(self) -> None:
         """Stop accounting: move this process (and anything still in the cgroup) back, remove it."""
         self._stop.set()
+        if self._dir is not None and os.environ.get(ACCOUNT_ENV) == str(self._dir):
+            del os.environ[ACCOUNT_ENV]
         if self._dir is not None and self._home is not None:
             for pid in {os.getpid()} | tree_pids(self._dir):
                 try:

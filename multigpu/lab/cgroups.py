@@ -78,6 +78,17 @@ class HostCgroups:
             if (mem / "memory.memsw.limit_in_bytes").exists():
                 _write(mem / "memory.memsw.limit_in_bytes", str(int(memory)), what)
 
+    def set_memory(self, limit: Optional[int]) -> None:
+        """Set the memory limit (bytes; None: unlimited), the swap limit beside it."""
+        mem = Path(self.dirs["memory"])
+        value = "-1" if limit is None else str(int(limit))
+        both = [mem / "memory.memsw.limit_in_bytes", mem / "memory.limit_in_bytes"]
+        # memsw must stay >= the limit: raise memsw first, lower it last.
+        order = both if limit is None or int(limit) > (self.memory()["limit"] or 0) else both[::-1]
+        for f in order:
+            if f.exists():
+                _write(f, value, f"host {self.host!r}")
+
     @property
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` file of each controller (a process joins by writing its pid)."""

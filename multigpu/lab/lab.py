@@ -494,6 +494,54 @@ class Lab:
                            f"{(err or out).strip()[-500:]}")
         return done
 
+    def call(self, host: str, target: str, *args: Any, timeout: float = 3600.0, **kwargs: Any) -> Any:
+        """Call ``target`` ("module:function") with the arguments inside ``host`` (a fresh Python
+        process there, with the lab's environment) and return its result (both picklable).
+        LabError carries the exception it raised, with its traceback."""
+        import pickle
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="mgl-call-") as d:
+            src, dst = Path(d) / "in.pickle", Path(d) / "out.pickle"
+            src.write_bytes(pickle.dumps((target, args, kwargs)))
+            p = self.popen(host, [sys.executable, "-m", "multigpu.lab.call", str(src), str(dst)])
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                raise LabError(f"host {host!r}: {target} did not return within {timeout:g} s; it was killed") from None
+            if not dst.exists():
+                raise LabError(f"host {host!r}: {target} ended (status {p.returncode}) without a result "
+                               f"(killed, perhaps for memory: {self.hosts[host].cgroups.memory()})")
+            status, value = pickle.loads(dst.read_bytes())
+        if status == "error":
+            name, message, trace = value
+            raise LabError(f"host {host!r}: {target} raised {name}: {message}\n{trace}")
+        return value
+
+    def listening(self, host: str) -> list[tuple[str, int, str]]:
+        """Every listening TCP socket in ``host``: (address, port, process names), from ``ss -ltnp``."""
+        out = self.run(host, ["ss", "-ltnpH"], lab_env=False).stdout
+        rows = []
+        for line in out.splitlines():
+            fields = line.split()
+            if len(fields) < 4:
+                continue
+            addr, _, port = fields[3].rpartition(":")
+            procs = ",".join(sorted(set(re.findall(r'\("([^"]+)"', line))))
+            rows.append((addr.strip("[]"), int(port), procs))
+        return rows
+
+    def reach(self, src: str, address: str, ports: Sequence[int], timeout: float = 2.0) -> dict[int, str]:
+        """From host ``src``, open a TCP connection to each port of ``address``: "open", or the
+        error that refused it (ConnectionRefusedError, TimeoutError, ...)."""
+        code = ("import socket,sys\nfor p in sys.argv[3:]:\n s=socket.socket();s.settimeout(float(sys.argv[2]))\n"
+                " try: s.connect((sys.argv[1],int(p)));print(p,'open')\n"
+                " except OSError as e: print(p,type(e).__name__)\n s.close()")
+        out = self.run(src, [sys.executable, "-c", code, address, str(timeout), *map(str, ports)], lab_env=False).stdout
+        return {int(p): what for p, what in (line.split() for line in out.splitlines() if line.strip())}
+
     def link(self, host: str, up: bool) -> None:
         """Take ``host``'s network interface down (``up=False``: every link of the host is cut at
         once, as a pulled cable or a radio out of range) or bring it back."""
@@ -536,6 +584,12 @@ class Lab:
         pids.discard(os.getpid())
         _signal_all(pids, sig)
         return sorted(pids)
+
+    def set_memory(self, host: str, limit: Optional[int]) -> None:
+        """Change ``host``'s memory limit while the lab is up (bytes; None lifts it), e.g. to
+        let a Pi-class host run what it could run only with swap. LabError when the host
+        already uses more than the new limit."""
+        self._host(host).cgroups.set_memory(limit)
 
     def pids(self, host: Optional[str] = None) -> set[int]:
         """The live processes of ``host`` (default: of every host)."""

@@ -163,12 +163,12 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
     of the Ray head (default: the host with the most memory, unlimited first, then the
     source's). Raises InputError for a bad number or an unknown head.
     """
-    cpu_scale = check_number(cpu_scale, "cpu_scale", strict=True, unit="cores the slowest device gets, e.g. 0.25")
-    bandwidth_scale = check_number(bandwidth_scale, "bandwidth_scale", strict=True,
+    cpu_scale = check_number(cpu_scale, "cpu_scale", minimum=0.0, strict=True, unit="cores the slowest device gets, e.g. 0.25")
+    bandwidth_scale = check_number(bandwidth_scale, "bandwidth_scale", minimum=0.0, strict=True,
                                    unit="factor on every link's bandwidth, e.g. 10")
     machine = float(os.cpu_count() or 1)
     max_cores = machine if max_cores is None else check_number(
-        max_cores, "max_cores", strict=True, unit="cores, e.g. 2")
+        max_cores, "max_cores", minimum=0.0, strict=True, unit="cores, e.g. 2")
     # Hosts: devices naming one host share it; the others are hosts of their own.
     groups: dict[str, list[str]] = {}
     for d in cluster.devices:

@@ -19,8 +19,9 @@ build, and what it cannot emulate, before anything is built (and without root).
   slowest device of the cluster: the slowest gets ``cpu_scale`` cores, the others in
   proportion, each at most ``max_cores``. A device faster than that (a GPU: 8873 GFLOP/s
   against a Pi's 38.4) cannot be emulated on CPU cores; its host gets ``max_cores`` and
-  the design says so. A CFS quota gives a share of CPU time, not a slower core: the
-  profile measures what each host really computes.
+  the design says so. A CFS quota gives a share of CPU time, not a slower core (sliced
+  as finely as the kernel allows: 1 ms of CPU per period): the profile measures what
+  each host really computes.
 * **Memory.** A host's limit is the sum of its devices' ``memory`` (unlimited when one
   has none). Everything on the host counts against it: the Ray node, the workers, the
   framework.
@@ -48,9 +49,9 @@ WIRE_OVERHEAD = 1514 / 1448
 #: namespaces runs at about 0.4 to 2 GB/s on this kind of machine (measured), so a rate
 #: near that emulates nothing.
 MAX_SHAPED = 400e6
-#: The shortest CFS quota the kernel accepts (1 ms) and the period used for shares above it.
+#: The shortest CFS quota and period the kernel accepts (1 ms), and the longest period (1 s).
 MIN_QUOTA_US = 1000
-PERIOD_US = 20_000
+MIN_PERIOD_US = 1000
 MAX_PERIOD_US = 1_000_000
 #: Hosts get at most this many hosts' worth of addresses (the /24, less network and broadcast).
 MAX_HOSTS = 250
@@ -144,11 +145,11 @@ class LabPlan:
 
 
 def _quota(cores: float) -> tuple[int, int]:
-    """(period, quota) in microseconds for ``cores``: a short period (smooth for short
-    stages) unless the quota would fall below the kernel's 1 ms minimum."""
-    period = PERIOD_US
-    if cores * period < MIN_QUOTA_US:
-        period = min(MAX_PERIOD_US, math.ceil(MIN_QUOTA_US / cores))
+    """(period, quota) in microseconds for ``cores``: the shortest period whose quota is at
+    least the kernel's 1 ms. A short period slices CPU time finely, so a host with a quarter
+    of a core runs a 1 ms layer in about 4 ms, as a slower core would, instead of at full
+    speed inside one long quota and then not at all."""
+    period = min(MAX_PERIOD_US, max(MIN_PERIOD_US, math.ceil(MIN_QUOTA_US / cores)))
     return period, max(MIN_QUOTA_US, round(cores * period))
 
 

@@ -26,9 +26,9 @@ import numpy as np
 
 import multigpu
 from multigpu.benchmarks.harness import Options, Result, Table, busy_seconds
-from multigpu.lab.accounting import ACCOUNT_ENV
 from multigpu.contract.registry import PREFERRED
 from multigpu.execution import Session, profile
+from multigpu.lab.accounting import ACCOUNT_ENV
 from multigpu.partition import Cluster, Constraints, DeviceSpec, autopartition, evaluate, graph_from_model
 from multigpu.partition.cost.choices import compute_times
 from multigpu.partition.stages import stages_summary
@@ -416,7 +416,8 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
     outside = Table("Streamed runs and the machine's other load: cores other processes used during each cycle's run "
                     "(/proc/stat busy time less this benchmark's processes), the error, and the error had the host "
                     "been given only the cores they left on the machine, at most its own (a diagnostic, not the "
-                    "model: the profile's host keeps its cores)", ["model", "plan", "others' cores by cycle", "error by cycle",
+                    "model: the profile's host keeps its cores)",
+                    ["model", "plan", "others' cores by cycle", "error by cycle",
                                "error with the cores left"], stream_rows)
     tables = [table, outside, parts_table, devices, links, cpu_table, hops]
     notes = [f"Median |error| end to end: {100 * mape:.1f}% (target 10%): "

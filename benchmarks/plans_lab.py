@@ -59,7 +59,8 @@ def lab_plans(quick: bool, cluster: Any) -> list[dict[str, Any]]:
         {"model": "alexnet", "label": "2 hosts, WiFi: desk-cpu | pi1 | desk-cpu",
          "plan": _cut([DRIVER, "pi1", DRIVER], [3, 11, 5])},
         # pool2 to pi2 over WiFi, pool5 to imac over WiFi, imac's output back over the LAN.
-        {"model": "alexnet", "label": "3 hosts: desk-cpu | pi2 | imac", "plan": _cut([DRIVER, "pi2", "imac"], [6, 8, 5])},
+        {"model": "alexnet", "label": "3 hosts: desk-cpu | pi2 | imac",
+         "plan": _cut([DRIVER, "pi2", "imac"], [6, 8, 5])},
     ]
     alex = graph_from_model(multigpu.models.alexnet(), 1)
     plans.append({"model": "alexnet", "label": "AutoPartition (latency)",
@@ -112,16 +113,16 @@ def run_lab(opts: Options) -> Result:
     for prof in measured.profiles:
         for f in prof.links:
             rate = rates.get(frozenset(f.between))
+            off = "-" if rate is None else f"{100 * (f.bandwidth / rate - 1):+.1f}%"
             fit_rows.append([f"{f.between[0]} <-> {f.between[1]}", "unshaped" if rate is None else f"{rate / 1e6:.3g}",
-                             f"{f.bandwidth / 1e6:.3g}", "-" if rate is None else f"{100 * (f.bandwidth / rate - 1):+.1f}%",
-                             f"{1e3 * f.latency:.2f}"])
+                             f"{f.bandwidth / 1e6:.3g}", off, f"{1e3 * f.latency:.2f}"])
     errors = [abs(f.bandwidth / rates[frozenset(f.between)] - 1) for prof in measured.profiles for f in prof.links
               if frozenset(f.between) in rates]
     fit = Table("The profile's fitted links against the shaped rates (each cycle's profile)",
                 ["link", "shaped, MB/s", "fitted, MB/s", "fitted - shaped", "fitted latency, ms"], fit_rows,
                 note=f"Median |fitted - shaped| over {len(errors)} shaped links: "
-                     f"{100 * statistics.median(errors):.1f}%, largest {100 * max(errors):.1f}%. The lab adds no latency: "
-                     f"the fitted latency is Ray's own cost per hop on these hosts.")
+                     f"{100 * statistics.median(errors):.1f}%, largest {100 * max(errors):.1f}%. The lab adds no "
+                     f"latency: the fitted latency is Ray's own cost per hop on these hosts.")
     prof = measured.profiles[-1]
     dev_rows = [[d.name, d.backend or "-", f"{nominal[d.name] / 1e9:.4g}", f"{shares[d.name]:.3g}",
                  f"{d.flops / 1e9:.3g}"] for d in prof.cluster.devices]

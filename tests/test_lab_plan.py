@@ -33,8 +33,9 @@ def test_the_shipped_lab_becomes_five_hosts_with_per_pair_rates_and_shares():
 
 
 def test_scales_devices_sharing_a_host_and_pairs_without_a_link():
-    c = Cluster(devices=(DeviceSpec("a", 1e9, 1, memory=1e8, host="box"), DeviceSpec("b", 4e9, 1, memory=2e8, host="box"),
-                         DeviceSpec("c", 2e9, 1)), source="a", links=(Link(("a", "c"), 1e6, 0.0),),
+    c = Cluster(devices=(DeviceSpec("a", 1e9, 1, memory=1e8, host="box"),
+                         DeviceSpec("b", 4e9, 1, memory=2e8, host="box"), DeviceSpec("c", 2e9, 1)), source="a",
+                links=(Link(("a", "c"), 1e6, 0.0),),
                 hosts={"box": {"cores": 2}})
     plan = design(c, cpu_scale=0.1, bandwidth_scale=10, max_cores=1)
     assert [h.devices for h in plan.hosts] == [("a", "b"), ("c",)]

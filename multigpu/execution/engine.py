@@ -36,7 +36,14 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from multigpu.distributed.job import route_address
-from multigpu.errors import InputError, MissingDependencyError, MultigpuError, PlanError, WorkerDiedError, WorkerTimeoutError
+from multigpu.errors import (
+    InputError,
+    MissingDependencyError,
+    MultigpuError,
+    PlanError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+)
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.worker import StageWorker, thread_env
 from multigpu.partition.inputs.cluster import DeviceSpec

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from multigpu.lab.plan import LabPlan, LinkPlan, NETWORK
+from multigpu.lab.plan import NETWORK, LabPlan, LinkPlan
 from multigpu.lab.system import run
 
 __all__ = ["IFACE", "build_network", "class_stats", "delete_namespace", "namespaces", "set_link"]

@@ -164,7 +164,8 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
     of the Ray head (default: the host with the most memory, unlimited first, then the
     source's). Raises InputError for a bad number or an unknown head.
     """
-    cpu_scale = check_number(cpu_scale, "cpu_scale", minimum=0.0, strict=True, unit="cores the slowest device gets, e.g. 0.25")
+    cpu_scale = check_number(cpu_scale, "cpu_scale", minimum=0.0, strict=True,
+                             unit="cores the slowest device gets, e.g. 0.25")
     bandwidth_scale = check_number(bandwidth_scale, "bandwidth_scale", minimum=0.0, strict=True,
                                    unit="factor on every link's bandwidth, e.g. 10")
     machine = float(os.cpu_count() or 1)
@@ -218,8 +219,9 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
             links.append(LinkPlan(a.name, b.name, bw, ln.latency, rate))
     for pair in sorted(fast, key=sorted):
         x, y = sorted(pair)
-        notes.append(f"link {x} <-> {y}: {cluster.link(groups[x][0], groups[y][0]).bandwidth * bandwidth_scale / 1e6:.4g} "  # type: ignore[union-attr]
-                     f"MB/s is more than this machine carries between namespaces; left unshaped")
+        rate = next(ln.bandwidth for ln in links if {ln.src, ln.dst} == {x, y})
+        notes.append(f"link {x} <-> {y}: {rate / 1e6:.4g} MB/s is more than this machine carries between "
+                     f"namespaces; left unshaped")
     blocked = sorted({frozenset((ln.src, ln.dst)) for ln in links if ln.blocked}, key=sorted)
     for pair in blocked:
         x, y = sorted(pair)

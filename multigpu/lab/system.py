@@ -31,7 +31,8 @@ def run(argv: Sequence[str], what: str, *, check: bool = True, timeout: float = 
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=stdin)
     except FileNotFoundError:
-        raise LabError(f"{what}: the program {argv[0]!r} is not installed (apt-get install iproute2 util-linux)") from None
+        raise LabError(f"{what}: the program {argv[0]!r} is not installed "
+                       f"(apt-get install iproute2 util-linux)") from None
     except subprocess.TimeoutExpired:
         raise LabError(f"{what}: `{' '.join(argv)}` did not finish within {timeout:g} s") from None
     if check and done.returncode != 0:

@@ -48,7 +48,8 @@ def register(sub: Any) -> None:
     up.add_argument("--backend", default=None, help="backend of every device that names none (e.g. torch)")
     up.add_argument("--device-backend", action="append", default=[], metavar="DEVICE=BACKEND",
                     help="backend of one device (repeatable), e.g. imac=paddle")
-    up.add_argument("--threads", type=int, default=1, help="math threads per worker in the emulated cluster (default 1)")
+    up.add_argument("--threads", type=int, default=1,
+                    help="math threads per worker in the emulated cluster (default 1)")
     up.add_argument("--no-ray", action="store_true", help="no Ray nodes (namespaces, links and limits only)")
     up.add_argument("--json", action="store_true", help="print the lab's status as JSON")
     up.add_argument("--quiet", action="store_true", help="no progress lines")

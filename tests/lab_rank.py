@@ -9,16 +9,14 @@ instead, the ranks allreduce until the job is stopped (a link pulled, a host kil
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from rank_helpers import outside_the_job
 
 from multigpu import models
-from multigpu.distributed.job import ENV_RANK
 from multigpu.distributed.rank import init_process_group
 from multigpu.parallel.agreement import random_batches, train_steps
 from multigpu.parallel.data_parallel import DataParallel
@@ -35,16 +33,6 @@ if LOOP:
     while True:
         group.allreduce_(t)
         time.sleep(0.05)
-
-
-@contextlib.contextmanager
-def outside_the_job():
-    """Run the single-process reference inside rank 0: hide the launcher's variables."""
-    saved = os.environ.pop(ENV_RANK)
-    try:
-        yield
-    finally:
-        os.environ[ENV_RANK] = saved
 
 
 m = models.lenet()

@@ -60,6 +60,9 @@ BENCHMARKS: dict[str, str] = {
     "lab": "lab",
 }
 
+#: With ``--lab``, a benchmark whose lab variant is another module runs that module instead.
+LAB_VARIANTS: dict[str, str] = {"plans": "plans_lab"}
+
 # Read by the frameworks' thread pools when they start (torch, MXNet and Paddle use OpenMP).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -447,7 +450,8 @@ def run_benchmarks(names: Iterable[str], opts: Options,
 def _run_each(names: Iterable[str], opts: Options, echo: Callable[[str], None], written: list[Path],
               failed: dict[str, str]) -> None:
     for name in names:
-        module = importlib.import_module(f"{__package__}.{BENCHMARKS[name]}")
+        module_name = LAB_VARIANTS.get(name, BENCHMARKS[name]) if opts.lab else BENCHMARKS[name]
+        module = importlib.import_module(f"{__package__}.{module_name}")
         before = machine()
         echo(f"bench {name}: {module.TITLE}")
         global CURRENT

@@ -154,11 +154,7 @@ def _with_cores_left(cluster: Cluster, others: float) -> Cluster:
 
 def run(opts: Options) -> Result:
     """Profile, plan, run, compare: ``cycles`` times, each profile next to its runs
-    (``--lab``: across the hosts of the emulated lab, see ``plans_lab``)."""
-    if opts.lab:
-        from multigpu.benchmarks.plans_lab import run_lab
-
-        return run_lab(opts)
+    (with ``--lab`` the harness runs ``plans_lab`` instead: across the emulated lab's hosts)."""
     quick = opts.quick
     driver, workers = _devices(opts.frameworks(), int(os.environ.get("MULTIGPU_BENCH_THREADS", "0")) or None)
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if opts.progress else (lambda s: None)

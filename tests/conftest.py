@@ -59,7 +59,7 @@ def data_cache(tmp_path, monkeypatch):
 
 
 # -- the emulated lab's tests: one summary line CI logs can be searched for --------------
-_LAB_TESTS = "tests/test_lab.py"
+_LAB_TESTS = "tests/test_lab"   # test_lab.py, test_lab_plan.py, test_lab_cleanup.py
 _LAB_SPAN: list[float] = []
 
 

@@ -7,6 +7,11 @@ its host), writes how they went to ``STATE_DIR/keeper-status.json``, and then re
 ``ray start`` leaves its daemons behind when it exits, and they become the keeper's
 children instead of init's. When the lab kills them they are reaped at once, so no
 zombie is left for a PID 1 that may never wait for it. The keeper exits on SIGTERM.
+
+A lab that a Python process brought up (``with Lab(...)``) names that process its
+owner: when the owner dies without taking the lab down (killed, crashed), the keeper
+takes it down itself. A lab from ``multigpu lab up`` has no owner and stays up until
+``multigpu lab down``.
 """
 from __future__ import annotations
 
@@ -20,14 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEEPER_FILE", "STATUS_FILE", "main"]
+from multigpu.lab.state import KEEPER_FILE, REQUESTS, STATUS_FILE
+from multigpu.lab.system import process_start
 
-KEEPER_FILE = "keeper.json"
-STATUS_FILE = "keeper-status.json"
-#: A FIFO the keeper reads requests from: one JSON line {"id": N, "group": [item, ...]} each;
-#: it answers in ``request-<N>.json`` with the same fields as the status file.
-REQUESTS = "keeper.fifo"
+__all__ = ["main"]
+
 PR_SET_CHILD_SUBREAPER = 36
+OWNER_POLL = 0.5
 
 
 def _start(item: dict[str, Any], logs: Path) -> tuple[subprocess.Popen, Any]:
@@ -97,8 +101,17 @@ def main(argv: list[str]) -> int:
         os.mkfifo(fifo, 0o600)
     requests = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)   # RDWR: no EOF while no writer is connected
     _answer(state / STATUS_FILE, _run_groups(plan.get("groups", []), logs))
+    owner = plan.get("owner")
+    checked = time.monotonic()
     pending = b""
     while not stop["now"]:
+        if owner and time.monotonic() - checked > OWNER_POLL:
+            checked = time.monotonic()
+            if process_start(owner["pid"]) != owner["start"]:   # it died without taking the lab down
+                from multigpu.lab.lab import teardown
+
+                teardown(state.name)
+                return 0
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:

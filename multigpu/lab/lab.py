@@ -36,9 +36,9 @@ from multigpu.errors import InputError, LabError
 from multigpu.lab import cgroups as cg
 from multigpu.lab import network, raynodes
 from multigpu.lab.enter import HostEntry
-from multigpu.lab.keeper import KEEPER_FILE, REQUESTS, STATUS_FILE
 from multigpu.lab.plan import LabPlan, design
-from multigpu.lab.system import CONTROLLERS, require_support, run
+from multigpu.lab.state import KEEPER_FILE, REQUESTS, STATUS_FILE
+from multigpu.lab.system import CONTROLLERS, process_start, require_support, run
 from multigpu.partition.inputs.cluster import Cluster, Link, load_cluster
 
 __all__ = ["LAB_ROOT", "Lab", "PREFIX", "down_all", "labs", "leftovers"]
@@ -143,7 +143,7 @@ def teardown(lab_id: str) -> list[str]:
     killed = _lab_pids(lab_id)
     left = _kill_lab_processes(lab_id)
     keeper = state.get("keeper")
-    if keeper and _alive(keeper, lab_id):
+    if keeper and keeper != os.getpid() and _alive(keeper, lab_id):   # (the keeper may be the one tearing down)
         _signal_all({keeper}, signal.SIGTERM)
         deadline = time.monotonic() + 5.0
         while _alive(keeper, lab_id) and time.monotonic() < deadline:
@@ -244,7 +244,9 @@ class Lab:
     ``backend``: the backend of every device without one (a name), or per device
     (``{"pi2": "paddle"}``), written into the emulated cluster (``cluster_file``) with
     ``threads`` math threads per worker. ``ray=False`` brings up no Ray nodes.
-    ``echo`` receives progress lines.
+    ``keep_up=True`` leaves the lab up after this process exits (until ``multigpu lab
+    down``), as ``multigpu lab up`` does; otherwise it goes down with this process, even
+    when the process is killed (the lab's keeper sees it die). ``echo`` receives progress lines.
 
     Raises LabUnsupportedError (not root, no namespaces, no htb, no cgroup v1) before
     anything is made, and LabError when building fails (after taking down what was made).
@@ -253,13 +255,14 @@ class Lab:
     def __init__(self, cluster: Union[Cluster, str, "os.PathLike[str]"], *, cpu_scale: float = 0.25,
                  bandwidth_scale: float = 1.0, max_cores: Optional[float] = None, head: Optional[str] = None,
                  backend: Union[None, str, Mapping[str, str]] = None, threads: Optional[int] = 1, ray: bool = True,
-                 echo: Optional[Callable[[str], None]] = None):
+                 keep_up: bool = False, echo: Optional[Callable[[str], None]] = None):
         self.source_cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
         self.plan: LabPlan = design(self.source_cluster, cpu_scale=cpu_scale, bandwidth_scale=bandwidth_scale,
                                     max_cores=max_cores, head=head)
         self.backends = _backend_map(self.source_cluster, backend)
         self.threads = threads
         self.ray = ray
+        self.keep_up = keep_up
         self.echo = echo or (lambda s: None)
         self.id = ""
         self.hosts: dict[str, _Host] = {}
@@ -412,7 +415,8 @@ class Lab:
             groups = [[self._node_item(self.plan.head, head=True)]]
             if others:
                 groups.append([self._node_item(h, head=False) for h in others])
-        (self.state_dir / KEEPER_FILE).write_text(json.dumps({"groups": groups}))
+        owner = None if self.keep_up else {"pid": os.getpid(), "start": process_start(os.getpid())}
+        (self.state_dir / KEEPER_FILE).write_text(json.dumps({"groups": groups, "owner": owner}))
         log = open(self.state_dir / "keeper.log", "ab")
         try:
             p = subprocess.Popen([sys.executable, "-m", "multigpu.lab.keeper", str(self.state_dir)],
@@ -643,6 +647,7 @@ class Lab:
         lab.backends = {d.name: d.backend for d in emulated.devices}
         lab.threads = next((d.threads for d in emulated.devices if d.threads), None)
         lab.ray = st["ray"]
+        lab.keep_up = True
         lab.echo = lambda s: None
         lab.id = st["id"]
         lab._old_sigterm = None

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 from multigpu.errors import LabError, LabUnsupportedError
 
-__all__ = ["CGROUP_ROOT", "CONTROLLERS", "TOOLS", "require_support", "run"]
+__all__ = ["CGROUP_ROOT", "CONTROLLERS", "TOOLS", "process_start", "require_support", "run"]
 
 #: Where cgroup v1 mounts its controllers.
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -40,6 +40,16 @@ def run(argv: Sequence[str], what: str, *, check: bool = True, timeout: float = 
         raise LabError(f"{what}: `{' '.join(argv)}` exited with status {done.returncode}"
                        + (f": {err[-1]}" if err else ""))
     return done
+
+
+def process_start(pid: int) -> Optional[int]:
+    """The start time (clock ticks since boot) of process ``pid``, None when it is gone or a
+    zombie: a pid with another start time is another process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if stat[0] == "Z" else int(stat[19])
 
 
 def require_support() -> None:

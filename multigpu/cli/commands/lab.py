@@ -114,7 +114,7 @@ def run_up(args: argparse.Namespace) -> int:
     from multigpu.lab import Lab
 
     lab = Lab(args.cluster, cpu_scale=args.cpu_scale, bandwidth_scale=args.bandwidth_scale, max_cores=args.max_cores,
-              head=args.head, backend=_backends(args), threads=args.threads, ray=not args.no_ray,
+              head=args.head, backend=_backends(args), threads=args.threads, ray=not args.no_ray, keep_up=True,
               echo=(lambda s: None) if args.quiet or args.json else (lambda s: print(s, file=sys.stderr)))
     lab.up()   # on Ctrl-C or an error, up() has already taken down what it made
     st = lab.status()

@@ -134,6 +134,15 @@ def run_lab(opts: Options) -> Result:
                          "each). A CFS quota gives a share of CPU time, not a slower core, and the machine's other "
                          "load takes its part too: measured, not assumed.")
     result.tables = [result.tables[0], fit, devices] + result.tables[1:]
+    for d in result.data["plans"]:
+        if abs(d["error"]) > TARGET_LATENCY and d["parts"]:
+            worst = max(d["parts"], key=lambda q: abs(q["predicted"] - q["measured"]) if q["kind"] != "end_to_end"
+                        and q["kind"] != "stream" else -1.0)
+            if worst["kind"] in ("stage", "hop"):
+                result.notes.append(
+                    f"{d['model']} {d['label']}: off by {100 * d['error']:+.1f}%; the term most wrong is "
+                    f"{worst['what']}: predicted {1e3 * worst['predicted']:.2f} ms, measured "
+                    f"{1e3 * worst['measured']:.2f} ms")
     result.notes = [f"The emulated lab: {n}" for n in notes] + result.notes + [
         f"Median |error| of end-to-end time target: {100 * TARGET_LATENCY:.0f}%."]
     result.settings.update({"lab": True, "backends": BACKENDS, "driver": DRIVER, "sizes": SIZES,

@@ -461,11 +461,10 @@ def _run_each(names: Iterable[str], opts: Options, echo: Callable[[str], None], 
         except Exception as exc:  # one broken benchmark must not hide the others' results
             failed[name] = f"{type(exc).__name__}: {exc}"
             echo(f"bench {name}: FAILED: {failed[name]}")
-            meter.stop()
             continue
         finally:
             CURRENT = None
-        load = meter.stop()
+            load = meter.stop()   # also on Ctrl-C: the accounting's cgroup goes
         written += _write(result, opts.out, before, list(os.getloadavg()), load)
         echo(f"bench {name}: done in {load['wall_s']:.0f} s -> {opts.out / name}.{{md,json,png}}")
 

@@ -45,12 +45,45 @@ ENGINES = ("torch", "paddle", "mxnet")
 
 # -- inside a lab host ----------------------------------------------------------------
 def profile_inside(address: str, cluster_file: str, progress: bool) -> Any:
-    """Profile AlexNet on the lab's devices (inside the host machine)."""
+    """Profile the lab's links, stage overheads and hosts from the host machine (LeNet's layers:
+    a Pi-class host cannot hold AlexNet, which ``layer_times_here`` times layer by layer)."""
     from multigpu.execution import profile
 
-    return profile(["alexnet"], cluster=multigpu.partition.load_cluster(cluster_file), address=address, repeats=3,
-                   warmup=1, link_repeats=3, sizes=[65536, 655360], cpu_items=10, timeout=600.0,
+    return profile(["lenet"], cluster=multigpu.partition.load_cluster(cluster_file), address=address, repeats=5,
+                   warmup=1, link_repeats=4, sizes=[65536, 655360], cpu_items=10, timeout=600.0,
                    startup_timeout=600.0, progress=progress)
+
+
+def layer_times_here(repeats: int) -> dict[str, float]:
+    """Seconds of each of AlexNet's layers on this host (torch, one thread), each layer alone
+    with only its own parameters in memory (zeros: the values do not change the time), the
+    median of ``repeats`` after one untimed call."""
+    os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    import numpy as np
+
+    from multigpu.contract.protocol import Device
+
+    be = multigpu.backend("torch")
+    dev = Device("cpu", 0)
+    model = multigpu.models.alexnet()
+    stats = model.layer_stats(1)
+    rng = np.random.default_rng(0)
+    out = {}
+    for i, (name, layer) in enumerate(model.layers):
+        shapes = model.layer_params(model.param_shapes, i)
+        params = [be.from_numpy(np.zeros(shape, np.float32), dev) for shape in shapes]
+        x = be.from_numpy(rng.random((1, *stats[i].input_shape), dtype=np.float32), dev)
+        be.synchronize(dev)
+        layer.forward(be, params, x)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            layer.forward(be, params, x)
+            be.synchronize(dev)
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times)
+        del params, x
+    return out
 
 
 def single_pi(images: int) -> dict[str, Any]:
@@ -138,20 +171,37 @@ def report_experiment(lab: Any, folder: Path, say: Any, progress: bool) -> dict[
     from multigpu.partition import evaluate, graph_from_model
 
     spec = _cluster_with_source(lab, HOST, folder, "host-machine")
-    say("lab: profiling AlexNet on every host (from the host machine)")
+    say("lab: profiling the links from the host machine")
     prof = lab.call(HOST, "multigpu.benchmarks.lab:profile_inside", lab.address, str(spec), progress,
                     timeout=3 * 3600)
-    prof_file = folder / "profile.json"
-    prof.write(prof_file)
     g = graph_from_model(multigpu.models.alexnet(), 1)
-    on_pi = _cluster_with_source(lab, "pi1", folder, "pi-alone", data=prof.cluster.to_dict())
+    measured: dict[str, dict[str, float]] = {}
+    for h in lab.plan.hosts:   # one host at a time, so that they do not compete for the machine
+        say(f"lab: timing AlexNet's layers on {h.name}, one layer at a time")
+        small = h.memory is not None
+        if small:   # room for the layer's parameters: the host's Ray node waits meanwhile
+            lab.kill(h.name)
+            time.sleep(1)
+        try:
+            measured[h.name] = lab.call(h.name, "multigpu.benchmarks.lab:layer_times_here", 3, timeout=3600)
+        finally:
+            if small:
+                lab.restart(h.name)
+    data = prof.cluster.to_dict()
+    for d in data["devices"]:
+        d.setdefault("layer_times", {})[g.name] = measured[d["name"]]
+    prof_file = folder / "profile.json"
+    prof_file.write_text(json.dumps(data))
+    cluster = multigpu.partition.load_cluster(prof_file)
+    on_pi = _cluster_with_source(lab, "pi1", folder, "pi-alone", data=data)
     pi_alone = multigpu.partition.load_cluster(on_pi)
     predicted_single = evaluate(g, pi_alone, ["pi1"] * g.n).time
-    split = evaluate(g, prof.cluster, SPLIT, ship_params=True)
+    split = evaluate(g, cluster, SPLIT, ship_params=True)
     ship_each: dict[str, float] = {}
     for layer in split.layers:
         ship_each[layer.device] = ship_each.get(layer.device, 0.0) + layer.param_time
-    out: dict[str, Any] = {"profile": prof.to_dict(), "predicted_single": predicted_single,
+    out: dict[str, Any] = {"profile": {**prof.to_dict(), "cluster": data}, "alexnet_layers": measured,
+                           "predicted_single": predicted_single,
                            "predicted_split": split.time, "predicted_param_time": split.param_time,
                            "predicted_param_max": max(ship_each.values()), "predicted_ship_each": ship_each}
     say("lab: AlexNet on pi1 alone, 500 MB and no swap (its Ray node stopped)")
@@ -416,9 +466,8 @@ def _fmt_s(x: Optional[float]) -> str:
 
 def _report_table(data: dict[str, Any]) -> tuple[Table, list[str]]:
     rep = data["report"]
-    prof = rep["profile"]
-    pi = next(d for d in prof["cluster"]["devices"] if d["name"] == "pi1")
-    pi_gflops = pi["flops"] / 1e9
+    flops = sum(st.flops for st in multigpu.models.alexnet().layer_stats(1))
+    pi_gflops = flops / sum(rep["alexnet_layers"]["pi1"].values()) / 1e9
     single_ok = rep.get("single_unlimited", {})
     single = statistics.median(single_ok["seconds"]) if single_ok.get("ok") else math.nan
     sp = rep["split"]

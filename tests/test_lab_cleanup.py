@@ -77,8 +77,9 @@ def test_a_lab_whose_keeper_died_is_a_leftover_that_the_next_up_removes(two):
         assert time.monotonic() < deadline, "a lab without its keeper is not listed as a leftover"
         time.sleep(0.1)
     with Lab(two, ray=False) as fresh:
-        assert _mine(crashed.id) == [] and fresh.id != crashed.id
-    assert _mine(fresh.id) == []
+        fresh_id = fresh.id
+        assert _mine(crashed.id) == [] and fresh_id != crashed.id
+    assert _mine(fresh_id) == []
 
 
 def test_ctrl_c_during_lab_up_takes_down_what_was_made(two):

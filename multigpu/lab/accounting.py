@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from multigpu.lab.cgroups import join, own_cgroup, remove_tree, tree_pids
+from multigpu.lab.cgroups import find_lab_cgroups, join, own_cgroup, remove_tree, tree_pids
 from multigpu.lab.system import CGROUP_ROOT
 
-__all__ = ["ACCOUNT_ENV", "CpuAccount", "read_account"]
+__all__ = ["ACCOUNT_ENV", "CpuAccount", "clean_dead", "read_account"]
 
 ACCT_PREFIX = "mgl-acct-"
 POLL = 0.2
@@ -37,17 +37,20 @@ def read_account(folder: str) -> Optional[float]:
         return None
 
 
-def _clean_dead(parent: Path) -> None:
-    """Remove accounting cgroups left by runs that died (their pid is gone)."""
-    for d in parent.glob(f"{ACCT_PREFIX}*"):
+def clean_dead() -> list[str]:
+    """Remove the accounting cgroups of runs that died (their pid is gone); return them."""
+    removed = []
+    for d in list(find_lab_cgroups(ACCT_PREFIX)):
         pid = d.name[len(ACCT_PREFIX):]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             for p in tree_pids(d):
                 try:
-                    join(p, [str(parent / "cgroup.procs")])
+                    join(p, [str(d.parent / "cgroup.procs")])
                 except OSError:
                     pass
-            remove_tree(d)
+            if remove_tree(d):
+                removed.append(str(d))
+    return removed
 
 
 class CpuAccount:
@@ -64,7 +67,7 @@ class CpuAccount:
         if os.geteuid() == 0 and (CGROUP_ROOT / "cpuacct" / "cgroup.procs").exists():
             try:
                 home = own_cgroup("cpuacct")
-                _clean_dead(home)
+                clean_dead()
                 d = home / f"{ACCT_PREFIX}{os.getpid()}"
                 d.mkdir(exist_ok=True)
                 join(os.getpid(), [str(d / "cgroup.procs")])

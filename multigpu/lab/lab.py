@@ -211,8 +211,12 @@ def leftovers() -> list[str]:
 def down_all(lab_id: Optional[str] = None) -> dict[str, list[str]]:
     """Take down lab ``lab_id`` (default: every lab on the machine, leftovers included);
     return, per lab, what could not be removed."""
+    from multigpu.lab.accounting import clean_dead
+
     ids = sorted(_ids_on_machine()) if lab_id is None else [lab_id]
-    return {i: teardown(i) for i in ids}
+    out = {i: teardown(i) for i in ids}
+    clean_dead()   # and what a killed benchmark's CPU accounting left
+    return out
 
 
 @dataclass(frozen=True)

@@ -306,8 +306,8 @@ def faults(lab: Any, folder: Path, say: Any) -> list[dict[str, Any]]:
     fc = ["fc6", "relu6", "fc7", "relu7"]   # 218 MB of parameters
     small = json.loads(lab.cluster_file.read_text())
     for d in small["devices"]:
-        if d["name"] == "pi2":
-            d["memory"] = 200e6
+        if d["name"] == "pi2":   # NumPy: a worker light enough to start in 200 MB, so its stage is what fails
+            d["memory"], d["backend"] = 200e6, "numpy"
     small_file = _cluster_with_source(lab, HOST, folder, "small-pi2", data=small)
     try:
         autopartition(graph_from_model(alex, 1), multigpu.partition.load_cluster(small_file),
@@ -421,14 +421,16 @@ def _ray_env_of(lab: Any, host: str) -> dict[str, str]:
 
 
 def _poll_listeners(lab: Any, host: str, base: set, done: Any) -> list[tuple[str, int, str]]:
+    """Every socket that listened in ``host`` while the command ran, beyond ``base`` (the
+    host's own Ray node): a local Ray instance's raylet and gcs_server count."""
     seen: dict[tuple[str, int], tuple[str, int, str]] = {}
     deadline = time.monotonic() + 300
     while not done() and time.monotonic() < deadline:
-        for r in _job_rows(lab.listening(host)):
+        for r in lab.listening(host):
             if (r[0], r[1]) not in base:
                 seen[(r[0], r[1])] = r
         time.sleep(0.2)
-    for r in _job_rows(lab.listening(host)):
+    for r in lab.listening(host):
         if (r[0], r[1]) not in base:
             seen[(r[0], r[1])] = r
     return sorted(seen.values())
@@ -541,7 +543,8 @@ def _reach_table(data: dict[str, Any]) -> Table:
     reach = data["reach"]
     reach_rows = []
     for r in reach["single"]:
-        reach_rows.append([r["command"], "one host (" + reach["host"] + ")", _addrs(r["listening"]),
+        auth = "; " + ", ".join(f"{k}={v}" for k, v in r["auth"].items()) if r.get("auth") else ""
+        reach_rows.append([r["command"], "one host (" + reach["host"] + ")", _addrs(r["listening"]) + auth,
                            _reached(r["reach"])])
     for r in reach["multi"]:
         for h, rows_ in r["listening"].items():

@@ -171,7 +171,7 @@ def profiled(lab):
     out = lab.folder / "profile.json"
     t0 = time.monotonic()
     got = run_in(lab, "desk-cpu", "profile", "--cluster", str(spec), "--address", lab.address, "--out", str(out),
-                 "--sizes", "131072,1048576", "--repeats", "5", "--warmup", "1", "--link-repeats", "3",
+                 "--sizes", "65536,524288", "--repeats", "3", "--warmup", "1", "--link-repeats", "3",
                  "--cpu-items", "10", "--quiet", "--json")
     assert got.returncode == 0, got.stderr[-3000:]
     return json.loads(got.stdout), out, time.monotonic() - t0
@@ -368,7 +368,7 @@ def test_single_host_jobs_cannot_be_reached_and_ray_refuses_a_node_without_the_t
         out = tmp_path / b
         out.mkdir()
         jobs[b] = (out, lab.popen(host, [sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--backend", b,
-                                         "--", str(HERE / "lab_rank.py"), str(out), "6"],
+                                         "--", str(HERE / "lab_rank.py"), str(out), "4"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     local = tmp_path / "local.json"
     local.write_text(json.dumps({"devices": [{"name": "d", "flops": 1e9, "power": 0, "backend": "numpy"},

@@ -352,7 +352,8 @@ def _write(result: Result, out: Path, before: dict[str, Any], load_after: list[f
     loaded = share is not None and share > 0.1 or before["loadavg"][0] > 0.5 * (before["cores"] or 1)
     versions = ", ".join(f"{k} {v}" for k, v in before["versions"].items() if v)
     header = [f"## {result.title}", "",
-              f"Run on {before['date']}. Machine: {before['cpu']}, {before['cores']} cores, {before['memory_gib']} GiB, "
+              f"Run on {before['date']}. "
+              f"Machine: {before['cpu']}, {before['cores']} cores, {before['memory_gib']} GiB, "
               f"GPUs: {', '.join(before['gpus']) or 'none'}; Python {before['python']}; {versions}; "
               f"threads: {', '.join(f'{k}={v}' for k, v in before['thread_env'].items()) or 'framework defaults'}.",
               "",

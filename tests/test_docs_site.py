@@ -74,3 +74,15 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     for command in ("check", "train", "partition", "profile", "run", "launch", "bench"):
         assert f'id="multigpu-{command}"' in cli, f"the CLI reference has no section for {command}"
     assert "--train-limit" in cli  # the help text itself, not a copy of it
+
+
+def test_every_results_page_says_when_where_and_under_what_load_it_ran() -> None:
+    """The results section holds only pages the harness wrote, each stamped with its date, its
+    machine and the load during the run (no hand-made results pages)."""
+    pages = sorted(p for p in (ROOT / "docs" / "results").glob("*.md") if p.name != "index.md")
+    assert pages
+    for page in pages:
+        head = page.read_text()[:3000]
+        assert re.search(r"Run on \d{4}-\d\d-\d\d", head), f"{page.name} says not when it ran"
+        assert "Machine: " in head and "load average" in head.lower(), f"{page.name} lacks its machine or load"
+        assert (page.with_suffix(".png")).is_file(), f"{page.name} has no plot beside it"

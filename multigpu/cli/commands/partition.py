@@ -11,7 +11,7 @@ from multigpu.cli.parsers import add_command
 DESCRIPTION = """\
 Place each layer of a chain network on a device of a heterogeneous cluster at the
 least cost = wt*T + we*E, where T is compute plus transfer time and E is compute
-energy plus link energy (README.md, "Cost model and AutoPartition", gives the exact model). The optimum is
+energy plus link energy (docs/design/cost-model.md gives the exact model). The optimum is
 exact: a DP without coupling constraints, a HiGHS MILP with memory, busy-time or
 energy constraints and for --objective throughput. Prints a per-layer table, each
 device's compute/transfer/energy/memory, and the plan against four baselines.

@@ -573,8 +573,47 @@ def _result(data: dict[str, Any]) -> Result:
             notes += built[1]
         else:
             tables.append(built)
-    return Result(name="lab", title=TITLE, tables=tables, notes=notes,
+    return Result(name="lab", title=TITLE, tables=tables, notes=notes, plot=_plot(data),
                   data=data, settings={"cluster": "lab", "backend": "torch", "split": SPLIT, "payload": PAYLOAD})
+
+
+def _plot(data: dict[str, Any]) -> Any:
+    """Three panels: the report's experiment, bus bandwidth against the link, each fault's time."""
+    def plot(fig: Any) -> None:
+        axes = fig.subplots(1, 3)
+        rep = data.get("report")
+        if rep and rep.get("single_unlimited", {}).get("ok"):
+            single = statistics.median(rep["single_unlimited"]["seconds"])
+            sp = rep["split"]
+            largest = rep["predicted_split"] - rep["predicted_param_time"] + rep["predicted_param_max"]
+            names = ["one Pi\n(no memory limit)", "split: parameters\nshipped", "split: one image"]
+            pred = [rep["predicted_single"], rep["predicted_param_max"], largest - rep["predicted_param_max"]]
+            meas = [single, sp["param_seconds"], sp["per_image"][0]]
+            xs = range(len(names))
+            axes[0].bar([x - 0.2 for x in xs], pred, 0.4, label="predicted")
+            axes[0].bar([x + 0.2 for x in xs], meas, 0.4, label="measured")
+            axes[0].set_xticks(list(xs), names, fontsize=7)
+            axes[0].set_yscale("log")
+            axes[0].set_ylabel("seconds")
+            axes[0].set_title("AlexNet: one Pi-class host against the split", fontsize=9)
+            axes[0].legend(fontsize=7)
+        bus = [r for r in data.get("allreduce", []) if "busbw" in r]
+        if bus:
+            labels = [f"{r['engine']}\n{r['pair']}" for r in bus]
+            axes[1].bar(range(len(bus)), [r["busbw"] / r["link"] for r in bus])
+            axes[1].axhline(1.0, color="k", lw=0.8)
+            axes[1].set_xticks(range(len(bus)), labels, fontsize=7)
+            axes[1].set_ylabel("bus bandwidth / link rate")
+            axes[1].set_title("Allreduce across two hosts", fontsize=9)
+        faults = data.get("faults", [])
+        if faults:
+            axes[2].barh(range(len(faults)), [f["seconds"] for f in faults])
+            axes[2].set_yticks(range(len(faults)), [f["fault"][:38] for f in faults], fontsize=6)
+            axes[2].set_xlabel("seconds to a named error")
+            axes[2].set_title("Faults", fontsize=9)
+        fig.tight_layout()
+
+    return plot
 
 
 def _spans(plan: list[str]) -> list[str]:

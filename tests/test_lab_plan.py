@@ -1,9 +1,11 @@
 """The lab's design from a cluster file and its command line, without root: what ``Lab``
 would build (hosts, addresses, shaped rates, CPU shares, memory limits, what it cannot
-emulate), and the one-line refusals of a machine that cannot host it."""
+emulate), the one-line refusals of a machine that cannot host it, and the lab benchmark's
+report built from the parts that ran (the committed run's raw data, parts removed)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +88,20 @@ def test_lab_commands_without_a_lab_and_with_bad_input(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["lab", "--help"])
     assert "cannot emulate a link's latency" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("failed", [(), ("report",), ("reach", "allreduce"), ("report", "allreduce", "faults", "reach")])
+def test_the_lab_benchmark_reports_each_part_that_ran_and_names_each_that_did_not(failed):
+    from multigpu.benchmarks import lab as bench_lab
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "docs/results/lab.json").read_text())["data"]
+    data = {k: v for k, v in data.items() if k not in failed}
+    if failed:
+        data["failed"] = {failed[0]: "RuntimeError: the link went away"}
+    result = bench_lab._result(data)
+    titles = {"report": "The report's experiment", "allreduce": "Multi-host data parallel", "faults": "Faults",
+              "reach": "Who can reach a job"}
+    assert [t.title.split(":")[0] for t in result.tables] == [v for k, v in titles.items() if k not in failed]
+    assert [n for n in result.notes if n.startswith("The ") and " part failed: " in n] == [
+        f"The {k} part failed: " + ("RuntimeError: the link went away" if k == failed[0] else "it did not run")
+        for k in titles if k in failed]

@@ -9,20 +9,25 @@ from typing import Any
 
 from multigpu import models
 from multigpu.checks import check_count
+from multigpu.cli.parsers import add_command
 from multigpu.contract.registry import available_backends, backend, registered_backends
 from multigpu.data.files import atomic_write, check_writable
 from multigpu.errors import InputError, MultigpuError
 from multigpu.parallel.agreement import agreement
 from multigpu.parallel.allreduce import ALGORITHMS
 
+DESCRIPTION = """\
+List every registered backend and the devices it sees, then train LeNet for a few
+steps from the same start on each and compare with the NumPy reference. Exit
+status: 0 all agree, 1 a backend differs by more than --tol, 2 bad input, 130
+interrupted.
+"""
+
 
 def register(sub: Any) -> None:
     """Add the ``check`` sub-command."""
-    p = sub.add_parser("check", help="list backends and devices; check they agree with the NumPy reference",
-                       description="List every registered backend and the devices it sees, then train "
-                                   "LeNet for a few steps from the same start on each and compare with "
-                                   "the NumPy reference. Exit status: 0 all agree, 1 a backend differs by "
-                                   "more than --tol, 2 bad input, 130 interrupted.")
+    p = add_command(sub, "check", run, help="list backends and devices; check they agree with the NumPy reference",
+                    description=DESCRIPTION)
     p.add_argument("--backends", default=None, help="comma-separated backends to check (default: all installed)")
     p.add_argument("--steps", type=int, default=10, help="SGD steps (default 10)")
     p.add_argument("--batch", type=int, default=32, help="global batch size (default 32)")
@@ -30,7 +35,6 @@ def register(sub: Any) -> None:
     p.add_argument("--allreduce", choices=ALGORITHMS, default="fused", help="allreduce algorithm (default fused)")
     p.add_argument("--tol", type=float, default=1e-5, help="max absolute difference allowed (default 1e-5)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="also write the result as JSON")
-    p.set_defaults(func=run)
 
 
 def _devices(text: str) -> object:

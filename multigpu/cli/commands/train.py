@@ -5,6 +5,7 @@ import argparse
 import warnings
 from typing import Any
 
+from multigpu.cli.parsers import add_command
 from multigpu.contract.devices import CPUFallbackWarning
 from multigpu.contract.registry import PREFERRED, default_backend
 from multigpu.data.files import check_writable
@@ -12,15 +13,18 @@ from multigpu.distributed.rank import launched_backend
 from multigpu.parallel.allreduce import ALGORITHMS
 from multigpu.training.trainer import train
 
+DESCRIPTION = """\
+Train a model on Fashion-MNIST across devices with any backend and print one line
+per epoch: test accuracy, seconds per epoch, devices. Every option and output path
+is checked before the data loads. Exit status: 0 ok, 1 the run failed (e.g. the
+loss diverged), 2 bad input, 130 interrupted.
+"""
+
 
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
-    p = sub.add_parser("train", help="train LeNet on Fashion-MNIST with data-parallel SGD",
-                       description="Train a model on Fashion-MNIST across devices with any backend and "
-                                   "print one line per epoch: test accuracy, seconds per epoch, devices. "
-                                   "Every option and output path is checked before the data loads. "
-                                   "Exit status: 0 ok, 1 the run failed (e.g. the loss diverged), "
-                                   "2 bad input, 130 interrupted.")
+    p = add_command(sub, "train", run, help="train LeNet on Fashion-MNIST with data-parallel SGD",
+                    description=DESCRIPTION)
     p.add_argument("--backend", default=None,
                    help=f"numpy, torch, mxnet or paddle (default: the one 'multigpu launch' was given, else "
                         f"the first installed of {', '.join(PREFERRED)}; the first output line names it)")
@@ -44,7 +48,6 @@ def register(sub: Any) -> None:
     p.add_argument("--plot", default=None, metavar="PNG", help="write accuracy/loss curves (needs matplotlib)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -225,3 +225,20 @@ def test_producers_of_the_oracle_and_the_graph_agree():
     names = ["input"] + g.names
     assert [[names[p + 1] for p in prods] for prods in g.producers] == producers(RESIDUAL)
     assert np.array_equal(g.input_consumers, [0])
+
+
+def test_graph_from_model_takes_each_nodes_inputs():
+    # A model whose layer stats name their inputs (as graph models do) gives a DAG graph.
+    from types import SimpleNamespace
+
+    from multigpu.partition import graph_from_model
+
+    stats = [SimpleNamespace(name=x["name"], flops=x["flops"] * 2, param_bytes=x["param_bytes"],
+                             output_bytes=x["output_bytes"] * 2, inputs=tuple(x.get("inputs", ())))
+             for x in RESIDUAL["layers"]]
+    for s, prev in zip(stats, ["input"] + [x.name for x in stats]):
+        s.inputs = s.inputs or (prev,)
+    model = SimpleNamespace(name="toy", layer_stats=lambda batch: stats, input_bytes=lambda batch: 8000)
+    g = graph_from_model(model, batch=2)
+    assert g.name == "toy(batch=2)" and g.producers == Graph.from_dict(RESIDUAL).producers
+    assert g.input_bytes == 8000 and g.flops[0] == 4e8

@@ -275,29 +275,46 @@ class _DP:
             out[s.nodes[0]] = w
 
     def trace_bundle(self, s: int, b: Bundle, u: int, w: int, out: np.ndarray) -> None:
+        """Fill in the branches of bundle ``b`` from the fork on ``u`` to the join on ``w``:
+        the forward pass's minimum for (u, w), recomputed over the device sets."""
         k = self.k
         S, info = self.bundles[id(b)]
         send = self.send(s)
         hs, direct, heads = info["hs"], info["direct"], info["heads"]
-        best: tuple[float, list[tuple[int, int]]] = (np.inf, [])
-        for row in S:
-            chosen = [int(v) for v in row if v < k]
-            opened = set(chosen) | ({w} if direct else set())
-            base = sum(send[u, v] for v in opened if v != u)
-            avail = sorted(set(chosen) | {u} | ({w} if direct else set()))
-            for local in (False, True):
-                if local and (not self.stage.any() or (direct and (s < 0 or u != w))):
-                    continue
-                tables = info["on"] if local else info["any"]
-                total = base + (0.0 if local else self.stage[w])
-                picks = []
-                for j, B in enumerate(tables):
-                    h = min(avail, key=lambda h: hs[u, h] + B[h, w])
-                    total += hs[u, h] + B[h, w]
-                    picks.append((h, local))
-                if np.isfinite(total) and (not np.isfinite(best[0]) or total < best[0] - 1e-15 * abs(best[0])):
-                    best = (total, picks)
-        for br, (h, local) in zip(heads, best[1]):
+        send_pad = np.append(send[u], 0.0)
+        opened = send_pad[S].sum(axis=1)
+        if direct and w != u:
+            opened = opened + np.where((S == w).any(axis=1), 0.0, send[u, w])
+        # Devices a head may use: the set's, the fork's (free) and, with a direct edge, the join's.
+        free = [u] + ([w] if direct else [])
+
+        def picks(tables: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+            total = np.zeros(len(S))
+            choice = np.zeros((len(S), len(tables)), dtype=np.intp)
+            for j, B in enumerate(tables):
+                C = np.append(hs[u] + B[:, w], np.inf)                   # by head device; k pads
+                cand = np.concatenate([S, np.broadcast_to(np.array(free), (len(S), len(free)))], axis=1)
+                vals = C[cand]
+                arg = vals.argmin(axis=1)
+                choice[:, j] = cand[np.arange(len(S)), arg]
+                total += vals[np.arange(len(S)), arg]
+            return total, choice
+
+        any_total, any_choice = picks(info["any"])
+        options = [(opened + self.stage[w] + any_total, any_choice, False)]
+        if self.stage.any() and not (direct and (s < 0 or u != w)):
+            on_total, on_choice = picks(info["on"])
+            options.append((opened + on_total, on_choice, True))
+        best_val, best = np.inf, None
+        for total, choice, local in options:
+            r = int(np.argmin(total))
+            if total[r] < best_val:
+                best_val, best = total[r], (choice[r], local)
+        if best is None:   # pragma: no cover - the forward pass found a finite value here
+            return
+        chosen, local = best
+        for br, h in zip(heads, chosen):
+            h = int(h)
             if local:
                 tail = w
             else:

@@ -21,7 +21,7 @@ import math
 from typing import Any, Optional
 
 from hypothesis import strategies as st
-from test_partition_oracle import Unusable, draw_shared, ref_cpu, ref_cpu_link, ref_figures, ref_transfer
+from test_partition_oracle import Unusable, draw_shared, ref_transfer, ref_transfer_loads
 
 INPUT = "input"
 
@@ -79,7 +79,6 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     devs = {d["name"]: d for d in cd["devices"]}
     dev = {x["name"]: a for x, a in zip(gd["layers"], assignment)}
     st_ = starts(gd, dev)
-    relay = cd.get("relay")
     busy: dict[str, float] = {}
     work: dict[str, float] = {}
     link: dict[frozenset, float] = {}
@@ -92,15 +91,7 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
         d = devs[dev[x["name"]]]
         c = x["flops"] / d["flops"] + (d.get("stage_overhead", 0.0) if st_[x["name"]] else 0.0)
         add(d["name"], c, c)
-    for _, u, v, b in sends(gd, cd, dev):
-        if not ref_cpu_link(cd, u, v):
-            link[frozenset((u, v))] = link.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
-        for end in (u, v):
-            total, ser = ref_cpu(cd, end, b)
-            add(end, ser, total)
-        if relay is not None and relay["device"] not in (u, v):
-            total, ser = ref_figures(relay, b)
-            add(relay["device"], ser, total)
+    ref_transfer_loads(cd, [(u, v, b) for _, u, v, b in sends(gd, cd, dev)], add, link)
     shares = [sum(work.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
               for h, spec in cd.get("hosts", {}).items()]
     return max(list(busy.values()) + list(link.values()) + shares)

@@ -277,7 +277,6 @@ class _DP:
     def trace_bundle(self, s: int, b: Bundle, u: int, w: int, out: np.ndarray) -> None:
         """Fill in the branches of bundle ``b`` from the fork on ``u`` to the join on ``w``:
         the forward pass's minimum for (u, w), recomputed over the device sets."""
-        k = self.k
         S, info = self.bundles[id(b)]
         send = self.send(s)
         hs, direct, heads = info["hs"], info["direct"], info["heads"]

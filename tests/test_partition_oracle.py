@@ -107,7 +107,6 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     dev = {d["name"]: d for d in cd["devices"]}
     source = cd["source"]
     sink = cd.get("sink", source)
-    relay = cd.get("relay")
     busy: dict[str, float] = {}       # a device's own load (serial transfer CPU)
     work: dict[str, float] = {}       # what it puts on its host (all its transfer CPU)
     load: dict[frozenset, float] = {}

@@ -39,3 +39,16 @@ def test_batch_scales_flops_and_activations_not_parameters():
     one, eight = ARCHITECTURES["resnet50"](), ARCHITECTURES["resnet50"](batch=8)
     assert (eight.flops == 8 * one.flops).all() and (eight.output_bytes == 8 * one.output_bytes).all()
     assert (eight.param_bytes == one.param_bytes).all() and eight.input_bytes == 8 * one.input_bytes
+
+
+def test_the_generated_resnet18_is_the_model_specs_graph():
+    # With #15's graph models, load_graph("resnet18") comes from the model (a built-in name wins):
+    # node for node (names, inputs, FLOPs, parameter and output bytes) it is the generated graph.
+    from multigpu import models
+
+    generated, loaded = ARCHITECTURES["resnet18"](), load_graph("resnet18")
+    assert loaded == generated
+    if "resnet18" in models.MODELS:
+        assert loaded.name == "resnet18(batch=1)"
+    else:   # before the graph models: the shipped file
+        assert loaded.name == "resnet18"

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import multigpu
 from multigpu.benchmarks.harness import Options, Result, Table
@@ -128,7 +128,7 @@ def split_inside(address: str, cluster_file: str, plan: list[str], images: int) 
 
 
 # -- helpers in the benchmark's process --------------------------------------------
-def _cluster_with_source(lab: Any, source: str, folder: Path, name: str, data: Optional[dict] = None) -> Path:
+def _cluster_with_source(lab: Any, source: str, folder: Path, name: str, data: dict | None = None) -> Path:
     data = json.loads(lab.cluster_file.read_text()) if data is None else data
     data = {**data, "source": source, "sink": source}
     path = folder / f"{name}.json"
@@ -348,7 +348,8 @@ def who_can_reach(lab: Any, folder: Path, say: Any) -> dict[str, Any]:
         p = lab.popen(host, [sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--backend", b, "--",
                              sys.executable, "-m", "multigpu.benchmarks.lab_rank", str(out), "4096", "1", "6"],
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        rows = _poll_listeners(lab, host, base, lambda: (out / "listening.rank0").exists() or p.poll() is not None)
+        rows = _poll_listeners(lab, host, base,
+                               lambda out=out, p=p: (out / "listening.rank0").exists() or p.poll() is not None)
         tried = lab.reach(other, addr, sorted({port for _, port, _ in rows}))
         single.append({"command": f"multigpu launch --nproc 2 --backend {b}", "status": _finish([p])[0][0],
                        "listening": rows, "reach": tried})
@@ -462,7 +463,7 @@ def run(opts: Options) -> Result:
     return _result(data)
 
 
-def _fmt_s(x: Optional[float]) -> str:
+def _fmt_s(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.2f}"
 
 
@@ -474,27 +475,28 @@ def _report_table(data: dict[str, Any]) -> tuple[Table, list[str]]:
     single = statistics.median(single_ok["seconds"]) if single_ok.get("ok") else math.nan
     sp = rep["split"]
     split_total = sp["param_seconds"] + sp["per_image"][0]
-    ratio = split_total / single if single == single else math.nan
+    ratio = split_total / single if math.isfinite(single) else math.nan
     small = rep.get("single_500 MB", {})
     largest = rep["predicted_split"] - rep["predicted_param_time"] + rep["predicted_param_max"]
     rows = [
         ["AlexNet on pi1 alone, 500 MB, no swap", "-", "OOM-killed" if not small.get("ok") else _fmt_s(
-            statistics.median(small["seconds"])), f"{(small.get('peak') or 0) / 1e6:.0f} MB peak, "
-         f"{small.get('oom_kills', 0)} OOM kill(s)" + ("" if small.get("ok") else f": {small.get('error', '')}")],
+            statistics.median(small["seconds"])),
+         f"{(small.get('peak') or 0) / 1e6:.0f} MB peak, {small.get('oom_kills', 0)} OOM kill(s)"
+         + ("" if small.get("ok") else f": {small.get('error', '')}")],
         ["AlexNet on pi1 alone, memory unlimited (as if swap cost nothing)", _fmt_s(rep["predicted_single"]),
          _fmt_s(single), f"{(single_ok.get('peak') or 0) / 1e6:.0f} MB peak"],
-        ["split: parameters shipped (s)", f"{_fmt_s(rep['predicted_param_time'])} (sum) / "
-         f"{_fmt_s(rep['predicted_param_max'])} (largest device)", _fmt_s(sp["param_seconds"]),
+        ["split: parameters shipped (s)", (f"{_fmt_s(rep['predicted_param_time'])} (sum) / "
+                                           f"{_fmt_s(rep['predicted_param_max'])} (largest device)"),
+         _fmt_s(sp["param_seconds"]),
          f"{sp['param_bytes'] / 1e6:.0f} MB to 4 workers at once"],
         ["split: first image end to end (s)", _fmt_s(rep["predicted_split"] - rep["predicted_param_time"]),
          _fmt_s(sp["per_image"][0]),
          "hops: " + ", ".join(f"{a}->{b} {t:.2f}" for (a, b), t in zip(sp["routes"], sp["hops"]))],
-        ["split: shipping + one image (s)", f"{_fmt_s(rep['predicted_split'])} (sum) / "
-         f"{_fmt_s(largest)} (largest)",
+        ["split: shipping + one image (s)", f"{_fmt_s(rep['predicted_split'])} (sum) / {_fmt_s(largest)} (largest)",
          _fmt_s(split_total), ""],
         ["split ÷ one Pi", f"{largest / rep['predicted_single']:.1f}x",
-         f"{ratio:.1f}x", f"the report: {REPORT['distributed'][0] / REPORT['single_pi'][1]:.1f}x to "
-                          f"{REPORT['distributed'][1] / REPORT['single_pi'][0]:.1f}x (600-900 s against 70-80 s)"],
+         f"{ratio:.1f}x", (f"the report: {REPORT['distributed'][0] / REPORT['single_pi'][1]:.1f}x to "
+                           f"{REPORT['distributed'][1] / REPORT['single_pi'][0]:.1f}x (600-900 s against 70-80 s)")],
     ]
     report_table = Table("The report's experiment: AlexNet on one Pi-class host against AlexNet split over the lab, "
                          "parameters shipped at run time", ["case", "predicted", "measured", "notes"], rows,
@@ -503,14 +505,14 @@ def _report_table(data: dict[str, Any]) -> tuple[Table, list[str]]:
                               f"(the profile), against the Pi 3's nominal 38.4 GFLOP/s: compute runs "
                               f"{38.4 / pi_gflops:.1f}x slower than the nominal Pi, transfers at the report's speed. "
                               f"Split: {' | '.join(_spans(SPLIT))}, the driver (host machine) desk-cpu.")
-    notes = [f"Predicted split = the cost model with ship_params, which adds each layer's parameter transfer "
-             f"from the source one after another ({_fmt_s(rep['predicted_param_time'])} s); the executor ships every "
-             f"worker's parameters at once over distinct links, so the largest device's shipping "
-             f"({_fmt_s(rep['predicted_param_max'])} s) is the term the run shows.",
-             "The report's Pi swapped AlexNet (over 1 GB with its framework) to an SD card, and its 70-80 s are "
-             "mostly that swapping; the lab has no swap, so the 500 MB Pi-class host is killed by the kernel's OOM "
-             "killer instead, and the unlimited case shows the compute alone. Its distributed run (600-900 s) also "
-             "shipped the parameters at WiFi and LAN speed, as here."]
+    notes = [(f"Predicted split = the cost model with ship_params, which adds each layer's parameter transfer "
+              f"from the source one after another ({_fmt_s(rep['predicted_param_time'])} s); the executor ships "
+              f"every worker's parameters at once over distinct links, so the largest device's shipping "
+              f"({_fmt_s(rep['predicted_param_max'])} s) is the term the run shows."),
+             ("The report's Pi swapped AlexNet (over 1 GB with its framework) to an SD card, and its 70-80 s are "
+              "mostly that swapping; the lab has no swap, so the 500 MB Pi-class host is killed by the kernel's OOM "
+              "killer instead, and the unlimited case shows the compute alone. Its distributed run (600-900 s) also "
+              "shipped the parameters at WiFi and LAN speed, as here.")]
     return report_table, notes
 
 

@@ -38,7 +38,8 @@ FC = ["fc6", "relu6", "fc7", "relu7"]   # 218 MB of AlexNet's parameters: more t
 
 
 def multigpu(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "multigpu", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "multigpu", *args], check=False, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def machine_state() -> dict:
@@ -46,7 +47,7 @@ def machine_state() -> dict:
     from multigpu.lab.cgroups import find_lab_cgroups
 
     ns = sorted(p.name for p in Path("/run/netns").glob("mgl-*")) if Path("/run/netns").exists() else []
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], check=False, capture_output=True, text=True).stdout
     ray = []
     for pid in os.listdir("/proc"):
         try:
@@ -55,7 +56,7 @@ def machine_state() -> dict:
             continue
         if "mgl-" in cmd and ("raylet" in cmd or "gcs_server" in cmd or "ray" in cmd):
             ray.append(cmd[:120])
-    return {"netns": ns, "links": sorted(re.findall(r"^\d+: ([^:@]+)", links, re.M)),
+    return {"netns": ns, "links": sorted(re.findall(r"^\d+: ([^:@]+)", links, re.MULTILINE)),
             "cgroups": sorted(str(p) for p in find_lab_cgroups("mgl-")), "ray": sorted(ray),
             "run": sorted(p.name for p in Path("/run/multigpu-lab").glob("*")) if Path("/run/multigpu-lab").exists()
             else [], "tmp": sorted(p.name for p in Path("/tmp").glob("mgl-*"))}
@@ -126,7 +127,7 @@ def test_every_host_is_a_namespace_with_its_address_name_share_and_limit(lab):
 
 def _throttled(lab, host: str) -> int:
     stat = Path(lab.hosts[host].cgroups.dirs["cpu"], "cpu.stat").read_text()
-    return int(re.search(r"^throttled_time (\d+)", stat, re.M).group(1))
+    return int(re.search(r"^throttled_time (\d+)", stat, re.MULTILINE).group(1))
 
 
 def test_a_host_computes_at_its_cpu_share(lab):
@@ -178,7 +179,7 @@ def profiled(lab):
 
 
 def test_profile_fits_the_shaped_links_and_measures_the_slowed_hosts(lab, profiled):
-    result, _, seconds = profiled
+    result, _, _ = profiled
     fits = {frozenset(f["between"]): f["bandwidth"] for f in result["links"]}
     for pair in (("desk-cpu", "pi1"), ("imac", "pi1")):     # WiFi
         assert abs(fits[frozenset(pair)] / (1e6 * SCALE) - 1) < 0.10, (pair, fits)

@@ -74,9 +74,9 @@ def test_a_machine_that_cannot_host_a_lab_gets_one_line_and_exit_2(monkeypatch, 
 
 
 def test_lab_commands_without_a_lab_and_with_bad_input(capsys, monkeypatch):
-    monkeypatch.setattr("multigpu.lab.lab.labs", lambda: [])
-    monkeypatch.setattr("multigpu.lab.labs", lambda: [])
-    monkeypatch.setattr("multigpu.lab.leftovers", lambda: [])
+    monkeypatch.setattr("multigpu.lab.lab.labs", list)
+    monkeypatch.setattr("multigpu.lab.labs", list)
+    monkeypatch.setattr("multigpu.lab.leftovers", list)
     assert main(["lab", "exec", "pi1", "--", "hostname"]) == 2
     assert "no lab is up" in capsys.readouterr().err
     assert main(["lab", "exec", "pi1"]) == 2

@@ -12,4 +12,4 @@ from __future__ import annotations
 from multigpu.lab.lab import LAB_ROOT, PREFIX, Lab, down_all, labs, leftovers
 from multigpu.lab.plan import HostPlan, LabPlan, LinkPlan, design
 
-__all__ = ["HostPlan", "LAB_ROOT", "Lab", "LabPlan", "LinkPlan", "PREFIX", "design", "down_all", "labs", "leftovers"]
+__all__ = ["LAB_ROOT", "PREFIX", "HostPlan", "Lab", "LabPlan", "LinkPlan", "design", "down_all", "labs", "leftovers"]

@@ -15,7 +15,6 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 from multigpu.lab.cgroups import find_lab_cgroups, join, own_cgroup, remove_tree, tree_pids
 from multigpu.lab.system import CGROUP_ROOT
@@ -29,7 +28,7 @@ POLL = 0.2
 ACCOUNT_ENV = "MULTIGPU_CPU_ACCOUNT"
 
 
-def read_account(folder: str) -> Optional[float]:
+def read_account(folder: str) -> float | None:
     """CPU seconds so far of the cpuacct cgroup ``folder`` (an open account's), None if unreadable."""
     try:
         return int((Path(folder) / "cpuacct.usage").read_text()) / 1e9
@@ -59,11 +58,11 @@ class CpuAccount:
 
     def __init__(self) -> None:
         self.method = "proc"
-        self._dir: Optional[Path] = None
-        self._home: Optional[Path] = None
+        self._dir: Path | None = None
+        self._home: Path | None = None
         self._seen: dict[tuple[int, int], float] = {}
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         if os.geteuid() == 0 and (CGROUP_ROOT / "cpuacct" / "cgroup.procs").exists():
             try:
                 home = own_cgroup("cpuacct")
@@ -143,7 +142,7 @@ class CpuAccount:
                 time.sleep(0.05)
             self._dir = None
 
-    def __enter__(self) -> "CpuAccount":
+    def __enter__(self) -> CpuAccount:
         return self
 
     def __exit__(self, *exc: object) -> None:

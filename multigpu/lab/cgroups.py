@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 from multigpu.errors import LabError
 from multigpu.lab.system import CGROUP_ROOT, CONTROLLERS
@@ -56,15 +56,15 @@ class HostCgroups:
     dirs: dict[str, str]
 
     @classmethod
-    def at(cls, lab_dir_name: str, host: str, parents: Optional[dict[str, str]] = None) -> "HostCgroups":
+    def at(cls, lab_dir_name: str, host: str, parents: dict[str, str] | None = None) -> HostCgroups:
         """The cgroups ``<parent>/<lab_dir_name>/<host>`` (parents: this process's cgroups)."""
         parents = parents or {c: str(own_cgroup(c)) for c in CONTROLLERS}
         return cls(host, {c: str(Path(parents[c]) / lab_dir_name / host) for c in CONTROLLERS})
 
-    def create(self, cores: float, period_us: int, quota_us: int, memory: Optional[int]) -> None:
+    def create(self, cores: float, period_us: int, quota_us: int, memory: int | None) -> None:
         """Make the directories and set the CPU quota and the memory limit (no swap either)."""
         what = f"host {self.host!r}"
-        for c, d in self.dirs.items():
+        for d in self.dirs.values():
             try:
                 Path(d).mkdir(parents=True, exist_ok=True)
             except OSError as e:
@@ -78,7 +78,7 @@ class HostCgroups:
             if (mem / "memory.memsw.limit_in_bytes").exists():
                 _write(mem / "memory.memsw.limit_in_bytes", str(int(memory)), what)
 
-    def set_memory(self, limit: Optional[int]) -> None:
+    def set_memory(self, limit: int | None) -> None:
         """Set the memory limit (bytes; None: unlimited), the swap limit beside it."""
         mem = Path(self.dirs["memory"])
         value = "-1" if limit is None else str(int(limit))
@@ -104,19 +104,19 @@ class HostCgroups:
                 pass
         return out
 
-    def cpu_seconds(self) -> Optional[float]:
+    def cpu_seconds(self) -> float | None:
         """CPU seconds every process of the host has used (cpuacct), None if unreadable."""
         try:
             return int((Path(self.dirs["cpuacct"]) / "cpuacct.usage").read_text()) / 1e9
         except (OSError, ValueError):
             return None
 
-    def memory(self) -> dict[str, Optional[int]]:
+    def memory(self) -> dict[str, int | None]:
         """Bytes in use, the peak, the limit, and how many times the kernel's OOM killer
         killed a process here (``oom_kills``; None where the kernel does not count)."""
         mem = Path(self.dirs["memory"])
 
-        def read(name: str) -> Optional[int]:
+        def read(name: str) -> int | None:
             try:
                 return int((mem / name).read_text().split()[0])
             except (OSError, ValueError, IndexError):
@@ -124,7 +124,7 @@ class HostCgroups:
 
         kills = None
         try:
-            m = re.search(r"^oom_kill (\d+)$", (mem / "memory.oom_control").read_text(), re.M)
+            m = re.search(r"^oom_kill (\d+)$", (mem / "memory.oom_control").read_text(), re.MULTILINE)
             kills = int(m.group(1)) if m else None
         except OSError:
             pass

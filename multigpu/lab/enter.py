@@ -11,8 +11,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from multigpu.errors import LabError
 

@@ -39,13 +39,14 @@ def _start(item: dict[str, Any], logs: Path) -> tuple[subprocess.Popen, Any]:
 
     entry = HostEntry(**{**item["entry"], "procs_files": tuple(item["entry"]["procs_files"])})
     fn = entry.preexec()
-    log = open(logs / f"{item['host']}.log", "ab")
     try:
-        p = subprocess.Popen(item["argv"], env={**os.environ, **item["env"]}, stdin=subprocess.DEVNULL, stdout=log,
-                             stderr=subprocess.STDOUT, preexec_fn=fn, cwd=item.get("cwd") or "/")
+        with open(logs / f"{item['host']}.log", "ab") as log:   # the child keeps its own copy of the descriptor
+            # preexec_fn enters the host's namespaces and cgroups between fork and exec; the keeper runs no threads
+            p = subprocess.Popen(item["argv"], env={**os.environ, **item["env"]}, stdin=subprocess.DEVNULL,
+                                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=fn,  # noqa: PLW1509
+                                 cwd=item.get("cwd") or "/")
     finally:
         HostEntry.release(fn)
-        log.close()
     return p, item
 
 

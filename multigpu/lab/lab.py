@@ -28,9 +28,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from multigpu.errors import InputError, LabError
 from multigpu.lab import cgroups as cg
@@ -41,7 +42,7 @@ from multigpu.lab.state import KEEPER_FILE, REQUESTS, STATUS_FILE
 from multigpu.lab.system import CONTROLLERS, process_start, require_support, run
 from multigpu.partition.inputs.cluster import Cluster, Link, load_cluster
 
-__all__ = ["LAB_ROOT", "Lab", "PREFIX", "down_all", "labs", "leftovers"]
+__all__ = ["LAB_ROOT", "PREFIX", "Lab", "down_all", "labs", "leftovers"]
 
 #: Every namespace, interface, cgroup and folder the lab makes starts with this.
 PREFIX = "mgl-"
@@ -62,7 +63,7 @@ def _switch(lab_id: str) -> str:
     return f"{PREFIX}{lab_id}-switch"
 
 
-def _alive(pid: Optional[int], lab_id: str) -> bool:
+def _alive(pid: int | None, lab_id: str) -> bool:
     if not pid:
         return False
     try:
@@ -160,7 +161,7 @@ def teardown(lab_id: str) -> list[str]:
             problems.append(f"cgroup {d}")
     if state_dir.exists():
         for uts in state_dir.glob("*.uts"):
-            subprocess.run(["umount", str(uts)], capture_output=True)
+            subprocess.run(["umount", str(uts)], check=False, capture_output=True)
         shutil.rmtree(state_dir, ignore_errors=True)
     tmp = TMP_ROOT / f"{PREFIX}{lab_id}"
     if tmp.exists():
@@ -208,7 +209,7 @@ def leftovers() -> list[str]:
     return sorted(i for i in _ids_on_machine() if not _alive(_state(i).get("keeper"), i))
 
 
-def down_all(lab_id: Optional[str] = None) -> dict[str, list[str]]:
+def down_all(lab_id: str | None = None) -> dict[str, list[str]]:
     """Take down lab ``lab_id`` (default: every lab on the machine, leftovers included);
     return, per lab, what could not be removed."""
     from multigpu.lab.accounting import clean_dead
@@ -230,7 +231,7 @@ class _Host:
         return HostEntry(self.name, str(network.NETNS_DIR / self.netns), self.uts, tuple(self.cgroups.procs_files))
 
 
-def _backend_map(cluster: Cluster, backend: Union[None, str, Mapping[str, str]]) -> dict[str, Optional[str]]:
+def _backend_map(cluster: Cluster, backend: None | str | Mapping[str, str]) -> dict[str, str | None]:
     if backend is None or isinstance(backend, str):
         return {d.name: d.backend or backend for d in cluster.devices}
     unknown = [k for k in backend if k not in cluster.names]
@@ -256,10 +257,10 @@ class Lab:
     anything is made, and LabError when building fails (after taking down what was made).
     """
 
-    def __init__(self, cluster: Union[Cluster, str, "os.PathLike[str]"], *, cpu_scale: float = 0.25,
-                 bandwidth_scale: float = 1.0, max_cores: Optional[float] = None, head: Optional[str] = None,
-                 backend: Union[None, str, Mapping[str, str]] = None, threads: Optional[int] = 1, ray: bool = True,
-                 keep_up: bool = False, echo: Optional[Callable[[str], None]] = None):
+    def __init__(self, cluster: Cluster | str | os.PathLike[str], *, cpu_scale: float = 0.25,
+                 bandwidth_scale: float = 1.0, max_cores: float | None = None, head: str | None = None,
+                 backend: None | str | Mapping[str, str] = None, threads: int | None = 1, ray: bool = True,
+                 keep_up: bool = False, echo: Callable[[str], None] | None = None):
         self.source_cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
         self.plan: LabPlan = design(self.source_cluster, cpu_scale=cpu_scale, bandwidth_scale=bandwidth_scale,
                                     max_cores=max_cores, head=head)
@@ -325,7 +326,7 @@ class Lab:
                        sink=src.sink, name=f"{src.name}-lab")
 
     # -- life cycle ---------------------------------------------------------------
-    def __enter__(self) -> "Lab":
+    def __enter__(self) -> Lab:
         self.up()
         if threading.current_thread() is threading.main_thread():
             # SIGTERM (a CI runner's timeout, `kill`) unwinds the with block like Ctrl-C does.
@@ -335,13 +336,13 @@ class Lab:
             self._old_sigterm = signal.signal(signal.SIGTERM, on_term)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
         self.down()
 
-    def up(self) -> "Lab":
+    def up(self) -> Lab:
         """Build the lab; return it. Removes the leftovers of crashed labs first."""
         require_support()
         for old in leftovers():
@@ -421,13 +422,10 @@ class Lab:
                 groups.append([self._node_item(h, head=False) for h in others])
         owner = None if self.keep_up else {"pid": os.getpid(), "start": process_start(os.getpid())}
         (self.state_dir / KEEPER_FILE).write_text(json.dumps({"groups": groups, "owner": owner}))
-        log = open(self.state_dir / "keeper.log", "ab")
-        try:
+        with open(self.state_dir / "keeper.log", "ab") as log:   # the keeper keeps its own copy of the descriptor
             p = subprocess.Popen([sys.executable, "-m", "multigpu.lab.keeper", str(self.state_dir)],
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True, cwd="/")
-        finally:
-            log.close()
         self._keeper = p
         if self.ray:
             self.echo(f"lab {self.id}: starting Ray: head on {self.plan.head}, a node on each other host")
@@ -458,7 +456,7 @@ class Lab:
             raise LabError(f"lab {self.id}: the Ray node of host {host.name!r} did not start "
                            f"({status['status']}): {status.get('tail', '')}{hint}")
 
-    def _write_state(self, keeper: Optional[int]) -> None:
+    def _write_state(self, keeper: int | None) -> None:
         state = {"id": self.id, "keeper": keeper, "cluster": self.plan.cluster.name, "ray": self.ray,
                  "address": self.address if self.ray else None, "token": str(self.token),
                  "cluster_file": str(self.cluster_file), "plan": self.plan.to_dict(),
@@ -476,7 +474,7 @@ class Lab:
             raise InputError(f"the lab has no host {host!r}; its hosts are: {', '.join(self.hosts)}")
         return self.hosts[host]
 
-    def popen(self, host: str, argv: Sequence[str], env: Optional[Mapping[str, str]] = None, lab_env: bool = True,
+    def popen(self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None, lab_env: bool = True,
               **kwargs: Any) -> subprocess.Popen:
         """Start ``argv`` inside ``host`` (its namespace, hostname and cgroups) with the lab's
         environment (``env()``, unless ``lab_env`` is False: a process without the token)
@@ -485,7 +483,7 @@ class Lab:
         return start_in(self._host(host).entry(), argv, {**base, **self.env()} if lab_env else base, **kwargs)
 
     def run(self, host: str, argv: Sequence[str], timeout: float = 300.0, check: bool = False,
-            env: Optional[Mapping[str, str]] = None, lab_env: bool = True) -> subprocess.CompletedProcess:
+            env: Mapping[str, str] | None = None, lab_env: bool = True) -> subprocess.CompletedProcess:
         """Run ``argv`` inside ``host`` and wait (output captured as text); return it."""
         p = self.popen(host, argv, env=env, lab_env=lab_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True)
@@ -593,13 +591,13 @@ class Lab:
         _signal_all(pids, sig)
         return sorted(pids)
 
-    def set_memory(self, host: str, limit: Optional[int]) -> None:
+    def set_memory(self, host: str, limit: int | None) -> None:
         """Change ``host``'s memory limit while the lab is up (bytes; None lifts it), e.g. to
         let a Pi-class host run what it could run only with swap. LabError when the host
         already uses more than the new limit."""
         self._host(host).cgroups.set_memory(limit)
 
-    def pids(self, host: Optional[str] = None) -> set[int]:
+    def pids(self, host: str | None = None) -> set[int]:
         """The live processes of ``host`` (default: of every host)."""
         names = [host] if host else list(self.hosts)
         out: set[int] = set()
@@ -628,7 +626,7 @@ class Lab:
                 "links": self.plan.to_dict()["links"], "notes": list(self.plan.notes)}
 
     @classmethod
-    def attach(cls, lab_id: Optional[str] = None) -> "Lab":
+    def attach(cls, lab_id: str | None = None) -> Lab:
         """The ``Lab`` of a lab already up (``multigpu lab exec`` uses it): lab ``lab_id``, or
         the only one. InputError when there is none or several and no id."""
         up = labs()
@@ -663,7 +661,8 @@ def start_in(entry: HostEntry, argv: Sequence[str], env: Mapping[str, str], **kw
     """Start ``argv`` in the host ``entry`` describes, with environment ``env``."""
     fn = entry.preexec()
     try:
-        return subprocess.Popen(list(argv), env=dict(env), preexec_fn=fn, **kwargs)
+        # preexec_fn enters the host's namespaces and cgroups between fork and exec (no Python runs there but it)
+        return subprocess.Popen(list(argv), env=dict(env), preexec_fn=fn, **kwargs)  # noqa: PLW1509
     except FileNotFoundError:
         raise InputError(f"host {entry.host!r}: no program {argv[0]!r}; give a path or a program on PATH") from None
     finally:

@@ -17,8 +17,8 @@ that drops.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from multigpu.lab.plan import NETWORK, LabPlan, LinkPlan
 from multigpu.lab.system import run

@@ -32,13 +32,12 @@ import ipaddress
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 from multigpu.checks import check_number
 from multigpu.errors import InputError
 from multigpu.partition.inputs.cluster import Cluster
 
-__all__ = ["HostPlan", "LabPlan", "LinkPlan", "MAX_SHAPED", "NETWORK", "WIRE_OVERHEAD", "design"]
+__all__ = ["MAX_SHAPED", "NETWORK", "WIRE_OVERHEAD", "HostPlan", "LabPlan", "LinkPlan", "design"]
 
 #: The lab's addresses: RFC 2544's benchmarking range, a /24 of it.
 NETWORK = ipaddress.ip_network("198.18.0.0/24")
@@ -67,7 +66,7 @@ class HostPlan:
     cores: float
     period_us: int
     quota_us: int
-    memory: Optional[int]
+    memory: int | None
     flops: float
     capped: bool = False
 
@@ -88,7 +87,7 @@ class LinkPlan:
     dst: str
     bandwidth: float
     latency: float
-    rate_bits: Optional[int]
+    rate_bits: int | None
     blocked: bool = False
 
     @property
@@ -154,7 +153,7 @@ def _quota(cores: float) -> tuple[int, int]:
 
 
 def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float = 1.0,
-           max_cores: Optional[float] = None, head: Optional[str] = None) -> LabPlan:
+           max_cores: float | None = None, head: str | None = None) -> LabPlan:
     """The lab that emulates ``cluster``: hosts, addresses, per-pair rates, CPU shares and
     memory limits (see the module docstring for the rules).
 
@@ -213,7 +212,7 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
                 links.append(LinkPlan(a.name, b.name, 0.0, 0.0, None, blocked=True))
                 continue
             bw = ln.bandwidth * bandwidth_scale
-            rate = None if bw > MAX_SHAPED else max(8, int(round(bw * 8 * WIRE_OVERHEAD)))
+            rate = None if bw > MAX_SHAPED else max(8, round(bw * 8 * WIRE_OVERHEAD))
             if rate is None:
                 fast.add(frozenset((a.name, b.name)))
             links.append(LinkPlan(a.name, b.name, bw, ln.latency, rate))
@@ -229,8 +228,8 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
                      f"traffic between them is dropped")
     names = [h.name for h in hosts]
     if head is None:
-        head = sorted(hosts, key=lambda h: (h.memory is not None, -(h.memory or 0),
-                                            h.name != host_of[cluster.source], names.index(h.name)))[0].name
+        head = min(hosts, key=lambda h: (h.memory is not None, -(h.memory or 0),
+                                         h.name != host_of[cluster.source], names.index(h.name))).name
     elif head not in names:
         raise InputError(f"head={head!r} is not a host of the lab; choose one of: {', '.join(names)}")
     return LabPlan(cluster, tuple(hosts), tuple(links), head, cpu_scale, bandwidth_scale, max_cores, tuple(notes))

@@ -18,7 +18,6 @@ import secrets
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
 
 from multigpu.errors import MissingDependencyError
 from multigpu.lab.plan import HostPlan, LabPlan
@@ -97,7 +96,7 @@ def object_store_bytes(host: HostPlan) -> int:
     return max(75 * 2**20, host.memory // 5)
 
 
-def node_command(plan: LabPlan, host: HostPlan, temp_dir: Path, head: bool, cpus: Optional[int] = None) -> list[str]:
+def node_command(plan: LabPlan, host: HostPlan, temp_dir: Path, head: bool, cpus: int | None = None) -> list[str]:
     """The ``ray start`` command of ``host``'s node (the head's when ``head``)."""
     argv = [ray_program(), "start", f"--node-ip-address={host.address}", f"--temp-dir={temp_dir}",
             f"--num-cpus={cpus if cpus is not None else max(1, math.ceil(host.cores))}", "--num-gpus=0",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from multigpu.errors import LabError, LabUnsupportedError
 
@@ -25,11 +25,11 @@ TOOLS = ("ip", "tc", "unshare", "mount", "umount")
 
 
 def run(argv: Sequence[str], what: str, *, check: bool = True, timeout: float = 30.0,
-        stdin: Optional[str] = None) -> subprocess.CompletedProcess:
+        stdin: str | None = None) -> subprocess.CompletedProcess:
     """Run ``argv``; return the finished process. Raises LabError naming ``what``, the
     command and its last error line when it fails (``check``) or outlasts ``timeout``."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=stdin)
+        done = subprocess.run(list(argv), check=False, capture_output=True, text=True, timeout=timeout, input=stdin)
     except FileNotFoundError:
         raise LabError(f"{what}: the program {argv[0]!r} is not installed "
                        f"(apt-get install iproute2 util-linux)") from None
@@ -42,7 +42,7 @@ def run(argv: Sequence[str], what: str, *, check: bool = True, timeout: float = 
     return done
 
 
-def process_start(pid: int) -> Optional[int]:
+def process_start(pid: int) -> int | None:
     """The start time (clock ticks since boot) of process ``pid``, None when it is gone or a
     zombie: a pid with another start time is another process."""
     try:
@@ -71,12 +71,12 @@ def require_support() -> None:
                                   f"system is not supported yet)")
     probe = f"mgl-probe-{os.getpid()}"
     try:
-        made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=10)
+        made = subprocess.run(["ip", "netns", "add", probe], check=False, capture_output=True, text=True, timeout=10)
         if made.returncode != 0:
             raise LabUnsupportedError(f"this kernel cannot create network namespaces (`ip netns add` says: "
                                       f"{made.stderr.strip() or made.returncode})")
         veth = subprocess.run(["ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1"],
-                              capture_output=True, text=True, timeout=10)
+                              check=False, capture_output=True, text=True, timeout=10)
         if veth.returncode != 0:
             raise LabUnsupportedError(f"this kernel cannot create veth pairs (`ip link add type veth` says: "
                                       f"{veth.stderr.strip() or veth.returncode})")
@@ -84,10 +84,11 @@ def require_support() -> None:
             args = ["tc", "-n", probe, "qdisc", "add", "dev", "p0", "root", "handle", "1:", qdisc]
             if qdisc == "tbf":
                 args += ["rate", "8mbit", "burst", "32kbit", "latency", "50ms"]
-            got = subprocess.run(args, capture_output=True, text=True, timeout=10)
+            got = subprocess.run(args, check=False, capture_output=True, text=True, timeout=10)
             if got.returncode != 0:
                 raise LabUnsupportedError(f"this kernel lacks tc's {qdisc} qdisc, which shapes the lab's links "
                                           f"(`tc qdisc add ... {qdisc}` says: {got.stderr.strip() or got.returncode})")
-            subprocess.run(["tc", "-n", probe, "qdisc", "del", "dev", "p0", "root"], capture_output=True, timeout=10)
+            subprocess.run(["tc", "-n", probe, "qdisc", "del", "dev", "p0", "root"], check=False, capture_output=True,
+                           timeout=10)
     finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True, timeout=10)

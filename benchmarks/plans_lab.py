@@ -7,6 +7,11 @@ mixed frameworks: torch on desk-cpu (the driver: the "host machine" of the repor
 the memory for AlexNet) and pi1, MXNet on pi2, Paddle on imac, NumPy on desk-gpu. The
 benchmark's driver runs inside desk-cpu and joins the lab's Ray cluster; everything else
 is ``benchmarks/plans.py``'s cycle: profile, then every plan, priced on that profile.
+
+The Pi-class hosts get ``PI_MEMORY`` instead of the file's 500 MB: the profiler holds all of
+AlexNet in one worker on each host (633 MB at its peak on its own), which a real Pi did by
+swapping to its SD card; this benchmark measures time over the links, and ``bench lab``
+measures the 500 MB hosts (the OOM kill, the planner's memory constraint).
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ IN_QUICK = True
 
 DRIVER = "desk-cpu"
 BACKENDS = {"pi1": "torch", "pi2": "mxnet", "desk-cpu": "torch", "desk-gpu": "numpy", "imac": "paddle"}
+#: Memory of the Pi-class hosts here (the file says 500 MB, less than AlexNet needs to be profiled).
+PI_MEMORY = 2e9
 #: Link probe payloads: from a LeNet activation to past AlexNet's pool1 (280 KB) and input (618 KB).
 SIZES = [4096, 65536, 655360]
 
@@ -98,7 +105,14 @@ def run_lab(opts: Options) -> Result:
     from multigpu.lab import Lab
 
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if opts.progress else (lambda s: None)
-    with Lab("lab", backend=BACKENDS, echo=say) as lab:
+    cluster = multigpu.partition.load_cluster("lab")
+    small = {d.name: d.memory for d in cluster.devices if d.memory is not None and d.memory < PI_MEMORY}
+    spec_data = cluster.to_dict()
+    for d in spec_data["devices"]:
+        if d["name"] in small:
+            d["memory"] = PI_MEMORY
+    with Lab(multigpu.partition.Cluster.from_dict(spec_data, name=cluster.name), backend=BACKENDS,
+             echo=say) as lab:
         data = json.loads(lab.cluster_file.read_text())
         data["source"] = data["sink"] = DRIVER
         spec = lab.state_dir / "plans.json"
@@ -139,9 +153,13 @@ def run_lab(opts: Options) -> Result:
         note = _wrong_term(d)
         if note:
             result.notes.append(note)
+    notes.append(f"{', '.join(sorted(small))}: memory {PI_MEMORY / 1e9:g} GB here, not the file's "
+                 f"{', '.join(sorted({f'{m / 1e6:g} MB' for m in small.values()}))}: the profiler holds all of AlexNet "
+                 f"in one worker per host (bench lab measures the 500 MB hosts)")
     result.notes = [f"The emulated lab: {n}" for n in notes] + result.notes + [
         f"Median |error| of end-to-end time target: {100 * TARGET_LATENCY:.0f}%."]
-    result.settings.update({"lab": True, "backends": BACKENDS, "driver": DRIVER, "sizes": SIZES,
+    result.settings.update({"lab": True, "backends": BACKENDS, "driver": DRIVER, "sizes": SIZES, "memory": {
+                                n: PI_MEMORY for n in small},
                             "host_cores": shares, "machine_cores": os.cpu_count()})
     result.data["fits"] = fit_rows
     return result

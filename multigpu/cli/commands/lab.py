@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Optional
+from typing import Any
 
 from multigpu.errors import InputError
 
@@ -173,7 +173,7 @@ def run_exec(args: argparse.Namespace) -> int:
     return _wait(proc)
 
 
-def _wait(proc: subprocess.Popen, grace: Optional[float] = 5.0) -> int:
+def _wait(proc: subprocess.Popen, grace: float | None = 5.0) -> int:
     """Wait for ``proc``; on Ctrl-C (which the terminal sends it too) give it ``grace``
     seconds to finish before killing it."""
     try:

@@ -24,6 +24,7 @@ from typing import Any
 import multigpu
 from multigpu.benchmarks.harness import Options, Result, Table
 from multigpu.benchmarks.plans import TARGET_LATENCY, TARGET_STREAM, Cycles, measure
+from multigpu.lab.raynodes import RAY_ENV
 from multigpu.partition import Constraints, autopartition, graph_from_model
 
 __all__ = ["BACKENDS", "DRIVER", "IN_QUICK", "TITLE", "lab_inside", "lab_plans", "run", "run_lab"]
@@ -177,9 +178,15 @@ def _wrong_term(d: dict[str, Any]) -> str:
     if not terms:
         return ""
     worst = max(terms, key=lambda q: abs(q["predicted"] - q["measured"]))
-    return (f"{d['model']} {d['label']}: off by {100 * d['error']:+.1f}% (target {100 * target:.0f}%); the term most "
+    note = (f"{d['model']} {d['label']}: off by {100 * d['error']:+.1f}% (target {100 * target:.0f}%); the term most "
             f"wrong is {worst['what']}: predicted {1e3 * worst['predicted']:.2f} ms, measured "
             f"{1e3 * worst['measured']:.2f} ms")
+    inline = int(RAY_ENV["RAY_max_direct_call_object_size"])
+    sizes = [h["bytes"] for h in d["rounds"][0]["hops"] if worst["what"].startswith(f"hop {h['from']} -> {h['to']} (")]
+    if worst["kind"] == "hop" and sizes and max(sizes) <= inline:
+        note += (f" (at most {inline} B, the lab's direct-call size: Ray returns it inline in its reply, while the "
+                 f"profile's probes, {min(SIZES)} B and up, priced the path through the object stores)")
+    return note
 
 
 TITLE = ("Plans across the emulated lab: predicted against measured time over shaped links, 1-3 hosts, "

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
+from multigpu.cli.parsers import add_command
 from multigpu.errors import InputError
 
 DESCRIPTION = """\
@@ -33,8 +34,8 @@ that cannot host a lab (not root, no namespaces, no htb, no cgroup v1)."""
 
 def register(sub: Any) -> None:
     """Add the ``lab`` sub-command and its actions."""
-    p = sub.add_parser("lab", help="emulate a cluster on this machine: namespaces, shaped links, CPU/memory limits",
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "lab", run, help="emulate a cluster on this machine: namespaces, shaped links, CPU/memory "
+                    "limits", description=DESCRIPTION, raw=True)
     acts = p.add_subparsers(dest="action", metavar="ACTION")
     acts.required = True
     up = acts.add_parser("up", help="bring a cluster file up as a lab", description="Bring CLUSTER up as a lab.")
@@ -53,14 +54,11 @@ def register(sub: Any) -> None:
     up.add_argument("--no-ray", action="store_true", help="no Ray nodes (namespaces, links and limits only)")
     up.add_argument("--json", action="store_true", help="print the lab's status as JSON")
     up.add_argument("--quiet", action="store_true", help="no progress lines")
-    up.set_defaults(func=run_up)
     down = acts.add_parser("down", help="take labs down", description="Take down every lab (or --lab ID), "
                            "leftovers of crashed ones included.")
     down.add_argument("--lab", default=None, metavar="ID", help="only this lab")
-    down.set_defaults(func=run_down)
     st = acts.add_parser("status", help="show what is up", description="Show every lab that is up.")
     st.add_argument("--json", action="store_true", help="print JSON")
-    st.set_defaults(func=run_status)
     ex = acts.add_parser("exec", help="run a command inside a lab host",
                          description="Run COMMAND inside HOST: its network namespace, hostname, CPU and memory "
                                      "limits, with the lab's Ray token (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH) "
@@ -68,7 +66,11 @@ def register(sub: Any) -> None:
     ex.add_argument("host", metavar="HOST", help="a host of the lab")
     ex.add_argument("--lab", default=None, metavar="ID", help="the lab (needed when several are up)")
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what to run, after '--'")
-    ex.set_defaults(func=run_exec)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the lab action ``args.action`` names; return its exit code."""
+    return {"up": run_up, "down": run_down, "status": run_status, "exec": run_exec}[args.action](args)
 
 
 def _backends(args: argparse.Namespace) -> Any:

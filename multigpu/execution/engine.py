@@ -563,7 +563,11 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
             for i in remote:
                 dev, sid = chain[i]
                 dag = workers.actors[dev].run.bind(sid, dag)
-        workers.compiled = dag.experimental_compile(_max_inflight_executions=CGRAPH_MAX_INFLIGHT)
+        try:
+            workers.compiled = dag.experimental_compile(_max_inflight_executions=CGRAPH_MAX_INFLIGHT)
+        except ray_exceptions.RayActorError as e:   # a worker died while the graph was being compiled
+            dev = workers.device_of(e)
+            raise workers.died(e, lambda: f"a worker of the compiled graph (device {dev!r})") from None
     cdag = workers.compiled
     window = min(window, CGRAPH_MAX_INFLIGHT)
     out = ChainResult([None] * len(inputs), [()] * len(inputs), [0.0] * len(inputs))  # type: ignore[list-item]

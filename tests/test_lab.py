@@ -250,7 +250,8 @@ def test_a_link_down_or_a_killed_host_ends_a_run_with_an_error_naming_it(lab):
     before = lab.pids("pi1")
     rc, err, seconds = _run_with_fault(lab, lambda: lab.link("imac", False))
     lab.link("imac", True)
-    assert rc == 1 and "on device 'imac'" in err and "host imac" in err and seconds < 20, (err, seconds)
+    # The link may go down while the run ships parameters (a loaded machine) or while it runs items.
+    assert rc == 1 and "device 'imac'" in err and "host imac" in err and seconds < 20, (err, seconds)
     lab.restart("imac")
     rc, err, seconds = _run_with_fault(lab, lambda: lab.kill("imac"))
     assert rc == 1 and "on device 'imac'" in err and "host imac" in err and seconds < 20, (err, seconds)

@@ -358,7 +358,7 @@ class Workers:
         refs = {name: self.actors[name].load.remote(model, stages.get(name, []), ray.put(params.get(name, {})))
                 for name in self.actors}
         for name, ref in refs.items():
-            self._get(ref, lambda n=name: f"the worker of device {n!r}", what="receiving its parameters")
+            self._get(ref, lambda n=name: f"the worker of device {n!r}", what="receiving its parameters", device=name)
         seconds = time.perf_counter() - t0
         if self.local is not None:
             name = self.local.name
@@ -384,11 +384,13 @@ class Workers:
         self.actors.clear()
 
     # -- errors --------------------------------------------------------------
-    def _get(self, ref: Any, who: Callable[[], str], what: str) -> Any:
+    def _get(self, ref: Any, who: Callable[[], str], what: str, device: Optional[str] = None) -> Any:
         try:
             return ray.get(ref, timeout=self.timeout)
         except ray_exceptions.GetTimeoutError:
-            raise WorkerTimeoutError(f"{who()} did not finish {what} within {self.timeout:g} s; the run "
+            info = self.info.get(device) if device is not None else None
+            where = f" (pid {info.pid} on host {info.host})" if info is not None else ""
+            raise WorkerTimeoutError(f"{who()}{where} did not finish {what} within {self.timeout:g} s; the run "
                                      f"was stopped and its workers shut down (raise the timeout if it is "
                                      f"only slow)") from None
         except ray_exceptions.RayActorError as e:

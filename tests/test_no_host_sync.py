@@ -74,8 +74,8 @@ class _ReadsPerDevice(multigpu.DataParallel):
             losses.append(float(b.to_numpy(loss).reshape(())))
             flats.append(flat)
         grads, _ = self._sum(flats)
-        for params, g in zip(self.replicas, grads):
-            b.sgd_(params, g, self.lr / len(X))
+        for p, g in zip(self.flat_params, grads):
+            b.sgd_([p], [g], self.lr / len(X))
         return sum(losses) / len(X)
 
 

@@ -169,7 +169,8 @@ class Model:
         self.name, self.init = name, init
         self.input_shape: Shape = tuple(int(s) for s in input_shape)
         if not self.input_shape or min(self.input_shape) < 1:
-            raise ModelError(f"model {name!r}: input_shape={tuple(input_shape)} must be positive dims, e.g. (1, 28, 28)")
+            raise ModelError(f"model {name!r}: input_shape={tuple(input_shape)} must be positive dims, "
+                             "e.g. (1, 28, 28)")
         _check_names(nodes, name)
         self.output = nodes[-1].name if output is None else output
         order = _topological(nodes, name)
@@ -386,7 +387,8 @@ class Model:
         else:
             unknown = [n for n in nodes if n not in self.index]
             if unknown:
-                raise ModelError(f"model {self.name!r} has no node(s) {unknown}; its nodes are {list(self.index)[:8]}...")
+                raise ModelError(f"model {self.name!r} has no node(s) {unknown}; its nodes are "
+                                 f"{list(self.index)[:8]}...")
             stage = sorted({self.index[n] for n in nodes})
         inside = {self.nodes[i].name for i in stage}
         needed = sorted({inp for i in stage for inp in self.nodes[i].inputs if inp not in inside})
@@ -441,7 +443,8 @@ class Model:
             elif isinstance(layer, JoinLayer):
                 ys = [layer.join(backend, [env[n] for n in node.inputs]) for env in envs]
             else:
-                ys = [layer.forward(backend, self.node_params(p, i), env[node.inputs[0]]) for p, env in zip(params, envs)]
+                ys = [layer.forward(backend, self.node_params(p, i), env[node.inputs[0]])
+                      for p, env in zip(params, envs)]
             for env, y in zip(envs, ys):
                 env[node.name] = y
                 for inp in node.inputs:

@@ -1,15 +1,23 @@
-"""Cross-framework agreement: train the same model from the same start on every backend."""
+"""Cross-framework agreement: train the same model from the same start on every backend.
+
+``agreement`` runs several identical steps and compares parameters, losses, BatchNorm
+running statistics and optimizer state with the NumPy reference; ``step_agreement``
+takes one step and compares each part of it: the forward (training-mode logits), the
+gradients, the running statistics and the optimizer's update.
+"""
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from multigpu.checks import check_count
 from multigpu.contract.devices import CPUFallbackWarning
-from multigpu.models.sequential import Sequential
+from multigpu.models.batchnorm import BatchStatistics
+from multigpu.models.graph import Model
+from multigpu.optim.base import Optimizer
 from multigpu.parallel.data_parallel import DataParallel
 
 
@@ -21,32 +29,79 @@ class Agreement:
     devices: list[str]
     max_param_diff: float
     max_loss_diff: float
+    max_state_diff: float = 0.0  # BatchNorm running statistics, every replica
+    max_opt_diff: float = 0.0  # optimizer buffers (momentum, Adam's moments)
 
 
-def train_steps(model: Sequential, backend: str, params: Sequence[np.ndarray],
-                batches: Sequence[tuple[np.ndarray, np.ndarray]], devices: object = 2,
-                lr: float = 0.2, allreduce: str = "fused") -> tuple[list[float], list[np.ndarray], list[str]]:
-    """Run ``batches`` through DataParallel; return (losses, final params, device names)."""
+@dataclass(frozen=True)
+class StepAgreement:
+    """One step of one backend against the reference, part by part (worst absolute differences)."""
+
+    backend: str
+    devices: list[str]
+    forward: float  # training-mode logits of the first device's shard
+    gradients: float  # the summed gradient (the first step's momentum buffer holds it, scaled)
+    running_stats: float  # BatchNorm running statistics after the step, every replica
+    update: float  # parameters after the optimizer's step
+    loss: float
+    scale: dict[str, float] = field(default_factory=dict)  # the reference's largest magnitude per part
+
+
+@dataclass
+class Run:
+    """What ``train_run`` saw: losses, final parameters, every replica's state, optimizer buffers."""
+
+    losses: list[float]
+    params: list[np.ndarray]
+    states: list[list[np.ndarray]]
+    opt_state: list[np.ndarray]
+    devices: list[str]
+
+
+def _trainer(model: Model, backend: str, params: Sequence[np.ndarray], devices: object, lr: float,
+             allreduce: str, optimizer: Union[str, Optimizer], sync_bn: bool) -> DataParallel:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)
-        tr = DataParallel(model, backend=backend, devices=devices, lr=lr, params=list(params),
-                          allreduce=allreduce)
+        return DataParallel(model, backend=backend, devices=devices, lr=lr, params=list(params),
+                            allreduce=allreduce, optimizer=optimizer, sync_bn=sync_bn)
+
+
+def train_run(model: Model, backend: str, params: Sequence[np.ndarray],
+              batches: Sequence[tuple[np.ndarray, np.ndarray]], devices: object = 2, lr: float = 0.2,
+              allreduce: str = "fused", optimizer: Union[str, Optimizer] = "sgd", sync_bn: bool = False) -> Run:
+    """Run ``batches`` through DataParallel; return what it ended with."""
+    tr = _trainer(model, backend, params, devices, lr, allreduce, optimizer, sync_bn)
     losses = [tr.train_batch(X, y) for X, y in batches]
-    return losses, tr.get_params(), [str(d) for d in tr.devices]
+    return Run(losses, tr.get_params(), [tr.get_state(r) for r in range(len(tr.devices))],
+               tr.get_optimizer_state(), [str(d) for d in tr.devices])
 
 
-def random_batches(model: Sequential, steps: int, batch: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+def train_steps(model: Model, backend: str, params: Sequence[np.ndarray],
+                batches: Sequence[tuple[np.ndarray, np.ndarray]], devices: object = 2,
+                lr: float = 0.2, allreduce: str = "fused", optimizer: Union[str, Optimizer] = "sgd",
+                sync_bn: bool = False) -> tuple[list[float], list[np.ndarray], list[str]]:
+    """Run ``batches`` through DataParallel; return (losses, final params, device names)."""
+    run = train_run(model, backend, params, batches, devices, lr, allreduce, optimizer, sync_bn)
+    return run.losses, run.params, run.devices
+
+
+def random_batches(model: Model, steps: int, batch: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Return ``steps`` seeded random (X, y) batches shaped for ``model``."""
     rng = np.random.default_rng(seed)
     return [(rng.random((batch, *model.input_shape), dtype=np.float32),
              rng.integers(0, model.num_classes, batch)) for _ in range(steps)]
 
 
-def agreement(model: Sequential, backends: Sequence[str], steps: int = 10, batch: int = 32,
+def _worst(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    return max((float(np.abs(x - y).max()) for x, y in zip(a, b) if np.size(x)), default=0.0)
+
+
+def agreement(model: Model, backends: Sequence[str], steps: int = 10, batch: int = 32,
               devices: object = 2, lr: float = 0.2, seed: int = 0,
               allreduce: str = "fused", reference: str = "numpy",
-              params: Optional[Sequence[np.ndarray]] = None) -> list[Agreement]:
-    """Compare each backend with ``reference`` after ``steps`` identical SGD steps.
+              params: Optional[Sequence[np.ndarray]] = None, optimizer: Union[str, Optimizer] = "sgd",
+              sync_bn: bool = False) -> list[Agreement]:
+    """Compare each backend with ``reference`` after ``steps`` identical steps.
 
     Raises InputError for fewer than one step or an empty batch.
     """
@@ -56,12 +111,62 @@ def agreement(model: Sequential, backends: Sequence[str], steps: int = 10, batch
     batches = random_batches(model, steps, batch, seed)
     # The reference always uses the textbook's naive allreduce: it may offer no native one,
     # and the sum it defines does not depend on the algorithm.
-    ref_losses, ref_params, _ = train_steps(model, reference, start, batches, devices, lr, "naive")
+    ref = train_run(model, reference, start, batches, devices, lr, "naive", optimizer, sync_bn)
     out = []
     for name in backends:
-        losses, final, devs = train_steps(model, name, start, batches, devices, lr, allreduce)
+        got = train_run(model, name, start, batches, devices, lr, allreduce, optimizer, sync_bn)
         out.append(Agreement(
-            backend=name, devices=devs,
-            max_param_diff=max(float(np.abs(a - b).max()) for a, b in zip(final, ref_params)),
-            max_loss_diff=max(abs(a - b) for a, b in zip(losses, ref_losses))))
+            backend=name, devices=got.devices, max_param_diff=_worst(got.params, ref.params),
+            max_loss_diff=max(abs(a - b) for a, b in zip(got.losses, ref.losses)),
+            max_state_diff=max((_worst(s, r) for s, r in zip(got.states, ref.states)), default=0.0),
+            max_opt_diff=_worst(got.opt_state, ref.opt_state)))
     return out
+
+
+def _one_step(model: Model, backend: str, start: Sequence[np.ndarray], X: np.ndarray, y: np.ndarray,
+              devices: object, lr: float, optimizer: Union[str, Optimizer], sync_bn: bool) -> dict[str, Any]:
+    tr = _trainer(model, backend, start, devices, lr, "fused", optimizer, sync_bn)
+    b = tr.backend
+    shard = tr.local_shards(X, y)[0][0]
+    params = [b.from_numpy(p, tr.devices[0]) for p in start]
+    mode = BatchStatistics() if model.batch_norms else None
+    logits = b.to_numpy(model.apply(b, [params], [b.from_numpy(shard, tr.devices[0])], mode)[0])
+    loss = tr.train_batch(X, y)
+    return {"forward": logits, "loss": loss, "params": tr.get_params(), "devices": [str(d) for d in tr.devices],
+            "states": [a for r in range(len(tr.devices)) for a in tr.get_state(r)],
+            "opt": tr.get_optimizer_state()}
+
+
+def step_agreement(model: Model, backends: Sequence[str], batch: int = 8, devices: object = 2, lr: float = 0.1,
+                   seed: int = 0, optimizer: Union[str, Optimizer] = "sgd", sync_bn: bool = False,
+                   reference: str = "numpy") -> list[StepAgreement]:
+    """One step of ``optimizer`` from the same start on the same batch: each backend against ``reference``.
+
+    The gradient is compared as the one optimizer buffer that holds it after a first
+    step (SGD's momentum buffer is the mean loss's gradient then); without momentum it
+    is read off the update (``(start - after) / lr``).
+    """
+    check_count(batch, "batch", example=8)
+    start = model.init_params(seed)
+    X, y = random_batches(model, 1, batch, seed)[0]
+    runs = {name: _one_step(model, name, start, X, y, devices, lr, optimizer, sync_bn)
+            for name in dict.fromkeys([reference, *backends])}
+
+    def gradient(r: dict[str, Any]) -> list[np.ndarray]:
+        if r["opt"]:
+            return r["opt"][:1]
+        return [(a - p) / lr for a, p in zip(start, r["params"])]
+
+    ref = runs[reference]
+    rows = []
+    for name in backends:
+        got = runs[name]
+        rows.append(StepAgreement(
+            backend=name, devices=got["devices"], forward=_worst([got["forward"]], [ref["forward"]]),
+            gradients=_worst(gradient(got), gradient(ref)), running_stats=_worst(got["states"], ref["states"]),
+            update=_worst(got["params"], ref["params"]), loss=abs(got["loss"] - ref["loss"]),
+            scale={"forward": float(np.abs(ref["forward"]).max()),
+                   "gradients": max(float(np.abs(g).max()) for g in gradient(ref)),
+                   "running_stats": max((float(np.abs(s).max()) for s in ref["states"]), default=0.0)}))
+    return rows
+

@@ -208,13 +208,27 @@ class DataParallel:
             rows = allreduce_numpy(self.process_group, b, rows).reshape(rows.shape)  # zeros elsewhere: a gather
         return rows
 
-    def scatter_states(self, rows: np.ndarray) -> None:
-        """Set each local replica's running statistics from ``gather_states``' layout (this rank's rows)."""
-        n = len(self.devices)
-        rows = np.asarray(rows, np.float32)
-        if rows.shape[0] != self.world_size * n:
-            raise ParamsError(f"running statistics for {rows.shape[0]} replicas, but this job has "
-                              f"{self.world_size * n}; resume with the same devices and processes")
+    def scatter_states(self, rows: np.ndarray | None) -> None:
+        """Set each local replica's running statistics from ``gather_states``' layout.
+
+        With a process group ``rows`` is read on rank 0 only (the others pass None) and
+        broadcast, so every rank takes its own rows. Raises ParamsError for the wrong
+        number of replicas or values.
+        """
+        b, n = self.backend, len(self.devices)
+        size = sum(int(np.prod(s)) for s in self.model.state_shapes)
+        total = self.world_size * n
+        if self.rank == 0:
+            rows = np.asarray(rows, np.float32)
+            if rows.shape != (total, size):
+                raise ParamsError(f"running statistics of shape {rows.shape}, but this job has {total} replicas of "
+                                  f"{size} values; resume with the same model, devices and processes")
+        if self.process_group is not None:
+            flat = b.from_numpy(rows.reshape(-1) if self.rank == 0 else np.zeros(total * size, np.float32),
+                                self.process_group.device)
+            self.process_group.broadcast_(flat, 0)
+            rows = b.to_numpy(flat).reshape(total, size)
+        assert rows is not None
         for i in range(n):
             self.set_state(_split(rows[self.rank * n + i], self.model.state_shapes), replica=i)
 

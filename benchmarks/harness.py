@@ -48,10 +48,12 @@ __all__ = ["BENCHMARKS", "Options", "Result", "Table", "device_spec", "fmt_ms", 
 # Benchmark name -> module in this package, in the order a full run takes them.
 BENCHMARKS: dict[str, str] = {
     "step": "step",
+    "resnet_step": "resnet_step",
     "allreduce": "allreduce",
     "scaling": "scaling",
     "planner": "planner",
     "accuracy": "accuracy",
+    "resnet_accuracy": "resnet_accuracy",
     "dist_allreduce": "dist_allreduce",
     "dist_step": "dist_step",
     "plans": "plans",

@@ -37,7 +37,7 @@ from multigpu.benchmarks.harness import (
 )
 
 TITLE = "One ResNet-18 step (batch 32 at 64x64, momentum SGD): ours against each framework's own training step"
-IN_QUICK = True
+IN_QUICK = False  # a ResNet-18 step takes seconds per framework here; tests run it small (test_bench)
 
 BATCH, SIZE, CLASSES = 32, 64, 1000
 LR, MOMENTUM, WD = 0.1, 0.9, 5e-4
@@ -66,19 +66,20 @@ def _runners(framework: str, init: list[np.ndarray], state: list[np.ndarray]) ->
     return {}
 
 
-def measure(framework: str, repeat: int, warmup: int, progress: bool, profile: bool = False) -> dict[str, Any]:
+def measure(framework: str, repeat: int, warmup: int, progress: bool, profile: bool = False, size: int = SIZE,
+            batch: int = BATCH) -> dict[str, Any]:
     """In a fresh process: time ours and the framework's loops; return raw samples (and a
-    cProfile summary of ours with ``profile``)."""
+    cProfile summary of ours with ``profile``); ``size`` and ``batch`` shrink it for tests."""
     import multigpu
     from multigpu import models
     from multigpu.contract.devices import CPUFallbackWarning
     from multigpu.optim import SGD
 
-    model = models.resnet18(CLASSES, (3, SIZE, SIZE))
+    model = models.resnet18(CLASSES, (3, size, size))
     init, state = model.init_params(seed=0), model.init_state()
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((BATCH, 3, SIZE, SIZE)).astype(np.float32)
-    y = rng.integers(0, CLASSES, BATCH)
+    X = rng.standard_normal((batch, 3, size, size)).astype(np.float32)
+    y = rng.integers(0, CLASSES, batch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)
         tr = multigpu.DataParallel(model, backend=framework, devices="cpu:1", lr=LR, params=init,
@@ -123,13 +124,14 @@ def _profile(fn: Any, calls: int) -> str:
     return text.getvalue()
 
 
-def run(opts: Options) -> Result:
+def run(opts: Options, size: int = SIZE, batch: int = BATCH) -> Result:
     """Run every framework's cases in its own process and tabulate ours / theirs."""
     repeat, warmup = opts.repeats(20, 4), opts.repeats(2, 1)
     data: dict[str, Any] = {}
     rows, notes = [], []
     for fw in opts.frameworks():
-        data[fw] = got = isolated(f"{__package__}.resnet_step:measure", fw, repeat, warmup, opts.progress, True)
+        data[fw] = got = isolated(f"{__package__}.resnet_step:measure", fw, repeat, warmup, opts.progress, True,
+                                  size, batch)
         s = got["samples"]
         for case, (_, goal) in CASES.items():
             if case not in s:
@@ -156,7 +158,7 @@ def run(opts: Options) -> Result:
         "(memory planned once, no per-op Python dispatch), where ours calls mx.nd ops one by one, as "
         "non-hybridized Gluon does.",
     ]
-    table = Table("ours / theirs, one ResNet-18 step, batch 32 at 64x64, 1 CPU device",
+    table = Table(f"ours / theirs, one ResNet-18 step, batch {batch} at {size}x{size}, 1 CPU device",
                   ["backend", "ours ms", "compared with", "theirs ms", "ours / theirs", "target", "met",
                    "CPU time ours / theirs", "max |dparam|"], rows)
     legend = Table("what each case is", ["case", "what", "target"],
@@ -164,12 +166,12 @@ def run(opts: Options) -> Result:
     profiles = [f"cProfile of ours on {fw} (3 steps, by internal time):\n\n```\n{d['profile']}\n```"
                 for fw, d in data.items() if d.get("profile")]
     return Result("resnet_step", TITLE, [table, legend], data,
-                  settings={"batch": BATCH, "size": SIZE, "classes": CLASSES, "lr": LR, "momentum": MOMENTUM,
+                  settings={"batch": batch, "size": size, "classes": CLASSES, "lr": LR, "momentum": MOMENTUM,
                             "weight_decay": WD, "repeat": repeat, "warmup": warmup},
-                  notes=notes + profiles, plot=lambda fig: _plot(fig, data))
+                  notes=notes + profiles, plot=lambda fig: _plot(fig, data, batch, size))
 
 
-def _plot(fig: Any, data: dict[str, Any]) -> None:
+def _plot(fig: Any, data: dict[str, Any], batch: int, size: int) -> None:
     ax = fig.subplots()
     labels, ys, lo, hi = [], [], [], []
     for fw, d in data.items():
@@ -183,5 +185,5 @@ def _plot(fig: Any, data: dict[str, Any]) -> None:
     ax.axhline(TARGET, color="r", lw=0.8, ls="--")
     ax.set_xticks(range(len(ys)), labels, fontsize=8)
     ax.set_ylabel("ours / theirs (time per step; < 1: ours faster)")
-    ax.set_title(f"One ResNet-18 step, batch {BATCH} at {SIZE}x{SIZE}: ours / the framework's own (dashed: {TARGET})")
+    ax.set_title(f"One ResNet-18 step, batch {batch} at {size}x{size}: ours / the framework's own (dashed: {TARGET})")
     ax.grid(axis="y", alpha=0.3)

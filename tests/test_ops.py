@@ -229,3 +229,118 @@ def test_pool_conventions_are_explicit(be):
     assert out[0, 0, 0, 0] == pytest.approx(0.25)  # three padded zeros count in the divisor
     m = be.to_numpy(be.max_pool2d(be.from_numpy(-np.ones((1, 1, 5, 5), np.float32), CPU), 3, 2, 1))
     assert m.shape == (1, 1, 3, 3) and (m == -1).all()  # padding never wins
+
+
+# -- the ops ResNet-style models need (issue 15) ------------------------------------
+
+class DoublingGroup:
+    """A stand-in process group of two ranks holding the same tensor: allreduce_ doubles it."""
+
+    def __init__(self, be):
+        self.be = be
+
+    def allreduce_(self, t):
+        self.be.scale_(t, 2.0)
+
+
+def _bn_ops():
+    """name -> (op(b, *tensors), array shapes): BatchNorm in its three uses, and the joins."""
+    def train(b, x, g, beta):
+        return b.batch_norm_train(x, g, beta, 1e-5)[0]
+
+    def synced(b, x, g, beta, z):  # x's statistics pooled with a second shard z's
+        sums = b.add(b.batch_norm_sums(x), b.batch_norm_sums(z))
+        n = 2 * b.shape(x)[0] * b.shape(x)[2] * b.shape(x)[3]
+        return b.add(b.batch_norm_train(x, g, beta, 1e-5, sums=sums, count=n)[0], z)
+
+    def through_group(b, x, g, beta):
+        sums = b.reshape(b.group_sum(b.reshape(b.batch_norm_sums(x), (-1,)), DoublingGroup(b)), (2, b.shape(x)[1]))
+        n = 2 * b.shape(x)[0] * b.shape(x)[2] * b.shape(x)[3]
+        return b.batch_norm_train(x, g, beta, 1e-5, sums=sums, count=n)[0]
+
+    return {
+        "batch_norm_train": (train, [(3, 4, 3, 3), (4,), (4,)]),
+        "batch_norm_train with sums": (synced, [(2, 3, 2, 3), (3,), (3,), (2, 3, 2, 3)]),
+        "group_sum of the sums": (through_group, [(2, 3, 2, 2), (3,), (3,)]),
+        "add and concat_channels": (lambda b, x, y: b.concat_channels([b.add(x, y), x, b.relu(y)]),
+                                    [(2, 2, 3, 3), (2, 2, 3, 3)]),
+        "global_avg_pool2d": (lambda b, x: b.global_avg_pool2d(x), [(2, 3, 4, 5)]),
+        "conv2d without bias": (lambda b, x, w: b.conv2d(x, w, None, 2, 1, 1), [(2, 3, 5, 5), (4, 3, 3, 3)]),
+        "copy_to there and back": (lambda b, x: b.copy_to(b.relu(b.copy_to(x, Device("cpu", 1))), CPU), [(2, 6)]),
+    }
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+@pytest.mark.parametrize("case", list(_bn_ops()))
+def test_batchnorm_and_join_ops_match_reference(name, case):
+    import multigpu
+    be, ref = multigpu.backend(name), multigpu.backend("numpy")
+    op, shapes = _bn_ops()[case]
+    rng = np.random.default_rng(len(case))
+    arrays = [(rng.standard_normal(s) * 2 + 0.5).astype(np.float32) for s in shapes]
+    out_size = int(np.prod(ref.shape(op(ref, *[ref.from_numpy(a, CPU) for a in arrays]))[1:]))
+    _compare(be, ref, op, arrays, rng.integers(0, out_size, shapes[0][0]), atol=2e-5)
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_batch_norm_statistics_follow_torchs_convention(name):
+    """Batch mean and the UNBIASED variance come back (torch's running_var); inference uses given statistics."""
+    import multigpu
+    be = multigpu.backend(name)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 3, 2, 5)) * 3 + 1).astype(np.float32)
+    g, beta = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    t = [be.from_numpy(a, CPU) for a in (x, g, beta)]
+    y, mean, var = (be.to_numpy(v) for v in be.batch_norm_train(*t, 1e-5))
+    np.testing.assert_allclose(mean, x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var, x.var(axis=(0, 2, 3), ddof=1), rtol=1e-5)
+    biased = x.var(axis=(0, 2, 3)).reshape(1, 3, 1, 1)
+    want = (x - x.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(biased + 1e-5) * g.reshape(1, 3, 1, 1) \
+        + beta.reshape(1, 3, 1, 1)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)  # normalized with the biased variance
+    rm, rv = rng.standard_normal(3).astype(np.float32), rng.random(3).astype(np.float32) + 0.5
+    inf = be.to_numpy(be.batch_norm(*t, be.from_numpy(rm, CPU), be.from_numpy(rv, CPU), 1e-5))
+    want = (x - rm.reshape(1, 3, 1, 1)) / np.sqrt(rv.reshape(1, 3, 1, 1) + 1e-5) * g.reshape(1, 3, 1, 1) \
+        + beta.reshape(1, 3, 1, 1)
+    np.testing.assert_allclose(inf, want, rtol=1e-4, atol=1e-5)
+    sums = be.to_numpy(be.batch_norm_sums(t[0]))
+    np.testing.assert_allclose(sums, [x.sum(axis=(0, 2, 3)), (x * x).sum(axis=(0, 2, 3))], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_whole_buffer_math_matches_numpy(name):
+    import multigpu
+    be = multigpu.backend(name)
+    rng = np.random.default_rng(4)
+    y, x1, x2 = rng.standard_normal((3, 7)).astype(np.float32)
+    x2 = np.abs(x2)
+    t = lambda a: be.from_numpy(a, CPU)  # noqa: E731
+    out = t(y)
+    be.axpby_(out, 0.9, be.from_numpy(x1, Device("cpu", 1)), 0.3)
+    want = 0.9 * y + 0.3 * x1
+    np.testing.assert_allclose(be.to_numpy(out), want, rtol=1e-6)
+    be.addcmul_(out, 0.5, t(x1), t(x2), -2.0)
+    want = 0.5 * want - 2.0 * x1 * x2
+    np.testing.assert_allclose(be.to_numpy(out), want, rtol=1e-5, atol=1e-6)
+    be.addcdiv_sqrt_(out, t(x1), t(x2), -0.01, 0.7, 1e-8)
+    want = want - 0.01 * x1 / (np.sqrt(x2) / 0.7 + 1e-8)
+    np.testing.assert_allclose(be.to_numpy(out), want, rtol=1e-5, atol=1e-6)
+    be.scale_(out, 0.25)
+    np.testing.assert_allclose(be.to_numpy(out), 0.25 * want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", list(_bn_ops()))
+def test_reference_batchnorm_and_join_backward_by_finite_differences(case):
+    op, shapes = _bn_ops()[case]
+    rng = np.random.default_rng(len(case) + 1)
+    arrays = [rng.standard_normal(s) * 2 + 0.5 for s in shapes]
+    ref = numpy_backend()
+    out = op(ref, *[NumpyVar(a, CPU) for a in arrays])
+    _fd_check(op, arrays, rng.integers(0, int(np.prod(out.data.shape[1:])), shapes[0][0]), atol=2e-6)
+
+
+def test_reference_inference_batch_norm_backward_by_finite_differences():
+    rng = np.random.default_rng(9)
+    x, g, b = rng.standard_normal((2, 3, 2, 2)), rng.standard_normal(3), rng.standard_normal(3)
+    mean, var = NumpyVar(rng.standard_normal(3), CPU), NumpyVar(rng.random(3) + 0.5, CPU)
+    _fd_check(lambda bk, x, g, b: bk.batch_norm(x, g, b, mean, var, 1e-5), [x, g, b], rng.integers(0, 12, 2))

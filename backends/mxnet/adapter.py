@@ -79,11 +79,16 @@ class MXNetBackend:
                groups: int) -> NDArray:
         """NCHW cross-correlation with OIHW weights, bias (or None), zero padding and groups."""
         out_channels, _, kh, kw = w.shape
-        return mx.nd.Convolution(
-            data=x, weight=w, bias=b, kernel=(kh, kw), stride=(stride, stride),
-            dilate=(1, 1), pad=(padding, padding), num_filter=out_channels,
-            num_group=groups, no_bias=b is None, layout="NCHW",
-        )
+        # NOTE: outside training mode MKL-DNN reorders a convolution's weight into its own layout IN
+        # PLACE, to cache it for inference; on a weight that is a view of a flat buffer (the core's
+        # replicas hold their parameters that way) that later aborts MXNet ("shandle.size >=
+        # md.get_size()"). Training mode computes the same output and leaves the weight as it is.
+        with mx.autograd.train_mode():
+            return mx.nd.Convolution(
+                data=x, weight=w, bias=b, kernel=(kh, kw), stride=(stride, stride),
+                dilate=(1, 1), pad=(padding, padding), num_filter=out_channels,
+                num_group=groups, no_bias=b is None, layout="NCHW",
+            )
 
     def avg_pool2d(self, x: NDArray, kernel: int, stride: int, padding: int) -> NDArray:
         """Average pooling; padded zeros count in the divisor; floor output size."""

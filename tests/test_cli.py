@@ -2,6 +2,8 @@
 one-line errors, and every option and output path checked before data loads."""
 from __future__ import annotations
 
+import json
+
 import importlib
 import inspect
 
@@ -101,6 +103,12 @@ def test_train_refuses_fashion_mnist_look_alikes(capsys, data_dir):
     (["--gpus", "tpu:2"], "'tpu:2'"),
     (["--epochs", "0"], "num_epochs=0"),
     (["--model", "vgg"], "unknown model 'vgg'"),
+    (["--optimizer", "sgd", "--momentum", "-0.5"], "momentum=-0.5 must be at least 0"),
+    (["--weight-decay", "nan"], "weight_decay=nan must be a finite number"),
+    (["--nesterov"], "nesterov=True needs momentum > 0"),
+    (["--optimizer", "adamw", "--momentum", "0.9"], "--momentum and --nesterov are SGD settings"),
+    (["--betas", "0.9,0.99"], "--betas is an AdamW setting"),
+    (["--optimizer", "adamw", "--betas", "0.9"], "betas=(0.9,) must be two numbers"),
 ])
 def test_train_checks_options_and_outputs_before_the_data(capsys, tmp_path, extra, words):
     """The data folder does not exist, so any later check would report the data first."""
@@ -118,6 +126,18 @@ def test_train_corrupt_checkpoint_is_one_line(capsys, tmp_path):
     (tmp_path / FILENAME).write_bytes(b"PK\x03\x04 not really a zip")
     code, _, err = run(capsys, [*_train(tmp_path / "no-such-folder"), "--checkpoint", str(tmp_path)])
     assert code == EXIT_BAD_INPUT and "cannot read checkpoint" in _one_error_line(err, "train")
+
+
+def test_train_takes_the_optimizer_and_batchnorm_flags(capsys, data_dir, tmp_path):
+    out = tmp_path / "r.json"
+    argv = _train(data_dir, "--optimizer", "sgd", "--momentum", "0.9", "--nesterov", "--weight-decay", "5e-4",
+                  "--sync-bn", "--json", str(out))
+    assert run(capsys, argv)[0] == 0
+    d = json.loads(out.read_text())
+    assert d["optimizer"] == {"name": "sgd", "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True,
+                              "dampening": 0.0} and d["sync_bn"] is True
+    assert run(capsys, _train(data_dir, "--optimizer", "adamw", "--betas", "0.8,0.9", "--json", str(out)))[0] == 0
+    assert json.loads(out.read_text())["optimizer"]["betas"] == [0.8, 0.9]
 
 
 def test_train_json_result_is_written_or_refused_up_front(capsys, data_dir, tmp_path):

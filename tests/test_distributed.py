@@ -495,6 +495,19 @@ def test_two_processes_agree_with_two_devices_and_with_one_device(engine_run):
 
 
 @pytest.mark.slow
+def test_synchronized_batchnorm_across_processes_equals_one_device_on_the_full_batch(engine_run):
+    """The sums of every BatchNorm go through the engine inside autograd (forward and backward):
+    2 processes x 1 device with momentum SGD equal 1 device after 5 steps, within 1e-5."""
+    ranks = [_load(engine_run, "syncbn", r) for r in (0, 1)]
+    one = _load(engine_run, "syncbn_cpu1")
+    assert (ranks[1]["start_var"] == 1).all()  # rank 0's running statistics were broadcast at start
+    for got in ranks:
+        np.testing.assert_allclose(got["losses"], one["losses"], atol=1e-5)
+        for key in [k for k in one.files if k[0] in "ps" or k == "opt"]:
+            np.testing.assert_allclose(got[key], one[key], atol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [64, 65])
 def test_in_an_epoch_the_ranks_see_every_sample_once(engine_run, n):
     seen = [_load(engine_run, f"shard{n}", r) for r in (0, 1)]

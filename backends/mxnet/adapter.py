@@ -36,6 +36,9 @@ class MXNetBackend:
     name = "mxnet"
     tensor_type = mx.nd.NDArray
 
+    def __init__(self) -> None:
+        self._token: Optional[NDArray] = None  # the last group sum's token inside value_and_grad
+
     # -- devices ---------------------------------------------------------
     def gpu_count(self) -> int:
         """Return the number of GPUs MXNet sees (0 on a CPU-only build)."""
@@ -164,7 +167,17 @@ class MXNetBackend:
 
     def group_sum(self, x: NDArray, group: Any) -> NDArray:
         """Sum over the group's ranks; the gradient is summed the same way."""
-        return _GroupSum(group)(x)
+        if not mx.autograd.is_recording():
+            out = x.copy()
+            group.allreduce_(out)
+            return out
+        # NOTE: MXNet runs a custom Function's backward later, on its engine's threads, and
+        # independent ones at the same time; collectives must come in one order on every rank.
+        # A token threads every group sum of a forward, so each backward waits for the one of
+        # the sum after it: they run one at a time, in reverse order, on every rank.
+        token = self._token if self._token is not None else mx.nd.zeros((1,), ctx=x.context)
+        out, self._token = _GroupSum(group)(x, token)
+        return out
 
     def dense(self, x: NDArray, w: NDArray, b: NDArray) -> NDArray:
         """Return ``x @ w + b`` with ``w`` of shape (in, out)."""
@@ -257,10 +270,14 @@ class MXNetBackend:
         mx.autograd.mark_variables(leaves, self.unflatten(flat, shapes), grad_reqs="write")
         # NOTE: record() turns recording on even inside the caller's autograd.pause().
         outputs: list[NDArray] = []
+        self._token = None
         with mx.autograd.record(train_mode=True):
             value = fn(leaves, *inputs)
             if aux:
                 value, outputs = value
+            token, self._token = self._token, None
+            if token is not None:  # the chain's end joins the value, so backward walks the chain
+                value = value + mx.nd.sum(token) * 0.0
         try:
             value.backward(out_grad=None, retain_graph=False, train_mode=True)
         except mx.base.MXNetError as exc:
@@ -270,6 +287,10 @@ class MXNetBackend:
                 raise
         # NOTE: asscalar() would block on the async engine; the value is written on-device.
         value.reshape((1,)).copyto(flat[size:])
+        if token is not None:
+            # NOTE: the group sums' backward still runs on the engine's threads; the caller's next
+            # collective must not start before the last of them has finished.
+            flat.wait_to_read()
         if not aux:
             return flat
         ctx = flat.context
@@ -314,18 +335,21 @@ class MXNetBackend:
 
 
 class _GroupSum(mx.autograd.Function):
-    """A sum over a process group inside autograd: backward sums the gradient the same way."""
+    """A sum over a process group inside autograd: backward sums the gradient the same way.
+
+    The second input and output are the token that orders the backward calls (see group_sum).
+    """
 
     def __init__(self, group: Any):
         super().__init__()
         self.group = group
 
-    def forward(self, x: NDArray) -> NDArray:  # type: ignore[override]
+    def forward(self, x: NDArray, token: NDArray) -> tuple[NDArray, NDArray]:  # type: ignore[override]
         out = x.copy()
         self.group.allreduce_(out)
-        return out
+        return out, token.copy()
 
-    def backward(self, grad: NDArray) -> NDArray:  # type: ignore[override]
+    def backward(self, grad: NDArray, token_grad: NDArray) -> tuple[NDArray, NDArray]:  # type: ignore[override]
         out = grad.copy()
         self.group.allreduce_(out)
-        return out
+        return out, token_grad.copy()

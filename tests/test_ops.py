@@ -9,6 +9,7 @@ from conftest import FRAMEWORKS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from multigpu.contract.op_check import OP_CASES, case_arrays, case_labels, run_case
 from multigpu.contract.protocol import Device
 
 CPU = Device("cpu", 0)
@@ -233,53 +234,17 @@ def test_pool_conventions_are_explicit(be):
 
 # -- the ops ResNet-style models need (issue 15) ------------------------------------
 
-class DoublingGroup:
-    """A stand-in process group of two ranks holding the same tensor: allreduce_ doubles it."""
-
-    def __init__(self, be):
-        self.be = be
-
-    def allreduce_(self, t):
-        self.be.scale_(t, 2.0)
-
-
-def _bn_ops():
-    """name -> (op(b, *tensors), array shapes): BatchNorm in its three uses, and the joins."""
-    def train(b, x, g, beta):
-        return b.batch_norm_train(x, g, beta, 1e-5)[0]
-
-    def synced(b, x, g, beta, z):  # x's statistics pooled with a second shard z's
-        sums = b.add(b.batch_norm_sums(x), b.batch_norm_sums(z))
-        n = 2 * b.shape(x)[0] * b.shape(x)[2] * b.shape(x)[3]
-        return b.add(b.batch_norm_train(x, g, beta, 1e-5, sums=sums, count=n)[0], z)
-
-    def through_group(b, x, g, beta):
-        sums = b.reshape(b.group_sum(b.reshape(b.batch_norm_sums(x), (-1,)), DoublingGroup(b)), (2, b.shape(x)[1]))
-        n = 2 * b.shape(x)[0] * b.shape(x)[2] * b.shape(x)[3]
-        return b.batch_norm_train(x, g, beta, 1e-5, sums=sums, count=n)[0]
-
-    return {
-        "batch_norm_train": (train, [(3, 4, 3, 3), (4,), (4,)]),
-        "batch_norm_train with sums": (synced, [(2, 3, 2, 3), (3,), (3,), (2, 3, 2, 3)]),
-        "group_sum of the sums": (through_group, [(2, 3, 2, 2), (3,), (3,)]),
-        "add and concat_channels": (lambda b, x, y: b.concat_channels([b.add(x, y), x, b.relu(y)]),
-                                    [(2, 2, 3, 3), (2, 2, 3, 3)]),
-        "global_avg_pool2d": (lambda b, x: b.global_avg_pool2d(x), [(2, 3, 4, 5)]),
-        "conv2d without bias": (lambda b, x, w: b.conv2d(x, w, None, 2, 1, 1), [(2, 3, 5, 5), (4, 3, 3, 3)]),
-        "copy_to there and back": (lambda b, x: b.copy_to(b.relu(b.copy_to(x, Device("cpu", 1))), CPU), [(2, 6)]),
-    }
-
-
 @pytest.mark.parametrize("name", FRAMEWORKS)
-@pytest.mark.parametrize("case", list(_bn_ops()))
-def test_batchnorm_and_join_ops_match_reference(name, case):
+@pytest.mark.parametrize("case", OP_CASES, ids=[c.name for c in OP_CASES])
+def test_every_op_case_matches_reference(name, case):
+    """The cases ``multigpu check`` prints: forward and every gradient, the ResNet ops among them."""
     import multigpu
     be, ref = multigpu.backend(name), multigpu.backend("numpy")
-    op, shapes = _bn_ops()[case]
-    rng = np.random.default_rng(len(case))
-    arrays = [(rng.standard_normal(s) * 2 + 0.5).astype(np.float32) for s in shapes]
-    out_size = int(np.prod(ref.shape(op(ref, *[ref.from_numpy(a, CPU) for a in arrays]))[1:]))
-    _compare(be, ref, op, arrays, rng.integers(0, out_size, shapes[0][0]), atol=2e-5)
+    labels = case_labels(case, ref)
+    (out, grads), (want, want_grads) = run_case(be, case, labels), run_case(ref, case, labels)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-4)
+    for g, w in zip(grads, want_grads):
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", FRAMEWORKS)
@@ -329,14 +294,10 @@ def test_whole_buffer_math_matches_numpy(name):
     np.testing.assert_allclose(be.to_numpy(out), 0.25 * want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", list(_bn_ops()))
-def test_reference_batchnorm_and_join_backward_by_finite_differences(case):
-    op, shapes = _bn_ops()[case]
-    rng = np.random.default_rng(len(case) + 1)
-    arrays = [rng.standard_normal(s) * 2 + 0.5 for s in shapes]
-    ref = numpy_backend()
-    out = op(ref, *[NumpyVar(a, CPU) for a in arrays])
-    _fd_check(op, arrays, rng.integers(0, int(np.prod(out.data.shape[1:])), shapes[0][0]), atol=2e-6)
+@pytest.mark.parametrize("case", OP_CASES, ids=[c.name for c in OP_CASES])
+def test_reference_backward_of_every_op_case_by_finite_differences(case):
+    labels = case_labels(case, numpy_backend())
+    _fd_check(case.op, case_arrays(case, np.float64), labels, atol=2e-6)
 
 
 def test_reference_inference_batch_norm_backward_by_finite_differences():

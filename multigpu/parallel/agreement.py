@@ -15,6 +15,8 @@ import numpy as np
 
 from multigpu.checks import check_count
 from multigpu.contract.devices import CPUFallbackWarning
+from multigpu.contract.protocol import Device
+from multigpu.contract.registry import backend as get_backend
 from multigpu.models.batchnorm import BatchStatistics
 from multigpu.models.graph import Model
 from multigpu.optim.base import Optimizer
@@ -44,6 +46,8 @@ class StepAgreement:
     running_stats: float  # BatchNorm running statistics after the step, every replica
     update: float  # parameters after the optimizer's step
     loss: float
+    seed: int = 0  # the batch's seed
+    decisions_differ: int = 0  # ReLU signs and max pool positions that differ from the reference's
     scale: dict[str, float] = field(default_factory=dict)  # the reference's largest magnitude per part
 
 
@@ -137,18 +141,63 @@ def _one_step(model: Model, backend: str, start: Sequence[np.ndarray], X: np.nda
             "opt": tr.get_optimizer_state()}
 
 
+def decisions(model: Model, backend: str, params: Sequence[np.ndarray], shards: Sequence[np.ndarray]) -> np.ndarray:
+    """The discrete choices of a training-mode forward of each shard: the sign of every ReLU input
+    and the position of every max pool window's maximum, as one integer array.
+
+    Float32 rounding differs between frameworks, and an input within it of a ReLU's 0 (or of
+    a window's runner-up) lands on different sides: that element's gradient then differs by
+    its whole size. Comparing these arrays tells such a batch apart.
+    """
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from multigpu.models.layers import MaxPool2d, ReLU
+    from multigpu.models.node import INPUT
+
+    b = get_backend(backend)
+    dev = Device("cpu", 0)
+    watched = [n for n in model.nodes if isinstance(n.layer, (ReLU, MaxPool2d))]
+    names = sorted({n.inputs[0] for n in watched})
+    tensors = [b.from_numpy(p, dev) for p in params]
+    out = []
+    for x in shards:
+        mode = BatchStatistics() if model.batch_norms else None
+        acts = model.run(b, tensors, {INPUT: b.from_numpy(x, dev)}, bn=mode, outputs=names)
+        for node in watched:
+            a = b.to_numpy(acts[node.inputs[0]])
+            if isinstance(node.layer, ReLU):
+                out.append((a > 0).reshape(-1).astype(np.int64))
+                continue
+            k, pad, step = node.layer.kernel, node.layer.padding, node.layer.step
+            padded = np.pad(a, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
+            win = sliding_window_view(padded, (k, k), axis=(2, 3))[:, :, ::step, ::step]
+            out.append(win.reshape(*win.shape[:4], -1).argmax(axis=-1).reshape(-1))
+    return np.concatenate(out)
+
+
 def step_agreement(model: Model, backends: Sequence[str], batch: int = 8, devices: object = 2, lr: float = 0.1,
                    seed: int = 0, optimizer: Union[str, Optimizer] = "sgd", sync_bn: bool = False,
-                   reference: str = "numpy") -> list[StepAgreement]:
+                   reference: str = "numpy", tries: int = 1) -> list[StepAgreement]:
     """One step of ``optimizer`` from the same start on the same batch: each backend against ``reference``.
 
     The gradient is compared as the one optimizer buffer that holds it after a first
     step (SGD's momentum buffer is the mean loss's gradient then); without momentum it
-    is read off the update (``(start - after) / lr``).
+    is read off the update (``(start - after) / lr``). With ``tries > 1`` the batch is
+    the first of seeds ``seed, seed+1, ...`` on which every backend makes the reference's
+    discrete choices (``decisions``), so the figures measure how the frameworks agree
+    where the step is continuous; each row says how many choices differed on its batch.
     """
     check_count(batch, "batch", example=8)
+    check_count(tries, "tries", example=20)
     start = model.init_params(seed)
-    X, y = random_batches(model, 1, batch, seed)[0]
+    probe = _trainer(model, reference, start, devices, lr, "fused", optimizer, sync_bn)
+    for s in range(seed, seed + tries):
+        X, y = random_batches(model, 1, batch, s)[0]
+        shards = [xs for xs, _ in probe.local_shards(X, y)]
+        want = decisions(model, reference, start, shards)
+        differ = {name: int((decisions(model, name, start, shards) != want).sum()) for name in backends}
+        if not any(differ.values()):
+            break
     runs = {name: _one_step(model, name, start, X, y, devices, lr, optimizer, sync_bn)
             for name in dict.fromkeys([reference, *backends])}
 
@@ -165,6 +214,7 @@ def step_agreement(model: Model, backends: Sequence[str], batch: int = 8, device
             backend=name, devices=got["devices"], forward=_worst([got["forward"]], [ref["forward"]]),
             gradients=_worst(gradient(got), gradient(ref)), running_stats=_worst(got["states"], ref["states"]),
             update=_worst(got["params"], ref["params"]), loss=abs(got["loss"] - ref["loss"]),
+            seed=s, decisions_differ=differ[name],
             scale={"forward": float(np.abs(ref["forward"]).max()),
                    "gradients": max(float(np.abs(g).max()) for g in gradient(ref)),
                    "running_stats": max((float(np.abs(s).max()) for s in ref["states"]), default=0.0)}))

@@ -131,7 +131,7 @@ def bench_dp(ns: tuple[int, ...], ks: tuple[int, ...], repeat: int, tick: Any) -
 def bench_milp(cases: dict[str, tuple[Any, Any]], repeat: int, tick: Any) -> list[dict[str, Any]]:
     """Memory-constrained AutoPartition (the exact LP -> bound -> MILP path) on each case."""
     from multigpu.partition import autopartition
-    from multigpu.partition.costmodel import memory_use
+    from multigpu.partition.cost.arithmetic import memory_use
 
     rows = []
     got = _timed_grid({k: (g, c, {}) for k, (g, c) in cases.items()}, repeat, tick)
@@ -151,8 +151,8 @@ def bench_milp(cases: dict[str, tuple[Any, Any]], repeat: int, tick: Any) -> lis
 def bench_stress(n: int, k: int, seed: int, limit: float) -> dict[str, Any]:
     """The MILP alone, under a time limit, on a case where each device holds 15% of the parameters."""
     from multigpu.partition import Constraints, autopartition
-    from multigpu.partition.costmodel import CostTables
-    from multigpu.partition.milp import solve_milp
+    from multigpu.partition.cost.tables import CostTables
+    from multigpu.partition.solvers.milp import solve_milp
 
     graph, cluster = memory_bound(n, k, seed, share=0.15)
     free = autopartition(graph, cluster, constraints={"memory": False})

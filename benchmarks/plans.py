@@ -29,7 +29,8 @@ from multigpu.benchmarks.harness import Options, Result, Table, busy_seconds
 from multigpu.contract.registry import PREFERRED
 from multigpu.execution import Session, profile
 from multigpu.partition import Cluster, Constraints, DeviceSpec, autopartition, evaluate, graph_from_model
-from multigpu.partition.costmodel import compute_times
+from multigpu.partition.cost.choices import compute_times
+from multigpu.partition.stages import stages_summary
 
 TITLE = "Plans that run: predicted against measured time, 1-3 stages, LeNet and AlexNet, mixed frameworks"
 IN_QUICK = True
@@ -137,15 +138,6 @@ def _with_cores_left(cluster: Cluster, others: float) -> Cluster:
     return dataclasses.replace(cluster, hosts=hosts)
 
 
-def _stages_text(plan: list[str]) -> str:
-    out, start = [], 0
-    for i in range(1, len(plan) + 1):
-        if i == len(plan) or plan[i] != plan[start]:
-            out.append(f"{plan[start]} x{i - start}")
-            start = i
-    return " | ".join(out)
-
-
 def run(opts: Options) -> Result:
     """Profile, plan, run, compare: ``cycles`` times, each profile next to its runs."""
     quick = opts.quick
@@ -199,7 +191,7 @@ def _compiled_comparison(session: Session, plans: list[dict[str, Any]], params: 
     p = next(q for q in plans if q["model"] == "lenet" and q["label"].startswith("2 stages"))
     m = multigpu.models.lenet()
     x = rng.random((60, *m.input_shape), dtype=np.float32)
-    out: dict[str, Any] = {"plan": _stages_text(p["plan"])}
+    out: dict[str, Any] = {"plan": stages_summary(p["plan"], " | ")}
     for engine in ("tasks", "compiled"):
         say(f"plans: LeNet 2 stages on the {engine} engine")
         lat = session.run(m, params["lenet"], p["plan"], x, engine=engine, warmup=2, cluster=prof.cluster)
@@ -293,7 +285,7 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
         if p.get("stream"):
             stream_errors.append(err)
             old_errs = [(a - b) / b for a, b in zip(old, meas)]
-            rows.append([p["model"], p["label"], _stages_text(p["plan"]), "items/s", f"{predicted:.1f}",
+            rows.append([p["model"], p["label"], stages_summary(p["plan"], " | "), "items/s", f"{predicted:.1f}",
                          f"{measured:.1f}", _pct(err), " ".join(_pct(e) for e in errs),
                          f"{statistics.median(old):.1f} ({_pct(statistics.median(old_errs))})",
                          rs[-1].prediction.bottleneck_at])
@@ -302,7 +294,7 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
                                 " ".join(_pct((a - b) / b) for a, b in zip(left, meas)) if left else "-"])
         else:
             latency_errors.append(err)
-            rows.append([p["model"], p["label"], _stages_text(p["plan"]), "end to end, ms", _ms(predicted),
+            rows.append([p["model"], p["label"], stages_summary(p["plan"], " | "), "end to end, ms", _ms(predicted),
                          _ms(measured), _pct(err), " ".join(_pct(e) for e in errs), "", ""])
         parts = []
         for row_i, first in enumerate(rs[0].compare_rows()):

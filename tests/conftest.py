@@ -44,3 +44,15 @@ def _quiet_cpu_fallback():
 def gpu_available() -> bool:
     """True when any installed framework sees a GPU."""
     return any(multigpu.backend(b).gpu_count() > 0 for b in FRAMEWORKS)
+
+
+@pytest.fixture
+def data_cache(tmp_path, monkeypatch):
+    """Fashion-MNIST's cache folder, in an isolated cache with no system copy and no network.
+
+    Data tests use it through ``pytestmark = pytest.mark.usefixtures("data_cache")``;
+    see tests/data_fakes.py.
+    """
+    from data_fakes import isolate
+
+    return isolate(tmp_path, monkeypatch)

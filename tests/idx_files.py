@@ -29,6 +29,19 @@ def write_idx(path: Path, arr: np.ndarray | bytes, *, gz: bool | None = None) ->
     return path
 
 
+def write_set(folder: Path, n_train: int = 20, n_test: int = 10, *, gz: bool = True, seed: int = 0,
+              side: int = 28) -> Path:
+    """Write a small but well-formed Fashion-MNIST-named folder (labels cycle through 0..9)."""
+    rng = np.random.default_rng(seed)
+    suffix = ".gz" if gz else ""
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, side, side), dtype=np.uint8)
+        images[0, 0, 0], images[0, 0, 1] = 0, 255  # make the [0, 1] ends exact
+        write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", images)
+        write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", (np.arange(n) % 10).astype(np.uint8))
+    return folder
+
+
 def write_learnable_set(folder: Path, n_train: int, n_test: int, seed: int = 0) -> Path:
     """Write a Fashion-MNIST-shaped folder whose classes are noisy copies of 10 templates,
     so a few epochs of LeNet can learn it."""

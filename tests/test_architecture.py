@@ -163,3 +163,14 @@ def test_no_import_circles():
 def test_the_cycle_finder_finds_a_cycle():
     graph = defaultdict(set, {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_pyproject_lists_every_package():
+    # setuptools installs only the listed packages: a subpackage left out would be missing
+    # from a wheel although every test run from the source tree passes.
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join([package, *p.parent.relative_to(ROOT / folder).parts])
+             for folder, package in TREES.items() for p in (ROOT / folder).rglob("__init__.py")}
+    assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"

@@ -20,7 +20,7 @@ from multigpu.execution.inputs import load_images, load_params, random_inputs
 from multigpu.execution.link_fitting import link_sizes, pair_walk
 from multigpu.execution.plan import worker_params
 from multigpu.partition import Cluster, DeviceSpec, LinkSpec, autopartition, evaluate, graph_from_model, load_cluster
-from multigpu.partition.costmodel import compute_times
+from multigpu.partition.cost.choices import compute_times
 from multigpu.training.checkpoint import save_checkpoint
 
 LENET = multigpu.models.lenet()

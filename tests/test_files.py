@@ -2,14 +2,18 @@
 and unwritable paths refused up front."""
 from __future__ import annotations
 
+import gzip
+import hashlib
 import os
 import stat
 
 import numpy as np
 import pytest
+from data_fakes import FakeMirrors
 
-import multigpu.data.fashion_mnist as fm
+import multigpu.data.download as download
 from multigpu.data import files
+from multigpu.data.source import DataSource
 from multigpu.errors import InputError
 from multigpu.training.checkpoint import save_checkpoint
 
@@ -51,27 +55,12 @@ def test_checkpoints_and_downloads_get_the_umask_mode(tmp_path, monkeypatch, uma
     path = save_checkpoint(tmp_path / "ck", [np.zeros(3, np.float32)], {"epoch": 1})
     assert _mode(path) == 0o640
 
-    class Response:
-        headers: dict = {}
-
-        def __init__(self):
-            self.sent = False
-
-        def read(self, n):
-            if self.sent:
-                return b""
-            self.sent = True
-            return b"payload"
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    monkeypatch.setattr(fm, "_urlopen", lambda url, timeout=None: Response())
-    import hashlib
-    fm._fetch_to("http://x.invalid/f.gz", tmp_path / "f.gz", hashlib.md5(b"payload").hexdigest(), False)
+    payload = gzip.compress(b"payload")
+    source = DataSource(name="one", title="One", files={"only": "f"}, mirrors=("https://x.invalid/",),
+                        gz_md5={"f.gz": hashlib.md5(payload).hexdigest()},
+                        raw_md5={"f": hashlib.md5(b"payload").hexdigest()})
+    monkeypatch.setattr(download, "_downloader", FakeMirrors({"f.gz": payload}))  # pooch runs, no network
+    download.fetch(source, tmp_path)
     assert _mode(tmp_path / "f.gz") == 0o640
 
 

@@ -19,7 +19,7 @@ from multigpu.partition import (
     format_report,
     load_cluster,
 )
-from multigpu.partition.hosts import HostSpec, Relay, TransferCpu
+from multigpu.partition.inputs.hosts import HostSpec, Relay, TransferCpu
 
 MS = 1e-3
 

@@ -239,7 +239,7 @@ def test_shipped_clusters_load_and_lab_matches_the_document():
     assert lab.link("pi1", "desk-cpu").bandwidth == 1e6        # WiFi ~1 MB/s
     assert lab.link("desk-cpu", "imac").bandwidth == 1e7       # LAN ~10 MB/s
     assert {d.flops for d in lab.devices} >= {289e9, 70e9}     # i7-5930K and i7-2600K figures
-    readme = Path(__file__).resolve().parents[1] / "multigpu" / "partition" / "clusters" / "README.md"
+    readme = Path(__file__).resolve().parents[1] / "multigpu" / "partition" / "inputs" / "clusters" / "README.md"
     text = readme.read_text()
     for d in lab.devices + load_cluster("gpu-box").devices:
         assert f"`{d.name}`" in text, f"README.md must give the source of {d.name}'s figures"

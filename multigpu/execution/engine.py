@@ -34,7 +34,7 @@ import numpy as np
 from multigpu.errors import MissingDependencyError, MultigpuError, PlanError, WorkerDiedError, WorkerTimeoutError
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.worker import StageWorker, thread_env
-from multigpu.partition.cluster import DeviceSpec
+from multigpu.partition.inputs.cluster import DeviceSpec
 
 try:
     import ray

@@ -16,29 +16,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 from multigpu.errors import PlanError
-from multigpu.partition.cluster import Cluster, DeviceSpec
+from multigpu.partition.inputs.cluster import Cluster, DeviceSpec
+from multigpu.partition.stages import Stage, split_stages
 
 __all__ = ["ExecutionPlan", "Stage", "check_plan", "read_plan", "split_stages", "worker_params"]
 
 PlanLike = Union[Sequence[str], Mapping[str, Any], str, "os.PathLike[str]"]
-
-
-@dataclass(frozen=True)
-class Stage:
-    """Layers ``start..stop-1`` (named ``first``..``last``) on ``device``; ``index`` is
-    the stage's position in the chain (0-based)."""
-
-    index: int
-    device: str
-    start: int
-    stop: int
-    first: str
-    last: str
-
-    def label(self) -> str:
-        """``"stage 2 (conv2..fc4) on gpu1"``: how messages name a stage."""
-        span = self.first if self.first == self.last else f"{self.first}..{self.last}"
-        return f"stage {self.index + 1} ({span}) on device {self.device!r}"
 
 
 @dataclass(frozen=True)
@@ -104,17 +87,6 @@ def read_plan(plan: PlanLike) -> list[str]:
     if not out:
         raise PlanError(f"{source} is empty; give one device name per layer")
     return out
-
-
-def split_stages(assignment: Sequence[str], layer_names: Sequence[str]) -> list[Stage]:
-    """Cut ``assignment`` into stages: maximal runs of equal device names."""
-    stages: list[Stage] = []
-    start = 0
-    for i in range(1, len(assignment) + 1):
-        if i == len(assignment) or assignment[i] != assignment[start]:
-            stages.append(Stage(len(stages), assignment[start], start, i, layer_names[start], layer_names[i - 1]))
-            start = i
-    return stages
 
 
 def check_plan(model: Any, cluster: Cluster, plan: PlanLike) -> ExecutionPlan:

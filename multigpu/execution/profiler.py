@@ -53,8 +53,8 @@ from multigpu.execution.link_fitting import (
 from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.runner import ENGINES, resolve_model
 from multigpu.execution.transfer_cpu import TransferCpuFit, cpu_sizes, fit_transfer_cpu, time_transfer_cpu
-from multigpu.partition.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec
-from multigpu.partition.graph import graph_from_model
+from multigpu.partition.inputs.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec
+from multigpu.partition.inputs.graph import graph_from_model
 
 __all__ = ["LayerProfile", "LinkFit", "PassProfile", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
 
@@ -115,7 +115,7 @@ class ProfileResult:
 
     def format(self) -> str:
         """A readable summary: per device and graph, per link, hop against bare call."""
-        from multigpu.partition.report import fmt_bytes, fmt_time
+        from multigpu.partition.units import fmt_bytes, fmt_time
 
         out = [f"profiled {', '.join(self.graphs)} on {self.cluster.k} device(s) in {self.seconds:.1f} s "
                f"(engine: Ray {self.engine}); driver: {self.cluster.source}"]

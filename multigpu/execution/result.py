@@ -9,10 +9,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from multigpu.execution.plan import ExecutionPlan, Stage
-from multigpu.partition.costmodel import evaluate, measured_devices
+from multigpu.partition.cost.choices import measured_devices
+from multigpu.partition.cost.evaluate import evaluate
 from multigpu.partition.exceptions import UnusableLinkError
-from multigpu.partition.graph import graph_from_model
-from multigpu.partition.report import fmt_bytes, fmt_time
+from multigpu.partition.inputs.graph import graph_from_model
+from multigpu.partition.units import fmt_bytes, fmt_time
 
 __all__ = ["Prediction", "RunResult", "predict"]
 
@@ -134,7 +135,7 @@ class RunResult:
             return []
         rows = []
         for i, s in enumerate(self.stages):
-            rows.append({"what": f"stage {i + 1} compute ({_span(s)} on {s.device})", "kind": "stage",
+            rows.append({"what": f"stage {i + 1} compute ({s.span} on {s.device})", "kind": "stage",
                          "predicted": p.stage_compute[i], "measured": self.stage_time(i)})
         if not self.stream:  # streamed items wait in queues, so their hops are not transfers
             for h, (a, b) in enumerate(self.hop_routes):
@@ -164,10 +165,10 @@ class RunResult:
             lines.append(f"  worker {w['device']}: {w['backend']}{threads}, {where}")
         lines.append(f"  workers started in {self.startup_seconds:.2f} s; parameters shipped: "
                      f"{fmt_bytes(self.param_bytes)} in {fmt_time(self.param_seconds)} (not counted below)")
-        sw = max(len(_span(s)) for s in self.stages)
+        sw = max(len(s.span) for s in self.stages)
         dw = max(len(s.device) for s in self.stages)
         for i, s in enumerate(self.stages):
-            lines.append(f"  stage {i + 1} {_span(s):<{sw}} on {s.device:<{dw}}  compute {fmt_time(self.stage_time(i))}")
+            lines.append(f"  stage {i + 1} {s.span:<{sw}} on {s.device:<{dw}}  compute {fmt_time(self.stage_time(i))}")
         width = max(len(f"{a} -> {b}") for a, b in self.hop_routes)
         for h, (a, b) in enumerate(self.hop_routes):
             lines.append(f"  hop {f'{a} -> {b}':<{width}}  {fmt_bytes(self.hop_bytes[h]):>9}  "
@@ -223,7 +224,3 @@ class RunResult:
         if include_outputs:
             d["outputs"] = np.asarray(self.outputs).tolist()
         return d
-
-
-def _span(s: Stage) -> str:
-    return s.first if s.first == s.last else f"{s.first}..{s.last}"

@@ -15,7 +15,7 @@ from multigpu.errors import PlanError
 from multigpu.execution.plan import ExecutionPlan, PlanLike, check_plan, worker_params
 from multigpu.execution.result import RunResult, try_predict
 from multigpu.models.inputs import check_images
-from multigpu.partition.cluster import Cluster, load_cluster
+from multigpu.partition.inputs.cluster import Cluster, load_cluster
 
 __all__ = ["Session", "run_partitioned", "resolve_model", "resolve_cluster", "split_inputs"]
 

@@ -40,7 +40,7 @@ import numpy as np
 from multigpu.execution.link_fitting import pair_walk
 from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.worker import PROBE
-from multigpu.partition.hosts import Relay, TransferCpu
+from multigpu.partition.inputs.hosts import Relay, TransferCpu
 
 __all__ = ["CpuSample", "TransferCpuFit", "cpu_sizes", "fit_transfer_cpu", "time_transfer_cpu"]
 

@@ -1,5 +1,9 @@
 """Cost model and AutoPartition: place a chain of layers on heterogeneous devices.
 
+Layers: ``inputs/`` (clusters, graphs, hosts, the checks of file values), ``cost/``
+(the cost model), ``solvers/`` (DP, MILP, Lagrangian bounds, throughput, the planner,
+diagnosis, baselines), then ``stages`` and ``report``. Every public name is here.
+
 ``load_cluster`` / ``load_graph`` read the inputs, ``evaluate`` prices one
 assignment (time, energy, weighted cost, per layer / device / link, and the matrix
 form), and ``autopartition`` finds the exact optimum: a vectorized DP without
@@ -9,14 +13,25 @@ loaded on the first MILP solve.
 """
 from __future__ import annotations
 
-from multigpu.partition.baselines import BASELINES, BaselineResult, baselines
-from multigpu.partition.cluster import Cluster, DeviceSpec, Link, LinkSpec, LinkTables, load_cluster, shipped_clusters
-from multigpu.partition.constraints import Constraints
-from multigpu.partition.costmodel import Breakdown, DeviceCost, LayerCost, LinkCost, MatrixForm, evaluate
+from multigpu.partition.cost.evaluate import evaluate
+from multigpu.partition.cost.matrix import MatrixForm
+from multigpu.partition.cost.records import Breakdown, DeviceCost, LayerCost, LinkCost
 from multigpu.partition.exceptions import ClusterError, InfeasibleError, PartitionInputError, UnusableLinkError
-from multigpu.partition.graph import Graph, LayerSpec, graph_from_model, load_graph
-from multigpu.partition.planner import OBJECTIVES, Plan, Stage, autopartition
+from multigpu.partition.inputs.cluster import (
+    Cluster,
+    DeviceSpec,
+    Link,
+    LinkSpec,
+    LinkTables,
+    load_cluster,
+    shipped_clusters,
+)
+from multigpu.partition.inputs.graph import Graph, LayerSpec, graph_from_model, load_graph
 from multigpu.partition.report import format_report
+from multigpu.partition.solvers.baselines import BASELINES, BaselineResult, baselines
+from multigpu.partition.solvers.constraints import Constraints
+from multigpu.partition.solvers.planner import OBJECTIVES, Plan, autopartition
+from multigpu.partition.stages import Stage
 
 __all__ = [
     "BASELINES", "BaselineResult", "Breakdown", "Cluster", "ClusterError", "Constraints",

@@ -5,45 +5,15 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from multigpu.partition.baselines import BaselineResult
-from multigpu.partition.cluster import Cluster
-from multigpu.partition.costmodel import measured_devices
-from multigpu.partition.graph import Graph
-from multigpu.partition.planner import Plan
+from multigpu.partition.cost.choices import measured_devices
+from multigpu.partition.inputs.cluster import Cluster
+from multigpu.partition.inputs.graph import Graph
+from multigpu.partition.solvers.baselines import BaselineResult
+from multigpu.partition.solvers.planner import Plan
+from multigpu.partition.stages import stages_summary
+from multigpu.partition.units import fmt_bytes, fmt_energy, fmt_time
 
 __all__ = ["baseline_gap", "format_report", "fmt_bytes", "fmt_energy", "fmt_time"]
-
-
-def _scaled(x: float, unit: str) -> str:
-    """``x`` with the unit, milli- or micro-unit that keeps the figure readable."""
-    if not math.isfinite(x):
-        return str(x)
-    if x == 0:
-        return "0"
-    for prefix, scale in (("", 1.0), ("m", 1e-3)):
-        if x >= scale:
-            return f"{x / scale:.4g} {prefix}{unit}"
-    return f"{x * 1e6:.4g} u{unit}"
-
-
-def fmt_time(s: float) -> str:
-    """Seconds with a readable unit (s, ms, us)."""
-    return _scaled(s, "s")
-
-
-def fmt_bytes(b: float) -> str:
-    """Bytes with a decimal unit (B, KB, MB, GB)."""
-    if b == 0:
-        return "0"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if b >= size:
-            return f"{b / size:.4g} {unit}"
-    return f"{b:.4g} B"
-
-
-def fmt_energy(j: float) -> str:
-    """Joules with a readable unit (J, mJ, uJ)."""
-    return _scaled(j, "J")
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
@@ -76,9 +46,7 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
            "bound": "exact: a feasible plan meets the LP/Lagrangian lower bound"}.get(plan.solver, plan.solver)
     out.append(f"plan: cost {plan.cost:.6g}  time {fmt_time(plan.time)}  energy {fmt_energy(plan.energy)}  "
                f"bottleneck {fmt_time(plan.bottleneck)} at {bd.bottleneck_at}  ({how}, {plan.solve_time * 1e3:.3g} ms)")
-    out.append("stages: " + "; ".join(
-        f"{s.first}..{s.last} on {s.device}" if s.first != s.last else f"{s.first} on {s.device}"
-        for s in plan.stages))
+    out.append("stages: " + "; ".join(f"{s.span} on {s.device}" for s in plan.stages))
     out.append("")
 
     out.append("Per layer")
@@ -127,13 +95,13 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
         metric = "bottleneck" if plan.objective == "throughput" else "cost"
         out.append(f"Plan against the baselines (gap = {metric} / plan {metric} - 1)")
         rows = [["AutoPartition", f"{plan.cost:.6g}", fmt_time(plan.time), fmt_energy(plan.energy),
-                 fmt_time(plan.bottleneck), "-", _stages_text(plan.assignment)]]
+                 fmt_time(plan.bottleneck), "-", stages_summary(plan.assignment)]]
         for b in baselines:
             if b.breakdown is None:
                 rows.append([b.description, "n/a", "-", "-", "-", "-", f"cannot run: {_short(b.reason)}"])
                 continue
             gap = baseline_gap(plan, b)
-            note = _stages_text(b.assignment or [])
+            note = stages_summary(b.assignment or [])
             if b.violations:
                 note += "  [breaks " + "; ".join(b.violations) + "]"
             rows.append([b.description, f"{b.cost:.6g}", fmt_time(b.breakdown.time),
@@ -156,17 +124,6 @@ def baseline_gap(plan: Plan, baseline: BaselineResult) -> float:
     if mine > 0:
         return theirs / mine - 1
     return 0.0 if theirs <= 0 else math.inf
-
-
-def _stages_text(assignment: Sequence[str]) -> str:
-    parts: list[str] = []
-    for dev in assignment:
-        if parts and parts[-1].split(" x")[0] == dev:
-            name, count = parts[-1].rsplit(" x", 1)
-            parts[-1] = f"{name} x{int(count) + 1}"
-        else:
-            parts.append(f"{dev} x1")
-    return ", ".join(parts)
 
 
 def _short(reason: Optional[str]) -> str:

@@ -5,16 +5,20 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from multigpu.cli.parsers import add_command
 from multigpu.errors import InputError
+
+DESCRIPTION = """\
+Run benchmarks through one harness. Each writes NAME.md (a table), NAME.json
+(machine, settings, raw samples) and NAME.png (a plot) into --out. Without names,
+runs every benchmark (--quick: the quick ones, with fewer repeats).
+"""
 
 
 def register(sub: Any) -> None:
     """Add the ``bench`` sub-command."""
-    p = sub.add_parser("bench", help="run the comparative benchmarks (tables, JSON, plots)",
-                       description="Run benchmarks through one harness. Each writes NAME.md (a table), "
-                                   "NAME.json (machine, settings, raw samples) and NAME.png (a plot) into "
-                                   "--out. Without names, runs every benchmark (--quick: the quick ones, "
-                                   "with fewer repeats).")
+    p = add_command(sub, "bench", run, help="run the comparative benchmarks (tables, JSON, plots)",
+                    description=DESCRIPTION)
     p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all; see --list)")
     p.add_argument("--quick", action="store_true", help="fewer repeats and sizes; skips the long benchmarks")
     p.add_argument("--out", default="benchmarks/out", metavar="DIR", help="output folder (default benchmarks/out)")
@@ -26,7 +30,6 @@ def register(sub: Any) -> None:
                         "frameworks' own choice). On a machine shared with other jobs, 1 keeps a busy core "
                         "from stalling every parallel op")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 from multigpu import models
 from multigpu.checks import check_count
+from multigpu.cli.parsers import add_command
 from multigpu.contract.op_check import op_agreement
 from multigpu.contract.registry import available_backends, backend, registered_backends
 from multigpu.data.files import atomic_write, check_writable
@@ -17,16 +18,19 @@ from multigpu.optim import SGD
 from multigpu.parallel.agreement import agreement, step_agreement
 from multigpu.parallel.allreduce import ALGORITHMS
 
+DESCRIPTION = """\
+List every registered backend and the devices it sees, then compare each with the
+NumPy reference: every protocol op (output and gradients), LeNet trained for a few
+steps from the same start, and one ResNet-18 step with BatchNorm and momentum SGD
+part by part (forward, gradients, running statistics, update). Exit status: 0 all
+agree, 1 a backend differs by more than --tol (--rtol), 2 bad input, 130 interrupted.
+"""
+
 
 def register(sub: Any) -> None:
     """Add the ``check`` sub-command."""
-    p = sub.add_parser("check", help="list backends and devices; check they agree with the NumPy reference",
-                       description="List every registered backend and the devices it sees, then compare each "
-                                   "with the NumPy reference: every protocol op (output and gradients), LeNet "
-                                   "trained for a few steps from the same start, and one ResNet-18 step with "
-                                   "BatchNorm and momentum SGD part by part (forward, gradients, running "
-                                   "statistics, update). Exit status: 0 all agree, 1 a backend differs by more "
-                                   "than --tol (--rtol), 2 bad input, 130 interrupted.")
+    p = add_command(sub, "check", run, help="list backends and devices; check they agree with the NumPy reference",
+                    description=DESCRIPTION)
     p.add_argument("--backends", default=None, help="comma-separated backends to check (default: all installed)")
     p.add_argument("--steps", type=int, default=10, help="SGD steps (default 10)")
     p.add_argument("--batch", type=int, default=32, help="global batch size (default 32)")
@@ -38,7 +42,6 @@ def register(sub: Any) -> None:
                         "(default 5e-5)")
     p.add_argument("--no-resnet", action="store_true", help="skip the ResNet-18 step (it takes about a minute)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="also write the result as JSON")
-    p.set_defaults(func=run)
 
 
 def _devices(text: str) -> object:

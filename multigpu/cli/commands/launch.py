@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from multigpu.cli.parsers import add_command
 from multigpu.distributed.job import DEFAULT_INIT_TIMEOUT, DEFAULT_MULTI_HOST_PORT, DEFAULT_TIMEOUT, Job
 from multigpu.distributed.supervisor import run as run_job
 from multigpu.errors import InputError
@@ -24,14 +25,14 @@ two hosts (run on each, with --node-rank 0 on the host at --master-addr):
 
 def register(sub: Any) -> None:
     """Add the ``launch`` sub-command."""
-    p = sub.add_parser(
-        "launch", help="run a command as N ranks on torch.distributed, paddle.distributed or MXNet's kvstore",
+    p = add_command(
+        sub, "launch", run, help="run a command as N ranks on torch.distributed, paddle.distributed or MXNet's kvstore",
         description="Start --nproc ranks on this host (and, with --nnodes, join ranks on other hosts), each "
                     "running COMMAND: a multigpu sub-command (train), a Python script, or a program. Ranks "
                     "join with the backend's own engine (torch: Gloo/NCCL via env://; paddle: Gloo/NCCL; "
                     "mxnet: a dist_sync kvstore with a scheduler and parameter servers). The first rank that "
                     "fails stops the job; every child is cleaned up on success, failure and Ctrl-C.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, raw=True)
     p.add_argument("--nproc", type=int, default=2, help="ranks on this host (default 2)")
     p.add_argument("--backend", default="numpy", help="numpy, torch, paddle or mxnet (default numpy)")
     p.add_argument("--nnodes", type=int, default=1, help="hosts in the job (default 1)")
@@ -53,7 +54,6 @@ def register(sub: Any) -> None:
                         "(saves one small allreduce per collective; a mismatch may then hang until --timeout)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="what each rank runs, after '--'")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ import json
 import math
 from typing import Any, Optional
 
+from multigpu.cli.parsers import add_command
+
 DESCRIPTION = """\
 Place each layer of a chain network on a device of a heterogeneous cluster at the
 least cost = wt*T + we*E, where T is compute plus transfer time and E is compute
@@ -19,9 +21,9 @@ Exit status: 0 ok, 1 infeasible constraints or a solver failure, 2 bad input,
 
 def register(subparsers: Any) -> None:
     """Add the ``partition`` sub-command to an argparse subparsers object."""
-    p = subparsers.add_parser(
-        "partition", help="place a network's layers on heterogeneous devices at minimal time/energy cost",
-        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "partition", run,
+                    help="place a network's layers on heterogeneous devices at minimal time/energy cost",
+                    description=DESCRIPTION, raw=True)
     p.add_argument("--graph", required=True, metavar="FILE|lenet|alexnet",
                    help="layer graph: a JSON file, or a built-in model name")
     p.add_argument("--cluster", required=True, metavar="FILE|NAME",
@@ -50,7 +52,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (assignment, time, energy, cost, ...) instead of the report")
     p.add_argument("--verbose", action="store_true", help="print the MILP solver's log")
-    p.set_defaults(func=run)
 
 
 def _bad_input(message: str) -> Exception:

@@ -5,6 +5,7 @@ import argparse
 import json
 from typing import Any, Optional
 
+from multigpu.cli.parsers import add_command
 from multigpu.errors import PlanError
 
 EXIT_OK = 0
@@ -33,8 +34,8 @@ Exit status: 0 ok, 1 a worker died or timed out, 2 bad input."""
 
 def register(sub: Any) -> None:
     """Add the ``profile`` sub-command."""
-    p = sub.add_parser("profile", help="measure per-layer times and link costs; write a cluster file",
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "profile", run, help="measure per-layer times and link costs; write a cluster file",
+                    description=DESCRIPTION, raw=True)
     p.add_argument("--model", action="append", default=None, metavar="lenet|alexnet",
                    help="model to profile (repeatable; default lenet)")
     p.add_argument("--backend", default=None, metavar="B[,B...]", help="worker backends, e.g. torch,paddle")
@@ -60,7 +61,6 @@ def register(sub: Any) -> None:
     p.add_argument("--out", required=True, metavar="FILE.json", help="where to write the cluster file")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
 
 
 def _workers(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from multigpu.cli.parsers import add_command
 from multigpu.errors import PlanError
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -33,8 +34,8 @@ Exit status: 0 ok, 1 a worker died or timed out (or --check found a difference),
 
 def register(sub: Any) -> None:
     """Add the ``run`` sub-command."""
-    p = sub.add_parser("run", help="run a partition plan on Ray workers; time each stage and hop",
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "run", run, help="run a partition plan on Ray workers; time each stage and hop",
+                    description=DESCRIPTION, raw=True)
     p.add_argument("--model", default="lenet", help="built-in model: lenet or alexnet (default lenet)")
     p.add_argument("--params", default=None, metavar="DIR|FILE",
                    help="a `multigpu train --checkpoint` folder or .npz (default: the seeded random init)")
@@ -57,7 +58,6 @@ def register(sub: Any) -> None:
     p.add_argument("--data-dir", default=None, help="folder with the Fashion-MNIST IDX files")
     p.add_argument("--seed", type=int, default=0, help="seed of --random and of the default parameters")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
-    p.set_defaults(func=run)
 
 
 def parse_plan(text: str) -> Any:

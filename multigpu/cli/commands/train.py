@@ -5,6 +5,7 @@ import argparse
 import warnings
 from typing import Any
 
+from multigpu.cli.parsers import add_command
 from multigpu.contract.devices import CPUFallbackWarning
 from multigpu.contract.registry import PREFERRED, default_backend
 from multigpu.data.files import check_writable
@@ -15,15 +16,19 @@ from multigpu.optim import OPTIMIZERS, SGD, AdamW, Optimizer
 from multigpu.parallel.allreduce import ALGORITHMS
 from multigpu.training.trainer import train
 
+DESCRIPTION = """\
+Train a model (LeNet, ResNet-18, ...) on Fashion-MNIST across devices with any
+backend, with SGD (momentum, Nesterov, weight decay) or AdamW and per-device or
+synchronized BatchNorm, and print one line per epoch: test accuracy, seconds per
+epoch, devices. Every option and output path is checked before the data loads. Exit status: 0 ok, 1 the run failed (e.g. the
+loss diverged), 2 bad input, 130 interrupted.
+"""
+
 
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
-    p = sub.add_parser("train", help="train LeNet or ResNet-18 on Fashion-MNIST, data-parallel",
-                       description="Train a model on Fashion-MNIST across devices with any backend and "
-                                   "print one line per epoch: test accuracy, seconds per epoch, devices. "
-                                   "Every option and output path is checked before the data loads. "
-                                   "Exit status: 0 ok, 1 the run failed (e.g. the loss diverged), "
-                                   "2 bad input, 130 interrupted.")
+    p = add_command(sub, "train", run, help="train LeNet or ResNet-18 on Fashion-MNIST, data-parallel",
+                    description=DESCRIPTION)
     p.add_argument("--backend", default=None,
                    help=f"numpy, torch, mxnet or paddle (default: the one 'multigpu launch' was given, else "
                         f"the first installed of {', '.join(PREFERRED)}; the first output line names it)")
@@ -59,7 +64,6 @@ def register(sub: Any) -> None:
     p.add_argument("--plot", default=None, metavar="PNG", help="write accuracy/loss curves (needs matplotlib)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
-    p.set_defaults(func=run)
 
 
 def optimizer_from(args: argparse.Namespace) -> Optimizer:

@@ -2,7 +2,7 @@
 
 A cluster is read from JSON or TOML with exactly the keys ``devices``, ``links``,
 ``default_link``, ``source`` and ``sink`` (only ``devices`` and ``source`` are
-required). Shipped examples live in ``multigpu/partition/clusters/`` and can be named
+required). Shipped examples live in ``multigpu/partition/inputs/clusters/`` and can be named
 without a path (``load_cluster("lab")``).
 
 A device may also say how to run a stage on it (``backend``, ``device``,
@@ -13,7 +13,6 @@ cost model, where a measured time overrides ``flops``). The CPU a pipelined run 
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -26,7 +25,8 @@ import numpy as np
 
 from multigpu.checks import check_count
 from multigpu.partition.exceptions import ClusterError
-from multigpu.partition.hosts import (
+from multigpu.partition.inputs.files import read_structured_file
+from multigpu.partition.inputs.hosts import (
     HostSpec,
     Relay,
     TransferCpu,
@@ -34,7 +34,13 @@ from multigpu.partition.hosts import (
     relay_from_dict,
     transfer_cpu_from_dict,
 )
-from multigpu.partition.validate import check_keys, check_name, check_number
+from multigpu.partition.inputs.validate import (
+    check_keys,
+    check_name,
+    check_number,
+    check_number_fields,
+    check_number_map,
+)
 
 __all__ = ["Cluster", "DeviceSpec", "HostSpec", "Link", "LinkSpec", "LinkTables", "Relay", "TransferCpu",
            "load_cluster", "shipped_clusters"]
@@ -91,10 +97,8 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         check_name(self.name, "device name")
         what = f"device {self.name!r}"
-        object.__setattr__(self, "flops", check_number(
-            self.flops, f"{what}: flops", strict=True, unit="FLOP/s, e.g. 38.4e9"))
-        object.__setattr__(self, "power", check_number(
-            self.power, f"{what}: power", unit="W while computing; 0 if unknown"))
+        check_number_fields(self, what, flops={"strict": True, "unit": "FLOP/s, e.g. 38.4e9"},
+                            power={"unit": "W while computing; 0 if unknown"})
         if self.memory is not None:
             object.__setattr__(self, "memory", check_number(
                 self.memory, f"{what}: memory", strict=True,
@@ -126,15 +130,10 @@ class DeviceSpec:
 
 
 def _check_resources(value: Any, what: str) -> dict[str, float]:
-    if not isinstance(value, Mapping) or not value:
-        raise ClusterError(f"{what}: resources must be a non-empty object of Ray resource amounts, "
-                           f"e.g. {{\"pi1\": 1}} or {{\"GPU\": 1}}; got {value!r:.80}")
-    out = {}
-    for key, amount in value.items():
-        check_name(key, f"{what}: a resource name")
-        out[key] = check_number(amount, f"{what}: resources[{key!r}]", strict=True,
-                                unit="an amount of the Ray resource, e.g. 1")
-    return out
+    return check_number_map(value, what, "resources", "a resource name",
+                            f"{what}: resources must be a non-empty object of Ray resource amounts, "
+                            f"e.g. {{\"pi1\": 1}} or {{\"GPU\": 1}}; got {value!r:.80}",
+                            unit="an amount of the Ray resource, e.g. 1")
 
 
 def _check_layer_times(value: Any, what: str) -> dict[str, dict[str, float]]:
@@ -145,25 +144,17 @@ def _check_layer_times(value: Any, what: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for graph, times in value.items():
         check_name(graph, f"{what}: a layer_times graph name")
-        if not isinstance(times, Mapping) or not times:
-            raise ClusterError(f"{what}: layer_times[{graph!r}] must be a non-empty object mapping "
-                               f"layer names to seconds; {fix}")
-        row = {}
-        for layer, t in times.items():
-            check_name(layer, f"{what}: a layer name in layer_times[{graph!r}]")
-            row[layer] = check_number(t, f"{what}: layer_times[{graph!r}][{layer!r}]", strict=True,
-                                      unit="seconds; measured times are positive and finite")
-        out[graph] = row
+        out[graph] = check_number_map(
+            times, what, f"layer_times[{graph!r}]", f"a layer name in layer_times[{graph!r}]",
+            f"{what}: layer_times[{graph!r}] must be a non-empty object mapping layer names to seconds; {fix}",
+            unit="seconds; measured times are positive and finite")
     return out
 
 
 def _check_link_numbers(obj: Any, what: str) -> None:
-    object.__setattr__(obj, "bandwidth", check_number(
-        obj.bandwidth, f"{what}: bandwidth", strict=True, unit="bytes/s, e.g. 1e6 for 1 MB/s"))
-    object.__setattr__(obj, "latency", check_number(
-        obj.latency, f"{what}: latency", unit="seconds per transfer; 0 if negligible"))
-    object.__setattr__(obj, "power", check_number(
-        obj.power, f"{what}: power", unit="W while transferring; 0 if not modelled"))
+    check_number_fields(obj, what, bandwidth={"strict": True, "unit": "bytes/s, e.g. 1e6 for 1 MB/s"},
+                        latency={"unit": "seconds per transfer; 0 if negligible"},
+                        power={"unit": "W while transferring; 0 if not modelled"})
 
 
 @dataclass(frozen=True)
@@ -545,7 +536,7 @@ class Cluster:
 
 # -- files ---------------------------------------------------------------------
 def _clusters_dir() -> Path:
-    return Path(str(resources.files("multigpu.partition").joinpath("clusters")))
+    return Path(str(resources.files("multigpu.partition.inputs").joinpath("clusters")))
 
 
 def shipped_clusters() -> list[str]:
@@ -554,58 +545,6 @@ def shipped_clusters() -> list[str]:
     if not d.is_dir():
         return []
     return sorted(p.stem for p in d.iterdir() if p.suffix in (".json", ".toml"))
-
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            # json keeps the last duplicate silently; a repeated key is almost always a mistake.
-            raise ClusterError(f"duplicate key {k!r} in a JSON object; keep one")
-        out[k] = v
-    return out
-
-
-def read_structured_file(path: Path, kind: str) -> Any:
-    """Parse ``path`` as JSON (``.json``) or TOML (``.toml``); ClusterError on a bad file."""
-    suffix = path.suffix.lower()
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ClusterError(f"cannot read {kind} file {str(path)!r}: {e.strerror or e}") from None
-    if suffix == ".json":
-        try:
-            return json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
-        except UnicodeDecodeError as e:
-            raise ClusterError(f"{kind} file {str(path)!r} is not UTF-8 text ({e.reason}); "
-                               f"save it as UTF-8 JSON") from None
-        except json.JSONDecodeError as e:
-            raise ClusterError(f"malformed JSON in {kind} file {str(path)!r} at line {e.lineno} "
-                               f"column {e.colno}: {e.msg}; fix the syntax") from None
-    if suffix == ".toml":
-        toml = _toml_module()
-        try:
-            return toml.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise ClusterError(f"{kind} file {str(path)!r} is not UTF-8 text ({e.reason}); "
-                               f"save it as UTF-8 TOML") from None
-        except toml.TOMLDecodeError as e:
-            raise ClusterError(f"malformed TOML in {kind} file {str(path)!r}: {e}; fix the syntax") from None
-    raise ClusterError(f"{kind} file {str(path)!r} has suffix {suffix or '(none)'!r}; "
-                       f"name it .json or .toml")
-
-
-def _toml_module() -> Any:
-    try:
-        import tomllib  # Python 3.11+
-        return tomllib
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10 only
-        try:
-            import tomli  # type: ignore[import-not-found]
-            return tomli
-        except ModuleNotFoundError:
-            raise ClusterError("reading TOML needs Python 3.11+ or the 'tomli' package; "
-                               "pip install tomli, or use a .json cluster file") from None
 
 
 def load_cluster(path: Union[str, "os.PathLike[str]"]) -> Cluster:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from multigpu.partition.exceptions import ClusterError
-from multigpu.partition.validate import check_keys, check_name, check_number
+from multigpu.partition.inputs.validate import check_keys, check_name, check_number, check_number_fields
 
 __all__ = ["HostSpec", "Relay", "TransferCpu", "hosts_from_dict", "relay_from_dict", "transfer_cpu_from_dict"]
 
@@ -38,10 +38,8 @@ HOST_KEYS_REQUIRED = ("cores",)
 
 
 def _check_cpu(obj: Any, what: str) -> None:
-    object.__setattr__(obj, "fixed", check_number(
-        obj.fixed, f"{what}: fixed", unit="CPU seconds per transfer; 0 if negligible"))
-    object.__setattr__(obj, "per_byte", check_number(
-        obj.per_byte, f"{what}: per_byte", unit="CPU seconds per byte moved; 0 if negligible"))
+    check_number_fields(obj, what, fixed={"unit": "CPU seconds per transfer; 0 if negligible"},
+                        per_byte={"unit": "CPU seconds per byte moved; 0 if negligible"})
     if obj.serial_fixed is None and obj.serial_per_byte is None:
         return
     if obj.serial_fixed is None:

@@ -14,9 +14,9 @@ from typing import Any, Union
 import numpy as np
 
 from multigpu.checks import check_count
-from multigpu.partition.cluster import read_structured_file
 from multigpu.partition.exceptions import ClusterError
-from multigpu.partition.validate import check_keys, check_name, check_number
+from multigpu.partition.inputs.files import read_structured_file
+from multigpu.partition.inputs.validate import check_keys, check_name, check_number, check_number_fields
 
 __all__ = ["Graph", "LayerSpec", "load_graph", "graph_from_model"]
 
@@ -35,12 +35,9 @@ class LayerSpec:
 
     def __post_init__(self) -> None:
         check_name(self.name, "layer name")
-        what = f"layer {self.name!r}"
-        object.__setattr__(self, "flops", check_number(self.flops, f"{what}: flops", unit="FLOPs"))
-        object.__setattr__(self, "param_bytes", check_number(
-            self.param_bytes, f"{what}: param_bytes", unit="bytes; 0 for a layer without parameters"))
-        object.__setattr__(self, "output_bytes", check_number(
-            self.output_bytes, f"{what}: output_bytes", unit="bytes"))
+        check_number_fields(self, f"layer {self.name!r}", flops={"unit": "FLOPs"},
+                            param_bytes={"unit": "bytes; 0 for a layer without parameters"},
+                            output_bytes={"unit": "bytes"})
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from multigpu.errors import SolverError
-from multigpu.partition.constraints import ResolvedConstraints
-from multigpu.partition.costmodel import CostTables, bottleneck_of, transfer_cpu_terms
+from multigpu.partition.cost.arithmetic import bottleneck_of, transfer_cpu_terms
+from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import InfeasibleError
-from multigpu.partition.milp import solve_milp
+from multigpu.partition.solvers.constraints import ResolvedConstraints
+from multigpu.partition.solvers.milp import solve_milp
 
 __all__ = ["solve_throughput", "bottleneck_lower_bound"]
 

@@ -13,10 +13,10 @@ from typing import Any, Collection, Mapping, Optional, Union
 
 import numpy as np
 
-from multigpu.partition.cluster import Cluster
 from multigpu.partition.exceptions import ClusterError, InfeasibleError, PartitionInputError
-from multigpu.partition.graph import Graph
-from multigpu.partition.validate import check_number
+from multigpu.partition.inputs.cluster import Cluster
+from multigpu.partition.inputs.graph import Graph
+from multigpu.partition.inputs.validate import check_number
 
 __all__ = ["Constraints", "ResolvedConstraints", "FEASIBILITY_RTOL"]
 

@@ -19,11 +19,14 @@ from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
-from multigpu.partition.cluster import Cluster
-from multigpu.partition.constraints import Constraints
-from multigpu.partition.costmodel import Breakdown, CostTables, check_weights, evaluate, memory_use
+from multigpu.partition.cost.arithmetic import memory_use
+from multigpu.partition.cost.evaluate import check_weights, evaluate
+from multigpu.partition.cost.records import Breakdown
+from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import UnusableLinkError
-from multigpu.partition.graph import Graph
+from multigpu.partition.inputs.cluster import Cluster
+from multigpu.partition.inputs.graph import Graph
+from multigpu.partition.solvers.constraints import Constraints
 
 __all__ = ["BaselineResult", "baselines", "BASELINES"]
 

@@ -21,24 +21,20 @@ from typing import Any, Mapping, Union
 import numpy as np
 
 from multigpu.errors import SolverError
-from multigpu.partition.cluster import Cluster
-from multigpu.partition.constraints import Constraints, ResolvedConstraints
-from multigpu.partition.costmodel import (
-    Breakdown,
-    CostTables,
-    assignment_arrays,
-    bottleneck_of,
-    check_weights,
-    evaluate,
-    memory_use,
-)
-from multigpu.partition.diagnose import explain_coupled, explain_unreachable, layer_candidates
-from multigpu.partition.dp import solve_chain
+from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of, busy_times, memory_use
+from multigpu.partition.cost.evaluate import check_weights, evaluate
+from multigpu.partition.cost.records import Breakdown
+from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import PartitionInputError
-from multigpu.partition.graph import Graph
-from multigpu.partition.lagrange import cost_if_feasible, fixings, lower_bound, penalise, repair
-from multigpu.partition.milp import build_model, relax, solve_milp
-from multigpu.partition.throughput import solve_throughput
+from multigpu.partition.inputs.cluster import Cluster
+from multigpu.partition.inputs.graph import Graph
+from multigpu.partition.solvers.constraints import Constraints, ResolvedConstraints
+from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
+from multigpu.partition.solvers.dp import solve_chain
+from multigpu.partition.solvers.lagrange import cost_if_feasible, fixings, lower_bound, penalise, repair
+from multigpu.partition.solvers.milp import build_model, relax, solve_milp
+from multigpu.partition.solvers.throughput import solve_throughput
+from multigpu.partition.stages import Stage, split_stages
 
 __all__ = ["Plan", "Stage", "autopartition", "OBJECTIVES", "SOLVERS"]
 
@@ -51,16 +47,6 @@ BOUND_GAP = 1e-9
 RESTRICTED_TIME_LIMIT = 3.0
 RESTRICTED_GAP = 1e-2
 SOLVERS = ("auto", "dp", "milp")
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A run of consecutive layers on one device (``first``/``last`` are layer names)."""
-
-    device: str
-    first: str
-    last: str
-    layers: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,14 +74,7 @@ class Plan:
     @property
     def stages(self) -> list[Stage]:
         """Consecutive layers grouped by device, in chain order."""
-        out: list[Stage] = []
-        names = [layer.name for layer in self.breakdown.layers]
-        start = 0
-        for i in range(1, len(self.assignment) + 1):
-            if i == len(self.assignment) or self.assignment[i] != self.assignment[start]:
-                out.append(Stage(self.assignment[start], names[start], names[i - 1], i - start))
-                start = i
-        return out
+        return split_stages(self.assignment, [layer.name for layer in self.breakdown.layers])
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary: assignment, time, energy, cost and how it was found."""
@@ -115,14 +94,10 @@ def _dp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float) -> 
 
 def _violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> list[str]:
     graph, cluster = tables.graph, tables.cluster
-    mem = memory_use(graph, cluster, a)
-    busy = np.bincount(a, weights=tables.comp[np.arange(graph.n), a], minlength=cluster.k)
-    energy = 0.0
-    if cons.has_energy:
-        # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
-        x = assignment_arrays(graph, cluster, a, tables.ship_params)
-        energy = float(x.comp_energy.sum() + x.e_stage.sum() + x.e_in.sum() + x.e_param.sum() + x.e_out)
-    return cons.violations(cluster, mem, busy, energy, a)
+    # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
+    energy = assignment_arrays(graph, cluster, a, tables.ship_params).energy if cons.has_energy else 0.0
+    return cons.violations(cluster, memory_use(graph, cluster, a), busy_times(graph, cluster, tables.comp, a),
+                           energy, a)
 
 
 def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, dp_value: float,

@@ -20,6 +20,27 @@ def check_number(value: Any, what: str, **limits: Any) -> float:
     return checks.check_number(value, what, **limits)
 
 
+def check_number_fields(obj: Any, what: str, **fields: Mapping[str, Any]) -> None:
+    """Check each named field of the frozen dataclass ``obj`` with ``check_number`` (its limits
+    given per field, e.g. ``flops={"strict": True, "unit": "FLOP/s"}``) and store the float back;
+    the message names the field as ``"{what}: {field}"``."""
+    for attr, limits in fields.items():
+        object.__setattr__(obj, attr, check_number(getattr(obj, attr), f"{what}: {attr}", **limits))
+
+
+def check_number_map(value: Any, owner: str, field: str, key_what: str, empty: str, unit: str) -> dict[str, float]:
+    """``value`` (the ``field`` of ``owner``) as a dict of names to positive finite numbers:
+    ClusterError ``empty`` unless it is a non-empty mapping, else one naming
+    ``"{owner}: {key_what}"`` (a bad name) or ``"{owner}: {field}[key]"`` (a bad number)."""
+    if not isinstance(value, Mapping) or not value:
+        raise ClusterError(empty)
+    out = {}
+    for key, amount in value.items():
+        check_name(key, f"{owner}: {key_what}")
+        out[key] = check_number(amount, f"{owner}: {field}[{key!r}]", strict=True, unit=unit)
+    return out
+
+
 def check_name(value: Any, what: str, error: type[Exception] = ClusterError) -> str:
     """Return ``value`` if it is a non-empty string; raise otherwise."""
     if not isinstance(value, str) or not value.strip():

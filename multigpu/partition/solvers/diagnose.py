@@ -11,19 +11,13 @@ import itertools
 
 import numpy as np
 
-from multigpu.partition.constraints import ResolvedConstraints
-from multigpu.partition.costmodel import CostTables
-from multigpu.partition.dp import solve_chain
+from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import InfeasibleError
+from multigpu.partition.solvers.constraints import ResolvedConstraints
+from multigpu.partition.solvers.dp import solve_chain
+from multigpu.partition.units import fmt_bytes
 
 __all__ = ["explain_unreachable", "explain_coupled", "layer_candidates"]
-
-
-def _fmt_bytes(b: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if b >= size:
-            return f"{b / size:.4g} {unit}"
-    return f"{b:.4g} B"
 
 
 def _names(cluster, cols) -> str:  # type: ignore[no-untyped-def]
@@ -86,10 +80,10 @@ def _explain_layer(tables: CostTables, cons: ResolvedConstraints, i: int) -> Inf
     if not fits_mem:
         best = max(base, key=lambda d: cons.memory[d])
         return InfeasibleError(
-            f"infeasible (memory): layer {name!r} needs {_fmt_bytes(graph.param_bytes[i])} of parameters "
-            f"+ {_fmt_bytes(graph.activation_bytes[i])} of activations = {_fmt_bytes(need)}, more than "
+            f"infeasible (memory): layer {name!r} needs {fmt_bytes(graph.param_bytes[i])} of parameters "
+            f"+ {fmt_bytes(graph.activation_bytes[i])} of activations = {fmt_bytes(need)}, more than "
             f"any device it may use can hold (largest: {cluster.names[best]!r} with "
-            f"{_fmt_bytes(cons.memory[best])}); raise a device's memory, allow a bigger device, or "
+            f"{fmt_bytes(cons.memory[best])}); raise a device's memory, allow a bigger device, or "
             f"ignore declared memory (memory=False, --ignore-memory)")
     best = min(fits_mem, key=lambda d: tables.comp[i, d] / cons.busy[d])
     return InfeasibleError(
@@ -110,7 +104,7 @@ def min_energy(tables: CostTables, cons: ResolvedConstraints) -> tuple[np.ndarra
 def explain_coupled(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
                     verbose: bool = False) -> InfeasibleError:
     """Error for a MILP the solver found infeasible, naming the binding constraint(s)."""
-    from multigpu.partition.milp import FAMILIES, solve_milp
+    from multigpu.partition.solvers.milp import FAMILIES, solve_milp
 
     cluster = tables.cluster
     cand = layer_candidates(tables, cons)
@@ -136,8 +130,8 @@ def explain_coupled(tables: CostTables, cons: ResolvedConstraints, wt: float, we
         cap = float(cons.memory[mem].sum())
         return InfeasibleError(
             f"infeasible (memory): the layers cannot be spread over the devices' memory (parameters total "
-            f"{_fmt_bytes(total)}; the memory-limited devices {_names(cluster, np.flatnonzero(mem))} hold "
-            f"{_fmt_bytes(cap)} together, and each also needs room for its largest activation); raise "
+            f"{fmt_bytes(total)}; the memory-limited devices {_names(cluster, np.flatnonzero(mem))} hold "
+            f"{fmt_bytes(cap)} together, and each also needs room for its largest activation); raise "
             f"memory, allow more devices, or ignore declared memory (memory=False, --ignore-memory)")
     if "busy" in present and infeasible(("busy",)):
         lim = np.isfinite(cons.busy)

@@ -22,10 +22,11 @@ from typing import Optional
 
 import numpy as np
 
-from multigpu.partition.constraints import ResolvedConstraints
-from multigpu.partition.costmodel import CostTables, assignment_arrays, memory_use
-from multigpu.partition.dp import solve_chain
-from multigpu.partition.milp import Multipliers
+from multigpu.partition.cost.arithmetic import assignment_arrays, busy_times, memory_use
+from multigpu.partition.cost.tables import CostTables
+from multigpu.partition.solvers.constraints import ResolvedConstraints
+from multigpu.partition.solvers.dp import solve_chain
+from multigpu.partition.solvers.milp import Multipliers
 
 __all__ = ["FIX_MARGIN", "Penalised", "cost_if_feasible", "fixings", "lower_bound", "penalise", "repair"]
 
@@ -93,12 +94,11 @@ def cost_if_feasible(tables: CostTables, cons: ResolvedConstraints, wt: float, w
     """(cost, over-full-memory devices, over-busy devices, over energy?) of ``a``."""
     graph, cluster = tables.graph, tables.cluster
     x = assignment_arrays(graph, cluster, a, tables.ship_params)
-    energy = float(x.comp_energy.sum() + x.e_stage.sum() + x.e_in.sum() + x.e_param.sum() + x.e_out)
-    time_ = float(x.comp.sum() + x.t_stage.sum() + x.t_in.sum() + x.t_param.sum() + x.t_out)
-    busy = np.bincount(a, weights=tables.comp[np.arange(graph.n), a], minlength=cluster.k)
+    energy = x.energy
+    busy = busy_times(graph, cluster, tables.comp, a)
     over_mem = list(np.flatnonzero(memory_use(graph, cluster, a) > cons.memory))
     over_busy = list(np.flatnonzero(busy > cons.busy))
-    return wt * time_ + we * energy, over_mem, over_busy, energy > cons.energy_budget
+    return wt * x.time + we * energy, over_mem, over_busy, energy > cons.energy_budget
 
 
 def repair(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,

@@ -1,0 +1,231 @@
+"""The cost model's arithmetic for one assignment: per-layer arrays (compute, transfers,
+parameter shipping, stage overheads, with their energies), the totals T and E, memory
+use, and the pipelined loads the throughput bottleneck takes the largest of.
+
+Everything is O(n) numpy, so the solvers can price the assignments they try; the
+definition is in ``evaluate``'s module.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from multigpu.partition.cost.choices import compute_times, param_energy, param_times
+from multigpu.partition.exceptions import UnusableLinkError
+from multigpu.partition.inputs.cluster import Cluster
+from multigpu.partition.inputs.graph import Graph
+
+__all__ = ["AssignmentArrays", "assignment_arrays", "bottleneck_of", "busy_times", "find_bottleneck", "link_loads",
+           "loads", "memory_parts", "memory_use", "stage_overheads", "transfer_cpu_loads", "transfer_cpu_terms",
+           "transfers"]
+
+
+@dataclass(frozen=True)
+class AssignmentArrays:
+    """Per-layer arrays of one assignment (no Python objects: cheap for n = 10,000)."""
+
+    a: np.ndarray            # device column per layer
+    prev: np.ndarray         # device the input comes from (a_{i-1}, a_0 = source)
+    comp: np.ndarray         # compute time
+    comp_energy: np.ndarray
+    t_in: np.ndarray         # input transfer time (0 when local)
+    e_in: np.ndarray
+    t_param: np.ndarray      # parameter shipping time (0 unless ship_params)
+    e_param: np.ndarray
+    t_out: float             # layer n -> sink
+    e_out: float
+    t_stage: np.ndarray      # stage overhead, on the first layer of each stage
+    e_stage: np.ndarray
+
+    # fsum: the totals are compared against independent re-computations, so avoid
+    # summation-order noise.
+    @property
+    def time(self) -> float:
+        """T: compute, stage overheads, transfers, parameter shipping and the output to the sink."""
+        return (math.fsum(self.comp) + math.fsum(self.t_stage) + math.fsum(self.t_in) + math.fsum(self.t_param)
+                + self.t_out)
+
+    @property
+    def energy(self) -> float:
+        """E: the energy of every term of ``time``."""
+        return (math.fsum(self.comp_energy) + math.fsum(self.e_stage) + math.fsum(self.e_in)
+                + math.fsum(self.e_param) + self.e_out)
+
+
+def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool) -> AssignmentArrays:
+    """The per-layer arrays of assignment ``a`` (device columns); UnusableLinkError when it
+    moves data over a pair with no link."""
+    tab = cluster.tables
+    src, sink = cluster.source_index, cluster.sink_index
+    prev = np.concatenate([[src], a[:-1]]).astype(np.intp)
+    bad = ~tab.usable[prev, a]
+    if bad.any():
+        i = int(np.argmax(bad))
+        u, v = cluster.names[prev[i]], cluster.names[a[i]]
+        origin = "the source" if i == 0 else f"layer {graph.layers[i - 1].name!r}"
+        raise UnusableLinkError(
+            f"layer {graph.layers[i].name!r} on {v!r} receives its input from {origin} on {u!r}, "
+            f"but no link joins {u!r} and {v!r} and the cluster has no default_link; add a link "
+            f"between them or a default_link, or assign the layers differently")
+    last = int(a[-1])
+    if not tab.usable[last, sink]:
+        raise UnusableLinkError(
+            f"the output of the last layer {graph.layers[-1].name!r} on {cluster.names[last]!r} must "
+            f"reach the sink {cluster.sink!r}, but no link joins them and the cluster has no "
+            f"default_link; add a link or a default_link, or assign the last layer differently")
+    if any(d.measured(graph.name) is not None for d in cluster.devices):
+        comp = compute_times(graph, cluster)[np.arange(graph.n), a]
+    else:  # the common case, O(n) instead of O(n k): this runs inside the solvers' loops
+        comp = graph.flops / cluster.flops[a]
+    comp_energy = comp * cluster.power[a]
+    local = prev == a
+    t_in = np.where(local, 0.0, graph.input_bytes_per_layer * tab.inv_bandwidth[prev, a]
+                    + tab.latency[prev, a])
+    e_in = t_in * tab.power[prev, a]
+    if ship_params:
+        t_param = param_times(graph, cluster, a)
+        bad = np.isinf(t_param)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise UnusableLinkError(
+                f"with ship_params, layer {graph.layers[i].name!r} on {cluster.names[a[i]]!r} receives "
+                f"its parameters from the source {cluster.source!r}, but no link joins them and the "
+                f"cluster has no default_link; add a link or a default_link, or place it elsewhere")
+        e_param = param_energy(cluster, a, t_param)
+    else:
+        t_param = np.zeros(graph.n)
+        e_param = t_param
+    if last == sink:
+        t_out = e_out = 0.0
+    else:
+        t_out = float(graph.output_bytes[-1] * tab.inv_bandwidth[last, sink] + tab.latency[last, sink])
+        e_out = t_out * float(tab.power[last, sink])
+    t_stage = stage_overheads(cluster, a)
+    e_stage = t_stage * cluster.power[a]
+    return AssignmentArrays(a, prev, comp, comp_energy, t_in, e_in, t_param, e_param, t_out, e_out,
+                            t_stage, e_stage)
+
+
+def stage_overheads(cluster: Cluster, a: np.ndarray) -> np.ndarray:
+    """Per layer: its device's ``stage_overhead`` if a stage starts there (layer 1, or a
+    change of device), else 0."""
+    oh = cluster.stage_overhead
+    if not oh.any():
+        return np.zeros(len(a))
+    starts = np.concatenate([[True], a[1:] != a[:-1]])
+    return np.where(starts, oh[a], 0.0)
+
+
+def memory_parts(graph: Graph, cluster: Cluster, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes per device (k,): its layers' parameters, and the largest activation among them."""
+    params = np.bincount(a, weights=graph.param_bytes, minlength=cluster.k)
+    act = np.zeros(cluster.k)
+    np.maximum.at(act, a, graph.activation_bytes)
+    return params, act
+
+
+def memory_use(graph: Graph, cluster: Cluster, a: np.ndarray) -> np.ndarray:
+    """Bytes per device: its layers' parameters plus the largest activation among them."""
+    params, act = memory_parts(graph, cluster, a)
+    return params + act
+
+
+def busy_times(graph: Graph, cluster: Cluster, comp: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Compute seconds per device (k,) of assignment ``a``, from the n x k compute table ``comp``."""
+    return np.bincount(a, weights=comp[np.arange(graph.n), a], minlength=cluster.k)
+
+
+def link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
+    """k x k symmetric matrix of activation transfer time per unordered pair, as the
+    bottleneck counts it: 0 on a pair whose transfers are CPU work of one host
+    (``Cluster.cpu_links``)."""
+    k = cluster.k
+    load = np.zeros((k, k))
+    np.add.at(load, (x.prev, x.a), x.t_in)
+    load[int(x.a[-1]), cluster.sink_index] += x.t_out
+    load = load + load.T
+    np.fill_diagonal(load, 0.0)
+    load[cluster.cpu_links] = 0.0
+    return load
+
+
+def transfers(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sender, receiver, bytes) of every activation transfer of one item (u != v)."""
+    moved = x.prev != x.a
+    u, v, b = x.prev[moved], x.a[moved], graph.input_bytes_per_layer[moved]
+    last, sink = int(x.a[-1]), cluster.sink_index
+    if last != sink:
+        u = np.append(u, last)
+        v = np.append(v, sink)
+        b = np.append(b, graph.output_bytes[-1])
+    return u, v, b
+
+
+def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds,
+    serial seconds) quadruples: ``transfer_cpu`` of the sender and of the receiver, and
+    the relay's figure where the relay is neither; the serial seconds are the part on
+    the device's computing thread. Empty when no transfer costs CPU."""
+    u, v, b = np.asarray(u, dtype=np.intp), np.asarray(v, dtype=np.intp), np.asarray(b, dtype=float)
+    if not cluster.has_transfer_cpu or len(u) == 0:
+        empty = np.zeros(0, dtype=np.intp)
+        return empty, empty, np.zeros(0), np.zeros(0)
+    f, c = cluster.cpu_fixed, cluster.cpu_per_byte
+    sf, sc = cluster.cpu_serial_fixed, cluster.cpu_serial_per_byte
+    j = np.arange(len(u))
+    parts = [(j, u, f[u] + c[u] * b, sf[u] + sc[u] * b), (j, v, f[v] + c[v] * b, sf[v] + sc[v] * b)]
+    r = cluster.relay_index
+    if r >= 0:
+        via = (u != r) & (v != r)
+        relay = cluster.relay
+        bv = b[via]
+        parts.append((j[via], np.full(int(via.sum()), r), relay.cost(bv), relay.serial_cost(bv)))  # type: ignore[union-attr]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+
+
+def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(k,) CPU seconds each device spends per item on transfers (u[j] -> v[j], b[j]
+    bytes), and (k,) the part on its computing thread; see ``transfer_cpu_terms``."""
+    _, dev, val, serial = transfer_cpu_terms(cluster, u, v, b)
+    return (np.bincount(dev, weights=val, minlength=cluster.k).astype(float),
+            np.bincount(dev, weights=serial, minlength=cluster.k).astype(float))
+
+
+def loads(graph: Graph, cluster: Cluster, x: AssignmentArrays
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per item when pipelined: (device loads (k,): compute, stage overheads and the
+    serial part of their transfer CPU; transfer CPU (k,); its serial part (k,); host
+    loads (h,): their devices' compute, stage overheads and all their transfer CPU)."""
+    cpu, serial = transfer_cpu_loads(cluster, *transfers(graph, cluster, x))
+    work = np.bincount(x.a, weights=x.comp + x.t_stage, minlength=cluster.k)
+    hosts = np.zeros(len(cluster.hosts))
+    on = cluster.host_index >= 0
+    np.add.at(hosts, cluster.host_index[on], (work + cpu)[on])
+    return work + serial, cpu, serial, hosts
+
+
+def find_bottleneck(cluster: Cluster, load: np.ndarray, links: np.ndarray, hosts: np.ndarray) -> tuple[float, str]:
+    """The bottleneck and what sets it (the first of device, link, host on a tie)."""
+    names = cluster.names
+    d = int(np.argmax(load))
+    best, at = float(load[d]), f"device {names[d]!r}"
+    if links.size and links.max() > best:
+        u, v = np.unravel_index(int(np.argmax(links)), links.shape)
+        best, at = float(links[u, v]), f"link {names[min(u, v)]} <-> {names[max(u, v)]}"
+    if hosts.size:
+        share = hosts / cluster.host_cores
+        h = int(np.argmax(share))
+        if share[h] > best:
+            best, at = float(share[h]), f"host {cluster.hosts[h].name!r} ({cluster.hosts[h].cores:g} cores)"
+    return best, at
+
+
+def bottleneck_of(graph: Graph, cluster: Cluster, a: np.ndarray) -> float:
+    """The throughput objective of assignment ``a`` (device columns)."""
+    x = assignment_arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False)
+    load, _, _, hosts = loads(graph, cluster, x)
+    return find_bottleneck(cluster, load, link_loads(cluster, x), hosts)[0]

@@ -1,0 +1,191 @@
+"""The cost model: time, energy and weighted cost of one assignment of layers to devices.
+
+``evaluate`` prices an assignment and returns its ``Breakdown``; the arithmetic is in
+``arithmetic.py``, the per-choice figures in ``choices.py``, the matrix form in
+``matrix.py`` and the solvers' tables in ``tables.py``.
+
+Definition (a_0 = source, a_{n+1} = sink, a_1..a_n the layers' devices):
+
+* compute time of layer i:  flops_i / flops(a_i), or the time measured for layer i on
+  a_i when that device's ``layer_times`` hold this graph (``multigpu profile``);
+* a transfer of b bytes from u to v costs 0 if u == v, else b / bandwidth(u,v) + latency(u,v);
+  layer 1 receives ``input_bytes`` from a_0, layer i receives ``output_bytes`` of layer
+  i-1, and the sink receives ``output_bytes`` of layer n;
+* with ``ship_params``, each layer with parameters first receives its ``param_bytes``
+  from the source (a layer without parameters ships nothing);
+* a stage (a maximal run of consecutive layers on one device) costs its device's
+  ``stage_overhead`` once, charged to its first layer (0 unless measured);
+* T = sum of compute times + sum of stage overheads + sum of transfer times
+* E = sum of power(a_i) * (compute time_i + stage overhead_i) + sum of transfer time * link power
+* cost = wt * T + we * E
+
+The throughput objective (pipelined inference) is the *bottleneck*, the largest of:
+
+* each device's load per item: its compute, its stage overheads, and the CPU of the
+  transfers it takes part in (``transfer_cpu`` of each end: ``fixed + per_byte * b``
+  for every transfer it sends or receives; the ``relay``'s figure for every transfer
+  between two other devices when it is the relay), of that CPU only the ``serial``
+  part (on its computing thread; all of it without ``serial``);
+* each link's activation transfer time per item (not on a pair of devices of one host
+  that both have ``transfer_cpu``: moving data between them is that CPU work);
+* each host's load: its devices' compute, stage overheads and all their transfer CPU,
+  divided by its ``cores``.
+
+Transfer CPU enters nothing but the bottleneck (a transfer's time already holds it).
+A pair with no link and no default link cannot be used; ``evaluate`` raises
+UnusableLinkError for an assignment that needs one.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+from multigpu.checks import check_number
+from multigpu.partition.cost.arithmetic import (
+    AssignmentArrays,
+    assignment_arrays,
+    find_bottleneck,
+    link_loads,
+    loads,
+    memory_parts,
+)
+from multigpu.partition.cost.records import Breakdown, DeviceCost, HostCost, LayerCost, LinkCost
+from multigpu.partition.exceptions import PartitionInputError
+from multigpu.partition.inputs.cluster import Cluster
+from multigpu.partition.inputs.graph import Graph
+
+__all__ = ["AssignmentLike", "check_weights", "evaluate", "resolve_assignment"]
+
+AssignmentLike = Sequence[Union[str, int]]
+
+
+def check_weights(wt: Any, we: Any) -> tuple[float, float]:
+    """Return (wt, we) as floats; PartitionInputError unless both are finite, >= 0 and not both 0."""
+    out = [check_number(v, label, minimum=0.0, example=f"1 (the weight of {kind} in the cost)",
+                        error=PartitionInputError)
+           for label, v, kind in (("wt", wt, "time"), ("we", we, "energy"))]
+    if out[0] == 0 and out[1] == 0:
+        raise PartitionInputError("wt=0 and we=0 make every assignment cost 0; give wt > 0 "
+                                  "(weight of time, seconds) or we > 0 (weight of energy, joules)")
+    return out[0], out[1]
+
+
+def resolve_assignment(graph: Graph, cluster: Cluster, assignment: AssignmentLike) -> np.ndarray:
+    """Device column of each layer as an int array; PartitionInputError on a bad entry."""
+    if isinstance(assignment, (str, bytes)) or not isinstance(assignment, (Sequence, np.ndarray)):
+        raise PartitionInputError(f"assignment must be a list with one device name per layer, got "
+                                  f"{type(assignment).__name__}")
+    if len(assignment) != graph.n:
+        raise PartitionInputError(f"assignment has {len(assignment)} entries but the graph has "
+                                  f"{graph.n} layers; give one device per layer")
+    out = np.empty(graph.n, dtype=np.intp)
+    for i, dev in enumerate(assignment):
+        if isinstance(dev, (int, np.integer)) and not isinstance(dev, bool):
+            if not 0 <= int(dev) < cluster.k:
+                raise PartitionInputError(f"assignment[{i}] (layer {graph.layers[i].name!r}) = {dev} "
+                                          f"is not a device index 0..{cluster.k - 1}")
+            out[i] = int(dev)
+        elif isinstance(dev, str) and dev in cluster._index:
+            out[i] = cluster._index[dev]
+        else:
+            raise PartitionInputError(f"assignment[{i}] (layer {graph.layers[i].name!r}) = {dev!r} "
+                                      f"is not a device; devices are: {', '.join(cluster.names)}")
+    return out
+
+
+def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: float = 1.0,
+             we: float = 0.0, ship_params: bool = False) -> Breakdown:
+    """Time, energy and cost of ``assignment`` (one device name or index per layer),
+    broken down per layer, per device and per link, with the matrix form.
+
+    Raises PartitionInputError for bad weights or a malformed assignment, and
+    UnusableLinkError when the assignment moves data over a pair with no link.
+    """
+    wt, we = check_weights(wt, we)
+    a = resolve_assignment(graph, cluster, assignment)
+    x = assignment_arrays(graph, cluster, a, bool(ship_params))
+    time, energy = x.time, x.energy
+    cost = wt * time + we * energy
+    names = cluster.names
+    k = cluster.k
+
+    layer_time = x.comp + x.t_stage + x.t_in + x.t_param
+    layer_energy = x.comp_energy + x.e_stage + x.e_in + x.e_param
+    layers = [LayerCost(
+        name=spec.name, device=names[a[i]],
+        compute_time=float(x.comp[i]), compute_energy=float(x.comp_energy[i]),
+        transfer_from=None if x.prev[i] == a[i] else names[x.prev[i]],
+        transfer_time=float(x.t_in[i]), transfer_energy=float(x.e_in[i]),
+        param_time=float(x.t_param[i]), param_energy=float(x.e_param[i]),
+        time=float(layer_time[i]), energy=float(layer_energy[i]),
+        cost=float(wt * layer_time[i] + we * layer_energy[i]), stage_overhead=float(x.t_stage[i]),
+    ) for i, spec in enumerate(graph.layers)]
+
+    src, sink = cluster.source_index, cluster.sink_index
+    busy = np.bincount(a, weights=x.comp, minlength=k)
+    busy_e = np.bincount(a, weights=x.comp_energy + x.e_stage, minlength=k)
+    overhead = np.bincount(a, weights=x.t_stage, minlength=k)
+    moving = np.bincount(a, weights=x.t_in + x.t_param, minlength=k)       # received
+    moving += np.bincount(x.prev, weights=x.t_in, minlength=k)             # sent
+    moving[src] += x.t_param.sum()
+    moving[int(a[-1])] += x.t_out
+    moving[sink] += x.t_out
+    params, act = memory_parts(graph, cluster, a)
+    counts = np.bincount(a, minlength=k)
+    load, cpu, serial, host_load = loads(graph, cluster, x)
+    devices = [DeviceCost(
+        name=names[d], layers=int(counts[d]), compute_time=float(busy[d]),
+        compute_energy=float(busy_e[d]), transfer_time=float(moving[d]),
+        param_bytes=float(params[d]), activation_bytes=float(act[d]),
+        memory=float(params[d] + act[d]), memory_limit=cluster.devices[d].memory,
+        stage_overhead=float(overhead[d]), transfer_cpu=float(cpu[d]), load=float(load[d]),
+        transfer_cpu_serial=float(serial[d]),
+    ) for d in range(k)]
+    hosts = [HostCost(name=h.name, cores=h.cores, devices=[names[d] for d in np.flatnonzero(cluster.host_index == j)],
+                      load=float(host_load[j])) for j, h in enumerate(cluster.hosts)]
+
+    links = _link_records(graph, cluster, x)
+    bottleneck, bottleneck_at = find_bottleneck(cluster, load, link_loads(cluster, x), host_load)
+    return Breakdown(
+        assignment=[names[d] for d in a], time=time, energy=energy, cost=cost, wt=wt, we=we,
+        ship_params=bool(ship_params), compute_time=math.fsum(x.comp), stage_time=math.fsum(x.t_stage),
+        transfer_time=math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out,
+        param_time=math.fsum(x.t_param), output_time=x.t_out, output_energy=x.e_out,
+        bottleneck=bottleneck, layers=layers, devices=devices, links=links, hosts=hosts,
+        bottleneck_at=bottleneck_at, _graph=graph, _cluster=cluster, _columns=a,
+    )
+
+
+def _link_records(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> list[LinkCost]:
+    k = cluster.k
+    nbytes = np.zeros((k, k))
+    load = np.zeros((k, k))
+    ptime = np.zeros((k, k))
+    energy = np.zeros((k, k))
+    moved = x.prev != x.a
+    np.add.at(nbytes, (x.prev[moved], x.a[moved]), graph.input_bytes_per_layer[moved])
+    np.add.at(load, (x.prev, x.a), x.t_in)
+    np.add.at(energy, (x.prev, x.a), x.e_in)
+    last, sink, src = int(x.a[-1]), cluster.sink_index, cluster.source_index
+    if last != sink:
+        nbytes[last, sink] += graph.output_bytes[-1]
+        load[last, sink] += x.t_out
+        energy[last, sink] += x.e_out
+    shipped = x.t_param > 0
+    np.add.at(nbytes, (np.full(int(shipped.sum()), src), x.a[shipped]), graph.param_bytes[shipped])
+    np.add.at(ptime, (np.full(graph.n, src), x.a), x.t_param)
+    np.add.at(energy, (np.full(graph.n, src), x.a), x.e_param)
+    out = []
+    names = cluster.names
+    for u in range(k):
+        for v in range(u + 1, k):
+            b = nbytes[u, v] + nbytes[v, u]
+            t = load[u, v] + load[v, u]
+            p = ptime[u, v] + ptime[v, u]
+            if b > 0 or t > 0 or p > 0:
+                out.append(LinkCost(between=(names[u], names[v]), bytes=float(b), load=float(t),
+                                    param_time=float(p), energy=float(energy[u, v] + energy[v, u]),
+                                    cpu_work=bool(cluster.cpu_links[u, v])))
+    return out

@@ -1,0 +1,95 @@
+"""The per-choice costs the solvers share (DP, MILP, Lagrangian bounds, throughput): each
+layer on each device, and each edge's cost on each pair, weighted by (wt, we)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from multigpu.partition.cost.choices import compute_times, param_energy, param_times
+from multigpu.partition.inputs.cluster import Cluster
+from multigpu.partition.inputs.graph import Graph
+
+__all__ = ["CostTables"]
+
+
+@dataclass(frozen=True)
+class CostTables:
+    """Per-choice costs the solvers share, for one (graph, cluster, ship_params).
+
+    ``node_time``/``node_energy`` (n x k) are a layer's compute plus parameter
+    shipping on each device (+inf where its parameters cannot reach that device).
+    An edge carrying b bytes from u to v costs ``b * alpha + beta`` (+inf where
+    ``usable`` is False); ``alpha``/``beta`` are built per (wt, we) by ``edge``.
+    """
+
+    graph: Graph
+    cluster: Cluster
+    ship_params: bool
+    comp: np.ndarray
+    node_time: np.ndarray
+    node_energy: np.ndarray
+
+    @classmethod
+    def build(cls, graph: Graph, cluster: Cluster, ship_params: bool) -> "CostTables":
+        """Compute the node tables (vectorized, O(n k))."""
+        comp = compute_times(graph, cluster)
+        node_time = comp.copy()
+        node_energy = comp * cluster.power[None, :]
+        if ship_params:
+            cols = np.arange(cluster.k)[None, :]
+            pt = param_times(graph, cluster, cols)
+            node_time = node_time + pt
+            node_energy = node_energy + param_energy(cluster, cols, pt)
+        return cls(graph, cluster, bool(ship_params), comp, node_time, node_energy)
+
+    def node(self, wt: float, we: float) -> np.ndarray:
+        """n x k weighted node cost (+inf where impossible)."""
+        if we == 0:
+            return wt * self.node_time
+        if wt == 0:
+            return we * self.node_energy
+        return wt * self.node_time + we * self.node_energy
+
+    def edge(self, wt: float, we: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(alpha, beta, blocked): edge cost is b * alpha + beta, and +inf where
+        ``blocked`` (unusable pairs). alpha and beta are 0 on the diagonal; beta[u, v]
+        includes the stage overhead of v (a change of device starts a stage)."""
+        return self._edge(wt, we, stage=True)
+
+    def _edge(self, wt: float, we: float, stage: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tab = self.cluster.tables
+        weight = wt + we * tab.power
+        alpha = weight * tab.inv_bandwidth
+        beta = weight * tab.latency
+        if stage:
+            beta = beta + self._stage(wt, we)[None, :]
+            np.fill_diagonal(beta, 0.0)
+        return alpha, beta, ~tab.usable
+
+    def _stage(self, wt: float, we: float) -> np.ndarray:
+        """(k,) weighted cost of starting a stage on each device."""
+        return (wt + we * self.cluster.power) * self.cluster.stage_overhead
+
+    def edge_matrix(self, nbytes: float, wt: float, we: float, stage: bool = True) -> np.ndarray:
+        """k x k weighted cost of moving ``nbytes`` between each pair (+inf if unusable),
+        with the receiver's stage overhead unless ``stage`` is False."""
+        alpha, beta, blocked = self._edge(wt, we, stage)
+        m = nbytes * alpha + beta
+        np.fill_diagonal(m, 0.0)
+        m[blocked] = np.inf
+        return m
+
+    def first_edge(self, wt: float, we: float) -> np.ndarray:
+        """Cost (k,) of sending the input from the source to layer 1 on each device,
+        plus starting the first stage there."""
+        row = self.edge_matrix(self.graph.input_bytes, wt, we)[self.cluster.source_index].copy()
+        src = self.cluster.source_index
+        row[src] = self._stage(wt, we)[src]   # the diagonal of edge_matrix is 0, but a stage starts
+        return row
+
+    def last_edge(self, wt: float, we: float) -> np.ndarray:
+        """Cost (k,) of sending the last layer's output from each device to the sink."""
+        # No stage starts at the sink.
+        m = self.edge_matrix(float(self.graph.output_bytes[-1]), wt, we, stage=False)
+        return m[:, self.cluster.sink_index].copy()

@@ -128,7 +128,8 @@ def paddle_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr:
 
     paddle.set_device("cpu")
     net = resnet18(num_classes=num_classes)
-    for p, a in zip(net.parameters(), init):  # paddle's Linear stores (in, out), as ours
+    trained = [p for p in net.parameters() if p.trainable]  # BatchNorm's statistics are parameters in Paddle
+    for p, a in zip(trained, init):  # paddle's Linear stores (in, out), as ours
         p.set_value(np.asarray(a))
     bns = [layer for layer in net.sublayers() if isinstance(layer, paddle.nn.BatchNorm2D)]
     for k, bn in enumerate(bns):
@@ -136,7 +137,7 @@ def paddle_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr:
         bn._variance.set_value(np.asarray(state[2 * k + 1]))
     net.train()
     loss_fn = paddle.nn.CrossEntropyLoss()
-    opt = paddle.optimizer.Momentum(learning_rate=lr, momentum=momentum, parameters=net.parameters(),
+    opt = paddle.optimizer.Momentum(learning_rate=lr, momentum=momentum, parameters=trained,
                                     weight_decay=paddle.regularizer.L2Decay(weight_decay))
 
     def step(X: np.ndarray, y: np.ndarray) -> None:
@@ -148,7 +149,7 @@ def paddle_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr:
     def running() -> list[np.ndarray]:
         return [a for bn in bns for a in (bn._mean.numpy(), bn._variance.numpy())]
 
-    return ResNetRunner(step, lambda: None, lambda: [p.numpy() for p in net.parameters()], running)
+    return ResNetRunner(step, lambda: None, lambda: [p.numpy() for p in trained], running)
 
 
 def gluon_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr: float, momentum: float,

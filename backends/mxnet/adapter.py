@@ -311,10 +311,11 @@ class MXNetBackend:
 
     def axpby_(self, y: NDArray, a: float, x: NDArray, b: float) -> None:
         """In place ``y = a * y + b * x``."""
-        # NOTE: y *= a and y += ... are in-place engine ops on y's own buffer (no rebinding).
-        if a != 1.0:
-            y *= a
-        y += _on(x, y.context) * b if b != 1.0 else _on(x, y.context)
+        # NOTE: MXNet has no axpby kernel; y *= a; y += b * x would take three passes and a temporary
+        # of y's size. sgd_update computes (1 - lr * wd) * w - lr * rescale_grad * g in one pass,
+        # which is a * y + b * x with lr = 1, wd = 1 - a and rescale_grad = -b.
+        mx.nd.sgd_update(weight=y, grad=_on(x, y.context), lr=1.0, wd=1.0 - a, rescale_grad=-b,
+                         clip_gradient=-1.0, lazy_update=False, out=y)
 
     def addcmul_(self, y: NDArray, a: float, x1: NDArray, x2: NDArray, b: float) -> None:
         """In place ``y = a * y + b * x1 * x2``."""

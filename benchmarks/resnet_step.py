@@ -23,18 +23,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from multigpu.benchmarks.harness import (
-    Options,
-    Result,
-    Table,
-    fmt_ms,
-    fmt_ratio,
-    interleaved_wall_cpu,
-    isolated,
-    progress_bar,
-    ratio,
-    summary,
-)
+from multigpu.benchmarks import harness
+from multigpu.benchmarks.harness import Options, Result, Table, fmt_ms, fmt_ratio, ratio, same_step_cases, summary
 
 TITLE = "One ResNet-18 step (batch 32 at 64x64, momentum SGD): ours against each framework's own training step"
 IN_QUICK = False  # a ResNet-18 step takes seconds per framework here; tests run it small (test_bench)
@@ -84,27 +74,14 @@ def measure(framework: str, repeat: int, warmup: int, progress: bool, profile: b
         warnings.simplefilter("ignore", CPUFallbackWarning)
         tr = multigpu.DataParallel(model, backend=framework, devices="cpu:1", lr=LR, params=init,
                                    optimizer=SGD(momentum=MOMENTUM, weight_decay=WD))
-    runners = _runners(framework, init, state)
-    tr.train_batch(X, y)
-    ref_params = tr.get_params()
-    agreement = {}
-    for name, r in runners.items():
-        r.step(X, y)
-        r.sync()
-        agreement[name] = max(float(np.abs(a - b).max()) for a, b in zip(r.params(), ref_params))
-
-    def ours() -> None:
-        tr.train_batch(X, y)  # reads the loss: it waits for the device
-        tr.synchronize()
-
-    cases = {"ours": ours, **{name: (lambda r: lambda: (r.step(X, y), r.sync()))(r) for name, r in runners.items()}}
-    bar = progress_bar(repeat, f"resnet_step {framework}", progress)
-    wall, cpu = interleaved_wall_cpu(cases, repeat=repeat, warmup=warmup, progress=bar.update,
+    cases, agreement = same_step_cases(tr, _runners(framework, init, state), X, y)
+    bar = harness.progress_bar(repeat, f"resnet_step {framework}", progress)
+    wall, cpu = harness.interleaved_wall_cpu(cases, repeat=repeat, warmup=warmup, progress=bar.update,
                                      reverse_odd_rounds=True)
     bar.close()
     out: dict[str, Any] = {"samples": wall, "cpu_samples": cpu, "agreement": agreement}
     if profile:
-        out["profile"] = _profile(ours, 3)
+        out["profile"] = _profile(cases["ours"], 3)
     return out
 
 
@@ -130,7 +107,7 @@ def run(opts: Options, size: int = SIZE, batch: int = BATCH) -> Result:
     data: dict[str, Any] = {}
     rows, notes = [], []
     for fw in opts.frameworks():
-        data[fw] = got = isolated(f"{__package__}.resnet_step:measure", fw, repeat, warmup, opts.progress, True,
+        data[fw] = got = harness.isolated(f"{__package__}.resnet_step:measure", fw, repeat, warmup, opts.progress, True,
                                   size, batch)
         s = got["samples"]
         for case, (_, goal) in CASES.items():

@@ -8,26 +8,12 @@ from conftest import FRAMEWORKS
 import multigpu
 from multigpu import models
 from multigpu.errors import ModelError, ParamsError
-from multigpu.models import (
-    INPUT,
-    Add,
-    BatchNorm2d,
-    Chain,
-    Concat,
-    Conv2d,
-    Dense,
-    Flatten,
-    GlobalAvgPool2d,
-    Identity,
-    MaxPool2d,
-    Model,
-    Node,
-    Parallel,
-    ReLU,
-    Residual,
-)
+from multigpu.models import INPUT, Chain, Model, Node, Parallel, Residual
 
 CPU = multigpu.Device("cpu", 0)
+Add, BatchNorm2d, Concat, Conv2d, Dense = models.Add, models.BatchNorm2d, models.Concat, models.Conv2d, models.Dense
+Flatten, GlobalAvgPool2d, Identity, MaxPool2d, ReLU = (models.Flatten, models.GlobalAvgPool2d, models.Identity,
+                                                      models.MaxPool2d, models.ReLU)
 
 
 def tiny_resnet() -> Model:
@@ -133,8 +119,8 @@ def test_stages_run_from_the_tensors_they_consume(ref):
     train_full = ref.to_numpy(m.apply(ref, [params], [x], mode)[0])
     assert len(mode.stats[0]) == len(m.state_shapes)
     part = m.run(ref, params, {INPUT: x}, names[:cut], bn=models.BatchStatistics())
-    np.testing.assert_allclose(ref.to_numpy(m.run(ref, params, part, names[cut:], bn=models.BatchStatistics())[m.output]),
-                               train_full, rtol=1e-6)
+    rest = m.run(ref, params, part, names[cut:], bn=models.BatchStatistics())
+    np.testing.assert_allclose(ref.to_numpy(rest[m.output]), train_full, rtol=1e-6)
 
 
 def test_forward_slices_chain_cuts_and_refuses_others(ref):

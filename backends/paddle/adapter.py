@@ -338,17 +338,21 @@ class _CopyTo(paddle.autograd.PyLayer):
 
 
 class _GroupSum(paddle.autograd.PyLayer):
-    """A sum over a process group inside autograd: backward sums the gradient the same way."""
+    """A sum over a process group inside autograd: backward sums the gradient the same way.
+
+    NOTE: PyLayer's backward returns one gradient per tensor input; the group is no tensor.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:  # type: ignore[override]
         ctx.group = group
-        out = x.detach().clone()
-        group.allreduce_(out)
-        return out
+        return _summed_in_place(x.detach().clone(), group)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
-        out = grad.detach().clone()
-        ctx.group.allreduce_(out)
-        return out
+        return _summed_in_place(grad.detach().clone(), ctx.group)
+
+
+def _summed_in_place(copy: Tensor, group: Any) -> Tensor:
+    group.allreduce_(copy)
+    return copy

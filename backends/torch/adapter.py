@@ -271,18 +271,21 @@ class TorchBackend:
         y.addcdiv_(x1.to(y.device), denom, value=value)
 
 
+def _summed(t: Tensor, group: Any) -> Tensor:
+    """A copy of ``t`` summed over the ranks of ``group`` (autograd may hand over a buffer it reuses)."""
+    out = t.detach().clone()
+    group.allreduce_(out)
+    return out
+
+
 class _GroupSum(torch.autograd.Function):
     """A sum over a process group inside autograd: backward sums the gradient the same way."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:  # type: ignore[override]
         ctx.group = group
-        out = x.detach().clone()
-        group.allreduce_(out)
-        return out
+        return _summed(x, group)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        out = grad.detach().clone()  # the engine may hand over a view or a tensor it reuses
-        ctx.group.allreduce_(out)
-        return out, None
+        return _summed(grad, ctx.group), None  # no gradient for the group

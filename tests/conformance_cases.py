@@ -176,6 +176,8 @@ CASES: list[Case] = [
     Case("scale_ an int64 tensor", InputError, lambda be: be.scale_(i64(be, [1, 2]), 2.0)),
     Case("value_and_grad(aux=True) fn returns no aux", InputError,
          lambda be: be.value_and_grad(lambda ps: be.sum(ps[0]), [f32(be, 3)], aux=True)),
+    Case("value_and_grad out of 3 elements for 3 gradients and the value", InputError,
+         lambda be: be.value_and_grad(lambda ps: be.sum(ps[0]), [f32(be, 3)], out=f32(be, 3))),
     Case("value_and_grad aux='yes'", InputError,
          lambda be: be.value_and_grad(lambda ps: be.sum(ps[0]), [f32(be, 3)], aux="yes")),
 ]

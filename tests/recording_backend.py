@@ -96,18 +96,21 @@ class Recording:
 
         return call
 
-    def value_and_grad(self, fn: Callable[..., Any], params: Any, *inputs: Any, aux: bool = False) -> Any:
+    def value_and_grad(self, fn: Callable[..., Any], params: Any, *inputs: Any, aux: bool = False,
+                       out: Any = None) -> Any:
         """Log ``forward``, run the inner value_and_grad with ``fn`` seeing Handles, log ``backward``."""
         def inner_fn(leaves: Any, *xs: Any) -> Any:
             return unwrap(fn(self._wrap(list(leaves)), *(Handle(x, self.log) for x in xs)))
 
         self.log.append("forward")
-        if aux:
-            out = self.inner.value_and_grad(inner_fn, unwrap(params), *unwrap(inputs), aux=True)
-        else:
-            out = self.inner.value_and_grad(inner_fn, unwrap(params), *unwrap(inputs))
+        kwargs: dict[str, Any] = {"aux": True} if aux else {}
+        if out is not None:
+            kwargs["out"] = unwrap(out)
+        result = self.inner.value_and_grad(inner_fn, unwrap(params), *unwrap(inputs), **kwargs)
         self.log.append("backward")
-        return self._wrap(out)
+        flat, rest = (result[0], result[1:]) if aux else (result, ())
+        flat = out if out is not None else Handle(flat, self.log)  # the contract returns out itself
+        return (flat, *(Handle(r, self.log) for r in rest)) if aux else flat
 
 
 def host_reads(events: list[str]) -> list[int]:

@@ -331,16 +331,16 @@ class NumpyBackend:
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Var],
-                       *inputs: Any, aux: bool = False) -> Any:
+                       *inputs: Any, aux: bool = False, out: Optional[Var] = None) -> Any:
         """Evaluate ``fn`` and backpropagate through the recorded closures."""
         leaves = [Var(p.data, p.device) for p in params]
-        out = fn(leaves, *inputs)
+        value = fn(leaves, *inputs)
         outputs: list[Var] = []
         if aux:
-            out, outputs = out
+            value, outputs = value
         order: list[Var] = []
         seen: set[int] = set()
-        stack: list[tuple[Var, bool]] = [(out, False)]
+        stack: list[tuple[Var, bool]] = [(value, False)]
         while stack:  # iterative post-order DFS: deep graphs must not hit the recursion limit
             node, done = stack.pop()
             if done:
@@ -351,7 +351,7 @@ class NumpyBackend:
             seen.add(id(node))
             stack.append((node, True))
             stack.extend((p, False) for p in node.parents if id(p) not in seen)
-        grads: dict[int, np.ndarray] = {id(out): np.ones_like(out.data)}
+        grads: dict[int, np.ndarray] = {id(value): np.ones_like(value.data)}
         for node in reversed(order):
             g = grads.pop(id(node), None)
             if g is None or node.backward is None:
@@ -366,7 +366,10 @@ class NumpyBackend:
         parts = [np.asarray(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype).reshape(-1)
                  for leaf in leaves]
         first = leaves[0]  # the contract guarantees at least one parameter
-        flat = Var(np.concatenate([*parts, np.asarray(out.data, first.data.dtype).reshape(1)]), first.device)
+        pieces = [*parts, np.asarray(value.data, first.data.dtype).reshape(1)]
+        flat = Var(np.concatenate(pieces), first.device) if out is None else out
+        if out is not None:
+            np.concatenate(pieces, out=out.data)
         if not aux:
             return flat
         return flat, Var(np.concatenate([o.data.reshape(-1) for o in outputs]).astype(first.data.dtype), first.device)

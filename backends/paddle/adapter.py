@@ -255,7 +255,7 @@ class PaddleBackend:
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Tensor],
-                       *inputs: Any, aux: bool = False) -> Any:
+                       *inputs: Any, aux: bool = False, out: Optional[Tensor] = None) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
         (and the aux outputs raveled in a second one with ``aux=True``)."""
         # NOTE: Paddle accumulates into .grad on backward(). Fresh detached leaves start
@@ -270,17 +270,22 @@ class PaddleBackend:
         # the zero-fill below would turn every missing gradient into a silent zero.
         outputs: list[Tensor] = []
         with paddle.enable_grad():
-            out = fn(leaves, *inputs)
+            value = fn(leaves, *inputs)
             if aux:
-                out, outputs = out
-            out.backward()
+                value, outputs = value
+            value.backward()
         grads = [leaf.grad for leaf in leaves]
         # A parameter the loss does not use has zero gradient, not None.
         fresh = [paddle.zeros_like(p) if g is None else g.detach() for p, g in zip(leaves, grads)]
         # NOTE: .numpy() would wait for the device; the value stays in the buffer.
         with paddle.no_grad():
-            flat = paddle.concat([*(paddle.reshape(g, [-1]) for g in fresh),
-                                  paddle.reshape(out.detach(), [1])], axis=0)
+            pieces = [*(paddle.reshape(g, [-1]) for g in fresh), paddle.reshape(value.detach(), [1])]
+            if out is None:
+                flat = paddle.concat(pieces, axis=0)
+            else:  # NOTE: paddle.concat has no out=; copy_ into views of out writes through to it
+                flat = out
+                for view, piece in zip(self.unflatten(out, [tuple(q.shape) for q in pieces]), pieces):
+                    view.copy_(piece, False)
             if not aux:
                 return flat
             return flat, paddle.concat([paddle.reshape(_move(o.detach(), flat.place), [-1]) for o in outputs])

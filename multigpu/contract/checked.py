@@ -438,8 +438,9 @@ class CheckedBackend:
             self.adapter.native_allreduce(tensors)
 
     # -- gradients and update ----------------------------------------------------
-    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], *inputs: Any, aux: bool = False) -> Any:
-        """Checked ``[grads..., value]`` in one flat buffer (and ``aux_flat`` with ``aux=True``)."""
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], *inputs: Any, aux: bool = False,
+                       out: Optional[Any] = None) -> Any:
+        """Checked ``[grads..., value]`` in one flat buffer, ``out`` when given (and ``aux_flat`` with ``aux=True``)."""
         if not callable(fn):
             raise InputError(f"value_and_grad needs a callable fn, got {fn!r:.60}")
         if not isinstance(params, (list, tuple)) or not params:
@@ -447,6 +448,10 @@ class CheckedBackend:
         if not isinstance(aux, bool):
             raise InputError(f"value_and_grad aux={aux!r} must be True or False")
         size = sum(prod(self._float(p, "value_and_grad param")) for p in params)
+        if out is not None and self._float(out, "value_and_grad out") != (size + 1,):
+            raise InputError(f"value_and_grad out has shape {self.adapter.shape(out)}; it must be ({size + 1},): "
+                             "every gradient, then the value")
+        extra = {} if out is None else {"out": out}
         aux_size = [0]
 
         def check_value(out: Any) -> Any:
@@ -473,9 +478,12 @@ class CheckedBackend:
             return check_value(value), list(outputs)
 
         if aux:
-            flat, aux_flat = self.adapter.value_and_grad(aux_fn, params, *inputs, aux=True)
+            flat, aux_flat = self.adapter.value_and_grad(aux_fn, params, *inputs, aux=True, **extra)
         else:
-            flat = self.adapter.value_and_grad(scalar_fn, params, *inputs)
+            flat = self.adapter.value_and_grad(scalar_fn, params, *inputs, **extra)
+        if out is not None and flat is not out:
+            raise AdapterError(f"{self.name} adapter's value_and_grad(out=...) returned another buffer; the "
+                               "contract says it writes into out and returns it")
         got = self._shape(flat, "value_and_grad result")
         if got != (size + 1,):
             raise AdapterError(f"{self.name} adapter's value_and_grad returned shape {got}; "

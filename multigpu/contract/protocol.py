@@ -293,9 +293,14 @@ class Backend(Protocol[T]):
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(
-        self, fn: Callable[..., T], params: Sequence[T], *inputs: Any, aux: bool = False
+        self, fn: Callable[..., T], params: Sequence[T], *inputs: Any, aux: bool = False, out: Optional[T] = None
     ) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar) and its gradients w.r.t. ``params``.
+
+        With ``out`` (a 1-D float32 buffer of the result's length on the device of
+        ``params[0]``) the result is written into it and ``out`` itself is returned: a
+        caller that keeps one gradient buffer per device saves allocating (and the
+        operating system mapping) a new one each step. Without it the buffer is new.
 
         With ``aux=True`` ``fn`` returns ``(value, outputs)``, ``outputs`` a list of float
         tensors computed along the way (BatchNorm's batch statistics) that are not

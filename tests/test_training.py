@@ -299,3 +299,14 @@ def test_a_resnet_with_momentum_resumes_exactly_from_its_checkpoint(small_data, 
     assert full.optimizer["name"] == "sgd" and full.sync_bn is sync_bn and len(full.state) == 12
     with pytest.raises(CheckpointError, match="different run"):
         _train(data, num_epochs=3, checkpoint=tmp_path, **{**kw, "optimizer": SGD(momentum=0.5)})
+
+
+def test_a_last_batch_too_small_for_batchnorm_joins_the_one_before(small_data):
+    """A BatchNorm on 1x1 planes needs two rows per device: 67 rows in batches of 32 on 2 devices
+    would end with 3 rows (one device would get 1), so those join the batch before."""
+    _, data = small_data
+    m = multigpu.models.resnet((1, 1, 1, 1), (4, 4, 8, 8), 10, (1, 28, 28), "deep")
+    assert max(m.min_training_examples().values()) == 2
+    r = _train(data, model=m, batch_size=32, train_limit=67, num_epochs=1)
+    assert np.isfinite(r.train_loss[0])
+    assert multigpu.training.trainer._batches(67, 32, 4, np.random.default_rng(0))[-1].size == 35

@@ -87,12 +87,12 @@ def learning_rate(lr: float, scale: int, step: int, steps_per_epoch: int, lr_sca
     return lr + (target - lr) * step / ramp
 
 
-def _batches(n: int, batch_size: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
+def _batches(n: int, batch_size: int, fewest: int, rng: np.random.Generator) -> list[np.ndarray]:
     order = rng.permutation(n)
     chunks = [order[i : i + batch_size] for i in range(0, n, batch_size)]
-    # A last batch too small to give every device a row joins the one before it,
-    # so no example is dropped.
-    if len(chunks) > 1 and len(chunks[-1]) < parts:
+    # A last batch with fewer than ``fewest`` rows (too few to give every device what it needs)
+    # joins the one before it, so no example is dropped.
+    if len(chunks) > 1 and len(chunks[-1]) < fewest:
         last = chunks.pop()  # popped first: chunks[-2] = f(chunks.pop()) would overwrite the wrong batch
         chunks[-1] = np.concatenate([chunks[-1], last])
     return chunks
@@ -216,6 +216,10 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     n_dev = len(tr.devices) * world  # every device of the job
     global_batch = batch_size * n_dev if scale_batch else batch_size
     check_count(global_batch, "batch_size", minimum=n_dev, example=f"{n_dev} (one row per device)")
+    # the fewest rows a batch may have: one per device, two per device where a BatchNorm sees 1x1
+    # planes (one value has no variance), or two in all with synchronized statistics
+    two = max(net.min_training_examples().values(), default=1) > 1
+    fewest = max(n_dev, 2) if two and sync_bn else 2 * n_dev if two else n_dev
     if data is None:
         from multigpu.data import load_fashion_mnist
 
@@ -272,7 +276,7 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     multiplier = global_batch // batch_size  # linear scaling follows the batch, not the device count
     bar = _progress_bar(progress)
     for epoch in range(start_epoch, num_epochs):
-        chunks = _batches(len(Xtr), global_batch, n_dev, rng)
+        chunks = _batches(len(Xtr), global_batch, fewest, rng)
         total = 0.0
         with bar(total=len(chunks), desc=f"epoch {epoch + 1}/{num_epochs}", unit="batch", leave=False) as pbar:
             t0 = time.perf_counter()

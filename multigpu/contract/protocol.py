@@ -12,7 +12,7 @@ adapter that made them. Conventions fixed by the core, not by any framework:
   already on that device (CPU replicas must never alias each other); inside
   ``value_and_grad`` ``copy_to`` is differentiable (its gradient is copied back);
 * ``value_and_grad`` returns the gradients and the value together in one fresh flat
-  buffer; nothing accumulates between calls, and nothing is read back to the host,
+  buffer (or in the caller's ``out``); nothing accumulates between calls, and nothing is read back to the host,
   so queuing work on one device never waits for another (the core reads the loss
   once per step, after the update, and sums gradients as one buffer);
 * ``unflatten`` returns views: they share the flat buffer's storage;

@@ -37,6 +37,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from importlib import metadata
 from multiprocessing import get_context
 from pathlib import Path
@@ -290,8 +291,8 @@ def _memory_gib() -> Optional[float]:
 
 
 def machine() -> dict[str, Any]:
-    """Describe this machine: CPU, cores, memory, GPUs, Python, package versions, thread
-    settings, load average."""
+    """Describe this machine and the moment: the date and time (UTC), CPU, cores, memory,
+    GPUs, Python, package versions, thread settings, load average."""
     versions = {}
     for pkg in FRAMEWORK_PACKAGES:
         try:
@@ -299,7 +300,8 @@ def machine() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[pkg] = None
     threads = {k: os.environ[k] for k in (*THREAD_VARIABLES, "MXNET_CPU_WORKER_NTHREADS") if k in os.environ}
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(), "gpus": _gpus(),
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {"date": date, "cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(), "gpus": _gpus(),
             "python": platform.python_version(), "platform": platform.platform(),
             "versions": versions, "thread_env": threads, "loadavg": list(os.getloadavg())}
 
@@ -378,12 +380,15 @@ def _write(result: Result, out: Path, before: dict[str, Any], load_after: list[f
     loaded = share is not None and share > 0.1 or before["loadavg"][0] > 0.5 * (before["cores"] or 1)
     versions = ", ".join(f"{k} {v}" for k, v in before["versions"].items() if v)
     header = [f"## {result.title}", "",
+              f"Run on {before['date']}. "
               f"Machine: {before['cpu']}, {before['cores']} cores, {before['memory_gib']} GiB, "
               f"GPUs: {', '.join(before['gpus']) or 'none'}; Python {before['python']}; {versions}; "
               f"threads: {', '.join(f'{k}={v}' for k, v in before['thread_env'].items()) or 'framework defaults'}.",
               "",
               _load_line(before, load_after, load) + (" Other load was present." if loaded else "")
               + f" Took {seconds:.0f} s.", ""]
+    if result.plot is not None:  # drawn below, beside this page: the docs site shows it
+        header += [f"![{result.title}]({result.name}.png)", ""]
     body = [t.markdown() for t in result.tables] + [f"- {n}" for n in result.notes]
     md = out / f"{result.name}.md"
     md.write_text("\n".join(header + body) + "\n")

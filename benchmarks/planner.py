@@ -10,6 +10,13 @@ baseline's gap to the optimum.
   generalised-assignment-like stress case (15% memory) under a time limit.
 * Gaps: AlexNet (batch 1) on every shipped cluster, for time (wt=1, we=0), energy
   (wt=0, we=1) and the throughput objective (gap in bottleneck).
+* Graphs (#16): ResNet-18, ResNet-50 and GoogLeNet (Inception v1) at batch 1 on the
+  shipped ``lab`` cluster (5 devices) and the 16-device GPU/CPU cluster: the fork-join
+  DP (latency, no coupling constraint; target <= 1 s) and AutoPartition with memory
+  limits that bind (each device holds 40% of the parameters; target <= 10 s, proven
+  optimal), each MILP under a time limit.
+* Stress: the chain of n = 200 layers on k = 16 devices that each hold 15% of the
+  parameters, through AutoPartition under a time limit (target <= 60 s).
 
 Pure numpy/scipy: it runs in the harness's own process. Grid cells are timed
 alternately; reported are the wall time of ``autopartition`` (median, quartiles)
@@ -27,8 +34,10 @@ from multigpu.benchmarks.harness import Options, Result, Table, interleaved, pro
 TITLE = "Planner: DP and MILP solve times against n and k; baselines' gap to the optimum"
 IN_QUICK = True
 
-DP_TARGET_S, MILP_TARGET_S = 1.0, 10.0
+DP_TARGET_S, MILP_TARGET_S, STRESS_TARGET_S = 1.0, 10.0, 60.0
 STRESS_LIMIT_S = 120.0
+GRAPH_LIMIT_S = 60.0          # each MILP solve of the graph cases
+GRAPHS = ("resnet18", "resnet50", "inception")
 
 
 def random_graph(n: int, rng: np.random.Generator) -> Any:
@@ -149,19 +158,55 @@ def bench_milp(cases: dict[str, tuple[Any, Any]], repeat: int, tick: Any) -> lis
 
 
 def bench_stress(n: int, k: int, seed: int, limit: float) -> dict[str, Any]:
-    """The MILP alone, under a time limit, on a case where each device holds 15% of the parameters."""
-    from multigpu.partition import Constraints, autopartition
-    from multigpu.partition.cost.tables import CostTables
-    from multigpu.partition.solvers.milp import solve_milp
+    """AutoPartition under a time limit per MILP solve, on a chain where each device holds
+    15% of the parameters; ``proven`` says whether it proved the optimum."""
+    from multigpu.errors import SolverError
+    from multigpu.partition import autopartition
 
     graph, cluster = memory_bound(n, k, seed, share=0.15)
-    free = autopartition(graph, cluster, constraints={"memory": False})
-    tables = CostTables.build(graph, cluster, False)
-    cons = Constraints().resolve(graph, cluster)
     t0 = time.perf_counter()
-    res = solve_milp(tables, cons, 1.0, 0.0, scale=1e3 / free.cost, options={"time_limit": limit})
-    return {"n": n, "k": k, "seconds": time.perf_counter() - t0, "status": res.status, "message": res.message,
-            "time_limit": limit, "best_cost": res.value if res.a is not None else None}
+    try:
+        plan = autopartition(graph, cluster, time_limit=limit)
+        out = {"proven": True, "method": plan.solver, "cost": plan.cost, "message": "optimal"}
+    except SolverError as e:
+        out = {"proven": False, "method": "milp", "cost": None, "message": str(e)}
+    return {"n": n, "k": k, "seconds": time.perf_counter() - t0, "time_limit": limit, **out}
+
+
+def with_memory(cluster: Any, graph: Any, share: float) -> Any:
+    """The cluster with every device's memory at ``share`` of the graph's parameters plus
+    its largest activation (so the plan must spread the parameters)."""
+    import dataclasses
+
+    mem = share * float(graph.param_bytes.sum()) + float(graph.activation_bytes.max())
+    return dataclasses.replace(cluster, devices=tuple(dataclasses.replace(d, memory=mem) for d in cluster.devices))
+
+
+def bench_graphs(graphs: tuple[str, ...], clusters: dict[str, Any], limit: float, tick: Any) -> list[dict[str, Any]]:
+    """The fork-join DP and the memory-bound MILP path on each (graph, cluster)."""
+    from multigpu.errors import SolverError
+    from multigpu.partition import autopartition, load_graph
+
+    rows = []
+    for name in graphs:
+        graph = load_graph(name)
+        for cname, cluster in clusters.items():
+            t0 = time.perf_counter()
+            free = autopartition(graph, cluster, constraints={"memory": False})
+            dp_s = time.perf_counter() - t0
+            bound = with_memory(cluster, graph, 0.4)
+            t0 = time.perf_counter()
+            try:
+                plan = autopartition(graph, bound, time_limit=limit)
+                milp = {"proven": True, "method": plan.solver, "cost_over_free": plan.cost / free.cost,
+                        "stages": len(plan.stages)}
+            except SolverError as e:
+                milp = {"proven": False, "method": "milp", "cost_over_free": None, "stages": None,
+                        "message": str(e)}
+            rows.append({"graph": name, "cluster": cname, "n": graph.n, "k": cluster.k, "dp_s": dp_s,
+                         "dp_method": free.solver, "milp_s": time.perf_counter() - t0, **milp})
+            tick()
+    return rows
 
 
 def bench_gaps(model: str = "alexnet", batch: int = 1) -> list[dict[str, Any]]:
@@ -201,12 +246,19 @@ def run(opts: Options) -> Result:
         for seed in (1, 2):
             milp_cases[f"random chain, 40% memory, n=200 k=16, seed {seed}"] = memory_bound(200, 16, seed)
         milp_cases["transformer, 200 layers (63 GB) on 16 GPUs/CPUs"] = (transformer_chain(), gpu_cluster())
-    bar = progress_bar(dp_repeat + milp_repeat + 1 + (0 if opts.quick else 1), "planner", opts.progress)
+    from multigpu.partition import load_cluster
+
+    graphs = GRAPHS[:1] if opts.quick else GRAPHS
+    graph_clusters = {"lab": load_cluster("lab")} if opts.quick else {"lab": load_cluster("lab"),
+                                                                       "16 GPUs/CPUs": gpu_cluster()}
+    bar = progress_bar(dp_repeat + milp_repeat + 1 + (0 if opts.quick else 1) + len(graphs) * len(graph_clusters),
+                       "planner", opts.progress)
     dp = bench_dp(dp_ns, dp_ks, dp_repeat, bar.update)
     milp = bench_milp(milp_cases, milp_repeat, bar.update)
     gaps = bench_gaps()
     bar.update()
-    stress = None if opts.quick else bench_stress(200, 16, 0, STRESS_LIMIT_S)
+    dags = bench_graphs(graphs, graph_clusters, GRAPH_LIMIT_S, bar.update)
+    stress = None if opts.quick else bench_stress(200, 16, 0, STRESS_TARGET_S)
     bar.update()
     bar.close()
 
@@ -221,6 +273,14 @@ def run(opts: Options) -> Result:
                   "yes" if r["memory_binds"] else "no", r["devices_used"], f"{r['cost_over_unconstrained']:.3f}",
                   ("yes" if r["wall"]["median"] <= MILP_TARGET_S else "**no**") if (r["n"], r["k"]) == (200, 16)
                   else "-"] for r in milp]
+    def secs(x: float) -> str:
+        return f"{x:.3g} s" if x >= 1 else f"{1e3 * x:.3g} ms"
+
+    dag_rows = [[r["graph"], r["cluster"], r["n"], r["k"], secs(r["dp_s"]), r["dp_method"],
+                 "yes" if r["dp_s"] <= DP_TARGET_S else "**no**", secs(r["milp_s"]),
+                 r["method"] if r["proven"] else f"not proven in {GRAPH_LIMIT_S:g} s per MILP",
+                 "-" if r["cost_over_free"] is None else f"{r['cost_over_free']:.3f}",
+                 "yes" if r["proven"] and r["milp_s"] <= MILP_TARGET_S else "**no**"] for r in dags]
     names = ["single", "uniform", "balanced", "greedy"]
     gap_rows = []
     for r in gaps:
@@ -235,6 +295,10 @@ def run(opts: Options) -> Result:
         Table("Memory-constrained (LP, Lagrangian bound, MILP): solve time against n and k",
               ["case", "n", "k", "autopartition", "solver", "method", "memory binds", "devices used",
                "cost / unconstrained", f"<= {MILP_TARGET_S:g} s"], milp_rows),
+        Table("Graphs with branches (batch 1, 224 x 224): the fork-join DP, and AutoPartition with every device "
+              "holding 40% of the parameters",
+              ["graph", "cluster", "n", "k", "DP", "method", f"<= {DP_TARGET_S:g} s", "memory-bound",
+               "proved by", "cost / unconstrained", f"<= {MILP_TARGET_S:g} s, proven"], dag_rows),
         Table("Baselines' gap to the optimum, AlexNet batch 1 (throughput rows: gap in bottleneck)",
               ["cluster", "objective", "optimum", *names, "optimal stages"], gap_rows),
     ]
@@ -244,10 +308,12 @@ def run(opts: Options) -> Result:
              "proportional to each device's FLOP/s; greedy = each layer on its fastest device. "
              "* = the baseline breaks a constraint."]
     if stress is not None:
-        notes.append(f"stress (n={stress['n']}, k={stress['k']}, each device holds 15% of the parameters, "
-                     f"MILP alone, time limit {stress['time_limit']:g} s): {stress['seconds']:.0f} s, "
-                     f"HiGHS: {stress['message']}")
-    data = {"dp": dp, "milp": milp, "gaps": gaps, "stress": stress}
+        outcome = (f"proven optimal by {stress['method']}" if stress["proven"]
+                   else f"not proven (target {STRESS_TARGET_S:g} s): {stress['message']}")
+        notes.append(f"stress (a chain, n={stress['n']}, k={stress['k']}, each device holds 15% of the parameters; "
+                     f"AutoPartition, time limit {stress['time_limit']:g} s per MILP solve): "
+                     f"{stress['seconds']:.0f} s, {outcome}")
+    data = {"dp": dp, "milp": milp, "gaps": gaps, "graphs": dags, "stress": stress}
     return Result("planner", TITLE, tables, data,
                   settings={"dp_n": dp_ns, "dp_k": dp_ks, "milp_n": milp_ns, "milp_k": milp_ks,
                             "dp_repeat": dp_repeat, "milp_repeat": milp_repeat},

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -86,11 +87,13 @@ def test_runner_writes_md_json_png_and_records_machine_and_load(tmp_path, monkey
     assert sorted(p.name for p in written) == ["ok.json", "ok.md", "ok.png"]
     md = (tmp_path / "ok.md").read_text()
     assert "| a | b |" in md and "| 1 | 2.5 |" in md and "- a note" in md and "Load average" in md
+    assert re.search(r"Run on \d{4}-\d\d-\d\d \d\d:\d\d UTC\. Machine: ", md)  # the page says when it ran
+    assert "![" in md and "](ok.png)" in md  # and shows its plot
     js = json.loads((tmp_path / "ok.json").read_text())
     assert js["data"] == {"x": [1.0, None]}  # NaN is not JSON; it becomes null
     assert js["settings"] == {"quick": True}
     m = js["machine"]
-    assert m["cores"] >= 1 and "versions" in m and len(m["loadavg"]) == 3
+    assert m["cores"] >= 1 and "versions" in m and len(m["loadavg"]) == 3 and m["date"].endswith(" UTC")
     assert m["thread_env"]["OMP_NUM_THREADS"] == "1"  # --threads reaches the environment of the run
     assert js["load"]["wall_s"] > 0 and js["load"]["own_cpu_s"] >= 0
     assert (tmp_path / "ok.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -381,12 +381,12 @@ def test_real_images_come_with_labels_and_class_names():
         load_images("fashion-mnist:test:9990-10010", LENET)
 
 
-def test_the_readme_multi_host_cluster_file_loads(tmp_path):
-    """The README's multi-host example is a valid cluster whose devices can all run."""
+def test_the_documented_multi_host_cluster_file_loads(tmp_path):
+    """The guide's multi-host example is a valid cluster whose devices can all run."""
     from pathlib import Path as P
 
-    text = (P(__file__).resolve().parents[1] / "README.md").read_text()
-    block = text.split("### Multi-host", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    text = (P(__file__).resolve().parents[1] / "docs" / "guide" / "running-plans.md").read_text()
+    block = text.split("## A cluster of several machines", 1)[1].split("```json", 1)[1].split("```", 1)[0]
     f = tmp_path / "lab-ray.json"
     f.write_text(block)
     cl = load_cluster(f)

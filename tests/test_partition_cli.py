@@ -93,3 +93,44 @@ def test_bad_cluster_file_exit_code(capsys, tmp_path):
     p.write_text('{"devices": [{"name": "a", "flops": 0, "power": 1}], "source": "a"}')
     assert run(["--graph", "lenet", "--cluster", str(p)]) == 2
     assert "device 'a': flops=0 must be greater than 0" in capsys.readouterr().err
+
+
+def test_a_graph_with_branches_reports_its_stages_as_a_graph_and_plots(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    cluster = load_cluster("lab").to_dict()
+    for d in cluster["devices"]:
+        d["memory"] = 22e6                  # about 40% of ResNet-18's parameters: the plan must spread them
+    (tmp_path / "small.json").write_text(json.dumps(cluster))
+    png = tmp_path / "plan.png"
+    argv = ["--graph", "resnet18", "--cluster", str(tmp_path / "small.json"), "--no-baselines"]
+    assert run([*argv, "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "Stages (a DAG" in out and "<- waits for" in out and "Transfers (each activation once" in out
+    img = matplotlib.image.imread(png)
+    assert img.ndim == 3 and img.shape[1] > 800
+    assert run([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["stages"]) >= 3 and all(t < i for i, s in enumerate(data["stages"]) for t in s["after"])
+    assert sum(len(s["members"]) for s in data["stages"]) == 69
+    assert {t["producer"] for t in data["transfers"]} and data["makespan"] <= data["time"] + 1e-12
+    assert run([*argv, "--plot", str(tmp_path / "no" / "plan.png")]) == 2
+    assert "its folder does not exist" in capsys.readouterr().err
+
+
+def test_makespan_objective_and_time_limit_flags(capsys, tmp_path):
+    g = tmp_path / "towers.json"
+    g.write_text(json.dumps({"input_bytes": 1e6, "layers": [
+        {"name": "stem", "flops": 1e9, "param_bytes": 0, "output_bytes": 1e6},
+        {"name": "a", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
+        {"name": "b", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
+        {"name": "cat", "flops": 0, "param_bytes": 0, "output_bytes": 2e6, "inputs": ["a", "b"]}]}))
+    assert run(["--graph", str(g), "--cluster", "gpu-box", "--objective", "makespan", "--time-limit", "60",
+                "--json", "--no-baselines"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["objective"] == "makespan" and data["solver"] == "milp"
+    assert data["assignment"][1] != data["assignment"][2]          # the towers run at once on two GPUs
+    assert data["makespan"] < data["time"]
+    assert run(["--graph", str(g), "--cluster", "gpu-box", "--objective", "makespan", "--ship-params"]) == 2
+    assert "ship_params is priced by the latency objective" in capsys.readouterr().err

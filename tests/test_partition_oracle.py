@@ -107,7 +107,6 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     dev = {d["name"]: d for d in cd["devices"]}
     source = cd["source"]
     sink = cd.get("sink", source)
-    relay = cd.get("relay")
     busy: dict[str, float] = {}       # a device's own load (serial transfer CPU)
     work: dict[str, float] = {}       # what it puts on its host (all its transfer CPU)
     load: dict[frozenset, float] = {}
@@ -126,19 +125,25 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
         hops.append((prev, a, nbytes))
         prev, nbytes = a, layer["output_bytes"]
     hops.append((prev, sink, nbytes))
-    for u, v, b in hops:
-        if u != v:
-            if not ref_cpu_link(cd, u, v):
-                load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
-            for end in (u, v):
-                total, ser = ref_cpu(cd, end, b)
-                add(end, ser, total)
-            if relay is not None and relay["device"] not in (u, v):
-                total, ser = ref_figures(relay, b)
-                add(relay["device"], ser, total)
+    ref_transfer_loads(cd, [(u, v, b) for u, v, b in hops if u != v], add, load)
     shares = [sum(work.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
               for h, spec in cd.get("hosts", {}).items()]
     return max(list(busy.values()) + list(load.values()) + shares)
+
+
+def ref_transfer_loads(cd: dict, transfers: list, add: Any, load: dict) -> None:
+    """For transfers (u, v, bytes), u != v: add each one's time to its link's ``load`` (unless
+    it is CPU work of one host) and its CPU at both ends and at the relay through ``add``."""
+    relay = cd.get("relay")
+    for u, v, b in transfers:
+        if not ref_cpu_link(cd, u, v):
+            load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
+        for end in (u, v):
+            total, ser = ref_cpu(cd, end, b)
+            add(end, ser, total)
+        if relay is not None and relay["device"] not in (u, v):
+            total, ser = ref_figures(relay, b)
+            add(relay["device"], ser, total)
 
 
 class Brute:

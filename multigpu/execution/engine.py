@@ -12,7 +12,7 @@ Two ways to move activations between stages:
   An idle worker uses no CPU.
 * ``"compiled"``: a Ray Compiled Graph (``experimental_compile``): shared-memory
   channels between the actors, several times cheaper per hop, but each waiting
-  actor polls its channel and so keeps a CPU core partly busy (see README).
+  actor polls its channel and so keeps a CPU core partly busy (see docs/design/executor.md).
 
 A message is ``(array, trace)``; the driver stamps the send time, every stage adds
 the start and end of its computation, and the driver stamps the arrival of the

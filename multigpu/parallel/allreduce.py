@@ -21,6 +21,7 @@ from multigpu.errors import InputError, UnknownAlgorithmError
 from multigpu.parallel.split import shard_sizes
 
 ALGORITHMS = ("naive", "ring", "fused", "native")
+"""The allreduce algorithms ``DataParallel(allreduce=...)`` takes ("native" where the adapter offers one)."""
 
 
 def naive_allreduce(backend: Any, tensors: Sequence[Any], devices: Sequence[Device]) -> None:

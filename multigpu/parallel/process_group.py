@@ -10,10 +10,10 @@ is copied back to the local devices. The algorithm above does not change.
 Two layers implement this protocol:
 
 * an *engine group*, one per adapter (``backends/<name>/process_group.py``), is a
-  thin handle on the framework's engine; the adapter package exposes it as
-  ``process_group(device, timeout, init_timeout)`` next to ``load()`` and joins the job
-  the way the framework itself does (torch's ``env://``, Paddle's ``PADDLE_*``
-  variables, MXNet's ``DMLC_*`` roles);
+  thin handle on the framework's engine; the backend's declaration names that module
+  as its ``engine``, whose ``join(device, timeout, init_timeout)`` returns the group
+  and joins the job the way the framework itself does (torch's ``env://``, Paddle's
+  ``PADDLE_*`` variables, MXNet's ``DMLC_*`` roles);
 * ``multigpu.distributed.checked_group.CheckedGroup`` wraps an engine group and adds what every
   engine needs alike: a header exchange before each collective that reports a rank
   calling a different collective or size, a deadline on every call, and errors that

@@ -1,4 +1,4 @@
-"""Cost model and AutoPartition: place a chain of layers on heterogeneous devices.
+"""Cost model and AutoPartition: place a network's layers (a chain or any DAG) on heterogeneous devices.
 
 Layers: ``inputs/`` (clusters, graphs, hosts, the checks of file values), ``cost/``
 (the cost model), ``solvers/`` (DP, MILP, Lagrangian bounds, throughput, the planner,
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from multigpu.partition.cost.evaluate import evaluate
 from multigpu.partition.cost.matrix import MatrixForm
-from multigpu.partition.cost.records import Breakdown, DeviceCost, LayerCost, LinkCost
+from multigpu.partition.cost.records import Breakdown, DeviceCost, LayerCost, LinkCost, TransferCost
 from multigpu.partition.exceptions import ClusterError, InfeasibleError, PartitionInputError, UnusableLinkError
 from multigpu.partition.inputs.cluster import (
     Cluster,
@@ -26,7 +26,7 @@ from multigpu.partition.inputs.cluster import (
     load_cluster,
     shipped_clusters,
 )
-from multigpu.partition.inputs.graph import Graph, LayerSpec, graph_from_model, load_graph
+from multigpu.partition.inputs.graph import Graph, LayerSpec, graph_from_model, load_graph, shipped_graphs
 from multigpu.partition.report import format_report
 from multigpu.partition.solvers.baselines import BASELINES, BaselineResult, baselines
 from multigpu.partition.solvers.constraints import Constraints
@@ -38,5 +38,5 @@ __all__ = [
     "DeviceCost", "DeviceSpec", "Graph", "InfeasibleError", "LayerCost", "LayerSpec", "Link",
     "LinkCost", "LinkSpec", "LinkTables", "MatrixForm", "OBJECTIVES", "PartitionInputError", "Plan",
     "Stage", "UnusableLinkError", "autopartition", "baselines", "evaluate", "format_report",
-    "graph_from_model", "load_cluster", "load_graph", "shipped_clusters",
+    "TransferCost", "graph_from_model", "load_cluster", "load_graph", "shipped_clusters", "shipped_graphs",
 ]

@@ -13,7 +13,7 @@ from multigpu.partition.solvers.planner import Plan
 from multigpu.partition.stages import stages_summary
 from multigpu.partition.units import fmt_bytes, fmt_energy, fmt_time
 
-__all__ = ["baseline_gap", "format_report", "fmt_bytes", "fmt_energy", "fmt_time"]
+__all__ = ["baseline_gap", "format_report", "fmt_bytes", "fmt_energy", "fmt_time", "stage_graph"]
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
@@ -42,17 +42,20 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
     if bd.stage_time:
         out.append(f"stage overheads (once per stage, in T and in the bottleneck; busy time counts compute only): "
                    f"{fmt_time(bd.stage_time)} in all")
-    how = {"dp": "exact DP", "milp": "exact MILP (HiGHS)",
+    how = {"dp": "exact chain DP", "fork-join dp": "exact fork-join DP", "milp": "exact MILP (HiGHS)",
            "bound": "exact: a feasible plan meets the LP/Lagrangian lower bound"}.get(plan.solver, plan.solver)
     out.append(f"plan: cost {plan.cost:.6g}  time {fmt_time(plan.time)}  energy {fmt_energy(plan.energy)}  "
-               f"bottleneck {fmt_time(plan.bottleneck)} at {bd.bottleneck_at}  ({how}, {plan.solve_time * 1e3:.3g} ms)")
+               f"makespan {fmt_time(plan.makespan)}  bottleneck {fmt_time(plan.bottleneck)} at {bd.bottleneck_at}  "
+               f"({how}, {plan.solve_time * 1e3:.3g} ms)")
     out.append("stages: " + "; ".join(f"{s.span} on {s.device}" for s in plan.stages))
+    out.append("")
+    out += stage_graph(plan, graph)
     out.append("")
 
     out.append("Per layer")
     rows = []
     for i, lc in enumerate(bd.layers):
-        moved = f"{fmt_time(lc.transfer_time)} from {lc.transfer_from}" if lc.transfer_from else "-"
+        moved = f"{fmt_time(lc.transfer_time)} from {'+'.join(lc.transfers_from)}" if lc.transfer_from else "-"
         compute = fmt_time(lc.compute_time)
         if lc.stage_overhead:
             compute += f" + {fmt_time(lc.stage_overhead)} stage"
@@ -92,24 +95,50 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
 
     if baselines:
         out.append("")
-        metric = "bottleneck" if plan.objective == "throughput" else "cost"
+        metric = {"throughput": "bottleneck", "makespan": "makespan"}.get(plan.objective, "cost")
         out.append(f"Plan against the baselines (gap = {metric} / plan {metric} - 1)")
         rows = [["AutoPartition", f"{plan.cost:.6g}", fmt_time(plan.time), fmt_energy(plan.energy),
-                 fmt_time(plan.bottleneck), "-", stages_summary(plan.assignment)]]
+                 fmt_time(plan.makespan), fmt_time(plan.bottleneck), "-", stages_summary(plan.assignment)]]
         for b in baselines:
             if b.breakdown is None:
-                rows.append([b.description, "n/a", "-", "-", "-", "-", f"cannot run: {_short(b.reason)}"])
+                rows.append([b.description, "n/a", "-", "-", "-", "-", "-", f"cannot run: {_short(b.reason)}"])
                 continue
             gap = baseline_gap(plan, b)
             note = stages_summary(b.assignment or [])
             if b.violations:
                 note += "  [breaks " + "; ".join(b.violations) + "]"
             rows.append([b.description, f"{b.cost:.6g}", fmt_time(b.breakdown.time),
-                         fmt_energy(b.breakdown.energy), fmt_time(b.breakdown.bottleneck),
-                         f"{gap * 100:+.1f}%", note])
-        out += _table(["placement", "cost", "time", "energy", "bottleneck", "gap", "devices"], rows,
-                      [False, True, True, True, True, True, False])
+                         fmt_energy(b.breakdown.energy), fmt_time(b.breakdown.makespan),
+                         fmt_time(b.breakdown.bottleneck), f"{gap * 100:+.1f}%", note])
+        out += _table(["placement", "cost", "time", "energy", "makespan", "bottleneck", "gap", "devices"], rows,
+                      [False, True, True, True, True, True, True, False])
     return "\n".join(out)
+
+
+def stage_graph(plan: Plan, graph: Graph) -> list[str]:
+    """The stages as a graph: each stage, its device and layers, and what it waits for
+    (``<-``: a stage, and the layers it consumes from there), then every transfer."""
+    out = ["Stages (a DAG: a stage runs once the stages after <- are done; stages on different devices "
+           "whose inputs are ready run at once)"]
+    names = graph.names
+    rows = []
+    for s in plan.stages:
+        feeds: dict[int, list[str]] = {}
+        for p, t in s.inputs:
+            feeds.setdefault(t, []).append("input" if p < 0 else names[p])
+        waits = ", ".join("input" if t < 0 else f"{t + 1} ({', '.join(ps)})" for t, ps in sorted(feeds.items()))
+        rows.append([str(s.index + 1), s.device, str(s.layers), s.span, waits])
+    out += _table(["stage", "device", "layers", "span", "<- waits for (the layers it consumes there)"], rows,
+                  [True, False, True, False, False])
+    transfers = plan.breakdown.transfers
+    if transfers:
+        out.append("")
+        out.append("Transfers (each activation once to each other device that consumes it)")
+        rows = [[t.producer, f"{t.between[0]} -> {t.between[1]}", t.to, fmt_bytes(t.bytes), fmt_time(t.time)]
+                for t in transfers]
+        out += _table(["output of", "from -> to", "first consumer there", "bytes", "time"], rows,
+                      [False, False, False, True, True])
+    return out
 
 
 def baseline_gap(plan: Plan, baseline: BaselineResult) -> float:
@@ -119,6 +148,8 @@ def baseline_gap(plan: Plan, baseline: BaselineResult) -> float:
         return math.inf
     if plan.objective == "throughput":
         mine, theirs = plan.bottleneck, baseline.breakdown.bottleneck
+    elif plan.objective == "makespan":
+        mine, theirs = plan.makespan, baseline.breakdown.makespan
     else:
         mine, theirs = plan.cost, baseline.cost
     if mine > 0:

@@ -9,14 +9,18 @@ from typing import Any, Optional
 from multigpu.cli.parsers import add_command
 
 DESCRIPTION = """\
-Place each layer of a chain network on a device of a heterogeneous cluster at the
-least cost = wt*T + we*E, where T is compute plus transfer time and E is compute
-energy plus link energy (README.md, "Cost model and AutoPartition", gives the exact model). The optimum is
-exact: a DP without coupling constraints, a HiGHS MILP with memory, busy-time or
-energy constraints and for --objective throughput. Prints a per-layer table, each
-device's compute/transfer/energy/memory, and the plan against four baselines.
-Exit status: 0 ok, 1 infeasible constraints or a solver failure, 2 bad input,
-130 interrupted."""
+Place each layer of a network (a chain or any graph with branches) on a device of a
+heterogeneous cluster at the least cost = wt*T + we*E, where T is compute plus transfer
+time (each activation sent once to each device that consumes it) and E is compute
+energy plus link energy (docs/design/cost-model.md gives the exact model); or at the
+least makespan (branches on different devices running at once), or the best pipelined
+throughput. The optimum is exact: a DP without coupling constraints on chains and
+fork-join graphs, a HiGHS MILP with memory, busy-time or energy constraints, for other
+graphs, and for --objective makespan/throughput. Prints a per-layer table, the stages as
+a graph, the transfers, each device's compute/transfer/energy/memory, and the plan
+against four baselines; --plot draws the graph coloured by device.
+Exit status: 0 ok, 1 infeasible constraints or a solver failure (or a time limit
+reached before the optimum was proven), 2 bad input, 130 interrupted."""
 
 
 def register(subparsers: Any) -> None:
@@ -24,16 +28,18 @@ def register(subparsers: Any) -> None:
     p = add_command(subparsers, "partition", run,
                     help="place a network's layers on heterogeneous devices at minimal time/energy cost",
                     description=DESCRIPTION, raw=True)
-    p.add_argument("--graph", required=True, metavar="FILE|lenet|alexnet",
-                   help="layer graph: a JSON file, or a built-in model name")
+    p.add_argument("--graph", required=True, metavar="FILE|NAME",
+                   help="layer graph: a JSON/TOML file, a built-in model (lenet, alexnet, ...) or a shipped "
+                        "graph (resnet50, inception, ...)")
     p.add_argument("--cluster", required=True, metavar="FILE|NAME",
                    help="cluster: a JSON/TOML file, or a shipped one (lab, gpu-box)")
     p.add_argument("--batch", type=int, default=1, help="batch size for a built-in model (default 1)")
     p.add_argument("--wt", type=float, default=1.0, help="weight of time T in seconds (default 1)")
     p.add_argument("--we", type=float, default=0.0, help="weight of energy E in joules (default 0)")
-    p.add_argument("--objective", choices=("latency", "throughput"), default="latency",
-                   help="latency: minimise wt*T + we*E (default); throughput: minimise the pipelined "
-                        "bottleneck (busiest device or link)")
+    p.add_argument("--objective", choices=("latency", "makespan", "throughput"), default="latency",
+                   help="latency: minimise wt*T + we*E (default); makespan: minimise when the output reaches "
+                        "the sink, branches running at once; throughput: minimise the pipelined bottleneck "
+                        "(busiest device, link or host)")
     p.add_argument("--energy-budget", type=float, default=None, metavar="J",
                    help="the most energy E one inference may use, in joules")
     p.add_argument("--busy-limit", action="append", default=[], metavar="DEVICE=SECONDS",
@@ -48,6 +54,12 @@ def register(subparsers: Any) -> None:
                    help="each layer's parameters travel from the source first (as in the source report)")
     p.add_argument("--solver", choices=("auto", "dp", "milp"), default="auto",
                    help="force the DP or the MILP (default auto)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="the most seconds each MILP solve may take (default: no limit); reaching it before the "
+                        "optimum is proven is an error (exit 1)")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="draw the graph, each layer coloured by its device and the cut edges marked (needs "
+                        "matplotlib)")
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (assignment, time, energy, cost, ...) instead of the report")
@@ -99,20 +111,30 @@ def run(args: argparse.Namespace) -> int:
     pins: dict[Any, str] = dict(_pairs(args.pin, "--pin", "DEVICE"))
     cons = Constraints(memory=not args.ignore_memory, busy_time=_busy(args.busy_limit),
                        energy_budget=args.energy_budget, pinned=pins, excluded=list(args.exclude))
+    if args.plot is not None:   # before a long solve, not after it
+        from pathlib import Path
+
+        from multigpu.training.plotting import require_matplotlib
+        require_matplotlib()
+        if not Path(args.plot).resolve().parent.is_dir():
+            raise _bad_input(f"--plot {args.plot!r}: its folder does not exist; give a path in an existing folder")
     plan = autopartition(graph, cluster, wt=args.wt, we=args.we, objective=args.objective,
                          constraints=cons, ship_params=args.ship_params, solver=args.solver,
-                         verbose=args.verbose)
+                         verbose=args.verbose, time_limit=args.time_limit)
     base = [] if args.no_baselines else baselines(graph, cluster, args.wt, args.we, args.ship_params, cons)
     if args.json:
         out = plan.to_dict()
         out["baselines"] = {
             b.name: None if b.breakdown is None else {
                 "assignment": b.assignment, "time": b.breakdown.time, "energy": b.breakdown.energy,
-                "cost": b.breakdown.cost, "bottleneck": b.breakdown.bottleneck,
+                "cost": b.breakdown.cost, "makespan": b.breakdown.makespan, "bottleneck": b.breakdown.bottleneck,
                 "gap": _json_number(baseline_gap(plan, b)),
                 "violations": b.violations}
             for b in base}
         print(json.dumps(out))
     else:
         print(format_report(plan, graph, cluster, base))
+    if args.plot is not None:
+        from multigpu.partition.plot import plot_plan
+        plot_plan(plan, graph, cluster, args.plot)
     return 0

@@ -17,73 +17,126 @@ from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 
-__all__ = ["AssignmentArrays", "assignment_arrays", "bottleneck_of", "busy_times", "find_bottleneck", "link_loads",
-           "loads", "memory_parts", "memory_use", "stage_overheads", "transfer_cpu_loads", "transfer_cpu_terms",
-           "transfers"]
+__all__ = ["AssignmentArrays", "Sends", "assignment_arrays", "bottleneck_of", "busy_times", "find_bottleneck",
+           "link_loads", "loads", "memory_parts", "memory_use", "stage_overheads", "stage_starts",
+           "transfer_cpu_loads", "transfer_cpu_terms", "transfers"]
+
+
+@dataclass(frozen=True)
+class Sends:
+    """Every activation transfer of one assignment, one per producer and distinct device
+    it must reach (``u != v``): ``producer`` (a layer, -1 for the graph's input),
+    ``to`` (the first layer on ``v`` that consumes it; n for the sink), ``u`` -> ``v``
+    (device columns), ``nbytes``, ``time`` and ``energy``. Ordered by producer, then
+    receiving layer."""
+
+    producer: np.ndarray
+    to: np.ndarray
+    u: np.ndarray
+    v: np.ndarray
+    nbytes: np.ndarray
+    time: np.ndarray
+    energy: np.ndarray
 
 
 @dataclass(frozen=True)
 class AssignmentArrays:
-    """Per-layer arrays of one assignment (no Python objects: cheap for n = 10,000)."""
+    """Per-layer arrays of one assignment, and its transfers (no Python objects: cheap for
+    n = 10,000)."""
 
     a: np.ndarray            # device column per layer
-    prev: np.ndarray         # device the input comes from (a_{i-1}, a_0 = source)
     comp: np.ndarray         # compute time
     comp_energy: np.ndarray
-    t_in: np.ndarray         # input transfer time (0 when local)
-    e_in: np.ndarray
     t_param: np.ndarray      # parameter shipping time (0 unless ship_params)
     e_param: np.ndarray
-    t_out: float             # layer n -> sink
-    e_out: float
     t_stage: np.ndarray      # stage overhead, on the first layer of each stage
     e_stage: np.ndarray
+    sends: Sends             # the activation transfers, the output to the sink included
+    t_in: np.ndarray         # per layer: the transfers it receives first (0 when local)
+    e_in: np.ndarray
+    t_out: float             # the last layer -> the sink
+    e_out: float
 
     # fsum: the totals are compared against independent re-computations, so avoid
-    # summation-order noise.
+    # summation-order noise (fsum is exact, so the order of the terms does not matter).
     @property
     def time(self) -> float:
-        """T: compute, stage overheads, transfers, parameter shipping and the output to the sink."""
-        return (math.fsum(self.comp) + math.fsum(self.t_stage) + math.fsum(self.t_in) + math.fsum(self.t_param)
-                + self.t_out)
+        """T: compute, stage overheads, transfers (the output to the sink included) and
+        parameter shipping."""
+        return math.fsum(self.comp) + math.fsum(self.t_stage) + math.fsum(self.sends.time) + math.fsum(self.t_param)
 
     @property
     def energy(self) -> float:
         """E: the energy of every term of ``time``."""
-        return (math.fsum(self.comp_energy) + math.fsum(self.e_stage) + math.fsum(self.e_in)
-                + math.fsum(self.e_param) + self.e_out)
+        return (math.fsum(self.comp_energy) + math.fsum(self.e_stage) + math.fsum(self.sends.energy)
+                + math.fsum(self.e_param))
+
+
+def _sends(graph: Graph, cluster: Cluster, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(producer, receiving layer, u, v) of every transfer of ``a``, one per producer and
+    distinct device (u != v), the output to the sink last; not yet checked for links."""
+    n, src, sink = graph.n, cluster.source_index, cluster.sink_index
+    if graph.is_chain:   # each layer has one producer: no duplicates to remove
+        prod = np.arange(-1, n, dtype=np.intp)
+        to = np.arange(n + 1, dtype=np.intp)
+        u = np.concatenate([[src], a]).astype(np.intp)
+        v = np.concatenate([a, [sink]]).astype(np.intp)
+    else:
+        ic = graph.input_consumers
+        # Every (producer, consumer) pair ordered by consumer, the sink last.
+        prod = np.concatenate([graph.edge_src, np.full(len(ic), -1, dtype=np.intp), [n - 1]]).astype(np.intp)
+        to = np.concatenate([graph.edge_dst, ic, [n]]).astype(np.intp)
+        order = np.argsort(to, kind="stable")
+        prod, to = prod[order], to[order]
+        v = np.where(to < n, a[np.minimum(to, n - 1)], sink).astype(np.intp)
+        u = np.where(prod >= 0, a[prod], src).astype(np.intp)
+        # One transfer per (producer, device): keep the first (lowest) receiving layer.
+        _, first = np.unique((prod + 1) * cluster.k + v, return_index=True)
+        keep = np.sort(first)
+        prod, to, u, v = prod[keep], to[keep], u[keep], v[keep]
+        by_producer = np.argsort(prod, kind="stable")
+        prod, to, u, v = prod[by_producer], to[by_producer], u[by_producer], v[by_producer]
+    moved = u != v
+    return prod[moved], to[moved], u[moved], v[moved]
+
+
+def _check_links(graph: Graph, cluster: Cluster, prod: np.ndarray, to: np.ndarray, u: np.ndarray,
+                 v: np.ndarray) -> None:
+    bad = ~cluster.tables.usable[u, v]
+    if not bad.any():
+        return
+    n = graph.n
+    j = int(np.flatnonzero(bad)[np.argmin(to[bad])])
+    du, dv = cluster.names[u[j]], cluster.names[v[j]]
+    if to[j] == n:
+        raise UnusableLinkError(
+            f"the output of the last layer {graph.layers[-1].name!r} on {du!r} must "
+            f"reach the sink {cluster.sink!r}, but no link joins them and the cluster has no "
+            f"default_link; add a link or a default_link, or assign the last layer differently")
+    origin = "the source" if prod[j] < 0 else f"layer {graph.layers[prod[j]].name!r}"
+    raise UnusableLinkError(
+        f"layer {graph.layers[to[j]].name!r} on {dv!r} receives its input from {origin} on {du!r}, "
+        f"but no link joins {du!r} and {dv!r} and the cluster has no default_link; add a link "
+        f"between them or a default_link, or assign the layers differently")
 
 
 def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool) -> AssignmentArrays:
-    """The per-layer arrays of assignment ``a`` (device columns); UnusableLinkError when it
-    moves data over a pair with no link."""
+    """The per-layer arrays and the transfers of assignment ``a`` (device columns);
+    UnusableLinkError when it moves data over a pair with no link."""
     tab = cluster.tables
-    src, sink = cluster.source_index, cluster.sink_index
-    prev = np.concatenate([[src], a[:-1]]).astype(np.intp)
-    bad = ~tab.usable[prev, a]
-    if bad.any():
-        i = int(np.argmax(bad))
-        u, v = cluster.names[prev[i]], cluster.names[a[i]]
-        origin = "the source" if i == 0 else f"layer {graph.layers[i - 1].name!r}"
-        raise UnusableLinkError(
-            f"layer {graph.layers[i].name!r} on {v!r} receives its input from {origin} on {u!r}, "
-            f"but no link joins {u!r} and {v!r} and the cluster has no default_link; add a link "
-            f"between them or a default_link, or assign the layers differently")
-    last = int(a[-1])
-    if not tab.usable[last, sink]:
-        raise UnusableLinkError(
-            f"the output of the last layer {graph.layers[-1].name!r} on {cluster.names[last]!r} must "
-            f"reach the sink {cluster.sink!r}, but no link joins them and the cluster has no "
-            f"default_link; add a link or a default_link, or assign the last layer differently")
+    n = graph.n
+    prod, to, u, v = _sends(graph, cluster, a)
+    _check_links(graph, cluster, prod, to, u, v)
+    out_bytes = np.concatenate([[graph.input_bytes], graph.output_bytes])   # index: producer + 1
+    nb = out_bytes[prod + 1]
+    t = nb * tab.inv_bandwidth[u, v] + tab.latency[u, v]
+    e = t * tab.power[u, v]
+    sends = Sends(prod, to, u, v, nb, t, e)
     if any(d.measured(graph.name) is not None for d in cluster.devices):
-        comp = compute_times(graph, cluster)[np.arange(graph.n), a]
+        comp = compute_times(graph, cluster)[np.arange(n), a]
     else:  # the common case, O(n) instead of O(n k): this runs inside the solvers' loops
         comp = graph.flops / cluster.flops[a]
     comp_energy = comp * cluster.power[a]
-    local = prev == a
-    t_in = np.where(local, 0.0, graph.input_bytes_per_layer * tab.inv_bandwidth[prev, a]
-                    + tab.latency[prev, a])
-    e_in = t_in * tab.power[prev, a]
     if ship_params:
         t_param = param_times(graph, cluster, a)
         bad = np.isinf(t_param)
@@ -95,27 +148,35 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
                 f"cluster has no default_link; add a link or a default_link, or place it elsewhere")
         e_param = param_energy(cluster, a, t_param)
     else:
-        t_param = np.zeros(graph.n)
+        t_param = np.zeros(n)
         e_param = t_param
-    if last == sink:
-        t_out = e_out = 0.0
-    else:
-        t_out = float(graph.output_bytes[-1] * tab.inv_bandwidth[last, sink] + tab.latency[last, sink])
-        e_out = t_out * float(tab.power[last, sink])
-    t_stage = stage_overheads(cluster, a)
+    layer = to < n
+    t_in = np.bincount(to[layer], weights=t[layer], minlength=n).astype(float)
+    e_in = np.bincount(to[layer], weights=e[layer], minlength=n).astype(float)
+    t_out = float(t[~layer].sum())
+    e_out = float(e[~layer].sum())
+    t_stage = stage_overheads(graph, cluster, a)
     e_stage = t_stage * cluster.power[a]
-    return AssignmentArrays(a, prev, comp, comp_energy, t_in, e_in, t_param, e_param, t_out, e_out,
-                            t_stage, e_stage)
+    return AssignmentArrays(a, comp, comp_energy, t_param, e_param, t_stage, e_stage, sends, t_in, e_in,
+                            t_out, e_out)
 
 
-def stage_overheads(cluster: Cluster, a: np.ndarray) -> np.ndarray:
-    """Per layer: its device's ``stage_overhead`` if a stage starts there (layer 1, or a
-    change of device), else 0."""
+def stage_starts(graph: Graph, a: np.ndarray) -> np.ndarray:
+    """Per layer: True if it starts a stage (``multigpu.partition.stages``): it consumes
+    the graph's input, or one of its inputs comes from another device."""
+    starts = np.zeros(graph.n, dtype=bool)
+    starts[graph.input_consumers] = True
+    if len(graph.edge_src):
+        starts[graph.edge_dst[a[graph.edge_src] != a[graph.edge_dst]]] = True
+    return starts
+
+
+def stage_overheads(graph: Graph, cluster: Cluster, a: np.ndarray) -> np.ndarray:
+    """Per layer: its device's ``stage_overhead`` if it starts a stage, else 0."""
     oh = cluster.stage_overhead
     if not oh.any():
         return np.zeros(len(a))
-    starts = np.concatenate([[True], a[1:] != a[:-1]])
-    return np.where(starts, oh[a], 0.0)
+    return np.where(stage_starts(graph, a), oh[a], 0.0)
 
 
 def memory_parts(graph: Graph, cluster: Cluster, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -143,8 +204,7 @@ def link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
     (``Cluster.cpu_links``)."""
     k = cluster.k
     load = np.zeros((k, k))
-    np.add.at(load, (x.prev, x.a), x.t_in)
-    load[int(x.a[-1]), cluster.sink_index] += x.t_out
+    np.add.at(load, (x.sends.u, x.sends.v), x.sends.time)
     load = load + load.T
     np.fill_diagonal(load, 0.0)
     load[cluster.cpu_links] = 0.0
@@ -153,14 +213,7 @@ def link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
 
 def transfers(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sender, receiver, bytes) of every activation transfer of one item (u != v)."""
-    moved = x.prev != x.a
-    u, v, b = x.prev[moved], x.a[moved], graph.input_bytes_per_layer[moved]
-    last, sink = int(x.a[-1]), cluster.sink_index
-    if last != sink:
-        u = np.append(u, last)
-        v = np.append(v, sink)
-        b = np.append(b, graph.output_bytes[-1])
-    return u, v, b
+    return x.sends.u, x.sends.v, x.sends.nbytes
 
 
 def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray

@@ -38,7 +38,7 @@ UnusableLinkError for an assignment that needs one.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -51,14 +51,15 @@ from multigpu.partition.cost.arithmetic import (
     loads,
     memory_parts,
 )
-from multigpu.partition.cost.records import Breakdown, DeviceCost, HostCost, LayerCost, LinkCost
-from multigpu.partition.exceptions import PartitionInputError
+from multigpu.partition.cost.records import SINK, Breakdown, DeviceCost, HostCost, LayerCost, LinkCost, TransferCost
+from multigpu.partition.cost.schedule import makespan_of
+from multigpu.partition.exceptions import ClusterError, PartitionInputError
 from multigpu.partition.inputs.cluster import Cluster
-from multigpu.partition.inputs.graph import Graph
+from multigpu.partition.inputs.graph import INPUT, Graph
 
 __all__ = ["AssignmentLike", "check_weights", "evaluate", "resolve_assignment"]
 
-AssignmentLike = Sequence[Union[str, int]]
+AssignmentLike = Union[Sequence[Union[str, int]], Mapping[str, Union[str, int]], Sequence[tuple[str, Union[str, int]]]]
 
 
 def check_weights(wt: Any, we: Any) -> tuple[float, float]:
@@ -72,8 +73,36 @@ def check_weights(wt: Any, we: Any) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def _by_layer(graph: Graph, pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
+    """One device per layer from (layer, device) pairs; PartitionInputError for a layer
+    placed twice, an unknown layer or one left out."""
+    placed: dict[int, Any] = {}
+    for layer, dev in pairs:
+        try:
+            i = graph.index(layer)
+        except ClusterError as e:
+            raise PartitionInputError(f"assignment: {e}") from None
+        if i in placed:
+            raise PartitionInputError(f"assignment places layer {graph.layers[i].name!r} on two devices, "
+                                      f"{placed[i]!r} and {dev!r}; a layer runs on one device: keep one")
+        placed[i] = dev
+    missing = [graph.layers[i].name for i in range(graph.n) if i not in placed]
+    if missing:
+        raise PartitionInputError(f"assignment has {len(placed)} entries but the graph has {graph.n} layers; "
+                                  f"it places no device for layer {missing[0]!r}: give one device per layer")
+    return [placed[i] for i in range(graph.n)]
+
+
 def resolve_assignment(graph: Graph, cluster: Cluster, assignment: AssignmentLike) -> np.ndarray:
-    """Device column of each layer as an int array; PartitionInputError on a bad entry."""
+    """Device column of each layer as an int array, from one device name (or index) per
+    layer in layer order, a mapping of layer name to device, or a list of (layer, device)
+    pairs. PartitionInputError on a bad entry, a plan of the wrong length and a layer
+    placed on two devices."""
+    if isinstance(assignment, Mapping):
+        assignment = _by_layer(graph, list(assignment.items()))
+    elif (isinstance(assignment, Sequence) and not isinstance(assignment, (str, bytes)) and len(assignment)
+          and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in assignment)):
+        assignment = _by_layer(graph, [tuple(x) for x in assignment])
     if isinstance(assignment, (str, bytes)) or not isinstance(assignment, (Sequence, np.ndarray)):
         raise PartitionInputError(f"assignment must be a list with one device name per layer, got "
                                   f"{type(assignment).__name__}")
@@ -113,25 +142,34 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
 
     layer_time = x.comp + x.t_stage + x.t_in + x.t_param
     layer_energy = x.comp_energy + x.e_stage + x.e_in + x.e_param
+    sd = x.sends
+    senders: list[list[str]] = [[] for _ in range(graph.n + 1)]
+    for j in range(len(sd.to)):
+        senders[sd.to[j]].append(names[sd.u[j]])
     layers = [LayerCost(
         name=spec.name, device=names[a[i]],
         compute_time=float(x.comp[i]), compute_energy=float(x.comp_energy[i]),
-        transfer_from=None if x.prev[i] == a[i] else names[x.prev[i]],
+        transfer_from=senders[i][0] if senders[i] else None,
         transfer_time=float(x.t_in[i]), transfer_energy=float(x.e_in[i]),
         param_time=float(x.t_param[i]), param_energy=float(x.e_param[i]),
         time=float(layer_time[i]), energy=float(layer_energy[i]),
         cost=float(wt * layer_time[i] + we * layer_energy[i]), stage_overhead=float(x.t_stage[i]),
+        transfers_from=tuple(senders[i]),
     ) for i, spec in enumerate(graph.layers)]
+    transfers = [TransferCost(
+        producer=INPUT if sd.producer[j] < 0 else graph.layers[sd.producer[j]].name,
+        to=SINK if sd.to[j] == graph.n else graph.layers[sd.to[j]].name,
+        between=(names[sd.u[j]], names[sd.v[j]]), bytes=float(sd.nbytes[j]), time=float(sd.time[j]),
+        energy=float(sd.energy[j])) for j in range(len(sd.to))]
 
-    src, sink = cluster.source_index, cluster.sink_index
+    src = cluster.source_index
     busy = np.bincount(a, weights=x.comp, minlength=k)
     busy_e = np.bincount(a, weights=x.comp_energy + x.e_stage, minlength=k)
     overhead = np.bincount(a, weights=x.t_stage, minlength=k)
-    moving = np.bincount(a, weights=x.t_in + x.t_param, minlength=k)       # received
-    moving += np.bincount(x.prev, weights=x.t_in, minlength=k)             # sent
+    moving = np.bincount(a, weights=x.t_param, minlength=k)                # parameters received
+    moving += np.bincount(sd.v, weights=sd.time, minlength=k)              # received
+    moving += np.bincount(sd.u, weights=sd.time, minlength=k)              # sent
     moving[src] += x.t_param.sum()
-    moving[int(a[-1])] += x.t_out
-    moving[sink] += x.t_out
     params, act = memory_parts(graph, cluster, a)
     counts = np.bincount(a, minlength=k)
     load, cpu, serial, host_load = loads(graph, cluster, x)
@@ -151,10 +189,11 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
     return Breakdown(
         assignment=[names[d] for d in a], time=time, energy=energy, cost=cost, wt=wt, we=we,
         ship_params=bool(ship_params), compute_time=math.fsum(x.comp), stage_time=math.fsum(x.t_stage),
-        transfer_time=math.fsum(x.t_in) + math.fsum(x.t_param) + x.t_out,
+        transfer_time=math.fsum(sd.time) + math.fsum(x.t_param),
         param_time=math.fsum(x.t_param), output_time=x.t_out, output_energy=x.e_out,
         bottleneck=bottleneck, layers=layers, devices=devices, links=links, hosts=hosts,
-        bottleneck_at=bottleneck_at, _graph=graph, _cluster=cluster, _columns=a,
+        bottleneck_at=bottleneck_at, transfers=transfers, makespan=makespan_of(graph, cluster, x),
+        _graph=graph, _cluster=cluster, _columns=a,
     )
 
 
@@ -164,15 +203,11 @@ def _link_records(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> list[L
     load = np.zeros((k, k))
     ptime = np.zeros((k, k))
     energy = np.zeros((k, k))
-    moved = x.prev != x.a
-    np.add.at(nbytes, (x.prev[moved], x.a[moved]), graph.input_bytes_per_layer[moved])
-    np.add.at(load, (x.prev, x.a), x.t_in)
-    np.add.at(energy, (x.prev, x.a), x.e_in)
-    last, sink, src = int(x.a[-1]), cluster.sink_index, cluster.source_index
-    if last != sink:
-        nbytes[last, sink] += graph.output_bytes[-1]
-        load[last, sink] += x.t_out
-        energy[last, sink] += x.e_out
+    sd = x.sends
+    np.add.at(nbytes, (sd.u, sd.v), sd.nbytes)
+    np.add.at(load, (sd.u, sd.v), sd.time)
+    np.add.at(energy, (sd.u, sd.v), sd.energy)
+    src = cluster.source_index
     shipped = x.t_param > 0
     np.add.at(nbytes, (np.full(int(shipped.sum()), src), x.a[shipped]), graph.param_bytes[shipped])
     np.add.at(ptime, (np.full(graph.n, src), x.a), x.t_param)

@@ -11,16 +11,25 @@ import numpy as np
 from multigpu.partition.exceptions import PartitionInputError
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
+from multigpu.partition.stages import Stage, split_stages
 
-if TYPE_CHECKING:  # the matrix form is built on first access
+if TYPE_CHECKING:  # the matrix form and the schedule are built on first access
     from multigpu.partition.cost.matrix import MatrixForm
+    from multigpu.partition.cost.schedule import Schedule
 
-__all__ = ["Breakdown", "DeviceCost", "HostCost", "LayerCost", "LinkCost"]
+__all__ = ["SINK", "Breakdown", "DeviceCost", "HostCost", "LayerCost", "LinkCost", "TransferCost"]
+
+SINK = "(sink)"   # what a transfer of the last layer's output is for
 
 
 @dataclass(frozen=True)
 class LayerCost:
-    """Cost of one layer block: receiving its input, (shipping its parameters) and computing."""
+    """Cost of one layer block: receiving its inputs, (shipping its parameters) and computing.
+
+    ``transfer_time`` counts the transfers this layer is the first on its device to
+    consume (an activation sent to a device once serves every layer there);
+    ``transfer_from`` is the device of the first of them (None when every input was
+    local), ``transfers_from`` all of them."""
 
     name: str
     device: str
@@ -35,6 +44,7 @@ class LayerCost:
     energy: float
     cost: float
     stage_overhead: float = 0.0   # > 0 on the first layer of a stage whose device has one
+    transfers_from: tuple[str, ...] = ()   # every device it receives a transfer from (first: transfer_from)
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,20 @@ class HostCost:
 
 
 @dataclass(frozen=True)
+class TransferCost:
+    """One activation transfer: the output of ``producer`` (``"input"``: the graph's input)
+    sent ``between`` (from, to) devices once, for ``to`` (the first layer there that
+    consumes it; ``"(sink)"`` for the last layer's output to the sink)."""
+
+    producer: str
+    to: str
+    between: tuple[str, str]
+    bytes: float
+    time: float
+    energy: float
+
+
+@dataclass(frozen=True)
 class LinkCost:
     """Traffic on one (symmetric) link. ``load`` is the per-inference transfer time of
     activations (what the throughput bottleneck counts, unless ``cpu_work``: both ends
@@ -100,8 +124,12 @@ class Breakdown:
     throughput objective (the largest of a device's load, a link's activation
     transfer time and a host's load over its cores), set by ``bottleneck_at`` (e.g.
     "device 'a'", "link a <-> b", "host 'box' (2 cores)"). ``hosts`` lists each
-    host's load. ``matrix`` is the document's matrix form, built on first access (it
-    holds (n+1)*k*k numbers).
+    host's load. ``transfers`` lists every activation transfer (one per producer and
+    distinct device its consumers are on). ``makespan`` is the latency objective with
+    concurrency (``cost.schedule``): when the output reaches the sink, branches on
+    different devices running at once; ``schedule`` gives each layer's start and finish.
+    ``stages`` groups the layers into stages (``multigpu.partition.stages``). ``matrix``
+    is the document's matrix form, built on first access (it holds (edges)*k*k numbers).
     """
 
     assignment: list[str]
@@ -123,6 +151,8 @@ class Breakdown:
     links: list[LinkCost]
     hosts: list[HostCost]
     bottleneck_at: str
+    transfers: list[TransferCost]
+    makespan: float
     _graph: Graph = field(repr=False)
     _cluster: Cluster = field(repr=False)
     _columns: np.ndarray = field(repr=False)
@@ -133,6 +163,19 @@ class Breakdown:
         from multigpu.partition.cost.matrix import matrix_form  # the (n+1) k^2 numbers only when asked for
 
         return matrix_form(self._graph, self._cluster, self._columns, self.ship_params)
+
+    @cached_property
+    def schedule(self) -> "Schedule":
+        """Each layer's start and finish and each transfer's start and arrival (seconds
+        from the input's start), as the makespan objective models them."""
+        from multigpu.partition.cost.schedule import simulate
+
+        return simulate(self._graph, self._cluster, self._columns)
+
+    @cached_property
+    def stages(self) -> list[Stage]:
+        """The plan's stages, a DAG (``multigpu.partition.stages``)."""
+        return split_stages(self.assignment, [x.name for x in self.layers], self._graph.producers)
 
     def device(self, name: str) -> DeviceCost:
         """The per-device record of ``name``."""

@@ -67,6 +67,15 @@ class CostTables:
             np.fill_diagonal(beta, 0.0)
         return alpha, beta, ~tab.usable
 
+    def stage(self, wt: float, we: float) -> np.ndarray:
+        """(k,) weighted cost of starting a stage on each device."""
+        return self._stage(wt, we)
+
+    def input_send(self, wt: float, we: float) -> np.ndarray:
+        """Cost (k,) of sending the graph's input from the source to each device (0 on the
+        source, +inf where unusable), without any stage start."""
+        return self.edge_matrix(self.graph.input_bytes, wt, we, stage=False)[self.cluster.source_index].copy()
+
     def _stage(self, wt: float, we: float) -> np.ndarray:
         """(k,) weighted cost of starting a stage on each device."""
         return (wt + we * self.cluster.power) * self.cluster.stage_overhead
@@ -80,9 +89,19 @@ class CostTables:
         m[blocked] = np.inf
         return m
 
+    def edge_costs(self, nbytes: np.ndarray, wt: float, we: float, stage: bool) -> np.ndarray:
+        """(m, k, k) weighted cost of moving ``nbytes[j]`` between each pair: ``nbytes *
+        alpha + beta`` (with the receiver's stage overhead when ``stage``), 0 on the
+        diagonal, +inf where unusable."""
+        alpha, beta, blocked = self._edge(wt, we, stage)
+        m = np.asarray(nbytes, dtype=float)[:, None, None] * alpha[None] + beta[None]
+        m[:, np.arange(self.cluster.k), np.arange(self.cluster.k)] = 0.0
+        m[:, blocked] = np.inf
+        return m
+
     def first_edge(self, wt: float, we: float) -> np.ndarray:
         """Cost (k,) of sending the input from the source to layer 1 on each device,
-        plus starting the first stage there."""
+        plus starting the first stage there (for a graph whose input has one consumer)."""
         row = self.edge_matrix(self.graph.input_bytes, wt, we)[self.cluster.source_index].copy()
         src = self.cluster.source_index
         row[src] = self._stage(wt, we)[src]   # the diagonal of edge_matrix is 0, but a stage starts

@@ -1,15 +1,27 @@
-"""Layer graphs: a chain of layers with FLOPs, parameter bytes and output bytes.
+"""Layer graphs: a DAG of layers with FLOPs, parameter bytes and output bytes.
 
-A graph comes from a JSON file (``{"input_bytes": ..., "layers": [...]}``) or from a
-built-in model's per-layer accounting (``load_graph("alexnet", batch=1)``).
+A graph comes from a JSON or TOML file (``{"input_bytes": ..., "layers": [...]}``), from
+a built-in model's per-layer accounting (``load_graph("alexnet", batch=1)``), or from a
+shipped graph file by name (``load_graph("resnet50")``, see ``shipped_graphs``).
+
+A layer may list ``inputs``: the names of the layers whose outputs it consumes, with
+``"input"`` meaning the graph's input (it starts at the cluster's source). Without
+``inputs`` a layer consumes the previous one (the first layer consumes the input), so a
+chain file means what it always meant. Layers are listed in a topological order (each
+after its inputs), and the last layer's output goes to the sink. Refused, each with the
+name and the fix: an unknown input, a cycle, a layer listed twice, a layer no path from
+the input reaches, a layer listed before one of its inputs, and a layer other than the
+last whose output no layer consumes.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
+from importlib import resources
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -18,31 +30,66 @@ from multigpu.partition.exceptions import ClusterError
 from multigpu.partition.inputs.files import read_structured_file
 from multigpu.partition.inputs.validate import check_keys, check_name, check_number, check_number_fields
 
-__all__ = ["Graph", "LayerSpec", "load_graph", "graph_from_model"]
+__all__ = ["INPUT", "Graph", "LayerSpec", "graph_from_model", "load_graph", "shipped_graphs"]
 
 GRAPH_KEYS = ("input_bytes", "layers")
 LAYER_KEYS = ("name", "flops", "param_bytes", "output_bytes")
+LAYER_KEYS_OPTIONAL = ("inputs",)
+INPUT = "input"   # the graph's input, in a layer's ``inputs``
 
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """One layer: ``flops`` (FLOPs for one pass), ``param_bytes`` and ``output_bytes``."""
+    """One layer: ``flops`` (FLOPs for one pass), ``param_bytes`` and ``output_bytes``;
+    ``inputs`` names the layers it consumes (``"input"``: the graph's input), None for
+    the previous layer (the graph's input for the first)."""
 
     name: str
     flops: float
     param_bytes: float
     output_bytes: float
+    inputs: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "layer name")
+        if self.name == INPUT:
+            raise ClusterError(f"a layer is named {INPUT!r}, which names the graph's input in \"inputs\"; "
+                               f"rename the layer")
         check_number_fields(self, f"layer {self.name!r}", flops={"unit": "FLOPs"},
                             param_bytes={"unit": "bytes; 0 for a layer without parameters"},
                             output_bytes={"unit": "bytes"})
+        if self.inputs is not None:
+            object.__setattr__(self, "inputs", _check_inputs(self.name, self.inputs))
+
+
+def _check_inputs(name: str, inputs: Any) -> tuple[str, ...]:
+    what = f"layer {name!r}: inputs"
+    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+        raise ClusterError(f"{what} must be a list of layer names (or \"input\"), e.g. [{str(inputs)!r}]; "
+                           f"got {type(inputs).__name__}")
+    out = tuple(check_name(x, f"{what}: an entry") for x in inputs)
+    if not out:
+        raise ClusterError(f"{what} is empty, so no path from the input reaches layer {name!r}; list the "
+                           f"layers it consumes, or \"input\" for the graph's input (or leave \"inputs\" out: "
+                           f"the previous layer)")
+    twice = next((x for i, x in enumerate(out) if x in out[:i]), None)
+    if twice is not None:
+        raise ClusterError(f"{what} lists {twice!r} twice; list each input once")
+    if name in out:
+        raise ClusterError(f"{what} lists the layer itself, a cycle; a layer consumes earlier layers only")
+    return out
 
 
 @dataclass(frozen=True)
 class Graph:
-    """A chain of ``layers``; layer 1 receives ``input_bytes`` from the cluster's source."""
+    """A DAG of ``layers`` in a topological order; the layers consuming ``"input"`` receive
+    ``input_bytes`` from the cluster's source, and the last layer's output goes to the sink.
+
+    ``producers[i]`` lists the layers layer i consumes (-1: the graph's input),
+    ``consumers[i]`` the layers consuming layer i; ``edge_src``/``edge_dst`` are the
+    layer-to-layer edges ordered by consumer (for a chain: i -> i+1), and
+    ``input_consumers`` the layers consuming the graph's input.
+    """
 
     layers: tuple[LayerSpec, ...]
     input_bytes: float
@@ -52,17 +99,24 @@ class Graph:
         layers = tuple(self.layers)
         if not layers:
             raise ClusterError(f"graph {self.name!r} has no layers; list at least one under \"layers\"")
-        seen: set[str] = set()
+        seen: dict[str, int] = {}
         for i, layer in enumerate(layers):
             if not isinstance(layer, LayerSpec):
                 raise ClusterError(f"layers[{i}] must be a LayerSpec, got {type(layer).__name__}")
             if layer.name in seen:
-                raise ClusterError(f"duplicate layer name {layer.name!r}; layer names must be unique "
-                                   f"(pins and reports refer to layers by name)")
-            seen.add(layer.name)
+                raise ClusterError(f"duplicate layer name {layer.name!r} (layers[{seen[layer.name]}] and "
+                                   f"layers[{i}]); layer names must be unique (inputs, pins and reports refer "
+                                   f"to layers by name): rename one")
+            seen[layer.name] = i
+        # One form per graph: inputs that name the previous layer are the default.
+        layers = tuple(dataclasses.replace(x, inputs=None) if x.inputs == _default_inputs(layers, i) else x
+                       for i, x in enumerate(layers))
         object.__setattr__(self, "layers", layers)
         object.__setattr__(self, "input_bytes", check_number(
             self.input_bytes, f"graph {self.name!r}: input_bytes", unit="bytes"))
+        object.__setattr__(self, "producers", _resolve_producers(layers, seen, self.name))
+
+    producers: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     @property
     def n(self) -> int:
@@ -106,15 +160,61 @@ class Graph:
         return self._column("output_bytes")
 
     @cached_property
+    def is_chain(self) -> bool:
+        """True when every layer consumes the previous one only (the first: the input)."""
+        return all(p == ((i - 1,) if i else (-1,)) for i, p in enumerate(self.producers))
+
+    @cached_property
+    def consumers(self) -> tuple[tuple[int, ...], ...]:
+        """The layers consuming each layer's output, in layer order (empty for the last)."""
+        out: list[list[int]] = [[] for _ in range(self.n)]
+        for c, prods in enumerate(self.producers):
+            for p in prods:
+                if p >= 0:
+                    out[p].append(c)
+        return tuple(tuple(x) for x in out)
+
+    @cached_property
+    def edge_src(self) -> np.ndarray:
+        """Producer of each layer-to-layer edge, ordered by consumer (then input order)."""
+        return self._edges[0]
+
+    @cached_property
+    def edge_dst(self) -> np.ndarray:
+        """Consumer of each layer-to-layer edge (non-decreasing)."""
+        return self._edges[1]
+
+    @cached_property
+    def _edges(self) -> tuple[np.ndarray, np.ndarray]:
+        pairs = [(p, c) for c, prods in enumerate(self.producers) for p in prods if p >= 0]
+        src = np.array([p for p, _ in pairs], dtype=np.intp)
+        dst = np.array([c for _, c in pairs], dtype=np.intp)
+        for arr in (src, dst):
+            arr.flags.writeable = False
+        return src, dst
+
+    @cached_property
+    def input_consumers(self) -> np.ndarray:
+        """The layers consuming the graph's input (for a chain: [0])."""
+        arr = np.array([c for c, prods in enumerate(self.producers) if -1 in prods], dtype=np.intp)
+        arr.flags.writeable = False
+        return arr
+
+    @cached_property
     def input_bytes_per_layer(self) -> np.ndarray:
-        """Bytes each layer receives: ``input_bytes`` for layer 1, else the previous output."""
-        arr = np.concatenate([[self.input_bytes], self.output_bytes[:-1]])
+        """Bytes each layer receives: the summed outputs of its inputs (``input_bytes`` for the
+        graph's input); for a chain, ``input_bytes`` for layer 1, else the previous output."""
+        out = np.concatenate([[self.input_bytes], self.output_bytes])   # index p + 1
+        if self.is_chain:
+            arr = out[:-1].copy()
+        else:
+            arr = np.array([sum(out[p + 1] for p in prods) for prods in self.producers], dtype=float)
         arr.flags.writeable = False
         return arr
 
     @cached_property
     def activation_bytes(self) -> np.ndarray:
-        """Largest activation a layer holds: max(its input, its output), shape (n,)."""
+        """Largest activation a layer holds: max(its inputs, its output), shape (n,)."""
         arr = np.maximum(self.input_bytes_per_layer, self.output_bytes)
         arr.flags.writeable = False
         return arr
@@ -126,7 +226,7 @@ class Graph:
 
     @classmethod
     def from_dict(cls, data: Any, name: str = "graph") -> "Graph":
-        """Build a graph from the parsed JSON structure; ClusterError on a bad key or value."""
+        """Build a graph from the parsed JSON/TOML structure; ClusterError on a bad key or value."""
         check_keys(data, f"{name}: graph", GRAPH_KEYS)
         raw = data["layers"]
         if not isinstance(raw, list):
@@ -135,33 +235,115 @@ class Graph:
             raise ClusterError(f"{name}: \"layers\" is empty; a graph needs at least one layer")
         layers = []
         for i, layer in enumerate(raw):
-            check_keys(layer, f"{name}: layers[{i}]", LAYER_KEYS)
-            layers.append(LayerSpec(name=layer["name"], flops=layer["flops"],
-                                    param_bytes=layer["param_bytes"], output_bytes=layer["output_bytes"]))
+            check_keys(layer, f"{name}: layers[{i}]", LAYER_KEYS, LAYER_KEYS_OPTIONAL)
+            layers.append(LayerSpec(name=layer["name"], flops=layer["flops"], param_bytes=layer["param_bytes"],
+                                    output_bytes=layer["output_bytes"], inputs=layer.get("inputs")))
         return cls(layers=tuple(layers), input_bytes=data["input_bytes"], name=name)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON structure of this graph (round-trips through ``from_dict``)."""
-        return {"input_bytes": self.input_bytes,
-                "layers": [{"name": x.name, "flops": x.flops, "param_bytes": x.param_bytes,
-                            "output_bytes": x.output_bytes} for x in self.layers]}
+        """The JSON structure of this graph (round-trips through ``from_dict``); ``inputs``
+        only where a layer consumes something other than the previous layer."""
+        out = []
+        for i, x in enumerate(self.layers):
+            d: dict[str, Any] = {"name": x.name, "flops": x.flops, "param_bytes": x.param_bytes,
+                                 "output_bytes": x.output_bytes}
+            if x.inputs is not None:
+                d["inputs"] = list(x.inputs)
+            out.append(d)
+        return {"input_bytes": self.input_bytes, "layers": out}
+
+
+def _default_inputs(layers: Sequence[LayerSpec], i: int) -> tuple[str, ...]:
+    return (layers[i - 1].name,) if i else (INPUT,)
+
+
+def _resolve_producers(layers: Sequence[LayerSpec], index: dict[str, int], graph: str
+                       ) -> tuple[tuple[int, ...], ...]:
+    """Each layer's producers (-1: the input), after checking that every input exists, the
+    graph has no cycle, each layer comes after its inputs, and only the last layer's
+    output goes unused. ClusterError naming the layer and the fix otherwise."""
+    names = [x.name for x in layers]
+    listed = [x.inputs if x.inputs is not None else _default_inputs(layers, i) for i, x in enumerate(layers)]
+    for i, ins in enumerate(listed):
+        for nm in ins:
+            if nm != INPUT and nm not in index:
+                shown = ", ".join(repr(x) for x in [INPUT, *names[:i]][-12:])
+                raise ClusterError(f"graph {graph!r}: layer {names[i]!r} lists input {nm!r}, which is no layer of "
+                                   f"the graph; name a layer listed before it or {INPUT!r} (the graph's input), "
+                                   f"e.g. one of {shown}")
+    producers = tuple(tuple(-1 if nm == INPUT else index[nm] for nm in ins) for ins in listed)
+    cycle = _find_cycle(producers)
+    if cycle:
+        path = " -> ".join(repr(names[c]) for c in cycle)
+        raise ClusterError(f"graph {graph!r} has a cycle: {path} (each consumes the one before it); a graph is "
+                           f"a DAG: remove one of these inputs")
+    for i, prods in enumerate(producers):
+        late = [p for p in prods if p > i]
+        if late:
+            raise ClusterError(f"graph {graph!r}: layer {names[i]!r} consumes {names[late[0]]!r}, which is listed "
+                               f"after it; list the layers in an order where each comes after its inputs "
+                               f"(a topological order): move {names[late[0]]!r} before {names[i]!r}")
+    used = {p for prods in producers for p in prods}
+    unused = [names[i] for i in range(len(layers) - 1) if i not in used]
+    if unused:
+        raise ClusterError(f"graph {graph!r}: the output of layer {unused[0]!r} goes to no layer, and only the "
+                           f"last layer ({names[-1]!r}) sends its output to the sink; make a later layer consume "
+                           f"it, move it last, or remove it")
+    return producers
+
+
+def _find_cycle(producers: Sequence[Sequence[int]]) -> list[int]:
+    """A cycle (each layer consuming the one before it, first = last) or []."""
+    state = [0] * len(producers)          # 0 new, 1 on the current path, 2 done
+    for start in range(len(producers)):
+        if state[start]:
+            continue
+        path, stack = [start], [iter(producers[start])]
+        state[start] = 1
+        while stack:
+            nxt = next((p for p in stack[-1] if p >= 0 and state[p] != 2), None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state[nxt] == 1:
+                cyc = path[path.index(nxt):] + [nxt]
+                return cyc[::-1]           # producer first
+            else:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(producers[nxt]))
+    return []
 
 
 def graph_from_model(model: Any, batch: int = 1) -> Graph:
-    """The layer graph of a ``Sequential`` for ``batch`` examples (from ``layer_stats``)."""
+    """The layer graph of a model (a ``Sequential``, or a graph model whose ``layer_stats``
+    name each node's ``inputs``) for ``batch`` examples. Raises ClusterError for a bad batch
+    or a model whose nodes do not form a graph (see ``Graph``)."""
     stats = model.layer_stats(check_count(batch, "batch", error=ClusterError))
-    layers = tuple(LayerSpec(name=s.name, flops=s.flops, param_bytes=s.param_bytes,
-                             output_bytes=s.output_bytes) for s in stats)
+    layers = tuple(LayerSpec(name=s.name, flops=s.flops, param_bytes=s.param_bytes, output_bytes=s.output_bytes,
+                             inputs=tuple(getattr(s, "inputs", ()) or ()) or None) for s in stats)
     name = getattr(model, "name", "model")
     return Graph(layers=layers, input_bytes=model.input_bytes(int(batch)),
                  name=f"{name}(batch={int(batch)})")
 
 
-def load_graph(path: Union[str, "os.PathLike[str]"], batch: int = 1) -> Graph:
-    """Read a graph from a JSON file, or build it from a built-in model name.
+def _graphs_dir() -> Path:
+    return Path(str(resources.files("multigpu.partition.inputs").joinpath("graphs")))
 
-    A built-in name (``lenet``, ``alexnet``) wins over a file of the same name; write
-    ``./alexnet`` to force the file. ``batch`` only applies to built-in models.
+
+def shipped_graphs() -> list[str]:
+    """Names of the graph files shipped with the package (``load_graph(name)``)."""
+    d = _graphs_dir()
+    return sorted(p.stem for p in d.iterdir() if p.suffix == ".json") if d.is_dir() else []
+
+
+def load_graph(path: Union[str, "os.PathLike[str]"], batch: int = 1) -> Graph:
+    """Read a graph from a ``.json``/``.toml`` file, or build it from a built-in model name,
+    or read a shipped graph file by name (``shipped_graphs()``).
+
+    A built-in model name (``lenet``, ``alexnet``) wins over a file of the same name, and
+    an existing file over a shipped graph; write ``./alexnet`` to force the file.
+    ``batch`` only applies to built-in models (a file states its own batch).
     Raises ClusterError for a missing or malformed file and any bad key or value.
     """
     from multigpu import models  # local: models pulls in the layer specs only when needed
@@ -172,12 +354,15 @@ def load_graph(path: Union[str, "os.PathLike[str]"], batch: int = 1) -> Graph:
     if text in models.MODELS:
         return graph_from_model(models.get(text), batch)
     p = Path(text)
+    if not p.exists() and text in shipped_graphs():
+        p = _graphs_dir() / f"{text}.json"
     if not p.exists():
-        raise ClusterError(f"no graph file {text!r}; give a path to a .json graph file or a built-in "
-                           f"model name: {', '.join(sorted(models.MODELS))}")
+        raise ClusterError(f"no graph file {text!r}; give a path to a .json/.toml graph file, a built-in "
+                           f"model name ({', '.join(sorted(models.MODELS))}) or a shipped graph "
+                           f"({', '.join(shipped_graphs()) or 'none'})")
     if p.is_dir():
-        raise ClusterError(f"graph path {text!r} is a directory; give a .json file")
-    if p.suffix.lower() != ".json":
-        raise ClusterError(f"graph file {text!r} has suffix {p.suffix or '(none)'!r}; graphs are JSON "
-                           f"files named .json")
+        raise ClusterError(f"graph path {text!r} is a directory; give a .json or .toml file")
+    if p.suffix.lower() not in (".json", ".toml"):
+        raise ClusterError(f"graph file {text!r} has suffix {p.suffix or '(none)'!r}; graphs are JSON or TOML "
+                           f"files named .json or .toml")
     return Graph.from_dict(read_structured_file(p, "graph"), name=p.stem)

@@ -11,10 +11,11 @@ import itertools
 
 import numpy as np
 
+from multigpu.partition.cost.arithmetic import assignment_arrays
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import InfeasibleError
 from multigpu.partition.solvers.constraints import ResolvedConstraints
-from multigpu.partition.solvers.dp import solve_chain
+from multigpu.partition.solvers.free import free_solver
 from multigpu.partition.units import fmt_bytes
 
 __all__ = ["explain_unreachable", "explain_coupled", "layer_candidates"]
@@ -38,25 +39,36 @@ def explain_unreachable(tables: CostTables, cons: ResolvedConstraints) -> Infeas
                 f"infeasible: layer {graph.layers[i].name!r} may only run on {_names(cluster, allowed)}, "
                 f"but with ship_params its parameters must come from the source {cluster.source!r} and "
                 f"no link joins them; add a link or a default_link, or change the pins/exclusions")
-    reach = ok[0] & tab.usable[cluster.source_index]
-    if not reach.any():
+    # Where each layer can run given where its inputs can (a necessary condition; exact on a chain).
+    reach = np.zeros_like(ok)
+    src_row = tab.usable[cluster.source_index]
+    for i, prods in enumerate(graph.producers):
+        cand = ok[i].copy()
+        for p in prods:
+            fed = src_row if p < 0 else tab.usable[reach[p]].any(axis=0)
+            if not (cand & fed).any():
+                if p < 0:
+                    what = "the first layer" if graph.is_chain else "layer"
+                    return InfeasibleError(
+                        f"infeasible: {what} {graph.layers[i].name!r} may run on "
+                        f"{_names(cluster, np.flatnonzero(cand))}, but none of them is linked to the source "
+                        f"{cluster.source!r}; add a link or a default_link, or change the pins/exclusions")
+                return InfeasibleError(
+                    f"infeasible: layer {graph.layers[i].name!r} may run on "
+                    f"{_names(cluster, np.flatnonzero(cand))}, but none of them is linked to a device that "
+                    f"can run layer {graph.layers[p].name!r} ({_names(cluster, np.flatnonzero(reach[p]))}); "
+                    f"add a link or a default_link, or change the pins/exclusions")
+            cand &= fed
+        reach[i] = cand
+    if not tab.usable[reach[-1], cluster.sink_index].any():
         return InfeasibleError(
-            f"infeasible: the first layer {graph.layers[0].name!r} may run on "
-            f"{_names(cluster, np.flatnonzero(ok[0]))}, but none of them is linked to the source "
-            f"{cluster.source!r}; add a link or a default_link, or change the pins/exclusions")
-    for i in range(1, graph.n):
-        nxt = ok[i] & tab.usable[reach].any(axis=0)
-        if not nxt.any():
-            return InfeasibleError(
-                f"infeasible: layer {graph.layers[i].name!r} may run on "
-                f"{_names(cluster, np.flatnonzero(ok[i]))}, but none of them is linked to a device that "
-                f"can run layer {graph.layers[i - 1].name!r} ({_names(cluster, np.flatnonzero(reach))}); "
-                f"add a link or a default_link, or change the pins/exclusions")
-        reach = nxt
+            f"infeasible: the last layer {graph.layers[-1].name!r} can only end on "
+            f"{_names(cluster, np.flatnonzero(reach[-1]))}, and none of them is linked to the sink "
+            f"{cluster.sink!r}; add a link or a default_link, or change the sink, pins or exclusions")
     return InfeasibleError(
-        f"infeasible: the last layer {graph.layers[-1].name!r} can only end on "
-        f"{_names(cluster, np.flatnonzero(reach))}, and none of them is linked to the sink "
-        f"{cluster.sink!r}; add a link or a default_link, or change the sink, pins or exclusions")
+        "infeasible: every placement the pins and exclusions leave moves an activation between two devices "
+        "that no link joins (each layer can run somewhere its inputs can reach, but not all at once); "
+        "add links or a default_link, or change the pins/exclusions")
 
 
 def layer_candidates(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray:
@@ -93,12 +105,18 @@ def _explain_layer(tables: CostTables, cons: ResolvedConstraints, i: int) -> Inf
 
 
 def min_energy(tables: CostTables, cons: ResolvedConstraints) -> tuple[np.ndarray, float]:
-    """The least energy any allowed assignment needs (exact, by DP)."""
-    graph = tables.graph
-    alpha, beta, blocked = tables.edge(0.0, 1.0)
-    node = np.where(cons.allowed, tables.node(0.0, 1.0), np.inf)
-    return solve_chain(node, tables.first_edge(0.0, 1.0), tables.last_edge(0.0, 1.0),
-                       alpha, beta, blocked, graph.output_bytes[:-1])
+    """The least energy any allowed assignment needs (exact: the graph's DP, or the MILP
+    without coupling rows for a graph the DP does not cover)."""
+    from multigpu.partition.solvers.milp import solve_milp
+
+    free, _ = free_solver(tables.graph)
+    if free is not None:
+        node = np.where(cons.allowed, tables.node(0.0, 1.0), np.inf)
+        return free(tables, node, 0.0, 1.0)
+    res = solve_milp(tables, cons, 0.0, 1.0, families=())
+    if res.a is None:
+        return np.zeros(tables.graph.n, dtype=np.intp), np.inf
+    return res.a, float(assignment_arrays(tables.graph, tables.cluster, res.a, tables.ship_params).energy)
 
 
 def explain_coupled(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,

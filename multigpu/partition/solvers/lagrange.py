@@ -13,6 +13,9 @@ solution that uses a given choice (layer i on d, or edge e from u to v). A choic
 whose bound exceeds the cost of a known feasible plan cannot be in an optimal plan,
 so the MILP fixes it to 0. The feasible plan comes from ``repair``: re-solve the
 penalised chain, each time forbidding the heaviest layer on an over-full device.
+
+The bound and the repair need only the graph's DP (``free``), so they serve fork-join
+graphs as well; the reduced-cost fixing walks a chain's forward and backward tables.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import numpy as np
 from multigpu.partition.cost.arithmetic import assignment_arrays, busy_times, memory_use
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
-from multigpu.partition.solvers.dp import solve_chain
+from multigpu.partition.solvers.free import FreeSolver
 from multigpu.partition.solvers.milp import Multipliers
 
 __all__ = ["FIX_MARGIN", "Penalised", "cost_if_feasible", "fixings", "lower_bound", "penalise", "repair"]
@@ -75,17 +78,16 @@ def penalise(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float
     return Penalised(node, we_eff, const)
 
 
-def _solve(tables: CostTables, wt: float, pen: Penalised, forbid: Optional[np.ndarray] = None
+def _solve(tables: CostTables, free: FreeSolver, wt: float, pen: Penalised, forbid: Optional[np.ndarray] = None
            ) -> tuple[np.ndarray, float]:
-    alpha, beta, blocked = tables.edge(wt, pen.we)
     node = pen.node if forbid is None else np.where(forbid, np.inf, pen.node)
-    return solve_chain(node, tables.first_edge(wt, pen.we), tables.last_edge(wt, pen.we), alpha, beta,
-                       blocked, tables.graph.output_bytes[:-1])
+    return free(tables, node, wt, pen.we)
 
 
-def lower_bound(tables: CostTables, wt: float, pen: Penalised) -> tuple[float, np.ndarray]:
-    """The Lagrangian bound for these multipliers, and the relaxed optimum."""
-    a, val = _solve(tables, wt, pen)
+def lower_bound(tables: CostTables, free: FreeSolver, wt: float, pen: Penalised) -> tuple[float, np.ndarray]:
+    """The Lagrangian bound for these multipliers, and the relaxed optimum (``free`` is the
+    graph's DP)."""
+    a, val = _solve(tables, free, wt, pen)
     return val - pen.const, a
 
 
@@ -101,7 +103,7 @@ def cost_if_feasible(tables: CostTables, cons: ResolvedConstraints, wt: float, w
     return wt * x.time + we * energy, over_mem, over_busy, energy > cons.energy_budget
 
 
-def repair(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
+def repair(tables: CostTables, free: FreeSolver, cons: ResolvedConstraints, wt: float, we: float,
            pen: Penalised) -> tuple[float, Optional[np.ndarray]]:
     """A strictly feasible assignment near the penalised optimum, and its true cost
     (inf/None if the heuristic fails). Each round forbids the heaviest layer on every
@@ -112,7 +114,7 @@ def repair(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
     forbid = np.zeros((n, k), dtype=bool)
     node, we_eff = pen.node, pen.we
     for _ in range(n * k + 8):
-        a, val = _solve(tables, wt, Penalised(node, we_eff, 0.0), forbid)
+        a, val = _solve(tables, free, wt, Penalised(node, we_eff, 0.0), forbid)
         if not math.isfinite(val):
             return math.inf, None
         cost, over_mem, over_busy, over_energy = cost_if_feasible(tables, cons, wt, we, a)
@@ -136,7 +138,8 @@ def repair(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
 def fixings(tables: CostTables, wt: float, pen: Penalised, upper: float
             ) -> tuple[np.ndarray, np.ndarray]:
     """(fix_x, fix_y): choices every solution through which costs more than ``upper``
-    (plus a safety margin) under the Lagrangian bound."""
+    (plus a safety margin) under the Lagrangian bound (a chain's forward and backward DP
+    tables: chains only)."""
     graph = tables.graph
     n, k = pen.node.shape
     alpha, beta, blocked = tables.edge(wt, pen.we)

@@ -39,12 +39,12 @@ def solve_milp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: flo
                b_upper: Optional[float] = None,
                families: Collection[str] = FAMILIES, verbose: bool = False,
                fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None,
-               options: Optional[dict] = None) -> MilpResult:
+               zero_load: bool = False, options: Optional[dict] = None) -> MilpResult:
     """Build and solve the placement MILP (see ``build_model`` for the arguments);
     ``options`` are passed on to HiGHS (e.g. ``time_limit``)."""
     model = build_model(tables, cons, wt, we, objective=objective, scale=scale,
                         bottleneck_cap=bottleneck_cap, b_scale=b_scale, b_upper=b_upper, families=families,
-                        fix_x=fix_x, fix_y=fix_y)
+                        fix_x=fix_x, fix_y=fix_y, zero_load=zero_load)
     return solve_model(model, verbose=verbose, options=options)
 
 
@@ -101,16 +101,19 @@ def relax(model: Model) -> tuple[Optional[float], Optional[Multipliers], Optiona
 
     if model.empty_layer:
         return None, None, None
+    from scipy.sparse import vstack
+
     eq = np.flatnonzero(model.lo == model.hi)
-    le = np.flatnonzero(model.lo != model.hi)            # every other row is "<= hi"
+    le = np.flatnonzero((model.lo != model.hi) & np.isfinite(model.hi))   # "<= hi" (the coupling rows)
+    ge = np.flatnonzero((model.lo != model.hi) & np.isfinite(model.lo))   # ">= lo", as "-row <= -lo"
     A = model.A
-    res = linprog(model.c, A_ub=A[le], b_ub=model.hi[le], A_eq=A[eq], b_eq=model.lo[eq],
-                  bounds=np.column_stack([model.lb, model.ub]), method="highs")
+    res = linprog(model.c, A_ub=vstack([A[le], -A[ge]]).tocsr(), b_ub=np.concatenate([model.hi[le], -model.lo[ge]]),
+                  A_eq=A[eq], b_eq=model.lo[eq], bounds=np.column_stack([model.lb, model.ub]), method="highs")
     if res.status != 0:
         return None, None, None
     dual = np.zeros(A.shape[0])
     # HiGHS reports <= rows' duals as <= 0 for a minimisation; the multipliers are their negation.
-    dual[le] = np.maximum(0.0, -np.asarray(res.ineqlin.marginals)) / model.scale
+    dual[le] = np.maximum(0.0, -np.asarray(res.ineqlin.marginals)[:len(le)]) / model.scale
     n, k = model.n, model.k
     lam = np.zeros(k)
     pi = np.zeros((n, k))

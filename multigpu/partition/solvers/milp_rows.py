@@ -1,15 +1,30 @@
-"""The placement MILP's rows, one function per family: assignment, edge flow (which pair
-each transfer uses), energy budget, busy time, memory, and the throughput loads
-(devices, hosts, links). ``milp_model.build_model`` assembles them.
+"""The placement MILP's variables and rows, one function per family of rows: assignment,
+edge flow, sends (an activation crosses to a device once), stage starts, energy budget,
+busy time, memory, and the throughput loads (devices, hosts, links).
+``milp_model.build_model`` assembles them.
 
-Every function appends its rows to a ``Rows`` accumulator and reads the variable layout
-from a ``Layout``: x[i, d] (layer i on device d, layer-major), y[e, u, v] (edge e from u
-to v), m_d (the largest activation on memory-limited device d, as a fraction of its
-memory) and B (the bottleneck).
+Variables (a ``Layout`` says where each lives)
+  x[i, d] in {0, 1}     layer i runs on device d
+  y[e, u, v] in [0, 1]  layer-to-layer edge e (``Graph.edge_src`` -> ``edge_dst``) goes from u to v
+  z[q, u, v] in [0, 1]  producer q (a layer with two or more consumers) sends its output from u to v
+  w[v] in [0, 1]        the graph's input (when two or more layers consume it) is sent to v
+  s[j, v] in [0, 1]     join layer j (two or more inputs) starts a stage on v
+                        (only when some device has a stage overhead)
+  timing                start and finish of each layer, start of each transfer, the makespan
+                        (only for the makespan objective: ``milp_timing``)
+  m_d in [0, 1]         the largest activation on memory-limited device d, over its memory
+  B >= 0                the throughput bottleneck
+
+A transfer is priced on the one column that says it happens: y (a producer with one
+consumer), z (two or more), x (the input's one consumer; the last layer's output to the
+sink) or w (the input's two or more consumers). A stage start likewise: y[e, u, v] with
+u != v (a layer with one input, a layer), x (a layer whose one input is the graph's),
+or s (a join). On a chain only x and y exist, and the model is the chain MILP.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 
@@ -17,9 +32,9 @@ from multigpu.partition.cost.arithmetic import transfer_cpu_terms
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 
-__all__ = ["Layout", "LoadTerms", "Rows", "assignment_rows", "busy_rows", "cost_coefficients", "device_load_rows",
-           "energy_row", "flow_rows", "host_load_rows", "host_terms", "link_load_rows", "link_times", "load_terms",
-           "memory_rows"]
+__all__ = ["Layout", "LoadTerms", "Rows", "Terms", "Timing", "assignment_rows", "busy_rows", "column_costs",
+           "device_load_rows", "energy_row", "flow_rows", "host_load_rows", "link_load_rows", "load_terms",
+           "memory_rows", "send_rows", "start_rows", "terms"]
 
 
 class Rows:
@@ -49,93 +64,289 @@ class Rows:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """The makespan objective's columns (seconds, scaled): ``start``/``finish`` (n,) of
+    each layer, ``send`` (n+1, k) the start of producer p's transfer to device v (row
+    p + 1; p = -1 the input), and ``makespan``; they run from ``first`` to ``end``."""
+
+    first: int
+    start: np.ndarray
+    finish: np.ndarray
+    send: np.ndarray
+    makespan: int
+    end: int
+
+    @classmethod
+    def at(cls, col: int, n: int, k: int) -> "Timing":
+        """The columns from ``col`` on."""
+        start = col + np.arange(n)
+        finish = col + n + np.arange(n)
+        send = col + 2 * n + np.arange((n + 1) * k).reshape(n + 1, k)
+        makespan = col + 2 * n + (n + 1) * k
+        return cls(col, start, finish, send, makespan, makespan + 1)
+
+
+@dataclass(frozen=True)
 class Layout:
-    """Where the variables live: ``xi`` (n, k) and ``yi`` (ne, k, k) column indices, the
-    memory-limited devices ``mem_devs`` and their m columns from ``m_off``, the B column
-    ``b_idx`` (when ``need_b``), ``nvar`` columns in all, and ``nbytes`` (ne,) the bytes
-    edge e carries (layer e's output, to layer e+1)."""
+    """Where the variables live (column indices): ``xi`` (n, k); ``yi`` (ne, k, k) for the
+    edges ``esrc`` -> ``edst``; ``zi`` (nz, k, k) for the producers ``zp`` (``z_of[p]``:
+    p's row of ``zi``, -1 for a producer with one consumer); ``wi`` (k,) or None; ``si``
+    (nj, k) for the join layers ``jl`` (``s_of[c]``); m columns from ``m_off`` for
+    ``mem_devs``; ``b_idx`` when ``need_b``; ``nvar`` in all."""
 
     n: int
     k: int
     nx: int
-    ny: int
     xi: np.ndarray
+    esrc: np.ndarray
+    edst: np.ndarray
     yi: np.ndarray
-    nbytes: np.ndarray
+    zp: np.ndarray
+    z_of: np.ndarray
+    zi: np.ndarray
+    wi: Any
+    jl: np.ndarray
+    s_of: np.ndarray
+    si: np.ndarray
     mem_devs: np.ndarray
     m_off: int
     need_b: bool
     b_idx: int
     nvar: int
+    single_in: np.ndarray      # (n,) the layer has one input (its stage start is on x or y)
+    timing: Optional["Timing"] = None   # the makespan's columns, or None
 
     @classmethod
-    def of(cls, tables: CostTables, mem_devs: np.ndarray, need_b: bool) -> "Layout":
+    def of(cls, tables: CostTables, mem_devs: np.ndarray, need_b: bool, timing: bool = False) -> "Layout":
         """The layout for ``tables``' graph and cluster."""
-        n, k = tables.graph.n, tables.cluster.k
-        nx, ne = n * k, n - 1
-        ny = ne * k * k
-        nvar = nx + ny + len(mem_devs) + (1 if need_b else 0)
-        yi = nx + np.arange(ny).reshape(ne, k, k) if ne else np.empty((0, k, k), dtype=np.int64)
-        return cls(n=n, k=k, nx=nx, ny=ny, xi=np.arange(nx).reshape(n, k), yi=yi,
-                   nbytes=tables.graph.output_bytes[:-1], mem_devs=mem_devs, m_off=nx + ny, need_b=need_b,
-                   b_idx=nvar - 1, nvar=nvar)
+        graph, cluster = tables.graph, tables.cluster
+        n, k = graph.n, cluster.k
+        nx = n * k
+        esrc, edst = graph.edge_src, graph.edge_dst
+        ne = len(esrc)
+        col = nx
+        yi = col + np.arange(ne * k * k).reshape(ne, k, k)
+        col += ne * k * k
+        zp = np.array([p for p in range(n) if len(graph.consumers[p]) >= 2], dtype=np.intp)
+        z_of = -np.ones(n, dtype=np.intp)
+        z_of[zp] = np.arange(len(zp))
+        zi = col + np.arange(len(zp) * k * k).reshape(len(zp), k, k)
+        col += len(zp) * k * k
+        wi = None
+        if len(graph.input_consumers) >= 2:
+            wi = col + np.arange(k)
+            col += k
+        single_in = np.array([len(p) == 1 for p in graph.producers])
+        jl = (np.flatnonzero(~single_in) if cluster.stage_overhead.any() else np.zeros(0, dtype=np.intp))
+        s_of = -np.ones(n, dtype=np.intp)
+        s_of[jl] = np.arange(len(jl))
+        si = col + np.arange(len(jl) * k).reshape(len(jl), k)
+        col += len(jl) * k
+        times = None
+        if timing:
+            times = Timing.at(col, n, k)
+            col = times.end
+        m_off = col
+        nvar = col + len(mem_devs) + (1 if need_b else 0)
+        return cls(n=n, k=k, nx=nx, xi=np.arange(nx).reshape(n, k), esrc=esrc, edst=edst, yi=yi, zp=zp,
+                   z_of=z_of, zi=zi, wi=wi, jl=jl, s_of=s_of, si=si, mem_devs=mem_devs, m_off=m_off,
+                   need_b=need_b, b_idx=nvar - 1, nvar=nvar, single_in=single_in, timing=times)
 
     @property
     def ne(self) -> int:
-        """Number of edges."""
-        return self.n - 1
+        """Number of layer-to-layer edges."""
+        return len(self.esrc)
 
 
-def cost_coefficients(tables: CostTables, forbid: np.ndarray, lay: Layout, wt: float, we: float
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """The weighted cost wt*T + we*E as coefficients: (n, k) on x (compute, parameter
-    shipping, the input from the source on layer 1 and the output to the sink on layer
-    n; 0 on forbidden choices) and (ne, k, k) on y (each edge's transfer; 0 on the
-    diagonal and on unusable pairs). The objective uses it with (wt, we), the energy row
-    with (0, 1)."""
+# -- what each column costs -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Terms:
+    """The transfers and stage starts columns stand for: transfer term j on column
+    ``t_col[j]`` moves ``t_bytes[j]`` from ``t_u[j]`` to ``t_v[j]`` (u != v); stage
+    term j on ``s_col[j]`` starts a stage on ``s_dev[j]``; ``t_prod`` and ``s_layer`` say
+    whose output moves and which layer starts the stage. Input transfers first, then
+    the output to the sink, then the layers' (by edge or producer)."""
+
+    t_col: np.ndarray
+    t_u: np.ndarray
+    t_v: np.ndarray
+    t_bytes: np.ndarray
+    t_prod: np.ndarray          # the producer (-1: the graph's input)
+    s_col: np.ndarray
+    s_dev: np.ndarray
+    s_layer: np.ndarray         # the layer that starts the stage
+
+
+def terms(tables: CostTables, lay: Layout) -> Terms:
+    """The transfer and stage-start terms of the layout (see the module docstring)."""
+    graph, cluster = tables.graph, tables.cluster
+    n, k = lay.n, lay.k
+    src, sink = cluster.source_index, cluster.sink_index
+    ar = np.arange(k)
+    eu, ev = np.nonzero(~np.eye(k, dtype=bool))                 # every ordered pair u != v
+    cols, us, vs, bs, ps = [], [], [], [], []
+    ic = graph.input_consumers
+    others = ar[ar != src]
+    cols.append(lay.xi[ic[0], others] if lay.wi is None else lay.wi[others])
+    us.append(np.full(len(others), src))
+    vs.append(others)
+    bs.append(np.full(len(others), graph.input_bytes))
+    ps.append(np.full(len(others), -1))
+    others = ar[ar != sink]
+    cols.append(lay.xi[n - 1, others])
+    us.append(others)
+    vs.append(np.full(len(others), sink))
+    bs.append(np.full(len(others), float(graph.output_bytes[-1])))
+    ps.append(np.full(len(others), n - 1))
+    single = np.flatnonzero(lay.z_of[lay.esrc] < 0)             # edges whose producer has one consumer
+    for rows, producers in ((lay.yi[single], lay.esrc[single]), (lay.zi, lay.zp)):
+        m = len(producers)
+        cols.append(rows[:, eu, ev].ravel())
+        us.append(np.tile(eu, m))
+        vs.append(np.tile(ev, m))
+        bs.append(np.repeat(graph.output_bytes[producers], len(eu)))
+        ps.append(np.repeat(producers, len(eu)))
+    s_cols, s_devs, s_layers = [], [], []
+    only_input = [c for c in ic if lay.single_in[c]]
+    s_cols.append(lay.xi[only_input].ravel())
+    s_devs.append(np.tile(ar, len(only_input)))
+    s_layers.append(np.repeat(only_input, k))
+    into_single = np.flatnonzero(lay.single_in[lay.edst])
+    s_cols.append(lay.yi[into_single][:, eu, ev].ravel())
+    s_devs.append(np.tile(ev, len(into_single)))
+    s_layers.append(np.repeat(lay.edst[into_single], len(eu)))
+    s_cols.append(lay.si.ravel())
+    s_devs.append(np.tile(ar, len(lay.jl)))
+    s_layers.append(np.repeat(lay.jl, k))
+    cat = np.concatenate
+    return Terms(cat(cols).astype(np.int64), cat(us).astype(np.intp), cat(vs).astype(np.intp), cat(bs).astype(float),
+                 cat(ps).astype(np.intp), cat(s_cols).astype(np.int64), cat(s_devs).astype(np.intp),
+                 cat(s_layers).astype(np.intp))
+
+
+def column_costs(tables: CostTables, lay: Layout, wt: float, we: float) -> np.ndarray:
+    """The weighted cost wt*T + we*E of each column (nvar,; m and B cost nothing): a layer's
+    compute and parameter shipping on x, each transfer and stage start on its column (see
+    the module docstring); +inf where a choice cannot be made (an unusable pair). The
+    objective uses it with (wt, we), the energy row with (0, 1)."""
+    graph, cluster = tables.graph, tables.cluster
     k = lay.k
-    first, last = tables.first_edge(wt, we), tables.last_edge(wt, we)
-    cx = np.where(forbid, 0.0, tables.node(wt, we))
-    cx[0] += np.where(np.isfinite(first), first, 0.0)
-    cx[-1] += np.where(np.isfinite(last), last, 0.0)
-    if not lay.ne:
-        return cx, np.zeros((0, k, k))
-    alpha, beta, _ = tables.edge(wt, we)
-    cy = lay.nbytes[:, None, None] * alpha[None] + beta[None]
-    cy[:, ~tables.cluster.tables.usable] = 0.0
-    cy[:, np.arange(k), np.arange(k)] = 0.0
-    return cx, cy
+    src = cluster.source_index
+    usable = cluster.tables.usable
+    c = np.zeros(lay.nvar)
+    cx = tables.node(wt, we).copy()
+    stage = tables.stage(wt, we)
+    ic = graph.input_consumers
+    if lay.wi is None:
+        c0 = ic[0]
+        cx[c0] += tables.first_edge(wt, we) if lay.single_in[c0] else tables.input_send(wt, we)
+    else:
+        send = tables.input_send(wt, we)
+        send[src] = 0.0
+        c[lay.wi] = np.where(usable[src], send, np.inf)
+        only_input = [x for x in ic if lay.single_in[x]]
+        cx[only_input] += stage[None, :]
+    cx[-1] += tables.last_edge(wt, we)
+    c[:lay.nx] = cx.ravel()
+    if lay.ne:
+        nb = graph.output_bytes[lay.esrc]
+        with_stage, without = tables.edge_costs(nb, wt, we, True), tables.edge_costs(nb, wt, we, False)
+        one_consumer = (lay.z_of[lay.esrc] < 0)[:, None, None]
+        one_input = lay.single_in[lay.edst][:, None, None]
+        stage_only = np.where(np.eye(k, dtype=bool), 0.0, stage[None, :])[None]
+        cy = np.where(one_consumer, np.where(one_input, with_stage, without), np.where(one_input, stage_only, 0.0))
+        cy = np.where(usable[None], cy, np.inf)
+        c[lay.yi.ravel()] = cy.ravel()
+    if len(lay.zp):
+        c[lay.zi.ravel()] = tables.edge_costs(graph.output_bytes[lay.zp], wt, we, False).ravel()
+    if len(lay.jl):
+        c[lay.si.ravel()] = np.tile(stage, len(lay.jl))
+    return c
 
 
+# -- rows ----------------------------------------------------------------------------------
 def assignment_rows(rows: Rows, lay: Layout) -> None:
     """Each layer on exactly one device: sum_d x[i, d] = 1."""
     rows.add(np.repeat(np.arange(lay.n), lay.k), lay.xi.ravel(), np.ones(lay.nx), lay.n, 1.0, 1.0)
 
 
 def flow_rows(rows: Rows, lay: Layout) -> None:
-    """Edge e leaves layer e's device and enters layer e+1's: sum_v y[e,u,v] = x[e,u] and
-    sum_u y[e,u,v] = x[e+1,v]. Once x is integral they force y[e,u,v] = x[e,u] x[e+1,v],
-    and without coupling rows the LP relaxation is a shortest path (integral)."""
-    ne, k, ny = lay.ne, lay.k, lay.ny
+    """Edge e leaves its producer's device and enters its consumer's: sum_v y[e,u,v] =
+    x[src_e,u] and sum_u y[e,u,v] = x[dst_e,v]. Once x is integral they force y[e,u,v] =
+    x[src_e,u] x[dst_e,v], and on a chain without coupling rows the LP relaxation is a
+    shortest path (integral)."""
+    ne, k = lay.ne, lay.k
     if not ne:
         return
+    ny = ne * k * k
     e_ar = np.arange(ne)
     node_rows = (e_ar[:, None] * k + np.arange(k)[None, :]).ravel()
     r_out = (e_ar[:, None, None] * k + np.arange(k)[None, :, None]) + np.zeros((1, 1, k), dtype=np.int64)
-    rows.add(np.concatenate([r_out.ravel(), node_rows]), np.concatenate([lay.yi.ravel(), lay.xi[:-1].ravel()]),
+    rows.add(np.concatenate([r_out.ravel(), node_rows]),
+             np.concatenate([lay.yi.ravel(), lay.xi[lay.esrc].ravel()]),
              np.concatenate([np.ones(ny), -np.ones(ne * k)]), ne * k, 0.0, 0.0)
     r_in = (e_ar[:, None, None] * k + np.arange(k)[None, None, :]) + np.zeros((1, k, 1), dtype=np.int64)
-    rows.add(np.concatenate([r_in.ravel(), node_rows]), np.concatenate([lay.yi.ravel(), lay.xi[1:].ravel()]),
+    rows.add(np.concatenate([r_in.ravel(), node_rows]),
+             np.concatenate([lay.yi.ravel(), lay.xi[lay.edst].ravel()]),
              np.concatenate([np.ones(ny), -np.ones(ne * k)]), ne * k, 0.0, 0.0)
 
 
-def energy_row(rows: Rows, tables: CostTables, cons: ResolvedConstraints, forbid: np.ndarray, lay: Layout) -> int:
+def send_rows(rows: Rows, tables: CostTables, lay: Layout) -> None:
+    """An activation crosses to a device once: z[q,u,v] >= y[e,u,v] for every edge e out of
+    producer q (u != v), and w[v] >= x[c,v] for every consumer c of the graph's input
+    (v != source)."""
+    k = lay.k
+    eu, ev = np.nonzero(~np.eye(k, dtype=bool))
+    if len(lay.zp):
+        edges = np.flatnonzero(lay.z_of[lay.esrc] >= 0)
+        q = lay.z_of[lay.esrc[edges]]
+        m = len(edges) * len(eu)
+        r = np.arange(m)
+        rows.add(np.concatenate([r, r]),
+                 np.concatenate([lay.zi[q][:, eu, ev].ravel(), lay.yi[edges][:, eu, ev].ravel()]),
+                 np.concatenate([np.ones(m), -np.ones(m)]), m, 0.0, np.inf)
+    if lay.wi is not None:
+        src = tables.cluster.source_index
+        others = np.array([v for v in range(k) if v != src], dtype=np.intp)
+        ic = tables.graph.input_consumers
+        m = len(ic) * len(others)
+        r = np.arange(m)
+        rows.add(np.concatenate([r, r]), np.concatenate([np.tile(lay.wi[others], len(ic)),
+                                                         lay.xi[ic][:, others].ravel()]),
+                 np.concatenate([np.ones(m), -np.ones(m)]), m, 0.0, np.inf)
+
+
+def start_rows(rows: Rows, tables: CostTables, lay: Layout) -> None:
+    """A join layer starts a stage on v when an input comes from another device (or is the
+    graph's input): s[j,v] >= sum_{u != v} y[e,u,v] for each edge e into it, and
+    s[j,v] >= x[c,v] when it consumes the graph's input."""
+    k = lay.k
+    if not len(lay.jl):
+        return
+    off = ~np.eye(k, dtype=bool)
+    edges = np.flatnonzero(lay.s_of[lay.edst] >= 0)
+    if len(edges):
+        j = lay.s_of[lay.edst[edges]]
+        m = len(edges) * k
+        r = np.repeat(np.arange(m), k)
+        vv, uu = np.nonzero(off.T)          # for each v, the u != v (v-major)
+        cols = np.concatenate([lay.si[j][:, :, None], lay.yi[edges][:, uu, vv].reshape(len(edges), k, k - 1)],
+                              axis=2)
+        vals = np.concatenate([np.ones((len(edges), k, 1)), -np.ones((len(edges), k, k - 1))], axis=2)
+        rows.add(r, cols.ravel(), vals.ravel(), m, 0.0, np.inf)
+    ic = [c for c in tables.graph.input_consumers if lay.s_of[c] >= 0]
+    if ic:
+        m = len(ic) * k
+        r = np.arange(m)
+        rows.add(np.concatenate([r, r]), np.concatenate([lay.si[lay.s_of[ic]].ravel(), lay.xi[ic].ravel()]),
+                 np.concatenate([np.ones(m), -np.ones(m)]), m, 0.0, np.inf)
+
+
+def energy_row(rows: Rows, energy: np.ndarray, open_cols: np.ndarray, budget: float) -> int:
     """E <= budget, as one row divided by the budget (so the solver's tolerance is
-    relative); return its index."""
-    ex, ey = cost_coefficients(tables, forbid, lay, 0.0, 1.0)
-    cols = np.concatenate([lay.xi.ravel(), lay.yi.ravel()])
-    vals = np.concatenate([ex.ravel(), ey.ravel()]) / cons.energy_budget
-    return rows.add(np.zeros(len(cols), dtype=np.int64), cols, vals, 1, -np.inf, 1.0)
+    relative), from each open column's energy; return its index."""
+    cols = np.flatnonzero(open_cols & np.isfinite(energy))
+    return rows.add(np.zeros(len(cols), dtype=np.int64), cols, energy[cols] / budget, 1, -np.inf, 1.0)
 
 
 def busy_rows(rows: Rows, tables: CostTables, cons: ResolvedConstraints, lay: Layout) -> tuple[int, np.ndarray]:
@@ -173,11 +384,12 @@ def memory_rows(rows: Rows, tables: CostTables, cons: ResolvedConstraints, lay: 
 # -- throughput: the loads the bottleneck B bounds ---------------------------------------
 @dataclass(frozen=True)
 class LoadTerms:
-    """Each device's load per item as terms over x and y: the device ``dev``, the column
-    ``col``, ``val`` seconds (all of it: what its host counts) and ``serial`` seconds (what
-    the device itself counts); ``host_rows`` host rows, ``host_of_term`` (the host row of
-    each term, -1 if none) and ``host_val`` (the values of the terms on a host divided by
-    its cores); the link times ``t_first`` (k,), ``t_last`` (k,), ``t_edge`` (ne, k, k)."""
+    """Each device's load per item as terms over the columns: the device ``dev``, the
+    column ``col``, ``val`` seconds (all of it: what its host counts) and ``serial``
+    seconds (what the device itself counts); ``host_rows`` host rows, ``host_of_term``
+    (the host row of each term, -1 if none) and ``host_val`` (the values of the terms on
+    a host divided by its cores); ``link_col``/``link_pair``/``link_time``: each transfer
+    term's column, pair row (-1: no link row, e.g. CPU work of one host) and seconds."""
 
     dev: np.ndarray
     col: np.ndarray
@@ -186,150 +398,89 @@ class LoadTerms:
     host_rows: int
     host_of_term: np.ndarray
     host_val: np.ndarray
-    t_first: np.ndarray
-    t_last: np.ndarray
-    t_edge: np.ndarray
+    link_col: np.ndarray
+    link_pair: np.ndarray
+    link_time: np.ndarray
+    npairs: int
 
 
-def link_times(tables: CostTables, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Activation transfer time a choice puts on its link: (k,) of the input from the
-    source to layer 1 on each device, (k,) of the output from each device to the sink,
-    (n-1, k, k) of each edge; 0 where nothing moves, the pair is unusable, or its
-    transfers are CPU work of one host (``Cluster.cpu_links``)."""
-    graph, cluster = tables.graph, tables.cluster
-    tab = cluster.tables
-    src, sink = cluster.source_index, cluster.sink_index
-    t_first = np.where(tab.usable[src], graph.input_bytes * tab.inv_bandwidth[src] + tab.latency[src], 0.0)
-    t_last = np.where(tab.usable[:, sink], float(graph.output_bytes[-1]) * tab.inv_bandwidth[:, sink]
-                      + tab.latency[:, sink], 0.0)
-    t_first[src] = t_last[sink] = 0.0
-    t_first[cluster.cpu_links[src]] = 0.0          # CPU work of one host: no link load
-    t_last[cluster.cpu_links[:, sink]] = 0.0
-    t_edge = nbytes[:, None, None] * tab.inv_bandwidth[None] + tab.latency[None]
-    t_edge[:, ~tab.usable | cluster.cpu_links] = 0.0
-    t_edge[:, np.arange(cluster.k), np.arange(cluster.k)] = 0.0
-    return t_first, t_last, t_edge
-
-
-def host_terms(cluster: object, load_dev: np.ndarray, load_val: np.ndarray, load_serial: np.ndarray
+def host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray, load_serial: np.ndarray
                ) -> tuple[int, np.ndarray, np.ndarray]:
     """Host rows: (how many, the host row of each load term or -1, the values of the
     terms on a host divided by its cores). Only hosts whose share can exceed their
     devices' own loads get a row: two or more devices, fewer than one core, or a device
     whose transfer CPU is partly off its computing thread (counted by the host only)."""
-    nh = len(cluster.hosts)  # type: ignore[attr-defined]
-    host_index = cluster.host_index  # type: ignore[attr-defined]
-    host_cores = cluster.host_cores  # type: ignore[attr-defined]
-    members = np.bincount(host_index[host_index >= 0], minlength=nh)
-    h_term = host_index[load_dev]
+    nh = len(cluster.hosts)
+    members = np.bincount(cluster.host_index[cluster.host_index >= 0], minlength=nh)
+    h_term = cluster.host_index[load_dev]
     partly = np.bincount(h_term[(h_term >= 0) & (load_val > load_serial)], minlength=nh) > 0
-    hosts = np.flatnonzero((members >= 2) | ((members == 1) & ((host_cores < 1) | partly)))
+    hosts = np.flatnonzero((members >= 2) | ((members == 1) & ((cluster.host_cores < 1) | partly)))
     row_of_host = -np.ones(nh + 1, dtype=np.int64)   # index -1: no host
     row_of_host[hosts] = np.arange(len(hosts))
-    term_row = row_of_host[host_index[load_dev]]
+    term_row = row_of_host[cluster.host_index[load_dev]]
     on = term_row >= 0
-    cores = host_cores[host_index[load_dev[on]]] if on.any() else np.zeros(0)
+    cores = cluster.host_cores[cluster.host_index[load_dev[on]]] if on.any() else np.zeros(0)
     return len(hosts), term_row, load_val[on] / cores
 
 
-def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout) -> LoadTerms:
-    """Each device's load per item as terms over x and y: compute on x[i,d]; the stage
-    overhead of the stage a choice starts (x[0,d], and y[e,u,d] for u != d); the CPU of
-    the transfer a choice makes (x[0,v] for the input from the source, y[e,u,v],
-    x[n-1,u] for the output to the sink). A device's row counts the serial seconds, its
-    host's row all of them."""
-    graph, cluster = tables.graph, tables.cluster
-    n, k, xi, yi = lay.n, lay.k, lay.xi, lay.yi
-    src, sink = cluster.source_index, cluster.sink_index
+def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -> LoadTerms:
+    """Each device's load per item as terms: compute on x[i,d]; each stage start's
+    overhead on its column; the CPU of each transfer (sender, receiver, relay) on its
+    column. A device's row counts the serial seconds, its host's row all of them. Each
+    transfer's time also loads its link's row."""
+    cluster = tables.cluster
+    n, k = lay.n, lay.k
+    tab = cluster.tables
     comp = np.where(forbid, 0.0, tables.comp).T.ravel()
-    devs, cols, vals, serial = [np.repeat(np.arange(k), n)], [xi.T.ravel()], [comp], [comp]
+    devs, cols, vals, serial = [np.repeat(np.arange(k), n)], [lay.xi.T.ravel()], [comp], [comp]
     oh = cluster.stage_overhead
-    ar = np.arange(k)
     if oh.any():
-        devs.append(ar)
-        cols.append(xi[0])
-        vals.append(oh)
-        serial.append(oh)
-    ne = lay.ne
-    eu, ev = np.nonzero(~np.eye(k, dtype=bool))                 # every ordered pair u != v
-    if ne and oh.any():
-        devs.append(np.tile(ev, ne))
-        cols.append(yi[:, eu, ev].ravel())
-        vals.append(np.tile(oh[ev], ne))
+        devs.append(tm.s_dev)
+        cols.append(tm.s_col)
+        vals.append(oh[tm.s_dev])
         serial.append(vals[-1])
     if cluster.has_transfer_cpu:
-        # The transfers a single choice makes: input from the source, output to the sink.
-        for layer, end, nb, sending in ((0, src, graph.input_bytes, False),
-                                        (n - 1, sink, float(graph.output_bytes[-1]), True)):
-            others = ar[ar != end]
-            u, v = (others, np.full(len(others), end)) if sending else (np.full(len(others), end), others)
-            j, d, val, ser = transfer_cpu_terms(cluster, u, v, np.full(len(others), nb))
-            devs.append(d)
-            cols.append(xi[layer, others[j]])
-            vals.append(val)
-            serial.append(ser)
-        if ne:
-            e = np.repeat(np.arange(ne), len(eu))
-            u, v = np.tile(eu, ne), np.tile(ev, ne)
-            j, d, val, ser = transfer_cpu_terms(cluster, u, v, graph.output_bytes[:-1][e])
-            devs.append(d)
-            cols.append(yi[e[j], u[j], v[j]])
-            vals.append(val)
-            serial.append(ser)
+        j, d, val, ser = transfer_cpu_terms(cluster, tm.t_u, tm.t_v, tm.t_bytes)
+        devs.append(d)
+        cols.append(tm.t_col[j])
+        vals.append(val)
+        serial.append(ser)
     dev, col, val, ser = (np.concatenate(devs), np.concatenate(cols), np.concatenate(vals),
                           np.concatenate(serial))
     host_rows, host_of_term, host_val = host_terms(cluster, dev, val, ser)
-    t_first, t_last, t_edge = link_times(tables, lay.nbytes)
-    return LoadTerms(dev, col, val, ser, host_rows, host_of_term, host_val, t_first, t_last, t_edge)
+    pu, pv = np.nonzero(np.triu(tab.usable & ~cluster.cpu_links, 1))
+    pair_of = -np.ones((k, k), dtype=np.int64)
+    pair_of[pu, pv] = pair_of[pv, pu] = np.arange(len(pu))
+    usable = tab.usable[tm.t_u, tm.t_v]
+    t = np.where(usable, tm.t_bytes * tab.inv_bandwidth[tm.t_u, tm.t_v] + tab.latency[tm.t_u, tm.t_v], 0.0)
+    return LoadTerms(dev, col, val, ser, host_rows, host_of_term, host_val, tm.t_col,
+                     np.where(usable, pair_of[tm.t_u, tm.t_v], -1), t, len(pu))
 
 
-def device_load_rows(rows: Rows, terms: LoadTerms, lay: Layout, b_scale: float) -> None:
+def device_load_rows(rows: Rows, lt: LoadTerms, lay: Layout, b_scale: float) -> None:
     """b_scale * load of d (its serial transfer CPU) - B <= 0, for every device."""
     k = lay.k
-    rows.add(np.concatenate([terms.dev, np.arange(k)]), np.concatenate([terms.col, np.full(k, lay.b_idx)]),
-             np.concatenate([b_scale * terms.serial, -np.ones(k)]), k, -np.inf, 0.0)
+    rows.add(np.concatenate([lt.dev, np.arange(k)]), np.concatenate([lt.col, np.full(k, lay.b_idx)]),
+             np.concatenate([b_scale * lt.serial, -np.ones(k)]), k, -np.inf, 0.0)
 
 
-def host_load_rows(rows: Rows, terms: LoadTerms, lay: Layout, b_scale: float) -> None:
+def host_load_rows(rows: Rows, lt: LoadTerms, lay: Layout, b_scale: float) -> None:
     """b_scale * (the loads of its devices) / cores - B <= 0, for every host that needs a row."""
-    nh = terms.host_rows
+    nh = lt.host_rows
     if not nh:
         return
-    sel = terms.host_of_term >= 0
-    rows.add(np.concatenate([terms.host_of_term[sel], np.arange(nh)]),
-             np.concatenate([terms.col[sel], np.full(nh, lay.b_idx)]),
-             np.concatenate([b_scale * terms.host_val, -np.ones(nh)]), nh, -np.inf, 0.0)
+    sel = lt.host_of_term >= 0
+    rows.add(np.concatenate([lt.host_of_term[sel], np.arange(nh)]),
+             np.concatenate([lt.col[sel], np.full(nh, lay.b_idx)]),
+             np.concatenate([b_scale * lt.host_val, -np.ones(nh)]), nh, -np.inf, 0.0)
 
 
-def link_load_rows(rows: Rows, tables: CostTables, lay: Layout, b_scale: float) -> None:
+def link_load_rows(rows: Rows, lt: LoadTerms, lay: Layout, b_scale: float) -> None:
     """b_scale * activation transfer time over {u, v} - B <= 0, for every usable pair
     (but a pair of one host whose transfers are CPU work)."""
-    graph, cluster = tables.graph, tables.cluster
-    tab = cluster.tables
-    n, k, ne, xi, yi, nbytes = lay.n, lay.k, lay.ne, lay.xi, lay.yi, lay.nbytes
-    src, sink = cluster.source_index, cluster.sink_index
-    pu, pv = np.nonzero(np.triu(tab.usable & ~cluster.cpu_links, 1))
-    npairs = len(pu)
-    if not npairs:
+    if not lt.npairs:
         return
-    r_parts, c_parts, v_parts = [], [], []
-    if ne:
-        t = nbytes[None, :] * tab.inv_bandwidth[pu, pv][:, None] + tab.latency[pu, pv][:, None]
-        rr = np.repeat(np.arange(npairs), ne)
-        r_parts += [rr, rr]
-        c_parts += [yi[:, pu, pv].T.ravel(), yi[:, pv, pu].T.ravel()]
-        v_parts += [b_scale * t.ravel(), b_scale * t.ravel()]
-    pair_of = -np.ones((k, k), dtype=np.int64)
-    pair_of[pu, pv] = np.arange(npairs)
-    pair_of[pv, pu] = np.arange(npairs)
-    for layer, end, nb in ((0, src, graph.input_bytes), (n - 1, sink, float(graph.output_bytes[-1]))):
-        others = np.array([d for d in range(k) if d != end and pair_of[end, d] >= 0], dtype=np.int64)
-        if len(others):
-            t = nb * tab.inv_bandwidth[end, others] + tab.latency[end, others]
-            r_parts.append(pair_of[end, others])
-            c_parts.append(xi[layer, others])
-            v_parts.append(b_scale * t)
-    r_parts.append(np.arange(npairs))
-    c_parts.append(np.full(npairs, lay.b_idx))
-    v_parts.append(-np.ones(npairs))
-    rows.add(np.concatenate(r_parts), np.concatenate(c_parts), np.concatenate(v_parts), npairs, -np.inf, 0.0)
+    on = lt.link_pair >= 0
+    rows.add(np.concatenate([lt.link_pair[on], np.arange(lt.npairs)]),
+             np.concatenate([lt.link_col[on], np.full(lt.npairs, lay.b_idx)]),
+             np.concatenate([b_scale * lt.link_time[on], -np.ones(lt.npairs)]), lt.npairs, -np.inf, 0.0)

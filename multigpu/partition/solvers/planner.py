@@ -1,11 +1,15 @@
-"""AutoPartition: the exact cheapest placement of a layer chain on a cluster.
+"""AutoPartition: the exact cheapest placement of a layer graph (a chain or any DAG) on a
+cluster, and which method proved it.
 
-* latency objective, no coupling constraint (pins and exclusions are fine): the
-  chain DP (O(n k^2));
+* latency objective (wt*T + we*E), no coupling constraint (pins and exclusions are
+  fine): the chain DP (O(n k^2)) on a chain, the fork-join DP on a series-parallel
+  graph ("dp", "fork-join dp"), the MILP on any other DAG;
 * latency objective with memory / busy-time / energy constraints: the DP first (if
   its optimum already meets them it is optimal); else the LP relaxation, a
-  Lagrangian bound and feasible plans, and (unless they meet) the MILP with the
-  provably useless choices fixed (see ``_constrained``);
+  Lagrangian bound and feasible plans, and (unless they meet: "bound") the MILP with
+  the provably useless choices fixed (see ``_constrained``);
+* makespan objective: on a chain it is T, so the latency path with (wt, we) = (1, 0);
+  on a DAG the makespan MILP (``milp_timing``), exact, for graphs of tens of layers;
 * throughput objective: the bottleneck MILP, ties broken by cost.
 
 Every reported number comes from ``evaluate`` on the chosen assignment, so a plan's
@@ -16,10 +20,11 @@ from __future__ import annotations
 
 import time as _time
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
+from multigpu.checks import check_number
 from multigpu.errors import SolverError
 from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of, busy_times, memory_use
 from multigpu.partition.cost.evaluate import check_weights, evaluate
@@ -30,15 +35,15 @@ from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 from multigpu.partition.solvers.constraints import Constraints, ResolvedConstraints
 from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
-from multigpu.partition.solvers.dp import solve_chain
+from multigpu.partition.solvers.free import FreeSolver, free_solver
 from multigpu.partition.solvers.lagrange import cost_if_feasible, fixings, lower_bound, penalise, repair
 from multigpu.partition.solvers.milp import build_model, relax, solve_milp
 from multigpu.partition.solvers.throughput import solve_throughput
-from multigpu.partition.stages import Stage, split_stages
+from multigpu.partition.stages import Stage
 
 __all__ = ["Plan", "Stage", "autopartition", "OBJECTIVES", "SOLVERS"]
 
-OBJECTIVES = ("latency", "throughput")
+OBJECTIVES = ("latency", "makespan", "throughput")
 # A feasible plan whose cost is within this relative distance of a proven lower
 # bound is optimal for every practical purpose (HiGHS would stop there too).
 BOUND_GAP = 1e-9
@@ -52,10 +57,18 @@ SOLVERS = ("auto", "dp", "milp")
 @dataclass(frozen=True, eq=False)
 class Plan:
     """The chosen placement. ``assignment`` lists one device name per layer;
-    ``time`` (s), ``energy`` (J), ``cost`` and ``bottleneck`` (s per item when
-    pipelined) come from ``evaluate``. ``solver`` says what proved it optimal:
-    "dp" (the chain DP), "milp" (HiGHS) or "bound" (a feasible plan met the
-    LP/Lagrangian lower bound); ``solve_time`` is in seconds."""
+    ``time`` (s), ``energy`` (J), ``cost``, ``makespan`` (s, branches overlapping) and
+    ``bottleneck`` (s per item when pipelined) come from ``evaluate``. ``solver`` says
+    what proved it optimal: "dp" (the chain DP), "fork-join dp", "milp" (HiGHS) or
+    "bound" (a feasible plan met the LP/Lagrangian lower bound); ``solve_time`` is in
+    seconds.
+
+    For an executor: ``stages`` is a DAG of stages (``multigpu.partition.stages``):
+    each names its device, its layers (``members``, in layer order), what it consumes
+    from outside (``inputs``) and the stages it waits for (``after``); a stage runs as
+    one call once those are done, and stages on different devices whose inputs are
+    ready run at once. ``breakdown.transfers`` lists every activation transfer: each
+    producer's output crosses once to each other device that consumes it."""
 
     assignment: list[str]
     time: float
@@ -72,24 +85,30 @@ class Plan:
     constraints: Constraints
 
     @property
+    def makespan(self) -> float:
+        """When the output reaches the sink, branches on different devices overlapping."""
+        return self.breakdown.makespan
+
+    @property
     def stages(self) -> list[Stage]:
-        """Consecutive layers grouped by device, in chain order."""
-        return split_stages(self.assignment, [layer.name for layer in self.breakdown.layers])
+        """The stages, a DAG (a chain's are its maximal runs of one device)."""
+        return self.breakdown.stages
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary: assignment, time, energy, cost and how it was found."""
+        """JSON-ready summary: assignment, time, energy, cost, makespan and how it was found,
+        the stages (with the layers they hold and the stages they wait for) and the
+        transfers."""
+        names = [x.name for x in self.breakdown.layers]
         return {"assignment": list(self.assignment), "time": self.time, "energy": self.energy,
-                "cost": self.cost, "bottleneck": self.bottleneck, "objective": self.objective,
-                "solver": self.solver, "wt": self.wt, "we": self.we, "ship_params": self.ship_params,
-                "stages": [{"device": s.device, "first": s.first, "last": s.last, "layers": s.layers}
-                           for s in self.stages]}
-
-
-def _dp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float) -> tuple[np.ndarray, float]:
-    node = np.where(cons.allowed, tables.node(wt, we), np.inf)
-    alpha, beta, blocked = tables.edge(wt, we)
-    return solve_chain(node, tables.first_edge(wt, we), tables.last_edge(wt, we), alpha, beta,
-                       blocked, tables.graph.output_bytes[:-1])
+                "cost": self.cost, "makespan": self.makespan, "bottleneck": self.bottleneck,
+                "objective": self.objective, "solver": self.solver, "wt": self.wt, "we": self.we,
+                "ship_params": self.ship_params,
+                "stages": [{"device": s.device, "first": s.first, "last": s.last, "layers": s.layers,
+                            "members": [names[i] for i in s.members], "after": list(s.after)}
+                           for s in self.stages],
+                "transfers": [{"producer": t.producer, "to": t.to, "from_device": t.between[0],
+                               "to_device": t.between[1], "bytes": t.bytes, "time": t.time}
+                              for t in self.breakdown.transfers]}
 
 
 def _violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> list[str]:
@@ -101,26 +120,33 @@ def _violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) ->
 
 
 def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, dp_value: float,
-                 solver: str, verbose: bool) -> tuple[np.ndarray, str]:
+                 solver: str, verbose: bool, free: Optional[FreeSolver], options: dict[str, Any]
+                 ) -> tuple[np.ndarray, str]:
     """The exact constrained optimum.
 
     1. LP relaxation (HiGHS): a lower bound, duals and a fractional x.
-    2. Feasible plans (upper bounds): repair the Lagrangian chain optimum, and solve
-       the MILP restricted to the LP's support for a few seconds.
-    3. If a plan meets the Lagrangian bound, it is optimal. Otherwise fix every choice
-       whose Lagrangian bound exceeds the best plan (they cannot be optimal) and solve
-       the full MILP with that plan's cost as HiGHS's objective cutoff.
+    2. Feasible plans (upper bounds): repair the Lagrangian optimum (the graph's DP under
+       penalised costs), and solve the MILP restricted to the LP's support for a few
+       seconds.
+    3. If a plan meets the Lagrangian bound, it is optimal. Otherwise (on a chain) fix
+       every choice whose Lagrangian bound exceeds the best plan (they cannot be
+       optimal) and solve the full MILP with that plan's cost as HiGHS's objective
+       cutoff.
     Steps 2-3 only prune what provably cannot be better, so the answer is exact; they
-    are what make the MILP fast on realistic sizes.
+    are what make the MILP fast on realistic sizes. A graph without a DP (neither a chain
+    nor fork-join) skips the Lagrangian parts: LP bound, restricted MILP, full MILP.
     """
     model = build_model(tables, cons, wt, we, scale=_scale(dp_value))
-    _, mult, x_lp = relax(model)
+    lp, mult, x_lp = relax(model)
     if mult is None or x_lp is None:
         # The LP relaxation is infeasible, so the MILP is too.
-        raise explain_coupled(tables, cons, wt, we, verbose)
-    pen = penalise(tables, cons, wt, we, mult, model.m_ub)
-    lower, _ = lower_bound(tables, wt, pen)
-    upper, best = repair(tables, cons, wt, we, pen)
+        raise _infeasible(tables, cons, wt, we, verbose)
+    if free is not None:
+        pen = penalise(tables, cons, wt, we, mult, model.m_ub)
+        lower, _ = lower_bound(tables, free, wt, pen)
+        upper, best = repair(tables, free, cons, wt, we, pen)
+    else:
+        lower, upper, best = float(lp), np.inf, None
     floor = max(dp_value, lower if np.isfinite(lower) else 0.0)
     if not (best is not None and lower >= upper - BOUND_GAP * abs(upper)):
         # A restricted MILP (only the choices the LP uses) usually finds the optimum
@@ -135,23 +161,35 @@ def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: f
     if best is not None and solver == "auto" and lower >= upper - BOUND_GAP * abs(upper):
         return best, "bound"
     fix_x = fix_y = None
-    options: dict[str, Any] = {}
+    opts = dict(options)
     scale = _scale(floor)
     if best is not None:
-        fix_x, fix_y = fixings(tables, wt, pen, upper)
-        options["objective_bound"] = upper * scale * (1 + BOUND_GAP) + 1e-9
+        if tables.graph.is_chain:
+            fix_x, fix_y = fixings(tables, wt, pen, upper)
+        opts["objective_bound"] = upper * scale * (1 + BOUND_GAP) + 1e-9
     res = solve_milp(tables, cons, wt, we, objective="latency", scale=scale, verbose=verbose,
-                     fix_x=fix_x, fix_y=fix_y, options=options)
+                     fix_x=fix_x, fix_y=fix_y, options=opts)
     if res.a is None and best is not None and (res.status == 2 or "bound" in res.message.lower()):
         # Nothing beats the cutoff: the known plan is optimal.
         return best, "milp"
     if res.status == 2:
-        raise explain_coupled(tables, cons, wt, we, verbose)
-    if res.status != 0 or res.a is None:
-        raise SolverError(f"HiGHS did not solve the placement MILP: {res.message}")
+        raise _infeasible(tables, cons, wt, we, verbose)
+    _check_solved(res, "latency", lower)
     if best is not None and upper < cost_if_feasible(tables, cons, wt, we, res.a)[0]:
         return best, "milp"  # the cutoff's slack let HiGHS stop at an equal-cost plan
     return res.a, "milp"
+
+
+def _check_solved(res: Any, objective: str, bound: float) -> None:
+    """SolverError unless HiGHS proved an optimum (status 0 with a plan)."""
+    if res.status == 0 and res.a is not None:
+        return
+    if res.status == 1:   # time limit
+        found = f"the best plan it found has value {res.value:.6g}" if res.a is not None else "it found no plan"
+        raise SolverError(f"HiGHS did not prove the {objective} optimum within the time limit ({found}; the "
+                          f"lower bound is {bound:.6g}); raise time_limit (--time-limit), relax the constraints, "
+                          f"or use a smaller graph")
+    raise SolverError(f"HiGHS did not solve the placement MILP for the {objective} objective: {res.message}")
 
 
 def _scale(value: float) -> float:
@@ -162,20 +200,52 @@ def _scale(value: float) -> float:
     return 1.0
 
 
+def _refuse(graph: Graph, objective: str, solver: str, ship_params: bool, cons: ResolvedConstraints,
+            free: Optional[FreeSolver], why_not: str) -> None:
+    """PartitionInputError for an objective, solver or option the chosen method cannot
+    prove or does not model."""
+    if objective == "makespan" and ship_params:
+        raise PartitionInputError("ship_params is priced by the latency objective (T and E); the makespan times "
+                                  "one pass with the parameters in place: leave out ship_params (--ship-params) or "
+                                  "use objective='latency'")
+    if solver != "dp":
+        return
+    if objective == "throughput":
+        raise PartitionInputError("the DP minimises wt*T + we*E; the throughput objective needs "
+                                  "solver='milp' or 'auto'")
+    if objective == "makespan" and not graph.is_chain:
+        raise PartitionInputError(f"the DP cannot prove the makespan objective on graph {graph.name!r}: its branches "
+                                  f"overlap in time, which the DP does not model (on a chain the makespan is T); "
+                                  f"use solver='milp' or 'auto'")
+    if cons.coupling:
+        active = [name for name, on in (("memory", cons.has_memory), ("busy_time", cons.has_busy),
+                                        ("energy_budget", cons.has_energy)) if on]
+        raise PartitionInputError(f"solver='dp' cannot enforce the coupling constraint(s) {', '.join(active)}; "
+                                  f"use solver='auto' or 'milp' (or memory=False to ignore declared memory)")
+    if free is None:
+        raise PartitionInputError(f"solver='dp' covers chains and fork-join (series-parallel) graphs, and graph "
+                                  f"{graph.name!r} is neither: {why_not}; use solver='milp' or 'auto'")
+
+
 def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0.0,
                   objective: str = "latency",
                   constraints: Union[None, Constraints, Mapping[str, Any]] = None, *,
-                  ship_params: bool = False, solver: str = "auto", verbose: bool = False) -> Plan:
+                  ship_params: bool = False, solver: str = "auto", verbose: bool = False,
+                  time_limit: Optional[float] = None) -> Plan:
     """Return the cheapest placement of ``graph`` on ``cluster``.
 
-    ``objective="latency"`` minimises ``wt*T + we*E``; ``"throughput"`` minimises the
-    pipelined bottleneck (ties broken by ``wt*T + we*E``). ``constraints`` is a
-    ``Constraints`` or a dict of its fields; declared device memory is respected
-    unless ``memory=False``. ``solver`` forces "dp" or "milp" (default "auto").
-    ``verbose`` prints HiGHS's log.
+    ``objective="latency"`` minimises ``wt*T + we*E``; ``"makespan"`` minimises when the
+    output reaches the sink with branches running at once (``cost.schedule``);
+    ``"throughput"`` minimises the pipelined bottleneck (ties broken by ``wt*T +
+    we*E``). ``constraints`` is a ``Constraints`` or a dict of its fields; declared
+    device memory is respected unless ``memory=False``. ``solver`` forces "dp" or
+    "milp" (default "auto"). ``time_limit`` (seconds, default none) bounds each MILP
+    solve. ``verbose`` prints HiGHS's log.
 
-    Raises PartitionInputError for bad arguments, InfeasibleError (naming the
-    binding constraint) when no assignment satisfies the constraints.
+    Raises PartitionInputError for bad arguments (an objective the forced solver cannot
+    prove included), InfeasibleError (naming the binding constraint) when no assignment
+    satisfies the constraints, SolverError when HiGHS does not prove the optimum in
+    ``time_limit``.
     """
     wt, we = check_weights(wt, we)
     if objective not in OBJECTIVES:
@@ -186,36 +256,45 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
         raise PartitionInputError(f"graph must be a Graph (see load_graph), got {type(graph).__name__}")
     if not isinstance(cluster, Cluster):
         raise PartitionInputError(f"cluster must be a Cluster (see load_cluster), got {type(cluster).__name__}")
+    options: dict[str, Any] = {}
+    if time_limit is not None:
+        options["time_limit"] = check_number(time_limit, "time_limit", minimum=0.0, strict=True,
+                                             unit="seconds per MILP solve", error=PartitionInputError)
     spec = Constraints.coerce(constraints)
     cons = spec.resolve(graph, cluster)
-    if solver == "dp" and objective == "throughput":
-        raise PartitionInputError("the DP minimises wt*T + we*E; the throughput objective needs "
-                                  "solver='milp' or 'auto'")
-    if solver == "dp" and cons.coupling:
-        active = [name for name, on in (("memory", cons.has_memory), ("busy_time", cons.has_busy),
-                                        ("energy_budget", cons.has_energy)) if on]
-        raise PartitionInputError(f"solver='dp' cannot enforce the coupling constraint(s) {', '.join(active)}; "
-                                  f"use solver='auto' or 'milp' (or memory=False to ignore declared memory)")
+    free, why_not = free_solver(graph)
+    _refuse(graph, objective, solver, bool(ship_params), cons, free, why_not)
     tables = CostTables.build(graph, cluster, bool(ship_params))
     t0 = _time.perf_counter()
 
-    a, value = _dp(tables, cons, wt, we)
-    if not np.isfinite(value):
-        raise explain_unreachable(tables, cons)
-    used = "dp"
-    dp_ok = not cons.coupling or not _violations(tables, cons, a)
+    # Latency weights: the makespan on a chain is T.
+    lw, le = (1.0, 0.0) if objective == "makespan" else (wt, we)
+    if free is not None:
+        a, value = free(tables, np.where(cons.allowed, tables.node(lw, le), np.inf), lw, le)
+        if not np.isfinite(value):
+            raise explain_unreachable(tables, cons)
+        used = free.method
+        dp_ok = not cons.coupling or not _violations(tables, cons, a)
+    else:
+        a, value, used, dp_ok = None, 0.0, "milp", False
 
     if objective == "throughput":
-        if not layer_candidates(tables, cons).any(axis=1).all():
-            raise explain_coupled(tables, cons, wt, we, verbose)
+        _check_candidates(tables, cons, wt, we, verbose)
         known = (a, bottleneck_of(graph, cluster, a)) if dp_ok else None
         a = solve_throughput(tables, cons, wt, we, _scale(value), known,
                              lambda: explain_coupled(tables, cons, wt, we, verbose), verbose)
         used = "milp"
+    elif objective == "makespan" and not graph.is_chain:
+        _check_candidates(tables, cons, wt, we, verbose)
+        res = solve_milp(tables, cons, wt, we, objective="makespan", verbose=verbose,
+                         options={"mip_abs_gap": 0.0, **options})
+        if res.status == 2:
+            raise _infeasible(tables, cons, wt, we, verbose)
+        _check_solved(res, "makespan", 0.0)
+        a, used = res.a, "milp"
     elif solver == "milp" or not dp_ok:
-        if not layer_candidates(tables, cons).any(axis=1).all():
-            raise explain_coupled(tables, cons, wt, we, verbose)
-        a, used = _constrained(tables, cons, wt, we, value, solver, verbose)
+        _check_candidates(tables, cons, wt, we, verbose)
+        a, used = _constrained(tables, cons, lw, le, value, solver, verbose, free, options)
     elapsed = _time.perf_counter() - t0
 
     broken = _violations(tables, cons, a)
@@ -225,3 +304,15 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
     return Plan(assignment=bd.assignment, time=bd.time, energy=bd.energy, cost=bd.cost,
                 bottleneck=bd.bottleneck, objective=objective, solver=used, solve_time=elapsed,
                 wt=wt, we=we, ship_params=bool(ship_params), breakdown=bd, constraints=spec)
+
+
+def _check_candidates(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, verbose: bool) -> None:
+    if not layer_candidates(tables, cons).any(axis=1).all():
+        raise explain_coupled(tables, cons, wt, we, verbose)
+
+
+def _infeasible(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, verbose: bool) -> Exception:
+    """Why a MILP found no plan: the coupling constraints, or (without them) the links."""
+    if cons.coupling:
+        return explain_coupled(tables, cons, wt, we, verbose)
+    return explain_unreachable(tables, cons)

@@ -14,7 +14,7 @@ and minimises wt*T + we*E among them, giving a plan that is also sensible per it
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -72,9 +72,8 @@ def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, w
     if best_b <= 0:
         # B = 0 exactly: no choice may create any load. Say so combinatorially rather
         # than through a row whose tolerance would admit tiny loads.
-        fix_x, fix_y = _zero_load(tables)
         second = solve_milp(tables, cons, wt, we, objective="latency", scale=cost_scale, verbose=verbose,
-                            fix_x=fix_x, fix_y=fix_y, options={"mip_abs_gap": 0.0})
+                            zero_load=True, options={"mip_abs_gap": 0.0})
     else:
         cap = best_b * (1 + CAP_SLACK)
         second = solve_milp(tables, cons, wt, we, objective="latency", scale=cost_scale, b_scale=b_scale,
@@ -86,8 +85,8 @@ def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, w
 
 
 def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:
-    """An upper bound on any assignment's bottleneck: all compute on the slowest
-    allowed device, a stage start per layer, every transfer on the slowest link and
+    """An upper bound on any assignment's bottleneck (it sets the rows' scale): all compute
+    on the slowest allowed device, a stage start per layer, every transfer on the slowest link and
     every transfer's CPU, over the fewest cores a host has (if below one)."""
     cluster = tables.cluster
     comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp, 0.0)
@@ -100,43 +99,9 @@ def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:
         _, _, val, _ = transfer_cpu_terms(cluster, u, v, np.full(len(u), nb.max()))
         cpu = 3 * float(np.max(val, initial=0.0))
     cores = min(1.0, float(np.min(cluster.host_cores, initial=1.0)))
+    graph = tables.graph
+    # Each producer's output crosses at most once to each other device its consumers use.
+    sends = min(len(graph.input_consumers), cluster.k - 1) + 1 + sum(
+        min(len(c), cluster.k - 1) for c in graph.consumers)
     return float(comp.max(axis=1).sum() + len(comp) * cluster.stage_overhead.max()
-                 + len(nb) * (t + cpu)) / cores
-
-
-def _loads_something(cluster: Any, dev: np.ndarray, total: np.ndarray, serial: np.ndarray) -> np.ndarray:
-    """Which transfer-CPU terms load a resource: a device's serial part, or any CPU of
-    a device on a host."""
-    return (serial > 0) | ((total > 0) & (cluster.host_index[dev] >= 0))
-
-
-def _zero_load(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
-    """Choices that would put any load on a device, link or host (for B = 0)."""
-    graph, cluster = tables.graph, tables.cluster
-    k = cluster.k
-    src, sink = cluster.source_index, cluster.sink_index
-    oh = cluster.stage_overhead
-    fix_x = tables.comp > 0
-    fix_x[0] |= oh > 0                       # layer 1 always starts a stage
-    first = tables.edge_matrix(tables.graph.input_bytes, 1.0, 0.0, stage=False)[src]
-    last = tables.edge_matrix(float(graph.output_bytes[-1]), 1.0, 0.0, stage=False)[:, sink]
-    cpu_links = cluster.cpu_links            # their time is CPU work, counted below, not a link load
-    fix_x[0] |= (first > 0) & ~cpu_links[src]
-    fix_x[-1] |= (last > 0) & ~cpu_links[:, sink]
-    off = np.arange(k)
-    for layer, end, nb, sending in ((0, src, graph.input_bytes, False),
-                                    (graph.n - 1, sink, float(graph.output_bytes[-1]), True)):
-        others = off[off != end]
-        u, v = (others, np.full(len(others), end)) if sending else (np.full(len(others), end), others)
-        j, d, val, ser = transfer_cpu_terms(cluster, u, v, np.full(len(others), nb))
-        fix_x[layer, others[j[_loads_something(cluster, d, val, ser)]]] = True
-    nb = graph.output_bytes[:-1]
-    t = nb[:, None, None] * cluster.tables.inv_bandwidth[None] + cluster.tables.latency[None]
-    t[:, cpu_links] = 0.0
-    t = t + np.where(np.eye(k, dtype=bool), 0.0, oh[None, :])[None]   # a change of device starts a stage
-    if len(nb) and cluster.has_transfer_cpu:
-        e, u, v = np.nonzero(np.broadcast_to(~np.eye(k, dtype=bool), t.shape))
-        j, d, val, ser = transfer_cpu_terms(cluster, u, v, nb[e])
-        np.add.at(t, (e[j], u[j], v[j]), _loads_something(cluster, d, val, ser).astype(float))
-    t[:, np.arange(k), np.arange(k)] = 0.0
-    return fix_x, t > 0
+                 + sends * (t + cpu)) / cores

@@ -1,0 +1,158 @@
+"""The makespan objective's rows: the schedule ``cost.schedule`` defines, written over the
+placement MILP's choice columns, so that its least solution is the simulated schedule.
+
+Times are continuous columns in units of ``unit`` seconds: a layer's start S_i and
+finish F_i, the start R[p, v] of producer p's transfer to device v, and the makespan.
+With ``M`` (in those units) above any time of the least schedule of any assignment:
+
+  duration     F_i = S_i + sum_d comp[i,d] x[i,d] + its stage start's overhead
+  precedence   S_c >= F_p for every edge p -> c, R[p,v] >= F_p
+  arrival      S_c >= R[p,v] + sum_u t_p(u,v) send[p,u,v] - M (1 - x[c,v])  (every input p of c)
+  output       makespan >= R[n-1,sink] + its transfer's time, makespan >= F_{n-1}
+  device order S_j >= F_i - M (2 - x[i,d] - x[j,d]) for i before j with no path between
+               them (on a path the precedence rows already order them)
+  link order   R[q,w] >= R[p,v] + t_p(u,v) - M (2 - send[p,u,v] - send[q,u',w]) for every
+               producer p before q whose transfers share the link {u,v} = {u',w}
+
+A row whose choices are not taken is slack by M, so each assignment's least solution is
+its simulated schedule, and minimising the makespan over the model is exact. The big-M
+rows make the LP relaxation weak: the model suits graphs of tens of layers (the brute
+force tests use up to 8); the planner says so when HiGHS does not prove it in time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from multigpu.partition.cost.tables import CostTables
+from multigpu.partition.solvers.milp_rows import Layout, Rows, Terms
+
+__all__ = ["horizon", "timing_rows", "unordered_pairs"]
+
+
+def horizon(tables: CostTables, lay: Layout, tm: Terms, open_: np.ndarray) -> float:
+    """Seconds no time of any assignment's least schedule exceeds: every layer's slowest
+    open compute plus stage start, one after another, then every transfer a producer can
+    make (at most one per other device it may reach) on its slowest link."""
+    cluster = tables.cluster
+    ox = open_[lay.xi]
+    comp = np.where(ox, tables.comp + cluster.stage_overhead[None, :], 0.0)
+    tab = cluster.tables
+    t = np.where(tab.usable[tm.t_u, tm.t_v], tm.t_bytes * tab.inv_bandwidth[tm.t_u, tm.t_v]
+                 + tab.latency[tm.t_u, tm.t_v], 0.0)
+    t = np.where(open_[tm.t_col], t, 0.0)
+    worst = np.zeros(lay.n + 1)
+    np.maximum.at(worst, tm.t_prod + 1, t)
+    reach = np.minimum(np.array([len(graph_consumers) for graph_consumers in _reach(tables)]), lay.k - 1)
+    return float(comp.max(axis=1).sum() + (worst * np.maximum(reach, 1)).sum())
+
+
+def _reach(tables: CostTables) -> list[list[int]]:
+    graph = tables.graph
+    out = [list(graph.input_consumers)] + [list(c) for c in graph.consumers]
+    out[-1] = [graph.n]                       # the last layer's output goes to the sink
+    return out
+
+
+def unordered_pairs(producers: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
+    """(i, j), i < j, with no path between layers i and j."""
+    n = len(producers)
+    anc = [0] * n
+    for c, prods in enumerate(producers):
+        for p in prods:
+            if p >= 0:
+                anc[c] |= anc[p] | (1 << p)
+    return [(i, j) for j in range(n) for i in range(j) if not (anc[j] >> i) & 1]
+
+
+def timing_rows(rows: Rows, tables: CostTables, lay: Layout, tm: Terms, open_: np.ndarray, unit: float,
+                big: float) -> None:
+    """The module's rows, times in units of ``unit`` seconds and ``big`` the M."""
+    graph, cluster = tables.graph, tables.cluster
+    tab = cluster.tables
+    tg = lay.timing
+    n, k = lay.n, lay.k
+    sink = cluster.sink_index
+    t_sec = np.where(tab.usable[tm.t_u, tm.t_v], tm.t_bytes * tab.inv_bandwidth[tm.t_u, tm.t_v]
+                     + tab.latency[tm.t_u, tm.t_v], 0.0)
+    t_unit = t_sec / unit
+    live = open_[tm.t_col]
+
+    # duration: F_i - S_i - work = 0
+    r, c, v = [np.arange(n), np.arange(n)], [tg.finish, tg.start], [np.ones(n), -np.ones(n)]
+    r.append(np.repeat(np.arange(n), k))
+    c.append(lay.xi.ravel())
+    v.append(-(tables.comp / unit).ravel())
+    oh = cluster.stage_overhead
+    if oh.any():
+        r.append(tm.s_layer)
+        c.append(tm.s_col)
+        v.append(-oh[tm.s_dev] / unit)
+    rows.add(np.concatenate(r), np.concatenate(c), np.concatenate(v), n, 0.0, 0.0)
+
+    # precedence: S_c - F_p >= 0 per edge; R[p, v] - F_p >= 0
+    ne = lay.ne
+    if ne:
+        e = np.arange(ne)
+        rows.add(np.concatenate([e, e]), np.concatenate([tg.start[lay.edst], tg.finish[lay.esrc]]),
+                 np.concatenate([np.ones(ne), -np.ones(ne)]), ne, 0.0, np.inf)
+    m = n * k
+    rr = np.arange(m)
+    rows.add(np.concatenate([rr, rr]), np.concatenate([tg.send[1:].ravel(), np.repeat(tg.finish, k)]),
+             np.concatenate([np.ones(m), -np.ones(m)]), m, 0.0, np.inf)
+
+    # arrival: S_c - R[p, v] - sum_u t send - M x[c, v] >= -M, for every input p of c and device v
+    by_slot: dict[tuple[int, int], list[int]] = {}
+    for j in np.flatnonzero(live):
+        by_slot.setdefault((int(tm.t_prod[j]), int(tm.t_v[j])), []).append(int(j))
+    pairs = [(p, c_) for c_, prods in enumerate(graph.producers) for p in prods]
+    r, c, v = [], [], []
+    row = 0
+    for p, c_ in pairs:
+        for d in range(k):
+            if not open_[lay.xi[c_, d]]:
+                continue
+            js = by_slot.get((p, d), [])
+            r += [row] * (3 + len(js))
+            c += [tg.start[c_], tg.send[p + 1, d], lay.xi[c_, d]] + [tm.t_col[j] for j in js]
+            v += [1.0, -1.0, -big] + [-t_unit[j] for j in js]
+            row += 1
+    if row:
+        rows.add(np.array(r), np.array(c), np.array(v), row, -big, np.inf)
+
+    # output: makespan - R[n-1, sink] - transfer >= 0, makespan - F_{n-1} >= 0
+    js = by_slot.get((n - 1, sink), [])
+    rows.add(np.array([0, 0] + [0] * len(js) + [1, 1]),
+             np.array([tg.makespan, tg.send[n, sink]] + [tm.t_col[j] for j in js] + [tg.makespan, tg.finish[n - 1]]),
+             np.array([1.0, -1.0] + [-t_unit[j] for j in js] + [1.0, -1.0]), 2, 0.0, np.inf)
+
+    # device order: S_j - F_i - M x[i,d] - M x[j,d] >= -2M for unordered i < j
+    r, c, v = [], [], []
+    row = 0
+    for i, j in unordered_pairs(graph.producers):
+        for d in range(k):
+            if open_[lay.xi[i, d]] and open_[lay.xi[j, d]]:
+                r += [row] * 4
+                c += [tg.start[j], tg.finish[i], lay.xi[i, d], lay.xi[j, d]]
+                v += [1.0, -1.0, -big, -big]
+                row += 1
+    if row:
+        rows.add(np.array(r), np.array(c), np.array(v), row, -2 * big, np.inf)
+
+    # link order: R[q, w] - R[p, v] - M send_p - M send_q >= t_p - 2M, p before q on one link
+    on_pair: dict[frozenset, list[int]] = {}
+    for j in np.flatnonzero(live):
+        on_pair.setdefault(frozenset((int(tm.t_u[j]), int(tm.t_v[j]))), []).append(int(j))
+    r, c, v, lo = [], [], [], []
+    row = 0
+    for js in on_pair.values():
+        for a in js:
+            for b in js:
+                if tm.t_prod[a] < tm.t_prod[b]:
+                    r += [row] * 4
+                    c += [tg.send[tm.t_prod[b] + 1, tm.t_v[b]], tg.send[tm.t_prod[a] + 1, tm.t_v[a]],
+                          tm.t_col[a], tm.t_col[b]]
+                    v += [1.0, -1.0, -big, -big]
+                    lo.append(t_unit[a] - 2 * big)
+                    row += 1
+    if row:
+        rows.add(np.array(r), np.array(c), np.array(v), row, np.array(lo), np.inf)

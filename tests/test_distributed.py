@@ -508,6 +508,19 @@ def test_synchronized_batchnorm_across_processes_equals_one_device_on_the_full_b
 
 
 @pytest.mark.slow
+def test_train_resumes_each_ranks_own_batchnorm_statistics(engine_run):
+    """Per-device statistics differ by rank; rank 0's checkpoint holds both ranks' (and the momentum
+    buffers), and a resumed run ends where two straight epochs end, on every rank."""
+    ranks = [_load(engine_run, "bn_train", r) for r in (0, 1)]
+    for got in ranks:
+        np.testing.assert_array_equal(got["resumed_loss"], got["loss"])
+        for key in [k for k in got.files if k.startswith("full")]:
+            np.testing.assert_array_equal(got[key.replace("full", "resumed")], got[key], err_msg=key)
+    last = max(int(k[4:]) for k in ranks[0].files if k.startswith("full"))  # a running variance
+    assert not np.array_equal(ranks[0][f"full{last}"], ranks[1][f"full{last}"])  # each rank its own
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [64, 65])
 def test_in_an_epoch_the_ranks_see_every_sample_once(engine_run, n):
     seen = [_load(engine_run, f"shard{n}", r) for r in (0, 1)]

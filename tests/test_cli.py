@@ -2,10 +2,9 @@
 one-line errors, and every option and output path checked before data loads."""
 from __future__ import annotations
 
-import json
-
 import importlib
 import inspect
+import json
 
 import pytest
 from conftest import FRAMEWORKS

@@ -160,3 +160,17 @@ def test_bench_quick_writes_every_file_and_each_parses(tmp_path):
     assert not (tmp_path / "accuracy.json").exists()  # long: not in --quick
     assert "FAILED" not in r.stdout
     print(f"multigpu bench --quick took {seconds:.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("torch" not in __import__("multigpu").available_backends(), reason="needs torch")
+def test_resnet_step_measures_ours_against_the_frameworks_own_loop_small():
+    """``resnet_step`` end to end on a 16x16 ResNet-18 (the real one is not in --quick: seconds a step)."""
+    from multigpu.benchmarks import resnet_step
+
+    r = resnet_step.run(Options(quick=True, progress=False, backends=("torch",)), size=16, batch=4)
+    (row,) = r.tables[0].rows
+    assert row[0] == "torch" and row[2] == "nn.Module" and "(differs)" not in row[-1]
+    assert r.data["torch"]["agreement"]["nn.Module"] <= resnet_step.AGREE_TOL
+    assert "cProfile of ours on torch" in " ".join(r.notes)
+    assert not resnet_step.IN_QUICK and "resnet_step" in BENCHMARKS and "resnet_accuracy" in BENCHMARKS

@@ -45,15 +45,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 __all__ = ["BENCHMARKS", "Options", "Result", "Table", "device_spec", "fmt_ms", "interleaved", "isolated",
-           "fmt_ratio", "interleaved_wall_cpu", "machine", "progress_bar", "ratio", "run_benchmarks", "summary"]
+           "fmt_ratio", "interleaved_wall_cpu", "machine", "progress_bar", "ratio", "run_benchmarks", "same_step_cases",
+           "summary"]
 
 # Benchmark name -> module in this package, in the order a full run takes them.
 BENCHMARKS: dict[str, str] = {
     "step": "step",
+    "resnet_step": "resnet_step",
     "allreduce": "allreduce",
     "scaling": "scaling",
     "planner": "planner",
     "accuracy": "accuracy",
+    "resnet_accuracy": "resnet_accuracy",
     "dist_allreduce": "dist_allreduce",
     "dist_step": "dist_step",
     "plans": "plans",
@@ -198,6 +201,31 @@ def ratio(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
     out = summary([a / b for a, b in zip(num, den)])
     out["of_medians"] = statistics.median(num) / statistics.median(den)
     return out
+
+
+def same_step_cases(trainer: Any, runners: Mapping[str, Any], X: Any, y: Any) -> tuple[
+        dict[str, Callable[[], Any]], dict[str, float]]:
+    """Step ``trainer`` (a DataParallel) and every runner once from the same start on ``(X, y)``;
+    return the cases to time (``"ours"`` first; each waits for its devices) and each runner's
+    largest parameter difference from ours (a loop that computes another update shows there)."""
+    import numpy as np
+
+    trainer.train_batch(X, y)
+    ref = trainer.get_params()
+    agreement = {}
+    for name, r in runners.items():
+        r.step(X, y)
+        r.sync()
+        agreement[name] = max(float(np.abs(a - b).max()) for a, b in zip(r.params(), ref))
+
+    def ours() -> None:
+        trainer.train_batch(X, y)  # reads the loss: it waits for every device
+        trainer.synchronize()
+
+    cases: dict[str, Callable[[], Any]] = {"ours": ours}
+    for name, r in runners.items():
+        cases[name] = (lambda r: lambda: (r.step(X, y), r.sync()))(r)
+    return cases, agreement
 
 
 def progress_bar(total: int, desc: str, enabled: bool = True) -> Any:

@@ -38,6 +38,7 @@ from multigpu.benchmarks.harness import (
     isolated,
     progress_bar,
     ratio,
+    same_step_cases,
     summary,
 )
 
@@ -112,21 +113,7 @@ def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, p
                                        allreduce="fused")
         runners = _runners(framework, init, n, kind == "gpu")
         # One step from the same start on the same batch: every loop must land where ours does.
-        tr.train_batch(X, y)
-        ref = tr.get_params()
-        agreement = {}
-        for name, r in runners.items():
-            r.step(X, y)
-            r.sync()
-            agreement[name] = max(float(np.abs(a - b).max()) for a, b in zip(r.params(), ref))
-
-        def ours() -> None:
-            tr.train_batch(X, y)  # reads the loss: it waits for every device
-            tr.synchronize()
-
-        cases = {"ours": ours}
-        for name, r in runners.items():
-            cases[name] = (lambda r: lambda: (r.step(X, y), r.sync()))(r)
+        cases, agreement = same_step_cases(tr, runners, X, y)
         samples, cpu = interleaved_wall_cpu(cases, repeat=repeat, warmup=warmup, progress=bar.update,
                                             reverse_odd_rounds=True)
         out["counts"][n] = {"spec": spec, "kind": kind, "samples": samples, "cpu_samples": cpu,

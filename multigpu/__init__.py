@@ -11,7 +11,7 @@ The subpackages are layers, each importing only those listed before it:
 """
 from __future__ import annotations
 
-from multigpu import models
+from multigpu import models, optim
 from multigpu.contract.devices import CPUFallbackWarning, resolve_devices
 from multigpu.contract.protocol import Backend, Device
 from multigpu.contract.registry import available_backends, backend, registered_backends
@@ -26,6 +26,7 @@ from multigpu.errors import (
                              UnknownBackendError,
 )
 from multigpu.execution import profile, run_partitioned  # no Ray until a plan runs
+from multigpu.models.graph import Model
 from multigpu.models.layers import AvgPool2d, Conv2d, Dense, Flatten, MaxPool2d, ReLU
 from multigpu.models.sequential import LayerStats, Sequential
 from multigpu.parallel.allreduce import ALGORITHMS, allreduce_grads
@@ -35,11 +36,11 @@ from multigpu.partition import autopartition, evaluate, load_cluster, load_graph
 from multigpu.training.trainer import TrainResult, train
 
 __all__ = [
-    "ALGORITHMS", "AvgPool2d", "Backend", "BackendNotInstalledError", "CPUFallbackWarning", "Conv2d",
-    "DataParallel", "Dense", "Device", "DeviceError", "Flatten", "InputError", "LayerStats", "MaxPool2d",
-    "ModelError", "MultigpuError", "ParamsError", "ReLU", "Sequential", "TrainResult", "UnknownAlgorithmError",
+    "ALGORITHMS", "AvgPool2d", "Backend", "BackendNotInstalledError", "CPUFallbackWarning", "Conv2d", "DataParallel",
+    "Dense", "Device", "DeviceError", "Flatten", "InputError", "LayerStats", "MaxPool2d", "Model", "ModelError",
+    "MultigpuError", "ParamsError", "ReLU", "Sequential", "TrainResult", "UnknownAlgorithmError",
     "UnknownBackendError", "allreduce_grads", "autopartition", "available_backends", "backend", "evaluate",
-    "load_cluster", "load_graph", "models", "profile", "registered_backends", "resolve_devices", "run_partitioned",
-    "shard_sizes", "split_batch", "train",
+    "load_cluster", "load_graph", "models", "optim", "profile", "registered_backends", "resolve_devices",
+    "run_partitioned", "shard_sizes", "split_batch", "train",
 ]
 __version__ = "0.1.0"

@@ -57,6 +57,13 @@ def _ce(labels: Any) -> Callable[[Any], Any]:
     return lambda be: be.softmax_cross_entropy(f32(be, 2, 3), i64(be, labels))
 
 
+class _NoGroup:
+    """Looks like a process group; a bad call must be refused before it is used."""
+
+    def allreduce_(self, t: Any) -> None:
+        raise AssertionError("the contract should have refused the call first")
+
+
 def _vg(fn: Callable[..., Any], params: Callable[[Any], list[Any]]) -> Callable[[Any], Any]:
     return lambda be: be.value_and_grad(lambda ps: fn(be, ps), params(be))
 
@@ -132,4 +139,45 @@ CASES: list[Case] = [
     Case("sgd_ param (2,), grad (3,)", InputError, lambda be: be.sgd_([f32(be, 2)], [f32(be, 3)], 0.1)),
     Case("sgd_ lr nan", InputError, lambda be: be.sgd_([f32(be, 2)], [f32(be, 2)], float("nan"))),
     Case("relu(numpy array), not a tensor", InputError, lambda be: be.relu(np.ones(3, np.float32))),
+    # -- the ops of issue 15: BatchNorm, joins, pooling, the group sum, whole-buffer math --
+    Case("conv2d bias (3,) for 4 out channels", InputError,
+         lambda be: be.conv2d(f32(be, 1, 2, 5, 5), f32(be, 4, 2, 3, 3), f32(be, 3), 1, 0, 1)),
+    Case("global_avg_pool2d of a 2-D tensor", InputError, lambda be: be.global_avg_pool2d(f32(be, 2, 3))),
+    Case("batch_norm gamma (3,) for 4 channels", InputError,
+         lambda be: be.batch_norm(f32(be, 2, 4, 3, 3), f32(be, 3), f32(be, 4), f32(be, 4), f32(be, 4), 1e-5)),
+    Case("batch_norm eps 0", InputError,
+         lambda be: be.batch_norm(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), f32(be, 4), f32(be, 4), 0.0)),
+    Case("batch_norm_train on one example at 1x1 (one value per channel)", InputError,
+         lambda be: be.batch_norm_train(f32(be, 1, 4, 1, 1), f32(be, 4), f32(be, 4), 1e-5)),
+    Case("batch_norm_train eps nan", InputError,
+         lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), float("nan"))),
+    Case("batch_norm_train sums of shape (3, 4)", InputError,
+         lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, sums=f32(be, 3, 4),
+                                        count=36)),
+    Case("batch_norm_train sums without count", InputError,
+         lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, sums=f32(be, 2, 4))),
+    Case("batch_norm_train sums with count 1", InputError,
+         lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, sums=f32(be, 2, 4),
+                                        count=1)),
+    Case("batch_norm_sums of a 3-D tensor", InputError, lambda be: be.batch_norm_sums(f32(be, 2, 4, 3))),
+    Case("add (2, 3) + (3, 2)", InputError, lambda be: be.add(f32(be, 2, 3), f32(be, 3, 2))),
+    Case("concat_channels of H 3 and H 4", InputError,
+         lambda be: be.concat_channels([f32(be, 1, 2, 3, 3), f32(be, 1, 2, 4, 3)])),
+    Case("concat_channels []", InputError, lambda be: be.concat_channels([])),
+    Case("group_sum of a 2-D tensor", InputError, lambda be: be.group_sum(f32(be, 2, 2), _NoGroup())),
+    Case("group_sum without a process group", InputError, lambda be: be.group_sum(f32(be, 4), object())),
+    Case("axpby_ y (3,), x (4,)", InputError, lambda be: be.axpby_(f32(be, 3), 0.9, f32(be, 4), 0.1)),
+    Case("axpby_ a nan", InputError, lambda be: be.axpby_(f32(be, 3), float("nan"), f32(be, 3), 0.1)),
+    Case("addcmul_ x2 (2,) for y (3,)", InputError,
+         lambda be: be.addcmul_(f32(be, 3), 0.9, f32(be, 3), f32(be, 2), 0.1)),
+    Case("addcdiv_sqrt_ divisor 0", InputError,
+         lambda be: be.addcdiv_sqrt_(f32(be, 3), f32(be, 3), f32(be, 3), -0.1, 0.0, 1e-8)),
+    Case("scale_ by inf", InputError, lambda be: be.scale_(f32(be, 3), float("inf"))),
+    Case("scale_ an int64 tensor", InputError, lambda be: be.scale_(i64(be, [1, 2]), 2.0)),
+    Case("value_and_grad(aux=True) fn returns no aux", InputError,
+         lambda be: be.value_and_grad(lambda ps: be.sum(ps[0]), [f32(be, 3)], aux=True)),
+    Case("value_and_grad out of 3 elements for 3 gradients and the value", InputError,
+         lambda be: be.value_and_grad(lambda ps: be.sum(ps[0]), [f32(be, 3)], out=f32(be, 3))),
+    Case("value_and_grad aux='yes'", InputError,
+         lambda be: be.value_and_grad(lambda ps: be.sum(ps[0]), [f32(be, 3)], aux="yes")),
 ]

@@ -20,7 +20,8 @@ import multigpu
 from multigpu import models
 from multigpu.distributed.rank import init_process_group
 from multigpu.errors import CollectiveMismatchError
-from multigpu.parallel.agreement import random_batches, train_steps
+from multigpu.optim import SGD
+from multigpu.parallel.agreement import random_batches, train_run, train_steps
 from multigpu.parallel.data_parallel import DataParallel
 
 OUT = Path(sys.argv[1])
@@ -73,6 +74,24 @@ if rank == 0:
         save_npz(f"agree_{devices.replace(':', '')}", losses=ref_losses, acc=local.evaluate(Xe, ye),
                  **{f"p{i}": p for i, p in enumerate(ref_params)})
 
+# 2b. synchronized BatchNorm across the processes: 2 x 1 device equals 1 device on the full batch
+rm = models.resnet((1, 1), (4, 8), 5, (3, 12, 12), "tiny")
+rstart = rm.init_params(seed=3)
+rstate = rm.init_state() if rank == 0 else [s + 7 for s in rm.init_state()]  # rank 0's must win
+momentum = SGD(momentum=0.9, weight_decay=5e-4)
+synced = DataParallel(rm, backend=name, devices="cpu:1", lr=0.1, params=rstart, process_group=group,
+                      optimizer=momentum, sync_bn=True, state=rstate)
+state_at_start = synced.get_state()
+rbatches = random_batches(rm, steps=5, batch=13, seed=4)  # 13 rows: 7 on rank 0, 6 on rank 1
+sync_losses = [synced.train_batch(X, y) for X, y in rbatches]
+save_npz("syncbn", losses=sync_losses, start_var=state_at_start[1], opt=synced.get_optimizer_state()[0],
+         **{f"p{i}": p for i, p in enumerate(synced.get_params())},
+         **{f"s{i}": s for i, s in enumerate(synced.get_state())})
+if rank == 0:
+    one = train_run(rm, name, rstart, rbatches, devices="cpu:1", lr=0.1, optimizer=momentum)
+    save_npz("syncbn_cpu1", losses=one.losses, opt=one.opt_state[0], **{f"p{i}": p for i, p in enumerate(one.params)},
+             **{f"s{i}": s for i, s in enumerate(one.states[0])})
+
 # 3. sharding: which samples each rank trained on in one epoch of train() ------------
 original = DataParallel.train_batch
 for n in (64, 65):  # 65: the last batch of 1 row joins the one before it
@@ -104,6 +123,18 @@ if rank == 0:
     with outside_the_job():
         single = multigpu.train(num_epochs=2, **{**args, "num_gpus": "cpu:2"})
     save_json("train_single", {"loss": single.train_loss, "acc": single.test_acc})
+
+# 4b. train() with BatchNorm and momentum: each rank's own running statistics go into rank 0's
+# checkpoint (gathered) and come back to their rank on resume (scattered)
+bn_args = dict(args, model=models.resnet((1, 1), (4, 8), 10, (1, 28, 28), "tiny28"), lr=0.05,
+               optimizer=SGD(momentum=0.9, weight_decay=5e-4))
+bn_full = multigpu.train(num_epochs=2, process_group=group, **bn_args)
+bn_folder = OUT / f"bn_checkpoint.rank{rank}"
+multigpu.train(num_epochs=1, checkpoint=bn_folder, process_group=group, **bn_args)
+bn_resumed = multigpu.train(num_epochs=2, checkpoint=bn_folder, process_group=group, **bn_args)
+save_npz("bn_train", loss=bn_full.train_loss, resumed_loss=bn_resumed.train_loss,
+         **{f"full{i}": a for i, a in enumerate([*bn_full.params, *bn_full.state])},
+         **{f"resumed{i}": a for i, a in enumerate([*bn_resumed.params, *bn_resumed.state])})
 
 # 5. mismatched collectives are reported on every rank, and the group goes on -------
 messages = []

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 # Methods whose results are not tensors (they pass through unwrapped).
 _PLAIN = {"gpu_count", "synchronize", "to_numpy", "shape", "add_", "assign_", "sgd_",
-          "native_allreduce"}
+          "native_allreduce", "scale_", "axpby_", "addcmul_", "addcdiv_sqrt_"}
 
 
 class Handle:
@@ -80,8 +80,8 @@ class Recording:
         self.log: list[str] = []
 
     def _wrap(self, x: Any) -> Any:
-        if isinstance(x, list):
-            return [self._wrap(v) for v in x]
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._wrap(v) for v in x)
         return Handle(x, self.log)
 
     def __getattr__(self, name: str) -> Any:
@@ -96,15 +96,21 @@ class Recording:
 
         return call
 
-    def value_and_grad(self, fn: Callable[..., Any], params: Any, *inputs: Any) -> Handle:
+    def value_and_grad(self, fn: Callable[..., Any], params: Any, *inputs: Any, aux: bool = False,
+                       out: Any = None) -> Any:
         """Log ``forward``, run the inner value_and_grad with ``fn`` seeing Handles, log ``backward``."""
         def inner_fn(leaves: Any, *xs: Any) -> Any:
             return unwrap(fn(self._wrap(list(leaves)), *(Handle(x, self.log) for x in xs)))
 
         self.log.append("forward")
-        out = self.inner.value_and_grad(inner_fn, unwrap(params), *unwrap(inputs))
+        kwargs: dict[str, Any] = {"aux": True} if aux else {}
+        if out is not None:
+            kwargs["out"] = unwrap(out)
+        result = self.inner.value_and_grad(inner_fn, unwrap(params), *unwrap(inputs), **kwargs)
         self.log.append("backward")
-        return Handle(out, self.log)
+        flat, rest = (result[0], result[1:]) if aux else (result, ())
+        flat = out if out is not None else Handle(flat, self.log)  # the contract returns out itself
+        return (flat, *(Handle(r, self.log) for r in rest)) if aux else flat
 
 
 def host_reads(events: list[str]) -> list[int]:

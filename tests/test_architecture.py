@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Bottom to top. A module may import its own layer and the layers below it.
-LAYERS = ["errors", "checks", "data", "contract", "models", "parallel", "distributed", "training", "partition",
+LAYERS = ["errors", "checks", "data", "contract", "models", "optim", "parallel", "distributed", "training", "partition",
           "lab", "execution", "cli"]
 #: Where each source folder is installed.
 TREES = {"multigpu": "multigpu", "backends": "multigpu.backends", "benchmarks": "multigpu.benchmarks"}

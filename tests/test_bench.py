@@ -177,3 +177,17 @@ def test_the_run_counts_its_own_processes_wherever_they_run():
         time.sleep(1.5)
         seconds = account.seconds()
     assert seconds >= 0.4, (account.method, seconds)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("torch" not in __import__("multigpu").available_backends(), reason="needs torch")
+def test_resnet_step_measures_ours_against_the_frameworks_own_loop_small():
+    """``resnet_step`` end to end on a 16x16 ResNet-18 (the real one is not in --quick: seconds a step)."""
+    from multigpu.benchmarks import resnet_step
+
+    r = resnet_step.run(Options(quick=True, progress=False, backends=("torch",)), size=16, batch=4)
+    (row,) = r.tables[0].rows
+    assert row[0] == "torch" and row[2] == "nn.Module" and "(differs)" not in row[-1]
+    assert r.data["torch"]["agreement"]["nn.Module"] <= resnet_step.AGREE_TOL
+    assert "cProfile of ours on torch" in " ".join(r.notes)
+    assert not resnet_step.IN_QUICK and "resnet_step" in BENCHMARKS and "resnet_accuracy" in BENCHMARKS

@@ -192,6 +192,23 @@ def test_value_and_grad_gives_zeros_for_unused_params_and_fresh_buffers(name):
 
 
 @pytest.mark.parametrize("name", ADAPTERS)
+def test_value_and_grad_writes_into_out_and_returns_it(name):
+    be = backend(name)
+    params, x, y = _problem(be)
+    fn = lambda ps, x, y: _loss(be, ps, x, y)  # noqa: E731
+    fresh = be.to_numpy(be.value_and_grad(fn, params, x, y))
+    out = be.from_numpy(np.full(fresh.shape, np.nan, np.float32), CPU)
+    assert be.value_and_grad(fn, params, x, y, out=out) is out
+    np.testing.assert_array_equal(be.to_numpy(out), fresh)
+    spare = be.from_numpy(np.ones((2, 2), np.float32), CPU)  # unused: zero, whatever out held before
+    big = be.from_numpy(np.full(fresh.size + 4, np.nan, np.float32), CPU)
+    flat, aux = be.value_and_grad(lambda ps, x, y: (fn(ps[:2], x, y), [be.relu(x)]), [*params, spare], x, y,
+                                  aux=True, out=big)
+    got = be.to_numpy(flat)
+    assert flat is big and not got[15:19].any() and np.isfinite(got).all() and be.shape(aux) == (24,)
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
 @pytest.mark.parametrize("kind", ["float16", "float64", "int8", "uint8", "int32"])
 def test_from_numpy_gives_float32_or_int64(name, kind):
     be = backend(name)

@@ -495,6 +495,35 @@ def test_two_processes_agree_with_two_devices_and_with_one_device(engine_run):
 
 
 @pytest.mark.slow
+def test_synchronized_batchnorm_across_processes_equals_one_device_on_the_full_batch(engine_run):
+    """The sums of every BatchNorm go through the engine inside autograd (forward and backward):
+    2 processes x 1 device with momentum SGD equal 1 device after 5 steps, within 1e-5."""
+    ranks = [_load(engine_run, "syncbn", r) for r in (0, 1)]
+    one = _load(engine_run, "syncbn_cpu1")
+    assert (ranks[1]["start_var"] == 1).all()  # rank 0's running statistics were broadcast at start
+    worst = 0.0
+    for got in ranks:
+        np.testing.assert_allclose(got["losses"], one["losses"], atol=1e-5)
+        for key in [k for k in one.files if k[0] in "ps" or k == "opt"]:
+            np.testing.assert_allclose(got[key], one[key], atol=1e-5, err_msg=key)
+            worst = max(worst, float(np.abs(got[key] - one[key]).max()))
+    print(f"{engine_run.backend}: 2 processes with synchronized BatchNorm against 1 device: worst {worst:.2e}")
+
+
+@pytest.mark.slow
+def test_train_resumes_each_ranks_own_batchnorm_statistics(engine_run):
+    """Per-device statistics differ by rank; rank 0's checkpoint holds both ranks' (and the momentum
+    buffers), and a resumed run ends where two straight epochs end, on every rank."""
+    ranks = [_load(engine_run, "bn_train", r) for r in (0, 1)]
+    for got in ranks:
+        np.testing.assert_array_equal(got["resumed_loss"], got["loss"])
+        for key in [k for k in got.files if k.startswith("full")]:
+            np.testing.assert_array_equal(got[key.replace("full", "resumed")], got[key], err_msg=key)
+    last = max(int(k[4:]) for k in ranks[0].files if k.startswith("full"))  # a running variance
+    assert not np.array_equal(ranks[0][f"full{last}"], ranks[1][f"full{last}"])  # each rank its own
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [64, 65])
 def test_in_an_epoch_the_ranks_see_every_sample_once(engine_run, n):
     seen = [_load(engine_run, f"shard{n}", r) for r in (0, 1)]

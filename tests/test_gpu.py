@@ -37,3 +37,22 @@ def test_gpu_copies_are_new_buffers(name):
     be.add_(c, be.from_numpy(np.ones(4, np.float32), d))
     be.synchronize(d)
     assert not be.to_numpy(t).any()
+
+
+@pytest.mark.parametrize("name", GPU_BACKENDS)
+@pytest.mark.parametrize("sync_bn", [False, True], ids=["per-device", "synchronized"])
+def test_gpu_resnet_step_with_batchnorm_and_momentum_matches_the_cpu(name, sync_bn):
+    """NOT RUN YET: written on a machine without a GPU. A small ResNet (BatchNorm, a projected
+    shortcut, momentum SGD) on the GPUs lands where the same steps on CPU replicas land."""
+    from multigpu.optim import SGD
+    from multigpu.parallel.agreement import train_run
+
+    k = min(multigpu.backend(name).gpu_count(), 2)
+    m = models.resnet((1, 1), (8, 16), 10, (3, 16, 16), "small")
+    start, batches = m.init_params(seed=0), random_batches(m, 3, 16)
+    kw = dict(lr=0.1, optimizer=SGD(momentum=0.9, weight_decay=5e-4), sync_bn=sync_bn)
+    cpu = train_run(m, name, start, batches, devices=f"cpu:{k}", **kw)
+    gpu = train_run(m, name, start, batches, devices=k, **kw)
+    assert all(d.startswith("gpu:") for d in gpu.devices)
+    for a, b in zip([*gpu.params, *gpu.states[0]], [*cpu.params, *cpu.states[0]]):
+        np.testing.assert_allclose(a, b, atol=1e-4)

@@ -13,28 +13,36 @@ from recording_backend import Recording, host_reads
 
 import multigpu
 from multigpu import models
+from multigpu.optim import SGD, AdamW
 from multigpu.parallel.agreement import random_batches
 from multigpu.parallel.allreduce import ALGORITHMS
 
 CROSSING = {"add_", "assign_", "copy_to", "native_allreduce"}
+UPDATES = {"sgd_", "axpby_", "addcmul_", "addcdiv_sqrt_", "scale_"}
 
 
-def check_step(events: list[str], devices: int) -> None:
-    """Assert the train_batch rule on one step's events (raises AssertionError)."""
+def check_step(events: list[str], devices: int, computations: int | None = None, updates: int | None = None) -> None:
+    """Assert the train_batch rule on one step's events (raises AssertionError).
+
+    ``computations`` is the number of value_and_grad calls (one per device, or one for all
+    of them with synchronized BatchNorm); ``updates`` the whole-buffer update calls.
+    """
+    computations = devices if computations is None else computations
     forwards = [i for i, e in enumerate(events) if e == "forward"]
     backwards = [i for i, e in enumerate(events) if e == "backward"]
-    assert len(forwards) == len(backwards) == devices, events
+    assert len(forwards) == len(backwards) == computations, events
     first, last = forwards[0], backwards[-1]
     inside = [events[i] for i in host_reads(events) if first <= i <= last]
     assert not inside, f"host reads between the first forward and the last backward: {inside}"
-    crossing = [e for e in events[first:last] if e in CROSSING]
-    assert not crossing, f"cross-device work before every device was queued: {crossing}"
+    if computations == devices:  # with one computation for all devices, copies are part of it
+        crossing = [e for e in events[first:last] if e in CROSSING]
+        assert not crossing, f"cross-device work before every device was queued: {crossing}"
     assert "synchronize" not in events, "the step waits for a device"
     reads = host_reads(events)
-    updates = [i for i, e in enumerate(events) if e == "sgd_"]
-    assert len(updates) == devices, events
+    done = [i for i, e in enumerate(events) if e in UPDATES]
+    assert len(done) == (devices if updates is None else updates), events
     # The loss is the one host read, and it comes after the update on every replica.
-    assert [events[i] for i in reads] == ["to_numpy"] and reads[0] > updates[-1], \
+    assert [events[i] for i in reads] == ["to_numpy"] and reads[0] > done[-1], \
         [events[i] for i in reads]
 
 
@@ -74,8 +82,8 @@ class _ReadsPerDevice(multigpu.DataParallel):
             losses.append(float(b.to_numpy(loss).reshape(())))
             flats.append(flat)
         grads, _ = self._sum(flats)
-        for params, g in zip(self.replicas, grads):
-            b.sgd_(params, g, self.lr / len(X))
+        for p, g in zip(self.flat_params, grads):
+            b.sgd_([p], [g], self.lr / len(X))
         return sum(losses) / len(X)
 
 
@@ -105,3 +113,31 @@ def test_predict_queues_every_device_before_reading(backend_name, devices):
     assert "synchronize" not in rec.log
     plain = multigpu.DataParallel(models.lenet(), backend=backend_name, devices=f"cpu:{devices}", seed=1)
     assert acc == plain.evaluate(X, y, batch_size=4)
+
+
+def _tiny_resnet() -> models.Model:
+    return models.resnet((1, 1), (4, 8), 5, (3, 12, 12), "tiny")
+
+
+@pytest.mark.parametrize("sync_bn", [False, True], ids=["per-device", "synchronized"])
+@pytest.mark.parametrize("optimizer, per_replica", [
+    (SGD(momentum=0.9, weight_decay=5e-4), 3), (AdamW(), 4)], ids=["momentum", "adamw"])
+def test_a_batchnorm_step_with_an_optimizer_reads_the_host_once(backend_name, sync_bn, optimizer, per_replica):
+    """BatchNorm's statistics, the optimizer and the running-statistics update add no host read; with
+    synchronized statistics the devices' forwards meet inside one computation."""
+    m = _tiny_resnet()
+    rec = Recording(multigpu.backend(backend_name))
+    tr = multigpu.DataParallel(m, backend=rec, devices="cpu:2", lr=0.1, optimizer=optimizer, sync_bn=sync_bn,
+                               seed=1)
+    X, y = random_batches(m, 1, 10, seed=1)[0]
+    rec.log.clear()
+    loss = tr.train_batch(X, y)
+    # per replica: the optimizer's calls and one fold of the batch statistics into the running ones
+    check_step(list(rec.log), 2, computations=1 if sync_bn else 2, updates=2 * (per_replica + 1))
+    if sync_bn:
+        assert "batch_norm_sums" in rec.log and "batch_norm_train" in rec.log
+    plain = multigpu.DataParallel(m, backend=backend_name, devices="cpu:2", lr=0.1, optimizer=optimizer,
+                                  sync_bn=sync_bn, seed=1)
+    assert loss == pytest.approx(plain.train_batch(X, y), abs=1e-6)
+    for a, b in zip(tr.get_state(1), plain.get_state(1)):
+        np.testing.assert_allclose(a, b, atol=1e-7)

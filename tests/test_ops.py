@@ -9,6 +9,7 @@ from conftest import FRAMEWORKS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from multigpu.contract.op_check import OP_CASES, case_arrays, case_labels, run_case
 from multigpu.contract.protocol import Device
 
 CPU = Device("cpu", 0)
@@ -229,3 +230,78 @@ def test_pool_conventions_are_explicit(be):
     assert out[0, 0, 0, 0] == pytest.approx(0.25)  # three padded zeros count in the divisor
     m = be.to_numpy(be.max_pool2d(be.from_numpy(-np.ones((1, 1, 5, 5), np.float32), CPU), 3, 2, 1))
     assert m.shape == (1, 1, 3, 3) and (m == -1).all()  # padding never wins
+
+
+# -- the ops ResNet-style models need (issue 15) ------------------------------------
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+@pytest.mark.parametrize("case", OP_CASES, ids=[c.name for c in OP_CASES])
+def test_every_op_case_matches_reference(name, case):
+    """The cases ``multigpu check`` prints: forward and every gradient, the ResNet ops among them."""
+    import multigpu
+    be, ref = multigpu.backend(name), multigpu.backend("numpy")
+    labels = case_labels(case, ref)
+    (out, grads), (want, want_grads) = run_case(be, case, labels), run_case(ref, case, labels)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-4)
+    for g, w in zip(grads, want_grads):
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_batch_norm_statistics_follow_torchs_convention(name):
+    """Batch mean and the UNBIASED variance come back (torch's running_var); inference uses given statistics."""
+    import multigpu
+    be = multigpu.backend(name)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 3, 2, 5)) * 3 + 1).astype(np.float32)
+    g, beta = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    t = [be.from_numpy(a, CPU) for a in (x, g, beta)]
+    y, mean, var = (be.to_numpy(v) for v in be.batch_norm_train(*t, 1e-5))
+    np.testing.assert_allclose(mean, x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var, x.var(axis=(0, 2, 3), ddof=1), rtol=1e-5)
+    biased = x.var(axis=(0, 2, 3)).reshape(1, 3, 1, 1)
+    want = (x - x.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(biased + 1e-5) * g.reshape(1, 3, 1, 1) \
+        + beta.reshape(1, 3, 1, 1)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)  # normalized with the biased variance
+    rm, rv = rng.standard_normal(3).astype(np.float32), rng.random(3).astype(np.float32) + 0.5
+    inf = be.to_numpy(be.batch_norm(*t, be.from_numpy(rm, CPU), be.from_numpy(rv, CPU), 1e-5))
+    want = (x - rm.reshape(1, 3, 1, 1)) / np.sqrt(rv.reshape(1, 3, 1, 1) + 1e-5) * g.reshape(1, 3, 1, 1) \
+        + beta.reshape(1, 3, 1, 1)
+    np.testing.assert_allclose(inf, want, rtol=1e-4, atol=1e-5)
+    sums = be.to_numpy(be.batch_norm_sums(t[0]))
+    np.testing.assert_allclose(sums, [x.sum(axis=(0, 2, 3)), (x * x).sum(axis=(0, 2, 3))], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_whole_buffer_math_matches_numpy(name):
+    import multigpu
+    be = multigpu.backend(name)
+    rng = np.random.default_rng(4)
+    y, x1, x2 = rng.standard_normal((3, 7)).astype(np.float32)
+    x2 = np.abs(x2)
+    t = lambda a: be.from_numpy(a, CPU)  # noqa: E731
+    out = t(y)
+    be.axpby_(out, 0.9, be.from_numpy(x1, Device("cpu", 1)), 0.3)
+    want = 0.9 * y + 0.3 * x1
+    np.testing.assert_allclose(be.to_numpy(out), want, rtol=1e-6)
+    be.addcmul_(out, 0.5, t(x1), t(x2), -2.0)
+    want = 0.5 * want - 2.0 * x1 * x2
+    np.testing.assert_allclose(be.to_numpy(out), want, rtol=1e-5, atol=1e-6)
+    be.addcdiv_sqrt_(out, t(x1), t(x2), -0.01, 0.7, 1e-8)
+    want = want - 0.01 * x1 / (np.sqrt(x2) / 0.7 + 1e-8)
+    np.testing.assert_allclose(be.to_numpy(out), want, rtol=1e-5, atol=1e-6)
+    be.scale_(out, 0.25)
+    np.testing.assert_allclose(be.to_numpy(out), 0.25 * want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=[c.name for c in OP_CASES])
+def test_reference_backward_of_every_op_case_by_finite_differences(case):
+    labels = case_labels(case, numpy_backend())
+    _fd_check(case.op, case_arrays(case, np.float64), labels, atol=2e-6)
+
+
+def test_reference_inference_batch_norm_backward_by_finite_differences():
+    rng = np.random.default_rng(9)
+    x, g, b = rng.standard_normal((2, 3, 2, 2)), rng.standard_normal(3), rng.standard_normal(3)
+    mean, var = NumpyVar(rng.standard_normal(3), CPU), NumpyVar(rng.random(3) + 0.5, CPU)
+    _fd_check(lambda bk, x, g, b: bk.batch_norm(x, g, b, mean, var, 1e-5), [x, g, b], rng.integers(0, 12, 2))

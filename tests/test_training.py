@@ -273,3 +273,40 @@ def test_short_real_data_run_agrees_across_backends():
         assert abs(r.test_acc[0] - ref.test_acc[0]) <= 0.002, name
         for p, q in zip(r.params, ref.params):
             np.testing.assert_allclose(p, q, atol=1e-5)
+
+
+def _tiny_resnet() -> multigpu.models.Model:
+    return multigpu.models.resnet((1, 1), (4, 8), 10, (1, 28, 28), "tiny")
+
+
+@pytest.mark.parametrize("sync_bn", [False, True], ids=["per-device", "synchronized"])
+def test_a_resnet_with_momentum_resumes_exactly_from_its_checkpoint(small_data, tmp_path, sync_bn):
+    """The checkpoint holds the optimizer's buffers, its step count and every replica's running
+    statistics: one epoch, then a resumed second, ends where two straight epochs end."""
+    from multigpu.optim import SGD
+
+    _, data = small_data
+    kw = dict(model=_tiny_resnet(), optimizer=SGD(momentum=0.9, weight_decay=5e-4), sync_bn=sync_bn, lr=0.05)
+    full = _train(data, num_epochs=2, **kw)
+    _train(data, num_epochs=1, checkpoint=tmp_path, **kw)
+    _, state = load_checkpoint(tmp_path)
+    assert state["steps"] == 4 and state["arrays"]["bn"].shape == (2, sum(s[0] for s in _tiny_resnet().state_shapes))
+    assert state["config"]["optimizer"]["momentum"] == 0.9 and state["arrays"]["opt0"].any()
+    resumed = _train(data, num_epochs=2, checkpoint=tmp_path, **kw)
+    assert resumed.train_loss == full.train_loss and resumed.test_acc == full.test_acc
+    for a, b in zip([*resumed.params, *resumed.state], [*full.params, *full.state]):
+        np.testing.assert_array_equal(a, b)
+    assert full.optimizer["name"] == "sgd" and full.sync_bn is sync_bn and len(full.state) == 12
+    with pytest.raises(CheckpointError, match="different run"):
+        _train(data, num_epochs=3, checkpoint=tmp_path, **{**kw, "optimizer": SGD(momentum=0.5)})
+
+
+def test_a_last_batch_too_small_for_batchnorm_joins_the_one_before(small_data):
+    """A BatchNorm on 1x1 planes needs two rows per device: 67 rows in batches of 32 on 2 devices
+    would end with 3 rows (one device would get 1), so those join the batch before."""
+    _, data = small_data
+    m = multigpu.models.resnet((1, 1, 1, 1), (4, 4, 8, 8), 10, (1, 28, 28), "deep")
+    assert max(m.min_training_examples().values()) == 2
+    r = _train(data, model=m, batch_size=32, train_limit=67, num_epochs=1)
+    assert np.isfinite(r.train_loss[0])
+    assert multigpu.training.trainer._batches(67, 32, 4, np.random.default_rng(0))[-1].size == 35

@@ -9,7 +9,8 @@ the work is done, and errors surface at the next blocking read (``asnumpy``,
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import mxnet as mx
 import numpy as np
@@ -34,6 +35,9 @@ class MXNetBackend:
 
     name = "mxnet"
     tensor_type = mx.nd.NDArray
+
+    def __init__(self) -> None:
+        self._token: Optional[NDArray] = None  # the last group sum's token inside value_and_grad
 
     # -- devices ---------------------------------------------------------
     def gpu_count(self) -> int:
@@ -74,15 +78,20 @@ class MXNetBackend:
         return np.dtype(tensor.dtype)
 
     # -- ops (differentiable inside value_and_grad) ----------------------
-    def conv2d(self, x: NDArray, w: NDArray, b: NDArray, stride: int, padding: int,
+    def conv2d(self, x: NDArray, w: NDArray, b: NDArray | None, stride: int, padding: int,
                groups: int) -> NDArray:
-        """NCHW cross-correlation with OIHW weights, bias, zero padding and groups."""
+        """NCHW cross-correlation with OIHW weights, bias (or None), zero padding and groups."""
         out_channels, _, kh, kw = w.shape
-        return mx.nd.Convolution(
-            data=x, weight=w, bias=b, kernel=(kh, kw), stride=(stride, stride),
-            dilate=(1, 1), pad=(padding, padding), num_filter=out_channels,
-            num_group=groups, no_bias=False, layout="NCHW",
-        )
+        # NOTE: outside training mode MKL-DNN reorders a convolution's weight into its own layout IN
+        # PLACE, to cache it for inference; on a weight that is a view of a flat buffer (the core's
+        # replicas hold their parameters that way) that later aborts MXNet ("shandle.size >=
+        # md.get_size()"). Training mode computes the same output and leaves the weight as it is.
+        with mx.autograd.train_mode():
+            return mx.nd.Convolution(
+                data=x, weight=w, bias=b, kernel=(kh, kw), stride=(stride, stride),
+                dilate=(1, 1), pad=(padding, padding), num_filter=out_channels,
+                num_group=groups, no_bias=b is None, layout="NCHW",
+            )
 
     def avg_pool2d(self, x: NDArray, kernel: int, stride: int, padding: int) -> NDArray:
         """Average pooling; padded zeros count in the divisor; floor output size."""
@@ -108,6 +117,67 @@ class MXNetBackend:
         # NOTE: mx.nd.relu is a generic element-wise kernel; Activation(act_type="relu") runs
         # MKL-DNN's, about 4x faster forward and backward on LeNet's activations (benchmarks/step).
         return mx.nd.Activation(x, act_type="relu")
+
+    def global_avg_pool2d(self, x: NDArray) -> NDArray:
+        """Mean over each (H, W) plane, as (B, C, 1, 1)."""
+        return mx.nd.Pooling(data=x, kernel=(1, 1), pool_type="avg", global_pool=True, layout="NCHW")
+
+    def batch_norm(self, x: NDArray, gamma: NDArray, beta: NDArray, mean: NDArray, var: NDArray,
+                   eps: float) -> NDArray:
+        """Normalize with the given statistics (no gradient into them)."""
+        # NOTE: use_global_stats=True normalizes with the arrays given as moving statistics in
+        # training mode too; fix_gamma defaults to True in MXNet (gamma ignored), so False is passed.
+        return mx.nd.BatchNorm(x, gamma, beta, mean, var, eps=eps, momentum=0.9, fix_gamma=False,
+                               use_global_stats=True, output_mean_var=False, axis=1, cudnn_off=False)
+
+    def batch_norm_train(self, x: NDArray, gamma: NDArray, beta: NDArray, eps: float,
+                         sums: NDArray | None = None, count: int | None = None) -> tuple[NDArray, ...]:
+        """Batch statistics (fused kernel), or those of the given sums; also return mean, unbiased var."""
+        if sums is None:
+            n = x.shape[0] * x.shape[2] * x.shape[3]
+            # NOTE: MXNet updates its moving statistics in backward (into the throw-away buffers
+            # passed here) and uses batch statistics only in training mode, so that mode is forced.
+            # output_mean_var returns the batch mean and the INVERSE standard deviation
+            # 1/sqrt(var + eps) (not the variance): the biased variance is recovered from it.
+            with mx.autograd.train_mode():
+                y, mean, invstd = mx.nd.BatchNorm(
+                    x, gamma, beta, mx.nd.zeros_like(gamma), mx.nd.ones_like(gamma), eps=eps, momentum=0.9,
+                    fix_gamma=False, use_global_stats=False, output_mean_var=True, axis=1, cudnn_off=False)
+            var = (mx.nd.reciprocal(mx.nd.square(invstd.detach())) - eps) * (n / (n - 1))
+            return y, mean.detach(), var
+        n = float(count)  # type: ignore[arg-type]
+        mean = sums[0] / n
+        biased = mx.nd.relu(sums[1] / n - mean * mean)  # rounding can dip below 0
+        scale = gamma * mx.nd.rsqrt(biased + eps)
+        y = mx.nd.broadcast_add(mx.nd.broadcast_mul(mx.nd.broadcast_sub(x, mean.reshape((1, -1, 1, 1))),
+                                                    scale.reshape((1, -1, 1, 1))), beta.reshape((1, -1, 1, 1)))
+        return y, mean.detach(), (biased * (n / (n - 1))).detach()
+
+    def batch_norm_sums(self, x: NDArray) -> NDArray:
+        """Per-channel sum and sum of squares over (N, H, W), shape (2, C)."""
+        return mx.nd.stack(mx.nd.sum(x, axis=(0, 2, 3)), mx.nd.sum(mx.nd.square(x), axis=(0, 2, 3)), axis=0)
+
+    def add(self, x: NDArray, y: NDArray) -> NDArray:
+        """Return ``x + y`` (differentiable)."""
+        return mx.nd.elemwise_add(x, y)
+
+    def concat_channels(self, xs: Sequence[NDArray]) -> NDArray:
+        """Join along the channel axis (differentiable)."""
+        return mx.nd.concat(*xs, dim=1)
+
+    def group_sum(self, x: NDArray, group: Any) -> NDArray:
+        """Sum over the group's ranks; the gradient is summed the same way."""
+        if not mx.autograd.is_recording():
+            out = x.copy()
+            group.allreduce_(out)
+            return out
+        # NOTE: MXNet runs a custom Function's backward later, on its engine's threads, and
+        # independent ones at the same time; collectives must come in one order on every rank.
+        # A token threads every group sum of a forward, so each backward waits for the one of
+        # the sum after it: they run one at a time, in reverse order, on every rank.
+        token = self._token if self._token is not None else mx.nd.zeros((1,), ctx=x.context)
+        out, self._token = _GroupSum(group)(x, token)
+        return out
 
     def dense(self, x: NDArray, w: NDArray, b: NDArray) -> NDArray:
         """Return ``x @ w + b`` with ``w`` of shape (in, out)."""
@@ -185,31 +255,51 @@ class MXNetBackend:
         return out
 
     # -- gradients and update -------------------------------------------
-    def value_and_grad(self, fn: Callable[..., NDArray], params: Sequence[NDArray],
-                       *inputs: Any) -> NDArray:
-        """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer."""
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[NDArray],
+                       *inputs: Any, aux: bool = False, out: Optional[NDArray] = None) -> Any:
+        """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
+        (and the aux outputs raveled in a second one with ``aux=True``)."""
         shapes = [p.shape for p in params]
         size = sum(p.size for p in params)
-        flat = mx.nd.zeros((size + 1,), ctx=params[0].context, dtype=np.float32)
+        # NOTE: zero-filling the buffer took about a tenth of a ResNet-18 step here; backward writes
+        # every used parameter's gradient in full, so only the unused ones are zeroed below.
+        flat = mx.nd.empty((size + 1,), ctx=params[0].context, dtype=np.float32) if out is None else out
         # NOTE: detach() is a new handle on the same memory, so the caller's arrays get no
         # grad buffer. mark_variables points each gradient at a view of ``flat``, and
-        # grad_req='write' makes backward write there directly (no copy, no accumulation);
-        # an unused parameter keeps the zeros.
+        # grad_req='write' makes backward write there directly (no copy, no accumulation).
         leaves = [p.detach() for p in params]
-        mx.autograd.mark_variables(leaves, self.unflatten(flat, shapes), grad_reqs="write")
+        views = self.unflatten(flat, shapes)
+        mx.autograd.mark_variables(leaves, views, grad_reqs="write")
         # NOTE: record() turns recording on even inside the caller's autograd.pause().
+        outputs: list[NDArray] = []
+        self._token = None
         with mx.autograd.record(train_mode=True):
             value = fn(leaves, *inputs)
+            if aux:
+                value, outputs = value
+            token, self._token = self._token, None
+            if token is not None:  # the chain's end joins the value, so backward walks the chain
+                value = value + mx.nd.sum(token) * 0.0
         try:
             value.backward(out_grad=None, retain_graph=False, train_mode=True)
         except mx.base.MXNetError as exc:
-            # NOTE: MXNet refuses to differentiate a value that uses no parameter; its
-            # gradients are the zeros already in ``flat``.
+            # NOTE: MXNet refuses to differentiate a value that uses no parameter; every
+            # gradient is then zero.
             if "not in a computational graph" not in str(exc):
                 raise
+        for leaf, view in zip(leaves, views):
+            if not leaf._fresh_grad:  # a host-side flag that backward set: no device wait
+                view[:] = 0.0
         # NOTE: asscalar() would block on the async engine; the value is written on-device.
         value.reshape((1,)).copyto(flat[size:])
-        return flat
+        if token is not None:
+            # NOTE: the group sums' backward still runs on the engine's threads; the caller's next
+            # collective must not start before the last of them has finished.
+            flat.wait_to_read()
+        if not aux:
+            return flat
+        ctx = flat.context
+        return flat, mx.nd.concat(*[_on(o.detach(), ctx).reshape((-1,)) for o in outputs], dim=0)
 
     def sgd_(self, params: Sequence[NDArray], grads: Sequence[NDArray], lr: float) -> None:
         """In place ``p -= lr * g`` for every pair."""
@@ -219,8 +309,53 @@ class MXNetBackend:
                 rescale_grad=1.0, clip_gradient=-1.0, lazy_update=False, out=p,
             )
 
+    # -- whole-buffer math (outside autograd) -----------------------------
+    def scale_(self, y: NDArray, a: float) -> None:
+        """In place ``y *= a``."""
+        y *= a
+
+    def axpby_(self, y: NDArray, a: float, x: NDArray, b: float) -> None:
+        """In place ``y = a * y + b * x``."""
+        # NOTE: MXNet has no axpby kernel; y *= a; y += b * x would take three passes and a temporary
+        # of y's size. sgd_update computes (1 - lr * wd) * w - lr * rescale_grad * g in one pass,
+        # which is a * y + b * x with lr = 1, wd = 1 - a and rescale_grad = -b.
+        mx.nd.sgd_update(weight=y, grad=_on(x, y.context), lr=1.0, wd=1.0 - a, rescale_grad=-b,
+                         clip_gradient=-1.0, lazy_update=False, out=y)
+
+    def addcmul_(self, y: NDArray, a: float, x1: NDArray, x2: NDArray, b: float) -> None:
+        """In place ``y = a * y + b * x1 * x2``."""
+        if a != 1.0:
+            y *= a
+        y += _on(x1, y.context) * _on(x2, y.context) * b
+
+    def addcdiv_sqrt_(self, y: NDArray, x1: NDArray, x2: NDArray, value: float, divisor: float,
+                      eps: float) -> None:
+        """In place ``y += value * x1 / (sqrt(x2) / divisor + eps)``."""
+        y += _on(x1, y.context) / (mx.nd.sqrt(_on(x2, y.context)) / divisor + eps) * value
+
     # -- optional fast path ----------------------------------------------
     # NOTE: no native_allreduce. A local kvstore push/pull is MXNet's collective, but in a
     # process that has also loaded torch or paddle it aborted with SIGFPE inside MXNet's
     # engine (seen with `multigpu check --allreduce native --backends mxnet,torch`), so
     # MXNet uses the core's naive, ring and fused algorithms only.
+
+
+class _GroupSum(mx.autograd.Function):
+    """A sum over a process group inside autograd: backward sums the gradient the same way.
+
+    The second input and output are the token that orders the backward calls (see group_sum).
+    """
+
+    def __init__(self, group: Any):
+        super().__init__()
+        self.group = group
+
+    def forward(self, x: NDArray, token: NDArray) -> tuple[NDArray, NDArray]:  # type: ignore[override]
+        out = x.copy()
+        self.group.allreduce_(out)
+        return out, token.copy()
+
+    def backward(self, grad: NDArray, token_grad: NDArray) -> tuple[NDArray, NDArray]:  # type: ignore[override]
+        out = grad.copy()
+        self.group.allreduce_(out)
+        return out, token_grad.copy()

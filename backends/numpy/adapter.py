@@ -11,7 +11,8 @@ core bug that mixes CPU replicas fails on the oracle although the frameworks run
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -20,16 +21,16 @@ from multigpu.contract.checked import check_label_range
 from multigpu.contract.protocol import Device
 from multigpu.errors import InputError
 
-Backward = Callable[[np.ndarray], Sequence[Optional[np.ndarray]]]
+Backward = Callable[[np.ndarray], Sequence[np.ndarray | None]]
 
 
 class Var:
     """An array on a logical device, with the graph edge that produced it."""
 
-    __slots__ = ("data", "device", "parents", "backward")
+    __slots__ = ("backward", "data", "device", "parents")
 
-    def __init__(self, data: np.ndarray, device: Device, parents: tuple["Var", ...] = (),
-                 backward: Optional[Backward] = None):
+    def __init__(self, data: np.ndarray, device: Device, parents: tuple[Var, ...] = (),
+                 backward: Backward | None = None):
         self.data, self.device, self.parents, self.backward = data, device, parents, backward
 
     def __repr__(self) -> str:
@@ -61,6 +62,11 @@ def _pad(x: np.ndarray, p: int, value: float = 0.0) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=value) if p else x
 
 
+def _per_channel(v: np.ndarray) -> np.ndarray:
+    """A (C,) vector shaped to broadcast over NCHW."""
+    return v.reshape(1, -1, 1, 1)
+
+
 def _unpad(x: np.ndarray, p: int) -> np.ndarray:
     return x[:, :, p : x.shape[2] - p, p : x.shape[3] - p] if p else x
 
@@ -89,8 +95,8 @@ class NumpyBackend:
         return np.array(tensor.data, copy=True)
 
     def copy_to(self, tensor: Var, device: Device) -> Var:
-        """A new buffer on ``device``."""
-        return Var(tensor.data.copy(), device)
+        """A new buffer on ``device``; inside value_and_grad its gradient is copied back."""
+        return Var(tensor.data.copy(), device, (tensor,), lambda g: (g,))
 
     def shape(self, tensor: Var) -> tuple[int, ...]:
         """The Var's shape."""
@@ -107,8 +113,8 @@ class NumpyBackend:
             raise InputError(f"an op mixes devices {[str(p.device) for p in parents]}; copy to one first")
         return Var(data, device, parents, backward)
 
-    def conv2d(self, x: Var, w: Var, b: Var, stride: int, padding: int, groups: int) -> Var:
-        """Grouped cross-correlation by strided windows and tensordot."""
+    def conv2d(self, x: Var, w: Var, b: Var | None, stride: int, padding: int, groups: int) -> Var:
+        """Grouped cross-correlation by strided windows and tensordot; ``b=None``: no bias."""
         xd, wd = x.data, w.data
         bsz, c, h, wid = xd.shape
         o, cg, k, _ = wd.shape
@@ -121,9 +127,10 @@ class NumpyBackend:
             part = np.tensordot(cols[:, g * cg : (g + 1) * cg], wd[g * og : (g + 1) * og],
                                 axes=([1, 2, 3], [1, 2, 3]))  # (B, OH, OW, Og)
             out[:, g * og : (g + 1) * og] = part.transpose(0, 3, 1, 2)
-        out += b.data[None, :, None, None]
+        if b is not None:
+            out += b.data[None, :, None, None]
 
-        def backward(gout: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def backward(gout: np.ndarray) -> tuple[np.ndarray, ...]:
             dw = np.empty_like(wd)
             dcols = np.empty((bsz, c, k, k, oh, ow), xd.dtype)
             for g in range(groups):
@@ -133,9 +140,9 @@ class NumpyBackend:
                 dc = np.tensordot(go, wd[g * og : (g + 1) * og], axes=([1], [0]))  # (B,OH,OW,Cg,k,k)
                 dcols[:, g * cg : (g + 1) * cg] = dc.transpose(0, 3, 4, 5, 1, 2)
             dx = _unpad(_scatter_windows(dcols, xp.shape, k, stride), padding)
-            return dx, dw, gout.sum(axis=(0, 2, 3))
+            return (dx, dw) if b is None else (dx, dw, gout.sum(axis=(0, 2, 3)))
 
-        return self._node(out, (x, w, b), backward)
+        return self._node(out, (x, w) if b is None else (x, w, b), backward)
 
     def avg_pool2d(self, x: Var, kernel: int, stride: int, padding: int) -> Var:
         """Average over k*k windows, padded zeros included in the divisor."""
@@ -167,6 +174,86 @@ class NumpyBackend:
             return (_unpad(_scatter_windows(dcols.astype(gout.dtype), xp.shape, kernel, stride), padding),)
 
         return self._node(out.astype(xd.dtype), (x,), backward)
+
+    def global_avg_pool2d(self, x: Var) -> Var:
+        """Mean over each (H, W) plane, kept as (B, C, 1, 1)."""
+        shape, area = x.data.shape, x.data.shape[2] * x.data.shape[3]
+        out = x.data.mean(axis=(2, 3), keepdims=True, dtype=x.data.dtype)
+        return self._node(out, (x,), lambda g: (np.broadcast_to(g / g.dtype.type(area), shape).copy(),))
+
+    def batch_norm(self, x: Var, gamma: Var, beta: Var, mean: Var, var: Var, eps: float) -> Var:
+        """Normalize with the given statistics (constants: they get no gradient)."""
+        t = x.data.dtype.type
+        inv = t(1) / np.sqrt(var.data + t(eps))
+        xhat = (x.data - _per_channel(mean.data)) * _per_channel(inv)
+        out = xhat * _per_channel(gamma.data) + _per_channel(beta.data)
+
+        def backward(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, None, None]:
+            return (g * _per_channel(gamma.data * inv), (g * xhat).sum(axis=(0, 2, 3)), g.sum(axis=(0, 2, 3)),
+                    None, None)
+
+        return self._node(out, (x, gamma, beta, mean, var), backward)
+
+    def batch_norm_train(self, x: Var, gamma: Var, beta: Var, eps: float, sums: Var | None = None,
+                         count: int | None = None) -> tuple[Var, Var, Var]:
+        """Batch statistics of x (two-pass), or of the given sums; the backward by hand."""
+        xd = x.data
+        t = xd.dtype.type
+        if sums is None:
+            n = xd.shape[0] * xd.shape[2] * xd.shape[3]
+            mean = xd.mean(axis=(0, 2, 3), dtype=xd.dtype)
+            var = ((xd - _per_channel(mean)) ** 2).mean(axis=(0, 2, 3), dtype=xd.dtype)
+        else:
+            n = int(count)  # type: ignore[arg-type]
+            mean = sums.data[0] / t(n)
+            raw = sums.data[1] / t(n) - mean * mean
+            var = np.maximum(raw, t(0))  # rounding may make a constant channel's variance negative
+        inv = t(1) / np.sqrt(var + t(eps))
+        centered = xd - _per_channel(mean)
+        xhat = centered * _per_channel(inv)
+        out = xhat * _per_channel(gamma.data) + _per_channel(beta.data)
+
+        def backward(g: np.ndarray) -> tuple[np.ndarray | None, ...]:
+            dgamma, dbeta = (g * xhat).sum(axis=(0, 2, 3)), g.sum(axis=(0, 2, 3))
+            dxhat = g * _per_channel(gamma.data)
+            if sums is None:  # mean and variance are x's own: the classic closed form
+                dx = _per_channel(inv / t(n)) * (t(n) * dxhat - _per_channel(dxhat.sum(axis=(0, 2, 3)))
+                                                 - xhat * _per_channel((dxhat * xhat).sum(axis=(0, 2, 3))))
+                return dx, dgamma, dbeta
+            # x enters directly; mean and variance come from the sums (whose op passes the rest to x)
+            dinv = (dxhat * centered).sum(axis=(0, 2, 3))
+            dvar = dinv * t(-0.5) * inv ** 3 * (raw > 0)
+            dmean = -(dxhat * _per_channel(inv)).sum(axis=(0, 2, 3)) - t(2) * mean * dvar
+            return dxhat * _per_channel(inv), dgamma, dbeta, np.stack([dmean / t(n), dvar / t(n)])
+
+        parents = (x, gamma, beta) if sums is None else (x, gamma, beta, sums)
+        unbiased = var * t(n / (n - 1))
+        return self._node(out, parents, backward), Var(mean, x.device), Var(unbiased.astype(xd.dtype), x.device)
+
+    def batch_norm_sums(self, x: Var) -> Var:
+        """Per-channel sum and sum of squares over (N, H, W), shape (2, C)."""
+        xd = x.data
+        out = np.stack([xd.sum(axis=(0, 2, 3)), (xd * xd).sum(axis=(0, 2, 3))])
+        return self._node(out, (x,), lambda g: (_per_channel(g[0]) + xd.dtype.type(2) * xd * _per_channel(g[1]),))
+
+    def add(self, x: Var, y: Var) -> Var:
+        """x + y; the gradient goes to both."""
+        return self._node(x.data + y.data, (x, y), lambda g: (g, g))
+
+    def concat_channels(self, xs: Sequence[Var]) -> Var:
+        """Join along axis 1; the gradient is split back."""
+        bounds = np.cumsum([0, *(v.data.shape[1] for v in xs)])
+        return self._node(np.concatenate([v.data for v in xs], axis=1), tuple(xs),
+                          lambda g: tuple(g[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])))
+
+    def group_sum(self, x: Var, group: Any) -> Var:
+        """Sum over the group's ranks; backward sums the gradient the same way."""
+        def summed(data: np.ndarray) -> np.ndarray:
+            out = Var(data.copy(), x.device)
+            group.allreduce_(out)
+            return out.data
+
+        return self._node(summed(x.data), (x,), lambda g: (summed(g),))
 
     def relu(self, x: Var) -> Var:
         """max(x, 0), NaN staying NaN; the gradient at 0 is 0, as in every framework."""
@@ -243,14 +330,17 @@ class NumpyBackend:
         return out
 
     # -- gradients and update -------------------------------------------
-    def value_and_grad(self, fn: Callable[..., Var], params: Sequence[Var],
-                       *inputs: Any) -> Var:
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Var],
+                       *inputs: Any, aux: bool = False, out: Optional[Var] = None) -> Any:
         """Evaluate ``fn`` and backpropagate through the recorded closures."""
         leaves = [Var(p.data, p.device) for p in params]
-        out = fn(leaves, *inputs)
+        value = fn(leaves, *inputs)
+        outputs: list[Var] = []
+        if aux:
+            value, outputs = value
         order: list[Var] = []
         seen: set[int] = set()
-        stack: list[tuple[Var, bool]] = [(out, False)]
+        stack: list[tuple[Var, bool]] = [(value, False)]
         while stack:  # iterative post-order DFS: deep graphs must not hit the recursion limit
             node, done = stack.pop()
             if done:
@@ -261,7 +351,7 @@ class NumpyBackend:
             seen.add(id(node))
             stack.append((node, True))
             stack.extend((p, False) for p in node.parents if id(p) not in seen)
-        grads: dict[int, np.ndarray] = {id(out): np.ones_like(out.data)}
+        grads: dict[int, np.ndarray] = {id(value): np.ones_like(value.data)}
         for node in reversed(order):
             g = grads.pop(id(node), None)
             if g is None or node.backward is None:
@@ -276,9 +366,35 @@ class NumpyBackend:
         parts = [np.asarray(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype).reshape(-1)
                  for leaf in leaves]
         first = leaves[0]  # the contract guarantees at least one parameter
-        return Var(np.concatenate([*parts, np.asarray(out.data, first.data.dtype).reshape(1)]), first.device)
+        pieces = [*parts, np.asarray(value.data, first.data.dtype).reshape(1)]
+        flat = Var(np.concatenate(pieces), first.device) if out is None else out
+        if out is not None:
+            np.concatenate(pieces, out=out.data)
+        if not aux:
+            return flat
+        return flat, Var(np.concatenate([o.data.reshape(-1) for o in outputs]).astype(first.data.dtype), first.device)
 
     def sgd_(self, params: Sequence[Var], grads: Sequence[Var], lr: float) -> None:
         """p -= lr * g in place."""
         for p, g in zip(params, grads):
             p.data -= p.data.dtype.type(lr) * g.data
+
+    # -- whole-buffer math ----------------------------------------------
+    def scale_(self, y: Var, a: float) -> None:
+        """y *= a in place."""
+        y.data *= y.data.dtype.type(a)
+
+    def axpby_(self, y: Var, a: float, x: Var, b: float) -> None:
+        """y = a * y + b * x in place."""
+        t = y.data.dtype.type
+        y.data[...] = t(a) * y.data + t(b) * x.data
+
+    def addcmul_(self, y: Var, a: float, x1: Var, x2: Var, b: float) -> None:
+        """y = a * y + b * x1 * x2 in place."""
+        t = y.data.dtype.type
+        y.data[...] = t(a) * y.data + t(b) * x1.data * x2.data
+
+    def addcdiv_sqrt_(self, y: Var, x1: Var, x2: Var, value: float, divisor: float, eps: float) -> None:
+        """y += value * x1 / (sqrt(x2) / divisor + eps) in place."""
+        t = y.data.dtype.type
+        y.data += t(value) * x1.data / (np.sqrt(x2.data) / t(divisor) + t(eps))

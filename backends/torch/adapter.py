@@ -7,7 +7,8 @@ labels, devices), so nothing here validates them again.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -71,8 +72,8 @@ class TorchBackend:
         return _NUMPY_DTYPES[tensor.dtype]
 
     # -- ops (differentiable inside value_and_grad) ----------------------
-    def conv2d(self, x: Tensor, w: Tensor, b: Tensor, stride: int, padding: int, groups: int) -> Tensor:
-        """NCHW cross-correlation with OIHW weights, bias, zero padding and groups."""
+    def conv2d(self, x: Tensor, w: Tensor, b: Tensor | None, stride: int, padding: int, groups: int) -> Tensor:
+        """NCHW cross-correlation with OIHW weights, bias (or None), zero padding and groups."""
         return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=1, groups=groups)
 
     def avg_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
@@ -91,6 +92,49 @@ class TorchBackend:
     def relu(self, x: Tensor) -> Tensor:
         """Return max(x, 0)."""
         return torch.relu(x)
+
+    def global_avg_pool2d(self, x: Tensor) -> Tensor:
+        """Mean over each (H, W) plane, as (B, C, 1, 1)."""
+        return F.adaptive_avg_pool2d(x, (1, 1))
+
+    def batch_norm(self, x: Tensor, gamma: Tensor, beta: Tensor, mean: Tensor, var: Tensor, eps: float) -> Tensor:
+        """Normalize with the given statistics (no gradient into them)."""
+        # NOTE: training=False normalizes with the tensors passed as running statistics and
+        # leaves them untouched; momentum is unused then, and passed so no default counts.
+        return F.batch_norm(x, mean, var, gamma, beta, training=False, momentum=0.0, eps=eps)
+
+    def batch_norm_train(self, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, sums: Tensor | None = None,
+                         count: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Batch statistics (fused kernel), or those of the given sums; also return mean, unbiased var."""
+        if sums is None:
+            # NOTE: torch keeps running statistics itself. Fresh zero buffers with momentum=1.0
+            # receive exactly this batch's mean and unbiased variance (torch's own convention), which
+            # the core then folds into its running statistics; torch's buffers are never kept.
+            mean, var = torch.zeros_like(gamma), torch.zeros_like(gamma)
+            y = F.batch_norm(x, mean, var, gamma, beta, training=True, momentum=1.0, eps=eps)
+            return y, mean, var
+        n = float(count)  # type: ignore[arg-type]
+        mean = sums[0] / n
+        biased = torch.clamp(sums[1] / n - mean * mean, min=0.0)  # rounding can dip below 0
+        scale = gamma * torch.rsqrt(biased + eps)
+        y = (x - mean.view(1, -1, 1, 1)) * scale.view(1, -1, 1, 1) + beta.view(1, -1, 1, 1)
+        return y, mean.detach(), (biased * (n / (n - 1))).detach()
+
+    def batch_norm_sums(self, x: Tensor) -> Tensor:
+        """Per-channel sum and sum of squares over (N, H, W), shape (2, C)."""
+        return torch.stack([x.sum(dim=(0, 2, 3)), (x * x).sum(dim=(0, 2, 3))])
+
+    def add(self, x: Tensor, y: Tensor) -> Tensor:
+        """Return ``x + y`` (differentiable)."""
+        return x + y
+
+    def concat_channels(self, xs: Sequence[Tensor]) -> Tensor:
+        """Join along the channel axis (differentiable)."""
+        return torch.cat(list(xs), dim=1)
+
+    def group_sum(self, x: Tensor, group: Any) -> Tensor:
+        """Sum over the group's ranks; the gradient is summed the same way."""
+        return _GroupSum.apply(x, group)
 
     def dense(self, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
         """Return ``x @ w + b`` with ``w`` of shape (in, out)."""
@@ -117,78 +161,134 @@ class TorchBackend:
         return torch.argmax(x, dim=axis, keepdim=False)
 
     # -- math for the algorithms (outside autograd) ----------------------
+    @torch.no_grad()
     def add_(self, dst: Tensor, src: Tensor) -> None:
         """In place ``dst += src``; ``src`` may live on another device."""
-        with torch.no_grad():
-            # A same-device .to() aliases src, which is harmless here: src is only read.
-            dst.add_(src.to(dst.device))
+        # A same-device .to() aliases src, which is harmless here: src is only read.
+        dst.add_(src.to(dst.device))
 
+    @torch.no_grad()
     def assign_(self, dst: Tensor, src: Tensor) -> None:
         """In place ``dst[...] = src``; ``src`` may live on another device."""
-        with torch.no_grad():
-            dst.copy_(src)
+        dst.copy_(src)
 
+    @torch.no_grad()
     def split(self, x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
         """Split along axis 0 into new tensors of the given lengths."""
-        with torch.no_grad():
-            # NOTE: torch.split returns views of x; clone so each part owns its buffer.
-            return [part.clone() for part in torch.split(x, list(sizes), dim=0)]
+        # NOTE: torch.split returns views of x; clone so each part owns its buffer.
+        return [part.clone() for part in torch.split(x, list(sizes), dim=0)]
 
+    @torch.no_grad()
     def concat(self, xs: Sequence[Tensor]) -> Tensor:
         """Concatenate along axis 0 into a new tensor on the device of ``xs[0]``."""
-        dev = xs[0].device
-        with torch.no_grad():
-            # torch.cat always allocates, even for a single input.
-            return torch.cat([x.to(dev) for x in xs], dim=0)
+        # torch.cat always allocates, even for a single input.
+        return torch.cat([x.to(xs[0].device) for x in xs], dim=0)
 
+    @torch.no_grad()
     def flatten(self, xs: Sequence[Tensor]) -> Tensor:
         """Return a new 1-D tensor of every tensor raveled, on the device of ``xs[0]``."""
-        dev = xs[0].device
-        with torch.no_grad():
-            return torch.cat([x.reshape(-1).to(dev) for x in xs])
+        return torch.cat([x.reshape(-1).to(xs[0].device) for x in xs])
 
     def unflatten(self, flat: Tensor, shapes: Sequence[Sequence[int]]) -> list[Tensor]:
         """Return views of consecutive slices of ``flat`` (they share its storage)."""
         sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
         return [part.view(tuple(int(d) for d in s)) for part, s in zip(torch.split(flat, sizes), shapes)]
 
+    @torch.no_grad()
     def native_allreduce(self, tensors: Sequence[Tensor]) -> None:
         """In place SUM allreduce: every tensor in ``tensors`` receives the sum of all."""
         if not tensors:
             return
-        with torch.no_grad():
-            if len(tensors) > 1 and all(t.device.type == "cuda" for t in tensors):
-                total = torch.cuda.comm.reduce_add(list(tensors), destination=tensors[0].device.index)
-            else:
-                dev = tensors[0].device
-                total = torch.stack([t.to(dev) for t in tensors]).sum(dim=0)
-            # copy_ reads total before writing, so aliasing tensors[0] (len 1) is safe.
-            for t in tensors:
-                t.copy_(total)
+        if len(tensors) > 1 and all(t.device.type == "cuda" for t in tensors):
+            total = torch.cuda.comm.reduce_add(list(tensors), destination=tensors[0].device.index)
+        else:
+            dev = tensors[0].device
+            total = torch.stack([t.to(dev) for t in tensors]).sum(dim=0)
+        # copy_ reads total before writing, so aliasing tensors[0] (len 1) is safe.
+        for t in tensors:
+            t.copy_(total)
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(
-        self, fn: Callable[..., Tensor], params: Sequence[Tensor], *inputs: Any
-    ) -> Tensor:
-        """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer."""
+        self, fn: Callable[..., Any], params: Sequence[Tensor], *inputs: Any, aux: bool = False,
+        out: Optional[Tensor] = None
+    ) -> Any:
+        """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
+        (and the aux outputs raveled in a second one with ``aux=True``)."""
         # NOTE: torch accumulates into .grad across backward() calls. Fresh leaves
         # (detach() shares storage, cheap; params are not mutated in the forward)
         # plus torch.autograd.grad return new tensors and touch no .grad field.
         leaves = [p.detach().requires_grad_(True) for p in params]
+        outputs: list[Tensor] = []
         with torch.enable_grad():
-            out = fn(leaves, *inputs).reshape(())
-            if out.requires_grad:
-                grads = torch.autograd.grad(out, leaves, allow_unused=True)
+            value = fn(leaves, *inputs)
+            if aux:
+                value, outputs = value
+            value = value.reshape(())
+            if value.requires_grad:
+                grads = torch.autograd.grad(value, leaves, allow_unused=True)
             else:
                 grads = (None,) * len(leaves)
         # An unused parameter has gradient zero, not None, so the core never special-cases it.
         fresh = [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)]
-        # NOTE: float(out) would wait for the device; the value stays in the buffer.
+        # NOTE: float(value) would wait for the device; the value stays in the buffer. A new buffer of
+        # a ResNet-18's size costs about 6x the copy itself here (the kernel maps its pages afresh).
         with torch.no_grad():
-            return torch.cat([*(g.reshape(-1) for g in fresh), out.detach().reshape(1).to(fresh[0].dtype)])
+            pieces = [*(g.reshape(-1) for g in fresh), value.detach().reshape(1).to(fresh[0].dtype)]
+            flat = torch.cat(pieces) if out is None else torch.cat(pieces, out=out)
+            if not aux:
+                return flat
+            return flat, torch.cat([o.detach().reshape(-1).to(flat.device) for o in outputs])
 
+    @torch.no_grad()
     def sgd_(self, params: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> None:
         """In place ``p -= lr * g`` for every pair."""
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.sub_(g.to(p.device), alpha=float(lr))
+        for p, g in zip(params, grads):
+            p.sub_(g.to(p.device), alpha=float(lr))
+
+    # -- whole-buffer math (outside autograd) -----------------------------
+    @torch.no_grad()
+    def scale_(self, y: Tensor, a: float) -> None:
+        """In place ``y *= a``."""
+        y.mul_(a)
+
+    @torch.no_grad()
+    def axpby_(self, y: Tensor, a: float, x: Tensor, b: float) -> None:
+        """In place ``y = a * y + b * x``."""
+        if a != 1.0:
+            y.mul_(a)
+        y.add_(x.to(y.device), alpha=b)
+
+    @torch.no_grad()
+    def addcmul_(self, y: Tensor, a: float, x1: Tensor, x2: Tensor, b: float) -> None:
+        """In place ``y = a * y + b * x1 * x2``."""
+        if a != 1.0:
+            y.mul_(a)
+        y.addcmul_(x1.to(y.device), x2.to(y.device), value=b)
+
+    @torch.no_grad()
+    def addcdiv_sqrt_(self, y: Tensor, x1: Tensor, x2: Tensor, value: float, divisor: float, eps: float) -> None:
+        """In place ``y += value * x1 / (sqrt(x2) / divisor + eps)``."""
+        # The order of torch.optim.AdamW's own step: sqrt, divide, add eps, then addcdiv.
+        denom = x2.to(y.device).sqrt().div_(divisor).add_(eps)
+        y.addcdiv_(x1.to(y.device), denom, value=value)
+
+
+def _summed(t: Tensor, group: Any) -> Tensor:
+    """A copy of ``t`` summed over the ranks of ``group`` (autograd may hand over a buffer it reuses)."""
+    out = t.detach().clone()
+    group.allreduce_(out)
+    return out
+
+
+class _GroupSum(torch.autograd.Function):
+    """A sum over a process group inside autograd: backward sums the gradient the same way."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:  # type: ignore[override]
+        ctx.group = group
+        return _summed(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return _summed(grad, ctx.group), None  # no gradient for the group

@@ -9,9 +9,10 @@ reads per call, no device read and no per-element pass on the step's fast path);
 """
 from __future__ import annotations
 
+import math
 import threading
 from math import prod
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -187,15 +188,15 @@ class CheckedBackend:
         return self.adapter.dtype(tensor)
 
     # -- ops -------------------------------------------------------------------
-    def conv2d(self, x: Any, w: Any, b: Any, stride: int, padding: int, groups: int) -> Any:
-        """Checked NCHW convolution."""
+    def conv2d(self, x: Any, w: Any, b: Optional[Any], stride: int, padding: int, groups: int) -> Any:
+        """Checked NCHW convolution; ``b=None`` is a convolution without bias."""
         xs, ws = self._input(x, "conv2d", 4), self._float(w, "conv2d w")
-        bs = self._float(b, "conv2d b")
+        bs = ws[:1] if b is None else self._float(b, "conv2d b")
         stride, padding = _int(stride, "conv2d", "stride", 1), _int(padding, "conv2d", "padding", 0)
         groups = _int(groups, "conv2d", "groups", 1)
         if (len(ws) != 4 or bs != ws[:1] or 0 in ws or ws[0] % groups
                 or xs[1] != ws[1] * groups):
-            raise InputError(f"conv2d needs x (B, C, H, W), w (O, C/groups, kH, kW) and b (O,) with O "
+            raise InputError(f"conv2d needs x (B, C, H, W), w (O, C/groups, kH, kW) and b (O,) or None with O "
                              f"divisible by groups; got x {xs}, w {ws}, b {bs}, groups={groups}")
         if xs[2] + 2 * padding < ws[2] or xs[3] + 2 * padding < ws[3]:
             raise InputError(f"conv2d kernel {ws[2:]} is larger than the padded input "
@@ -226,6 +227,81 @@ class CheckedBackend:
         """Checked max(x, 0)."""
         self._input(x, "relu")
         return self.adapter.relu(x)
+
+    def global_avg_pool2d(self, x: Any) -> Any:
+        """Checked mean over each (H, W) plane."""
+        self._input(x, "global_avg_pool2d", 4)
+        return self.adapter.global_avg_pool2d(x)
+
+    def _channels(self, op: str, x: Any, vectors: dict[str, Any], eps: Any) -> Shape:
+        """x (B, C, H, W) and per-channel (C,) float vectors; a finite eps > 0."""
+        xs = self._input(x, op, 4)
+        for what, v in vectors.items():
+            vs = self._float(v, f"{op} {what}")
+            if vs != xs[1:2]:
+                raise InputError(f"{op} needs {what} of shape ({xs[1]},) for x {xs} (one value per channel), "
+                                 f"got {vs}")
+        check_number(eps, f"{op} eps", minimum=0.0, strict=True, example=1e-5)
+        return xs
+
+    def batch_norm(self, x: Any, gamma: Any, beta: Any, mean: Any, var: Any, eps: float) -> Any:
+        """Checked inference-mode BatchNorm with given statistics."""
+        self._channels("batch_norm", x, {"gamma": gamma, "beta": beta, "mean": mean, "var": var}, eps)
+        return self.adapter.batch_norm(x, gamma, beta, mean, var, float(eps))
+
+    def batch_norm_train(self, x: Any, gamma: Any, beta: Any, eps: float, sums: Optional[Any] = None,
+                         count: Optional[int] = None) -> tuple[Any, Any, Any]:
+        """Checked training-mode BatchNorm: x's own statistics, or those of the given sums."""
+        xs = self._channels("batch_norm_train", x, {"gamma": gamma, "beta": beta}, eps)
+        if sums is None:
+            if count is not None:
+                raise InputError("batch_norm_train count is only given with sums; pass both or neither")
+            values = xs[0] * xs[2] * xs[3]
+        else:
+            ss = self._float(sums, "batch_norm_train sums")
+            if ss != (2, xs[1]):
+                raise InputError(f"batch_norm_train needs sums of shape (2, {xs[1]}) (per-channel sum and sum "
+                                 f"of squares) for x {xs}, got {ss}")
+            if count is None:
+                raise InputError("batch_norm_train with sums needs count, the N*H*W of the batch they sum")
+            values = _int(count, "batch_norm_train", "count", 1)
+        if values < 2:
+            raise InputError(f"batch_norm_train sees {values} value per channel (x {xs}); the batch variance "
+                             "of one value is undefined: give every BatchNorm at least 2 values per channel "
+                             "(a larger batch per device, or synchronized statistics)")
+        return self.adapter.batch_norm_train(x, gamma, beta, float(eps), sums, None if sums is None else values)
+
+    def batch_norm_sums(self, x: Any) -> Any:
+        """Checked per-channel sum and sum of squares."""
+        self._input(x, "batch_norm_sums", 4)
+        return self.adapter.batch_norm_sums(x)
+
+    def add(self, x: Any, y: Any) -> Any:
+        """Checked differentiable ``x + y``."""
+        a, b = self._input(x, "add"), self._input(y, "add")
+        if a != b:
+            raise InputError(f"add needs equal shapes, got {a} and {b}; nothing broadcasts")
+        return self.adapter.add(x, y)
+
+    def concat_channels(self, xs: Sequence[Any]) -> Any:
+        """Checked differentiable concatenation along the channel axis."""
+        if not isinstance(xs, (list, tuple)) or not xs:
+            raise InputError(f"concat_channels needs a non-empty list of tensors, got {xs!r:.60}")
+        shapes = [self._input(t, "concat_channels", 4) for t in xs]
+        if any((s[0], s[2], s[3]) != (shapes[0][0], shapes[0][2], shapes[0][3]) for s in shapes):
+            raise InputError(f"concat_channels needs equal batch, height and width, got {shapes}")
+        return self.adapter.concat_channels(list(xs))
+
+    def group_sum(self, x: Any, group: Any) -> Any:
+        """Checked differentiable sum over the ranks of ``group``."""
+        xs = self._input(x, "group_sum", 1)
+        if not callable(getattr(group, "allreduce_", None)):
+            raise InputError(f"group_sum needs a process group (with allreduce_), got {type(group).__name__}; "
+                             "e.g. multigpu.distributed.rank.init_process_group()")
+        out = self.adapter.group_sum(x, group)
+        if self.adapter.shape(out) != xs:
+            raise AdapterError(f"{self.name} adapter's group_sum returned shape {self.adapter.shape(out)} for {xs}")
+        return out
 
     def dense(self, x: Any, w: Any, b: Any) -> Any:
         """Checked ``x @ w + b``."""
@@ -362,16 +438,23 @@ class CheckedBackend:
             self.adapter.native_allreduce(tensors)
 
     # -- gradients and update ----------------------------------------------------
-    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], *inputs: Any) -> Any:
-        """Checked ``[grads..., value]`` in one flat buffer."""
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], *inputs: Any, aux: bool = False,
+                       out: Optional[Any] = None) -> Any:
+        """Checked ``[grads..., value]`` in one flat buffer, ``out`` when given (and ``aux_flat`` with ``aux=True``)."""
         if not callable(fn):
             raise InputError(f"value_and_grad needs a callable fn, got {fn!r:.60}")
         if not isinstance(params, (list, tuple)) or not params:
             raise InputError("value_and_grad needs at least one parameter (its result lives on params[0]'s device)")
+        if not isinstance(aux, bool):
+            raise InputError(f"value_and_grad aux={aux!r} must be True or False")
         size = sum(prod(self._float(p, "value_and_grad param")) for p in params)
+        if out is not None and self._float(out, "value_and_grad out") != (size + 1,):
+            raise InputError(f"value_and_grad out has shape {self.adapter.shape(out)}; it must be ({size + 1},): "
+                             "every gradient, then the value")
+        extra = {} if out is None else {"out": out}
+        aux_size = [0]
 
-        def scalar_fn(leaves: Sequence[Any], *args: Any) -> Any:
-            out = fn(leaves, *args)
+        def check_value(out: Any) -> Any:
             if (not isinstance(out, self.tensor_type) or prod(self.adapter.shape(out)) != 1
                     or self.adapter.dtype(out).kind != "f"):
                 what = f"shape {self.adapter.shape(out)}" if isinstance(out, self.tensor_type) else type(out).__name__
@@ -379,12 +462,39 @@ class CheckedBackend:
                                  f"(the loss), got {what}; reduce it with sum")
             return out
 
-        flat = self.adapter.value_and_grad(scalar_fn, params, *inputs)
+        def scalar_fn(leaves: Sequence[Any], *args: Any) -> Any:
+            return check_value(fn(leaves, *args))
+
+        def aux_fn(leaves: Sequence[Any], *args: Any) -> Any:
+            out = fn(leaves, *args)
+            if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], (list, tuple)):
+                raise InputError("value_and_grad(aux=True) needs fn to return (value, [tensors...]), "
+                                 f"got {type(out).__name__}")
+            value, outputs = out
+            aux_size[0] = sum(prod(self._float(t, "value_and_grad aux output")) for t in outputs)
+            if not outputs or not aux_size[0]:
+                raise InputError("value_and_grad(aux=True) got no aux outputs; return at least one non-empty "
+                                 "tensor or call it with aux=False")
+            return check_value(value), list(outputs)
+
+        if aux:
+            flat, aux_flat = self.adapter.value_and_grad(aux_fn, params, *inputs, aux=True, **extra)
+        else:
+            flat = self.adapter.value_and_grad(scalar_fn, params, *inputs, **extra)
+        if out is not None and flat is not out:
+            raise AdapterError(f"{self.name} adapter's value_and_grad(out=...) returned another buffer; the "
+                               "contract says it writes into out and returns it")
         got = self._shape(flat, "value_and_grad result")
         if got != (size + 1,):
             raise AdapterError(f"{self.name} adapter's value_and_grad returned shape {got}; "
                                f"the contract says ({size + 1},): every gradient, then the value")
-        return flat
+        if not aux:
+            return flat
+        got = self._shape(aux_flat, "value_and_grad aux result")
+        if got != (aux_size[0],):
+            raise AdapterError(f"{self.name} adapter's value_and_grad returned aux of shape {got}; "
+                               f"the contract says ({aux_size[0]},): every aux output raveled")
+        return flat, aux_flat
 
     def sgd_(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> None:
         """Checked in-place ``p -= lr * g``."""
@@ -401,6 +511,43 @@ class CheckedBackend:
             pairs = [(p, g) for p, g in zip(params, grads) if 0 not in self.adapter.shape(p)]
             params, grads = [p for p, _ in pairs], [g for _, g in pairs]
         self.adapter.sgd_(params, grads, float(lr))
+
+
+    # -- whole-buffer math --------------------------------------------------------
+    def _math(self, op: str, y: Any, xs: Sequence[Any], scalars: dict[str, Any]) -> bool:
+        """Check the operands of an in-place whole-buffer op; False when there is nothing to do."""
+        ys = self._float(y, f"{op} y")
+        for i, x in enumerate(xs):
+            shape = self._float(x, f"{op} x{i + 1 if len(xs) > 1 else ''}")
+            if shape != ys:
+                raise InputError(f"{op} needs equal shapes, got y {ys} and {shape}; nothing broadcasts")
+        for name, value in scalars.items():
+            if type(value) is not float or not math.isfinite(value):  # a plain finite float passes at once
+                check_number(value, f"{op} {name}")
+        return 0 not in ys
+
+    def scale_(self, y: Any, a: float) -> None:
+        """Checked in-place ``y *= a``."""
+        if self._math("scale_", y, (), {"a": a}):
+            self.adapter.scale_(y, float(a))
+
+    def axpby_(self, y: Any, a: float, x: Any, b: float) -> None:
+        """Checked in-place ``y = a * y + b * x``."""
+        if self._math("axpby_", y, (x,), {"a": a, "b": b}):
+            self.adapter.axpby_(y, float(a), x, float(b))
+
+    def addcmul_(self, y: Any, a: float, x1: Any, x2: Any, b: float) -> None:
+        """Checked in-place ``y = a * y + b * x1 * x2``."""
+        if self._math("addcmul_", y, (x1, x2), {"a": a, "b": b}):
+            self.adapter.addcmul_(y, float(a), x1, x2, float(b))
+
+    def addcdiv_sqrt_(self, y: Any, x1: Any, x2: Any, value: float, divisor: float, eps: float) -> None:
+        """Checked in-place ``y += value * x1 / (sqrt(x2) / divisor + eps)``."""
+        if self._math("addcdiv_sqrt_", y, (x1, x2), {"value": value, "divisor": divisor, "eps": eps}):
+            if not float(divisor) > 0 or not float(eps) >= 0:
+                raise InputError(f"addcdiv_sqrt_ needs divisor > 0 and eps >= 0, got divisor={divisor!r}, "
+                                 f"eps={eps!r}")
+            self.adapter.addcdiv_sqrt_(y, x1, x2, float(value), float(divisor), float(eps))
 
 
 def checked(backend: Any) -> CheckedBackend:

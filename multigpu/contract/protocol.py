@@ -9,12 +9,22 @@ adapter that made them. Conventions fixed by the core, not by any framework:
   and every pooling uses floor rounding of the output size;
 * ``softmax_cross_entropy`` returns the per-example loss, never a mean;
 * ``copy_to`` and ``from_numpy`` always return a new buffer, even when the tensor is
-  already on that device (CPU replicas must never alias each other);
+  already on that device (CPU replicas must never alias each other); inside
+  ``value_and_grad`` ``copy_to`` is differentiable (its gradient is copied back);
 * ``value_and_grad`` returns the gradients and the value together in one fresh flat
-  buffer; nothing accumulates between calls, and nothing is read back to the host,
+  buffer (or in the caller's ``out``); nothing accumulates between calls, and nothing is read back to the host,
   so queuing work on one device never waits for another (the core reads the loss
   once per step, after the update, and sums gradients as one buffer);
-* ``unflatten`` returns views: they share the flat buffer's storage.
+* ``unflatten`` returns views: they share the flat buffer's storage;
+* **BatchNorm follows torch.** ``batch_norm_train`` normalizes with the batch mean and
+  the *biased* batch variance and returns, beside the output, the batch mean and the
+  *unbiased* variance (what torch's ``running_var`` follows). The adapters never keep
+  or update running statistics: the core does, ``r <- (1 - m) r + m * batch`` with
+  ``m = 0.1`` weighing the new batch (torch's ``momentum``; Paddle's and MXNet's 0.9 is
+  the weight of the old value, and MXNet updates its own in backward);
+* the in-place math (``scale_``, ``axpby_``, ``addcmul_``, ``addcdiv_sqrt_``, ``sgd_``)
+  works on whole buffers, so an optimizer is a handful of calls per replica over
+  flat parameter, gradient and state buffers, never one call per parameter.
 
 The contract (what every backend does with bad input)
 ------------------------------------------------------
@@ -37,8 +47,8 @@ pass runs on the step's fast path. The one exception is the label range, which
   ``InputError`` naming both shapes; nothing broadcasts (``assign_`` of a (1,)
   source into a (3,) destination is an error, never a fill or a resize).
 * **Empty tensors.** ``from_numpy``, ``to_numpy``, ``copy_to``, ``shape`` and
-  ``unflatten`` accept tensors with zero elements; ``add_``, ``assign_`` and
-  ``sgd_`` do nothing to them; ``flatten``/``concat`` skip them and raise
+  ``unflatten`` accept tensors with zero elements; ``add_``, ``assign_``, ``sgd_``
+  and the whole-buffer math (``scale_``, ``axpby_``, ...) do nothing to them; ``flatten``/``concat`` skip them and raise
   ``InputError`` when nothing is left; every differentiable op and ``split``
   raises ``InputError`` on them.
 * **Integer arguments** (stride, padding, groups, kernel, axis, sizes) must be
@@ -46,6 +56,9 @@ pass runs on the step's fast path. The one exception is the label range, which
 * **Grad mode.** ``value_and_grad`` returns real gradients whatever the caller's
   own grad mode is (inside ``torch.no_grad()``, ``paddle.no_grad()`` or
   ``mxnet.autograd.pause()``); the other methods never record a graph.
+* **BatchNorm in training mode** needs at least two values per channel (``N*H*W >= 2``,
+  or ``count >= 2`` with given sums): with one the batch variance is undefined (torch
+  raises "Expected more than 1 value per channel"); the contract raises InputError.
 * **Adapters may rely on the checks**: they only ever receive float32/int64
   C-contiguous arrays in ``from_numpy``, fully resolved positive shapes in
   ``reshape``, distinct ``dst``/``src`` in ``assign_``, and non-empty tensors where
@@ -55,7 +68,7 @@ pass runs on the step's fast path. The one exception is the label range, which
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -129,12 +142,12 @@ class Backend(Protocol[T]):
     # -- ops (differentiable inside value_and_grad) ----------------------
     # Every op raises InputError for an empty input, a non-float32 input (argmax also
     # takes int64), or ranks and dimensions that do not agree, naming the shapes.
-    def conv2d(self, x: T, w: T, b: T, stride: int, padding: int, groups: int) -> T:
+    def conv2d(self, x: T, w: T, b: Optional[T], stride: int, padding: int, groups: int) -> T:
         """NCHW cross-correlation with OIHW weights, bias, zero padding and groups.
 
-        Needs x (B, C, H, W), w (O, C/groups, kH, kW), b (O,), O divisible by
-        groups, stride >= 1, padding >= 0, groups >= 1, and a kernel no larger than
-        the padded input; otherwise InputError.
+        Needs x (B, C, H, W), w (O, C/groups, kH, kW), b (O,) or None (no bias), O
+        divisible by groups, stride >= 1, padding >= 0, groups >= 1, and a kernel no
+        larger than the padded input; otherwise InputError.
         """
 
     def avg_pool2d(self, x: T, kernel: int, stride: int, padding: int) -> T:
@@ -159,6 +172,54 @@ class Backend(Protocol[T]):
         Paddle LeNet step), and MXNet's NaN-keeping ``relu`` kernel made its step
         12-22% slower than Gluon's. Training instead checks
         the loss at every step and the parameters at every epoch's end.
+        """
+
+    def global_avg_pool2d(self, x: T) -> T:
+        """Return the mean over each (H, W) plane: (B, C, H, W) -> (B, C, 1, 1)."""
+
+    def batch_norm(self, x: T, gamma: T, beta: T, mean: T, var: T, eps: float) -> T:
+        """Inference-mode BatchNorm: ``(x - mean) / sqrt(var + eps) * gamma + beta`` per channel.
+
+        Needs x (B, C, H, W) and gamma, beta, mean, var of shape (C,), and a finite
+        ``eps > 0``; else InputError. ``mean`` and ``var`` (the running statistics) are
+        constants here: no gradient flows into them.
+        """
+
+    def batch_norm_train(self, x: T, gamma: T, beta: T, eps: float, sums: Optional[T] = None,
+                         count: Optional[int] = None) -> tuple[T, T, T]:
+        """Training-mode BatchNorm with batch statistics; return ``(y, mean, var)``.
+
+        Without ``sums`` the statistics are x's own, over (N, H, W). With ``sums`` (the
+        (2, C) per-channel sum and sum of squares of a larger batch that x is part of,
+        see ``batch_norm_sums``) and ``count`` (that batch's N*H*W) they are the larger
+        batch's: synchronized BatchNorm. ``y`` normalizes with the biased variance and
+        is differentiable in x, gamma, beta and sums; ``mean`` and ``var`` (the
+        *unbiased* variance, as torch's running_var takes it) are detached results
+        for the core to update running statistics with. Needs at least two values per
+        channel, the shapes of ``batch_norm`` and ``count >= 2`` exactly when sums are
+        given; else InputError.
+        """
+
+    def batch_norm_sums(self, x: T) -> T:
+        """Return the (2, C) per-channel sum and sum of squares of x (B, C, H, W) over (N, H, W)."""
+
+    def add(self, x: T, y: T) -> T:
+        """Return ``x + y`` elementwise (a residual join); equal shapes, else InputError."""
+
+    def concat_channels(self, xs: Sequence[T]) -> T:
+        """Concatenate (B, C_i, H, W) tensors along the channel axis (a branch join).
+
+        Needs at least one tensor, all 4-D with equal B, H and W, else InputError.
+        """
+
+    def group_sum(self, x: T, group: Any) -> T:
+        """Return a new tensor holding the sum of ``x`` over every rank of ``group``.
+
+        ``group`` is a process group (``multigpu.parallel.process_group``) of this
+        backend and ``x`` a non-empty 1-D float tensor on its device; else InputError.
+        Differentiable: the gradient of every rank's ``x`` is the group sum of the
+        output's gradient (a custom autograd function in each framework). Every rank
+        must call it at the same point, as any collective.
         """
 
     def dense(self, x: T, w: T, b: T) -> T:
@@ -232,9 +293,19 @@ class Backend(Protocol[T]):
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(
-        self, fn: Callable[..., T], params: Sequence[T], *inputs: Any
-    ) -> T:
+        self, fn: Callable[..., T], params: Sequence[T], *inputs: Any, aux: bool = False, out: Optional[T] = None
+    ) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar) and its gradients w.r.t. ``params``.
+
+        With ``out`` (a 1-D float32 buffer of the result's length on the device of
+        ``params[0]``) the result is written into it and ``out`` itself is returned: a
+        caller that keeps one gradient buffer per device saves allocating (and the
+        operating system mapping) a new one each step. Without it the buffer is new.
+
+        With ``aux=True`` ``fn`` returns ``(value, outputs)``, ``outputs`` a list of float
+        tensors computed along the way (BatchNorm's batch statistics) that are not
+        differentiated; the call then returns ``(flat, aux_flat)``, ``aux_flat`` a new 1-D
+        buffer on the device of ``params[0]`` holding every output raveled, in order.
 
         Returns one new 1-D buffer on the device of ``params[0]``: every gradient
         raveled, in ``params`` order, then the value (one element). A parameter that
@@ -256,3 +327,18 @@ class Backend(Protocol[T]):
         Needs as many grads as params, equal shapes pairwise, float32 tensors and a
         finite real ``lr``, else InputError.
         """
+
+    # -- whole-buffer math for optimizers and running statistics ---------
+    # Each works in place on ``y`` (float32, any shape); the other tensors have y's shape
+    # and may live on other devices; the scalars are finite reals. Else InputError.
+    def scale_(self, y: T, a: float) -> None:
+        """In place ``y *= a``."""
+
+    def axpby_(self, y: T, a: float, x: T, b: float) -> None:
+        """In place ``y = a * y + b * x``."""
+
+    def addcmul_(self, y: T, a: float, x1: T, x2: T, b: float) -> None:
+        """In place ``y = a * y + b * x1 * x2``."""
+
+    def addcdiv_sqrt_(self, y: T, x1: T, x2: T, value: float, divisor: float, eps: float) -> None:
+        """In place ``y += value * x1 / (sqrt(x2) / divisor + eps)`` (Adam's step; ``x2 >= 0``)."""

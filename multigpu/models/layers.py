@@ -1,26 +1,34 @@
-"""Layer specs: a network is data. Each spec knows its shapes, cost and forward op.
+"""Layer specs: a network is data. Each spec knows its shapes, cost, init and forward op.
 
 Shapes are per example (C, H, W) or (F,); the batch axis is added by the caller.
-FLOPs count a multiply-accumulate as two operations; ReLU one per output element;
-pooling one per window element.
+FLOPs count a multiply-accumulate as two operations; ReLU and an elementwise add one
+per output element; pooling one per window element; BatchNorm two per element (a
+scale and a shift, once its statistics are known).
+
+Most layers take one input. ``Add`` and ``Concat`` are joins: they take two or more
+(``JoinLayer``). ``BatchNorm2d`` has state besides its parameters (running mean and
+variance); how it computes its statistics is up to the caller's BatchNorm mode
+(``multigpu.models.batchnorm``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Optional, Sequence
+from typing import Any
+
+import numpy as np
 
 from multigpu.errors import ModelError
 
 Shape = tuple[int, ...]
 
-
-def _pooled(size: int, kernel: int, stride: int, padding: int) -> int:
-    # Floor rounding, as fixed by the protocol for every backend.
-    return (size + 2 * padding - kernel) // stride + 1
+#: Init schemes: the textbook's N(0, scale^2) weights and zero biases, or He (Kaiming) init.
+INIT_SCHEMES = ("textbook", "he")
 
 
-def _need_chw(layer: "Layer", in_shape: Shape) -> tuple[int, int, int]:
+def _need_chw(layer: Layer, in_shape: Shape) -> tuple[int, int, int]:
     if len(in_shape) != 3:
         raise ModelError(
             f"{layer.kind} needs a (C, H, W) input but receives {in_shape}; "
@@ -29,16 +37,30 @@ def _need_chw(layer: "Layer", in_shape: Shape) -> tuple[int, int, int]:
     return in_shape  # type: ignore[return-value]
 
 
+def _windowed(layer: Layer, in_shape: Shape, channels: int, kernel: int, stride: int, padding: int) -> Shape:
+    """The output shape of a kernel sliding over (C, H, W) with floor rounding (the protocol's)."""
+    _, h, w = _need_chw(layer, in_shape)
+    oh, ow = ((size + 2 * padding - kernel) // stride + 1 for size in (h, w))
+    if oh < 1 or ow < 1:
+        raise ModelError(f"{type(layer).__name__} kernel {kernel} does not fit input {in_shape}")
+    return (channels, oh, ow)
+
+
 @dataclass(frozen=True)
 class Layer:
-    """Base class of layer specs."""
+    """Base class of layer specs (one input); ``name`` is keyword-only, so the other fields
+    can be given by position (``Conv2d(64, 3, 1, 1)``)."""
 
-    name: Optional[str] = None
+    name: str | None = field(default=None, kw_only=True)
 
     kind = "layer"
 
     def param_shapes(self, in_shape: Shape) -> list[Shape]:
         """Return the shapes of this layer's parameters, in order."""
+        return []
+
+    def state_shapes(self, in_shape: Shape) -> list[Shape]:
+        """Return the shapes of this layer's state (values that are not parameters), in order."""
         return []
 
     def output_shape(self, in_shape: Shape) -> Shape:
@@ -53,26 +75,56 @@ class Layer:
         """Return floating-point operations per example."""
         return 2 * self.macs(in_shape)
 
+    def init_params(self, rng: np.random.Generator, in_shape: Shape, scheme: str, scale: float) -> list[np.ndarray]:
+        """Return float32 initial parameters (none by default)."""
+        return []
+
+    def init_state(self, in_shape: Shape) -> list[np.ndarray]:
+        """Return the float32 initial state (none by default)."""
+        return []
+
     def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
         """Apply the layer with ``backend`` ops."""
         raise NotImplementedError
 
 
 @dataclass(frozen=True)
+class JoinLayer(Layer):
+    """A layer that joins two or more inputs (the end of branches)."""
+
+    def join_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        """Return the output shape for the inputs' shapes; raise ModelError when they do not join."""
+        raise NotImplementedError
+
+    def join_flops(self, in_shapes: Sequence[Shape]) -> int:
+        """Return floating-point operations per example."""
+        return 0
+
+    def join(self, backend: Any, xs: Sequence[Any]) -> Any:
+        """Join the inputs with ``backend`` ops."""
+        raise NotImplementedError
+
+
+def _weights(rng: np.random.Generator, shape: Shape, std: float) -> np.ndarray:
+    return (rng.standard_normal(shape) * std).astype(np.float32)
+
+
+@dataclass(frozen=True)
 class Conv2d(Layer):
-    """2-D convolution (cross-correlation), OIHW weights, optional groups."""
+    """2-D convolution (cross-correlation), OIHW weights, optional groups and bias."""
 
     out_channels: int = 1
     kernel: int = 3
     stride: int = 1
     padding: int = 0
     groups: int = 1
+    bias: bool = True
     kind = "conv2d"
 
     def __post_init__(self) -> None:
-        for field in ("out_channels", "kernel", "stride", "groups"):
-            if getattr(self, field) < 1:
-                raise ModelError(f"Conv2d {field}={getattr(self, field)} must be >= 1")
+        for attr in ("out_channels", "kernel", "stride", "groups"):
+            if getattr(self, attr) < 1:
+                raise ModelError(f"Conv2d {attr}={getattr(self, attr)} must be >= 1")
         if self.padding < 0:
             raise ModelError(f"Conv2d padding={self.padding} must be >= 0")
         if self.out_channels % self.groups:
@@ -84,28 +136,31 @@ class Conv2d(Layer):
         c, _, _ = _need_chw(self, in_shape)
         if c % self.groups:
             raise ModelError(f"Conv2d input channels {c} are not divisible by groups={self.groups}")
-        return [(self.out_channels, c // self.groups, self.kernel, self.kernel), (self.out_channels,)]
+        weight = (self.out_channels, c // self.groups, self.kernel, self.kernel)
+        return [weight, (self.out_channels,)] if self.bias else [weight]
 
     def output_shape(self, in_shape: Shape) -> Shape:
-        _, h, w = _need_chw(self, in_shape)
-        oh = _pooled(h, self.kernel, self.stride, self.padding)
-        ow = _pooled(w, self.kernel, self.stride, self.padding)
-        if oh < 1 or ow < 1:
-            raise ModelError(f"Conv2d kernel {self.kernel} does not fit input {in_shape}")
-        return (self.out_channels, oh, ow)
+        return _windowed(self, in_shape, self.out_channels, self.kernel, self.stride, self.padding)
 
     def macs(self, in_shape: Shape) -> int:
         c = in_shape[0]
         return prod(self.output_shape(in_shape)) * (c // self.groups) * self.kernel**2
 
+    def init_params(self, rng: np.random.Generator, in_shape: Shape, scheme: str, scale: float) -> list[np.ndarray]:
+        shapes = self.param_shapes(in_shape)
+        # He init with fan_out, as torchvision's ResNets: std = sqrt(2 / (O * k * k)).
+        std = scale if scheme == "textbook" else math.sqrt(2.0 / (self.out_channels * self.kernel**2))
+        return [_weights(rng, shapes[0], std), *(np.zeros(s, np.float32) for s in shapes[1:])]
+
     def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
-        return backend.conv2d(x, params[0], params[1], self.stride, self.padding, self.groups)
+        b = params[1] if self.bias else None
+        return backend.conv2d(x, params[0], b, self.stride, self.padding, self.groups)
 
 
 @dataclass(frozen=True)
 class _Pool2d(Layer):
     kernel: int = 2
-    stride: Optional[int] = None  # None: same as kernel
+    stride: int | None = None  # None: same as kernel
     padding: int = 0
 
     def __post_init__(self) -> None:
@@ -121,12 +176,7 @@ class _Pool2d(Layer):
         return self.kernel if self.stride is None else self.stride
 
     def output_shape(self, in_shape: Shape) -> Shape:
-        c, h, w = _need_chw(self, in_shape)
-        oh = _pooled(h, self.kernel, self.step, self.padding)
-        ow = _pooled(w, self.kernel, self.step, self.padding)
-        if oh < 1 or ow < 1:
-            raise ModelError(f"{self.kind} kernel {self.kernel} does not fit input {in_shape}")
-        return (c, oh, ow)
+        return _windowed(self, in_shape, _need_chw(self, in_shape)[0], self.kernel, self.step, self.padding)
 
     def flops(self, in_shape: Shape) -> int:
         return prod(self.output_shape(in_shape)) * self.kernel**2
@@ -144,12 +194,73 @@ class AvgPool2d(_Pool2d):
 
 @dataclass(frozen=True)
 class MaxPool2d(_Pool2d):
-    """Max pooling."""
+    """Max pooling (padding never wins)."""
 
     kind = "max_pool2d"
 
     def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
         return backend.max_pool2d(x, self.kernel, self.step, self.padding)
+
+
+@dataclass(frozen=True)
+class GlobalAvgPool2d(Layer):
+    """The mean of each channel's plane: (C, H, W) -> (C, 1, 1), as torch's AdaptiveAvgPool2d(1)."""
+
+    kind = "global_avg_pool2d"
+
+    def output_shape(self, in_shape: Shape) -> Shape:
+        return (_need_chw(self, in_shape)[0], 1, 1)
+
+    def flops(self, in_shape: Shape) -> int:
+        return prod(in_shape)
+
+    def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
+        return backend.global_avg_pool2d(x)
+
+
+@dataclass(frozen=True)
+class BatchNorm2d(Layer):
+    """Batch normalization over (N, H, W) per channel: parameters gamma and beta, state the
+    running mean and variance.
+
+    ``momentum`` is torch's: the weight of the new batch in the running statistics
+    (``r <- (1 - momentum) r + momentum * batch``, the unbiased batch variance for the
+    variance). Training uses batch statistics, inference the running ones; which
+    statistics a training step uses (per device or synchronized) is the caller's choice.
+    """
+
+    eps: float = 1e-5
+    momentum: float = 0.1
+    kind = "batch_norm2d"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0):
+            raise ModelError(f"BatchNorm2d eps={self.eps!r} must be a finite number > 0, e.g. 1e-5")
+        if not (isinstance(self.momentum, (int, float)) and 0 < self.momentum <= 1):
+            raise ModelError(f"BatchNorm2d momentum={self.momentum!r} must be in (0, 1] (the new batch's "
+                             "weight, torch's convention), e.g. 0.1")
+
+    def param_shapes(self, in_shape: Shape) -> list[Shape]:
+        c = _need_chw(self, in_shape)[0]
+        return [(c,), (c,)]
+
+    def state_shapes(self, in_shape: Shape) -> list[Shape]:
+        return self.param_shapes(in_shape)
+
+    def flops(self, in_shape: Shape) -> int:
+        return 2 * prod(in_shape)
+
+    def init_params(self, rng: np.random.Generator, in_shape: Shape, scheme: str, scale: float) -> list[np.ndarray]:
+        c = _need_chw(self, in_shape)[0]
+        return [np.ones(c, np.float32), np.zeros(c, np.float32)]  # gamma = 1, beta = 0 in every scheme
+
+    def init_state(self, in_shape: Shape) -> list[np.ndarray]:
+        c = _need_chw(self, in_shape)[0]
+        return [np.zeros(c, np.float32), np.ones(c, np.float32)]  # running mean 0, running variance 1
+
+    def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
+        raise ModelError(f"BatchNorm2d {self.name!r} needs statistics: run the model through Model.run or "
+                         "Model.apply with a BatchNorm mode (running statistics for inference)")
 
 
 @dataclass(frozen=True)
@@ -163,6 +274,17 @@ class ReLU(Layer):
 
     def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
         return backend.relu(x)
+
+
+@dataclass(frozen=True)
+class Identity(Layer):
+    """Passes its input on: a branch that does nothing (DenseNet's ``concat(x, f(x))``, an
+    identity shortcut). It adds no node to a model."""
+
+    kind = "identity"
+
+    def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
+        return x
 
 
 @dataclass(frozen=True)
@@ -180,7 +302,8 @@ class Flatten(Layer):
 
 @dataclass(frozen=True)
 class Dense(Layer):
-    """Fully connected: ``x @ W + b`` with W of shape (in, out), as in the textbook."""
+    """Fully connected: ``x @ W + b`` with W of shape (in, out), as in the textbook (torch's
+    Linear stores the transpose)."""
 
     out_features: int = 1
     kind = "dense"
@@ -204,5 +327,51 @@ class Dense(Layer):
     def macs(self, in_shape: Shape) -> int:
         return self._in(in_shape) * self.out_features
 
+    def init_params(self, rng: np.random.Generator, in_shape: Shape, scheme: str, scale: float) -> list[np.ndarray]:
+        w, b = self.param_shapes(in_shape)
+        if scheme == "textbook":
+            return [_weights(rng, w, scale), np.zeros(b, np.float32)]
+        # torch's nn.Linear default (what torchvision's ResNets keep): U(-1/sqrt(in), 1/sqrt(in)).
+        bound = 1.0 / math.sqrt(w[0])
+        return [rng.uniform(-bound, bound, w).astype(np.float32), rng.uniform(-bound, bound, b).astype(np.float32)]
+
     def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
         return backend.dense(x, params[0], params[1])
+
+
+@dataclass(frozen=True)
+class Add(JoinLayer):
+    """Elementwise sum of its inputs (a residual join); every input has the same shape."""
+
+    kind = "add"
+
+    def join_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        if any(s != in_shapes[0] for s in in_shapes):
+            raise ModelError(f"adds inputs of shapes {list(in_shapes)}; they must be equal (give the shortcut a "
+                             "1x1 convolution with the main path's stride and channels)")
+        return in_shapes[0]
+
+    def join_flops(self, in_shapes: Sequence[Shape]) -> int:
+        return (len(in_shapes) - 1) * prod(in_shapes[0])
+
+    def join(self, backend: Any, xs: Sequence[Any]) -> Any:
+        out = xs[0]
+        for x in xs[1:]:
+            out = backend.add(out, x)
+        return out
+
+
+@dataclass(frozen=True)
+class Concat(JoinLayer):
+    """Concatenation along the channel axis (an Inception or DenseNet join); equal H and W."""
+
+    kind = "concat"
+
+    def join_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        if any(len(s) != 3 for s in in_shapes) or any(s[1:] != in_shapes[0][1:] for s in in_shapes):
+            raise ModelError(f"concatenates inputs of shapes {list(in_shapes)} along channels; they need (C, H, W) "
+                             "with equal H and W (pad or stride the branches alike)")
+        return (sum(s[0] for s in in_shapes), *in_shapes[0][1:])
+
+    def join(self, backend: Any, xs: Sequence[Any]) -> Any:
+        return backend.concat_channels(list(xs))

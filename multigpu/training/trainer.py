@@ -1,4 +1,4 @@
-"""``multigpu.train``: the textbook's experiment, LeNet on Fashion-MNIST, on any backend."""
+"""``multigpu.train``: the textbook's experiments (LeNet, then ResNet-18, on Fashion-MNIST) on any backend."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,10 @@ from multigpu.contract.devices import CPUFallbackWarning
 from multigpu.data.files import atomic_write, check_writable, check_writable_dir
 from multigpu.distributed.rank import launched, launched_rank
 from multigpu.errors import CheckpointError, InputError, ModelError, ParamsError, TrainingDivergedError
-from multigpu.models.sequential import Sequential
+from multigpu.models.graph import Model
+from multigpu.optim.base import Optimizer
+from multigpu.optim.choice import make_optimizer
+from multigpu.optim.sgd import SGD
 from multigpu.parallel.data_parallel import DataParallel
 from multigpu.parallel.process_group import ProcessGroup
 from multigpu.training.checkpoint import load_checkpoint, save_checkpoint
@@ -26,6 +29,7 @@ from multigpu.training.plotting import plot_curves, require_matplotlib
 from multigpu.training.processes import join_job, share_checkpoint, train_processes
 
 LR_SCALINGS = (None, "linear")
+FASHION_SHAPE, FASHION_CLASSES = (1, 28, 28), 10  # what the default data set holds
 
 
 @dataclass
@@ -46,11 +50,16 @@ class TrainResult:
     params: list[np.ndarray] = field(default_factory=list, repr=False)
     processes: int = 1  # ranks that trained together; ``devices`` are one rank's
     rank: int = 0  # the rank that returned this result (every rank holds the same numbers)
+    optimizer: dict[str, Any] = field(default_factory=dict)  # the optimizer's settings
+    sync_bn: bool = False
+    #: replica 0's BatchNorm running statistics (model.state_shapes), for DataParallel(state=...)
+    state: list[np.ndarray] = field(default_factory=list, repr=False)
 
     def to_dict(self, include_params: bool = False) -> dict[str, Any]:
         """Return a JSON-able dict; parameters only when ``include_params``."""
         d = asdict(self)
         d["params"] = [p.tolist() for p in self.params] if include_params else None
+        d["state"] = [p.tolist() for p in self.state] if include_params else None
         return d
 
     def save_json(self, path: Union[str, os.PathLike[str]], include_params: bool = False) -> None:
@@ -78,31 +87,39 @@ def learning_rate(lr: float, scale: int, step: int, steps_per_epoch: int, lr_sca
     return lr + (target - lr) * step / ramp
 
 
-def _batches(n: int, batch_size: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
+def _batches(n: int, batch_size: int, fewest: int, rng: np.random.Generator) -> list[np.ndarray]:
     order = rng.permutation(n)
     chunks = [order[i : i + batch_size] for i in range(0, n, batch_size)]
-    # A last batch too small to give every device a row joins the one before it,
-    # so no example is dropped.
-    if len(chunks) > 1 and len(chunks[-1]) < parts:
+    # A last batch with fewer than ``fewest`` rows (too few to give every device what it needs)
+    # joins the one before it, so no example is dropped.
+    if len(chunks) > 1 and len(chunks[-1]) < fewest:
         last = chunks.pop()  # popped first: chunks[-2] = f(chunks.pop()) would overwrite the wrong batch
         chunks[-1] = np.concatenate([chunks[-1], last])
     return chunks
 
 
-def resolve_model(model: Union[str, Sequential]) -> Sequential:
+def resolve_model(model: Union[str, Model], data: Any = None) -> Model:
     """Return the model to train: a built-in one by name, or the model object itself.
 
-    Raises ModelError for an unknown name or an object that is not a multigpu model.
+    A built-in model is built for the data (``data``, or Fashion-MNIST when None): its
+    input shape and class count are the data's where its factory takes them (LeNet's
+    are fixed). Raises ModelError for an unknown name or an object that is not a
+    multigpu model.
     """
     if isinstance(model, str):
-        return models.get(model)
-    if isinstance(model, Sequential):
+        if data is None:
+            shape, classes = FASHION_SHAPE, FASHION_CLASSES
+        else:
+            shape = tuple(data.train_images.shape[1:])
+            classes = int(max(data.train_labels.max(), data.test_labels.max())) + 1
+        return models.get(model, num_classes=classes, input_shape=shape)
+    if isinstance(model, Model):
         return model
     raise ModelError(f"model={model!r} is neither a built-in model name ({', '.join(sorted(models.MODELS))}) "
                      "nor a multigpu model; pass a name or e.g. multigpu.Sequential([...], input_shape=(1, 28, 28))")
 
 
-def _check_fits(net: Sequential, data: Any) -> None:
+def _check_fits(net: Model, data: Any) -> None:
     """Raise ModelError unless ``net`` takes the data's images and has a class per label."""
     image = tuple(data.train_images.shape[1:])
     if net.input_shape != image:
@@ -115,15 +132,22 @@ def _check_fits(net: Sequential, data: Any) -> None:
 
 
 def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int = 256, lr: float = 0.2,
-          num_epochs: int = 10, model: Union[str, Sequential] = "lenet", allreduce: str = "fused",
+          num_epochs: int = 10, model: Union[str, Model] = "lenet", allreduce: str = "fused",
           data_dir: Optional[Union[str, os.PathLike[str]]] = None, seed: int = 0, progress: bool = True,
           plot: Optional[Union[str, os.PathLike[str]]] = None,
           checkpoint: Optional[Union[str, os.PathLike[str]]] = None, *, scale_batch: bool = False,
           lr_scaling: Optional[str] = None, warmup_epochs: float = 0.0,
           train_limit: Optional[int] = None, test_limit: Optional[int] = None, data: Any = None,
           on_epoch: Optional[Callable[[int, "TrainResult"], None]] = None, processes: int = 1,
-          process_group: Optional[ProcessGroup] = None, verify_data: bool = True) -> TrainResult:
+          process_group: Optional[ProcessGroup] = None, verify_data: bool = True,
+          optimizer: Union[str, Optimizer] = "sgd", sync_bn: bool = False) -> TrainResult:
     """Train ``model`` on Fashion-MNIST with data-parallel SGD; return a TrainResult.
+
+    ``optimizer`` is ``"sgd"`` (plain SGD, the textbook's), ``"adamw"`` or an optimizer
+    object such as ``multigpu.optim.SGD(momentum=0.9, weight_decay=5e-4)``; ``lr`` is its
+    learning rate. ``sync_bn`` synchronizes BatchNorm statistics across every device and
+    process (else each device normalizes with its own shard's). Checkpoints hold the
+    optimizer state and every replica's BatchNorm running statistics too.
 
     ``num_gpus`` is a device count (CPU replicas with a warning when the framework
     sees fewer GPUs) or a device string such as ``"cpu:2"``. ``scale_batch``
@@ -164,7 +188,8 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     for name, limit in (("train_limit", train_limit), ("test_limit", test_limit)):
         if limit is not None:
             check_count(limit, name, example=1000)
-    net = resolve_model(model)
+    opt = make_optimizer(optimizer)
+    net = resolve_model(model, data)
     writer = (process_group.rank if process_group is not None else launched_rank()) == 0  # writes files
     if plot is not None:  # fail before training, not after ten epochs
         require_matplotlib()
@@ -180,7 +205,7 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
             group, devices = join_job(backend, num_gpus)
             joined = True
         tr = DataParallel(net, backend=backend, devices=devices, lr=lr, allreduce=allreduce, seed=seed,
-                          process_group=group)
+                          process_group=group, optimizer=opt, sync_bn=sync_bn)
     rank, world = tr.rank, tr.world_size
     progress = progress and rank == 0
     for w in caught:
@@ -191,6 +216,10 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     n_dev = len(tr.devices) * world  # every device of the job
     global_batch = batch_size * n_dev if scale_batch else batch_size
     check_count(global_batch, "batch_size", minimum=n_dev, example=f"{n_dev} (one row per device)")
+    # the fewest rows a batch may have: one per device, two per device where a BatchNorm sees 1x1
+    # planes (one value has no variance), or two in all with synchronized statistics
+    two = max(net.min_training_examples().values(), default=1) > 1
+    fewest = max(n_dev, 2) if two and sync_bn else 2 * n_dev if two else n_dev
     if data is None:
         from multigpu.data import load_fashion_mnist
 
@@ -202,15 +231,19 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
 
     result = TrainResult(backend=tr.backend.name, devices=[str(d) for d in tr.devices], model=net.name,
                          batch_size=global_batch, lr=lr, allreduce=allreduce, seed=seed,
-                         processes=world, rank=rank)
+                         processes=world, rank=rank, optimizer=opt.config(), sync_bn=sync_bn)
     config = {"backend": result.backend, "devices": result.devices, "model": net.name,
               "param_shapes": [list(shape) for shape in net.param_shapes], "batch_size": global_batch,
               "lr": lr, "allreduce": allreduce, "seed": seed, "lr_scaling": lr_scaling,
               "warmup_epochs": warmup_epochs, "train_size": len(Xtr), "test_size": len(Xte)}
+    if opt.config() != SGD().config() or sync_bn or net.batch_norms:  # older checkpoints stay valid
+        config.update(optimizer=opt.config(), sync_bn=sync_bn,
+                      state_shapes=[list(shape) for shape in net.state_shapes])
     if world > 1:
         config["processes"] = world
     rng = np.random.default_rng(seed)
     start_epoch = 0
+    arrays = saved[1].pop("arrays") if saved is not None else None  # numpy: stays on rank 0
     if checkpoint is not None and world > 1:
         saved = share_checkpoint(tr, saved)  # only rank 0 needs the folder
     if saved is not None:
@@ -223,10 +256,18 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
         try:
             if params is not None:  # None on ranks other than 0: broadcast below
                 tr.set_params(params)
+                tr.set_optimizer_state([arrays[f"opt{j}"] for j in range(opt.buffers)], state.get("steps", 0))
+            tr.steps = int(state.get("steps", 0))
             rng.bit_generator.state = state["rng"]
         except (ParamsError, TypeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"checkpoint in {checkpoint} is damaged ({exc}); delete it to start afresh") from exc
         tr.broadcast_params()  # rank 0's restored parameters to every rank (no-op in one process)
+        if net.batch_norms:
+            try:  # every replica's own running statistics, rank 0's file to every rank
+                tr.scatter_states(arrays.get("bn") if arrays is not None else None)
+            except (ParamsError, AttributeError) as exc:
+                raise CheckpointError(f"checkpoint in {checkpoint} is damaged ({exc}); delete it to start "
+                                      "afresh") from exc
         start_epoch = state["epoch"]
         for key in ("test_acc", "train_loss", "sec_per_epoch"):
             getattr(result, key).extend(state[key])
@@ -235,7 +276,7 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     multiplier = global_batch // batch_size  # linear scaling follows the batch, not the device count
     bar = _progress_bar(progress)
     for epoch in range(start_epoch, num_epochs):
-        chunks = _batches(len(Xtr), global_batch, n_dev, rng)
+        chunks = _batches(len(Xtr), global_batch, fewest, rng)
         total = 0.0
         with bar(total=len(chunks), desc=f"epoch {epoch + 1}/{num_epochs}", unit="batch", leave=False) as pbar:
             t0 = time.perf_counter()
@@ -251,17 +292,23 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
             tr.synchronize()  # queued device work belongs to this epoch's time
             seconds = time.perf_counter() - t0
         params = tr.get_params()  # one read per epoch, after the device work is done
-        if not all(np.isfinite(p).all() for p in params):  # a ReLU may have hidden NaN from the loss
-            raise _diverged(f"the parameters hold NaN or infinity after epoch {epoch + 1} although every "
-                            "loss was finite", epoch, len(chunks), math.nan, tr.lr, checkpoint, len(result.test_acc))
+        stats = tr.gather_states() if net.batch_norms else np.zeros((0,), np.float32)  # every rank takes part
+        bad = ("parameters" if not all(np.isfinite(p).all() for p in params) else
+               "BatchNorm running statistics" if not np.isfinite(stats).all() else None)
+        if bad is not None:  # a ReLU may have hidden NaN from the loss
+            raise _diverged(f"the {bad} hold NaN or infinity after epoch {epoch + 1} although every loss was "
+                            "finite", epoch, len(chunks), math.nan, tr.lr, checkpoint, len(result.test_acc))
         result.sec_per_epoch.append(seconds)
         result.train_loss.append(total / len(Xtr))
         result.test_acc.append(tr.evaluate(Xte, yte))
         if checkpoint is not None and rank == 0:
+            extra = {f"opt{j}": a for j, a in enumerate(tr.get_optimizer_state())}
+            if net.batch_norms:
+                extra["bn"] = stats
             save_checkpoint(checkpoint, params, {
                 "config": config, "epoch": epoch + 1, "rng": rng.bit_generator.state,
                 "test_acc": result.test_acc, "train_loss": result.train_loss,
-                "sec_per_epoch": result.sec_per_epoch})
+                "sec_per_epoch": result.sec_per_epoch, "steps": tr.steps}, extra)
         if progress:
             print(f"epoch {epoch + 1}/{num_epochs}: test acc {result.test_acc[-1]:.3f}, "
                   f"train loss {result.train_loss[-1]:.3f}, {seconds:.1f} sec/epoch "
@@ -269,6 +316,7 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
         if on_epoch is not None and rank == 0:
             on_epoch(epoch, result)
     result.params = tr.get_params()  # after a resume that had nothing left to do, too
+    result.state = tr.get_state()
     result.samples_per_sec = len(Xtr) * len(result.sec_per_epoch) / max(sum(result.sec_per_epoch), 1e-12)
     if joined:
         tr.process_group.close()

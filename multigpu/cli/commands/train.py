@@ -10,20 +10,24 @@ from multigpu.contract.devices import CPUFallbackWarning
 from multigpu.contract.registry import PREFERRED, default_backend
 from multigpu.data.files import check_writable
 from multigpu.distributed.rank import launched_backend
+from multigpu.errors import InputError
+from multigpu.models.zoo import MODELS
+from multigpu.optim import OPTIMIZERS, SGD, AdamW, Optimizer
 from multigpu.parallel.allreduce import ALGORITHMS
 from multigpu.training.trainer import train
 
 DESCRIPTION = """\
-Train a model on Fashion-MNIST across devices with any backend and print one line
-per epoch: test accuracy, seconds per epoch, devices. Every option and output path
-is checked before the data loads. Exit status: 0 ok, 1 the run failed (e.g. the
+Train a model (LeNet, ResNet-18, ...) on Fashion-MNIST across devices with any
+backend, with SGD (momentum, Nesterov, weight decay) or AdamW and per-device or
+synchronized BatchNorm, and print one line per epoch: test accuracy, seconds per
+epoch, devices. Every option and output path is checked before the data loads. Exit status: 0 ok, 1 the run failed (e.g. the
 loss diverged), 2 bad input, 130 interrupted.
 """
 
 
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
-    p = add_command(sub, "train", run, help="train LeNet on Fashion-MNIST with data-parallel SGD",
+    p = add_command(sub, "train", run, help="train LeNet or ResNet-18 on Fashion-MNIST, data-parallel",
                     description=DESCRIPTION)
     p.add_argument("--backend", default=None,
                    help=f"numpy, torch, mxnet or paddle (default: the one 'multigpu launch' was given, else "
@@ -32,7 +36,19 @@ def register(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="global minibatch size (default 256)")
     p.add_argument("--lr", type=float, default=0.2, help="learning rate (default 0.2)")
     p.add_argument("--epochs", type=int, default=10, help="number of epochs (default 10)")
-    p.add_argument("--model", default="lenet", help="built-in model (default lenet)")
+    p.add_argument("--model", default="lenet",
+                   help=f"built-in model ({', '.join(sorted(MODELS))}), built for the data's shape and classes "
+                        "(default lenet)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                   help="sgd (torch.optim.SGD's rule) or adamw (torch.optim.AdamW's); default sgd")
+    p.add_argument("--momentum", type=float, default=None, help="SGD momentum (default 0)")
+    p.add_argument("--nesterov", action="store_true", help="Nesterov momentum (SGD, needs --momentum)")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="weight decay: L2 in SGD (default 0), decoupled in AdamW (default 0.01)")
+    p.add_argument("--betas", default=None, metavar="B1,B2", help="AdamW's betas (default 0.9,0.999)")
+    p.add_argument("--eps", type=float, default=None, help="AdamW's eps (default 1e-8)")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="synchronize BatchNorm statistics across devices and processes (default: per device)")
     p.add_argument("--allreduce", choices=ALGORITHMS, default="fused", help="allreduce algorithm (default fused)")
     p.add_argument("--data-dir", default=None, help="folder with the IDX files (default: search, then download)")
     p.add_argument("--no-verify-data", action="store_true",
@@ -50,8 +66,32 @@ def register(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
 
 
+def optimizer_from(args: argparse.Namespace) -> Optimizer:
+    """The optimizer the flags describe; InputError for a flag the optimizer does not take."""
+    if args.optimizer == "sgd":
+        for flag, value in (("--betas", args.betas), ("--eps", args.eps)):
+            if value is not None:
+                raise InputError(f"{flag} is an AdamW setting; use it with --optimizer adamw")
+        return SGD(momentum=0.0 if args.momentum is None else args.momentum, nesterov=args.nesterov,
+                   weight_decay=0.0 if args.weight_decay is None else args.weight_decay)
+    if args.momentum is not None or args.nesterov:
+        raise InputError("--momentum and --nesterov are SGD settings; AdamW takes --betas")
+    kwargs: dict[str, Any] = {}
+    if args.betas is not None:
+        try:
+            kwargs["betas"] = tuple(float(v) for v in args.betas.split(","))
+        except ValueError:
+            raise InputError(f"--betas {args.betas!r} must be two numbers, e.g. 0.9,0.999") from None
+    if args.eps is not None:
+        kwargs["eps"] = args.eps
+    if args.weight_decay is not None:
+        kwargs["weight_decay"] = args.weight_decay
+    return AdamW(**kwargs)
+
+
 def run(args: argparse.Namespace) -> int:
     """Train and report; return 0, or raise a MultigpuError (see ``multigpu.cli`` for exit codes)."""
+    optimizer = optimizer_from(args)  # before any output
     if args.json_path is not None:
         check_writable(args.json_path, "--json")  # before any epoch, not after the last one
     backend = args.backend or launched_backend()
@@ -67,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
                        data_dir=args.data_dir, seed=args.seed, progress=not args.quiet, plot=args.plot,
                        checkpoint=args.checkpoint, scale_batch=args.scale_batch, lr_scaling=args.lr_scaling,
                        warmup_epochs=args.warmup_epochs, train_limit=args.train_limit,
-                       test_limit=args.test_limit, verify_data=not args.no_verify_data)
+                       test_limit=args.test_limit, verify_data=not args.no_verify_data, optimizer=optimizer,
+                       sync_bn=args.sync_bn)
     if result.rank != 0:
         return 0  # in a multi-process job rank 0 reports and writes for every rank
     print(f"final test acc {result.test_acc[-1]:.3f} (best {max(result.test_acc):.3f}), "

@@ -1,0 +1,13 @@
+"""Optimizers as core algorithms over the backend's whole-buffer math, one definition for
+every framework: SGD with momentum, Nesterov and weight decay, and AdamW, each exactly as
+``torch.optim`` defines it. Their state (momentum buffers, Adam's moments) lives per
+replica as flat buffers, beside the flat parameters and gradients.
+"""
+from __future__ import annotations
+
+from multigpu.optim.adamw import AdamW
+from multigpu.optim.base import Optimizer
+from multigpu.optim.choice import OPTIMIZERS, make_optimizer
+from multigpu.optim.sgd import SGD
+
+__all__ = ["OPTIMIZERS", "SGD", "AdamW", "Optimizer", "make_optimizer"]

@@ -1,0 +1,85 @@
+"""BatchNorm state in data-parallel training: per-device statistics by hand, synchronized statistics
+equal to one device, running statistics in inference, and the shard too small for a variance."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import multigpu
+from multigpu import models
+from multigpu.errors import InputError
+from multigpu.models import INPUT, BatchStatistics
+from multigpu.optim import SGD
+from multigpu.parallel.agreement import random_batches, train_run
+
+CPU = multigpu.Device("cpu", 0)
+
+
+def tiny() -> models.Model:
+    return models.resnet((1, 1), (4, 8), 5, (3, 12, 12), "tiny")
+
+
+def test_per_device_statistics_equal_a_hand_computation_per_shard(backend_name, ref):
+    """Each replica folds its own shard's batch mean and unbiased variance into its own running
+    statistics: r = 0.9 r + 0.1 batch, computed here from each shard's activations with numpy."""
+    m = tiny()
+    start = m.init_params(seed=4)
+    X, y = random_batches(m, 1, 10, seed=2)[0]
+    tr = multigpu.DataParallel(m, backend=backend_name, devices="cpu:2", lr=0.1, params=start)
+    tr.train_batch(X, y)
+    params = [ref.from_numpy(p, CPU) for p in start]
+    bn_inputs = [m.nodes[i].inputs[0] for i in m.batch_norms]
+    for r, (xs, _) in enumerate(tr.local_shards(X, y)):
+        acts = m.run(ref, params, {INPUT: ref.from_numpy(xs, CPU)}, bn=BatchStatistics(), outputs=bn_inputs)
+        want = []
+        for k, name in enumerate(bn_inputs):
+            a = ref.to_numpy(acts[name]).astype(np.float64)
+            want += [0.1 * a.mean(axis=(0, 2, 3)), 0.9 + 0.1 * a.var(axis=(0, 2, 3), ddof=1)]
+        for got, w in zip(tr.get_state(r), want):
+            np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-6)
+    assert not np.allclose(tr.get_state(0)[1], tr.get_state(1)[1])  # two shards, two sets of statistics
+
+
+@pytest.mark.parametrize("optimizer", [SGD(), SGD(momentum=0.9, weight_decay=5e-4)], ids=["sgd", "momentum"])
+def test_synchronized_statistics_make_k_devices_equal_one_after_5_steps(backend_name, optimizer):
+    m = tiny()
+    start = m.init_params(seed=1)
+    batches = random_batches(m, 5, 13, seed=3)  # 13 rows: uneven shards on 3 devices
+    one = train_run(m, backend_name, start, batches, devices="cpu:1", lr=0.1, optimizer=optimizer)
+    many = train_run(m, backend_name, start, batches, devices="cpu:3", lr=0.1, optimizer=optimizer, sync_bn=True)
+    np.testing.assert_allclose(many.losses, one.losses, atol=1e-5)
+    for a, b in zip(many.params, one.params):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    for state in many.states:  # every replica holds the whole batch's statistics
+        for a, b in zip(state, one.states[0]):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(many.opt_state, one.opt_state):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_inference_uses_each_replicas_running_statistics(backend_name, ref):
+    m = tiny()
+    params = m.init_params(seed=5)
+    rng = np.random.default_rng(0)
+    state = [s + rng.random(s.shape).astype(np.float32) for s in m.init_state()]
+    X = rng.random((7, 3, 12, 12), dtype=np.float32)
+    tr = multigpu.DataParallel(m, backend=backend_name, devices="cpu:2", params=params, state=state)
+    rp, rs = [ref.from_numpy(p, CPU) for p in params], [ref.from_numpy(s, CPU) for s in state]
+    logits = ref.to_numpy(m.run(ref, rp, {INPUT: ref.from_numpy(X, CPU)}, state=rs)[m.output])
+    np.testing.assert_array_equal(tr.predict(X), logits.argmax(1))
+    for got, want in zip(tr.get_state(1), state):
+        np.testing.assert_array_equal(got, want)
+    tr.set_state([s * 0 + (i % 2) * 50.0 for i, s in enumerate(state)], replica=1)  # variance 50: other logits
+    assert tr.get_state(0)[1].tolist() == state[1].tolist() and (tr.get_state(1)[1] == 50).all()
+
+
+def test_a_shard_of_one_example_at_1x1_is_refused_naming_the_node_and_device():
+    m = models.resnet((1, 1), (4, 8), 3, (3, 4, 4), "small")  # 4x4 -> 2x2 -> 1x1 after the max pool
+    X, y = random_batches(m, 1, 3)[0]
+    tr = multigpu.DataParallel(m, backend="numpy", devices="cpu:2")
+    with pytest.raises(InputError, match=r"BatchNorm node 'layer1.0.bn1' of small normalizes 1x1 planes.*device "
+                                         r"cpu:1 gets 1 of the batch of 3.*at least 4, or sync_bn=True"):
+        tr.train_batch(X, y)
+    multigpu.DataParallel(m, backend="numpy", devices="cpu:2", sync_bn=True).train_batch(X, y)  # 3 values in all
+    with pytest.raises(InputError, match="must be True or False"):
+        multigpu.DataParallel(m, backend="numpy", sync_bn="yes")

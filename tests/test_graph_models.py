@@ -1,0 +1,210 @@
+"""Models whose branches join: composition, shapes, accounting, stages, and the errors that name the node."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import FRAMEWORKS
+
+import multigpu
+from multigpu import models
+from multigpu.errors import ModelError, ParamsError
+from multigpu.models import INPUT, Chain, Model, Node, Parallel, Residual
+
+CPU = multigpu.Device("cpu", 0)
+Add, BatchNorm2d, Concat, Conv2d, Dense = models.Add, models.BatchNorm2d, models.Concat, models.Conv2d, models.Dense
+Flatten, GlobalAvgPool2d, Identity, MaxPool2d, ReLU = (models.Flatten, models.GlobalAvgPool2d, models.Identity,
+                                                      models.MaxPool2d, models.ReLU)
+
+
+def tiny_resnet() -> Model:
+    """Two stages of one basic block: BatchNorm, an identity and a projected shortcut, a padded max pool."""
+    return models.resnet((1, 1), (4, 8), 5, (3, 12, 12), "tiny")
+
+
+def inception_dense() -> Model:
+    """Inception-style towers joined by concat, then a DenseNet-style x -> concat(x, f(x))."""
+    towers = Parallel([Conv2d(4, 1, name="b1x1"),
+                       Chain([Conv2d(2, 1, name="reduce"), Conv2d(4, 3, padding=1, name="conv")], name="b3x3"),
+                       Chain([MaxPool2d(3, 1, 1, name="pool"), Conv2d(2, 1, name="proj")], name="bpool")],
+                      join="concat", name="mixed")
+    dense = Parallel([Identity(), Chain([BatchNorm2d(name="bn"), ReLU(name="relu"), Conv2d(3, 3, padding=1,
+                                                                                          bias=False, name="conv")])],
+                     join="concat", name="dense")
+    return Model([Conv2d(6, 3, padding=1, name="stem"), towers, dense, GlobalAvgPool2d(name="gap"),
+                  Flatten(name="flat"), Dense(4, name="fc")], input_shape=(2, 8, 8), name="mixed")
+
+
+def test_blocks_flatten_to_named_nodes_with_their_inputs():
+    m = inception_dense()
+    by = {n.name: n for n in m.nodes}
+    assert by["mixed.concat1"].inputs == ("mixed.b1x1", "mixed.b3x3.conv", "mixed.bpool.proj")
+    assert by["mixed.b3x3.reduce"].inputs == by["mixed.bpool.pool"].inputs == ("stem",)
+    assert by["dense.concat1"].inputs == ("mixed.concat1", "dense.conv")  # the identity branch is the input itself
+    assert m.shapes["mixed.concat1"] == (10, 8, 8) and m.shapes["dense.concat1"] == (13, 8, 8)
+    assert m.output_shape == (4,) and m.nodes[0].inputs == (INPUT,)
+    order = [n.name for n in m.nodes]
+    for n in m.nodes:  # one topological order
+        assert all(order.index(i) < order.index(n.name) for i in n.inputs if i != INPUT)
+    stats = {s.name: s for s in m.layer_stats(2)}
+    assert stats["dense.concat1"].inputs == ("mixed.concat1", "dense.conv")
+    assert stats["mixed.b3x3.conv"].macs == 2 * 8 * 8 * 4 * 2 * 9
+    assert stats["dense.conv"].params == 3 * 10 * 9  # no bias
+    assert stats["gap"].output_bytes == 2 * 13 * 4
+
+
+def test_explicit_nodes_in_any_order_equal_the_composed_model(ref):
+    nodes = [Node("out", Dense(3), ("flat",)), Node("flat", Flatten(), ("join",)),
+             Node("join", Add(), ("b", "a")), Node("b", Conv2d(2, 1, bias=False), (INPUT,)),
+             Node("a", Conv2d(2, 3, padding=1), (INPUT,))]
+    m = Model.from_nodes(nodes, (1, 4, 4), output="out")
+    assert [n.name for n in m.nodes] == ["b", "a", "join", "flat", "out"]  # stable topological order
+    composed = Model([Parallel([Conv2d(2, 1, bias=False, name="b"), Conv2d(2, 3, padding=1, name="a")],
+                               join="add", join_name="join"), Flatten(name="flat"), Dense(3, name="out")], (1, 4, 4))
+    assert [(n.name, n.inputs) for n in composed.nodes] == [(n.name, n.inputs) for n in m.nodes]
+    assert m.param_shapes == composed.param_shapes
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: Model(Residual([Conv2d(4, 3, stride=2, padding=1, name="conv")]), (2, 6, 6), "m"),
+     r"node 'add1' \(add, inputs 'conv' \(4, 3, 3\), 'input' \(2, 6, 6\)\): adds inputs of shapes .*1x1 convolution"),
+    (lambda: Model(Parallel([Conv2d(2, 3, name="a"), Conv2d(2, 1, name="b")]), (1, 5, 5), "m"),
+     r"node 'concat1' .*'a' \(2, 3, 3\), 'b' \(2, 5, 5\).*equal H and W"),
+    (lambda: Model.from_nodes([Node("a", ReLU(), ("b",)), Node("b", ReLU(), ("a",)), Node("c", ReLU(), ("b",))],
+                              (1, 2, 2), "m"), r"nodes .*'?a'? -> .*b.* form a cycle"),
+    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), ("x",))], (1, 2, 2), "m"),
+     r"node 'b' consumes 'x', which is neither a node nor 'input'"),
+    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), (INPUT,))], (1, 2, 2), "m"),
+     r"the output of node\(s\) \['a'\] is used by no node"),
+    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("a", ReLU(), ("a",))], (1, 2, 2), "m"),
+     r"two nodes are called 'a'"),
+    (lambda: Model([Chain([ReLU(name="r")], name="x"), Chain([ReLU(name="r")], name="x")], (1, 2, 2), "m"),
+     r"two nodes are called 'x.r'"),
+    (lambda: Model.from_nodes([Node(INPUT, ReLU(), (INPUT,))], (1, 2, 2), "m"), r"no node may be called 'input'"),
+    (lambda: Model.from_nodes([Node("j", Add(), (INPUT,))], (1, 2, 2), "m"), r"node 'j' \(add\) joins .*2 inputs"),
+    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), (INPUT, "a"))], (1, 2, 2), "m"),
+     r"node 'b' \(relu\) takes one input.*Add or Concat"),
+    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), ("a",))], (1, 2, 2), "m", output="a"),
+     r"node\(s\) \['b'\] do not lead to the output 'a'|used by no node"),
+    (lambda: Model(Parallel([Identity(), Identity()], join="add"), (1, 2, 2), "m"), "two identity branches"),
+    (lambda: Model([Dense(3)], (1, 4, 4), "m"), r"node 'dense1' .*add Flatten first"),
+    (lambda: Parallel([ReLU()]), "a join needs at least 2"),
+    (lambda: Parallel([ReLU(), ReLU()], join="mul"), "join='mul' is unknown"),
+    (lambda: BatchNorm2d(momentum=0.9 + 0.2), r"momentum=1.1.* \(0, 1\]"),
+    (lambda: BatchNorm2d(eps=0), r"eps=0 must be a finite number > 0"),
+])
+def test_bad_graphs_are_refused_naming_the_node(build, match):
+    with pytest.raises(ModelError, match=match):
+        build()
+
+
+def test_stages_run_from_the_tensors_they_consume(ref):
+    """A stage that cuts through a residual block (main path apart from the shortcut) gives the
+    model's own output, in inference and in training mode."""
+    m = tiny_resnet()
+    params = [ref.from_numpy(p, CPU) for p in m.init_params(seed=2)]
+    state = [ref.from_numpy(s + 0.5, CPU) for s in m.init_state()]
+    x = ref.from_numpy(np.random.default_rng(0).random((3, 3, 12, 12), dtype=np.float32), CPU)
+    full = ref.to_numpy(m.run(ref, params, {INPUT: x}, state=state)[m.output])
+    names = [n.name for n in m.nodes]
+    cut = names.index("layer2.0.bn2")  # layer2's main path up to bn2; its shortcut and the rest later
+    first = m.run(ref, params, {INPUT: x}, names[:cut], state=state)
+    assert set(first) == {"layer1.0.relu2", "layer2.0.conv2"}  # both sides of the block leave the stage
+    rest = m.run(ref, params, first, names[cut:], state=state)
+    np.testing.assert_allclose(ref.to_numpy(rest[m.output]), full, rtol=1e-6)
+    with pytest.raises(ModelError, match=r"consumes \['layer1.0.relu2'\], which it does not compute; pass"):
+        m.run(ref, params, {"layer2.0.conv2": first["layer2.0.conv2"]}, names[cut:], state=state)
+    with pytest.raises(ModelError, match="has BatchNorm: pass state="):
+        m.run(ref, params, {INPUT: x})
+    mode = models.BatchStatistics()
+    train_full = ref.to_numpy(m.apply(ref, [params], [x], mode)[0])
+    assert len(mode.stats[0]) == len(m.state_shapes)
+    part = m.run(ref, params, {INPUT: x}, names[:cut], bn=models.BatchStatistics())
+    rest = m.run(ref, params, part, names[cut:], bn=models.BatchStatistics())
+    np.testing.assert_allclose(ref.to_numpy(rest[m.output]), train_full, rtol=1e-6)
+
+
+def test_forward_slices_chain_cuts_and_refuses_others(ref):
+    m = tiny_resnet()
+    params = [ref.from_numpy(p, CPU) for p in m.init_params()]
+    state = [ref.from_numpy(s, CPU) for s in m.init_state()]
+    x = ref.from_numpy(np.random.default_rng(1).random((2, 3, 12, 12), dtype=np.float32), CPU)
+    names = [n.name for n in m.nodes]
+    cut = names.index("layer2.0.conv1")  # between blocks: one tensor crosses
+    mid = m.forward(ref, params, x, 0, cut, state=state)
+    np.testing.assert_allclose(ref.to_numpy(m.forward(ref, params, mid, cut, state=state)),
+                               ref.to_numpy(m.forward(ref, params, x, state=state)), rtol=1e-6)
+    with pytest.raises(ModelError, match="does not compute"):
+        m.forward(ref, params, mid, names.index("layer2.0.bn1"), state=state)
+
+
+def test_resnet18_is_torchvisions_layout():
+    m = models.resnet18()
+    assert m.num_params() == 11_689_512 and len(m.param_shapes) == 62 and len(m.state_shapes) == 40
+    assert sum(s.macs for s in m.layer_stats(1)) == 1_814_073_344  # torchvision's 1.81 GMACs
+    names = [n for n in m.param_names()]
+    assert names[:6] == ["conv1.0", "bn1.0", "bn1.1", "layer1.0.conv1.0", "layer1.0.bn1.0", "layer1.0.bn1.1"]
+    i = names.index("layer2.0.downsample.0.0")
+    assert names[i - 3:i + 3] == ["layer2.0.conv2.0", "layer2.0.bn2.0", "layer2.0.bn2.1", "layer2.0.downsample.0.0",
+                                  "layer2.0.downsample.1.0", "layer2.0.downsample.1.1"]
+    assert m.param_shapes[0] == (64, 3, 7, 7) and m.param_shapes[-2:] == [(512, 1000), (1000,)]
+    by = {s.name: s for s in m.layer_stats(1)}
+    assert by["maxpool"].output_shape == (64, 56, 56) and by["layer4.1.relu2"].output_shape == (512, 7, 7)
+    assert by["layer3.0.add"].inputs == ("layer3.0.bn2", "layer3.0.downsample.1")
+    small = models.resnet18_textbook()
+    assert small.input_shape == (1, 28, 28) and small.param_shapes[:2] == [(64, 1, 3, 3), (64,)]
+    assert "maxpool" not in small.index and small.shapes["layer4.1.relu2"] == (512, 4, 4)
+    assert any(n.endswith("conv3") for n in small.index)  # d2l's 1x1 shortcut without BatchNorm
+    assert models.get("resnet18", num_classes=10, input_shape=(1, 28, 28)).param_shapes[0] == (64, 1, 7, 7)
+
+
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs torch")
+def test_parameters_and_buffers_move_to_torchvisions_module_by_position():
+    from multigpu.benchmarks.resnet_references import torch_module
+
+    net, m = torch_module(1000), models.resnet18()
+    theirs = [tuple(p.shape) for p in net.parameters()]
+    ours = m.param_shapes
+    assert ours[:-2] == theirs[:-2] and ours[-2] == theirs[-2][::-1] and ours[-1] == theirs[-1]
+    buffers = [tuple(b.shape) for name, b in net.named_buffers() if not name.endswith("num_batches_tracked")]
+    assert buffers == m.state_shapes
+
+
+def test_init_is_he_for_convolutions_and_batchnorm_starts_at_one_and_zero():
+    m = models.resnet18(10, (3, 32, 32))
+    params = m.init_params(seed=0)
+    names = m.param_names()
+    conv = params[names.index("layer3.0.conv2.0")]
+    assert abs(conv.std() - np.sqrt(2 / (256 * 9))) < 0.02 * np.sqrt(2 / (256 * 9))
+    assert (params[names.index("layer3.0.bn2.0")] == 1).all() and not params[names.index("layer3.0.bn2.1")].any()
+    state = m.init_state()
+    assert not state[0].any() and (state[1] == 1).all()
+    bound = 1 / np.sqrt(512)
+    assert np.abs(params[-2]).max() <= bound and np.abs(params[-2]).max() > 0.9 * bound
+    seq = multigpu.Sequential([Conv2d(2, 3), BatchNorm2d(), ReLU(), Flatten(), Dense(2)], (1, 4, 4))
+    p = seq.init_params()  # the textbook's scheme, but gamma = 1
+    assert abs(p[0].std() - 0.01) < 0.005 and not p[1].any() and (p[2] == 1).all() and not p[3].any()
+
+
+def test_weights_of_the_wrong_shape_name_the_node():
+    m = tiny_resnet()
+    params = m.init_params()
+    params[m.param_names().index("layer2.0.downsample.1.0")] = np.ones(3)
+    with pytest.raises(ParamsError, match=r"params\[\d+\] has shape \(3,\); node 'layer2.0.downsample.1''s gamma "
+                                          r"of tiny needs \(8,\)"):
+        m.check_params(params)
+    state = m.init_state()
+    state[3] = -state[3]
+    with pytest.raises(ParamsError, match=r"state\[3\] \(node 'layer1.0.bn1''s running variance\) holds a negative"):
+        m.check_state(state)
+    with pytest.raises(ParamsError, match="state has 2 arrays but tiny needs"):
+        m.check_state(state[:2])
+
+
+def test_sequential_stays_the_chain_case():
+    with pytest.raises(ModelError, match="Sequential is a chain"):
+        multigpu.Sequential([Conv2d(2, 1), Concat()], (1, 4, 4))
+    with pytest.raises(ModelError, match="go into multigpu.models.Model"):
+        multigpu.Sequential([Residual([ReLU()])], (1, 4, 4))
+    m = models.lenet()
+    assert [s.inputs for s in m.layer_stats()][:2] == [(INPUT,), ("conv1",)]
+    assert isinstance(m, Model) and len(m) == 10

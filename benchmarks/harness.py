@@ -1,7 +1,8 @@
 """The benchmark harness: one runner, one result format.
 
 A benchmark is a module in this package with ``TITLE`` (one line), ``IN_QUICK``
-(whether ``--quick`` runs it) and ``run(opts: Options) -> Result``. The runner
+(whether ``--quick`` runs it) and ``run(opts: Options) -> Result``; ``NEEDS_LAB = True``
+marks one that runs only with ``--lab`` (it brings up the emulated lab, as root). The runner
 records the machine and the load around each benchmark and writes, per benchmark,
 ``NAME.md`` (tables), ``NAME.json`` (machine, settings, raw samples) and
 ``NAME.png`` (a plot).
@@ -60,7 +61,11 @@ BENCHMARKS: dict[str, str] = {
     "dist_step": "dist_step",
     "plans": "plans",
     "contract": "contract_overhead",
+    "lab": "lab",
 }
+
+#: With ``--lab``, a benchmark whose lab variant is another module runs that module instead.
+LAB_VARIANTS: dict[str, str] = {"plans": "plans_lab"}
 
 # Read by the frameworks' thread pools when they start (torch, MXNet and Paddle use OpenMP).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -77,6 +82,7 @@ class Options:
     progress: bool = True
     backends: Optional[tuple[str, ...]] = None  # None: every installed framework
     threads: Optional[int] = None  # CPU threads per framework process; None: the frameworks' defaults
+    lab: bool = False  # run across the hosts of the emulated lab (root): `multigpu bench plans --lab`, `lab`
 
     def repeats(self, full: int, quick: int) -> int:
         """Return ``quick`` under ``--quick``, else ``full``."""
@@ -322,11 +328,18 @@ def busy_seconds() -> Optional[float]:
 class LoadMeter:
     """CPU seconds used by processes other than this run, between ``__init__`` and ``stop()``.
 
-    Busy time of the whole machine comes from ``/proc/stat``; this run's share is this
-    process plus its finished children (``isolated`` workers are joined, so they count).
+    Busy time of the whole machine comes from ``/proc/stat``. This run's share is every
+    process it started, wherever it runs: Ray's raylet, gcs_server and workers, and the
+    hosts of a lab it brought up (``multigpu.lab.accounting.CpuAccount``: a cpuacct cgroup
+    as root, else a poll of this process's descendants). ``own_cpu_s_children_only`` is
+    what the older accounting saw (this process and the children it waited for), which
+    counted Ray's daemons as other load.
     """
 
     def __init__(self) -> None:
+        from multigpu.lab.accounting import CpuAccount
+
+        self.account = CpuAccount()
         self.t0, self.busy0, self.own0 = time.perf_counter(), self._busy(), self._own()
 
     @staticmethod
@@ -340,14 +353,34 @@ class LoadMeter:
         return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
                                                       resource.getrusage(resource.RUSAGE_CHILDREN)))
 
-    def stop(self) -> dict[str, Optional[float]]:
+    def own_seconds(self) -> float:
+        """CPU seconds of this run so far (every process it started)."""
+        return self.account.seconds()
+
+    def stop(self) -> dict[str, Any]:
         """Return wall seconds, this run's CPU seconds, other processes' CPU seconds and
-        their average share of the machine's cores (0..1)."""
-        wall, busy, own = time.perf_counter() - self.t0, self._busy(), self._own() - self.own0
+        their average share of the machine's cores (0..1), and how this run was counted."""
+        wall, busy = time.perf_counter() - self.t0, self._busy()
+        own = self.account.seconds()
+        children_only = self._own() - self.own0
+        self.account.close()
         other = None if busy is None or self.busy0 is None else max(0.0, busy - self.busy0 - own)
+        old_other = None if busy is None or self.busy0 is None else max(0.0, busy - self.busy0 - children_only)
         cores = os.cpu_count() or 1
         return {"wall_s": wall, "own_cpu_s": own, "other_cpu_s": other,
-                "other_share": None if other is None else other / (wall * cores)}
+                "other_share": None if other is None else other / (wall * cores),
+                "own_method": self.account.method, "own_cpu_s_children_only": children_only,
+                "other_share_children_only": None if old_other is None else old_other / (wall * cores)}
+
+
+#: The meter of the benchmark that is running (benchmarks read their own CPU from it).
+CURRENT: Optional[LoadMeter] = None
+
+
+def own_cpu_seconds() -> Optional[float]:
+    """CPU seconds the running benchmark has used so far, all its processes included (None
+    outside ``run_benchmarks``)."""
+    return None if CURRENT is None else CURRENT.own_seconds()
 
 
 def _jsonable(x: Any) -> Any:
@@ -368,8 +401,12 @@ def _load_line(before: dict[str, Any], load_after: list[float], load: dict[str, 
     share = load.get("other_share")
     other = ("unknown" if share is None else
              f"{share:.0%} of the {before['cores']} cores ({load['other_cpu_s']:.0f} CPU-s)")
+    old = load.get("other_share_children_only")
+    counted = ("" if old is None else
+               f" (this run's processes counted by {load.get('own_method')}, its Ray daemons included; "
+               f"counting only this process and its reaped children, as before, would say {old:.0%})")
     return (f"Load average (1 min) {before['loadavg'][0]:.2f} before, {load_after[0]:.2f} after; "
-            f"other processes used {other} during the run.")
+            f"other processes used {other} during the run{counted}.")
 
 
 def _write(result: Result, out: Path, before: dict[str, Any], load_after: list[float],
@@ -446,17 +483,21 @@ def run_benchmarks(names: Iterable[str], opts: Options,
 def _run_each(names: Iterable[str], opts: Options, echo: Callable[[str], None], written: list[Path],
               failed: dict[str, str]) -> None:
     for name in names:
-        module = importlib.import_module(f"{__package__}.{BENCHMARKS[name]}")
+        module_name = LAB_VARIANTS.get(name, BENCHMARKS[name]) if opts.lab else BENCHMARKS[name]
+        module = importlib.import_module(f"{__package__}.{module_name}")
         before = machine()
         echo(f"bench {name}: {module.TITLE}")
-        meter = LoadMeter()
+        global CURRENT
+        meter = CURRENT = LoadMeter()
         try:
             result = module.run(opts)
         except Exception as exc:  # one broken benchmark must not hide the others' results
             failed[name] = f"{type(exc).__name__}: {exc}"
             echo(f"bench {name}: FAILED: {failed[name]}")
             continue
-        load = meter.stop()
+        finally:
+            CURRENT = None
+            load = meter.stop()   # also on Ctrl-C: the accounting's cgroup goes
         written += _write(result, opts.out, before, list(os.getloadavg()), load)
         echo(f"bench {name}: done in {load['wall_s']:.0f} s -> {opts.out / name}.{{md,json,png}}")
 

@@ -28,6 +28,7 @@ import multigpu
 from multigpu.benchmarks.harness import Options, Result, Table, busy_seconds
 from multigpu.contract.registry import PREFERRED
 from multigpu.execution import Session, profile
+from multigpu.lab.accounting import ACCOUNT_ENV
 from multigpu.partition import Cluster, Constraints, DeviceSpec, autopartition, evaluate, graph_from_model
 from multigpu.partition.cost.choices import compute_times
 from multigpu.partition.stages import stages_summary
@@ -123,7 +124,20 @@ def _load() -> float:
 
 
 def _our_seconds(session: Session) -> float:
-    """CPU seconds used so far by the driver and every worker of the session."""
+    """CPU seconds used so far by this benchmark: every process it started (Ray's daemons and
+    workers, a lab's hosts) when the harness accounts for them, else the driver and the
+    session's workers."""
+    from multigpu.benchmarks.harness import own_cpu_seconds
+    from multigpu.lab.accounting import read_account
+
+    here = os.environ.get(ACCOUNT_ENV)
+    if here:   # inside a lab host: the harness's account lives in the process that brought the lab up
+        seconds = read_account(here)
+        if seconds is not None:
+            return seconds
+    seconds = own_cpu_seconds()
+    if seconds is not None:
+        return seconds
     ws = session.workers
     return time.process_time() + sum(ws._get(a.cpu_time.remote(), lambda: "a worker", what="reading its CPU time")[0]
                                      for a in ws.actors.values())
@@ -139,50 +153,80 @@ def _with_cores_left(cluster: Cluster, others: float) -> Cluster:
 
 
 def run(opts: Options) -> Result:
-    """Profile, plan, run, compare: ``cycles`` times, each profile next to its runs."""
+    """Profile, plan, run, compare: ``cycles`` times, each profile next to its runs
+    (with ``--lab`` the harness runs ``plans_lab`` instead: across the emulated lab's hosts)."""
     quick = opts.quick
     driver, workers = _devices(opts.frameworks(), int(os.environ.get("MULTIGPU_BENCH_THREADS", "0")) or None)
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if opts.progress else (lambda s: None)
-    models = ["lenet", "alexnet"]
     spec = Cluster(devices=tuple(DeviceSpec(d["name"], 1.0, 0.0, backend=d["backend"], threads=d.get("threads"))
                                  for d in [driver, *workers]), source=driver["name"])
     names = [w["name"] for w in workers]
-    cycles = opts.repeats(3, 1)
-    items = {"lenet": opts.repeats(60, 25), "alexnet": opts.repeats(6, 3)}
-    stream_items = {"lenet": opts.repeats(200, 80), "alexnet": opts.repeats(24, 12)}
-    rng = np.random.default_rng(0)
-    profiles: list[Any] = []
-    plans: list[dict[str, Any]] = []
-    runs: dict[int, list[Any]] = {}
-    loads: list[tuple[float, float]] = []
-    others: dict[int, list[float]] = {}      # per plan and cycle: cores other processes used during its run
+    settings = Cycles(cycles=opts.repeats(3, 1), items={"lenet": opts.repeats(60, 25), "alexnet": opts.repeats(6, 3)},
+                      stream_items={"lenet": opts.repeats(200, 80), "alexnet": opts.repeats(24, 12)},
+                      profile={"repeats": opts.repeats(15, 6), "warmup": opts.repeats(3, 1),
+                               "link_repeats": opts.repeats(12, 5)})
     with Session(spec) as session:
-        for c in range(cycles):
-            load_before = _load()
-            say(f"plans: cycle {c + 1}/{cycles}: profiling {', '.join(models)} on {', '.join(names)} and the driver")
-            t0 = time.perf_counter()
-            prof = profile(models, session=session, repeats=opts.repeats(15, 6), warmup=opts.repeats(3, 1),
-                           link_repeats=opts.repeats(12, 5), progress=opts.progress)
-            prof.seconds = time.perf_counter() - t0
-            profiles.append(prof)
-            if not plans:
-                plans = _plans(quick, names, prof.cluster)
-                runs = {i: [] for i in range(len(plans))}
-            params = {m: multigpu.models.get(m).init_params(0) for m in set(p["model"] for p in plans)}
-            for i, p in enumerate(plans):
-                m = multigpu.models.get(p["model"])
-                n_items = (stream_items if p.get("stream") else items)[p["model"]]
-                x = rng.random((n_items, *m.input_shape), dtype=np.float32)
-                say(f"plans: cycle {c + 1}/{cycles}: {p['model']} {p['label']}")
-                busy0, ours0, wall0 = busy_seconds(), _our_seconds(session), time.perf_counter()
-                runs[i].append(session.run(m, params[p["model"]], p["plan"], x, stream=bool(p.get("stream")),
+        measured = measure(session, ["lenet", "alexnet"], lambda c: _plans(quick, names, c), settings, say,
+                           opts.progress)
+        compiled = None if quick else _compiled_comparison(session, measured.plans, measured.params,
+                                                           np.random.default_rng(1), say, measured.profiles[-1])
+    return _report(measured.profiles, measured.plans, measured.runs, compiled, quick, measured.loads, measured.others)
+
+
+@dataclasses.dataclass
+class Cycles:
+    """How much ``measure`` runs: cycles of a profile and every plan, items per plan (by
+    model), and the profile's settings."""
+
+    cycles: int
+    items: dict[str, int]
+    stream_items: dict[str, int]
+    profile: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Measured:
+    """What ``measure`` returns (picklable, so a lab host can send it back)."""
+
+    profiles: list[Any]
+    plans: list[dict[str, Any]]
+    runs: dict[int, list[Any]]
+    loads: list[tuple[float, float]]
+    others: dict[int, list[float]]
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def measure(session: Session, models: list[str], make_plans: Any, settings: Cycles, say: Any,
+            progress: bool) -> Measured:
+    """``settings.cycles`` times: profile the session's devices, then run every plan
+    ``make_plans(profiled_cluster)`` gives (made once, from the first profile), priced on
+    that cycle's profile; record each run's other load (cores other processes used)."""
+    rng = np.random.default_rng(0)
+    out = Measured([], [], {}, [], {})
+    for c in range(settings.cycles):
+        load_before = _load()
+        say(f"plans: cycle {c + 1}/{settings.cycles}: profiling {', '.join(models)}")
+        t0 = time.perf_counter()
+        prof = profile(models, session=session, progress=progress, **settings.profile)
+        prof.seconds = time.perf_counter() - t0
+        out.profiles.append(prof)
+        if not out.plans:
+            out.plans = make_plans(prof.cluster)
+            out.runs = {i: [] for i in range(len(out.plans))}
+            out.params = {m: multigpu.models.get(m).init_params(0) for m in set(p["model"] for p in out.plans)}
+        for i, p in enumerate(out.plans):
+            m = multigpu.models.get(p["model"])
+            n_items = (settings.stream_items if p.get("stream") else settings.items)[p["model"]]
+            x = rng.random((n_items, *m.input_shape), dtype=np.float32)
+            say(f"plans: cycle {c + 1}/{settings.cycles}: {p['model']} {p['label']}")
+            busy0, ours0, wall0 = busy_seconds(), _our_seconds(session), time.perf_counter()
+            out.runs[i].append(session.run(m, out.params[p["model"]], p["plan"], x, stream=bool(p.get("stream")),
                                            warmup=2, cluster=prof.cluster))
-                busy1, ours1, wall1 = busy_seconds(), _our_seconds(session), time.perf_counter()
-                if busy0 is not None and busy1 is not None:
-                    others.setdefault(i, []).append(max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (wall1 - wall0))
-            loads.append((load_before, _load()))
-        compiled = None if quick else _compiled_comparison(session, plans, params, rng, say, profiles[-1])
-    return _report(profiles, plans, runs, compiled, quick, loads, others)
+            busy1, ours1, wall1 = busy_seconds(), _our_seconds(session), time.perf_counter()
+            if busy0 is not None and busy1 is not None:
+                out.others.setdefault(i, []).append(max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (wall1 - wall0))
+        out.loads.append((load_before, _load()))
+    return out
 
 
 def _compiled_comparison(session: Session, plans: list[dict[str, Any]], params: dict[str, Any],
@@ -368,7 +412,8 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
     outside = Table("Streamed runs and the machine's other load: cores other processes used during each cycle's run "
                     "(/proc/stat busy time less this benchmark's processes), the error, and the error had the host "
                     "been given only the cores they left on the machine, at most its own (a diagnostic, not the "
-                    "model: the profile's host keeps its cores)", ["model", "plan", "others' cores by cycle", "error by cycle",
+                    "model: the profile's host keeps its cores)",
+                    ["model", "plan", "others' cores by cycle", "error by cycle",
                                "error with the cores left"], stream_rows)
     tables = [table, outside, parts_table, devices, links, cpu_table, hops]
     notes = [f"Median |error| end to end: {100 * mape:.1f}% (target 10%): "

@@ -123,3 +123,13 @@ class WorkerTimeoutError(MultigpuError, TimeoutError):
 
 class BenchmarkError(MultigpuError, RuntimeError):
     """A benchmark failed while it ran (a run-time failure: exit 1)."""
+
+
+class LabUnsupportedError(MultigpuError, ValueError):
+    """This machine cannot host the emulated lab: not root, or the kernel lacks network
+    namespaces, a tc qdisc or a cgroup controller the lab needs (bad input, exit 2)."""
+
+
+class LabError(MultigpuError, RuntimeError):
+    """The emulated lab failed while it was built, used or taken down: a command such as
+    ``ip`` or ``ray start`` failed, or a host's process did not start (run-time failure, exit 1)."""

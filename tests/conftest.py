@@ -56,3 +56,48 @@ def data_cache(tmp_path, monkeypatch):
     from data_fakes import isolate
 
     return isolate(tmp_path, monkeypatch)
+
+
+# -- the emulated lab's tests: one summary line CI logs can be searched for --------------
+_LAB_TESTS = "tests/test_lab"   # test_lab.py, test_lab_plan.py, test_lab_cleanup.py
+_LAB_SPAN: list[float] = []
+
+
+def pytest_runtest_logstart(nodeid, location):
+    """Note when the first lab test starts (its module's lab comes up then)."""
+    import time
+
+    if nodeid.startswith(_LAB_TESTS) and not _LAB_SPAN:
+        _LAB_SPAN.append(time.monotonic())
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    """Note when each lab test ends (the last one takes the lab down)."""
+    import time
+
+    if nodeid.startswith(_LAB_TESTS) and _LAB_SPAN:
+        del _LAB_SPAN[1:]
+        _LAB_SPAN.append(time.monotonic())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print ``multigpu lab tests: N passed, ... (root: yes)`` so a CI log shows that the lab ran."""
+    import os
+
+    counts: dict[str, int] = {}
+    reasons: set[str] = set()
+    seconds = _LAB_SPAN[-1] - _LAB_SPAN[0] if len(_LAB_SPAN) > 1 else 0.0
+    for outcome in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            if not getattr(rep, "nodeid", "").startswith(_LAB_TESTS):
+                continue
+            if outcome == "skipped" and isinstance(rep.longrepr, tuple):
+                reasons.add(str(rep.longrepr[2]).removeprefix("Skipped: "))
+            if rep.when == "call" or outcome in ("skipped", "error"):
+                counts[outcome] = counts.get(outcome, 0) + 1
+    if not counts:
+        return
+    text = ", ".join(f"{n} {k}" for k, n in counts.items())
+    why = f"; skipped because {'; '.join(sorted(reasons))}" if reasons else ""
+    terminalreporter.write_line(f"multigpu lab tests: {text} in {seconds:.0f} s "
+                                f"(root: {'yes' if os.geteuid() == 0 else 'no'}){why}")

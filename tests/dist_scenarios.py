@@ -7,19 +7,17 @@ last phase hangs rank 1 on purpose, so the job ends with rank 0's collective tim
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+from rank_helpers import outside_the_job
 
 import multigpu
 from multigpu import models
-from multigpu.distributed.job import ENV_RANK
 from multigpu.distributed.rank import init_process_group
 from multigpu.errors import CollectiveMismatchError
 from multigpu.optim import SGD
@@ -37,16 +35,6 @@ def save_json(phase: str, obj: object) -> None:
 
 def save_npz(phase: str, **arrays: object) -> None:
     np.savez(OUT / f"{phase}.rank{rank}.npz", **arrays)
-
-
-@contextlib.contextmanager
-def outside_the_job():
-    """Run a single-process reference inside a rank: hide the launcher's variables."""
-    saved = os.environ.pop(ENV_RANK)
-    try:
-        yield
-    finally:
-        os.environ[ENV_RANK] = saved
 
 
 def dataset(n_train: int, n_test: int = 33, seed: int = 0) -> SimpleNamespace:

@@ -162,6 +162,23 @@ def test_bench_quick_writes_every_file_and_each_parses(tmp_path):
     print(f"multigpu bench --quick took {seconds:.0f} s")
 
 
+def test_the_run_counts_its_own_processes_wherever_they_run():
+    """A child that burns CPU and is never waited for by this process (a daemon, as Ray's
+    are) is this run's load, not other load."""
+    import subprocess
+    import sys
+    import time
+
+    from multigpu.lab.accounting import CpuAccount
+
+    with CpuAccount() as account:
+        code = "import os,time\nif os.fork(): os._exit(0)\nt=time.process_time()\nwhile time.process_time()-t<0.6: pass"
+        subprocess.run([sys.executable, "-c", code], check=True)   # the grandchild outlives its parent
+        time.sleep(1.5)
+        seconds = account.seconds()
+    assert seconds >= 0.4, (account.method, seconds)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif("torch" not in __import__("multigpu").available_backends(), reason="needs torch")
 def test_resnet_step_measures_ours_against_the_frameworks_own_loop_small():

@@ -190,7 +190,8 @@ def test_default_backend_order(monkeypatch):
 def _argv(command: str) -> list[str]:
     return {"partition": ["partition", "--graph", "lenet", "--cluster", "lab"],
             "profile": ["profile", "--out", "cluster.json"],
-            "run": ["run", "--plan", "cpu0", "--cluster", "cluster.json"]}.get(command, [command])
+            "run": ["run", "--plan", "cpu0", "--cluster", "cluster.json"],
+            "lab": ["lab", "status"]}.get(command, [command])
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -621,3 +621,18 @@ def test_torch_nccl_two_processes_one_gpu_each(tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr
     d = json.loads(out.read_text())
     assert d["processes"] == 2 and d["devices"] == ["gpu:0"]
+
+
+def test_a_job_binds_its_own_address_and_names_its_interface():
+    """One host: loopback (nothing else reaches the job); several: --node-addr, or the address
+    this host sends from toward the master; Gloo's interface is the one holding it."""
+    from multigpu.distributed.job import interface_env, interface_of, route_address
+
+    assert Job("torch", 2).host == "127.0.0.1"
+    assert Job("torch", 1, nnodes=2, master_addr="127.0.0.1", node_addr="10.1.2.3").host == "10.1.2.3"
+    assert Job("torch", 1, nnodes=2, master_addr="127.0.0.1").host == route_address("127.0.0.1") == "127.0.0.1"
+    assert interface_of("127.0.0.1") == "lo" and interface_of("203.0.113.77") is None
+    env = interface_env(Job("torch", 2), "GLOO_SOCKET_IFNAME")
+    assert env == ({} if "GLOO_SOCKET_IFNAME" in os.environ else {"GLOO_SOCKET_IFNAME": "lo"})
+    with pytest.raises(InputError, match="--master-addr '256.1.1.1'.*--node-addr"):
+        route_address("256.1.1.1")

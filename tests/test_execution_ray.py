@@ -258,8 +258,8 @@ def test_a_hung_worker_times_out_naming_its_stage_and_device(local_ray):
     stopped: list[int] = []
     t0 = time.monotonic()
     try:
-        with pytest.raises(WorkerTimeoutError, match="stage 2 \\(pool2..fc4\\) on device 'b' did not finish item "
-                                                     "\\d+ within 3 s"):
+        with pytest.raises(WorkerTimeoutError, match="stage 2 \\(pool2..fc4\\) on device 'b' \\(its worker: pid \\d+ "
+                                                     "on host [^)]+\\) did not finish item \\d+ within 3 s"):
             run_partitioned(LENET, PARAMS, ["a"] * 5 + ["b"] * 5, inputs(1000), cl, timeout=3.0,
                             on_workers=_stop_later(local_ray, "b", signal.SIGSTOP, 1.0, stopped))
         assert time.monotonic() - t0 < 60

@@ -23,8 +23,8 @@ def launch_plan(job: Job) -> LaunchPlan:
     """Workers for the ranks; the scheduler on node 0 and ``job.servers`` servers per node."""
     common = {"DMLC_PS_ROOT_URI": job.master_addr, "DMLC_PS_ROOT_PORT": str(job.master_port),
               "DMLC_NUM_WORKER": str(job.world_size), "DMLC_NUM_SERVER": str(job.servers * job.nnodes)}
-    if job.host:
-        common["DMLC_NODE_HOST"] = job.host  # else ps-lite picks this host's first interface
+    # ps-lite binds and announces this address (without it, its host's first interface).
+    common["DMLC_NODE_HOST"] = job.host
     argv = [sys.executable, "-c", "import mxnet"]
     services = [Service("scheduler", argv, {**common, "DMLC_ROLE": "scheduler"})] if job.node_rank == 0 else []
     services += [Service(f"server {job.node_rank * job.servers + i}", argv, {**common, "DMLC_ROLE": "server"})

@@ -59,7 +59,7 @@ class ReferenceGroup:
     def _accept(self, addr: str, port: int, limit: float) -> None:
         srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("" if addr not in ("127.0.0.1", "localhost") else addr, port))
+        srv.bind((addr, port))   # the master's address only: loopback on one host
         srv.listen(self.world_size)
         self._listener = srv
         deadline = time.monotonic() + limit

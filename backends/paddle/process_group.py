@@ -3,7 +3,12 @@
 ``launch_plan`` sets the variables ``paddle.distributed.launch`` gives each trainer
 (``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``, ``PADDLE_MASTER``, ...), and the group
 joins with Paddle's own ``init_parallel_env()``, whose TCP store listens on
-``PADDLE_MASTER``. Paddle is imported only when a group is created.
+``PADDLE_MASTER``'s port. Gloo is told the interface of this node's address
+(``GLOO_SOCKET_IFNAME``), so its connections stay on loopback on one host and on the
+given addresses on several (without it Paddle resolves the hostname, which a host
+without DNS for itself cannot). Paddle's store cannot be bound to one address: its
+C++ server takes only a port and listens on every interface. Paddle is imported only
+when a group is created.
 """
 from __future__ import annotations
 
@@ -14,13 +19,14 @@ import sys
 from typing import Any, Callable
 
 from multigpu.contract.protocol import Device
-from multigpu.distributed.job import Job, LaunchPlan
+from multigpu.distributed.job import Job, LaunchPlan, interface_env
 
 
 def launch_plan(job: Job) -> LaunchPlan:
     """Paddle's trainer variables for every local rank; Paddle needs no service process."""
     master = f"{job.master_addr}:{job.master_port}"
     host = job.host or job.master_addr
+    gloo = interface_env(job, "GLOO_SOCKET_IFNAME")
     envs = []
     for i in range(job.nproc):
         rank = job.rank(i)
@@ -31,7 +37,7 @@ def launch_plan(job: Job) -> LaunchPlan:
                      # the trainer with it (Gloo and the store pick their own ports).
                      "PADDLE_CURRENT_ENDPOINT": f"{host}:{min(job.master_port + 1 + rank, 65535)}",
                      # Paddle logs every store connection at INFO; keep warnings and errors.
-                     "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1")})
+                     "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1"), **gloo})
     return LaunchPlan(envs)
 
 

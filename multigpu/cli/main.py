@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 from multigpu.errors import InfeasibleError, MultigpuError, RankFailedError
 
-COMMANDS = ("check", "train", "partition", "profile", "run", "launch", "bench")
+COMMANDS = ("check", "train", "partition", "profile", "run", "launch", "bench", "lab")
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 

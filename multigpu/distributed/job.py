@@ -8,6 +8,7 @@ module only, never the supervisor that starts the processes.
 """
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from dataclasses import dataclass, field, replace
@@ -63,10 +64,12 @@ class Job:
 
     @property
     def host(self) -> str:
-        """This node's address for engines that announce one (loopback on one node)."""
+        """This node's address: where its ranks and services listen and how the other nodes
+        reach it. ``node_addr`` when given; loopback on one node (nothing else can reach the
+        job); on several, the address this host sends from toward ``master_addr``."""
         if self.node_addr:
             return self.node_addr
-        return "127.0.0.1" if self.nnodes == 1 else ""
+        return "127.0.0.1" if self.nnodes == 1 else route_address(self.master_addr)
 
 
 @dataclass
@@ -84,6 +87,50 @@ class LaunchPlan:
 
     rank_env: list[dict[str, str]]
     services: list[Service] = field(default_factory=list)
+
+
+def route_address(destination: str) -> str:
+    """The local address this host sends from toward ``destination`` (a UDP connect, which
+    sends nothing). InputError when no route leads there."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((destination, 9))
+            return str(s.getsockname()[0])
+    except OSError as e:
+        raise InputError(f"--master-addr {destination!r}: this host has no route to it ({e.strerror or e}); "
+                         f"check the address, or give this host's own with --node-addr") from None
+
+
+def interface_of(address: str) -> Optional[str]:
+    """The name of this host's network interface that holds ``address`` ("lo" for
+    127.0.0.1), or None when no interface does (Linux; None elsewhere)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                got = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(got[20:24]) == address:
+                return name
+    return None
+
+
+def interface_env(job: Job, variable: str) -> dict[str, str]:
+    """``{variable: NAME}`` naming the interface of ``job.host`` (for engines that bind to an
+    interface, such as Gloo's ``GLOO_SOCKET_IFNAME``); empty when the caller has set the
+    variable already or no interface holds the address."""
+    if variable in os.environ:
+        return {}
+    name = interface_of(job.host)
+    return {} if name is None else {variable: name}
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -23,6 +23,7 @@ import ctypes
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -282,7 +283,9 @@ def _failure_message(job: Job, failed: list[_Child], running: list[str]) -> str:
     failed.sort(key=cause_rank)
     first = failed[0]
     err = first.last_error()
-    msg = f"{first.label} (pid {first.pid}) {first.how()}" + (f": {err}" if err and first.popen.returncode and
+    # On several hosts, say which one: the other nodes' launchers report their own ranks.
+    on = f" on host {socket.gethostname()}" if job.nnodes > 1 else ""
+    msg = f"{first.label} (pid {first.pid}{on}) {first.how()}" + (f": {err}" if err and first.popen.returncode and
                                                               first.popen.returncode > 0 else "")
     others = [f"{c.label} {c.how()}" + (f" ({c.last_error()})" if c.last_error() else "") for c in failed[1:]]
     if others:

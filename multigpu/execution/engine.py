@@ -23,15 +23,27 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import shutil
 import socket
+import tempfile
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from multigpu.errors import MissingDependencyError, MultigpuError, PlanError, WorkerDiedError, WorkerTimeoutError
+from multigpu.distributed.job import route_address
+from multigpu.errors import (
+    InputError,
+    MissingDependencyError,
+    MultigpuError,
+    PlanError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+)
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.worker import StageWorker, thread_env
 from multigpu.partition.inputs.cluster import DeviceSpec
@@ -68,12 +80,37 @@ Link = tuple[str, int]  # (device, stage id on that device's worker)
 
 class RaySession:
     """Start a local Ray instance, join one (``address``), or reuse the one already
-    initialised in this process; on exit shut down only what this session started."""
+    initialised in this process; on exit shut down only what this session started.
+
+    A local instance listens on loopback only and uses token authentication with a
+    fresh token in a private folder (``private_token``): nobody else on the network can
+    reach it, and no other process on the machine can join it without reading that file.
+    Joining a cluster uses the token the environment gives (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) with ``RAY_AUTH_MODE=token``.
+    """
 
     def __init__(self, address: Optional[str] = None, num_cpus: Optional[int] = None):
         self.address = address
         self.num_cpus = num_cpus
         self.started = False
+        self._saved_env: dict[str, Optional[str]] = {}
+        self._token_dir: Optional[str] = None
+
+    def _set_env(self, **values: str) -> None:
+        for k, v in values.items():
+            self._saved_env.setdefault(k, os.environ.get(k))
+            os.environ[k] = v
+
+    def _restore_env(self) -> None:
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self._saved_env = {}
+        if self._token_dir is not None:
+            shutil.rmtree(self._token_dir, ignore_errors=True)
+            self._token_dir = None
 
     def __enter__(self) -> "RaySession":
         if not ray.is_initialized():
@@ -82,18 +119,35 @@ class RaySession:
             if self.address is None:
                 kwargs["num_cpus"] = self.num_cpus or os.cpu_count() or 1
                 kwargs["_system_config"] = LOCAL_SYSTEM_CONFIG
+                self._token_dir, token = private_token()
+                # Ray's processes (raylet, gcs_server, workers) inherit these from this one.
+                self._set_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
+            else:
+                if "RAY_AUTH_MODE" not in os.environ:
+                    self._set_env(RAY_AUTH_MODE="token")
+                here = _driver_address(self.address)
+                if here is not None:
+                    kwargs["_node_ip_address"] = here
+            _reload_auth()
             try:
-                ray.init(address=self.address, **kwargs)
+                with _loopback_only(self.address is None):
+                    ray.init(address=self.address, **kwargs)
             except (ConnectionError, ValueError, RuntimeError) as e:
+                self._restore_env()
+                _reload_auth()
                 where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray instance"
                 chain, cause = str(e), e.__cause__
                 while cause is not None:
                     chain, cause = chain + " " + str(cause), cause.__cause__
                 if "AuthToken" in chain or "Authentication" in chain:
                     raise PlanError(f"cannot join {where}: it asks for an authentication token; copy the head's "
-                                    f"~/.ray/auth_token to this machine and set RAY_AUTH_MODE=token") from None
+                                    f"~/.ray/auth_token to this machine (or point RAY_AUTH_TOKEN_PATH at it) and "
+                                    f"set RAY_AUTH_MODE=token") from None
                 raise PlanError(f"cannot start or join {where}: {e}; check the address "
                                 f"(`ray start --head` prints it) or leave --address out") from None
+            except BaseException:
+                self._restore_env()
+                raise
             self.started = True
         quiet_ray_loggers()
         return self
@@ -102,6 +156,65 @@ class RaySession:
         if self.started:
             ray.shutdown()
             self.started = False
+            self._restore_env()
+            _reload_auth()
+
+
+def _driver_address(address: str) -> Optional[str]:
+    """This host's address toward the cluster at ``HOST:PORT``, or None (``auto``, ``ray://``)."""
+    # NOTE: a driver joining a cluster attaches to a raylet it finds among this machine's
+    # processes, preferring the head's; on one machine holding several nodes (the lab, or
+    # containers sharing a PID namespace) that is another host's. The node address picks
+    # the raylet of this driver's own host.
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return None
+    try:
+        return route_address(host)
+    except InputError:
+        return None
+
+
+def private_token() -> tuple[str, str]:
+    """A fresh random Ray token in a new folder only this user can read: (folder, file)."""
+    folder = tempfile.mkdtemp(prefix="multigpu-ray-")   # mode 0700
+    path = os.path.join(folder, "auth_token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return folder, path
+
+
+def _reload_auth() -> None:
+    """Make this process's Ray read RAY_AUTH_MODE and the token again (it caches both)."""
+    # NOTE: Ray caches the authentication mode in its config and the token in a loader
+    # on first use; ray.init itself refreshes the config the same way when it turns
+    # token authentication on.
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):  # pragma: no cover - another Ray version
+        pass
+
+
+@contextmanager
+def _loopback_only(local: bool) -> Iterator[None]:
+    """While a local instance starts, let Ray take 127.0.0.1 as this node's address, so its
+    raylet, gcs_server and workers listen on loopback only."""
+    # NOTE: Ray replaces a loopback node address by the machine's outward address unless
+    # clusters are disabled (as on Windows and macOS, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER);
+    # its processes then bind the node address. The flag is read when the node starts.
+    from ray._private import ray_constants
+
+    old = ray_constants.ENABLE_RAY_CLUSTER
+    if local:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old
 
 
 def quiet_ray_loggers() -> None:
@@ -245,7 +358,7 @@ class Workers:
         refs = {name: self.actors[name].load.remote(model, stages.get(name, []), ray.put(params.get(name, {})))
                 for name in self.actors}
         for name, ref in refs.items():
-            self._get(ref, lambda n=name: f"the worker of device {n!r}", what="receiving its parameters")
+            self._get(ref, lambda n=name: f"the worker of device {n!r}", what="receiving its parameters", device=name)
         seconds = time.perf_counter() - t0
         if self.local is not None:
             name = self.local.name
@@ -271,15 +384,20 @@ class Workers:
         self.actors.clear()
 
     # -- errors --------------------------------------------------------------
-    def _get(self, ref: Any, who: Callable[[], str], what: str) -> Any:
+    def _get(self, ref: Any, who: Callable[[], str], what: str, device: Optional[str] = None) -> Any:
         try:
             return ray.get(ref, timeout=self.timeout)
         except ray_exceptions.GetTimeoutError:
-            raise WorkerTimeoutError(f"{who()} did not finish {what} within {self.timeout:g} s; the run "
+            info = self.info.get(device) if device is not None else None
+            where = f" (pid {info.pid} on host {info.host})" if info is not None else ""
+            raise WorkerTimeoutError(f"{who()}{where} did not finish {what} within {self.timeout:g} s; the run "
                                      f"was stopped and its workers shut down (raise the timeout if it is "
                                      f"only slow)") from None
         except ray_exceptions.RayActorError as e:
             raise self.died(e, who) from None
+        except (ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError):
+            raise WorkerDiedError(f"{who()}: a result was lost with its worker's host (its processes died or its "
+                                  f"node left the Ray cluster) while {what}; the run was stopped") from None
         except ray_exceptions.RayTaskError as e:
             raise _cause(e, f"{who()}: ") from None
 
@@ -287,9 +405,17 @@ class Workers:
         """A WorkerDiedError naming the worker whose actor ``e`` reports dead."""
         name = self.device_of(e)
         info = self.info.get(name) if name else None
-        where = f" (pid {info.pid} on {info.host})" if info else ""
+        where = f" (pid {info.pid} on host {info.host})" if info else ""
         return WorkerDiedError(f"{who()}: its worker process{where} died ({_first_line(e)}); the run "
                                f"was stopped and its workers shut down")
+
+    def lost(self, device: str, label: str, index: int) -> WorkerDiedError:
+        """A WorkerDiedError for a result of ``device`` that Ray lost with its host's node."""
+        info = self.info.get(device)
+        where = f" (pid {info.pid} on host {info.host})" if info else ""
+        return WorkerDiedError(f"{label}: the output of item {index} was lost with its worker{where}: that host's "
+                               f"processes died or its node left the Ray cluster; the run was stopped and its "
+                               f"workers shut down")
 
     def device_of(self, e: Exception) -> Optional[str]:
         """The device whose actor the Ray error ``e`` is about, if it names one."""
@@ -376,7 +502,7 @@ def run_chain(workers: Workers, chain: Sequence[Link], labels: Sequence[str], in
             nxt += 1
         item = active[0]
         if isinstance(item.value, ray.ObjectRef):
-            item.value = _wait_item(workers, item, labels)
+            item.value = _wait_item(workers, item, labels, chain)
         if item.next < len(chain):
             advance(item)
             continue
@@ -390,7 +516,7 @@ def run_chain(workers: Workers, chain: Sequence[Link], labels: Sequence[str], in
     return out
 
 
-def _wait_item(workers: Workers, item: _Item, labels: Sequence[str]) -> Any:
+def _wait_item(workers: Workers, item: _Item, labels: Sequence[str], chain: Sequence[Link]) -> Any:
     """``ray.get`` the item's latest result; name the failing stage on an error."""
     try:
         return ray.get(item.value, timeout=workers.timeout)
@@ -399,13 +525,21 @@ def _wait_item(workers: Workers, item: _Item, labels: Sequence[str]) -> Any:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         done = {r.hex() for r in ready}
         stuck = next((pos for pos, r in item.refs if r.hex() not in done), item.refs[-1][0])
+        info = workers.info.get(chain[stuck][0])
+        where = f" (its worker: pid {info.pid} on host {info.host})" if info is not None else ""
         raise WorkerTimeoutError(
-            f"{labels[stuck]} did not finish item {item.index} within {workers.timeout:g} s; the run was "
-            f"stopped and its workers shut down (raise the timeout if the stage is only slow)") from None
+            f"{labels[stuck]}{where} did not finish item {item.index} within {workers.timeout:g} s; the run was "
+            f"stopped and its workers shut down (raise the timeout if the stage is only slow, or check that "
+            f"host and its link)") from None
     except ray_exceptions.RayActorError as e:
         dev = workers.device_of(e)
         pos = next((p for p, _ in item.refs if labels[p].endswith(f"device {dev!r}")), item.refs[-1][0])
         raise workers.died(e, lambda: labels[pos]) from None
+    except (ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError) as e:
+        # A host that died with its node takes the results it held (and its worker) along.
+        lost = getattr(e, "object_ref_hex", None)
+        pos = next((p for p, r in item.refs if r.hex() == lost), item.refs[-1][0])
+        raise workers.lost(chain[pos][0], labels[pos], item.index) from None
     except ray_exceptions.RayTaskError as e:
         raise _cause(e, "") from None
 
@@ -431,7 +565,11 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
             for i in remote:
                 dev, sid = chain[i]
                 dag = workers.actors[dev].run.bind(sid, dag)
-        workers.compiled = dag.experimental_compile(_max_inflight_executions=CGRAPH_MAX_INFLIGHT)
+        try:
+            workers.compiled = dag.experimental_compile(_max_inflight_executions=CGRAPH_MAX_INFLIGHT)
+        except ray_exceptions.RayActorError as e:   # a worker died while the graph was being compiled
+            dev = workers.device_of(e)
+            raise workers.died(e, lambda: f"a worker of the compiled graph (device {dev!r})") from None
     cdag = workers.compiled
     window = min(window, CGRAPH_MAX_INFLIGHT)
     out = ChainResult([None] * len(inputs), [()] * len(inputs), [0.0] * len(inputs))  # type: ignore[list-item]

@@ -29,6 +29,10 @@ def register(sub: Any) -> None:
                    help="CPU threads per framework process (sets OMP_NUM_THREADS and friends; default: the "
                         "frameworks' own choice). On a machine shared with other jobs, 1 keeps a busy core "
                         "from stalling every parallel op")
+    p.add_argument("--lab", action="store_true",
+                   help="run across the hosts of the emulated lab (needs root): `plans --lab` predicts and measures "
+                        "plans over shaped links; `lab` runs the report's experiment, multi-host allreduces, faults "
+                        "and who can reach each job")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -46,8 +50,15 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         raise InputError(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)} (see --list)")
-    names = args.names or [n for n, m in BENCHMARKS.items()
-                           if not args.quick or importlib.import_module(f"multigpu.benchmarks.{m}").IN_QUICK]
+    def wanted(module: str) -> bool:
+        mod = importlib.import_module(f"multigpu.benchmarks.{module}")
+        return (not args.quick or mod.IN_QUICK) and (args.lab or not getattr(mod, "NEEDS_LAB", False))
+
+    names = args.names or [n for n, m in BENCHMARKS.items() if wanted(m)]
+    needs = [n for n in names if getattr(importlib.import_module(f"multigpu.benchmarks.{BENCHMARKS[n]}"),
+                                         "NEEDS_LAB", False) and not args.lab]
+    if needs:
+        raise InputError(f"benchmark(s) {needs} run in the emulated lab; add --lab (as root)")
     backends = None
     if args.backends is not None:
         from multigpu.contract.registry import available_backends, registered_backends
@@ -69,6 +80,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise InputError(f"--out {out} cannot be created ({exc.strerror}); pass a writable folder") from exc
     run_benchmarks(names, Options(quick=args.quick, out=out, progress=not args.quiet, backends=backends,
-                                       threads=args.threads),
+                                       threads=args.threads, lab=args.lab),
                    echo=(lambda s: None) if args.quiet else print)
     return 0

@@ -53,6 +53,9 @@ def register(sub: Any) -> None:
     p.add_argument("--repeats", type=int, default=20, help="timed passes per device and model (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed passes first (default 3)")
     p.add_argument("--link-repeats", type=int, default=15, help="timed transfers per size and route (default 15)")
+    p.add_argument("--sizes", default=None, metavar="BYTES[,BYTES...]",
+                   help="payload sizes of the link probes, e.g. 65536,1048576 (default: spanning the models' "
+                        "activations; larger ones resolve a fast link's bandwidth)")
     p.add_argument("--cpu-items", type=int, default=60,
                    help="payloads streamed per size and route to measure transfer CPU (default 60)")
     p.add_argument("--engine", choices=("tasks", "compiled"), default="tasks",
@@ -114,12 +117,18 @@ def run(args: argparse.Namespace) -> int:
 
     check_writable(json_path(args.out), "--out")  # before minutes of profiling, not after
     models = args.model or ["lenet"]
+    sizes = None
+    if args.sizes:
+        try:
+            sizes = [int(float(x)) for x in args.sizes.split(",") if x.strip()]
+        except ValueError:
+            raise PlanError(f"--sizes {args.sizes!r} must list byte counts, e.g. 65536,1048576") from None
     if args.cluster:
         if args.backend or args.worker:
             raise PlanError("give the workers either with --cluster or with --backend/--worker, not both")
         result = profile(models, cluster=load_cluster(args.cluster), batch=args.batch, repeats=args.repeats,
                          warmup=args.warmup, link_repeats=args.link_repeats, cpu_items=args.cpu_items,
-                         engine=args.engine, address=args.address, progress=not args.quiet)
+                         engine=args.engine, address=args.address, progress=not args.quiet, sizes=sizes)
     else:
         workers = _workers(args)
         if not workers:
@@ -132,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             driver["threads"] = args.driver_threads
         result = profile(models, workers, driver=driver, batch=args.batch, repeats=args.repeats,
                          warmup=args.warmup, link_repeats=args.link_repeats, cpu_items=args.cpu_items,
-                         engine=args.engine, address=args.address, progress=not args.quiet)
+                         engine=args.engine, address=args.address, progress=not args.quiet, sizes=sizes)
     path = result.write(args.out)
     if args.json:
         print(json.dumps(result.to_dict()))

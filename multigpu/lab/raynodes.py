@@ -1,0 +1,116 @@
+"""The lab's Ray cluster: a head on one host and a node on every other, each node offering
+its host's devices as resources, every instance with token authentication.
+
+The lab never imports Ray: it runs Ray's own ``ray start`` in each host. Every port is
+fixed (``PORTS``), so the documentation can list what listens where, and each host has
+its own Ray temp folder, so no other Ray instance on the machine finds the lab's (nor
+the lab another's).
+
+Token authentication: the lab writes a fresh random token to a file only root can
+read, and every process it starts gets ``RAY_AUTH_MODE=token`` and
+``RAY_AUTH_TOKEN_PATH`` to that file. A node or a driver without the token is refused.
+"""
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import shutil
+import sys
+from pathlib import Path
+
+from multigpu.errors import MissingDependencyError
+from multigpu.lab.plan import HostPlan, LabPlan
+
+__all__ = ["PORTS", "RAY_ENV", "head_address", "node_command", "ray_env", "write_token"]
+
+#: Every port a lab Ray node listens on (each host has its own network namespace, so
+#: every host uses the same numbers). The GCS listens on the head only.
+PORTS = {"gcs": 6379, "node_manager": 6380, "object_manager": 6381, "runtime_env_agent": 6382,
+         "dashboard_agent_grpc": 6383, "dashboard_agent_http": 6384, "metrics_export": 6385,
+         "workers_min": 6400, "workers_max": 6499}
+
+#: Ray settings for every process of the lab (Ray reads ``RAY_<setting>`` from the environment).
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # Results above this size stay in the producing node's object store and the consuming
+    # node pulls them directly; below it they return inline through the driver. In the lab
+    # the driver sits on a slow host, so an activation between two workers should go from
+    # one to the other as the cost model prices it, not through the driver.
+    "RAY_max_direct_call_object_size": "1024",
+    # A node that stops answering (its link down, its host killed) is declared dead after
+    # period x threshold, not Ray's default of 15 s plus timeouts.
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "5",
+    # A worker on a host with a fraction of a core, on a busy machine, may take long to
+    # import its framework and register.
+    "RAY_worker_register_timeout_seconds": "180",
+}
+
+
+def write_token(path: Path) -> Path:
+    """Write a fresh random token (hex) to ``path``, readable by its owner only."""
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(secrets.token_hex(32))
+    return path
+
+
+def ray_env(token: Path) -> dict[str, str]:
+    """The environment every process of the lab gets: token authentication and ``RAY_ENV``."""
+    return {**RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+
+
+def ray_program() -> str:
+    """The ``ray`` command of this Python; MissingDependencyError when Ray is not installed."""
+    here = Path(sys.executable).with_name("ray")
+    found = str(here) if here.exists() else shutil.which("ray")
+    if found is None:
+        raise MissingDependencyError("the lab's Ray nodes need Ray, which is not installed; install it with: "
+                                     "pip install 'multigpu[cluster]' (or bring the lab up with --no-ray)")
+    return found
+
+
+def head_address(plan: LabPlan) -> str:
+    """``ADDRESS:PORT`` of the lab's Ray head (what ``--address`` takes)."""
+    return f"{plan.host(plan.head).address}:{PORTS['gcs']}"
+
+
+def _resources(plan: LabPlan, host: HostPlan) -> dict[str, float]:
+    res: dict[str, float] = {}
+    for name in host.devices:
+        spec = plan.cluster.devices[plan.cluster.index(name)]
+        res[name] = 1.0
+        for key, amount in (spec.resources or {}).items():
+            if key not in ("CPU", "GPU"):
+                res[key] = max(res.get(key, 0.0), float(amount))
+    return res
+
+
+def object_store_bytes(host: HostPlan) -> int:
+    """The node's object store: a fifth of a limited host's memory (at least Ray's minimum of
+    75 MiB), 512 MiB on an unlimited one."""
+    if host.memory is None:
+        return 512 * 2**20
+    return max(75 * 2**20, host.memory // 5)
+
+
+def node_command(plan: LabPlan, host: HostPlan, temp_dir: Path, head: bool, cpus: int | None = None) -> list[str]:
+    """The ``ray start`` command of ``host``'s node (the head's when ``head``)."""
+    argv = [ray_program(), "start", f"--node-ip-address={host.address}", f"--temp-dir={temp_dir}",
+            f"--num-cpus={cpus if cpus is not None else max(1, math.ceil(host.cores))}", "--num-gpus=0",
+            f"--resources={json.dumps(_resources(plan, host))}",
+            f"--object-store-memory={object_store_bytes(host)}",
+            f"--node-manager-port={PORTS['node_manager']}", f"--object-manager-port={PORTS['object_manager']}",
+            f"--runtime-env-agent-port={PORTS['runtime_env_agent']}",
+            f"--dashboard-agent-grpc-port={PORTS['dashboard_agent_grpc']}",
+            f"--dashboard-agent-listen-port={PORTS['dashboard_agent_http']}",
+            f"--metrics-export-port={PORTS['metrics_export']}",
+            f"--min-worker-port={PORTS['workers_min']}", f"--max-worker-port={PORTS['workers_max']}",
+            "--include-log-monitor=false", "--disable-usage-stats", "--log-style=record", "--log-color=false"]
+    if head:
+        argv += ["--head", f"--port={PORTS['gcs']}", "--include-dashboard=false"]
+    else:
+        argv += [f"--address={head_address(plan)}"]
+    return argv

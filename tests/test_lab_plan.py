@@ -1,0 +1,107 @@
+"""The lab's design from a cluster file and its command line, without root: what ``Lab``
+would build (hosts, addresses, shaped rates, CPU shares, memory limits, what it cannot
+emulate), the one-line refusals of a machine that cannot host it, and the lab benchmark's
+report built from the parts that ran (the committed run's raw data, parts removed)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from multigpu.cli.main import main
+from multigpu.errors import InputError, LabUnsupportedError
+from multigpu.lab import design
+from multigpu.lab.plan import MAX_SHAPED, WIRE_OVERHEAD
+from multigpu.partition import Cluster, DeviceSpec, Link, LinkSpec, load_cluster
+
+
+def test_the_shipped_lab_becomes_five_hosts_with_per_pair_rates_and_shares():
+    plan = design(load_cluster("lab"), cpu_scale=0.25)
+    assert [h.name for h in plan.hosts] == ["pi1", "pi2", "desk-cpu", "desk-gpu", "imac"]
+    assert [h.address for h in plan.hosts] == [f"198.18.0.{i}" for i in range(1, 6)]
+    cores = {h.name: h.cores for h in plan.hosts}
+    assert cores["pi1"] == pytest.approx(0.25) and cores["imac"] == pytest.approx(0.25 * 70 / 38.4, rel=1e-3)
+    assert cores["desk-gpu"] == plan.max_cores and plan.host("desk-gpu").capped   # a GPU: capped, said so
+    assert any("GPU's speed cannot be emulated" in n for n in plan.notes)
+    assert any("latency is not emulated" in n for n in plan.notes)
+    wifi, lan = plan.link("pi1", "desk-cpu"), plan.link("imac", "desk-cpu")
+    assert (wifi.bandwidth, lan.bandwidth) == (1e6, 1e7)   # WiFi and LAN out of one host differ
+    assert wifi.rate_bits == round(1e6 * 8 * WIRE_OVERHEAD)
+    assert plan.link("desk-cpu", "desk-gpu").rate_bits is None   # PCIe: faster than the machine, unshaped
+    assert plan.host("pi1").memory == 500_000_000 and plan.host("imac").memory is None
+    assert plan.head == "desk-cpu"   # the most memory (unlimited) first, then the source's host
+    assert plan.host("pi1").quota_us / plan.host("pi1").period_us == pytest.approx(0.25)
+
+
+def test_scales_devices_sharing_a_host_and_pairs_without_a_link():
+    c = Cluster(devices=(DeviceSpec("a", 1e9, 1, memory=1e8, host="box"),
+                         DeviceSpec("b", 4e9, 1, memory=2e8, host="box"), DeviceSpec("c", 2e9, 1)), source="a",
+                links=(Link(("a", "c"), 1e6, 0.0),),
+                hosts={"box": {"cores": 2}})
+    plan = design(c, cpu_scale=0.1, bandwidth_scale=10, max_cores=1)
+    assert [h.devices for h in plan.hosts] == [("a", "b"), ("c",)]
+    box = plan.host("box")
+    assert box.cores == pytest.approx(0.4) and box.memory == 300_000_000
+    assert plan.link("box", "c").bandwidth == 1e7
+    no_link = design(Cluster(devices=(DeviceSpec("a", 1, 0), DeviceSpec("b", 1, 0)), source="a"))
+    assert no_link.link("a", "b").blocked and any("dropped" in n for n in no_link.notes)
+    tiny = design(Cluster(devices=(DeviceSpec("a", 1e9, 0), DeviceSpec("b", 1e12, 0)), source="a",
+                          default_link=LinkSpec(MAX_SHAPED * 2, 0.0)), cpu_scale=0.01)
+    assert tiny.host("a").quota_us >= 1000   # the kernel's shortest quota, with a longer period
+    assert tiny.host("a").quota_us / tiny.host("a").period_us == pytest.approx(0.01, rel=0.01)
+
+
+def test_bad_scales_and_heads_are_refused_by_name():
+    lab = load_cluster("lab")
+    with pytest.raises(InputError, match="cpu_scale=0"):
+        design(lab, cpu_scale=0)
+    with pytest.raises(InputError, match="bandwidth_scale=-1"):
+        design(lab, bandwidth_scale=-1)
+    with pytest.raises(InputError, match="head='nowhere'.*pi1"):
+        design(lab, head="nowhere")
+
+
+def test_a_machine_that_cannot_host_a_lab_gets_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert main(["lab", "up", "lab"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("multigpu lab: error: the lab needs root")
+    from multigpu.lab.system import require_support
+
+    with pytest.raises(LabUnsupportedError, match="needs root"):
+        require_support()
+
+
+def test_lab_commands_without_a_lab_and_with_bad_input(capsys, monkeypatch):
+    monkeypatch.setattr("multigpu.lab.lab.labs", list)
+    monkeypatch.setattr("multigpu.lab.labs", list)
+    monkeypatch.setattr("multigpu.lab.leftovers", list)
+    assert main(["lab", "exec", "pi1", "--", "hostname"]) == 2
+    assert "no lab is up" in capsys.readouterr().err
+    assert main(["lab", "exec", "pi1"]) == 2
+    assert "no command given" in capsys.readouterr().err
+    assert main(["lab", "up", "lab", "--device-backend", "imac"]) == 2
+    assert "DEVICE=BACKEND" in capsys.readouterr().err
+    assert main(["lab", "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["labs"] == []
+    with pytest.raises(SystemExit):
+        main(["lab", "--help"])
+    assert "cannot emulate a link's latency" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("failed", [(), ("report",), ("reach", "allreduce"), ("report", "allreduce", "faults", "reach")])
+def test_the_lab_benchmark_reports_each_part_that_ran_and_names_each_that_did_not(failed):
+    from multigpu.benchmarks import lab as bench_lab
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "docs/results/lab.json").read_text())["data"]
+    data = {k: v for k, v in data.items() if k not in failed}
+    if failed:
+        data["failed"] = {failed[0]: "RuntimeError: the link went away"}
+    result = bench_lab._result(data)
+    titles = {"report": "The report's experiment", "allreduce": "Multi-host data parallel", "faults": "Faults",
+              "reach": "Who can reach a job"}
+    assert [t.title.split(":")[0] for t in result.tables] == [v for k, v in titles.items() if k not in failed]
+    assert [n for n in result.notes if n.startswith("The ") and " part failed: " in n] == [
+        f"The {k} part failed: " + ("RuntimeError: the link went away" if k == failed[0] else "it did not run")
+        for k in titles if k in failed]

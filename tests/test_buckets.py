@@ -47,22 +47,31 @@ def _loss(b, model):
     return fn
 
 
+def _tiny_resnet() -> models.Model:
+    return models.resnet((1, 1), (4, 8), 5, (3, 12, 12), "tiny")
+
+
 @pytest.mark.parametrize("unused", [False, True], ids=["all-used", "one-unused"])
-def test_each_bucket_is_signalled_once_with_its_gradients_final(backend_name, unused):
+@pytest.mark.parametrize("model", ["lenet", "tiny-resnet"])
+def test_each_bucket_is_signalled_once_with_its_gradients_final(backend_name, unused, model):
     """On every adapter: a bucket's slice already holds its final gradients when it is signalled, every
-    bucket is signalled once, and the buffer equals the unbucketed value_and_grad's."""
+    bucket is signalled once, and the buffer equals the unbucketed value_and_grad's (with BatchNorm's
+    batch statistics as aux outputs for the ResNet)."""
     b = multigpu.backend(backend_name)
-    m = models.lenet()
+    m = models.lenet() if model == "lenet" else _tiny_resnet()
+    aux = model != "lenet"
     ps = [b.from_numpy(p, CPU) for p in m.init_params(0)]
     X, y = random_batches(m, 1, 6, seed=2)[0]
     x, t = b.from_numpy(X, CPU), b.from_numpy(y, CPU)
-    loss = _loss(b, m)
+    loss = DataParallel(m, backend=b)._loss if aux else _loss(b, m)
     fn = (lambda q, x, y: loss(q[:-1], x, y)) if unused else loss
     params = [*ps, b.from_numpy(np.ones(3, np.float32), CPU)] if unused else ps
     size = sum(int(np.prod(b.shape(p))) for p in params)
-    layout = plan_buckets([b.shape(p) for p in params], bucket_mb=0.05, first_mb=0.001)
+    layout = plan_buckets([b.shape(p) for p in params], bucket_mb=0.05 if model == "lenet" else 0.002,
+                          first_mb=0.001)
     assert len(layout.params) >= 3
-    want = b.to_numpy(b.value_and_grad(fn, params, x, t))
+    plain = b.value_and_grad(fn, params, x, t, aux=aux)
+    want = b.to_numpy(plain[0] if aux else plain)
     out = b.from_numpy(np.full(size + 1, 7.0, np.float32), CPU)
     seen: dict[int, np.ndarray] = {}
 
@@ -70,7 +79,10 @@ def test_each_bucket_is_signalled_once_with_its_gradients_final(backend_name, un
         a, e = layout.slices[k]
         seen[k] = b.to_numpy(out)[a:e]
 
-    got = b.value_and_grad(fn, params, x, t, out=out, buckets=layout.params, on_bucket=ready)
+    got = b.value_and_grad(fn, params, x, t, out=out, buckets=layout.params, on_bucket=ready, aux=aux)
+    if aux:
+        got, stats = got
+        np.testing.assert_allclose(b.to_numpy(stats), b.to_numpy(plain[1]), rtol=1e-5, atol=1e-6)
     assert got is out and sorted(seen) == list(range(len(layout.params)))
     np.testing.assert_allclose(b.to_numpy(out), want, rtol=1e-5, atol=1e-6)
     for k, (a, e) in enumerate(layout.slices):
@@ -98,7 +110,7 @@ def test_an_adapter_that_misses_or_repeats_a_bucket_breaks_the_contract():
         be = CheckedBackend(Skips(numpy.adapter, signals))
         ps = [be.from_numpy(np.ones(2, np.float32), CPU), be.from_numpy(np.ones(3, np.float32), CPU)]
         with pytest.raises(AdapterError, match=match):
-            be.value_and_grad(lambda q: be.sum(be.add(q[0], q[0])), ps, out=be.from_numpy(np.zeros(6, np.float32),
+            be.value_and_grad(lambda q, be=be: be.sum(be.add(q[0], q[0])), ps, out=be.from_numpy(np.zeros(6, np.float32),
                               CPU), buckets=[(1, 2), (0, 1)], on_bucket=lambda k: None)
 
 
@@ -138,7 +150,7 @@ def test_one_header_checks_the_buckets_and_a_mismatch_names_both_sides():
 
 
 def _bucketed_pair(model, X, y, bucket_mb):
-    be, groups = _reference_pair(free_port())
+    _, groups = _reference_pair(free_port())
     trainers: list = [None, None]
     losses: list = [[], []]
 
@@ -158,16 +170,20 @@ def _bucketed_pair(model, X, y, bucket_mb):
     return trainers, losses
 
 
-def test_two_bucketed_ranks_equal_one_process_with_two_devices():
-    m = models.lenet()
+@pytest.mark.parametrize("model", ["lenet", "tiny-resnet"])
+def test_two_bucketed_ranks_equal_one_process_with_two_devices(model):
+    """Per-device BatchNorm too: each rank's running statistics are its shard's, as each device's are."""
+    m = models.lenet() if model == "lenet" else _tiny_resnet()
     X, y = random_batches(m, 1, 16, seed=4)[0]
-    trainers, losses = _bucketed_pair(m, X, y, bucket_mb=0.05)
+    trainers, losses = _bucketed_pair(m, X, y, bucket_mb=0.05 if model == "lenet" else 0.002)
     assert len(trainers[0]._layout.params) >= 3
     one = DataParallel(m, backend="numpy", devices="cpu:2", lr=0.1, seed=3)
     ref = [one.train_batch(X, y) for _ in range(3)]
     for r in (0, 1):
         np.testing.assert_allclose(losses[r], ref, atol=1e-5)
         for a, b in zip(trainers[r].get_params(), one.get_params()):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        for a, b in zip(trainers[r].get_state(), one.get_state(r)):
             np.testing.assert_allclose(a, b, atol=1e-5)
 
 

@@ -257,8 +257,8 @@ class MXNetBackend:
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[NDArray],
                        *inputs: Any, aux: bool = False, out: Optional[NDArray] = None,
-                       buckets: Optional[Sequence[tuple[int, int]]] = None,
-                       on_bucket: Optional[Callable[[int], None]] = None) -> Any:
+                       buckets: Sequence[tuple[int, int]] | None = None,
+                       on_bucket: Callable[[int], None] | None = None) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
         (and the aux outputs raveled in a second one with ``aux=True``)."""
         shapes = [p.shape for p in params]

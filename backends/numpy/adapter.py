@@ -11,6 +11,7 @@ core bug that mixes CPU replicas fails on the oracle although the frameworks run
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -332,8 +333,8 @@ class NumpyBackend:
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Var],
                        *inputs: Any, aux: bool = False, out: Optional[Var] = None,
-                       buckets: Optional[Sequence[tuple[int, int]]] = None,
-                       on_bucket: Optional[Callable[[int], None]] = None) -> Any:
+                       buckets: Sequence[tuple[int, int]] | None = None,
+                       on_bucket: Callable[[int], None] | None = None) -> Any:
         """Evaluate ``fn`` and backpropagate through the recorded closures (signalling each bucket
         once its last gradient is final)."""
         leaves = [Var(p.data, p.device) for p in params]
@@ -424,7 +425,7 @@ class _Buckets:
                  buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
         self.leaves, self.out, self.on_bucket = leaves, out, on_bucket
         bounds = np.cumsum([0, *(lf.data.size for lf in leaves), 1])
-        self.views = [out.data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        self.views = [out.data[a:b] for a, b in itertools.pairwise(bounds)]
         where = {id(lf): i for i, lf in enumerate(leaves)}
         self.bucket_of = [0] * len(leaves)
         for k, (a, b) in enumerate(buckets):

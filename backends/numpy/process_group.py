@@ -12,8 +12,9 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class ReferenceGroup:
                                   f"and {ENV_MASTER_PORT}; start the ranks with 'multigpu launch'") from exc
         self._peers: dict[int, socket.socket] = {}
         self._listener: Optional[socket.socket] = None
-        self._sums: Optional[ThreadPoolExecutor] = None  # one thread: the sums keep their order on the sockets
+        self._sums: ThreadPoolExecutor | None = None  # one thread: the sums keep their order on the sockets
         if self.rank == 0:
             self._accept(addr, port, init_timeout)
         else:

@@ -256,8 +256,8 @@ class PaddleBackend:
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Tensor],
                        *inputs: Any, aux: bool = False, out: Optional[Tensor] = None,
-                       buckets: Optional[Sequence[tuple[int, int]]] = None,
-                       on_bucket: Optional[Callable[[int], None]] = None) -> Any:
+                       buckets: Sequence[tuple[int, int]] | None = None,
+                       on_bucket: Callable[[int], None] | None = None) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
         (and the aux outputs raveled in a second one with ``aux=True``); with ``buckets`` each bucket is
         signalled from Paddle's tensor hooks while backward runs."""

@@ -440,8 +440,8 @@ class CheckedBackend:
 
     # -- gradients and update ----------------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], *inputs: Any, aux: bool = False,
-                       out: Optional[Any] = None, buckets: Optional[Sequence[tuple[int, int]]] = None,
-                       on_bucket: Optional[Callable[[int], None]] = None) -> Any:
+                       out: Optional[Any] = None, buckets: Sequence[tuple[int, int]] | None = None,
+                       on_bucket: Callable[[int], None] | None = None) -> Any:
         """Checked ``[grads..., value]`` in one flat buffer, ``out`` when given (and ``aux_flat`` with ``aux=True``);
         with ``buckets``, ``on_bucket(k)`` once per bucket, before the call returns."""
         if not callable(fn):

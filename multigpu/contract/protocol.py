@@ -294,7 +294,7 @@ class Backend(Protocol[T]):
     # -- gradients and update -------------------------------------------
     def value_and_grad(
         self, fn: Callable[..., T], params: Sequence[T], *inputs: Any, aux: bool = False, out: Optional[T] = None,
-        buckets: Optional[Sequence[tuple[int, int]]] = None, on_bucket: Optional[Callable[[int], None]] = None
+        buckets: Sequence[tuple[int, int]] | None = None, on_bucket: Callable[[int], None] | None = None
     ) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar) and its gradients w.r.t. ``params``.
 

@@ -26,8 +26,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from math import prod
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import numpy as np
 
@@ -132,7 +133,7 @@ class CheckedGroup:
         self.timeout: float = float(engine.timeout)
         self.calls = 0
         self._pending: Optional[tuple[tuple[str, int, int], np.ndarray, Any, Callable[[], Any]]] = None
-        self._buckets: Optional[tuple[list[int], int]] = None  # announced bucket sizes and their split code
+        self._buckets: tuple[list[int], int] | None = None  # announced bucket sizes and their split code
         self._expect: list[int] = []  # sizes of the announced buckets not yet started
         self._failed: Optional[str] = None
         self._closed = False

@@ -18,10 +18,10 @@ order its framework finished them in.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Callable, Optional
+from typing import Any
 
 from multigpu.checks import check_positive
 from multigpu.contract.protocol import Device
@@ -118,9 +118,8 @@ class BucketedSum:
 
     def finish(self) -> list[Any]:
         """Wait for every bucket's sum; return the summed buffer of each device."""
-        started: Optional[int] = None if self._started == len(self._ready) else self._started
-        if started is not None:
-            raise AssertionError(f"bucket {started} was never signalled ready")  # the contract makes sure
+        if self._started != len(self._ready):  # the contract makes every adapter signal every bucket
+            raise AssertionError(f"bucket {self._started} was never signalled ready")
         for wait in self._waits:
             wait()
         if self.schedule == "shared":

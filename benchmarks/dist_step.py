@@ -46,7 +46,7 @@ TARGET = 1.05
 FRAMEWORKS = ("torch", "paddle", "mxnet")
 # model -> (global batch, process counts, (repeats, quick repeats))
 MODELS: dict[str, tuple[int, tuple[int, ...], tuple[int, int]]] = {
-    "lenet": (256, (2, 4), (30, 8)), "resnet18": (32, (2,), (12, 5))}
+    "lenet": (256, (2, 4), (20, 8)), "resnet18": (32, (2,), (8, 4))}
 RESNET_CLASSES, RESNET_INPUT = 10, (3, 32, 32)
 CASES = ("ours", "ours, no check", "ours, one buffer", "theirs")
 
@@ -70,9 +70,9 @@ def _theirs_torch(model: str, X: np.ndarray, y: np.ndarray, lr: float) -> Callab
                             nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
     else:
         net = torch_module(RESNET_CLASSES, RESNET_INPUT[0]).train()
-    # NOTE: broadcast_buffers=False: ours keeps per-device running statistics without a broadcast
+    # NOTE: forward_sync_buffers=False: ours keeps per-device running statistics without a broadcast
     # each step (DDP's default broadcasts rank 0's before every forward); LeNet has no buffers.
-    ddp = DistributedDataParallel(net, broadcast_buffers=False)
+    ddp = DistributedDataParallel(net, forward_sync_buffers=False)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
 
     def step() -> float:
@@ -204,7 +204,7 @@ def _run_job(framework: str, model: str, processes: int, opts: Options) -> dict[
 
     full, quick = MODELS[model][2]
     repeat, warmup = opts.repeats(full, quick), opts.repeats(3, 2)
-    profile = opts.repeats(20, 5) if model == "lenet" else opts.repeats(5, 2)
+    profile = opts.repeats(10, 5) if model == "lenet" else opts.repeats(3, 2)
     with tempfile.TemporaryDirectory(prefix="dist-step-") as tmp:
         out = Path(tmp) / "out.json"
         run_job(Job(framework, processes, timeout=600),  # the ranks inherit the harness's thread settings

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from multigpu.contract.bucket_signals import BucketSignals
 from multigpu.contract.checked import check_label_range
 from multigpu.contract.protocol import Device
 from multigpu.errors import InputError
@@ -423,50 +424,38 @@ class _Buckets:
 
     def __init__(self, leaves: Sequence[Var], order: Sequence[Var], out: Var,
                  buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
-        self.leaves, self.out, self.on_bucket = leaves, out, on_bucket
+        self.leaves = leaves
         bounds = np.cumsum([0, *(lf.data.size for lf in leaves), 1])
         self.views = [out.data[a:b] for a, b in itertools.pairwise(bounds)]
+        self.signals = BucketSignals(buckets, on_bucket)
         where = {id(lf): i for i, lf in enumerate(leaves)}
-        self.bucket_of = [0] * len(leaves)
-        for k, (a, b) in enumerate(buckets):
-            for i in range(a, b):
-                self.bucket_of[i] = k
-        self.missing = [b - a for a, b in buckets]
-        self.missing[0] += 1  # the value
-        self.done = [False] * len(leaves)
-        last_use: dict[int, list[int]] = {}  # backward step -> leaves whose last consumer ran then
-        steps = len(order)
+        last_use = [len(order) - 1] * len(leaves)  # unused leaves: at the end
+        used = [False] * len(leaves)
         for step, node in enumerate(reversed(order)):
             for p in node.parents:
                 i = where.get(id(p))
                 if i is not None:
-                    last_use.setdefault(i, []).append(step)
+                    last_use[i] = step if not used[i] else max(last_use[i], step)
+                    used[i] = True
         self.final_at: dict[int, list[int]] = {}
-        for i in range(len(leaves)):
-            at = max(last_use.get(i, [steps - 1]))
-            self.final_at.setdefault(at, []).append(i)
-
-    def _count(self, k: int) -> None:
-        self.missing[k] -= 1
-        if self.missing[k] == 0:
-            self.on_bucket(k)
+        for i, step in enumerate(last_use):
+            self.final_at.setdefault(step, []).append(i)
 
     def value(self, value: Var) -> None:
+        """The value is known before backward (bucket 0 waits for its parameters only)."""
         self.views[-1][...] = value.data.reshape(1)
-        self._count(0)
 
     def after(self, step: int, grads: dict[int, np.ndarray]) -> None:
+        """Backward step ``step`` has run: write the gradients it made final."""
         for i in self.final_at.get(step, []):
             self._write(i, grads)
 
     def _write(self, i: int, grads: dict[int, np.ndarray]) -> None:
-        if self.done[i]:
-            return
-        self.done[i] = True
         g = grads.get(id(self.leaves[i]))
         self.views[i][...] = 0.0 if g is None else g.reshape(-1)
-        self._count(self.bucket_of[i])
+        self.signals.done(i)
 
     def rest(self, grads: dict[int, np.ndarray]) -> None:
-        for i in range(len(self.leaves)):  # parameters fn does not use: gradient zero
+        """Parameters fn does not use: gradient zero."""
+        for i in self.signals.pending():
             self._write(i, grads)

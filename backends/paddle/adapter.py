@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from multigpu.contract.bucket_signals import BucketSignals
 from multigpu.contract.protocol import Device
 
 with warnings.catch_warnings():
@@ -388,11 +389,7 @@ class _BucketHooks:
     def __init__(self, backend: PaddleBackend, leaves: Sequence[Tensor], out: Tensor,
                  buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
         self.views = backend.unflatten(out, [*(tuple(p.shape) for p in leaves), (1,)])
-        self.missing = [b - a for a, b in buckets]
-        self.on_bucket = on_bucket
-        self.done = [False] * len(leaves)
-        bucket_of = {i: k for k, (a, b) in enumerate(buckets) for i in range(a, b)}
-        self.bucket_of = bucket_of
+        self.signals = BucketSignals(buckets, on_bucket)
         for i, leaf in enumerate(leaves):
             # NOTE: Paddle's eager engine sums every contribution to a leaf before it runs the
             # leaf's accumulation node, whose hooks see that sum once (paddle.DataParallel hooks
@@ -404,16 +401,7 @@ class _BucketHooks:
     def _arrived(self, i: int, grad: Tensor) -> None:
         with paddle.no_grad():
             self.views[i].copy_(paddle.reshape(grad, self.views[i].shape), False)
-        self._mark(i)
-
-    def _mark(self, i: int) -> None:
-        if self.done[i]:
-            return
-        self.done[i] = True
-        k = self.bucket_of[i]
-        self.missing[k] -= 1
-        if self.missing[k] == 0:
-            self.on_bucket(k)
+        self.signals.done(i)
 
     def value(self, value: Tensor) -> None:
         with paddle.no_grad():
@@ -421,8 +409,7 @@ class _BucketHooks:
 
     def rest(self) -> None:
         """Parameters fn did not use: gradient zero, and their buckets signalled."""
-        for i, done in enumerate(self.done):
-            if not done:
-                with paddle.no_grad():
-                    self.views[i].zero_()
-                self._mark(i)
+        with paddle.no_grad():
+            for i in self.signals.pending():
+                self.views[i].zero_()
+        self.signals.rest()

@@ -602,6 +602,7 @@ def _check_buckets(buckets: Any, on_bucket: Any, count: int, out: Any) -> list[t
     if out is None:
         raise InputError("value_and_grad(buckets=...) needs out=, the buffer whose slices the buckets are")
     example = f"e.g. [({count // 2}, {count}), (0, {count // 2})]"
+
     def whole(v: Any) -> bool:
         return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 

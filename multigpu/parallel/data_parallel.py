@@ -367,7 +367,7 @@ class DataParallel:
 
     def _bucketed(self) -> BucketedSum | None:
         """This step's bucketed sum across processes, or None where one buffer is summed after backward
-        (no group, an engine without an asynchronous sum, bucket_mb=None, or another allreduce)."""
+        (no group, a group without ``allreduce_async_``, bucket_mb=None, or another allreduce)."""
         group = self.process_group
         if group is None or self._layout is None or self.allreduce != "fused" \
                 or not callable(getattr(group, "allreduce_async_", None)):

@@ -1,22 +1,26 @@
-"""Multi-process LeNet step (global batch 256): ours against each framework's own
-data-parallel path, in the same processes, alternating.
+"""Multi-process training step: ours against each framework's own data-parallel path, in the same
+processes, alternating.
 
-Per framework and process count, one job runs three cases in turn on every rank:
+Models: LeNet (global batch 256) at 2 and 4 processes, ResNet-18 (torchvision's layout, 10
+classes at 3x32x32, global batch 32, per-device BatchNorm) at 2 processes. Per framework,
+model and process count, one job runs four cases in turn on every rank:
 
-* ``ours``: ``DataParallel`` with the framework's process group (``CheckedGroup``:
-  header check and deadline on every collective);
-* ``ours, no check``: the same over the same engine without the header exchange,
-  which measures what the check costs;
+* ``ours``: ``DataParallel`` with the framework's process group (``CheckedGroup``: one
+  header per step for the step's buckets, a deadline on every collective), gradients
+  summed in buckets started during backward (``bucket_mb`` 25, the first 1 MiB);
+* ``ours, no check``: the same without the header, which measures what the check costs;
+* ``ours, one buffer``: the step before buckets (``bucket_mb=None``: one flat sum after
+  backward, with its header), the "before" of the overlap;
 * ``theirs``: the framework's idiomatic multi-process path on the same engine and
   processes: torch ``DistributedDataParallel`` (Gloo), ``paddle.DataParallel``
   (Gloo), a Gluon ``Trainer`` on the ``dist_sync`` kvstore (``update_on_kvstore=False``,
   because a server-side optimizer would also apply to the group's own keys on the
   shared kvstore; the step then pushes gradients and updates locally, as ours does).
 
-Every case reads its loss back each step (the sync point). ``ours / theirs`` is the
-ratio of medians measured in the same run; the target is <= 1.05. Rank 0 profiles
-ours and theirs afterwards (cProfile) so that a ratio above target shows where the
-time goes.
+Every case reads its loss back each step (the sync point). Ratios are the median of the
+per-round ratios (round i of two cases ran back to back), with quartiles; the target is
+ours / theirs <= 1.05. Rank 0 profiles ours and theirs afterwards (cProfile) so that a
+ratio above target shows where the time goes.
 """
 from __future__ import annotations
 
@@ -28,29 +32,47 @@ import pstats
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from multigpu.benchmarks.harness import Options, Result, Table, interleaved, summary
+from multigpu.benchmarks.harness import Options, Result, Table, fmt_ratio, interleaved, ratio, summary
 
-TITLE = "Multi-process LeNet step (batch 256): ours vs DDP / paddle.DataParallel / Gluon Trainer"
+TITLE = "Multi-process step (LeNet, ResNet-18): ours vs DDP / paddle.DataParallel / Gluon Trainer"
 IN_QUICK = True
 TARGET = 1.05
-BATCH = 256
 FRAMEWORKS = ("torch", "paddle", "mxnet")
+# model -> (global batch, process counts, (repeats, quick repeats))
+MODELS: dict[str, tuple[int, tuple[int, ...], tuple[int, int]]] = {
+    "lenet": (256, (2, 4), (20, 5)), "resnet18": (32, (2,), (8, 4))}
+RESNET_CLASSES, RESNET_INPUT = 10, (3, 32, 32)
+CASES = ("ours", "ours, no check", "ours, one buffer", "theirs")
 
 
-# -- the frameworks' own LeNet and step (run inside a rank) --------------------------
-def _theirs_torch(X: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float]:
+def _our_model(name: str) -> Any:
+    from multigpu import models
+
+    return models.lenet() if name == "lenet" else models.resnet18(RESNET_CLASSES, RESNET_INPUT)
+
+
+# -- the frameworks' own networks and step (run inside a rank) ------------------------
+def _theirs_torch(model: str, X: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float]:
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    net = nn.Sequential(nn.Conv2d(1, 20, 3), nn.ReLU(), nn.AvgPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.ReLU(),
-                        nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
-    ddp = DistributedDataParallel(net)
+    from multigpu.benchmarks.resnet_references import torch_module
+
+    if model == "lenet":
+        net = nn.Sequential(nn.Conv2d(1, 20, 3), nn.ReLU(), nn.AvgPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.ReLU(),
+                            nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
+    else:
+        net = torch_module(RESNET_CLASSES, RESNET_INPUT[0]).train()
+    # NOTE: forward_sync_buffers=False: ours keeps per-device running statistics without a broadcast
+    # each step (DDP's default broadcasts rank 0's before every forward); LeNet has no buffers.
+    ddp = DistributedDataParallel(net, forward_sync_buffers=False)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
 
     def step() -> float:
@@ -64,12 +86,18 @@ def _theirs_torch(X: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float
     return step
 
 
-def _theirs_paddle(X: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float]:
+def _theirs_paddle(model: str, X: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float]:
     import paddle
     from paddle import nn
 
-    net = nn.Sequential(nn.Conv2D(1, 20, 3), nn.ReLU(), nn.AvgPool2D(2, 2), nn.Conv2D(20, 50, 5), nn.ReLU(),
-                        nn.AvgPool2D(2, 2), nn.Flatten(), nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
+    if model == "lenet":
+        net = nn.Sequential(nn.Conv2D(1, 20, 3), nn.ReLU(), nn.AvgPool2D(2, 2), nn.Conv2D(20, 50, 5), nn.ReLU(),
+                            nn.AvgPool2D(2, 2), nn.Flatten(), nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
+    else:
+        from paddle.vision.models import resnet18
+
+        net = resnet18(num_classes=RESNET_CLASSES)
+    net.train()
     dp = paddle.DataParallel(net)
     opt = paddle.optimizer.SGD(learning_rate=lr, parameters=dp.parameters())
 
@@ -84,14 +112,20 @@ def _theirs_paddle(X: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], floa
     return step
 
 
-def _theirs_mxnet(X: np.ndarray, y: np.ndarray, lr: float, kvstore: Any, global_batch: int) -> Callable[[], float]:
+def _theirs_mxnet(model: str, X: np.ndarray, y: np.ndarray, lr: float, kvstore: Any,
+                  global_batch: int) -> Callable[[], float]:
     import mxnet as mx
     from mxnet import autograd, gluon
     from mxnet.gluon import nn
 
-    net = nn.Sequential()
-    net.add(nn.Conv2D(20, 3, activation="relu"), nn.AvgPool2D(2, 2), nn.Conv2D(50, 5, activation="relu"),
-            nn.AvgPool2D(2, 2), nn.Flatten(), nn.Dense(128, activation="relu"), nn.Dense(10))
+    if model == "lenet":
+        net = nn.Sequential()
+        net.add(nn.Conv2D(20, 3, activation="relu"), nn.AvgPool2D(2, 2), nn.Conv2D(50, 5, activation="relu"),
+                nn.AvgPool2D(2, 2), nn.Flatten(), nn.Dense(128, activation="relu"), nn.Dense(10))
+    else:
+        from mxnet.gluon.model_zoo import vision
+
+        net = vision.resnet18_v1(classes=RESNET_CLASSES)
     net.initialize(mx.init.Xavier(), ctx=mx.cpu())
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore,
                             update_on_kvstore=False)
@@ -121,33 +155,34 @@ def _profile(fn: Callable[[], Any], steps: int, top: int = 14) -> list[str]:
     return lines[start : start + top + 1]
 
 
-def worker(out: str, repeat: int, warmup: int, profile_steps: int) -> None:
-    """One rank: time the three cases alternately; rank 0 writes samples and profiles to ``out``."""
-    from multigpu import models
+def worker(out: str, model: str, repeat: int, warmup: int, profile_steps: int) -> None:
+    """One rank: time the four cases alternately; rank 0 writes samples and profiles to ``out``."""
     from multigpu.distributed.checked_group import CheckedGroup
     from multigpu.distributed.rank import init_process_group
     from multigpu.parallel.data_parallel import DataParallel
 
     group = init_process_group()
     name, rank, world = group.backend.name, group.rank, group.world_size
+    batch = MODELS[model][0]
+    m = _our_model(model)
     rng = np.random.default_rng(0)
-    X = rng.random((BATCH, 1, 28, 28), dtype=np.float32)
-    y = rng.integers(0, 10, BATCH)
+    X = rng.random((batch, *m.input_shape), dtype=np.float32)
+    y = rng.integers(0, 10, batch)
     lr = 0.1
-    m = models.lenet()
     ours = DataParallel(m, backend=name, devices="cpu:1", lr=lr, process_group=group)
     plain = DataParallel(m, backend=name, devices="cpu:1", lr=lr,
                          process_group=CheckedGroup(group.engine, group.backend, check=False, name=name))
+    one_buffer = DataParallel(m, backend=name, devices="cpu:1", lr=lr, process_group=group, bucket_mb=None)
     xs, ys = ours.local_shards(X, y)[0]
     if name == "torch":
-        theirs = _theirs_torch(xs, ys, lr)
+        theirs = _theirs_torch(model, xs, ys, lr)
     elif name == "paddle":
-        theirs = _theirs_paddle(xs, ys, lr)
+        theirs = _theirs_paddle(model, xs, ys, lr)
     else:
-        theirs = _theirs_mxnet(xs, ys.astype(np.float32), lr, group.engine.kvstore, BATCH)
+        theirs = _theirs_mxnet(model, xs, ys.astype(np.float32), lr, group.engine.kvstore, batch)
     cases = {"ours": lambda: ours.train_batch(X, y), "ours, no check": lambda: plain.train_batch(X, y),
-             "theirs": theirs}
-    samples = interleaved(cases, repeat=repeat, warmup=warmup)
+             "ours, one buffer": lambda: one_buffer.train_batch(X, y), "theirs": theirs}
+    samples = interleaved(cases, repeat=repeat, warmup=warmup, reverse_odd_rounds=True)
     profiles = {}
     if profile_steps:
         for case in ("ours", "theirs"):
@@ -157,76 +192,97 @@ def worker(out: str, repeat: int, warmup: int, profile_steps: int) -> None:
                 profiles[case] = prof
     group.barrier()
     if rank == 0:
-        Path(out).write_text(json.dumps({"framework": name, "processes": world, "samples": samples,
-                                         "profiles": profiles}))
+        Path(out).write_text(json.dumps({"framework": name, "model": model, "processes": world,
+                                         "buckets": len(ours._layout.params) if ours._layout else 0,
+                                         "samples": samples, "profiles": profiles}))
     group.close()
 
 
-def _run_job(framework: str, processes: int, opts: Options) -> dict[str, Any]:
+def _run_job(framework: str, model: str, processes: int, opts: Options) -> dict[str, Any]:
     from multigpu.distributed.job import Job
     from multigpu.distributed.supervisor import run as run_job
 
-    repeat, warmup = opts.repeats(30, 8), opts.repeats(3, 2)
+    full, quick = MODELS[model][2]
+    # --quick (CI) keeps the four cases' steps below the three cases' of the step before buckets
+    repeat, warmup = opts.repeats(full, quick), opts.repeats(3, 1)
+    profile = opts.repeats(10, 2) if model == "lenet" else opts.repeats(3, 2)
     with tempfile.TemporaryDirectory(prefix="dist-step-") as tmp:
         out = Path(tmp) / "out.json"
-        run_job(Job(framework, processes, timeout=300),
-                [sys.executable, "-m", f"{__package__}.dist_step", "--worker", str(out), str(repeat), str(warmup),
-                 str(opts.repeats(20, 5))])
+        run_job(Job(framework, processes, timeout=600),  # the ranks inherit the harness's thread settings
+                [sys.executable, "-m", f"{__package__}.dist_step", "--worker", str(out), model, str(repeat),
+                 str(warmup), str(profile)])
         return json.loads(out.read_text())
 
 
+def _share(num: list[float], den: list[float]) -> dict[str, float]:
+    """Per round, (num - den) / num: the share of ``num`` that ``den`` saves."""
+    return summary([(a - b) / a for a, b in zip(num, den)])
+
+
+def _fmt_share(s: dict[str, float]) -> str:
+    return f"{100 * s['median']:+.1f}% ({100 * s['q1']:+.1f} to {100 * s['q3']:+.1f})"
+
+
 def run(opts: Options) -> Result:
-    """Run every installed framework at 2 processes (and 4 unless --quick)."""
+    """Run every installed framework: LeNet at 2 and 4 processes, ResNet-18 at 2 (--quick: LeNet at 2)."""
     frameworks = [f for f in opts.frameworks() if f in FRAMEWORKS]
-    counts = [2] if opts.quick else [2, 4]
+    # --quick (CI): LeNet at 2 processes; ResNet-18 takes seconds a step here
+    jobs = [("lenet", 2)] if opts.quick else [(model, n) for model, (_, counts, _) in MODELS.items() for n in counts]
     rows, data, notes = [], [], []
-    for fw in frameworks:
-        for n in counts:
+    for model, n in jobs:
+        for fw in frameworks:
             t0 = time.perf_counter()
-            got = _run_job(fw, n, opts)
-            med = {case: summary(s)["median"] for case, s in got["samples"].items()}
-            ratio = med["ours"] / med["theirs"]
-            check = (med["ours"] - med["ours, no check"]) / med["ours"]
-            rows.append([fw, n, f"{1e3 * med['ours']:.1f}", f"{1e3 * med['ours, no check']:.1f}",
-                         f"{1e3 * med['theirs']:.1f}", f"{ratio:.3f}", f"{100 * check:+.1f}%",
-                         "met" if ratio <= TARGET else "above"])
-            data.append({**got, "median": med, "ratio": ratio, "check_share": check})
+            got = _run_job(fw, model, n, opts)
+            s = got["samples"]
+            med = {case: summary(s[case])["median"] for case in CASES}
+            after, before = ratio(s["ours"], s["theirs"]), ratio(s["ours, one buffer"], s["theirs"])
+            check = _share(s["ours"], s["ours, no check"])
+            rows.append([model, fw, n, got["buckets"], f"{1e3 * med['ours']:.1f}", f"{1e3 * med['theirs']:.1f}",
+                         fmt_ratio(before), fmt_ratio(after), _fmt_share(check),
+                         "met" if after["median"] <= TARGET else "above"])
+            data.append({**got, "median": med, "ratio": after, "ratio_one_buffer": before, "check_share": check})
             if opts.progress:
-                print(f"  {fw} x{n}: ours {1e3 * med['ours']:.1f} ms, theirs {1e3 * med['theirs']:.1f} ms, "
-                      f"ratio {ratio:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
-            if ratio > TARGET and got.get("profiles"):
-                notes.append(f"{fw} x{n}: ratio {ratio:.3f} > {TARGET}; rank 0's profile (tottime), ours:\n\n```\n"
-                             + "\n".join(got["profiles"]["ours"]) + "\n```\n\ntheirs:\n\n```\n"
-                             + "\n".join(got["profiles"]["theirs"]) + "\n```")
+                print(f"  {model} {fw} x{n}: ours {1e3 * med['ours']:.1f} ms, theirs {1e3 * med['theirs']:.1f} ms, "
+                      f"ratio {after['median']:.3f} (one buffer {before['median']:.3f}) "
+                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            if after["median"] > TARGET and got.get("profiles"):
+                notes.append(f"{model} {fw} x{n}: ratio {after['median']:.3f} > {TARGET}; rank 0's profile "
+                             "(tottime), ours:\n\n```\n" + "\n".join(got["profiles"]["ours"])
+                             + "\n```\n\ntheirs:\n\n```\n" + "\n".join(got["profiles"]["theirs"]) + "\n```")
     theirs_name = {"torch": "DistributedDataParallel", "paddle": "paddle.DataParallel",
                    "mxnet": "Gluon Trainer, kvstore dist_sync"}
     table = Table(
-        "LeNet step, global batch 256, one CPU device per process (ms per step, median of rank 0)",
-        ["framework", "processes", "ours", "ours, no check", "theirs", "ours / theirs", "check's share",
-         f"target <= {TARGET}"], rows,
+        "One CPU device per process; LeNet global batch 256, ResNet-18 (10 classes, 3x32x32) global batch 32 "
+        "(ms per step, median of rank 0; ratios: median of per-round ratios (quartiles))",
+        ["model", "framework", "processes", "buckets", "ours", "theirs", "before: one buffer / theirs",
+         "ours / theirs", "check's share", f"target <= {TARGET}"], rows,
         note="theirs: " + "; ".join(f"{k}: {v}" for k, v in theirs_name.items() if k in frameworks)
-             + ". 'no check' drops the header exchange before each collective (one extra small allreduce).")
+             + ". 'before' is the step without buckets (one flat sum after backward, bucket_mb=None), measured "
+               "in the same rounds; 'check's share' is (ours - ours without the header) / ours per round.")
 
     def plot(fig: Any) -> None:
         ax = fig.add_subplot(1, 1, 1)
-        labels = [f"{d['framework']} x{d['processes']}" for d in data]
+        labels = [f"{d['model']} {d['framework']} x{d['processes']}" for d in data]
         xs = np.arange(len(data))
-        for i, case in enumerate(("ours", "ours, no check", "theirs")):
-            ax.bar(xs + (i - 1) * 0.27, [1e3 * d["median"][case] for d in data], 0.27, label=case)
-        ax.set_xticks(xs, labels)
-        ax.set_ylabel("ms per step (median, rank 0)")
-        ax.set_title("Multi-process LeNet step, batch 256")
+        for i, (key, label) in enumerate((("ratio_one_buffer", "one buffer (before)"), ("ratio", "buckets"))):
+            med = np.array([d[key]["median"] for d in data])
+            err = np.array([[m - d[key]["q1"], d[key]["q3"] - m] for d, m in zip(data, med)]).T
+            ax.bar(xs + (i - 0.5) * 0.38, med, 0.38, yerr=err, label=label, capsize=3)
+        ax.axhline(TARGET, color="k", lw=0.8, ls="--", label=f"target {TARGET}")
+        ax.set_xticks(xs, labels, rotation=30, ha="right")
+        ax.set_ylabel("ours / theirs (median of per-round ratios)")
+        ax.set_title("Multi-process step against each framework's own data parallelism")
         ax.legend()
 
     return Result(name="dist_step", title=TITLE, tables=[table], data={"runs": data},
-                  settings={"batch": BATCH, "counts": counts, "frameworks": frameworks,
-                            "repeat": opts.repeats(30, 8)},
+                  settings={"models": {k: {"batch": v[0], "processes": list(v[1])} for k, v in MODELS.items()},
+                            "jobs": jobs, "frameworks": frameworks, "bucket_mb": 25, "threads": opts.threads},
                   notes=notes, plot=plot)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    if len(sys.argv) == 7 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
         # torch's DistributedDataParallel aborted at interpreter exit in 2 of 6 runs here
         # ("terminate called without an active exception"); the results are written by now.
         sys.stdout.flush()

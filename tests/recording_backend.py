@@ -97,8 +97,9 @@ class Recording:
         return call
 
     def value_and_grad(self, fn: Callable[..., Any], params: Any, *inputs: Any, aux: bool = False,
-                       out: Any = None) -> Any:
-        """Log ``forward``, run the inner value_and_grad with ``fn`` seeing Handles, log ``backward``."""
+                       out: Any = None, buckets: Any = None, on_bucket: Any = None) -> Any:
+        """Log ``forward``, run the inner value_and_grad with ``fn`` seeing Handles, log ``backward``
+        (and ``bucket:k`` when the inner adapter signals bucket k)."""
         def inner_fn(leaves: Any, *xs: Any) -> Any:
             return unwrap(fn(self._wrap(list(leaves)), *(Handle(x, self.log) for x in xs)))
 
@@ -106,6 +107,12 @@ class Recording:
         kwargs: dict[str, Any] = {"aux": True} if aux else {}
         if out is not None:
             kwargs["out"] = unwrap(out)
+        if buckets is not None or on_bucket is not None:
+            def signal(k: int) -> None:
+                self.log.append(f"bucket:{k}")
+                on_bucket(k)
+
+            kwargs.update(buckets=buckets, on_bucket=signal)
         result = self.inner.value_and_grad(inner_fn, unwrap(params), *unwrap(inputs), **kwargs)
         self.log.append("backward")
         flat, rest = (result[0], result[1:]) if aux else (result, ())

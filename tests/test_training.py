@@ -143,6 +143,7 @@ def test_divergence_leaves_the_last_good_checkpoint(small_data, tmp_path):
     (dict(model="vgg"), ModelError, "'vgg'"),
     (dict(plot="/nonexistent-folder/acc.png"), InputError, "plot /nonexistent-folder/acc.png"),
     (dict(train_limit=-1), InputError, "train_limit=-1"),
+    (dict(bucket_mb=0), InputError, "bucket_mb=0 must be greater than 0"),
     (dict(batch_size=1), InputError, "batch_size=1 .*one row per device"),
 ])
 def test_arguments_are_checked_before_the_data_loads(tmp_path, kw, error, match):

@@ -256,7 +256,9 @@ class MXNetBackend:
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[NDArray],
-                       *inputs: Any, aux: bool = False, out: Optional[NDArray] = None) -> Any:
+                       *inputs: Any, aux: bool = False, out: Optional[NDArray] = None,
+                       buckets: Sequence[tuple[int, int]] | None = None,
+                       on_bucket: Callable[[int], None] | None = None) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
         (and the aux outputs raveled in a second one with ``aux=True``)."""
         shapes = [p.shape for p in params]
@@ -296,6 +298,15 @@ class MXNetBackend:
             # NOTE: the group sums' backward still runs on the engine's threads; the caller's next
             # collective must not start before the last of them has finished.
             flat.wait_to_read()
+        if buckets is not None and on_bucket is not None:
+            # NOTE: MXNet has no gradient hooks. Backward above is only queued on the engine, so the
+            # buckets are signalled now, in bucket order; the push each signal starts is ordered by
+            # the engine after the writes to ``flat`` it reads (and given a priority by the group, as
+            # Gluon's Trainer does). Slices of one buffer share one engine variable, so a push waits
+            # for the whole backward, not only its bucket's part: MXNet overlaps the sum with the
+            # caller's next work, not with backward.
+            for k in range(len(buckets)):
+                on_bucket(k)
         if not aux:
             return flat
         ctx = flat.context

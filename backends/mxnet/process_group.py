@@ -49,16 +49,17 @@ class MXNetGroup:
         env_rank = os.environ.get(ENV_RANK)
         self.rank = int(env_rank) if env_rank is not None else int(self.kvstore.rank)
         self.world_size = int(self.kvstore.num_workers)
-        self._keys: dict[int, int] = {}
+        self._keys: dict[tuple[int, int], int] = {}
+        self._open: dict[int, set[int]] = {}  # size -> slots of the sums started and not yet waited for
 
-    def _key(self, size: int) -> int:
-        key = self._keys.get(size)
+    def _key(self, size: int, slot: int = 0) -> int:
+        key = self._keys.get((size, slot))
         if key is None:
             # init is collective (worker 0's value, then a barrier); the core's header check
             # has already made sure that every rank asks for the same size here.
             key = KEY_BASE + len(self._keys)
             self.kvstore.init(key, self._mx.nd.zeros((size,), dtype="float32"))
-            self._keys[size] = key
+            self._keys[(size, slot)] = key
         return key
 
     def allreduce_(self, flat: Any) -> None:
@@ -69,12 +70,25 @@ class MXNetGroup:
 
     def allreduce_async_(self, flat: Any) -> Callable[[], None]:
         """Queue the push and the pull; return the function that waits for the sum."""
-        key = self._key(int(flat.size))
+        size = int(flat.size)
+        # NOTE: a dist_sync server adds one push per worker and key; two sums of one size in
+        # flight at once (two buckets) need two keys, so the k-th open sum of a size takes the
+        # k-th key of that size (every rank opens them in the same order).
+        busy = self._open.setdefault(size, set())
+        slot = min(set(range(len(busy) + 1)) - busy)
+        busy.add(slot)
+        key = self._key(size, slot)
+        priority = -sum(map(len, self._open.values()))  # Gluon's Trainer: the earlier a sum is due, the higher
         # NOTE: without an optimizer a dist_sync server stores the sum of the pushes of
         # every worker, so the pull returns the allreduce.
-        self.kvstore.push(key, flat)
-        self.kvstore.pull(key, out=flat)
-        return flat.wait_to_read
+        self.kvstore.push(key, flat, priority=priority)
+        self.kvstore.pull(key, out=flat, priority=priority)
+
+        def wait() -> None:
+            flat.wait_to_read()
+            busy.discard(slot)
+
+        return wait
 
     def broadcast_(self, flat: Any, src: int = 0) -> None:
         """In place: rank ``src``'s values on every rank (the others contribute zeros)."""

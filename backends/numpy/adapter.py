@@ -11,12 +11,14 @@ core bug that mixes CPU replicas fails on the oracle although the frameworks run
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from multigpu.contract.bucket_signals import BucketSignals
 from multigpu.contract.checked import check_label_range
 from multigpu.contract.protocol import Device
 from multigpu.errors import InputError
@@ -331,8 +333,11 @@ class NumpyBackend:
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Var],
-                       *inputs: Any, aux: bool = False, out: Optional[Var] = None) -> Any:
-        """Evaluate ``fn`` and backpropagate through the recorded closures."""
+                       *inputs: Any, aux: bool = False, out: Optional[Var] = None,
+                       buckets: Sequence[tuple[int, int]] | None = None,
+                       on_bucket: Callable[[int], None] | None = None) -> Any:
+        """Evaluate ``fn`` and backpropagate through the recorded closures (signalling each bucket
+        once its last gradient is final)."""
         leaves = [Var(p.data, p.device) for p in params]
         value = fn(leaves, *inputs)
         outputs: list[Var] = []
@@ -352,24 +357,33 @@ class NumpyBackend:
             stack.append((node, True))
             stack.extend((p, False) for p in node.parents if id(p) not in seen)
         grads: dict[int, np.ndarray] = {id(value): np.ones_like(value.data)}
-        for node in reversed(order):
+        first = leaves[0]  # the contract guarantees at least one parameter
+        ready = _Buckets(leaves, order, out, buckets, on_bucket) if buckets is not None and out is not None else None
+        if ready is not None:
+            ready.value(value)
+        for step, node in enumerate(reversed(order)):
             g = grads.pop(id(node), None)
             if g is None or node.backward is None:
                 if g is not None:
                     grads[id(node)] = g  # a leaf keeps its gradient
-                continue
-            for parent, pg in zip(node.parents, node.backward(g)):
-                if pg is None:
-                    continue
-                key = id(parent)
-                grads[key] = grads[key] + pg if key in grads else pg
-        parts = [np.asarray(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype).reshape(-1)
-                 for leaf in leaves]
-        first = leaves[0]  # the contract guarantees at least one parameter
-        pieces = [*parts, np.asarray(value.data, first.data.dtype).reshape(1)]
-        flat = Var(np.concatenate(pieces), first.device) if out is None else out
-        if out is not None:
-            np.concatenate(pieces, out=out.data)
+            else:
+                for parent, pg in zip(node.parents, node.backward(g)):
+                    if pg is None:
+                        continue
+                    key = id(parent)
+                    grads[key] = grads[key] + pg if key in grads else pg
+            if ready is not None:
+                ready.after(step, grads)
+        if ready is not None:
+            ready.rest(grads)
+            flat = out
+        else:
+            parts = [np.asarray(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype).reshape(-1)
+                     for leaf in leaves]
+            pieces = [*parts, np.asarray(value.data, first.data.dtype).reshape(1)]
+            flat = Var(np.concatenate(pieces), first.device) if out is None else out
+            if out is not None:
+                np.concatenate(pieces, out=out.data)
         if not aux:
             return flat
         return flat, Var(np.concatenate([o.data.reshape(-1) for o in outputs]).astype(first.data.dtype), first.device)
@@ -398,3 +412,50 @@ class NumpyBackend:
         """y += value * x1 / (sqrt(x2) / divisor + eps) in place."""
         t = y.data.dtype.type
         y.data += t(value) * x1.data / (np.sqrt(x2.data) / t(divisor) + t(eps))
+
+
+class _Buckets:
+    """Writes each leaf's gradient into its view of ``out`` once final, and signals full buckets.
+
+    A leaf's gradient is final after the last node that consumes it has run backward
+    (the walk is in reverse topological order), so a bucket is signalled as soon as
+    that holds for all of its parameters: the reference signals as early as it can.
+    """
+
+    def __init__(self, leaves: Sequence[Var], order: Sequence[Var], out: Var,
+                 buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
+        self.leaves = leaves
+        bounds = np.cumsum([0, *(lf.data.size for lf in leaves), 1])
+        self.views = [out.data[a:b] for a, b in itertools.pairwise(bounds)]
+        self.signals = BucketSignals(buckets, on_bucket)
+        where = {id(lf): i for i, lf in enumerate(leaves)}
+        last_use = [len(order) - 1] * len(leaves)  # unused leaves: at the end
+        used = [False] * len(leaves)
+        for step, node in enumerate(reversed(order)):
+            for p in node.parents:
+                i = where.get(id(p))
+                if i is not None:
+                    last_use[i] = step if not used[i] else max(last_use[i], step)
+                    used[i] = True
+        self.final_at: dict[int, list[int]] = {}
+        for i, step in enumerate(last_use):
+            self.final_at.setdefault(step, []).append(i)
+
+    def value(self, value: Var) -> None:
+        """The value is known before backward (bucket 0 waits for its parameters only)."""
+        self.views[-1][...] = value.data.reshape(1)
+
+    def after(self, step: int, grads: dict[int, np.ndarray]) -> None:
+        """Backward step ``step`` has run: write the gradients it made final."""
+        for i in self.final_at.get(step, []):
+            self._write(i, grads)
+
+    def _write(self, i: int, grads: dict[int, np.ndarray]) -> None:
+        g = grads.get(id(self.leaves[i]))
+        self.views[i][...] = 0.0 if g is None else g.reshape(-1)
+        self.signals.done(i)
+
+    def rest(self, grads: dict[int, np.ndarray]) -> None:
+        """Parameters fn does not use: gradient zero."""
+        for i in self.signals.pending():
+            self._write(i, grads)

@@ -12,6 +12,8 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -50,6 +52,7 @@ class ReferenceGroup:
                                   f"and {ENV_MASTER_PORT}; start the ranks with 'multigpu launch'") from exc
         self._peers: dict[int, socket.socket] = {}
         self._listener: Optional[socket.socket] = None
+        self._sums: ThreadPoolExecutor | None = None  # one thread: the sums keep their order on the sockets
         if self.rank == 0:
             self._accept(addr, port, init_timeout)
         else:
@@ -123,7 +126,13 @@ class ReferenceGroup:
 
     # -- collectives -----------------------------------------------------
     def allreduce_(self, flat: Var) -> None:
-        """In place SUM over ranks, added in rank order on rank 0."""
+        """In place SUM over ranks, added in rank order on rank 0 (after every sum started before it)."""
+        if self._sums is not None:
+            self._sums.submit(self._sum, flat).result()
+        else:
+            self._sum(flat)
+
+    def _sum(self, flat: Var) -> None:
         data = flat.data
         if self.rank == 0:
             total = data.copy()
@@ -136,8 +145,17 @@ class ReferenceGroup:
             self._send(0, data)
             data[...] = self._recv(0, data)
 
+    def allreduce_async_(self, flat: Var) -> Callable[[], None]:
+        """Start the sum on this group's one background thread; return the function that waits for it."""
+        if self._sums is None:
+            self._sums = ThreadPoolExecutor(1, thread_name_prefix="multigpu-reference-sum")
+        future = self._sums.submit(self._sum, flat)
+        return lambda: future.result()
+
     def broadcast_(self, flat: Var, src: int = 0) -> None:
         """In place: rank ``src``'s values on every rank, relayed by rank 0."""
+        if self._sums is not None:  # after the sums started before it
+            self._sums.submit(lambda: None).result()
         data = flat.data
         if self.rank == 0:
             if src != 0:
@@ -155,7 +173,10 @@ class ReferenceGroup:
         self.allreduce_(Var(np.zeros(1, np.float32), self.device))
 
     def close(self) -> None:
-        """Close every socket."""
+        """Wait for the started sums, then close every socket."""
+        if self._sums is not None:
+            self._sums.shutdown(wait=True)
+            self._sums = None
         for conn in self._peers.values():
             conn.close()
         self._peers.clear()

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from multigpu.contract.bucket_signals import BucketSignals
 from multigpu.contract.protocol import Device
 
 with warnings.catch_warnings():
@@ -255,9 +256,12 @@ class PaddleBackend:
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Tensor],
-                       *inputs: Any, aux: bool = False, out: Optional[Tensor] = None) -> Any:
+                       *inputs: Any, aux: bool = False, out: Optional[Tensor] = None,
+                       buckets: Sequence[tuple[int, int]] | None = None,
+                       on_bucket: Callable[[int], None] | None = None) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
-        (and the aux outputs raveled in a second one with ``aux=True``)."""
+        (and the aux outputs raveled in a second one with ``aux=True``); with ``buckets`` each bucket is
+        signalled from Paddle's tensor hooks while backward runs."""
         # NOTE: Paddle accumulates into .grad on backward(). Fresh detached leaves start
         # with no .grad, so backward() fills theirs and never the caller's params; it
         # costs about 2% less CPU than paddle.grad on the same graph.
@@ -269,11 +273,20 @@ class PaddleBackend:
         # NOTE: under the caller's paddle.no_grad() the forward records no graph, and
         # the zero-fill below would turn every missing gradient into a silent zero.
         outputs: list[Tensor] = []
+        hooks = _BucketHooks(self, leaves, out, buckets, on_bucket) \
+            if buckets is not None and out is not None and on_bucket is not None else None
         with paddle.enable_grad():
             value = fn(leaves, *inputs)
             if aux:
                 value, outputs = value
+            if hooks is not None:
+                hooks.value(value)
             value.backward()
+        if hooks is not None:
+            hooks.rest()
+            if not aux:
+                return out
+            return out, paddle.concat([paddle.reshape(_move(o.detach(), out.place), [-1]) for o in outputs])
         grads = [leaf.grad for leaf in leaves]
         # A parameter the loss does not use has zero gradient, not None.
         fresh = [paddle.zeros_like(p) if g is None else g.detach() for p, g in zip(leaves, grads)]
@@ -367,3 +380,36 @@ class _GroupSum(paddle.autograd.PyLayer):
 def _summed_in_place(copy: Tensor, group: Any) -> Tensor:
     group.allreduce_(copy)
     return copy
+
+
+class _BucketHooks:
+    """Copies each leaf's gradient into its view of ``out`` from a Paddle tensor hook and signals
+    a bucket once all of its gradients are there."""
+
+    def __init__(self, backend: PaddleBackend, leaves: Sequence[Tensor], out: Tensor,
+                 buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
+        self.views = backend.unflatten(out, [*(tuple(p.shape) for p in leaves), (1,)])
+        self.signals = BucketSignals(buckets, on_bucket)
+        for i, leaf in enumerate(leaves):
+            # NOTE: Paddle's eager engine sums every contribution to a leaf before it runs the
+            # leaf's accumulation node, whose hooks see that sum once (paddle.DataParallel hooks
+            # the same node). A hook cannot make Paddle accumulate into our buffer, so the
+            # gradient is copied into its slice here and Paddle's own .grad is dropped with
+            # the leaf.
+            leaf.register_hook(lambda g, i=i: self._arrived(i, g))
+
+    def _arrived(self, i: int, grad: Tensor) -> None:
+        with paddle.no_grad():
+            self.views[i].copy_(paddle.reshape(grad, self.views[i].shape), False)
+        self.signals.done(i)
+
+    def value(self, value: Tensor) -> None:
+        with paddle.no_grad():
+            self.views[-1].copy_(paddle.reshape(value.detach(), [1]), False)
+
+    def rest(self) -> None:
+        """Parameters fn did not use: gradient zero, and their buckets signalled."""
+        with paddle.no_grad():
+            for i in self.signals.pending():
+                self.views[i].zero_()
+        self.signals.rest()

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from multigpu.contract.bucket_signals import BucketSignals
 from multigpu.contract.protocol import Device
 
 Tensor = torch.Tensor
@@ -211,20 +212,19 @@ class TorchBackend:
     # -- gradients and update -------------------------------------------
     def value_and_grad(
         self, fn: Callable[..., Any], params: Sequence[Tensor], *inputs: Any, aux: bool = False,
-        out: Optional[Tensor] = None
+        out: Optional[Tensor] = None, buckets: Sequence[tuple[int, int]] | None = None,
+        on_bucket: Callable[[int], None] | None = None
     ) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
         (and the aux outputs raveled in a second one with ``aux=True``)."""
+        if buckets is not None and out is not None and on_bucket is not None:
+            return self._bucketed(fn, params, inputs, aux, out, buckets, on_bucket)
         # NOTE: torch accumulates into .grad across backward() calls. Fresh leaves
         # (detach() shares storage, cheap; params are not mutated in the forward)
         # plus torch.autograd.grad return new tensors and touch no .grad field.
         leaves = [p.detach().requires_grad_(True) for p in params]
-        outputs: list[Tensor] = []
         with torch.enable_grad():
-            value = fn(leaves, *inputs)
-            if aux:
-                value, outputs = value
-            value = value.reshape(())
+            value, outputs = _forward(fn, leaves, inputs, aux)
             if value.requires_grad:
                 grads = torch.autograd.grad(value, leaves, allow_unused=True)
             else:
@@ -239,6 +239,32 @@ class TorchBackend:
             if not aux:
                 return flat
             return flat, torch.cat([o.detach().reshape(-1).to(flat.device) for o in outputs])
+
+    def _bucketed(self, fn: Callable[..., Any], params: Sequence[Tensor], inputs: Sequence[Any], aux: bool,
+                  out: Tensor, buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]) -> Any:
+        """value_and_grad with each gradient accumulated into its view of ``out`` and buckets signalled
+        from torch's post-accumulate-grad hooks, while backward still runs."""
+        leaves = [p.detach().requires_grad_(True) for p in params]
+        views = self.unflatten(out, [*(tuple(p.shape) for p in leaves), (1,)])
+        signals = BucketSignals(buckets, on_bucket)
+        with torch.no_grad():
+            out.zero_()
+        for i, (leaf, view) in enumerate(zip(leaves, views)):
+            # NOTE: DDP's gradient_as_bucket_view: with .grad already set, torch's AccumulateGrad adds
+            # the gradient into it in place, so backward writes straight into the bucket's slice.
+            leaf.grad = view
+            leaf.register_post_accumulate_grad_hook(lambda _leaf, i=i: signals.done(i))
+        with torch.enable_grad():
+            value, outputs = _forward(fn, leaves, inputs, aux)
+            with torch.no_grad():
+                views[-1].copy_(value.detach().reshape(1))  # the value is known before backward
+            if value.requires_grad:
+                torch.autograd.backward(value, inputs=leaves)
+        signals.rest()  # NOTE: a parameter fn does not use gets no hook call; its slice is still zero
+        if not aux:
+            return out
+        with torch.no_grad():
+            return out, torch.cat([o.detach().reshape(-1).to(out.device) for o in outputs])
 
     @torch.no_grad()
     def sgd_(self, params: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> None:
@@ -272,6 +298,16 @@ class TorchBackend:
         # The order of torch.optim.AdamW's own step: sqrt, divide, add eps, then addcdiv.
         denom = x2.to(y.device).sqrt().div_(divisor).add_(eps)
         y.addcdiv_(x1.to(y.device), denom, value=value)
+
+
+def _forward(fn: Callable[..., Any], leaves: Sequence[Tensor], inputs: Sequence[Any],
+             aux: bool) -> tuple[Tensor, list[Tensor]]:
+    """``fn``'s value as a 0-d tensor and its aux outputs (none without ``aux``)."""
+    value = fn(leaves, *inputs)
+    outputs: list[Tensor] = []
+    if aux:
+        value, outputs = value
+    return value.reshape(()), outputs
 
 
 def _summed(t: Tensor, group: Any) -> Tensor:

@@ -9,6 +9,7 @@ reads per call, no device read and no per-element pass on the step's fast path);
 """
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from math import prod
@@ -439,8 +440,10 @@ class CheckedBackend:
 
     # -- gradients and update ----------------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], *inputs: Any, aux: bool = False,
-                       out: Optional[Any] = None) -> Any:
-        """Checked ``[grads..., value]`` in one flat buffer, ``out`` when given (and ``aux_flat`` with ``aux=True``)."""
+                       out: Optional[Any] = None, buckets: Sequence[tuple[int, int]] | None = None,
+                       on_bucket: Callable[[int], None] | None = None) -> Any:
+        """Checked ``[grads..., value]`` in one flat buffer, ``out`` when given (and ``aux_flat`` with ``aux=True``);
+        with ``buckets``, ``on_bucket(k)`` once per bucket, before the call returns."""
         if not callable(fn):
             raise InputError(f"value_and_grad needs a callable fn, got {fn!r:.60}")
         if not isinstance(params, (list, tuple)) or not params:
@@ -451,7 +454,21 @@ class CheckedBackend:
         if out is not None and self._float(out, "value_and_grad out") != (size + 1,):
             raise InputError(f"value_and_grad out has shape {self.adapter.shape(out)}; it must be ({size + 1},): "
                              "every gradient, then the value")
-        extra = {} if out is None else {"out": out}
+        extra: dict[str, Any] = {} if out is None else {"out": out}
+        signalled: list[int] = []
+        if buckets is not None or on_bucket is not None:
+            layout = _check_buckets(buckets, on_bucket, len(params), out)
+
+            def signal(k: int) -> None:
+                if type(k) is not int or not 0 <= k < len(layout) or k in signalled:
+                    raise AdapterError(f"{self.name} adapter's value_and_grad signalled bucket {k!r} after "
+                                       f"{signalled}; the contract says each of 0..{len(layout) - 1} once")
+                signalled.append(k)
+                assert on_bucket is not None
+                on_bucket(k)
+
+            if self._signals_buckets():
+                extra.update(buckets=layout, on_bucket=signal)
         aux_size = [0]
 
         def check_value(out: Any) -> Any:
@@ -484,6 +501,12 @@ class CheckedBackend:
         if out is not None and flat is not out:
             raise AdapterError(f"{self.name} adapter's value_and_grad(out=...) returned another buffer; the "
                                "contract says it writes into out and returns it")
+        if buckets is not None and "on_bucket" not in extra:
+            for k in range(len(buckets)):  # an adapter without bucket signals: every bucket is ready now
+                signal(k)
+        if buckets is not None and len(signalled) != len(buckets):
+            raise AdapterError(f"{self.name} adapter's value_and_grad returned having signalled buckets "
+                               f"{sorted(signalled)} of {len(buckets)}; the contract says every bucket, once")
         got = self._shape(flat, "value_and_grad result")
         if got != (size + 1,):
             raise AdapterError(f"{self.name} adapter's value_and_grad returned shape {got}; "
@@ -495,6 +518,16 @@ class CheckedBackend:
             raise AdapterError(f"{self.name} adapter's value_and_grad returned aux of shape {got}; "
                                f"the contract says ({aux_size[0]},): every aux output raveled")
         return flat, aux_flat
+
+    def _signals_buckets(self) -> bool:
+        """True if the adapter's value_and_grad takes ``buckets``/``on_bucket`` (a third-party adapter
+        written before them does not; its buckets are signalled when it returns)."""
+        known = getattr(self, "_bucket_signals", None)
+        if known is None:
+            params = inspect.signature(self.adapter.value_and_grad).parameters
+            known = "on_bucket" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+            self._bucket_signals = known
+        return known
 
     def sgd_(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> None:
         """Checked in-place ``p -= lr * g``."""
@@ -558,3 +591,35 @@ def checked(backend: Any) -> CheckedBackend:
 def unchecked(backend: Any) -> Any:
     """Return the adapter behind ``backend`` (for measuring what the checks cost)."""
     return backend.adapter if isinstance(backend, CheckedBackend) else backend
+
+
+def _check_buckets(buckets: Any, on_bucket: Any, count: int, out: Any) -> list[tuple[int, int]]:
+    """Return ``buckets`` as a list of (first, stop) pairs if they cut ``count`` parameters into runs
+    from the last backwards; raise InputError otherwise (or without ``on_bucket`` and ``out``)."""
+    if buckets is None or on_bucket is None or not callable(on_bucket):
+        raise InputError(f"value_and_grad buckets={buckets!r:.60} and on_bucket={on_bucket!r:.60} go together: "
+                         "pass the layout and a callable that takes a bucket number, or neither")
+    if out is None:
+        raise InputError("value_and_grad(buckets=...) needs out=, the buffer whose slices the buckets are")
+    example = f"e.g. [({count // 2}, {count}), (0, {count // 2})]"
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+    try:
+        pairs = [(int(a), int(b)) for a, b in buckets if whole(a) and whole(b)] \
+            if not isinstance(buckets, (str, bytes)) else None
+        if pairs is not None and len(pairs) != len(buckets):
+            pairs = None
+    except (TypeError, ValueError):
+        pairs = None
+    stop = count
+    for a, b in pairs or []:
+        if b != stop or not 0 <= a < b:
+            pairs = None
+            break
+        stop = a
+    if not pairs or stop != 0:
+        raise InputError(f"value_and_grad buckets={buckets!r:.80} must cut the {count} parameters into "
+                         f"(first, stop) runs from the last parameter backwards, {example}")
+    return pairs

@@ -293,7 +293,8 @@ class Backend(Protocol[T]):
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(
-        self, fn: Callable[..., T], params: Sequence[T], *inputs: Any, aux: bool = False, out: Optional[T] = None
+        self, fn: Callable[..., T], params: Sequence[T], *inputs: Any, aux: bool = False, out: Optional[T] = None,
+        buckets: Sequence[tuple[int, int]] | None = None, on_bucket: Callable[[int], None] | None = None
     ) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar) and its gradients w.r.t. ``params``.
 
@@ -313,6 +314,16 @@ class Backend(Protocol[T]):
         gives per-parameter views. Nothing is read back to the host, so no device is
         waited for while the others are still being queued. Gradients never
         accumulate between calls and the caller's ``params`` gain no gradient state.
+
+        With ``buckets`` (and ``out``, and ``on_bucket``) the gradients are signalled while
+        backward runs: ``buckets[k] = (first, stop)`` covers parameters ``first .. stop - 1``,
+        bucket 0 the last ones (``buckets[0][1] == len(params)``, ``buckets[-1][0] == 0``),
+        so bucket k is one slice of ``out`` (bucket 0's includes the value). The adapter
+        calls ``on_bucket(k)`` once per bucket, as soon as every gradient of bucket k (and
+        for bucket 0 the value) is in ``out``, in whatever order its framework finishes
+        them, and all of them before it returns; the callback may start work that reads
+        that slice (a collective) and must not touch the rest of ``out``. An adapter that
+        cannot tell earlier signals them when backward is queued, in bucket order.
 
         The caller's grad mode does not matter: under ``torch.no_grad()``,
         ``paddle.no_grad()`` or ``mxnet.autograd.pause()`` the gradients are the

@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from math import prod
 from typing import Any, Callable, Optional, TypeVar
 
@@ -35,17 +36,24 @@ from multigpu.errors import CollectiveError, CollectiveMismatchError, Collective
 
 R = TypeVar("R")
 
-OPS = ("allreduce_", "broadcast_", "barrier", "close")
-FIELDS = 6  # present, op, call number, size // 2**20, size % 2**20, src + 1
+OPS = ("allreduce_", "broadcast_", "barrier", "close", "buckets")
+FIELDS = 7  # present, op, call number, size // 2**20, size % 2**20, src + 1 (buckets: count + 1), split code
 _LOW = 1 << 20  # float32 holds integers below 2**24 exactly; split larger values
 TIMEOUT_EXIT_STATUS = 1
 
 
-def _describe(op: str, size: int, src: int, seq: Optional[int] = None) -> str:
+def _describe(op: str, size: int, src: int, seq: Optional[int] = None, split: int = 0) -> str:
     text = op if op in ("barrier", "close") else f"{op} of {size:,} floats"
     if op == "broadcast_":
         text += f" from rank {src}"
+    if op == "buckets":
+        text = f"{src} bucket allreduce{'s' if src != 1 else ''} of {size:,} floats in all (split code {split})"
     return text if seq is None else f"call #{seq} ({text})"
+
+
+def split_code(sizes: Sequence[int]) -> int:
+    """A number that tells bucket splits apart (exact in a float32 header field)."""
+    return sum((i + 1) * s for i, s in enumerate(sizes)) % _LOW
 
 
 def engine_error(exc: BaseException, context: str) -> CollectiveError:
@@ -125,6 +133,8 @@ class CheckedGroup:
         self.timeout: float = float(engine.timeout)
         self.calls = 0
         self._pending: Optional[tuple[tuple[str, int, int], np.ndarray, Any, Callable[[], Any]]] = None
+        self._buckets: tuple[list[int], int] | None = None  # announced bucket sizes and their split code
+        self._expect: list[int] = []  # sizes of the announced buckets not yet started
         self._failed: Optional[str] = None
         self._closed = False
         self._watchdog = Watchdog()
@@ -140,6 +150,77 @@ class CheckedGroup:
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
             raise InputError(f"broadcast_ src={src!r} is not a rank; use 0..{self.world_size - 1}")
         self._collective("broadcast_", self._numel(flat), src, lambda: self.engine.broadcast_(flat, src))
+
+    def allreduce_async_(self, flat: Any) -> Callable[[], None]:
+        """Start the in-place sum of ``flat``; return the function that waits for it (and raises as
+        ``allreduce_`` would, under the same deadline).
+
+        After ``announce_buckets`` the announced sums share that one header: the first
+        of them checks it, and each must have the announced size. Otherwise the sum gets
+        its own header, as ``allreduce_`` does. Engines without an asynchronous sum run
+        it at once.
+        """
+        size = self._numel(flat)
+        engine_start = getattr(self.engine, "allreduce_async_", None)
+
+        def start() -> Callable[[], None]:
+            if engine_start is None:
+                self.engine.allreduce_(flat)
+                return lambda: None
+            return engine_start(flat)
+
+        if self._buckets is None:
+            wait = self._collective("allreduce_", size, -1, start)
+            what = _describe("allreduce_", size, -1, self.calls)
+        else:
+            sizes, code = self._buckets
+            index = len(sizes) - len(self._expect)
+            what = f"call #{self.calls + (index == 0)}, bucket {index} of {len(sizes)} ({size:,} floats)"
+            if self._failed is not None or self._closed:
+                raise CollectiveError(f"{self._where()}: {what} on a group whose earlier call failed or closed")
+            if size != self._expect[0]:
+                self._failed = "a bucket of another size than announced"
+                raise CollectiveMismatchError(
+                    f"{self._where()}: {what}: this rank announced buckets of {sizes} floats and then started "
+                    f"one of {size:,} floats as bucket {index}; the other ranks checked the announced sizes, so "
+                    "the job cannot continue; start exactly the announced buckets, in order")
+            if index == 0:  # the announced header is checked before the first bucket reaches the engine
+                try:
+                    self._collective("buckets", sum(sizes), len(sizes), None, code)
+                except CollectiveError:
+                    self._buckets, self._expect = None, []  # no bucket started: the group stays usable
+                    raise
+            self._expect.pop(0)
+            if not self._expect:
+                self._buckets = None
+            wait = self._guarded(what, start)
+        return lambda: self._guarded(f"{what}, wait", wait)
+
+    def announce_buckets(self, sizes: Sequence[int]) -> None:
+        """Check the next ``len(sizes)`` collectives, ``allreduce_async_`` of these sizes in this order,
+        with one header exchange, started now to overlap the computation before them.
+
+        ``DataParallel`` announces a step's gradient buckets before the forward: the ranks
+        then agree on the whole step's collectives at the cost of one small exchange,
+        whose round trip runs while the devices compute. The header is checked (and a
+        mismatch reported with every side named) before the first bucket reaches the
+        engine. Without the check the buckets go to the engine unchecked.
+        """
+        sizes = [int(n) for n in sizes]
+        if not sizes or self._expect:
+            raise InputError(f"announce_buckets({sizes}) needs at least one size, and the buckets announced "
+                             f"before ({self._expect} left) must all have started")
+        if not self.check:
+            return
+        code = split_code(sizes)
+        self._buckets, self._expect = (sizes, code), list(sizes)
+        start = getattr(self.engine, "allreduce_async_", None)
+        if start is None or self._pending is not None or self._closed or self._failed:
+            return  # the header is exchanged when the first bucket starts
+        what = _describe("buckets", sum(sizes), len(sizes), self.calls + 1, code)
+        mine, buf = self._header("buckets", sum(sizes), len(sizes), self.calls + 1, code)
+        wait = self._guarded(f"{what}, header", lambda: start(buf))
+        self._pending = (("buckets", sum(sizes), len(sizes)), mine, buf, wait)
 
     def barrier(self) -> None:
         """Return once every rank has called ``barrier`` (the header exchange is one)."""
@@ -182,29 +263,34 @@ class CheckedGroup:
     def _where(self) -> str:
         return f"rank {self.rank} of {self.world_size} ({self.name})"
 
-    def _collective(self, op: str, size: int, src: int, run: Optional[Callable[[], Any]]) -> None:
+    def _collective(self, op: str, size: int, src: int, run: Optional[Callable[[], R]], code: int = 0) -> Any:
         if self._closed:
             raise CollectiveError(f"{self._where()}: {op} on a closed process group; create a new one")
         if self._failed is not None:
             raise CollectiveError(f"{self._where()}: {op} on a group whose earlier call failed "
                                   f"({self._failed}); the job cannot continue")
+        if self._expect and op != "buckets":
+            self._failed = "announced buckets, then another collective"
+            raise CollectiveMismatchError(
+                f"{self._where()}: {_describe(op, size, src, self.calls + 1)}: this rank announced "
+                f"{len(self._expect)} more bucket(s) of {self._expect} floats first; the other ranks checked the "
+                "announced buckets, so the job cannot continue; start every announced bucket first")
         self.calls += 1
-        what = _describe(op, size, src, self.calls)
+        what = _describe(op, size, src, self.calls, code)
         if self.check:
-            self._exchange(op, size, src, what)
-        if run is not None:
-            self._guarded(what, run)
+            self._exchange(op, size, src, what, code)
+        return None if run is None else self._guarded(what, run)
 
-    def _header(self, op: str, size: int, src: int, seq: int) -> tuple[np.ndarray, Any]:
-        mine = np.array([1, OPS.index(op) + 1, seq % _LOW, size // _LOW, size % _LOW, src + 1], np.float32)
+    def _header(self, op: str, size: int, src: int, seq: int, code: int = 0) -> tuple[np.ndarray, Any]:
+        mine = np.array([1, OPS.index(op) + 1, seq % _LOW, size // _LOW, size % _LOW, src + 1, code], np.float32)
         header = np.zeros((self.world_size, FIELDS), np.float32)
         header[self.rank] = mine
         return mine, self.backend.from_numpy(header.reshape(-1), self.device)
 
-    def _exchange(self, op: str, size: int, src: int, what: str) -> None:
+    def _exchange(self, op: str, size: int, src: int, what: str, code: int = 0) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
-            mine, buf = self._header(op, size, src, self.calls)
+            mine, buf = self._header(op, size, src, self.calls, code)
 
             def run() -> np.ndarray:
                 self.engine.allreduce_(buf)
@@ -236,8 +322,8 @@ class CheckedGroup:
             sides.setdefault(tuple(rows[r, 1:].tolist()), []).append(r)
         parts = []
         for key, ranks in sides.items():
-            code, seq, hi, lo, src1 = (int(v) for v in key)
-            desc = _describe(OPS[code - 1], hi * _LOW + lo, src1 - 1, seq)
+            op_code, seq, hi, lo, src1, split = (int(v) for v in key)
+            desc = _describe(OPS[op_code - 1], hi * _LOW + lo, src1 - 1, seq, split)
             parts.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
                          f"{'are' if len(ranks) > 1 else 'is'} at {desc}")
         raise CollectiveMismatchError(

@@ -43,6 +43,7 @@ from multigpu.parallel.allreduce import (
     reduce_to_first,
     views_per_buffer,
 )
+from multigpu.parallel.buckets import DEFAULT_BUCKET_MB, BucketedSum, plan_buckets
 from multigpu.parallel.process_group import ProcessGroup, allreduce_numpy
 from multigpu.parallel.split import shard_sizes, split_batch
 from multigpu.parallel.sync_batchnorm import SynchronizedStatistics
@@ -72,6 +73,10 @@ class DataParallel:
     across processes: every rank then passes the same global batch to
     ``train_batch`` and trains on its own shard of it, and rank 0's parameters,
     optimizer state and running statistics are broadcast to every rank at start.
+    With a group whose engine sums asynchronously the gradients cross processes in
+    buckets of up to ``bucket_mb`` MiB (the first 1 MiB), each started while backward
+    still runs (``multigpu.parallel.buckets``); ``bucket_mb=None`` sums one buffer after
+    backward instead.
     """
 
     def __init__(self, model: Model, backend: str | Any = "numpy",
@@ -79,7 +84,7 @@ class DataParallel:
                  params: Sequence[np.ndarray] | None = None, allreduce: str = "fused",
                  seed: int = 0, process_group: ProcessGroup | None = None, *,
                  optimizer: str | Optimizer = "sgd", sync_bn: bool = False,
-                 state: Sequence[np.ndarray] | None = None):
+                 state: Sequence[np.ndarray] | None = None, bucket_mb: float | None = DEFAULT_BUCKET_MB):
         if not isinstance(model, Model):
             raise ModelError(f"model must be a multigpu model (Model or Sequential), got {type(model).__name__}; "
                              "e.g. multigpu.models.lenet()")
@@ -96,6 +101,8 @@ class DataParallel:
         self.steps = 0  # optimizer steps taken (torch's step counter)
         self._grad_buffers: dict[int, Any] = {}  # per replica: [gradients..., loss], kept between steps
         self._param_size = model.num_params()
+        self.bucket_mb = bucket_mb
+        self._layout = None if bucket_mb is None else plan_buckets(model.param_shapes, bucket_mb)
         host = model.init_params(seed) if params is None else model.check_params(params)
         self._place_params(host)
         self.opt_state = [[self.backend.from_numpy(np.zeros(self._param_size, np.float32), d)
@@ -325,15 +332,31 @@ class DataParallel:
             grad, loss = b.unflatten(flat, [(self._param_size,), (1,)])
             grads, auxes = [grad] * n, [aux] * n  # updates read them from the first device
         else:
-            announce = getattr(self.process_group, "announce", None)
-            if announce is not None:  # the check of the gradient allreduce overlaps the computation
-                announce("allreduce_", self._param_size + 1)
-            outs = [b.value_and_grad(self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d), aux=self.has_bn,
-                                     out=self._gradient_buffer(r))
-                    for r, (d, params, (xs, ys)) in enumerate(zip(self.devices, self.replicas, shards))]
+            bucketed = self._bucketed()
+            if bucketed is None:
+                announce = getattr(self.process_group, "announce", None)
+                if announce is not None:  # the check of the gradient allreduce overlaps the computation
+                    announce("allreduce_", self._param_size + 1)
+            else:
+                announce = getattr(self.process_group, "announce_buckets", None)
+                if announce is not None:  # one header checks the step's buckets, overlapping the computation
+                    announce(bucketed.layout.sizes)
+            outs = []
+            for r, (d, params, (xs, ys)) in enumerate(zip(self.devices, self.replicas, shards)):
+                # the last device signals its buckets: the others' backward is queued by then
+                signal = {} if bucketed is None or r < n - 1 else \
+                    {"buckets": bucketed.layout.params, "on_bucket": bucketed.ready}
+                outs.append(b.value_and_grad(self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d),
+                                             aux=self.has_bn, out=self._gradient_buffer(r), **signal))
             flats = [o[0] for o in outs] if self.has_bn else outs
             auxes = [o[1] for o in outs] if self.has_bn else []
-            grads, loss = self._sum(flats)
+            if bucketed is None:
+                grads, loss = self._sum(flats)
+            else:
+                halves = [(self._param_size,), (1,)]
+                sums = bucketed.finish()
+                views = views_per_buffer(b, sums, halves)
+                grads, loss = [views[id(f)][0] for f in sums], views[id(sums[0])][1]
         self.steps += 1
         scale = 1.0 / len(X)
         for p, g, state in zip(self.flat_params, grads, self.opt_state):
@@ -341,6 +364,16 @@ class DataParallel:
         for r, aux in enumerate(auxes):
             self._fold_statistics(r, aux)
         return float(b.to_numpy(loss).reshape(())) / len(X)
+
+    def _bucketed(self) -> BucketedSum | None:
+        """This step's bucketed sum across processes, or None where one buffer is summed after backward
+        (no group, a group without ``allreduce_async_``, bucket_mb=None, or another allreduce)."""
+        group = self.process_group
+        if group is None or self._layout is None or self.allreduce != "fused" \
+                or not callable(getattr(group, "allreduce_async_", None)):
+            return None
+        flats = [self._gradient_buffer(r) for r in range(len(self.devices))]
+        return BucketedSum(self.backend, group, flats, self.devices, self._layout)
 
     def _gradient_buffer(self, replica: int) -> Any:
         """Replica ``replica``'s buffer for [gradients..., loss], kept from step to step (as a framework

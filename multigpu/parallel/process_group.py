@@ -49,8 +49,12 @@ class ProcessGroup(Protocol[T]):
     * ``timeout`` (seconds) is passed to the engine where it takes one; the core
       enforces it for every engine;
     * optionally ``allreduce_async_(flat)`` starts the same sum and returns a function
-      that waits for it (and raises as ``allreduce_`` would); the core uses it to
-      overlap a small header exchange with computation.
+      that waits for it (and raises as ``allreduce_`` would). Sums started this way
+      complete in the order they were started, and a collective called after them
+      runs after them. The core uses it to overlap a small header exchange with
+      computation, and to sum gradient buckets while backward still runs
+      (``multigpu.parallel.buckets``): ``DataParallel`` waits for every bucket before
+      the update and before any other collective.
     """
 
     rank: int

@@ -22,6 +22,7 @@ from multigpu.models.graph import Model
 from multigpu.optim.base import Optimizer
 from multigpu.optim.choice import make_optimizer
 from multigpu.optim.sgd import SGD
+from multigpu.parallel.buckets import DEFAULT_BUCKET_MB
 from multigpu.parallel.data_parallel import DataParallel
 from multigpu.parallel.process_group import ProcessGroup
 from multigpu.training.checkpoint import load_checkpoint, save_checkpoint
@@ -140,14 +141,17 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
           train_limit: Optional[int] = None, test_limit: Optional[int] = None, data: Any = None,
           on_epoch: Optional[Callable[[int, "TrainResult"], None]] = None, processes: int = 1,
           process_group: Optional[ProcessGroup] = None, verify_data: bool = True,
-          optimizer: Union[str, Optimizer] = "sgd", sync_bn: bool = False) -> TrainResult:
+          optimizer: Union[str, Optimizer] = "sgd", sync_bn: bool = False,
+          bucket_mb: Optional[float] = DEFAULT_BUCKET_MB) -> TrainResult:
     """Train ``model`` on Fashion-MNIST with data-parallel SGD; return a TrainResult.
 
     ``optimizer`` is ``"sgd"`` (plain SGD, the textbook's), ``"adamw"`` or an optimizer
     object such as ``multigpu.optim.SGD(momentum=0.9, weight_decay=5e-4)``; ``lr`` is its
     learning rate. ``sync_bn`` synchronizes BatchNorm statistics across every device and
     process (else each device normalizes with its own shard's). Checkpoints hold the
-    optimizer state and every replica's BatchNorm running statistics too.
+    optimizer state and every replica's BatchNorm running statistics too. With several
+    processes the gradients cross them in buckets of up to ``bucket_mb`` MiB started
+    during backward (None: one buffer after backward).
 
     ``num_gpus`` is a device count (CPU replicas with a warning when the framework
     sees fewer GPUs) or a device string such as ``"cpu:2"``. ``scale_batch``
@@ -188,6 +192,8 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     for name, limit in (("train_limit", train_limit), ("test_limit", test_limit)):
         if limit is not None:
             check_count(limit, name, example=1000)
+    if bucket_mb is not None:
+        check_positive(bucket_mb, "bucket_mb", unit="MiB", example=25)
     opt = make_optimizer(optimizer)
     net = resolve_model(model, data)
     writer = (process_group.rank if process_group is not None else launched_rank()) == 0  # writes files
@@ -205,7 +211,7 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
             group, devices = join_job(backend, num_gpus)
             joined = True
         tr = DataParallel(net, backend=backend, devices=devices, lr=lr, allreduce=allreduce, seed=seed,
-                          process_group=group, optimizer=opt, sync_bn=sync_bn)
+                          process_group=group, optimizer=opt, sync_bn=sync_bn, bucket_mb=bucket_mb)
     rank, world = tr.rank, tr.world_size
     progress = progress and rank == 0
     for w in caught:

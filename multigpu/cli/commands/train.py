@@ -14,6 +14,7 @@ from multigpu.errors import InputError
 from multigpu.models.zoo import MODELS
 from multigpu.optim import OPTIMIZERS, SGD, AdamW, Optimizer
 from multigpu.parallel.allreduce import ALGORITHMS
+from multigpu.parallel.buckets import DEFAULT_BUCKET_MB
 from multigpu.training.trainer import train
 
 DESCRIPTION = """\
@@ -47,6 +48,11 @@ def register(sub: Any) -> None:
                    help="weight decay: L2 in SGD (default 0), decoupled in AdamW (default 0.01)")
     p.add_argument("--betas", default=None, metavar="B1,B2", help="AdamW's betas (default 0.9,0.999)")
     p.add_argument("--eps", type=float, default=None, help="AdamW's eps (default 1e-8)")
+    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, metavar="MIB",
+                   help="with several processes, sum gradients in buckets of up to MIB MiB started during "
+                        "backward (the first 1 MiB; default %(default)g, as DDP)")
+    p.add_argument("--no-buckets", action="store_true",
+                   help="with several processes, sum every gradient in one buffer after backward instead")
     p.add_argument("--sync-bn", action="store_true",
                    help="synchronize BatchNorm statistics across devices and processes (default: per device)")
     p.add_argument("--allreduce", choices=ALGORITHMS, default="fused", help="allreduce algorithm (default fused)")
@@ -108,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                        checkpoint=args.checkpoint, scale_batch=args.scale_batch, lr_scaling=args.lr_scaling,
                        warmup_epochs=args.warmup_epochs, train_limit=args.train_limit,
                        test_limit=args.test_limit, verify_data=not args.no_verify_data, optimizer=optimizer,
-                       sync_bn=args.sync_bn)
+                       sync_bn=args.sync_bn, bucket_mb=None if args.no_buckets else args.bucket_mb)
     if result.rank != 0:
         return 0  # in a multi-process job rank 0 reports and writes for every rank
     print(f"final test acc {result.test_acc[-1]:.3f} (best {max(result.test_acc):.3f}), "

@@ -1,0 +1,128 @@
+"""Gradient buckets: the cross-process sum started during backward, bucket by bucket.
+
+The gradient buffer of a replica is ``[grads in parameter order..., loss]``. A bucket is
+a run of consecutive parameters, so it is one contiguous slice of that buffer and the
+gradients stay views of it (DDP's ``gradient_as_bucket_view``: no copy into a bucket).
+Buckets are numbered from the end of the buffer, because backward produces the last
+layers' gradients first: bucket 0 holds the last parameters and the loss, which the
+forward already knows. As in DDP and ``paddle.DataParallel``, the first bucket is small
+(1 MiB, or ``bucket_mb`` if smaller) so that its sum starts early; the others hold up to
+``bucket_mb`` MiB.
+
+``value_and_grad(..., buckets=layout.params, on_bucket=...)`` calls ``on_bucket(k)`` as
+soon as bucket k's gradients are in the buffer (the adapter decides when: a post-
+accumulate hook in torch, a tensor hook in Paddle, the engine's order in MXNet).
+``BucketedSum.ready`` then starts every bucket up to the first one not yet ready, in
+bucket order, so every rank starts the same collectives in the same order whatever
+order its framework finished them in.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+from multigpu.checks import check_positive
+from multigpu.contract.protocol import Device
+from multigpu.parallel.allreduce import broadcast_from_first, flat_schedule, reduce_to_first
+
+DEFAULT_BUCKET_MB = 25.0
+"""DDP's ``bucket_cap_mb`` and Paddle's ``comm_buffer_size``."""
+FIRST_BUCKET_MB = 1.0
+"""DDP's first bucket and Paddle's ``last_comm_buffer_size`` (the one filled first)."""
+_MIB = 1 << 20
+_FLOAT = 4  # bytes of a float32
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """Where each bucket lies.
+
+    ``params[k]`` is ``(first, stop)``: bucket k holds parameters ``first .. stop - 1``;
+    ``slices[k]`` is ``(start, stop)`` in the ``[grads..., loss]`` buffer (bucket 0's
+    includes the loss). Bucket 0 is at the end of the buffer.
+    """
+
+    params: tuple[tuple[int, int], ...]
+    slices: tuple[tuple[int, int], ...]
+
+    @property
+    def sizes(self) -> list[int]:
+        """The number of floats of each bucket, in bucket order."""
+        return [b - a for a, b in self.slices]
+
+    def pieces(self) -> list[tuple[int]]:
+        """The buffer cut into buckets in buffer order (for ``unflatten``): the last bucket first."""
+        return [(b - a,) for a, b in reversed(self.slices)]
+
+
+def plan_buckets(shapes: Sequence[Sequence[int]], bucket_mb: float = DEFAULT_BUCKET_MB,
+                 first_mb: float = FIRST_BUCKET_MB) -> BucketLayout:
+    """Return the buckets for parameters of ``shapes``, filled from the last parameter backwards.
+
+    A bucket closes once it holds at least its cap (the smaller of ``first_mb`` and ``bucket_mb``
+    for bucket 0, ``bucket_mb`` after it), so a parameter is never split, and a parameter larger than the cap gets a
+    bucket of its own (DDP's rule). Raises InputError for a cap that is not a positive number.
+    """
+    check_positive(bucket_mb, "bucket_mb", unit="MiB", example=25)
+    check_positive(first_mb, "first_mb", unit="MiB", example=1)
+    sizes = [int(prod(s)) for s in shapes]
+    offsets = [0]
+    for n in sizes:
+        offsets.append(offsets[-1] + n)
+    params: list[tuple[int, int]] = []
+    stop, filled = len(sizes), 0
+    for i in range(len(sizes) - 1, -1, -1):
+        filled += sizes[i] * _FLOAT
+        cap = (min(first_mb, bucket_mb) if not params else bucket_mb) * _MIB
+        if filled >= cap or i == 0:
+            params.append((i, stop))
+            stop, filled = i, 0
+    slices = [(offsets[a], offsets[b] + (1 if k == 0 else 0)) for k, (a, b) in enumerate(params)]
+    return BucketLayout(tuple(params), tuple(slices))
+
+
+class BucketedSum:
+    """Sum every replica's ``[grads..., loss]`` buffer over local devices and processes, bucket by bucket.
+
+    ``flats`` are the local replicas' buffers. The callback ``ready(k)`` is handed to the
+    last replica's ``value_and_grad``: the earlier replicas' backward has been queued
+    already, so bucket k is then complete on every device; it is reduced into the first
+    device's buffer and its sum across processes starts (``group.allreduce_async_``).
+    ``finish()`` waits for every bucket and returns, per device, the buffer that holds
+    the sum (as ``allreduce_flat`` does). Nothing is read back to the host.
+    """
+
+    def __init__(self, backend: Any, group: Any, flats: Sequence[Any], devices: Sequence[Device],
+                 layout: BucketLayout):
+        self.backend, self.group, self.flats, self.devices, self.layout = backend, group, list(flats), devices, layout
+        self.schedule = flat_schedule(devices, group)
+        pieces = layout.pieces()
+        n = len(pieces)
+        # per device, bucket k's view: unflatten cuts in buffer order, buckets count from the end
+        self._views = [list(reversed(backend.unflatten(f, pieces))) for f in flats] if n > 1 else \
+            [[f] for f in flats]
+        self._ready = [False] * n
+        self._started = 0
+        self._waits: list[Callable[[], None]] = []
+
+    def ready(self, k: int) -> None:
+        """Bucket ``k`` is complete: start the sum of every bucket from the next one due up to the first not ready."""
+        self._ready[k] = True
+        while self._started < len(self._ready) and self._ready[self._started]:
+            views = [v[self._started] for v in self._views]
+            reduce_to_first(self.backend, views)
+            self._waits.append(self.group.allreduce_async_(views[0]))
+            self._started += 1
+
+    def finish(self) -> list[Any]:
+        """Wait for every bucket's sum; return the summed buffer of each device."""
+        if self._started != len(self._ready):  # the contract makes every adapter signal every bucket
+            raise AssertionError(f"bucket {self._started} was never signalled ready")
+        for wait in self._waits:
+            wait()
+        if self.schedule == "shared":
+            return [self.flats[0]] * len(self.flats)
+        broadcast_from_first(self.backend, self.flats)
+        return list(self.flats)

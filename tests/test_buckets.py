@@ -1,0 +1,229 @@
+"""Gradient buckets: the layout, the adapters' signals during backward, the checked group's one
+header per step, and a bucketed two-rank step equal to one process with two devices."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from recording_backend import Recording, host_reads
+from test_distributed import _both, _reference_pair
+
+import multigpu
+from multigpu import models
+from multigpu.contract.protocol import Device
+from multigpu.distributed.checked_group import CheckedGroup
+from multigpu.distributed.job import free_port
+from multigpu.errors import AdapterError, CollectiveMismatchError, InputError
+from multigpu.parallel.agreement import random_batches
+from multigpu.parallel.buckets import plan_buckets
+from multigpu.parallel.data_parallel import DataParallel
+
+CPU = Device("cpu", 0)
+MIB_FLOATS = (1 << 20) // 4
+
+
+def test_buckets_fill_from_the_last_parameter_with_a_small_first_one():
+    shapes = [(MIB_FLOATS // 2,), (10,), (3 * MIB_FLOATS,), (MIB_FLOATS,), (MIB_FLOATS // 4,), (7,)]
+    layout = plan_buckets(shapes, bucket_mb=2.0, first_mb=1.0)
+    # bucket 0: parameters 3..5 reach 1 MiB; bucket 1: parameter 2 alone exceeds 2 MiB; bucket 2: the rest
+    assert layout.params == ((3, 6), (2, 3), (0, 2))
+    total = sum(int(np.prod(s)) for s in shapes)
+    assert layout.slices[0][1] == total + 1  # the loss travels with bucket 0
+    assert layout.slices[-1][0] == 0
+    assert all(a == b for (a, _), (_, b) in zip(layout.slices, layout.slices[1:]))  # contiguous, back to front
+    assert sum(layout.sizes) == total + 1
+    assert [p for (p,) in layout.pieces()] == layout.sizes[::-1]
+    lenet = models.lenet().param_shapes
+    assert plan_buckets(lenet).params == ((0, len(lenet)),)  # LeNet fits the first bucket, as in DDP
+    for bad in (0, -1, float("nan"), "25"):
+        with pytest.raises(InputError, match="bucket_mb"):
+            plan_buckets(lenet, bad)
+
+
+def _loss(b, model):
+    def fn(ps, x, y):
+        return b.sum(b.softmax_cross_entropy(model.apply(b, [ps], [x])[0], y))
+    return fn
+
+
+def _tiny_resnet() -> models.Model:
+    return models.resnet((1, 1), (4, 8), 5, (3, 12, 12), "tiny")
+
+
+@pytest.mark.parametrize("unused", [False, True], ids=["all-used", "one-unused"])
+@pytest.mark.parametrize("model", ["lenet", "tiny-resnet"])
+def test_each_bucket_is_signalled_once_with_its_gradients_final(backend_name, unused, model):
+    """On every adapter: a bucket's slice already holds its final gradients when it is signalled, every
+    bucket is signalled once, and the buffer equals the unbucketed value_and_grad's (with BatchNorm's
+    batch statistics as aux outputs for the ResNet)."""
+    b = multigpu.backend(backend_name)
+    m = models.lenet() if model == "lenet" else _tiny_resnet()
+    aux = model != "lenet"
+    ps = [b.from_numpy(p, CPU) for p in m.init_params(0)]
+    X, y = random_batches(m, 1, 6, seed=2)[0]
+    x, t = b.from_numpy(X, CPU), b.from_numpy(y, CPU)
+    loss = DataParallel(m, backend=b)._loss if aux else _loss(b, m)
+    fn = (lambda q, x, y: loss(q[:-1], x, y)) if unused else loss
+    params = [*ps, b.from_numpy(np.ones(3, np.float32), CPU)] if unused else ps
+    size = sum(int(np.prod(b.shape(p))) for p in params)
+    layout = plan_buckets([b.shape(p) for p in params], bucket_mb=0.05 if model == "lenet" else 0.002,
+                          first_mb=0.001)
+    assert len(layout.params) >= 3
+    plain = b.value_and_grad(fn, params, x, t, aux=aux)
+    want = b.to_numpy(plain[0] if aux else plain)
+    out = b.from_numpy(np.full(size + 1, 7.0, np.float32), CPU)
+    seen: dict[int, np.ndarray] = {}
+
+    def ready(k: int) -> None:
+        a, e = layout.slices[k]
+        seen[k] = b.to_numpy(out)[a:e]
+
+    got = b.value_and_grad(fn, params, x, t, out=out, buckets=layout.params, on_bucket=ready, aux=aux)
+    if aux:
+        got, stats = got
+        np.testing.assert_allclose(b.to_numpy(stats), b.to_numpy(plain[1]), rtol=1e-5, atol=1e-6)
+    assert got is out and sorted(seen) == list(range(len(layout.params)))
+    np.testing.assert_allclose(b.to_numpy(out), want, rtol=1e-5, atol=1e-6)
+    for k, (a, e) in enumerate(layout.slices):
+        np.testing.assert_allclose(seen[k], want[a:e], rtol=1e-5, atol=1e-6, err_msg=f"bucket {k}")
+
+
+def test_an_adapter_that_misses_or_repeats_a_bucket_breaks_the_contract():
+    from multigpu.contract.checked import CheckedBackend
+
+    class Skips:  # an adapter that signals bucket 0 twice, or never
+        def __init__(self, inner, signals):
+            self.inner, self.signals = inner, signals
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def value_and_grad(self, fn, params, *inputs, aux=False, out=None, buckets=None, on_bucket=None):
+            flat = self.inner.value_and_grad(fn, params, *inputs, out=out)
+            for k in self.signals:
+                on_bucket(k)
+            return flat
+
+    numpy = multigpu.backend("numpy")
+    for signals, match in (([0, 0], "signalled bucket 0 after \\[0\\]"), ([1], "signalled buckets \\[1\\] of 2")):
+        be = CheckedBackend(Skips(numpy.adapter, signals))
+        ps = [be.from_numpy(np.ones(2, np.float32), CPU), be.from_numpy(np.ones(3, np.float32), CPU)]
+        with pytest.raises(AdapterError, match=match):
+            be.value_and_grad(lambda q, be=be: be.sum(be.add(q[0], q[0])), ps, out=be.from_numpy(np.zeros(6, np.float32),
+                              CPU), buckets=[(1, 2), (0, 1)], on_bucket=lambda k: None)
+
+
+def test_one_header_checks_the_buckets_and_a_mismatch_names_both_sides():
+    be, groups = _reference_pair(free_port())
+    bufs = [[be.from_numpy(np.full(n, r + 1.0, np.float32), CPU) for n in (3, 2)] for r in (0, 1)]
+
+    def buckets(r: int) -> list:
+        groups[r].announce_buckets([3, 2])
+        waits = [groups[r].allreduce_async_(t) for t in bufs[r]]
+        for w in waits:
+            w()
+        return [be.to_numpy(t).tolist() for t in bufs[r]]
+
+    calls = groups[0].calls
+    assert _both(buckets) == [[[3, 3, 3], [3, 3]]] * 2
+    assert groups[0].calls == calls + 1  # one checked call for the whole step
+    out = _both(lambda r: buckets(r) if r == 0 else groups[r].allreduce_(be.from_numpy(np.ones(5, np.float32), CPU)))
+    assert all(isinstance(e, CollectiveMismatchError) for e in out), out
+    for e in out:
+        assert "rank 0 is at call #" in str(e) and "(2 bucket allreduces of 5 floats in all" in str(e)
+        assert "rank 1 is at call #" in str(e) and "(allreduce_ of 5 floats)" in str(e)
+    assert _both(buckets) == [[[6, 6, 6], [6, 6]]] * 2  # the group still works
+    _both(lambda r: groups[r].close())
+
+    class Unused:  # an engine that must not be reached
+        rank, world_size, timeout, device = 0, 2, 5.0, CPU
+
+        def allreduce_(self, flat):
+            raise AssertionError("the mismatch must be found before the engine is called")
+
+    lone = CheckedGroup(Unused(), be)
+    lone.announce_buckets([3, 2])
+    with pytest.raises(CollectiveMismatchError, match="announced buckets of \\[3, 2\\] floats and then started one "
+                                                      "of 2 floats as bucket 0"):
+        lone.allreduce_async_(bufs[0][1])
+
+
+def _bucketed_pair(model, X, y, bucket_mb):
+    _, groups = _reference_pair(free_port())
+    trainers: list = [None, None]
+    losses: list = [[], []]
+
+    def run(r: int) -> None:
+        tr = DataParallel(model, backend="numpy", devices="cpu:1", lr=0.1, seed=3, process_group=groups[r],
+                          bucket_mb=bucket_mb, optimizer="sgd")
+        trainers[r] = tr
+        for _ in range(3):
+            losses[r].append(tr.train_batch(X, y))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    _both(lambda r: groups[r].close())
+    return trainers, losses
+
+
+@pytest.mark.parametrize("model", ["lenet", "tiny-resnet"])
+def test_two_bucketed_ranks_equal_one_process_with_two_devices(model):
+    """Per-device BatchNorm too: each rank's running statistics are its shard's, as each device's are."""
+    m = models.lenet() if model == "lenet" else _tiny_resnet()
+    X, y = random_batches(m, 1, 16, seed=4)[0]
+    trainers, losses = _bucketed_pair(m, X, y, bucket_mb=0.05 if model == "lenet" else 0.002)
+    assert len(trainers[0]._layout.params) >= 3
+    one = DataParallel(m, backend="numpy", devices="cpu:2", lr=0.1, seed=3)
+    ref = [one.train_batch(X, y) for _ in range(3)]
+    for r in (0, 1):
+        np.testing.assert_allclose(losses[r], ref, atol=1e-5)
+        for a, b in zip(trainers[r].get_params(), one.get_params()):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        for a, b in zip(trainers[r].get_state(), one.get_state(r)):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+class _LoneGroup:
+    """A process group of one rank whose sums start asynchronously (they are the identity)."""
+
+    rank, world_size, timeout, device = 0, 1, 5.0, CPU
+
+    def allreduce_(self, flat):
+        pass
+
+    def allreduce_async_(self, flat):
+        return lambda: None
+
+    def broadcast_(self, flat, src=0):
+        pass
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_bucketed_step_reads_nothing_back_before_the_last_backward(backend_name, devices):
+    """The buckets are reduced across devices from inside the last device's backward, after every other
+    device was queued, and nothing is read back to the host until the loss after the update."""
+    rec = Recording(multigpu.backend(backend_name))
+    m = models.lenet()
+    tr = DataParallel(m, backend=rec, devices=f"cpu:{devices}", lr=0.2, seed=1, process_group=_LoneGroup(),
+                      bucket_mb=0.05)
+    X, y = random_batches(m, 1, 12, seed=1)[0]
+    rec.log.clear()
+    loss = tr.train_batch(X, y)
+    events = list(rec.log)
+    forwards = [i for i, e in enumerate(events) if e == "forward"]
+    backwards = [i for i, e in enumerate(events) if e == "backward"]
+    assert len(forwards) == len(backwards) == devices
+    signals = [i for i, e in enumerate(events) if e.startswith("bucket:")]
+    assert len(signals) == len(tr._layout.params) and forwards[-1] < signals[0] < signals[-1] < backwards[-1]
+    assert not [events[i] for i in host_reads(events) if forwards[0] <= i <= backwards[-1]]
+    crossing = [e for e in events[forwards[0]:forwards[-1]] if e in ("add_", "assign_", "copy_to")]
+    assert not crossing, crossing
+    assert [events[i] for i in host_reads(events)] == ["to_numpy"]
+    plain = DataParallel(m, backend=backend_name, devices=f"cpu:{devices}", lr=0.2, seed=1)
+    assert loss == pytest.approx(plain.train_batch(X, y), abs=1e-6)
+    for a, b in zip(tr.get_params(), plain.get_params()):
+        np.testing.assert_allclose(a, b, atol=1e-6)

@@ -146,6 +146,24 @@ def test_plans_for_graph_models_are_refused_by_name():
         run_partitioned("lenet", None, ["a"] * 10, np.zeros((1, 1, 28, 28), np.float32), cl, state=STATE)
 
 
+def test_run_takes_the_batchnorm_statistics_of_a_checkpoint(tmp_path):
+    from multigpu.errors import ParamsError
+    from multigpu.execution.inputs import load_state
+    from multigpu.training.checkpoint import save_checkpoint
+
+    flat = np.concatenate([s.reshape(-1) for s in STATE])
+    meta = {"config": {}, "epoch": 1, "rng": None, "test_acc": [], "train_loss": [], "sec_per_epoch": []}
+    save_checkpoint(tmp_path / "ck", PARAMS, meta, {"bn": np.stack([flat, flat + 1])})
+    got = load_state(tmp_path / "ck", NET)
+    assert all(np.array_equal(a, b) for a, b in zip(got, STATE))          # the first replica's
+    assert load_state(tmp_path / "ck" / "checkpoint.npz", NET) is not None
+    np.savez(tmp_path / "p.npz", *PARAMS)
+    assert load_state(tmp_path / "p.npz", NET) is None                    # parameters only
+    save_checkpoint(tmp_path / "other", PARAMS, meta, {"bn": np.zeros((1, 7), np.float32)})
+    with pytest.raises(ParamsError, match="holds 7 BatchNorm statistics per replica but tiny_resnet has"):
+        load_state(tmp_path / "other", NET)
+
+
 # -- on Ray ------------------------------------------------------------------------
 ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
 

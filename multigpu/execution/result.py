@@ -137,6 +137,14 @@ class RunResult:
         a1, b1 = a0 + self.stage_times[:, i], b0 + self.stage_times[:, k]
         return float(np.mean((a0 < b1) & (b0 < a1)))
 
+    def _hop_kind(self, h: int) -> str:
+        """"hop", or "join hop" for a message into a graph stage that also waits for another
+        input (its measured time then includes that wait, which the makespan models apart)."""
+        if self.hop_stages is None or self.hop_stages[h][1] < 0:
+            return "hop"
+        stage = self.stages[self.hop_stages[h][1]]
+        return "join hop" if len({src for _, src in stage.inputs}) > 1 else "hop"
+
     def hop_label(self, h: int) -> str:
         """``"torch-1t -> paddle-1t"``, with the tensors a graph model's message carries."""
         a, b = self.hop_routes[h]
@@ -178,7 +186,7 @@ class RunResult:
             for h, (a, b) in enumerate(self.hop_routes):
                 if a == b and p.hops[h] == 0:
                     continue
-                rows.append({"what": f"hop {self.hop_label(h)} ({fmt_bytes(self.hop_bytes[h])})", "kind": "hop",
+                rows.append({"what": f"hop {self.hop_label(h)} ({fmt_bytes(self.hop_bytes[h])})", "kind": self._hop_kind(h),
                              "predicted": p.hops[h], "measured": self.hop_time(h)})
             rows.append({"what": "end to end", "kind": "end_to_end", "predicted": p.end_to_end,
                          "measured": self.latency})

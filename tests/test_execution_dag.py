@@ -132,12 +132,14 @@ def test_plans_for_graph_models_are_refused_by_name():
                                         "layers"):
         check_plan(NET, cl, CUT[:-1])
     pairs = [[n, "a"] for n in NAMES] + [["b1.add", "b"]]
-    with pytest.raises(PlanError, match="places layer 'b1.add' on two devices, 'a' and 'b'"):
+    with pytest.raises(PlanError, match="pairs: assignment places layer 'b1.add' on two devices, 'a' and 'b'"):
         check_plan(NET, cl, pairs)
     with pytest.raises(PlanError, match="places no device for layer 'fc'"):
         check_plan(NET, cl, [[n, "a"] for n in NAMES[:-1]])
-    with pytest.raises(PlanError, match="places layer 'nope'"):
+    with pytest.raises(PlanError, match="unknown layer 'nope'"):
         check_plan(NET, cl, [["nope", "a"]] + [[n, "a"] for n in NAMES[1:]])
+    with pytest.raises(PlanError, match="'x' is not a device; devices are: driver, a, b"):
+        check_plan(NET, cl, [[n, "x"] for n in NAMES])
     # Pairs in any order mean the plan in layer order.
     assert check_plan(NET, cl, [[n, d] for n, d in reversed(list(zip(NAMES, TWICE)))]).assignment == tuple(TWICE)
     with pytest.raises(PlanError, match="engine='compiled' runs chains.*use engine='tasks'"):

@@ -589,21 +589,8 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
 
 
 def _get_dag(workers: Workers, item: _DagItem, refs: Sequence[Any], labels: Sequence[str]) -> list[Any]:
-    """``ray.get`` some of an item's results; name the failing stage on an error."""
+    """``ray.get`` some of an item's results; name the failing stage on an error (as a
+    chain's item does: its calls' refs are by stage index, the labels' positions)."""
     if not refs:
         return []
-    try:
-        return list(ray.get(list(refs), timeout=workers.timeout))
-    except ray_exceptions.GetTimeoutError:
-        ready, _ = ray.wait([r for _, r in item.refs], num_returns=len(item.refs), timeout=0)
-        done = {r.hex() for r in ready}
-        stuck = next((s for s, r in item.refs if r.hex() not in done), item.refs[-1][0])
-        raise WorkerTimeoutError(
-            f"{labels[stuck]} did not finish item {item.index} within {workers.timeout:g} s; the run was "
-            f"stopped and its workers shut down (raise the timeout if the stage is only slow)") from None
-    except ray_exceptions.RayActorError as e:
-        dev = workers.device_of(e)
-        stage = next((s for s, _ in item.refs if labels[s].endswith(f"device {dev!r}")), item.refs[-1][0])
-        raise workers.died(e, lambda: labels[stage]) from None
-    except ray_exceptions.RayTaskError as e:
-        raise _cause(e, "") from None
+    return list(_wait_item(workers, _Item(item.index, list(refs), refs=item.refs), labels))

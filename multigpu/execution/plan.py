@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from multigpu.errors import PlanError
+from multigpu.partition.cost.evaluate import resolve_assignment
+from multigpu.partition.exceptions import PartitionInputError
 from multigpu.partition.inputs.cluster import Cluster, DeviceSpec
 from multigpu.partition.inputs.graph import graph_from_model
 from multigpu.partition.stages import Stage, split_stages
@@ -71,13 +73,12 @@ class ExecutionPlan:
         return self.cluster.devices[self.cluster.index(device)]
 
 
-def read_plan(plan: PlanLike, layer_names: Optional[Sequence[str]] = None) -> list[str]:
+def read_plan(plan: PlanLike) -> list[Any]:
     """One device name per layer from a list, from the dict ``multigpu partition --json``
-    prints (its ``"assignment"``), or from a JSON file holding either. With
-    ``layer_names``, a list of ``[layer, device]`` pairs (any order) is also taken.
+    prints (its ``"assignment"``), or from a JSON file holding either; a list of
+    ``[layer, device]`` pairs (any order) comes back as pairs, for ``check_plan``.
 
-    Raises PlanError for anything else, naming a layer placed on two devices, an
-    unknown layer or one left out of a list of pairs.
+    Raises PlanError for anything else.
     """
     source = "plan"
     if isinstance(plan, (str, os.PathLike)):
@@ -100,8 +101,8 @@ def read_plan(plan: PlanLike, layer_names: Optional[Sequence[str]] = None) -> li
         plan = plan["assignment"]
     if isinstance(plan, (str, bytes)) or not isinstance(plan, Sequence):
         raise PlanError(f"{source} must list one device name per layer, got {type(plan).__name__}")
-    if layer_names is not None and len(plan) and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in plan):
-        plan = _by_layer(source, plan, list(layer_names))
+    if len(plan) and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in plan):
+        return [tuple(x) for x in plan]
     out = []
     for i, name in enumerate(plan):
         if not isinstance(name, str) or not name:
@@ -110,25 +111,6 @@ def read_plan(plan: PlanLike, layer_names: Optional[Sequence[str]] = None) -> li
     if not out:
         raise PlanError(f"{source} is empty; give one device name per layer")
     return out
-
-
-def _by_layer(source: str, pairs: Sequence[Sequence[Any]], names: list[str]) -> list[str]:
-    """One device per layer, in layer order, from ``[layer, device]`` pairs."""
-    placed: dict[str, Any] = {}
-    known = set(names)
-    for layer, dev in pairs:
-        if layer not in known:
-            raise PlanError(f"{source} places layer {layer!r}, which the model lacks; its layers are: "
-                            f"{', '.join(names[:12])}{', ...' if len(names) > 12 else ''}")
-        if layer in placed:
-            raise PlanError(f"{source} places layer {layer!r} on two devices, {placed[layer]!r} and {dev!r}; "
-                            f"a layer runs on one device: keep one of the two pairs")
-        placed[layer] = dev
-    missing = [n for n in names if n not in placed]
-    if missing:
-        raise PlanError(f"{source} has {len(placed)} [layer, device] pairs but the model has {len(names)} layers; "
-                        f"it places no device for layer {missing[0]!r}: give one pair per layer")
-    return [placed[n] for n in names]
 
 
 def check_plan(model: Any, cluster: Cluster, plan: PlanLike) -> ExecutionPlan:
@@ -140,7 +122,13 @@ def check_plan(model: Any, cluster: Cluster, plan: PlanLike) -> ExecutionPlan:
     its source.
     """
     names = [label for label, _ in model.layers]
-    assignment = read_plan(plan, names)
+    assignment = read_plan(plan)
+    graph = graph_from_model(model, 1)
+    if isinstance(assignment[0], tuple):
+        try:   # the planner's own reading of (layer, device) pairs: a layer placed twice, one left out
+            assignment = [cluster.names[d] for d in resolve_assignment(graph, cluster, assignment)]
+        except PartitionInputError as e:
+            raise PlanError(f"the plan's [layer, device] pairs: {e}") from None
     if len(assignment) != len(names):
         raise PlanError(f"the plan has {len(assignment)} entries but {model.name} has {len(names)} layers "
                         f"({', '.join(names[:12])}{', ...' if len(names) > 12 else ''}); give one device "
@@ -154,7 +142,6 @@ def check_plan(model: Any, cluster: Cluster, plan: PlanLike) -> ExecutionPlan:
         raise PlanError(f"cluster {cluster.name!r} has sink {cluster.sink!r} but source {cluster.source!r}; "
                         f"a run returns its output to the driver, which is the source: set \"sink\" to "
                         f"{cluster.source!r} or leave it out")
-    graph = graph_from_model(model, 1)
     producers = None if graph.is_chain else tuple(tuple(p) for p in graph.producers)
     stages = split_stages(assignment, names, producers)
     for s in stages:

@@ -13,7 +13,7 @@ import pytest
 
 import multigpu
 from multigpu.errors import PlanError
-from multigpu.execution import Session, check_plan, predict, run_partitioned
+from multigpu.execution import Session, check_plan, predict, profile, run_partitioned
 from multigpu.execution.plan import SINK, SOURCE, routes, worker_params
 from multigpu.models import (
     INPUT,
@@ -212,6 +212,14 @@ def test_cut_residual_blocks_on_mixed_frameworks_equal_the_unpartitioned_model(l
         twice = s.run(NET, PARAMS, TWICE, x, state=STATE)
         streamed = s.run(NET, PARAMS, CUT, np.concatenate([x] * 4), state=STATE, stream=True, warmup=0)
         both = s.run(towers, tparams, split, tx)
+        # The profiler times a graph model's layers (prefixes of its topological order) and
+        # the run is priced on what it measured.
+        prof = profile(NET, session=s, repeats=3, warmup=1, link_repeats=3, cpu_items=10, progress=False)
+        priced = s.run(NET, PARAMS, CUT, x, state=STATE, cluster=prof.cluster)
+    for d in prof.cluster.devices:
+        assert set(d.measured("tiny_resnet(batch=1)") or {}) == set(NAMES), d.name
+    assert sorted(priced.prediction.measured) == ["a", "b", "c", "driver"]
+    np.testing.assert_allclose(priced.outputs, ref, atol=1e-5, rtol=0)
     for r in (cut, twice):
         np.testing.assert_allclose(r.outputs, ref, atol=1e-5, rtol=0)
         n_msgs = len(routes(check_plan(NET, r_cluster(), r.assignment))[1])

@@ -213,7 +213,11 @@ class RunResult:
         sw = max(len(s.span) for s in self.stages)
         dw = max(len(s.device) for s in self.stages)
         for i, s in enumerate(self.stages):
-            lines.append(f"  stage {i + 1} {s.span:<{sw}} on {s.device:<{dw}}  compute {fmt_time(self.stage_time(i))}")
+            after = ""
+            if self.hop_names is not None:   # a graph model: the stages it waits for
+                after = "  <- " + (", ".join(f"stage {k + 1}" for k in s.after) or "input")
+            lines.append(f"  stage {i + 1} {s.span:<{sw}} on {s.device:<{dw}}  compute "
+                         f"{fmt_time(self.stage_time(i))}{after}")
         width = max(len(self.hop_label(h)) for h in range(len(self.hop_routes)))
         for h in range(len(self.hop_routes)):
             lines.append(f"  hop {self.hop_label(h):<{width}}  {fmt_bytes(self.hop_bytes[h]):>9}  "

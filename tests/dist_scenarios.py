@@ -136,6 +136,18 @@ if rank == 0:
         single = multigpu.train(num_epochs=2, **{**args, "num_gpus": "cpu:2"})
     save_json("train_single", {"loss": single.train_loss, "acc": single.test_acc})
 
+# 4b. train() with BatchNorm and momentum: each rank's own running statistics go into rank 0's
+# checkpoint (gathered) and come back to their rank on resume (scattered)
+bn_args = dict(args, model=models.resnet((1, 1), (4, 8), 10, (1, 28, 28), "tiny28"), lr=0.05,
+               optimizer=SGD(momentum=0.9, weight_decay=5e-4))
+bn_full = multigpu.train(num_epochs=2, process_group=group, **bn_args)
+bn_folder = OUT / f"bn_checkpoint.rank{rank}"
+multigpu.train(num_epochs=1, checkpoint=bn_folder, process_group=group, **bn_args)
+bn_resumed = multigpu.train(num_epochs=2, checkpoint=bn_folder, process_group=group, **bn_args)
+save_npz("bn_train", loss=bn_full.train_loss, resumed_loss=bn_resumed.train_loss,
+         **{f"full{i}": a for i, a in enumerate([*bn_full.params, *bn_full.state])},
+         **{f"resumed{i}": a for i, a in enumerate([*bn_resumed.params, *bn_resumed.state])})
+
 # 5. mismatched collectives are reported on every rank, and the group goes on -------
 messages = []
 try:

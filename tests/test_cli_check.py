@@ -27,6 +27,9 @@ def test_check_passes_and_writes_json(tmp_path, capsys):
     assert data["agree"] is True and data["resnet18_step"] == []
     assert {r["backend"] for r in data["rows"]} == set(FRAMEWORKS or ["numpy"])
     assert {r["op"] for r in data["ops"]} >= {"group_sum of BatchNorm sums", "conv2d without bias, stride 2"}
+    sync = {r["backend"]: r for r in data["sync_bn"]}  # k devices with synchronized BatchNorm = 1 device
+    assert set(sync) == {"numpy", *FRAMEWORKS} and all(r["ok"] and len(r["devices"]) == 2 for r in sync.values())
+    assert "synchronized BatchNorm against 1 device on the full batch" in text
 
 
 @pytest.mark.slow

@@ -501,10 +501,26 @@ def test_synchronized_batchnorm_across_processes_equals_one_device_on_the_full_b
     ranks = [_load(engine_run, "syncbn", r) for r in (0, 1)]
     one = _load(engine_run, "syncbn_cpu1")
     assert (ranks[1]["start_var"] == 1).all()  # rank 0's running statistics were broadcast at start
+    worst = 0.0
     for got in ranks:
         np.testing.assert_allclose(got["losses"], one["losses"], atol=1e-5)
         for key in [k for k in one.files if k[0] in "ps" or k == "opt"]:
             np.testing.assert_allclose(got[key], one[key], atol=1e-5, err_msg=key)
+            worst = max(worst, float(np.abs(got[key] - one[key]).max()))
+    print(f"{engine_run.backend}: 2 processes with synchronized BatchNorm against 1 device: worst {worst:.2e}")
+
+
+@pytest.mark.slow
+def test_train_resumes_each_ranks_own_batchnorm_statistics(engine_run):
+    """Per-device statistics differ by rank; rank 0's checkpoint holds both ranks' (and the momentum
+    buffers), and a resumed run ends where two straight epochs end, on every rank."""
+    ranks = [_load(engine_run, "bn_train", r) for r in (0, 1)]
+    for got in ranks:
+        np.testing.assert_array_equal(got["resumed_loss"], got["loss"])
+        for key in [k for k in got.files if k.startswith("full")]:
+            np.testing.assert_array_equal(got[key.replace("full", "resumed")], got[key], err_msg=key)
+    last = max(int(k[4:]) for k in ranks[0].files if k.startswith("full"))  # a running variance
+    assert not np.array_equal(ranks[0][f"full{last}"], ranks[1][f"full{last}"])  # each rank its own
 
 
 @pytest.mark.slow

@@ -13,8 +13,8 @@ from recording_backend import Recording, host_reads
 
 import multigpu
 from multigpu import models
-from multigpu.parallel.agreement import random_batches
 from multigpu.optim import SGD, AdamW
+from multigpu.parallel.agreement import random_batches
 from multigpu.parallel.allreduce import ALGORITHMS
 
 CROSSING = {"add_", "assign_", "copy_to", "native_allreduce"}

@@ -289,7 +289,7 @@ def test_a_resnet_with_momentum_resumes_exactly_from_its_checkpoint(small_data, 
     kw = dict(model=_tiny_resnet(), optimizer=SGD(momentum=0.9, weight_decay=5e-4), sync_bn=sync_bn, lr=0.05)
     full = _train(data, num_epochs=2, **kw)
     _train(data, num_epochs=1, checkpoint=tmp_path, **kw)
-    params, state = load_checkpoint(tmp_path)
+    _, state = load_checkpoint(tmp_path)
     assert state["steps"] == 4 and state["arrays"]["bn"].shape == (2, sum(s[0] for s in _tiny_resnet().state_shapes))
     assert state["config"]["optimizer"]["momentum"] == 0.9 and state["arrays"]["opt0"].any()
     resumed = _train(data, num_epochs=2, checkpoint=tmp_path, **kw)

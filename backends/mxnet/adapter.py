@@ -10,7 +10,7 @@ the work is done, and errors surface at the next blocking read (``asnumpy``,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import mxnet as mx
 import numpy as np

@@ -12,7 +12,7 @@ core bug that mixes CPU replicas fails on the oracle although the frameworks run
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided

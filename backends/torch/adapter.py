@@ -8,7 +8,7 @@ labels, devices), so nothing here validates them again.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch

@@ -116,14 +116,38 @@ def agreement(model: Model, backends: Sequence[str], steps: int = 10, batch: int
     # The reference always uses the textbook's naive allreduce: it may offer no native one,
     # and the sum it defines does not depend on the algorithm.
     ref = train_run(model, reference, start, batches, devices, lr, "naive", optimizer, sync_bn)
+    return [_compare(name, train_run(model, name, start, batches, devices, lr, allreduce, optimizer, sync_bn), ref)
+            for name in backends]
+
+
+def _compare(name: str, got: Run, ref: Run) -> Agreement:
+    """Worst differences of ``got`` against ``ref``; every replica of ``got`` against ``ref``'s
+    replica of the same index, or its only one."""
+    states = [(s, ref.states[min(r, len(ref.states) - 1)]) for r, s in enumerate(got.states)]
+    return Agreement(backend=name, devices=got.devices, max_param_diff=_worst(got.params, ref.params),
+                     max_loss_diff=max(abs(a - b) for a, b in zip(got.losses, ref.losses)),
+                     max_state_diff=max((_worst(s, r) for s, r in states), default=0.0),
+                     max_opt_diff=_worst(got.opt_state, ref.opt_state))
+
+
+def sync_bn_agreement(model: Model, backends: Sequence[str], devices: object = 2, steps: int = 5, batch: int = 13,
+                      lr: float = 0.1, seed: int = 0, optimizer: Union[str, Optimizer] = "sgd") -> list[Agreement]:
+    """Synchronized BatchNorm on ``devices`` against 1 device on the full batch, on each backend
+    (its own 1-device run, not the reference's), after ``steps`` steps from the same start;
+    every replica's running statistics against the one device's. ``batch`` rows split unevenly
+    where the device count does not divide them. Raises InputError for fewer than one step or row.
+    """
+    check_count(steps, "steps", example=5)
+    check_count(batch, "batch", example=13)
+    start = model.init_params(seed)
+    batches = random_batches(model, steps, batch, seed)
     out = []
     for name in backends:
-        got = train_run(model, name, start, batches, devices, lr, allreduce, optimizer, sync_bn)
-        out.append(Agreement(
-            backend=name, devices=got.devices, max_param_diff=_worst(got.params, ref.params),
-            max_loss_diff=max(abs(a - b) for a, b in zip(got.losses, ref.losses)),
-            max_state_diff=max((_worst(s, r) for s, r in zip(got.states, ref.states)), default=0.0),
-            max_opt_diff=_worst(got.opt_state, ref.opt_state)))
+        many = train_run(model, name, start, batches, devices, lr, optimizer=optimizer, sync_bn=True)
+        first = many.devices[0]  # the one device: the first of the k ("cpu:0" or "gpu:0")
+        one = train_run(model, name, start, batches, "cpu" if first.startswith("cpu") else first, lr,
+                        optimizer=optimizer)
+        out.append(_compare(name, many, one))
     return out
 
 

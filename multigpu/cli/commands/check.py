@@ -15,14 +15,15 @@ from multigpu.contract.registry import available_backends, backend, registered_b
 from multigpu.data.files import atomic_write, check_writable
 from multigpu.errors import InputError, MultigpuError
 from multigpu.optim import SGD
-from multigpu.parallel.agreement import agreement, step_agreement
+from multigpu.parallel.agreement import agreement, step_agreement, sync_bn_agreement
 from multigpu.parallel.allreduce import ALGORITHMS
 
 DESCRIPTION = """\
 List every registered backend and the devices it sees, then compare each with the
 NumPy reference: every protocol op (output and gradients), LeNet trained for a few
-steps from the same start, and one ResNet-18 step with BatchNorm and momentum SGD
-part by part (forward, gradients, running statistics, update). Exit status: 0 all
+steps from the same start, synchronized BatchNorm on the devices against one device
+on the full batch, and one ResNet-18 step with BatchNorm and momentum SGD part by part
+(forward, gradients, running statistics, update). Exit status: 0 all
 agree, 1 a backend differs by more than --tol (--rtol), 2 bad input, 130 interrupted.
 """
 
@@ -36,7 +37,8 @@ def register(sub: Any) -> None:
     p.add_argument("--batch", type=int, default=32, help="global batch size (default 32)")
     p.add_argument("--devices", default="cpu:2", help="device spec, e.g. 2, cpu:2, gpu:0,1 (default cpu:2)")
     p.add_argument("--allreduce", choices=ALGORITHMS, default="fused", help="allreduce algorithm (default fused)")
-    p.add_argument("--tol", type=float, default=1e-5, help="max absolute difference allowed for LeNet (default 1e-5)")
+    p.add_argument("--tol", type=float, default=1e-5, help="max absolute difference allowed for LeNet and synchronized BatchNorm "
+                        "(default 1e-5)")
     p.add_argument("--rtol", type=float, default=5e-5,
                    help="max difference relative to the reference's magnitude for the ops and the ResNet-18 step "
                         "(default 5e-5)")
@@ -71,6 +73,25 @@ def _resnet_step(backends: list[str], devices: object, rtol: float) -> list[dict
         print(f"  {r.backend:<8} " + " ".join(f"{getattr(r, p):>14.2e}" for p in RESNET_PARTS)
               + f"  {'ok' if ok else 'DISAGREES'}{note}")
         out.append({**r.__dict__, "relative": rel, "ok": ok})
+    return out
+
+
+def _sync_bn(backends: list[str], devices: object, tol: float) -> list[dict[str, Any]]:
+    """Synchronized BatchNorm on ``devices`` against 1 device on the full batch, each backend against
+    itself (a small ResNet, 5 steps of momentum SGD); print the table and return its rows."""
+    model = models.resnet((1, 1), (4, 8), 5, (3, 12, 12), "small-resnet")
+    rows = sync_bn_agreement(model, backends, devices, steps=5, batch=13,
+                             optimizer=SGD(momentum=0.9, weight_decay=5e-4))
+    print(f"\nsynchronized BatchNorm against 1 device on the full batch (each backend against itself): "
+          f"a small ResNet, 5 steps of momentum SGD, batch 13 on {len(rows[0].devices) if rows else '-'} devices")
+    print(f"  {'backend':<8} {'devices':<14} {'max |dparam|':>13} {'max |dloss|':>12} {'max |dstats|':>13} "
+          f"{'max |dbuffer|':>14}  verdict")
+    out = []
+    for r in rows:
+        worst = max(r.max_param_diff, r.max_loss_diff, r.max_state_diff, r.max_opt_diff)
+        print(f"  {r.backend:<8} {','.join(r.devices):<14} {r.max_param_diff:>13.2e} {r.max_loss_diff:>12.2e} "
+              f"{r.max_state_diff:>13.2e} {r.max_opt_diff:>14.2e}  {'ok' if worst <= tol else 'DISAGREES'}")
+        out.append({**r.__dict__, "ok": worst <= tol})
     return out
 
 
@@ -121,12 +142,14 @@ def run(args: argparse.Namespace) -> int:
         failed |= not ok
         print(f"  {r.backend:<8} {','.join(r.devices):<14} {r.max_param_diff:>13.2e} {r.max_loss_diff:>12.2e}  "
               f"{'ok' if ok else 'DISAGREES'}")
+    sync = _sync_bn(wanted, _devices(args.devices), args.tol)
     resnet = [] if args.no_resnet else _resnet_step(others, _devices(args.devices), args.rtol)
-    failed |= any(not r["ok"] for r in resnet)
+    failed |= any(not r["ok"] for r in [*sync, *resnet])
     if args.json_path:
         with atomic_write(args.json_path) as f:
             f.write(json.dumps({"tol": args.tol, "rtol": args.rtol, "steps": args.steps, "ops": op_rows,
-                                "rows": [r.__dict__ for r in rows], "resnet18_step": resnet, "agree": not failed},
+                                "rows": [r.__dict__ for r in rows], "sync_bn": sync, "resnet18_step": resnet,
+                                "agree": not failed},
                                indent=2).encode())
     if failed:
         print(f"multigpu check: a backend differs from the reference by more than {args.tol}", file=sys.stderr)

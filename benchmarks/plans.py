@@ -41,14 +41,15 @@ IN_QUICK = True
 TARGET_LATENCY = 0.10      # median |error| of end-to-end time
 TARGET_STREAM = 0.15       # |error| of streaming throughput
 # ResNet-18 (torchvision's layout, 10 classes) on 3x64x64 inputs: ~0.3 GFLOP a pass, a few
-# tens of ms on one thread, so profiling its 69 layers' prefixes fits a benchmark.
-RESNET_INPUT = (3, 64, 64)
+# tens of ms on one thread, so profiling its 69 layers' prefixes fits a benchmark; --quick
+# (what CI runs) takes 3x32x32 inputs, a quarter of that.
+RESNET_INPUTS = {"resnet18": (3, 64, 64), "resnet18@32": (3, 32, 32)}
 
 
 def _model(name: str) -> Any:
-    """The benchmark's model called ``name`` (ResNet-18 at RESNET_INPUT)."""
-    if name == "resnet18":
-        return multigpu.models.resnet18(num_classes=10, input_shape=RESNET_INPUT)
+    """The benchmark's model called ``name`` (ResNet-18 at the size RESNET_INPUTS gives)."""
+    if name in RESNET_INPUTS:
+        return multigpu.models.resnet18(num_classes=10, input_shape=RESNET_INPUTS[name])
     return multigpu.models.get(name)
 
 
@@ -129,7 +130,8 @@ def _resnet_plans(quick: bool, workers: list[str], cluster: Any) -> list[dict[st
     shortcuts on different workers (and frameworks), AutoPartition's plan, and streamed
     ones."""
     w1, w2, w3 = workers[0], workers[1], workers[2]
-    m = _model("resnet18")
+    key = "resnet18@32" if quick else "resnet18"
+    m = _model(key)
     names = [name for name, _ in m.layers]
 
     def place(rule: Any) -> list[str]:
@@ -142,29 +144,32 @@ def _resnet_plans(quick: bool, workers: list[str], cluster: Any) -> list[dict[st
         return int(name[5]) if name.startswith("layer") else 0
 
     plans = [
-        {"model": "resnet18", "label": f"1 worker: {w1}", "plan": place(lambda n: None)},
-        {"model": "resnet18", "label": f"2 workers: projection shortcuts on {w2}",
+        {"model": key, "label": f"1 worker: {w1}", "plan": place(lambda n: None)},
+        {"model": key, "label": f"2 workers: projection shortcuts on {w2}",
          "plan": place(lambda n: w2 if ".downsample." in n else None)},
-        {"model": "resnet18", "label": f"2 workers: layer3-4 main paths on {w2}, shortcuts on {w1}",
+        {"model": key, "label": f"2 workers: layer3-4 main paths on {w2}, shortcuts on {w1}",
          "plan": place(lambda n: w2 if stage(n) >= 3 and main_path(n) else None)},
-        {"model": "resnet18", "label": f"3 workers: first blocks of layer2-4, main path on {w2}, shortcut on {w3}",
+        {"model": key, "label": f"3 workers: first blocks of layer2-4, main path on {w2}, shortcut on {w3}",
          "plan": place(lambda n: (w2 if main_path(n) else w3 if ".downsample." in n else None)
                        if stage(n) >= 2 and n.split(".")[1] == "0" else None)},
     ]
+    if quick:   # CI: one plan of each size, and one streamed
+        plans = [plans[0], plans[1], plans[3]]
     g = graph_from_model(m, 1)
     # The fork-join DP (exact, well under a second); the makespan MILP takes minutes on 69 layers.
-    auto = autopartition(g, cluster, constraints=Constraints(excluded=["driver"]))
-    plans.append({"model": "resnet18", "label": "AutoPartition (latency, workers only)", "plan": auto.assignment})
+    if not quick:
+        auto = autopartition(g, cluster, constraints=Constraints(excluded=["driver"]))
+        plans.append({"model": key, "label": "AutoPartition (latency, workers only)", "plan": auto.assignment})
     # Streamed: cut between blocks where the compute of two workers balances.
     table = compute_times(g, cluster)
     a, b = cluster.index(w1), cluster.index(w2)
     cuts = [i for i, n in enumerate(names) if n.endswith(".relu2")]
     cut = min(cuts, key=lambda c: max(table[:c + 1, a].sum(), table[c + 1:, b].sum())) + 1
-    plans.append({"model": "resnet18", "label": f"streamed, 2 workers: {names[0]}..{names[cut - 1]} on {w1}, "
-                                                f"the rest on {w2}",
+    plans.append({"model": key, "label": f"streamed, 2 workers: {names[0]}..{names[cut - 1]} on {w1}, "
+                                         f"the rest on {w2}",
                   "plan": [w1] * cut + [w2] * (g.n - cut), "stream": True})
     if not quick:
-        plans.append({"model": "resnet18", "label": f"streamed, 2 workers: projection shortcuts on {w2}",
+        plans.append({"model": key, "label": f"streamed, 2 workers: projection shortcuts on {w2}",
                       "plan": plans[1]["plan"], "stream": True})
     return plans
 
@@ -216,13 +221,13 @@ def run(opts: Options) -> Result:
     quick = opts.quick
     driver, workers = _devices(opts.frameworks(), int(os.environ.get("MULTIGPU_BENCH_THREADS", "0")) or None)
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if opts.progress else (lambda s: None)
-    models = ["lenet", "alexnet", "resnet18"]
+    models = ["lenet", "alexnet", "resnet18@32" if quick else "resnet18"]
     spec = Cluster(devices=tuple(DeviceSpec(d["name"], 1.0, 0.0, backend=d["backend"], threads=d.get("threads"))
                                  for d in [driver, *workers]), source=driver["name"])
     names = [w["name"] for w in workers]
     cycles = opts.repeats(3, 1)
-    items = {"lenet": opts.repeats(60, 25), "alexnet": opts.repeats(6, 3), "resnet18": opts.repeats(12, 6)}
-    stream_items = {"lenet": opts.repeats(200, 80), "alexnet": opts.repeats(24, 12), "resnet18": opts.repeats(40, 16)}
+    items = {"lenet": opts.repeats(60, 25), "alexnet": opts.repeats(6, 3), "resnet18": 12, "resnet18@32": 6}
+    stream_items = {"lenet": opts.repeats(200, 80), "alexnet": opts.repeats(24, 12), "resnet18": 40, "resnet18@32": 16}
     rng = np.random.default_rng(0)
     profiles: list[Any] = []
     plans: list[dict[str, Any]] = []
@@ -291,7 +296,7 @@ def plot_plans(data_plans: list[dict[str, Any]], mape: float) -> Any:
     prediction without hosts and transfer CPU."""
     def plot(fig: Any) -> None:
         ax = fig.add_axes([0.07, 0.1, 0.55, 0.8])
-        colors = {"lenet": "tab:blue", "alexnet": "tab:red", "resnet18": "tab:green"}
+        colors = {"lenet": "tab:blue", "alexnet": "tab:red", "resnet18": "tab:green", "resnet18@32": "tab:green"}
         keys = []
         vals = []
         for k, d in enumerate(data_plans, start=1):
@@ -358,7 +363,7 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
         predicted, measured = statistics.median(preds), statistics.median(meas)
         if p.get("stream"):
             stream_errors.append(err)
-            if p["model"] == "resnet18":
+            if p["model"] in RESNET_INPUTS:
                 graph_errors["stream"].append(err)
             old_errs = [(a - b) / b for a, b in zip(old, meas)]
             rows.append([p["model"], p["label"], _summary(p), "items/s", f"{predicted:.1f}",
@@ -370,7 +375,7 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
                                 " ".join(_pct((a - b) / b) for a, b in zip(left, meas)) if left else "-"])
         else:
             latency_errors.append(err)
-            if p["model"] == "resnet18":
+            if p["model"] in RESNET_INPUTS:
                 graph_errors["end_to_end"].append(err)
             rows.append([p["model"], p["label"], _summary(p), "end to end, ms", _ms(predicted),
                          _ms(measured), _pct(err), " ".join(_pct(e) for e in errs), "", ""])

@@ -236,7 +236,7 @@ class Workers:
         return best[1]
 
     def load(self, model: Any, stages: dict[str, list[Any]], params: dict[str, dict[int, np.ndarray]],
-             state: Optional[Sequence[np.ndarray]] = None, sends: Optional[Sequence[Any]] = None
+             state: Sequence[np.ndarray] | None = None, sends: Sequence[Any] | None = None
              ) -> tuple[int, float]:
         """Send each worker its stages, parameters and BatchNorm ``state`` (and a graph
         plan's ``sends``); return (bytes shipped to the actors, seconds until every actor

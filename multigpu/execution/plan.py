@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 from multigpu.errors import PlanError
 from multigpu.partition.cost.evaluate import resolve_assignment
@@ -47,7 +47,7 @@ class ExecutionPlan:
     cluster: Cluster
     assignment: tuple[str, ...]
     stages: tuple[Stage, ...]
-    producers: Optional[tuple[tuple[int, ...], ...]] = None   # per layer (-1: the input); None: a chain
+    producers: tuple[tuple[int, ...], ...] | None = None   # per layer (-1: the input); None: a chain
 
     @property
     def chain(self) -> bool:

@@ -124,9 +124,9 @@ class RunResult:
     prediction_note: Optional[str] = None
     driver: str = ""
     notes: list[str] = field(default_factory=list)
-    hop_names: Optional[list[tuple[str, ...]]] = None
-    hop_stages: Optional[list[tuple[int, int]]] = None
-    stage_starts: Optional[np.ndarray] = None   # graph models: per item and stage, seconds from the send
+    hop_names: list[tuple[str, ...]] | None = None
+    hop_stages: list[tuple[int, int]] | None = None
+    stage_starts: np.ndarray | None = None   # graph models: per item and stage, seconds from the send
 
     def overlapped(self, i: int, k: int) -> float:
         """Share of the items in which stages ``i`` and ``k`` computed at the same time

@@ -64,12 +64,12 @@ class _Prepared:
     items: list[np.ndarray]
     prediction: Any
     why: Optional[str]
-    state: Optional[list[np.ndarray]] = None
+    state: list[np.ndarray] | None = None
 
 
 def _prepare(model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs: Any, cluster: Any, batch: int,
              engine: str, warmup: int, window: Optional[int], local: bool,
-             state: Optional[Sequence[Any]] = None) -> _Prepared:
+             state: Sequence[Any] | None = None) -> _Prepared:
     """Check every argument (and price the plan) before any worker starts."""
     model = resolve_model(model)
     params = model.init_params(0) if params is None else model.check_params(params)
@@ -163,7 +163,7 @@ class Session:
 
     def run(self, model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs: Any, *, batch: int = 1,
             stream: bool = False, engine: str = "tasks", warmup: int = 1, window: Optional[int] = None,
-            cluster: Optional[Cluster] = None, state: Optional[Sequence[Any]] = None) -> RunResult:
+            cluster: Optional[Cluster] = None, state: Sequence[Any] | None = None) -> RunResult:
         """Run ``plan`` over this session's workers; see ``run_partitioned``. ``cluster``
         prices the plan instead of the session's (e.g. a profile of the same devices)."""
         if self.workers is None:
@@ -189,7 +189,7 @@ def run_partitioned(model: Any, params: Optional[Sequence[Any]], plan: PlanLike,
                     timeout: float = 60.0, startup_timeout: float = 180.0, warmup: int = 1,
                     window: Optional[int] = None,
                     on_workers: Optional[Callable[[list[dict[str, Any]]], None]] = None,
-                    state: Optional[Sequence[Any]] = None) -> RunResult:
+                    state: Sequence[Any] | None = None) -> RunResult:
     """Run each stage of ``plan`` on its device and return the outputs and timings.
 
     ``model`` is a ``Sequential`` or a graph ``Model`` (or a built-in name); ``params``
@@ -257,7 +257,7 @@ def _run(workers: Any, prep: _Prepared, batch: int, stream: bool, engine: str, w
                    wall, [w for w in info if w["device"] in used], prep.prediction, prep.why)
 
 
-def _run_dag(workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: int, window: Optional[int],
+def _run_dag(workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: int, window: int | None,
              startup: float) -> RunResult:
     """``_run`` for a graph model: the stages as a DAG (``engine.run_dag``)."""
     from multigpu.execution import engine as ray_engine

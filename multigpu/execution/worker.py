@@ -69,7 +69,7 @@ class StageWorker:
         self.stages: dict[int, tuple[int, int]] = {}
         self.routes: dict[int, Any] = {}            # a graph model's stages (plan.StageRoute)
         self.send_names: dict[int, tuple[str, ...]] = {}   # message index -> the tensors it carries
-        self.state: Optional[list[Any]] = None      # BatchNorm running statistics, on the device
+        self.state: list[Any] | None = None      # BatchNorm running statistics, on the device
         self._store: dict[int, dict[str, Any]] = {}  # per item: tensors later stages here consume
         self._traces: dict[int, dict[int, tuple[float, float]]] = {}
 
@@ -103,7 +103,7 @@ class StageWorker:
         return framework is not None and framework in sys.modules
 
     def load(self, model: Any, stages: Sequence[Any], params: dict[int, np.ndarray],
-             state: Optional[Sequence[np.ndarray]] = None, sends: Optional[Sequence[Any]] = None) -> float:
+             state: Sequence[np.ndarray] | None = None, sends: Sequence[Any] | None = None) -> float:
         """Receive the model spec, this device's stages (a chain's ``(index, start, stop)``;
         a graph model's ``StageRoute``s with the plan's ``sends``), the parameters they use
         (by index into the model's parameter list) and the BatchNorm ``state``; return the

@@ -56,7 +56,7 @@ except ImportError as _exc:  # pragma: no cover - exercised through a subprocess
         "running a plan needs Ray, which is not installed; install it with: "
         "pip install 'multigpu[cluster]'") from _exc
 
-__all__ = ["ChainResult", "RaySession", "Workers", "run_chain"]
+__all__ = ["ChainResult", "DagResult", "RaySession", "Workers", "run_chain", "run_dag"]
 
 # Seconds a compiled graph's teardown waits for an actor's loop before killing it
 # (Ray's default is 30 s, and without kill_actors it may wait forever).
@@ -348,21 +348,26 @@ class Workers:
             best = min(best, (t1 - t0, remote - (t0 + t1) / 2))
         return best[1]
 
-    def load(self, model: Any, stages: dict[str, list[tuple[int, int, int]]],
-             params: dict[str, dict[int, np.ndarray]]) -> tuple[int, float]:
-        """Send each worker its stages and parameters; return (bytes shipped to the
-        actors, seconds until every actor had them on its device)."""
+    def load(self, model: Any, stages: dict[str, list[Any]], params: dict[str, dict[int, np.ndarray]],
+             state: Sequence[np.ndarray] | None = None, sends: Sequence[Any] | None = None
+             ) -> tuple[int, float]:
+        """Send each worker its stages, parameters and BatchNorm ``state`` (and a graph
+        plan's ``sends``); return (bytes shipped to the actors, seconds until every actor
+        had them on its device)."""
         shipped = sum(int(a.nbytes) for name, p in params.items() if name in self.actors for a in p.values())
         t0 = time.perf_counter()
         # ray.put: parameters travel through the object store, whatever INLINE_LIMIT says.
-        refs = {name: self.actors[name].load.remote(model, stages.get(name, []), ray.put(params.get(name, {})))
+        extra: tuple[Any, ...] = () if state is None and sends is None else (
+            None if state is None else ray.put(list(state)), sends)
+        refs = {name: self.actors[name].load.remote(model, stages.get(name, []), ray.put(params.get(name, {})),
+                                                    *extra)
                 for name in self.actors}
         for name, ref in refs.items():
             self._get(ref, lambda n=name: f"the worker of device {n!r}", what="receiving its parameters", device=name)
         seconds = time.perf_counter() - t0
         if self.local is not None:
             name = self.local.name
-            self.local.load(model, stages.get(name, []), params.get(name, {}))
+            self.local.load(model, stages.get(name, []), params.get(name, {}), state, sends)
         return shipped, seconds
 
     def close(self) -> None:
@@ -614,3 +619,120 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
     while pending:
         collect()
     return out
+
+
+# -- running a DAG of stages -------------------------------------------------------
+@dataclass
+class DagResult:
+    """Per item: the output, each stage's (start, end) by stage index (worker clocks),
+    the driver's send time and arrival time."""
+
+    outputs: list[np.ndarray]
+    traces: list[dict[int, tuple[float, float]]]
+    sent: list[float]
+    done: list[float]
+
+
+@dataclass
+class _DagItem:
+    index: int
+    msgs: dict[int, Any]
+    next: int = 0
+    refs: list[tuple[int, Any]] = field(default_factory=list)     # (stage index, ref) of every remote call
+    tokens: list[Any] = field(default_factory=list)               # results of stages that send nothing
+
+
+def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], labels: Sequence[str],
+            inputs: Sequence[np.ndarray], window: int = 1) -> DagResult:
+    """Push every input through a DAG plan's stages (``plan.routes``) and return the
+    outputs and traces in input order.
+
+    The driver submits an item's stages in stage order, each remote call taking the
+    ObjectRefs of the messages it receives as arguments, so a stage starts on its
+    worker as soon as its inputs are there and stages on different workers run at the
+    same time; a stage returns one ObjectRef per message it sends (an activation goes
+    once to each consuming device). The driver's own stages run here once their
+    inputs arrive. ``window`` items are in flight at once. ``labels`` name each stage
+    in error messages.
+    """
+    from multigpu.execution.plan import SINK, SOURCE
+
+    driver = workers.local.name if workers.local is not None else None
+    sink = next(j for j, m in enumerate(sends) if m.stage == SINK)
+    out = DagResult([None] * len(inputs), [{} for _ in inputs], [0.0] * len(inputs),  # type: ignore[list-item]
+                    [0.0] * len(inputs))
+    active: deque[_DagItem] = deque()
+    nxt = 0
+    finished = 0
+
+    def reply(item: _DagItem, r: Any, got: Any) -> None:
+        if not r.sends:
+            item.tokens.append(got)
+            return
+        vals = [got] if len(r.sends) == 1 else list(got)
+        for j, v in zip(r.sends, vals):
+            item.msgs[j] = v
+
+    def advance(item: _DagItem) -> None:
+        while item.next < len(routes):
+            r = routes[item.next]
+            args = [item.msgs[j] for j in r.receives]
+            if r.device == driver:
+                if any(isinstance(a, ray.ObjectRef) for a in args):
+                    return
+                reply(item, r, workers.local.run_stage(r.index, item.index, *args))  # type: ignore[union-attr]
+            else:
+                count = max(1, len(r.sends))
+                got = workers.actors[r.device].run_stage.options(num_returns=count).remote(r.index, item.index, *args)
+                refs = [got] if count == 1 else list(got)
+                item.refs += [(r.index, ref) for ref in refs]
+                reply(item, r, got)
+            item.next += 1
+
+    def resolve(item: _DagItem, keys: Sequence[int]) -> None:
+        refs = [item.msgs[j] for j in keys if isinstance(item.msgs[j], ray.ObjectRef)]
+        values = iter(_get_dag(workers, item, refs, labels, routes))
+        for j in keys:
+            if isinstance(item.msgs[j], ray.ObjectRef):
+                item.msgs[j] = next(values)
+
+    while finished < len(inputs):
+        while nxt < len(inputs) and len(active) < window:
+            t_send = time.time()
+            msgs = {j: ({"input": inputs[nxt]}, {}) for j, m in enumerate(sends) if m.source == SOURCE}
+            item = _DagItem(nxt, msgs)
+            out.sent[nxt] = t_send
+            advance(item)
+            active.append(item)
+            nxt += 1
+        item = active[0]
+        if item.next < len(routes):
+            resolve(item, routes[item.next].receives)
+            advance(item)
+            continue
+        resolve(item, [sink])
+        arrival = time.time()
+        tensors, trace = item.msgs[sink]
+        merged: dict[int, tuple[float, float]] = {}
+        pending = [t for t in item.tokens if isinstance(t, ray.ObjectRef)]
+        for tok in _get_dag(workers, item, pending, labels, routes) + [
+                t for t in item.tokens if not isinstance(t, ray.ObjectRef)]:
+            merged.update(tok[1])
+        merged.update(trace)
+        out.outputs[item.index] = tensors[sends[sink].names[0]]
+        out.traces[item.index] = merged
+        out.done[item.index] = arrival
+        active.popleft()
+        finished += 1
+    return out
+
+
+def _get_dag(workers: Workers, item: _DagItem, refs: Sequence[Any], labels: Sequence[str],
+             routes: Sequence[Any]) -> list[Any]:
+    """``ray.get`` some of an item's results; name the failing stage on an error (as a
+    chain's item does: its calls' refs are by stage index, the labels' positions)."""
+    if not refs:
+        return []
+    # _wait_item names a stuck stage's worker by the stage's device: (device, stage) by stage index.
+    by_stage = [(r.device, r.index) for r in sorted(routes, key=lambda r: r.index)]
+    return list(_wait_item(workers, _Item(item.index, list(refs), refs=item.refs), labels, by_stage))

@@ -14,7 +14,7 @@ from multigpu.checks import check_count
 from multigpu.errors import CheckpointError, InputError, ParamsError
 from multigpu.training.checkpoint import FILENAME, load_checkpoint
 
-__all__ = ["Images", "load_images", "load_params", "random_inputs"]
+__all__ = ["Images", "load_images", "load_params", "load_state", "random_inputs"]
 
 IMAGES_SPEC = re.compile(r"fashion-mnist:(test|train):(\d+)(?:-(\d+))?")
 
@@ -95,3 +95,35 @@ def load_params(path: Union[str, "os.PathLike[str]"]) -> list[np.ndarray]:
                           f"or np.savez(path, *params)") from None
     raise ParamsError(f"--params {str(p)!r} holds arrays {keys[:6]}, not p0, p1, ... (a checkpoint) or "
                       f"arr_0, arr_1, ... (np.savez(path, *params)); save the parameters in model order")
+
+
+def load_state(path: str | os.PathLike[str], model: Any) -> list[np.ndarray] | None:
+    """The BatchNorm running statistics a ``multigpu train --checkpoint`` folder (or its
+    ``checkpoint.npz``) holds for ``model``, in state order (the first replica's; every
+    replica's are equal with synchronized BatchNorm), or None when the file holds none
+    (an ``.npz`` of parameters only).
+
+    Raises ParamsError when they do not fit the model.
+    """
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent if p.name == FILENAME else None
+    if folder is None or not getattr(model, "batch_norms", None):
+        return None
+    try:
+        saved = load_checkpoint(folder)
+    except CheckpointError as e:
+        raise ParamsError(str(e)) from None
+    rows = None if saved is None else saved[1].get("arrays", {}).get("bn")
+    if rows is None:
+        return None
+    flat = np.asarray(rows, dtype=np.float32)
+    flat = flat[0] if flat.ndim == 2 else flat.reshape(-1)   # gather_states: one row per replica
+    sizes = [int(np.prod(s)) for s in model.state_shapes]
+    if flat.size != sum(sizes):
+        raise ParamsError(f"--params {str(p)!r} holds {flat.size} BatchNorm statistics per replica but "
+                          f"{model.name} has {sum(sizes)}; give the checkpoint of a {model.name} run")
+    out, at = [], 0
+    for shape, size in zip(model.state_shapes, sizes):
+        out.append(flat[at:at + size].reshape(shape))
+        at += size
+    return model.check_state(out)

@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from multigpu.execution.plan import ExecutionPlan, Stage
+from multigpu.execution.plan import SINK, SOURCE, ExecutionPlan, Stage, routes
 from multigpu.partition.cost.choices import measured_devices
 from multigpu.partition.cost.evaluate import evaluate
 from multigpu.partition.exceptions import UnusableLinkError
@@ -24,8 +24,11 @@ class Prediction:
 
     ``stage_compute`` includes each stage's ``stage_overhead``.
     ``hops`` has one entry more than ``stages``: source -> stage 1, between stages,
-    last stage -> sink (0 where both ends are one device). ``measured`` lists the
-    devices whose compute times come from ``layer_times`` (the rest from FLOP/s).
+    last stage -> sink (0 where both ends are one device); for a graph model, one per
+    message of ``plan.routes`` (the transfers it carries). ``end_to_end`` is the cost
+    model's T on a chain, the makespan on a graph (branches on different devices at
+    once; on a chain they are equal). ``measured`` lists the devices whose compute
+    times come from ``layer_times`` (the rest from FLOP/s).
     """
 
     graph: str
@@ -51,10 +54,20 @@ def predict(xplan: ExecutionPlan, batch: int = 1) -> Prediction:
     graph = graph_from_model(xplan.model, batch)
     measured = measured_devices(graph, xplan.cluster)
     bd = evaluate(graph, xplan.cluster, list(xplan.assignment))
-    compute = [math.fsum(bd.layers[i].compute_time + bd.layers[i].stage_overhead for i in range(s.start, s.stop))
+    compute = [math.fsum(bd.layers[i].compute_time + bd.layers[i].stage_overhead for i in s.members)
                for s in xplan.stages]
-    hops = [bd.layers[s.start].transfer_time for s in xplan.stages] + [bd.output_time]
-    return Prediction(graph=graph.name, stage_compute=compute, hops=hops, end_to_end=bd.time,
+    if xplan.chain:
+        hops = [bd.layers[s.start].transfer_time for s in xplan.stages] + [bd.output_time]
+        end_to_end = bd.time
+    else:
+        times = {(t.producer, t.between): t.time for t in bd.transfers}
+        hops = []
+        for msg in routes(xplan)[1]:
+            src = xplan.driver if msg.source == SOURCE else xplan.stages[msg.source].device
+            hops.append(bd.output_time if msg.stage == SINK else
+                        math.fsum(times.get((name, (src, msg.device)), 0.0) for name in msg.names))
+        end_to_end = bd.makespan
+    return Prediction(graph=graph.name, stage_compute=compute, hops=hops, end_to_end=end_to_end,
                       bottleneck=bd.bottleneck, measured=measured, bottleneck_at=bd.bottleneck_at)
 
 
@@ -84,7 +97,10 @@ class RunResult:
     from sending the input to holding the output. ``param_bytes``/``param_seconds``
     is the parameter shipping before the first item, reported apart.
     ``items_per_second`` is the streaming rate (results per second once the
-    pipeline is full), None for one-at-a-time runs.
+    pipeline is full), None for one-at-a-time runs. For a graph model each hop is one
+    message (``hop_names``: the tensors it carries; ``hop_stages``: from which stage to
+    which, -1 for the driver's input and output), timed from the sender's end to the
+    receiving stage's start, which includes any wait for the stage's other inputs.
     """
 
     outputs: np.ndarray
@@ -108,6 +124,35 @@ class RunResult:
     prediction_note: Optional[str] = None
     driver: str = ""
     notes: list[str] = field(default_factory=list)
+    hop_names: list[tuple[str, ...]] | None = None
+    hop_stages: list[tuple[int, int]] | None = None
+    stage_starts: np.ndarray | None = None   # graph models: per item and stage, seconds from the send
+
+    def overlapped(self, i: int, k: int) -> float:
+        """Share of the items in which stages ``i`` and ``k`` computed at the same time
+        (their intervals intersect); NaN without ``stage_starts``."""
+        if self.stage_starts is None:
+            return math.nan
+        a0, b0 = self.stage_starts[:, i], self.stage_starts[:, k]
+        a1, b1 = a0 + self.stage_times[:, i], b0 + self.stage_times[:, k]
+        return float(np.mean((a0 < b1) & (b0 < a1)))
+
+    def _hop_kind(self, h: int) -> str:
+        """"hop", or "join hop" for a message into a graph stage that also waits for another
+        input (its measured time then includes that wait, which the makespan models apart)."""
+        if self.hop_stages is None or self.hop_stages[h][1] < 0:
+            return "hop"
+        stage = self.stages[self.hop_stages[h][1]]
+        return "join hop" if len({src for _, src in stage.inputs}) > 1 else "hop"
+
+    def hop_label(self, h: int) -> str:
+        """``"torch-1t -> paddle-1t"``, with the tensors a graph model's message carries."""
+        a, b = self.hop_routes[h]
+        if self.hop_names is None:
+            return f"{a} -> {b}"
+        src, dst = self.hop_stages[h] if self.hop_stages else (0, 0)
+        ends = f"{'input' if src < 0 else f's{src + 1}'}->{'output' if dst < 0 else f's{dst + 1}'}"
+        return f"{a} -> {b} ({ends}: {', '.join(self.hop_names[h])})"
 
     # -- summaries ----------------------------------------------------------------
     def stage_time(self, i: int) -> float:
@@ -141,7 +186,7 @@ class RunResult:
             for h, (a, b) in enumerate(self.hop_routes):
                 if a == b and p.hops[h] == 0:
                     continue
-                rows.append({"what": f"hop {a} -> {b} ({fmt_bytes(self.hop_bytes[h])})", "kind": "hop",
+                rows.append({"what": f"hop {self.hop_label(h)} ({fmt_bytes(self.hop_bytes[h])})", "kind": self._hop_kind(h),
                              "predicted": p.hops[h], "measured": self.hop_time(h)})
             rows.append({"what": "end to end", "kind": "end_to_end", "predicted": p.end_to_end,
                          "measured": self.latency})
@@ -168,10 +213,14 @@ class RunResult:
         sw = max(len(s.span) for s in self.stages)
         dw = max(len(s.device) for s in self.stages)
         for i, s in enumerate(self.stages):
-            lines.append(f"  stage {i + 1} {s.span:<{sw}} on {s.device:<{dw}}  compute {fmt_time(self.stage_time(i))}")
-        width = max(len(f"{a} -> {b}") for a, b in self.hop_routes)
-        for h, (a, b) in enumerate(self.hop_routes):
-            lines.append(f"  hop {f'{a} -> {b}':<{width}}  {fmt_bytes(self.hop_bytes[h]):>9}  "
+            after = ""
+            if self.hop_names is not None:   # a graph model: the stages it waits for
+                after = "  <- " + (", ".join(f"stage {k + 1}" for k in s.after) or "input")
+            lines.append(f"  stage {i + 1} {s.span:<{sw}} on {s.device:<{dw}}  compute "
+                         f"{fmt_time(self.stage_time(i))}{after}")
+        width = max(len(self.hop_label(h)) for h in range(len(self.hop_routes)))
+        for h in range(len(self.hop_routes)):
+            lines.append(f"  hop {self.hop_label(h):<{width}}  {fmt_bytes(self.hop_bytes[h]):>9}  "
                          f"{fmt_time(self.hop_time(h))}")
         lines.append(f"  end to end (median per item): {fmt_time(self.latency)}")
         if self.items_per_second is not None:
@@ -204,10 +253,12 @@ class RunResult:
         p = self.prediction
         d: dict[str, Any] = {
             "engine": self.engine, "batch": self.batch, "stream": self.stream, "assignment": self.assignment,
-            "stages": [{"device": s.device, "first": s.first, "last": s.last, "layers": s.stop - s.start,
+            "stages": [{"device": s.device, "first": s.first, "last": s.last, "layers": s.layers,
+                        "after": list(s.after),
                         "compute": self.stage_time(i), "samples": self.stage_times[:, i].tolist()}
                        for i, s in enumerate(self.stages)],
             "hops": [{"from": a, "to": b, "bytes": self.hop_bytes[h], "time": self.hop_time(h),
+                      **({} if self.hop_names is None else {"tensors": list(self.hop_names[h])}),
                       "samples": self.hop_times[:, h].tolist()} for h, (a, b) in enumerate(self.hop_routes)],
             "end_to_end": self.latency, "end_to_end_samples": self.end_to_end.tolist(),
             "items": int(len(self.end_to_end)), "wall_seconds": self.wall_seconds,

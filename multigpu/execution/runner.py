@@ -12,7 +12,7 @@ from multigpu import models
 from multigpu.checks import check_count, check_positive
 from multigpu.contract import registry
 from multigpu.errors import PlanError
-from multigpu.execution.plan import ExecutionPlan, PlanLike, check_plan, worker_params
+from multigpu.execution.plan import SINK, SOURCE, ExecutionPlan, PlanLike, check_plan, routes, worker_params
 from multigpu.execution.result import RunResult, try_predict
 from multigpu.models.inputs import check_images
 from multigpu.partition.inputs.cluster import Cluster, load_cluster
@@ -64,15 +64,25 @@ class _Prepared:
     items: list[np.ndarray]
     prediction: Any
     why: Optional[str]
+    state: list[np.ndarray] | None = None
 
 
 def _prepare(model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs: Any, cluster: Any, batch: int,
-             engine: str, warmup: int, window: Optional[int], local: bool) -> _Prepared:
+             engine: str, warmup: int, window: Optional[int], local: bool,
+             state: Sequence[Any] | None = None) -> _Prepared:
     """Check every argument (and price the plan) before any worker starts."""
     model = resolve_model(model)
     params = model.init_params(0) if params is None else model.check_params(params)
+    if getattr(model, "batch_norms", None):
+        state = model.init_state() if state is None else model.check_state(state)
+    elif state is not None:
+        raise PlanError(f"state= was given but {model.name} has no BatchNorm (nothing keeps running statistics); "
+                        f"leave it out")
     cluster = resolve_cluster(cluster)
     xplan = check_plan(model, cluster, plan)
+    if not xplan.chain and engine == "compiled":
+        raise PlanError(f"engine='compiled' runs chains of stages; {model.name} is a graph with branches: "
+                        f"use engine='tasks'")
     items = split_inputs(model, inputs, batch)
     if engine not in ENGINES:
         raise PlanError(f"engine={engine!r} is unknown; choose one of {', '.join(ENGINES)}")
@@ -82,7 +92,7 @@ def _prepare(model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs
     prediction, why = try_predict(xplan, batch)   # a bad layer_times entry fails here, before Ray
     if local:
         check_installed(xplan)
-    return _Prepared(model, params, xplan, items, prediction, why)
+    return _Prepared(model, params, xplan, items, prediction, why, state)
 
 
 def _check_timeouts(timeout: float, startup_timeout: float) -> None:
@@ -153,13 +163,13 @@ class Session:
 
     def run(self, model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs: Any, *, batch: int = 1,
             stream: bool = False, engine: str = "tasks", warmup: int = 1, window: Optional[int] = None,
-            cluster: Optional[Cluster] = None) -> RunResult:
+            cluster: Optional[Cluster] = None, state: Sequence[Any] | None = None) -> RunResult:
         """Run ``plan`` over this session's workers; see ``run_partitioned``. ``cluster``
         prices the plan instead of the session's (e.g. a profile of the same devices)."""
         if self.workers is None:
             raise PlanError("the session is not open; use it as `with Session(...) as s: s.run(...)`")
         prep = _prepare(model, params, plan, inputs, cluster or self.cluster, batch, engine, warmup, window,
-                        local=self.address is None)
+                        local=self.address is None, state=state)
         missing = [d for d in prep.xplan.workers if d not in self.workers.actors]
         if missing:
             raise PlanError(f"the plan uses device(s) {missing} that this session has no worker for; "
@@ -178,12 +188,17 @@ def run_partitioned(model: Any, params: Optional[Sequence[Any]], plan: PlanLike,
                     stream: bool = False, engine: str = "tasks", address: Optional[str] = None,
                     timeout: float = 60.0, startup_timeout: float = 180.0, warmup: int = 1,
                     window: Optional[int] = None,
-                    on_workers: Optional[Callable[[list[dict[str, Any]]], None]] = None) -> RunResult:
+                    on_workers: Optional[Callable[[list[dict[str, Any]]], None]] = None,
+                    state: Sequence[Any] | None = None) -> RunResult:
     """Run each stage of ``plan`` on its device and return the outputs and timings.
 
-    ``model`` is a ``Sequential`` (or "lenet"/"alexnet"); ``params`` its parameter
-    list (None: the seeded random init); ``plan`` one device name per layer (a list,
-    the dict ``multigpu partition --json`` prints, or a JSON file of either);
+    ``model`` is a ``Sequential`` or a graph ``Model`` (or a built-in name); ``params``
+    its parameter list (None: the seeded random init); ``state`` a graph model's
+    BatchNorm running statistics (None: ``model.init_state()``); ``plan`` one device
+    name per layer (a list, ``[layer, device]`` pairs, the dict ``multigpu partition
+    --json`` prints, or a JSON file of either). A graph model's stages form a DAG:
+    each runs once its inputs are there, stages on different workers at the same
+    time, and an activation goes once to each worker that consumes it;
     ``inputs`` an array (N, *input_shape), run in items of ``batch`` rows;
     ``cluster`` a Cluster or a cluster file whose devices name their ``backend``.
 
@@ -203,7 +218,8 @@ def run_partitioned(model: Any, params: Optional[Sequence[Any]], plan: PlanLike,
     WorkerDiedError / WorkerTimeoutError naming the stage and device.
     """
     _check_timeouts(timeout, startup_timeout)
-    prep = _prepare(model, params, plan, inputs, cluster, batch, engine, warmup, window, local=address is None)
+    prep = _prepare(model, params, plan, inputs, cluster, batch, engine, warmup, window, local=address is None,
+                    state=state)
     xplan = prep.xplan
     with Session(xplan.cluster, xplan.workers, address=address, timeout=timeout, startup_timeout=startup_timeout,
                  on_workers=on_workers, driver=any(s.device == xplan.driver for s in xplan.stages)) as session:
@@ -215,6 +231,8 @@ def _run(workers: Any, prep: _Prepared, batch: int, stream: bool, engine: str, w
     from multigpu.execution import engine as ray_engine
 
     xplan, items = prep.xplan, prep.items
+    if not xplan.chain:
+        return _run_dag(workers, prep, batch, stream, warmup, window, startup)
     driver = xplan.driver
     stage_map: dict[str, list[tuple[int, int, int]]] = {}
     for s in xplan.stages:
@@ -237,6 +255,62 @@ def _run(workers: Any, prep: _Prepared, batch: int, stream: bool, engine: str, w
     used = set(xplan.workers) | ({driver} if any(s.device == driver for s in xplan.stages) else set())
     return _result(xplan, out, offsets, batch, stream, engine, shipped, ship_seconds, startup,
                    wall, [w for w in info if w["device"] in used], prep.prediction, prep.why)
+
+
+def _run_dag(workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: int, window: int | None,
+             startup: float) -> RunResult:
+    """``_run`` for a graph model: the stages as a DAG (``engine.run_dag``)."""
+    from multigpu.execution import engine as ray_engine
+
+    xplan, items = prep.xplan, prep.items
+    driver = xplan.driver
+    if any(s.device == driver for s in xplan.stages) and workers.local is None:
+        raise PlanError(f"the plan runs stages on the driver {driver!r}, which has no backend")
+    stage_routes, sends = routes(xplan)
+    by_device: dict[str, list[Any]] = {}
+    for r in stage_routes:
+        by_device.setdefault(r.device, []).append(r)
+    devices = list(workers.actors) + ([driver] if workers.local is not None else [])
+    dev_params = {d: worker_params(xplan, d, prep.params) for d in devices}
+    labels = [s.label() for s in xplan.stages]
+    width = window or (2 * len(xplan.stages) + 1 if stream else 1)
+    info = [vars(i) for i in workers.info.values()]
+    shipped, ship_seconds = workers.load(prep.model, by_device, dev_params, prep.state, sends)
+    if warmup:
+        ray_engine.run_dag(workers, stage_routes, sends, labels, [items[0]] * warmup, window=1)
+    t0 = time.perf_counter()
+    out = ray_engine.run_dag(workers, stage_routes, sends, labels, items, window=width)
+    wall = time.perf_counter() - t0
+    offsets = {d: workers.info[d].clock_offset for d in devices}
+    used = set(xplan.workers) | ({driver} if any(s.device == driver for s in xplan.stages) else set())
+    stages = list(xplan.stages)
+    n, m = len(out.traces), len(stages)
+    compute, hops, e2e, begins = np.empty((n, m)), np.empty((n, len(sends))), np.empty(n), np.empty((n, m))
+    for j, trace in enumerate(out.traces):
+        start = {i: trace[i][0] - offsets[s.device] for i, s in enumerate(stages)}
+        end = {i: trace[i][1] - offsets[s.device] for i, s in enumerate(stages)}
+        compute[j] = [trace[i][1] - trace[i][0] for i in range(m)]
+        begins[j] = [start[i] - out.sent[j] for i in range(m)]
+        for h, msg in enumerate(sends):
+            left = out.sent[j] if msg.source == SOURCE else end[msg.source]
+            hops[j, h] = (out.done[j] if msg.stage == SINK else start[msg.stage]) - left
+        e2e[j] = out.done[j] - out.sent[j]
+    stats = {x.name: x for x in xplan.model.layer_stats(batch)}
+    sizes = [sum(xplan.model.input_bytes(batch) if name == "input" else stats[name].output_bytes
+                 for name in msg.names) for msg in sends]
+    hop_routes = [(driver if msg.source == SOURCE else stages[msg.source].device, msg.device) for msg in sends]
+    rate = None
+    if stream and n >= 2 and out.done[-1] > out.done[0]:
+        rate = (n - 1) / (out.done[-1] - out.done[0])
+    outputs = np.concatenate([np.asarray(y).reshape(len(y), -1) for y in out.outputs])
+    return RunResult(outputs=outputs, assignment=list(xplan.assignment), stages=stages, hop_routes=hop_routes,
+                     hop_bytes=sizes, stage_times=compute, hop_times=hops, end_to_end=e2e, param_bytes=shipped,
+                     param_seconds=ship_seconds, startup_seconds=startup, wall_seconds=wall, engine="tasks",
+                     batch=batch, stream=stream, items_per_second=rate,
+                     workers=[w for w in info if w["device"] in used], prediction=prep.prediction,
+                     prediction_note=prep.why, driver=driver,
+                     hop_names=[msg.names for msg in sends],
+                     hop_stages=[(msg.source, msg.stage) for msg in sends], stage_starts=begins)
 
 
 def _result(xplan: ExecutionPlan, out: Any, offsets: dict[str, float], batch: int, stream: bool,

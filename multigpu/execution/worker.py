@@ -2,9 +2,10 @@
 
 A plain class with no Ray import. The Ray engine wraps it as an actor (one process
 per device of a plan); the driver instantiates it directly for the stages that run
-on the source device. Every stage is a slice of the same ``Sequential``
-(``model.forward(backend, params, x, start, stop)``) on the backend the device
-names, so no framework-specific model code exists anywhere.
+on the source device. Every stage of a chain is a slice of the same ``Sequential``
+(``model.forward(backend, params, x, start, stop)``), every stage of a graph model a
+set of its nodes (``model.run``), on the backend the device names, so no
+framework-specific model code exists anywhere.
 
 Timestamps use ``time.time()``: one clock for every process on a host, so a hop's
 two ends can be subtracted (the engine corrects for another host's clock offset).
@@ -66,6 +67,11 @@ class StageWorker:
         self.model: Any = None
         self.params: list[Any] = []
         self.stages: dict[int, tuple[int, int]] = {}
+        self.routes: dict[int, Any] = {}            # a graph model's stages (plan.StageRoute)
+        self.send_names: dict[int, tuple[str, ...]] = {}   # message index -> the tensors it carries
+        self.state: list[Any] | None = None      # BatchNorm running statistics, on the device
+        self._store: dict[int, dict[str, Any]] = {}  # per item: tensors later stages here consume
+        self._traces: dict[int, dict[int, tuple[float, float]]] = {}
 
     # -- set-up ------------------------------------------------------------
     def setup(self) -> dict[str, Any]:
@@ -96,17 +102,23 @@ class StageWorker:
             return False  # setup's registry.backend call raises the precise error
         return framework is not None and framework in sys.modules
 
-    def load(self, model: Any, stages: Sequence[tuple[int, int, int]], params: dict[int, np.ndarray]) -> float:
-        """Receive the model spec, this device's stages ``(index, start, stop)`` and the
-        parameters they use (by index into the model's parameter list); return the
-        seconds spent placing the parameters on the device."""
+    def load(self, model: Any, stages: Sequence[Any], params: dict[int, np.ndarray],
+             state: Sequence[np.ndarray] | None = None, sends: Sequence[Any] | None = None) -> float:
+        """Receive the model spec, this device's stages (a chain's ``(index, start, stop)``;
+        a graph model's ``StageRoute``s with the plan's ``sends``), the parameters they use
+        (by index into the model's parameter list) and the BatchNorm ``state``; return the
+        seconds spent placing parameters and state on the device."""
         t0 = time.perf_counter()
         self.model = model
-        self.stages = {int(i): (int(a), int(b)) for i, a, b in stages}
+        self.stages = {int(st[0]): (int(st[1]), int(st[2])) for st in stages if isinstance(st, tuple)}
+        self.routes = {int(st.index): st for st in stages if not isinstance(st, tuple)}
+        self.send_names = {j: tuple(m.names) for j, m in enumerate(sends or ())}
+        self._store, self._traces = {}, {}
         full: list[Any] = [None] * len(model.param_shapes)
         for i, arr in params.items():
             full[int(i)] = self.be.from_numpy(arr, self.device)
         self.params = full
+        self.state = None if state is None else [self.be.from_numpy(a, self.device) for a in state]
         self.be.synchronize(self.device)
         return time.perf_counter() - t0
 
@@ -147,19 +159,55 @@ class StageWorker:
         t1 = time.time()
         return be.to_numpy(y), trace + (t0, t1)
 
+    def run_stage(self, stage: int, item: int, *messages: tuple[dict[str, np.ndarray], dict[int, tuple[float, float]]]
+                  ) -> Any:
+        """Run stage ``stage`` of a graph model for item ``item``.
+
+        ``messages`` are ``(tensors, trace)`` pairs: the tensors this device receives
+        for the stage (kept for its later stages too) and each sender's trace (stage ->
+        (start, end) of its computation). Returns one ``(tensors, trace)`` per message
+        the stage sends (a tuple when it sends several; its trace alone when none).
+        """
+        route = self.routes[stage]
+        be, dev = self.be, self.device
+        store = self._store.setdefault(item, {})
+        trace = self._traces.setdefault(item, {})
+        for tensors, got in messages:
+            for name, arr in tensors.items():
+                store[name] = be.from_numpy(arr, dev)
+            trace.update(got)
+        t0 = time.time()
+        out = self.model.run(be, self.params, {n: store[n] for n in route.feeds}, route.nodes, state=self.state)
+        be.synchronize(dev)
+        t1 = time.time()
+        store.update(out)
+        trace[stage] = (t0, t1)
+        replies = [({n: be.to_numpy(store[n]) for n in self.send_names[j]}, dict(trace)) for j in route.sends]
+        if route.last:
+            self._store.pop(item, None)
+            self._traces.pop(item, None)
+        if not replies:
+            return ({}, dict(trace))
+        return replies[0] if len(replies) == 1 else tuple(replies)
+
     # -- profiling ---------------------------------------------------------
     def prepare_profile(self, model: Any, params: Sequence[np.ndarray], batch: int, seed: int = 0) -> None:
-        """Place ``params`` and a random input batch on the device and keep every
-        layer's input of one pass, for ``time_pass`` and ``time_first``."""
+        """Place ``params`` (and a graph model's initial BatchNorm state) and a random
+        input batch on the device and keep every layer's inputs of one pass, for
+        ``time_pass`` and ``time_first``."""
         be, dev = self.be, self.device
         self._prof_model = model
         self._prof_params = [be.from_numpy(p, dev) for p in params]
+        self._prof_state = ([be.from_numpy(a, dev) for a in model.init_state()]
+                            if getattr(model, "batch_norms", None) else None)
         rng = np.random.default_rng(seed)
         x = be.from_numpy(rng.random((batch, *model.input_shape), dtype=np.float32), dev)
-        self._prof_inputs = [x]
-        for i in range(len(model) - 1):
-            x = model.forward(be, self._prof_params, x, i, i + 1)
-            self._prof_inputs.append(x)
+        names = [name for name, _ in model.layers]
+        # Every node's output of one pass (a graph model's layer may consume any earlier one).
+        self._prof_env = model.run(be, self._prof_params, {"input": x}, names, state=self._prof_state,
+                                   outputs=names)
+        self._prof_env["input"] = x
+        self._prof_feeds = [{n: self._prof_env[n] for n in node.inputs} for node in model.nodes]
         be.synchronize(dev)
 
     def set_probe_work(self, layers: int) -> None:
@@ -168,17 +216,23 @@ class StageWorker:
 
     def _busy(self) -> None:
         model = self._prof_model
-        model.forward(self.be, self._prof_params, self._prof_inputs[0], 0, getattr(self, "_probe_layers", 0))
+        model.forward(self.be, self._prof_params, self._prof_feeds[0]["input"], 0, getattr(self, "_probe_layers", 0),
+                      state=self._prof_state)
+
+    def _layer(self, i: int) -> Any:
+        """Run layer ``i`` alone on its inputs of the prepared pass."""
+        model = self._prof_model
+        return model.run(self.be, self._prof_params, self._prof_feeds[i], [model.nodes[i].name],
+                         state=self._prof_state)
 
     def time_pass(self) -> list[float]:
         """Seconds of each layer in one forward pass, the device synchronized after each
         (a warm-up; the profile's layer times come from ``time_prefix``)."""
         be, dev, model = self.be, self.device, self._prof_model
-        x = self._prof_inputs[0]
         out = []
         for i in range(len(model)):
             t0 = time.perf_counter()
-            x = model.forward(be, self._prof_params, x, i, i + 1)
+            self._layer(i)
             be.synchronize(dev)
             out.append(time.perf_counter() - t0)
         return out
@@ -186,18 +240,19 @@ class StageWorker:
     def time_prefix(self, stop: int) -> float:
         """Seconds of layers ``0..stop-1`` run as one stage runs them: one call of the
         model's slice, one synchronize (differences of prefixes give each layer's time
-        without per-layer instrumentation)."""
+        without per-layer instrumentation; a prefix of a graph model's topological order
+        consumes only the input)."""
         be, dev, model = self.be, self.device, self._prof_model
         t0 = time.perf_counter()
-        model.forward(be, self._prof_params, self._prof_inputs[0], 0, stop)
+        model.forward(be, self._prof_params, self._prof_feeds[0]["input"], 0, stop, state=self._prof_state)
         be.synchronize(dev)
         return time.perf_counter() - t0
 
     def time_first(self, layer: int) -> float:
         """Seconds of layer ``layer`` alone as the first work of a call: what a stage
         starting at that layer pays (``time_pass`` minus this is the stage overhead)."""
-        be, dev, model = self.be, self.device, self._prof_model
+        be, dev = self.be, self.device
         t0 = time.perf_counter()
-        model.forward(be, self._prof_params, self._prof_inputs[layer], layer, layer + 1)
+        self._layer(layer)
         be.synchronize(dev)
         return time.perf_counter() - t0

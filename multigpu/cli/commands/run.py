@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
     """Add the ``run`` sub-command."""
     p = add_command(sub, "run", run, help="run a partition plan on Ray workers; time each stage and hop",
                     description=DESCRIPTION, raw=True)
-    p.add_argument("--model", default="lenet", help="built-in model: lenet or alexnet (default lenet)")
+    p.add_argument("--model", default="lenet", help="built-in model: lenet, alexnet, resnet18 or resnet18_textbook (default lenet)")
     p.add_argument("--params", default=None, metavar="DIR|FILE",
                    help="a `multigpu train --checkpoint` folder or .npz (default: the seeded random init)")
     p.add_argument("--plan", required=True, metavar="FILE|DEV,DEV,...", help="one device per layer (see above)")
@@ -77,12 +77,18 @@ def parse_plan(text: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Run the plan and print the report (or JSON); return the exit status."""
     from multigpu.execution import run_partitioned
-    from multigpu.execution.inputs import load_images, load_params, random_inputs
+    from multigpu.execution.inputs import load_images, load_params, load_state, random_inputs
     from multigpu.execution.runner import resolve_cluster, resolve_model
 
     model = resolve_model(args.model)
     params = load_params(args.params) if args.params else None
     params = model.init_params(args.seed) if params is None else model.check_params(params)
+    state = load_state(args.params, model) if args.params else None
+    if model.batch_norms and state is None:
+        state = model.init_state()
+        if args.params:
+            print(f"note: --params holds no BatchNorm statistics, so {model.name} normalizes with its initial "
+                  f"ones (mean 0, variance 1); give the `multigpu train --checkpoint` folder", file=sys.stderr)
     plan = parse_plan(args.plan)
     cluster = resolve_cluster(args.cluster)
     if args.images:
@@ -91,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
         images = random_inputs(model, args.random if args.random is not None else 8, args.seed)
     result = run_partitioned(model, params, plan, images.x, cluster, batch=args.batch, stream=args.stream,
                              engine=args.engine, address=args.address, timeout=args.timeout,
-                             warmup=args.warmup)
-    check = _check(model, params, images.x, result.outputs, cluster) if args.check else None
+                             warmup=args.warmup, state=state)
+    check = _check(model, params, images.x, result.outputs, cluster, state) if args.check else None
     if not args.params:
         print("note: no --params, so the seeded random init is used: the classes mean nothing",
               file=sys.stderr)
@@ -142,7 +148,8 @@ def _recognition(images: Any, pred: np.ndarray) -> Optional[dict[str, Any]]:
     return {"accuracy": correct / len(items), "correct": correct, "total": len(items), "items": items}
 
 
-def _check(model: Any, params: Any, x: np.ndarray, outputs: np.ndarray, cluster: Any) -> dict[str, Any]:
+def _check(model: Any, params: Any, x: np.ndarray, outputs: np.ndarray, cluster: Any,
+           state: Any = None) -> dict[str, Any]:
     """Run the model unpartitioned on the driver's backend here; compare."""
     from multigpu.contract.protocol import Device
     from multigpu.contract.registry import backend as get_backend
@@ -151,7 +158,8 @@ def _check(model: Any, params: Any, x: np.ndarray, outputs: np.ndarray, cluster:
     be = get_backend(name)
     dev = Device("cpu", 0)
     ps = [be.from_numpy(p, dev) for p in params]
-    ref = np.concatenate([be.to_numpy(model.forward(be, ps, be.from_numpy(x[i:i + 64], dev))).reshape(
+    st = None if state is None else [be.from_numpy(a, dev) for a in state]
+    ref = np.concatenate([be.to_numpy(model.forward(be, ps, be.from_numpy(x[i:i + 64], dev), state=st)).reshape(
         len(x[i:i + 64]), -1) for i in range(0, len(x), 64)])
     same = int(np.sum(ref.argmax(1) == outputs.argmax(1)))
     return {"backend": name, "same": same, "total": len(ref), "max_abs_diff": float(np.abs(ref - outputs).max())}

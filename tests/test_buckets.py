@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from recording_backend import Recording, host_reads
 from test_distributed import _both, _reference_pair
+from test_no_host_sync import _tiny_resnet
 
 import multigpu
 from multigpu import models
@@ -45,10 +46,6 @@ def _loss(b, model):
     def fn(ps, x, y):
         return b.sum(b.softmax_cross_entropy(model.apply(b, [ps], [x])[0], y))
     return fn
-
-
-def _tiny_resnet() -> models.Model:
-    return models.resnet((1, 1), (4, 8), 5, (3, 12, 12), "tiny")
 
 
 @pytest.mark.parametrize("unused", [False, True], ids=["all-used", "one-unused"])

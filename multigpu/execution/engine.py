@@ -733,6 +733,6 @@ def _get_dag(workers: Workers, item: _DagItem, refs: Sequence[Any], labels: Sequ
     chain's item does: its calls' refs are by stage index, the labels' positions)."""
     if not refs:
         return []
-    # _wait_item names a stuck stage's worker by the stage's device: (device, stage) by stage index.
-    by_stage = [(r.device, r.index) for r in sorted(routes, key=lambda r: r.index)]
+    # _wait_item names a stuck stage's worker by its device, looked up by stage index (routes come in stage order).
+    by_stage = [(r.device, r.index) for r in routes]
     return list(_wait_item(workers, _Item(item.index, list(refs), refs=item.refs), labels, by_stage))

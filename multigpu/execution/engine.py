@@ -317,22 +317,30 @@ class Workers:
                 spec.name, spec.backend, spec.device, spec.threads)
             self.actors[spec.name] = handle
             self._actor_ids[handle._actor_id.hex()] = spec.name
-        refs = {name: a.setup.remote() for name, a in self.actors.items()}
-        for name, ref in refs.items():
-            try:
-                got = ray.get(ref, timeout=self.startup_timeout)
-            except ray_exceptions.GetTimeoutError:
-                raise WorkerTimeoutError(
-                    f"the worker of device {name!r} did not start within {self.startup_timeout:g} s "
-                    f"(no node can host it, or its framework takes longer to import); check its "
-                    f"\"resources\" and the Ray cluster, or raise the startup timeout") from None
-            except ray_exceptions.RayTaskError as e:
-                raise _cause(e, f"device {name!r}: ") from None
-            except ray_exceptions.RayActorError as e:
-                raise WorkerDiedError(f"the worker of device {name!r} died while starting: "
-                                      f"{_first_line(e)}") from None
-            self.info[name] = WorkerInfo(name, got["backend"], got["pid"], got["host"], False, got["threads"],
-                                         cores=got.get("cores"))
+        # Where each worker runs is asked first (no framework import): a worker dying while it
+        # imports its framework is then named by pid and host, as a running one is.
+        where: dict[str, dict[str, Any]] = {}
+        for step in ("where", "setup"):
+            refs = {name: getattr(a, step).remote() for name, a in self.actors.items()}
+            for name, ref in refs.items():
+                at = f" (pid {where[name]['pid']} on host {where[name]['host']})" if name in where else ""
+                try:
+                    got = ray.get(ref, timeout=self.startup_timeout)
+                except ray_exceptions.GetTimeoutError:
+                    raise WorkerTimeoutError(
+                        f"the worker on device {name!r}{at} did not start within {self.startup_timeout:g} s "
+                        f"(no node can host it, or its framework takes longer to import); check its "
+                        f"\"resources\" and the Ray cluster, or raise the startup timeout") from None
+                except ray_exceptions.RayTaskError as e:
+                    raise _cause(e, f"device {name!r}: ") from None
+                except ray_exceptions.RayActorError as e:
+                    raise WorkerDiedError(f"the worker on device {name!r}{at} died while starting: "
+                                          f"{_first_line(e)}") from None
+                if step == "where":
+                    where[name] = got
+                else:
+                    self.info[name] = WorkerInfo(name, got["backend"], got["pid"], got["host"], False,
+                                                 got["threads"], cores=got.get("cores"))
         for name, info in self.info.items():
             if not info.local and info.host != host:
                 info.clock_offset = self._clock_offset(self.actors[name])

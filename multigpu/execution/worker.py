@@ -74,6 +74,11 @@ class StageWorker:
         self._traces: dict[int, dict[int, tuple[float, float]]] = {}
 
     # -- set-up ------------------------------------------------------------
+    def where(self) -> dict[str, Any]:
+        """This worker's process id and host, before any framework is imported (so a worker
+        that dies while importing one is still named by host)."""
+        return {"pid": os.getpid(), "host": os.uname().nodename}
+
     def setup(self) -> dict[str, Any]:
         """Load the backend (the framework is imported here); return where this worker runs.
 

@@ -7,9 +7,9 @@ no copy into a bucket), and an engine that orders work by buffer (MXNet's tracks
 variable per NDArray and its slices) starts a bucket's sum after the writes to that
 bucket only, not after the whole backward. Buckets are numbered from the end of the
 parameters, because backward produces the last layers' gradients first: bucket 0 holds
-the last parameters and the loss, which the forward already knows. As in DDP and ``paddle.DataParallel``, the first bucket is small
-(1 MiB, or ``bucket_mb`` if smaller) so that its sum starts early; the others hold up to
-``bucket_mb`` MiB.
+the last parameters and the loss, which the forward already knows. As in DDP and
+``paddle.DataParallel``, the first bucket is small (1 MiB, or ``bucket_mb`` if smaller) so
+that its sum starts early; the others hold up to ``bucket_mb`` MiB.
 
 ``value_and_grad(..., buckets=layout.params, on_bucket=...)`` calls ``on_bucket(k)`` as
 soon as bucket k's gradients are in the buffer (the adapter decides when: a post-
@@ -55,7 +55,8 @@ class BucketLayout:
         return [b - a for a, b in self.slices]
 
     def pieces(self) -> list[tuple[int]]:
-        """The ``[grads..., loss]`` buffer cut into buckets in buffer order (for ``unflatten``): the last bucket first."""
+        """The ``[grads..., loss]`` floats cut into buckets in buffer order (for ``unflatten``): the last bucket
+        first."""
         return [(b - a,) for a, b in reversed(self.slices)]
 
     def param_views(self, backend: Any, flat: Any) -> list[Any]:

@@ -3,6 +3,7 @@ header per step, and a bucketed two-rank step equal to one process with two devi
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -139,6 +140,48 @@ def test_an_adapter_written_before_buckets_fills_the_bucket_buffers_through_the_
                             buckets=[(1, 2), (0, 1)], on_bucket=seen.append)
     assert got is out and seen == [0, 1]
     assert be.to_numpy(out[0]).tolist() == [1, 1, 1, 5] and be.to_numpy(out[1]).tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("per_bucket", [True, False], ids=["buffer-per-bucket", "one-buffer"])
+def test_mxnet_engine_lets_bucket_0_be_read_while_the_rest_of_backward_is_held(per_bucket):
+    """MXNet's engine orders work by NDArray, and slices share their array's variable. Backward of parameter
+    0 (bucket 1) is held by a gate that bucket 0's signal opens only after reading bucket 0: with a buffer
+    per bucket the read returns at once (a push started there overlaps the rest of backward); in one
+    buffer it waits until the gate gives up (which is why the step passes a buffer per bucket)."""
+    mx = pytest.importorskip("mxnet")
+    b, hold = multigpu.backend("mxnet"), 2.0
+    gate = threading.Event()
+
+    class Gate(mx.autograd.Function):
+        def forward(self, x):
+            return x.copy()
+
+        def backward(self, g):
+            gate.wait(hold)
+            return g.copy()
+
+    ps = [b.from_numpy(np.ones(3, np.float32), CPU), b.from_numpy(np.full(2, 2.0, np.float32), CPU)]
+    out = [b.from_numpy(np.zeros(n, np.float32), CPU) for n in (3, 3)] if per_bucket else \
+        b.from_numpy(np.zeros(6, np.float32), CPU)
+    waited: list[float] = []
+
+    def on_bucket(k: int) -> None:
+        if k == 0:
+            t0 = time.perf_counter()
+            (out[0] if per_bucket else out).wait_to_read()
+            waited.append(time.perf_counter() - t0)
+            gate.set()
+
+    def fn(q):
+        return b.add(b.sum(b.relu(Gate()(q[0]))), b.sum(b.add(q[1], q[1])))
+
+    got = b.value_and_grad(fn, ps, out=out, buckets=[(1, 2), (0, 1)], on_bucket=on_bucket)
+    values = np.concatenate([b.to_numpy(o) for o in reversed(got)]) if per_bucket else b.to_numpy(got)
+    assert values.tolist() == [1, 1, 1, 2, 2, 11]  # gradients of parameters 0 and 1, then the value
+    if per_bucket:
+        assert waited[0] < hold / 2, waited
+    else:
+        assert waited[0] >= hold * 0.9, waited
 
 
 def test_one_header_checks_the_buckets_and_a_mismatch_names_both_sides():

@@ -89,9 +89,8 @@ def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats:
                        what="profiling its layers")
 
     n = len(model)
-    params = model.init_params(seed)
-    for name in names:
-        call(name, "prepare_profile", model, params, batch, seed)
+    for name in names:   # each worker makes the parameters from the seed (nothing shipped)
+        call(name, "prepare_profile", model, None, batch, seed)
     for _ in range(warmup):
         for name in names:
             call(name, "time_pass")

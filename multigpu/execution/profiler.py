@@ -293,7 +293,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         m0 = model_list[0]
         for name in [w.name for w in workers]:
             work = probe_layers(first_medians[name], PROBE_WORK)
-            ws._get(ws.actors[name].prepare_profile.remote(m0, m0.init_params(seed), batch, seed),
+            ws._get(ws.actors[name].prepare_profile.remote(m0, None, batch, seed),
                     lambda n=name: f"device {n!r}", what="preparing link probes")
             ws._get(ws.actors[name].set_probe_work.remote(work), lambda n=name: f"device {n!r}",
                     what="preparing link probes")

@@ -196,12 +196,17 @@ class StageWorker:
         return replies[0] if len(replies) == 1 else tuple(replies)
 
     # -- profiling ---------------------------------------------------------
-    def prepare_profile(self, model: Any, params: Sequence[np.ndarray], batch: int, seed: int = 0) -> None:
-        """Place ``params`` (and a graph model's initial BatchNorm state) and a random
-        input batch on the device and keep every layer's inputs of one pass, for
-        ``time_pass`` and ``time_first``."""
+    def prepare_profile(self, model: Any, params: Optional[Sequence[np.ndarray]], batch: int, seed: int = 0) -> None:
+        """Place ``params`` (None: the model's own initial parameters from ``seed``, made
+        here) and a graph model's initial BatchNorm state and a random input batch on
+        the device, and keep every layer's inputs of one pass, for ``time_pass`` and
+        ``time_first``."""
         be, dev = self.be, self.device
         self._prof_model = model
+        # Made here from the seed rather than shipped: a layer's time does not depend on
+        # its weights' values, and AlexNet's 244 MB would take four minutes over the
+        # report's 1 MB/s WiFi.
+        params = model.init_params(seed) if params is None else params
         self._prof_params = [be.from_numpy(p, dev) for p in params]
         self._prof_state = ([be.from_numpy(a, dev) for a in model.init_state()]
                             if getattr(model, "batch_norms", None) else None)

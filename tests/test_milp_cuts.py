@@ -1,0 +1,72 @@
+"""The MILP's valid inequalities (``milp_rows.endpoint_rows``): they keep every
+memory-feasible plan at its exact cost, and they tighten the LP relaxation where it
+time-shares the source with another device. (The brute-force oracles in
+``test_partition_dag_solvers.py`` and ``test_partition_constraints.py`` check the optima
+with them in place.)"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from dag_oracle import clusters, dags, ref_memory, ref_sum
+from hypothesis import given, settings
+from test_partition_oracle import SETTINGS
+
+from multigpu.partition import Cluster, Graph, LayerSpec
+from multigpu.partition.cost.tables import CostTables
+from multigpu.partition.inputs.cluster import DeviceSpec, Link
+from multigpu.partition.solvers.constraints import Constraints
+from multigpu.partition.solvers.milp import build_model, relax, solve_milp
+
+
+def _with_memory(gd: dict, cd: dict, share: float) -> dict:
+    total = sum(x["param_bytes"] for x in gd["layers"]) + max(x["output_bytes"] for x in gd["layers"])
+    for d in cd["devices"]:
+        d["memory"] = max(total * share, 1.0)
+    return cd
+
+
+@settings(max_examples=12, **SETTINGS)
+@given(dags(max_n=4), clusters(max_k=3))
+def test_every_memory_feasible_plan_keeps_its_cost(gd: dict, cd: dict) -> None:
+    # Fix x to each assignment in turn: the MILP, cuts included, must accept every plan
+    # that fits in memory and price it as the independent oracle does.
+    cd = _with_memory(gd, cd, 0.6)
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints().resolve(graph, cluster)
+    names = [d["name"] for d in cd["devices"]]
+    mem = {d["name"]: d["memory"] for d in cd["devices"]}
+    for a in itertools.product(range(len(names)), repeat=graph.n):
+        plan = [names[i] for i in a]
+        if any(used > mem[d] * (1 + 1e-9) for d, used in ref_memory(gd, plan).items()):
+            continue
+        try:
+            want = ref_sum(gd, cd, plan)[0]
+        except Exception:   # an unusable link: no plan to keep
+            continue
+        fix = np.ones((graph.n, len(names)), dtype=bool)
+        fix[np.arange(graph.n), list(a)] = False
+        res = solve_milp(tables, cons, 1.0, 0.0, scale=1.0 / max(want, 1e-12), fix_x=fix)
+        assert res.status == 0, (plan, res.message)
+        assert np.isclose(res.value, want, rtol=1e-6, atol=1e-12), (plan, res.value, want)
+
+
+def test_cuts_tighten_a_time_shared_source() -> None:
+    # The source is slow but sends the input over a slow link; the fast device holds 60%
+    # of the parameters, and so does the source. Without the cuts the LP runs 40% of every
+    # layer on the source and pays only 60% of the input transfer; in a real plan the data
+    # leaves the source somewhere.
+    layers = tuple(LayerSpec(f"l{i}", 1e9, 1e6, 1e5) for i in range(6))
+    graph = Graph(layers, input_bytes=1e5)
+    mem = 0.6 * 6e6 + 1e5
+    cluster = Cluster((DeviceSpec("src", 1e9, 1.0, mem), DeviceSpec("fast", 1e12, 1.0, mem)), source="src",
+                      links=(Link(("src", "fast"), 1e5, 1e-3),))
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints().resolve(graph, cluster)
+    loose, _, _ = relax(build_model(tables, cons, 1.0, 0.0, cuts=False))
+    tight, _, _ = relax(build_model(tables, cons, 1.0, 0.0))
+    best = solve_milp(tables, cons, 1.0, 0.0).value
+    assert loose is not None and tight is not None
+    assert loose < tight - 1e-3 * best
+    assert tight <= best * (1 + 1e-9)

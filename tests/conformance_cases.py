@@ -194,4 +194,13 @@ CASES: list[Case] = [
     Case("value_and_grad buckets of floats", InputError,
          lambda be: be.value_and_grad(lambda ps: be.sum(ps[0]), [f32(be, 3)], out=f32(be, 4),
                                       buckets=[(0.0, 1.0)], on_bucket=lambda k: None)),
+    Case("value_and_grad out as a list without buckets", InputError,
+         lambda be: be.value_and_grad(lambda ps: be.sum(ps[0]), [f32(be, 3)], out=[f32(be, 4)])),
+    Case("value_and_grad one out buffer for two buckets", InputError,
+         lambda be: be.value_and_grad(lambda ps: be.sum(ps[1]), [f32(be, 3), f32(be, 2)], out=[f32(be, 6)],
+                                      buckets=[(1, 2), (0, 1)], on_bucket=lambda k: None)),
+    Case("value_and_grad bucket 0's buffer without the value's place", InputError,
+         lambda be: be.value_and_grad(lambda ps: be.sum(ps[1]), [f32(be, 3), f32(be, 2)],
+                                      out=[f32(be, 2), f32(be, 3)], buckets=[(1, 2), (0, 1)],
+                                      on_bucket=lambda k: None)),
 ]

@@ -21,7 +21,7 @@ import math
 from typing import Any, Optional
 
 from hypothesis import strategies as st
-from test_partition_oracle import Unusable, draw_shared, ref_transfer, ref_transfer_loads
+from test_partition_oracle import Unusable, draw_inline, draw_shared, ref_transfer, ref_transfer_loads
 
 INPUT = "input"
 
@@ -66,7 +66,7 @@ def ref_sum(gd: dict, cd: dict, assignment: list[str], ship: bool = False) -> tu
         c = x["flops"] / d["flops"] + (d.get("stage_overhead", 0.0) if st_[x["name"]] else 0.0)
         T, E = T + c, E + c * d["power"]
         if ship and x["param_bytes"] > 0:
-            t, e = ref_transfer(cd, x["param_bytes"], cd["source"], d["name"])
+            t, e = ref_transfer(cd, x["param_bytes"], cd["source"], d["name"], params=True)
             T, E = T + t, E + e
     for _, u, v, b in sends(gd, cd, dev):
         t, e = ref_transfer(cd, b, u, v)
@@ -250,6 +250,7 @@ def clusters(draw: Any, max_k: int = 3, shared: bool = False) -> dict:
                               "power": draw(st.sampled_from([0.0, 5.0]))}
     if draw(st.booleans()):
         cd["sink"] = draw(st.sampled_from(names))
+    draw_inline(draw, cd)
     if shared:
         draw_shared(draw, cd)
     else:

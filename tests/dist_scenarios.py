@@ -67,6 +67,10 @@ Xe, ye = random_batches(m, steps=1, batch=31, seed=6)[0]
 acc = tr.evaluate(Xe, ye)
 save_npz("agree", losses=losses, acc=acc, broadcast0=after_broadcast[0], start0=start[0],
          **{f"p{i}": p for i, p in enumerate(tr.get_params())})
+# 2a. the same in small buckets, one gradient buffer each, summed by the engine during backward
+bucketed = DataParallel(m, backend=name, devices="cpu:1", lr=0.3, params=mine, process_group=group, bucket_mb=0.05)
+save_npz("agree_buckets", losses=[bucketed.train_batch(X, y) for X, y in batches],
+         buckets=len(bucketed._layout.params), **{f"p{i}": p for i, p in enumerate(bucketed.get_params())})
 if rank == 0:
     for devices in ("cpu:2", "cpu:1"):
         ref_losses, ref_params, _ = train_steps(m, name, start, batches, devices=devices, lr=0.3)

@@ -3,6 +3,7 @@ header per step, and a bucketed two-rank step equal to one process with two devi
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -48,12 +49,13 @@ def _loss(b, model):
     return fn
 
 
+@pytest.mark.parametrize("per_bucket", [False, True], ids=["one-buffer", "buffer-per-bucket"])
 @pytest.mark.parametrize("unused", [False, True], ids=["all-used", "one-unused"])
 @pytest.mark.parametrize("model", ["lenet", "tiny-resnet"])
-def test_each_bucket_is_signalled_once_with_its_gradients_final(backend_name, unused, model):
-    """On every adapter: a bucket's slice already holds its final gradients when it is signalled, every
-    bucket is signalled once, and the buffer equals the unbucketed value_and_grad's (with BatchNorm's
-    batch statistics as aux outputs for the ResNet)."""
+def test_each_bucket_is_signalled_once_with_its_gradients_final(backend_name, unused, model, per_bucket):
+    """On every adapter: a bucket's slice (or its own buffer) already holds its final gradients when it is
+    signalled, every bucket is signalled once, and the buffers equal the unbucketed value_and_grad's (with
+    BatchNorm's batch statistics as aux outputs for the ResNet)."""
     b = multigpu.backend(backend_name)
     m = models.lenet() if model == "lenet" else _tiny_resnet()
     aux = model != "lenet"
@@ -69,19 +71,21 @@ def test_each_bucket_is_signalled_once_with_its_gradients_final(backend_name, un
     assert len(layout.params) >= 3
     plain = b.value_and_grad(fn, params, x, t, aux=aux)
     want = b.to_numpy(plain[0] if aux else plain)
-    out = b.from_numpy(np.full(size + 1, 7.0, np.float32), CPU)
+    out = [b.from_numpy(np.full(n, 7.0, np.float32), CPU) for n in layout.sizes] if per_bucket else \
+        b.from_numpy(np.full(size + 1, 7.0, np.float32), CPU)
     seen: dict[int, np.ndarray] = {}
 
     def ready(k: int) -> None:
         a, e = layout.slices[k]
-        seen[k] = b.to_numpy(out)[a:e]
+        seen[k] = b.to_numpy(out[k]) if per_bucket else b.to_numpy(out)[a:e]
 
     got = b.value_and_grad(fn, params, x, t, out=out, buckets=layout.params, on_bucket=ready, aux=aux)
     if aux:
         got, stats = got
         np.testing.assert_allclose(b.to_numpy(stats), b.to_numpy(plain[1]), rtol=1e-5, atol=1e-6)
     assert got is out and sorted(seen) == list(range(len(layout.params)))
-    np.testing.assert_allclose(b.to_numpy(out), want, rtol=1e-5, atol=1e-6)
+    whole = np.concatenate([b.to_numpy(o) for o in reversed(out)]) if per_bucket else b.to_numpy(out)
+    np.testing.assert_allclose(whole, want, rtol=1e-5, atol=1e-6)
     for k, (a, e) in enumerate(layout.slices):
         np.testing.assert_allclose(seen[k], want[a:e], rtol=1e-5, atol=1e-6, err_msg=f"bucket {k}")
 
@@ -109,6 +113,75 @@ def test_an_adapter_that_misses_or_repeats_a_bucket_breaks_the_contract():
         with pytest.raises(AdapterError, match=match):
             be.value_and_grad(lambda q, be=be: be.sum(be.add(q[0], q[0])), ps, out=be.from_numpy(np.zeros(6, np.float32),
                               CPU), buckets=[(1, 2), (0, 1)], on_bucket=lambda k: None)
+
+
+def test_an_adapter_written_before_buckets_fills_the_bucket_buffers_through_the_contract():
+    """An adapter whose value_and_grad takes no ``on_bucket`` gets no list ``out``: the contract copies its
+    one buffer into the bucket buffers and signals every bucket when it returns."""
+    from multigpu.contract.checked import CheckedBackend
+
+    class Before:  # an adapter written before the bucket extension
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def value_and_grad(self, fn, params, *inputs, aux=False, out=None):
+            assert not isinstance(out, list)
+            return self.inner.value_and_grad(fn, params, *inputs, aux=aux, out=out)
+
+    numpy = multigpu.backend("numpy")
+    be = CheckedBackend(Before(numpy.adapter))
+    ps = [be.from_numpy(np.arange(2, dtype=np.float32), CPU), be.from_numpy(np.ones(3, np.float32), CPU)]
+    out = [be.from_numpy(np.zeros(n, np.float32), CPU) for n in (4, 2)]
+    seen: list[int] = []
+    got = be.value_and_grad(lambda q: be.add(be.sum(be.add(q[0], q[0])), be.sum(q[1])), ps, out=out,
+                            buckets=[(1, 2), (0, 1)], on_bucket=seen.append)
+    assert got is out and seen == [0, 1]
+    assert be.to_numpy(out[0]).tolist() == [1, 1, 1, 5] and be.to_numpy(out[1]).tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("per_bucket", [True, False], ids=["buffer-per-bucket", "one-buffer"])
+def test_mxnet_engine_lets_bucket_0_be_read_while_the_rest_of_backward_is_held(per_bucket):
+    """MXNet's engine orders work by NDArray, and slices share their array's variable. Backward of parameter
+    0 (bucket 1) is held by a gate that bucket 0's signal opens only after reading bucket 0: with a buffer
+    per bucket the read returns at once (a push started there overlaps the rest of backward); in one
+    buffer it waits until the gate gives up (which is why the step passes a buffer per bucket)."""
+    mx = pytest.importorskip("mxnet")
+    b, hold = multigpu.backend("mxnet"), 2.0
+    gate = threading.Event()
+
+    class Gate(mx.autograd.Function):
+        def forward(self, x):
+            return x.copy()
+
+        def backward(self, g):
+            gate.wait(hold)
+            return g.copy()
+
+    ps = [b.from_numpy(np.ones(3, np.float32), CPU), b.from_numpy(np.full(2, 2.0, np.float32), CPU)]
+    out = [b.from_numpy(np.zeros(n, np.float32), CPU) for n in (3, 3)] if per_bucket else \
+        b.from_numpy(np.zeros(6, np.float32), CPU)
+    waited: list[float] = []
+
+    def on_bucket(k: int) -> None:
+        if k == 0:
+            t0 = time.perf_counter()
+            (out[0] if per_bucket else out).wait_to_read()
+            waited.append(time.perf_counter() - t0)
+            gate.set()
+
+    def fn(q):
+        return b.add(b.sum(b.relu(Gate()(q[0]))), b.sum(b.add(q[1], q[1])))
+
+    got = b.value_and_grad(fn, ps, out=out, buckets=[(1, 2), (0, 1)], on_bucket=on_bucket)
+    values = np.concatenate([b.to_numpy(o) for o in reversed(got)]) if per_bucket else b.to_numpy(got)
+    assert values.tolist() == [1, 1, 1, 2, 2, 11]  # gradients of parameters 0 and 1, then the value
+    if per_bucket:
+        assert waited[0] < hold / 2, waited
+    else:
+        assert waited[0] >= hold * 0.9, waited
 
 
 def test_one_header_checks_the_buckets_and_a_mismatch_names_both_sides():
@@ -214,8 +287,10 @@ def test_a_bucketed_step_reads_nothing_back_before_the_last_backward(backend_nam
     forwards = [i for i, e in enumerate(events) if e == "forward"]
     backwards = [i for i, e in enumerate(events) if e == "backward"]
     assert len(forwards) == len(backwards) == devices
-    signals = [i for i, e in enumerate(events) if e.startswith("bucket:")]
-    assert len(signals) == len(tr._layout.params) and forwards[-1] < signals[0] < signals[-1] < backwards[-1]
+    signals = [i for i, e in enumerate(events) if e.startswith("bucket:")]  # every device's, into its own buffers
+    assert len(signals) == devices * len(tr._layout.params)
+    last = [i for i in signals if i > forwards[-1]]  # the last device's start the sums
+    assert len(last) == len(tr._layout.params) and forwards[-1] < last[0] < last[-1] < backwards[-1]
     assert not [events[i] for i in host_reads(events) if forwards[0] <= i <= backwards[-1]]
     crossing = [e for e in events[forwards[0]:forwards[-1]] if e in ("add_", "assign_", "copy_to")]
     assert not crossing, crossing

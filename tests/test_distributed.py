@@ -495,6 +495,19 @@ def test_two_processes_agree_with_two_devices_and_with_one_device(engine_run):
 
 
 @pytest.mark.slow
+def test_two_processes_in_buckets_agree_with_two_devices(engine_run):
+    """LeNet in at least 3 buckets, each its own buffer summed by the engine while backward runs (for
+    MXNet one NDArray, so one engine variable, per bucket): 2 processes equal 1 process x 2 devices."""
+    ranks = [_load(engine_run, "agree_buckets", r) for r in (0, 1)]
+    other = _load(engine_run, "agree_cpu2")
+    assert int(ranks[0]["buckets"]) >= 3
+    np.testing.assert_allclose(ranks[0]["losses"], other["losses"], atol=1e-5)
+    for i in range(8):
+        np.testing.assert_array_equal(ranks[0][f"p{i}"], ranks[1][f"p{i}"])
+        np.testing.assert_allclose(ranks[0][f"p{i}"], other[f"p{i}"], atol=1e-5)
+
+
+@pytest.mark.slow
 def test_synchronized_batchnorm_across_processes_equals_one_device_on_the_full_batch(engine_run):
     """The sums of every BatchNorm go through the engine inside autograd (forward and backward):
     2 processes x 1 device with momentum SGD equal 1 device after 5 steps, within 1e-5."""

@@ -17,7 +17,7 @@ from multigpu.contract import registry
 from multigpu.errors import BackendNotInstalledError, ClusterError, InputError, ParamsError, PlanError
 from multigpu.execution import check_plan, fit_link, predict, read_plan, run_partitioned, split_stages
 from multigpu.execution.inputs import load_images, load_params, random_inputs
-from multigpu.execution.link_fitting import link_sizes, pair_walk
+from multigpu.execution.link_fitting import LinkFit, fit_link_regimes, link_sizes, pair_walk
 from multigpu.execution.plan import worker_params
 from multigpu.partition import Cluster, DeviceSpec, LinkSpec, autopartition, evaluate, graph_from_model, load_cluster
 from multigpu.partition.cost.choices import compute_times
@@ -298,6 +298,25 @@ def test_fit_link_recovers_latency_and_bandwidth():
     assert lat == pytest.approx(2e-4) and bw >= 1e14
     lat, bw = fit_link([(b, b / 1e9) for b in sizes[1:]])       # no latency
     assert lat == pytest.approx(0, abs=1e-12) and bw == pytest.approx(1e9, rel=1e-6)
+
+
+def test_small_payloads_get_a_latency_of_their_own():
+    # Ray sends a payload up to max_direct_call_object_size inside its messages (inline)
+    # and a larger one through the object store: two latencies over one bandwidth.
+    sizes = [40, 200, 700, 4000, 40000, 400000]
+    lat, bw, inline = fit_link_regimes([(b, (1e-2 if b <= 768 else 2e-2) + b / 1e6) for b in sizes], 768)
+    assert lat == pytest.approx(2e-2, rel=1e-6) and inline == pytest.approx(1e-2, rel=1e-6)
+    assert bw == pytest.approx(1e6, rel=1e-6)
+    fit = LinkFit(("a", "b"), lat, bw, [], inline, 768)
+    assert fit.predict(40) == pytest.approx(1e-2 + 40e-6) and fit.predict(4000) == pytest.approx(2e-2 + 4e-3)
+    # Samples on one side only: the one-latency fit, and no inline latency.
+    assert fit_link_regimes([(b, 3e-4 + b / 5e8) for b in sizes], 10)[2] is None
+    assert fit_link_regimes([(b, 3e-4 + b / 5e8) for b in sizes], 10 ** 9)[:2] == pytest.approx((3e-4, 5e8))
+    # The probe sizes straddle a threshold inside the activations' span.
+    with_inline = link_sizes([LENET], 1, inline_bytes=768)
+    assert any(s <= 768 for s in with_inline[1:]) and sum(s > 768 for s in with_inline) >= 2
+    assert 384 in with_inline and 1536 in with_inline
+    assert link_sizes([LENET], 1, inline_bytes=64 * 2 ** 20) == link_sizes([LENET], 1)
 
 
 def test_link_sizes_span_every_activation():

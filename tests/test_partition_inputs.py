@@ -87,6 +87,21 @@ def test_good_cluster_round_trips(tmp_path, fmt):
     assert load_cluster(write(tmp_path, no_sink, fmt)).sink == "desk"
 
 
+def test_small_transfers_take_the_inline_latency_and_round_trip():
+    d = copy.deepcopy(GOOD_CLUSTER)
+    d["inline_bytes"] = 1024
+    d["links"][0]["latency"], d["links"][0]["inline_latency"] = 0.02, 0.005
+    c = Cluster.from_dict(d)
+    assert Cluster.from_dict(c.to_dict()) == c and c.to_dict()["inline_bytes"] == 1024
+    u, v = c.index("pi1"), c.index("desk")
+    bw = c.link("pi1", "desk").bandwidth
+    assert c.tables.transfer_time(1024)[u, v] == pytest.approx(0.005 + 1024 / bw)
+    assert c.tables.transfer_time(1025)[u, v] == pytest.approx(0.02 + 1025 / bw)
+    # Without inline_bytes, inline_latency has nothing to apply to: one latency per link.
+    del d["inline_bytes"]
+    assert Cluster.from_dict(d).tables.transfer_time(10)[u, v] == pytest.approx(0.02 + 10 / bw)
+
+
 BAD_CLUSTERS = [
     # (mutation path, value, words the message must contain)
     ("links.0.bandwidth", 0, ["bandwidth=0", "greater than 0", "bytes/s"]),
@@ -113,6 +128,9 @@ BAD_CLUSTERS = [
     ("links.0.latency", DELETE, ["missing the key 'latency'"]),
     ("notes", "x", ["unknown key 'notes'", "allowed keys"]),
     ("source", DELETE, ["missing the key 'source'"]),
+    ("inline_bytes", -1, ["inline_bytes=-1", "whole number of bytes", "max_direct_call_object_size"]),
+    ("inline_bytes", 1.5, ["inline_bytes=1.5", "whole number of bytes"]),
+    ("links.0.inline_latency", -0.01, ["inline_latency=-0.01", "at least 0", "leave it out"]),
 ]
 
 

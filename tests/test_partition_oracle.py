@@ -25,14 +25,19 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
 
 
 # -- the oracle --------------------------------------------------------------------------
-def ref_link(cd: dict, u: str, v: str) -> Optional[tuple[float, float, float]]:
-    """(bandwidth, latency, power) between u != v, or None when the pair is unusable."""
+def ref_link(cd: dict, u: str, v: str, b: Optional[float] = None) -> Optional[tuple[float, float, float]]:
+    """(bandwidth, latency, power) between u != v for a transfer of ``b`` bytes (the
+    inline latency when b <= the cluster's inline_bytes; None: a parameter shipment,
+    always the plain latency), or None when the pair is unusable."""
+    inline = b is not None and b <= cd.get("inline_bytes", 0)
     for ln in cd.get("links", []):
         if set(ln["between"]) == {u, v}:
-            return ln["bandwidth"], ln["latency"], ln.get("power", 0.0)
+            return ln["bandwidth"], ln.get("inline_latency", ln["latency"]) if inline else ln["latency"], \
+                ln.get("power", 0.0)
     dl = cd.get("default_link")
     if dl is not None:
-        return dl["bandwidth"], dl["latency"], dl.get("power", 0.0)
+        return dl["bandwidth"], dl.get("inline_latency", dl["latency"]) if inline else dl["latency"], \
+            dl.get("power", 0.0)
     return None
 
 
@@ -40,11 +45,12 @@ class Unusable(Exception):
     pass
 
 
-def ref_transfer(cd: dict, b: float, u: str, v: str) -> tuple[float, float]:
-    """(time, energy) of moving b bytes from u to v, per the definition."""
+def ref_transfer(cd: dict, b: float, u: str, v: str, params: bool = False) -> tuple[float, float]:
+    """(time, energy) of moving b bytes from u to v, per the definition (``params``: a
+    parameter shipment, which always takes the object store's plain latency)."""
     if u == v:
         return 0.0, 0.0
-    link = ref_link(cd, u, v)
+    link = ref_link(cd, u, v, None if params else b)
     if link is None:
         raise Unusable((u, v))
     t = b / link[0] + link[1]
@@ -67,7 +73,7 @@ def ref_evaluate(gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we:
             oh = dev[a].get("stage_overhead", 0.0)
             T, E = T + oh, E + oh * dev[a]["power"]
         if ship and layer["param_bytes"] > 0:
-            t, e = ref_transfer(cd, layer["param_bytes"], source, a)
+            t, e = ref_transfer(cd, layer["param_bytes"], source, a, params=True)
             T, E = T + t, E + e
         c = layer["flops"] / dev[a]["flops"]
         T, E = T + c, E + c * dev[a]["power"]
@@ -157,13 +163,19 @@ class Brute:
         sink = names.index(cd.get("sink", cd["source"]))
         bw = np.full((k, k), np.nan)
         lat = np.zeros((k, k))
+        lat_small = np.zeros((k, k))
         pw = np.zeros((k, k))
         ok = np.eye(k, dtype=bool)
         for u, v in itertools.permutations(range(k), 2):
             link = ref_link(cd, names[u], names[v])
             if link is not None:
                 bw[u, v], lat[u, v], pw[u, v] = link
+                lat_small[u, v] = ref_link(cd, names[u], names[v], 0.0)[1]
                 ok[u, v] = True
+        small = cd.get("inline_bytes", 0)
+
+        def lat_of(b: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+            return np.where(b <= small, lat_small[u, v], lat[u, v])
         F = np.array([d["flops"] for d in cd["devices"]], float)
         P = np.array([d["power"] for d in cd["devices"]], float)
         OH = np.array([d.get("stage_overhead", 0.0) for d in cd["devices"]], float)
@@ -182,8 +194,8 @@ class Brute:
         with np.errstate(invalid="ignore", divide="ignore"):
             comp = flops[None, :] / F[A]
             moved = prev != A
-            t_in = np.where(moved, b_in[None, :] / bw[prev, A] + lat[prev, A], 0.0)
-            t_out = np.where(last != sink, out[-1] / bw[last, sink] + lat[last, sink], 0.0)
+            t_in = np.where(moved, b_in[None, :] / bw[prev, A] + lat_of(b_in[None, :], prev, A), 0.0)
+            t_out = np.where(last != sink, out[-1] / bw[last, sink] + lat_of(out[-1], last, sink), 0.0)
             valid = (ok[prev, A] | ~moved).all(axis=1) & ok[last, sink]
             if ship:
                 ships = (A != src) & (params[None, :] > 0)
@@ -282,6 +294,17 @@ def draw_shared(draw: Any, cd: dict) -> None:
             cd["hosts"] = {f"h{h}": {"cores": draw(st.sampled_from([0.5, 1, 2, 3]))} for h in sorted(used)}
 
 
+def draw_inline(draw: Any, cd: dict) -> None:
+    """Sometimes price small transfers apart: an ``inline_bytes`` threshold inside the
+    layers' range of sizes, and an ``inline_latency`` on some links (and the default)."""
+    if draw(st.integers(0, 2)):
+        return
+    cd["inline_bytes"] = draw(st.sampled_from([1000, 30000]))
+    for ln in cd["links"] + ([cd["default_link"]] if "default_link" in cd else []):
+        if draw(st.booleans()):
+            ln["inline_latency"] = draw(st.sampled_from([0.0, 1e-4, 1e-2])) * draw(st.floats(0.0, 1.0))
+
+
 @st.composite
 def instances(draw: Any, max_n: int = 8, max_k: int = 4, shared: bool = True,
               always_shared: bool = False) -> tuple[dict, dict]:
@@ -306,6 +329,7 @@ def instances(draw: Any, max_n: int = 8, max_k: int = 4, shared: bool = True,
                               "power": draw(st.sampled_from([0.0, 5.0]))}
     if draw(st.booleans()):
         cd["sink"] = draw(st.sampled_from(names))
+    draw_inline(draw, cd)
     layers = [{"name": f"l{i}",
                "flops": draw(st.sampled_from([0.0, 1.0])) * 10 ** (7 + 3 * draw(mag)),
                "param_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (3 + 4 * draw(mag)),

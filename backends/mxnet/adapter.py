@@ -15,6 +15,7 @@ from typing import Any, Optional
 import mxnet as mx
 import numpy as np
 
+from multigpu.contract.bucket_signals import gradient_views
 from multigpu.contract.protocol import Device
 
 NDArray = mx.nd.NDArray
@@ -256,21 +257,22 @@ class MXNetBackend:
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[NDArray],
-                       *inputs: Any, aux: bool = False, out: Optional[NDArray] = None,
+                       *inputs: Any, aux: bool = False, out: Optional[NDArray | Sequence[NDArray]] = None,
                        buckets: Sequence[tuple[int, int]] | None = None,
                        on_bucket: Callable[[int], None] | None = None) -> Any:
-        """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
-        (and the aux outputs raveled in a second one with ``aux=True``)."""
+        """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer, or in
+        the bucket buffers ``out`` (and the aux outputs raveled in a second one with ``aux=True``)."""
         shapes = [p.shape for p in params]
         size = sum(p.size for p in params)
         # NOTE: zero-filling the buffer took about a tenth of a ResNet-18 step here; backward writes
         # every used parameter's gradient in full, so only the unused ones are zeroed below.
         flat = mx.nd.empty((size + 1,), ctx=params[0].context, dtype=np.float32) if out is None else out
+        buffers = list(flat) if isinstance(flat, (list, tuple)) else [flat]
         # NOTE: detach() is a new handle on the same memory, so the caller's arrays get no
-        # grad buffer. mark_variables points each gradient at a view of ``flat``, and
+        # grad buffer. mark_variables points each gradient at a view of its buffer, and
         # grad_req='write' makes backward write there directly (no copy, no accumulation).
         leaves = [p.detach() for p in params]
-        views = self.unflatten(flat, shapes)
+        *views, value_view = gradient_views(self, flat, shapes, buckets)
         mx.autograd.mark_variables(leaves, views, grad_reqs="write")
         # NOTE: record() turns recording on even inside the caller's autograd.pause().
         outputs: list[NDArray] = []
@@ -293,23 +295,25 @@ class MXNetBackend:
             if not leaf._fresh_grad:  # a host-side flag that backward set: no device wait
                 view[:] = 0.0
         # NOTE: asscalar() would block on the async engine; the value is written on-device.
-        value.reshape((1,)).copyto(flat[size:])
+        value.reshape((1,)).copyto(value_view)
         if token is not None:
             # NOTE: the group sums' backward still runs on the engine's threads; the caller's next
             # collective must not start before the last of them has finished.
-            flat.wait_to_read()
+            for buffer in buffers:
+                buffer.wait_to_read()
         if buckets is not None and on_bucket is not None:
             # NOTE: MXNet has no gradient hooks. Backward above is only queued on the engine, so the
-            # buckets are signalled now, in bucket order; the push each signal starts is ordered by
-            # the engine after the writes to ``flat`` it reads (and given a priority by the group, as
-            # Gluon's Trainer does). Slices of one buffer share one engine variable, so a push waits
-            # for the whole backward, not only its bucket's part: MXNet overlaps the sum with the
-            # caller's next work, not with backward.
+            # buckets are signalled now, in bucket order, and the engine orders what each signal starts
+            # (a push, given a priority by the group as Gluon's Trainer does) after the writes to the
+            # arrays it reads. The engine tracks one variable per NDArray and its slices: in one buffer a
+            # push of bucket 0 would wait for the whole backward; with one buffer per bucket (out as a
+            # list) it waits only for the backward ops that write its own gradients, as Gluon's per-
+            # parameter gradients do, and the sum overlaps the rest of backward.
             for k in range(len(buckets)):
                 on_bucket(k)
         if not aux:
             return flat
-        ctx = flat.context
+        ctx = buffers[0].context
         return flat, mx.nd.concat(*[_on(o.detach(), ctx).reshape((-1,)) for o in outputs], dim=0)
 
     def sgd_(self, params: Sequence[NDArray], grads: Sequence[NDArray], lr: float) -> None:

@@ -11,14 +11,13 @@ core bug that mixes CPU replicas fails on the oracle although the frameworks run
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from multigpu.contract.bucket_signals import BucketSignals
+from multigpu.contract.bucket_signals import BucketSignals, gradient_views
 from multigpu.contract.checked import check_label_range
 from multigpu.contract.protocol import Device
 from multigpu.errors import InputError
@@ -358,7 +357,7 @@ class NumpyBackend:
             stack.extend((p, False) for p in node.parents if id(p) not in seen)
         grads: dict[int, np.ndarray] = {id(value): np.ones_like(value.data)}
         first = leaves[0]  # the contract guarantees at least one parameter
-        ready = _Buckets(leaves, order, out, buckets, on_bucket) if buckets is not None and out is not None else None
+        ready = None if buckets is None or out is None else _Buckets(self, leaves, order, out, buckets, on_bucket)
         if ready is not None:
             ready.value(value)
         for step, node in enumerate(reversed(order)):
@@ -422,11 +421,11 @@ class _Buckets:
     that holds for all of its parameters: the reference signals as early as it can.
     """
 
-    def __init__(self, leaves: Sequence[Var], order: Sequence[Var], out: Var,
+    def __init__(self, adapter: NumpyBackend, leaves: Sequence[Var], order: Sequence[Var], out: Var | Sequence[Var],
                  buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
         self.leaves = leaves
-        bounds = np.cumsum([0, *(lf.data.size for lf in leaves), 1])
-        self.views = [out.data[a:b] for a, b in itertools.pairwise(bounds)]
+        self.views = [v.data.reshape(-1) for v in gradient_views(adapter, out, [lf.data.shape for lf in leaves],
+                                                                 buckets)]
         self.signals = BucketSignals(buckets, on_bucket)
         where = {id(lf): i for i, lf in enumerate(leaves)}
         last_use = [len(order) - 1] * len(leaves)  # unused leaves: at the end

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from multigpu.contract.bucket_signals import BucketSignals
+from multigpu.contract.bucket_signals import BucketSignals, gradient_views
 from multigpu.contract.protocol import Device
 
 with warnings.catch_warnings():
@@ -286,7 +286,8 @@ class PaddleBackend:
             hooks.rest()
             if not aux:
                 return out
-            return out, paddle.concat([paddle.reshape(_move(o.detach(), out.place), [-1]) for o in outputs])
+            place = hooks.views[-1].place  # out may be one buffer per bucket
+            return out, paddle.concat([paddle.reshape(_move(o.detach(), place), [-1]) for o in outputs])
         grads = [leaf.grad for leaf in leaves]
         # A parameter the loss does not use has zero gradient, not None.
         fresh = [paddle.zeros_like(p) if g is None else g.detach() for p, g in zip(leaves, grads)]
@@ -388,7 +389,7 @@ class _BucketHooks:
 
     def __init__(self, backend: PaddleBackend, leaves: Sequence[Tensor], out: Tensor,
                  buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
-        self.views = backend.unflatten(out, [*(tuple(p.shape) for p in leaves), (1,)])
+        self.views = gradient_views(backend, out, [tuple(p.shape) for p in leaves], buckets)
         self.signals = BucketSignals(buckets, on_bucket)
         for i, leaf in enumerate(leaves):
             # NOTE: Paddle's eager engine sums every contribution to a leaf before it runs the

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from multigpu.contract.bucket_signals import BucketSignals
+from multigpu.contract.bucket_signals import BucketSignals, gradient_views
 from multigpu.contract.protocol import Device
 
 Tensor = torch.Tensor
@@ -245,10 +245,11 @@ class TorchBackend:
         """value_and_grad with each gradient accumulated into its view of ``out`` and buckets signalled
         from torch's post-accumulate-grad hooks, while backward still runs."""
         leaves = [p.detach().requires_grad_(True) for p in params]
-        views = self.unflatten(out, [*(tuple(p.shape) for p in leaves), (1,)])
+        views = gradient_views(self, out, [tuple(p.shape) for p in leaves], buckets)
         signals = BucketSignals(buckets, on_bucket)
         with torch.no_grad():
-            out.zero_()
+            for buffer in out if isinstance(out, (list, tuple)) else [out]:
+                buffer.zero_()
         for i, (leaf, view) in enumerate(zip(leaves, views)):
             # NOTE: DDP's gradient_as_bucket_view: with .grad already set, torch's AccumulateGrad adds
             # the gradient into it in place, so backward writes straight into the bucket's slice.
@@ -264,7 +265,7 @@ class TorchBackend:
         if not aux:
             return out
         with torch.no_grad():
-            return out, torch.cat([o.detach().reshape(-1).to(out.device) for o in outputs])
+            return out, torch.cat([o.detach().reshape(-1).to(views[-1].device) for o in outputs])
 
     @torch.no_grad()
     def sgd_(self, params: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> None:

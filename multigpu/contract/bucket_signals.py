@@ -3,11 +3,13 @@
 An adapter's ``value_and_grad(..., buckets=, on_bucket=)`` (see ``multigpu.contract.protocol``)
 tells the caller when each bucket's gradients are in ``out``. The frameworks differ in how
 they learn that one parameter's gradient is final (a torch hook, a Paddle hook, the reference's
-walk); what follows from it is the same everywhere and lives here once.
+walk); what follows from it is the same everywhere and lives here once, as does cutting the
+caller's ``out`` (one buffer, or one buffer per bucket) into per-parameter views.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 
 class BucketSignals:
@@ -43,3 +45,24 @@ class BucketSignals:
         """Mark every parameter not marked yet."""
         for i in self.pending():
             self.done(i)
+
+
+def gradient_views(backend: Any, out: Any, shapes: Sequence[Sequence[int]],
+                   buckets: Sequence[tuple[int, int]] | None = None) -> list[Any]:
+    """Return a view of ``out`` per parameter gradient, then the value's one-element view.
+
+    ``out`` is the protocol's one buffer ``[grads..., value]``, or (with ``buckets``) a list of
+    bucket buffers: ``out[k]`` holds the gradients of parameters ``first .. stop - 1`` of
+    ``buckets[k]``, and ``out[0]`` the value after them. ``backend`` is the adapter whose
+    ``unflatten`` makes the views (they share the buffers' memory: no copy).
+    """
+    if not isinstance(out, (list, tuple)):
+        return list(backend.unflatten(out, [*shapes, (1,)]))
+    assert buckets is not None and len(buckets) == len(out)  # the contract checks both
+    views: list[Any] = [None] * (len(shapes) + 1)
+    for k, ((first, stop), buffer) in enumerate(zip(buckets, out)):
+        pieces = backend.unflatten(buffer, [*shapes[first:stop], *([(1,)] if k == 0 else [])])
+        views[first:stop] = pieces[: stop - first]
+        if k == 0:
+            views[-1] = pieces[-1]
+    return views

@@ -443,21 +443,29 @@ class CheckedBackend:
                        out: Optional[Any] = None, buckets: Sequence[tuple[int, int]] | None = None,
                        on_bucket: Callable[[int], None] | None = None) -> Any:
         """Checked ``[grads..., value]`` in one flat buffer, ``out`` when given (and ``aux_flat`` with ``aux=True``);
-        with ``buckets``, ``on_bucket(k)`` once per bucket, before the call returns."""
+        with ``buckets``, ``on_bucket(k)`` once per bucket, before the call returns, and ``out`` may be one
+        buffer per bucket."""
         if not callable(fn):
             raise InputError(f"value_and_grad needs a callable fn, got {fn!r:.60}")
         if not isinstance(params, (list, tuple)) or not params:
             raise InputError("value_and_grad needs at least one parameter (its result lives on params[0]'s device)")
         if not isinstance(aux, bool):
             raise InputError(f"value_and_grad aux={aux!r} must be True or False")
-        size = sum(prod(self._float(p, "value_and_grad param")) for p in params)
-        if out is not None and self._float(out, "value_and_grad out") != (size + 1,):
+        sizes = [prod(self._float(p, "value_and_grad param")) for p in params]
+        size = sum(sizes)
+        per_bucket = isinstance(out, (list, tuple))
+        if per_bucket and buckets is None:
+            raise InputError(f"value_and_grad got out= as a list of {len(out)} buffers without buckets=; a list "
+                             "holds one buffer per bucket (pass buckets= and on_bucket=), else pass one buffer")
+        if out is not None and not per_bucket and self._float(out, "value_and_grad out") != (size + 1,):
             raise InputError(f"value_and_grad out has shape {self.adapter.shape(out)}; it must be ({size + 1},): "
                              "every gradient, then the value")
         extra: dict[str, Any] = {} if out is None else {"out": out}
         signalled: list[int] = []
         if buckets is not None or on_bucket is not None:
             layout = _check_buckets(buckets, on_bucket, len(params), out)
+            if per_bucket:
+                self._check_bucket_buffers(out, layout, sizes)
 
             def signal(k: int) -> None:
                 if type(k) is not int or not 0 <= k < len(layout) or k in signalled:
@@ -469,6 +477,8 @@ class CheckedBackend:
 
             if self._signals_buckets():
                 extra.update(buckets=layout, on_bucket=signal)
+            elif per_bucket:
+                del extra["out"]  # an adapter written before buckets fills one new buffer: copied below
         aux_size = [0]
 
         def check_value(out: Any) -> Any:
@@ -498,6 +508,8 @@ class CheckedBackend:
             flat, aux_flat = self.adapter.value_and_grad(aux_fn, params, *inputs, aux=True, **extra)
         else:
             flat = self.adapter.value_and_grad(scalar_fn, params, *inputs, **extra)
+        if per_bucket and "out" not in extra:
+            flat = self._copy_into_buckets(flat, out, layout, sizes)
         if out is not None and flat is not out:
             raise AdapterError(f"{self.name} adapter's value_and_grad(out=...) returned another buffer; the "
                                "contract says it writes into out and returns it")
@@ -507,10 +519,11 @@ class CheckedBackend:
         if buckets is not None and len(signalled) != len(buckets):
             raise AdapterError(f"{self.name} adapter's value_and_grad returned having signalled buckets "
                                f"{sorted(signalled)} of {len(buckets)}; the contract says every bucket, once")
-        got = self._shape(flat, "value_and_grad result")
-        if got != (size + 1,):
-            raise AdapterError(f"{self.name} adapter's value_and_grad returned shape {got}; "
-                               f"the contract says ({size + 1},): every gradient, then the value")
+        if not per_bucket:
+            got = self._shape(flat, "value_and_grad result")
+            if got != (size + 1,):
+                raise AdapterError(f"{self.name} adapter's value_and_grad returned shape {got}; "
+                                   f"the contract says ({size + 1},): every gradient, then the value")
         if not aux:
             return flat
         got = self._shape(aux_flat, "value_and_grad aux result")
@@ -518,6 +531,32 @@ class CheckedBackend:
             raise AdapterError(f"{self.name} adapter's value_and_grad returned aux of shape {got}; "
                                f"the contract says ({aux_size[0]},): every aux output raveled")
         return flat, aux_flat
+
+    def _check_bucket_buffers(self, out: Sequence[Any], layout: Sequence[tuple[int, int]],
+                              sizes: Sequence[int]) -> None:
+        """Raise InputError unless ``out`` holds one buffer per bucket, each of its bucket's length."""
+        want = [sum(sizes[a:b]) + (1 if k == 0 else 0) for k, (a, b) in enumerate(layout)]
+        if len(out) != len(layout):
+            raise InputError(f"value_and_grad got {len(out)} out= buffers for {len(layout)} buckets; pass one per "
+                             f"bucket, of {want} floats")
+        for k, (t, n) in enumerate(zip(out, want)):
+            if self._float(t, f"value_and_grad out[{k}]") != (n,):
+                raise InputError(f"value_and_grad out[{k}] has shape {self.adapter.shape(t)}; it must be ({n},): "
+                                 f"bucket {k}'s gradients{', then the value' if k == 0 else ''} (all: {want})")
+
+    def _copy_into_buckets(self, flat: Any, out: Sequence[Any], layout: Sequence[tuple[int, int]],
+                           sizes: Sequence[int]) -> Sequence[Any]:
+        """Copy an adapter's one ``[grads..., value]`` buffer into the caller's bucket buffers; return them."""
+        got = self._shape(flat, "value_and_grad result")
+        if got != (sum(sizes) + 1,):
+            raise AdapterError(f"{self.name} adapter's value_and_grad returned shape {got}; "
+                               f"the contract says ({sum(sizes) + 1},): every gradient, then the value")
+        offsets = [sum(sizes[:a]) for a, _ in layout]
+        stops = [sum(sizes[:b]) + (1 if k == 0 else 0) for k, (_, b) in enumerate(layout)]
+        pieces = self.adapter.unflatten(flat, [(b - a,) for a, b in zip(reversed(offsets), reversed(stops))])
+        for t, piece in zip(out, reversed(pieces)):
+            self.adapter.assign_(t, piece)
+        return out
 
     def _signals_buckets(self) -> bool:
         """True if the adapter's value_and_grad takes ``buckets``/``on_bucket`` (a third-party adapter
@@ -600,7 +639,8 @@ def _check_buckets(buckets: Any, on_bucket: Any, count: int, out: Any) -> list[t
         raise InputError(f"value_and_grad buckets={buckets!r:.60} and on_bucket={on_bucket!r:.60} go together: "
                          "pass the layout and a callable that takes a bucket number, or neither")
     if out is None:
-        raise InputError("value_and_grad(buckets=...) needs out=, the buffer whose slices the buckets are")
+        raise InputError("value_and_grad(buckets=...) needs out=, the buffer whose slices the buckets are "
+                         "(or one buffer per bucket)")
     example = f"e.g. [({count // 2}, {count}), (0, {count // 2})]"
 
     def whole(v: Any) -> bool:

@@ -324,6 +324,14 @@ class Backend(Protocol[T]):
         them, and all of them before it returns; the callback may start work that reads
         that slice (a collective) and must not touch the rest of ``out``. An adapter that
         cannot tell earlier signals them when backward is queued, in bucket order.
+        With ``buckets``, ``out`` may also be a list of one 1-D float32 buffer per bucket:
+        ``out[k]`` holds bucket k's gradients raveled in ``params`` order (``out[0]`` the
+        value after them), each gradient a view of its bucket's buffer, and the call
+        returns that list (with ``aux=True``, ``(out, aux_flat)``). Separate buffers let an
+        engine that orders work by buffer (MXNet's: one variable per NDArray and all its
+        slices) start a bucket's sum after that bucket's gradients, not after the whole
+        backward. ``multigpu.contract.bucket_signals.gradient_views`` cuts either form of
+        ``out`` into per-gradient views.
 
         The caller's grad mode does not matter: under ``torch.no_grad()``,
         ``paddle.no_grad()`` or ``mxnet.autograd.pause()`` the gradients are the

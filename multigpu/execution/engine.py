@@ -74,6 +74,26 @@ INLINE_LIMIT = 64 * 2**20
 # here the workers do the inference, so a stage gets the same CPU priority as the
 # driver's own stages, and a busy machine slows both alike.
 LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_LIMIT, "worker_niceness": 0}
+# Ray's own default for max_direct_call_object_size (ray_config_def.h), for a cluster this
+# process joins without RAY_max_direct_call_object_size in its environment.
+RAY_DEFAULT_INLINE = 100 * 1024
+# Bytes Ray's serialization adds to a stage message (the array and its trace of
+# timestamps): measured here at 167-300 for float32 arrays of 0-1 KiB.
+MESSAGE_FRAMING = 256
+
+
+def inline_payload_bytes(address: Optional[str]) -> int:
+    """The largest activation (bytes) Ray passes inside its own messages rather than
+    through the object store, for the instance a run at ``address`` uses (None: the
+    local one this module starts): ``max_direct_call_object_size`` less a message's
+    framing. The environment's ``RAY_max_direct_call_object_size`` (the lab sets it on
+    every process) wins."""
+    env = os.environ.get("RAY_max_direct_call_object_size")
+    if env and env.strip().isdigit():
+        limit = int(env)
+    else:
+        limit = INLINE_LIMIT if address is None else RAY_DEFAULT_INLINE
+    return max(limit - MESSAGE_FRAMING, 0)
 
 Link = tuple[str, int]  # (device, stage id on that device's worker)
 
@@ -343,15 +363,16 @@ class Workers:
                                                  got["threads"], cores=got.get("cores"))
         for name, info in self.info.items():
             if not info.local and info.host != host:
-                info.clock_offset = self._clock_offset(self.actors[name])
+                info.clock_offset = self._clock_offset(name)
 
-    def _clock_offset(self, actor: Any, pings: int = 7) -> float:
+    def _clock_offset(self, name: str, pings: int = 7) -> float:
         """Worker clock minus driver clock, from the ping with the shortest round trip
         (Cristian's algorithm); only used for workers on another host."""
         best = (float("inf"), 0.0)
         for _ in range(pings):
             t0 = time.time()
-            remote = ray.get(actor.clock.remote(), timeout=PING_TIMEOUT)
+            remote = self._get(self.actors[name].clock.remote(), lambda: f"the worker on device {name!r}",
+                               what="answering a clock ping", device=name, timeout=PING_TIMEOUT)
             t1 = time.time()
             best = min(best, (t1 - t0, remote - (t0 + t1) / 2))
         return best[1]
@@ -397,13 +418,15 @@ class Workers:
         self.actors.clear()
 
     # -- errors --------------------------------------------------------------
-    def _get(self, ref: Any, who: Callable[[], str], what: str, device: Optional[str] = None) -> Any:
+    def _get(self, ref: Any, who: Callable[[], str], what: str, device: Optional[str] = None,
+             timeout: Optional[float] = None) -> Any:
+        timeout = self.timeout if timeout is None else timeout
         try:
-            return ray.get(ref, timeout=self.timeout)
+            return ray.get(ref, timeout=timeout)
         except ray_exceptions.GetTimeoutError:
             info = self.info.get(device) if device is not None else None
             where = f" (pid {info.pid} on host {info.host})" if info is not None else ""
-            raise WorkerTimeoutError(f"{who()}{where} did not finish {what} within {self.timeout:g} s; the run "
+            raise WorkerTimeoutError(f"{who()}{where} did not finish {what} within {timeout:g} s; the run "
                                      f"was stopped and its workers shut down (raise the timeout if it is "
                                      f"only slow)") from None
         except ray_exceptions.RayActorError as e:

@@ -1,21 +1,26 @@
 """Link fitting: hops of several sizes through the engine between workers that compute,
 timed at both ends, and each pair's ``latency + bytes / bandwidth`` fitted to them;
 bare hops beside bare actor calls of the same payload, as the engine's yardstick.
+
+Ray moves a payload of at most ``max_direct_call_object_size`` bytes inside its own
+messages and a larger one through the object store (a put, a location lookup and a
+pull), so one latency cannot fit both: where the probes straddle that threshold, each
+side gets its own latency over one bandwidth (``inline_latency`` below it).
 """
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.worker import PROBE, PROBE_IDLE
 
-__all__ = ["HopSamples", "HopVsBare", "LinkFit", "PROBE_WORK", "fit_link", "fit_links", "hop_vs_bare",
-           "link_sizes", "pair_walk", "time_links"]
+__all__ = ["HopSamples", "HopVsBare", "LinkFit", "PROBE_WORK", "fit_link", "fit_link_regimes", "fit_links",
+           "hop_vs_bare", "link_sizes", "pair_walk", "time_links"]
 
 PROBE_WORK = 3e-4      # seconds of real layers a link probe computes on each worker (see worker.PROBE)
 MIN_INV_BANDWIDTH = 1e-15   # a fit with no measurable per-byte cost: 1 PB/s, never a 0 or inf
@@ -25,16 +30,20 @@ MIN_INV_BANDWIDTH = 1e-15   # a fit with no measurable per-byte cost: 1 PB/s, ne
 class LinkFit:
     """The fitted link between two devices and what it was fitted to: ``samples`` holds
     (bytes, seconds, count) per payload size, the seconds being the mean of the two
-    directions' medians where both were timed."""
+    directions' medians where both were timed. ``inline_latency`` (None: ``latency``)
+    is the latency of a payload of at most ``inline_bytes``."""
 
     between: tuple[str, str]
     latency: float
     bandwidth: float
     samples: list[tuple[int, float, int]]
+    inline_latency: Optional[float] = None
+    inline_bytes: float = 0.0
 
     def predict(self, nbytes: float) -> float:
         """Fitted seconds for ``nbytes``."""
-        return self.latency + nbytes / self.bandwidth
+        small = self.inline_latency is not None and nbytes <= self.inline_bytes
+        return (self.inline_latency if small else self.latency) + nbytes / self.bandwidth  # type: ignore[operator]
 
     @property
     def worst_error(self) -> float:
@@ -76,9 +85,35 @@ def fit_link(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return lat, 1.0 / inv
 
 
-def link_sizes(models: Sequence[Any], batch: int, count: int = 5) -> list[int]:
+def fit_link_regimes(samples: Sequence[tuple[float, float]], inline_bytes: float
+                     ) -> tuple[float, float, Optional[float]]:
+    """Fit ``t = latency + bytes / bandwidth`` above ``inline_bytes`` and ``t =
+    inline_latency + bytes / bandwidth`` at or below it (one bandwidth), least squares on
+    relative error, every term >= 0; return (latency, bandwidth, inline_latency), the last
+    None when the samples lie on one side only (then it is ``fit_link``)."""
+    from scipy.optimize import nnls
+
+    small = np.array([s[0] <= inline_bytes for s in samples])
+    if small.all() or not small.any():
+        return (*fit_link(samples), None)
+    b = np.array([s[0] for s in samples], dtype=float)
+    t = np.array([s[1] for s in samples], dtype=float)
+    if np.any(t <= 0):
+        raise ValueError("fit_link_regimes needs positive times")
+    a = np.stack([~small / t, small / t, b / t], axis=1)      # [lat, inline_lat, inv_bw] . row = 1
+    (lat, inline, inv), _ = nnls(a, np.ones_like(t))
+    if inv < MIN_INV_BANDWIDTH:       # no measurable per-byte cost: latencies only
+        inv = MIN_INV_BANDWIDTH
+        lat = float(np.sum(1.0 / t[~small]) / np.sum(1.0 / t[~small] ** 2))
+        inline = float(np.sum(1.0 / t[small]) / np.sum(1.0 / t[small] ** 2))
+    return float(lat), 1.0 / float(inv), float(inline)
+
+
+def link_sizes(models: Sequence[Any], batch: int, count: int = 5, inline_bytes: Optional[int] = None) -> list[int]:
     """``count`` payload sizes (bytes, multiples of 4) log-spaced over every activation
-    the models pass between layers, including the input and the output."""
+    the models pass between layers, including the input and the output; with
+    ``inline_bytes`` inside that span, half and twice it too, so that each side of the
+    threshold has sizes to fit its latency on."""
     sizes: list[int] = []
     for m in models:
         sizes.append(m.input_bytes(batch))
@@ -86,7 +121,10 @@ def link_sizes(models: Sequence[Any], batch: int, count: int = 5) -> list[int]:
     lo, hi = max(min(sizes), 4), max(sizes)
     if hi <= lo:
         return [int(lo)]
-    return sorted({int(round(x / 4)) * 4 for x in np.geomspace(lo, hi, count)})
+    out = {int(round(x / 4)) * 4 for x in np.geomspace(lo, hi, count)}
+    if inline_bytes is not None and lo < inline_bytes < hi:
+        out |= {max(inline_bytes // 8 * 4, 4), min(2 * inline_bytes, hi) // 4 * 4}
+    return sorted(out)
 
 
 def pair_walk(workers: Sequence[str]) -> list[str]:
@@ -163,9 +201,10 @@ def time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes:
     return hops, idle, bare
 
 
-def fit_links(hops: HopSamples) -> list[LinkFit]:
+def fit_links(hops: HopSamples, inline_bytes: float = 0.0) -> list[LinkFit]:
     """One symmetric link per pair, fitted to the mean of the two directions' medians at
-    each size (a plan crosses a link one way or, for the driver's, once each way)."""
+    each size (a plan crosses a link one way or, for the driver's, once each way); sizes
+    up to ``inline_bytes`` get a latency of their own (``fit_link_regimes``)."""
     by_pair: dict[frozenset[str], dict[int, list[tuple[float, int]]]] = {}
     order: dict[frozenset[str], tuple[str, str]] = {}
     for (a, b, size), ts in sorted(hops.items()):
@@ -178,8 +217,8 @@ def fit_links(hops: HopSamples) -> list[LinkFit]:
     for key, per_size in by_pair.items():
         samples = [(size, statistics.mean(t for t, _ in v), sum(n for _, n in v))
                    for size, v in sorted(per_size.items())]
-        lat, bw = fit_link([(b, t) for b, t, _ in samples])
-        fits.append(LinkFit(order[key], lat, bw, samples))
+        lat, bw, inline = fit_link_regimes([(b, t) for b, t, _ in samples], inline_bytes)
+        fits.append(LinkFit(order[key], lat, bw, samples, inline, float(inline_bytes)))
     return fits
 
 

@@ -99,6 +99,7 @@ class ProfileResult:
                 "cluster": self.cluster.to_dict(),
                 "layers": [vars(x) for x in self.layers], "passes": [vars(x) for x in self.passes],
                 "links": [{"between": list(f.between), "latency": f.latency, "bandwidth": f.bandwidth,
+                           "inline_latency": f.inline_latency, "inline_bytes": f.inline_bytes,
                            "worst_error": f.worst_error,
                            "samples": [{"bytes": b, "median": t, "n": n} for b, t, n in f.samples]}
                           for f in self.links],
@@ -132,7 +133,9 @@ class ProfileResult:
                            f"{fmt_time(d.stage_overhead):>8}; slowest {slowest.layer} {fmt_time(slowest.median)}; "
                            f"a whole pass {fmt_time(full.median)} (IQR {(full.q3 - full.q1) / full.median:.0%})")
         for f in self.links:
-            out.append(f"  link {f.between[0]} <-> {f.between[1]}: latency {fmt_time(f.latency)}, bandwidth "
+            small = "" if f.inline_latency is None else (
+                f" ({fmt_time(f.inline_latency)} up to {fmt_bytes(f.inline_bytes)}, inside Ray's messages)")
+            out.append(f"  link {f.between[0]} <-> {f.between[1]}: latency {fmt_time(f.latency)}{small}, bandwidth "
                        f"{fmt_bytes(f.bandwidth)}/s (fit within {f.worst_error:.0%} of its medians)")
         routes: dict[tuple[str, str], list[HopVsBare]] = {}
         for h in self.hop_vs_bare:
@@ -248,11 +251,13 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         for spec in [driver_spec] + workers:
             if spec.backend is not None:
                 registry.require_installed(spec.backend)
-    link_payloads = sorted(set(int(s) for s in sizes)) if sizes else link_sizes(model_list, batch)
+    from multigpu.execution import engine as ray_engine
+
+    inline = ray_engine.inline_payload_bytes(session.address if session is not None else address)
+    link_payloads = sorted(set(int(s) for s in sizes)) if sizes else link_sizes(model_list, batch,
+                                                                                 inline_bytes=inline)
     if any(s < 4 or s % 4 for s in link_payloads):
         raise InputError(f"sizes={list(link_payloads)} must be positive multiples of 4 bytes (float32 payloads)")
-
-    from multigpu.execution import engine as ray_engine
 
     graphs = [graph_from_model(m, batch) for m in model_list]
     layer_rows: list[LayerProfile] = []
@@ -307,7 +312,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         host_of = {name: (info.host, info.cores) for name, info in ws.info.items()}
     if driver_spec.name not in host_of:   # a driver that runs no layers has no worker of its own
         host_of[driver_spec.name] = (socket.gethostname(), usable_cores())
-    fits = fit_links(hops)
+    fits = fit_links(hops, inline)
     pairs_vs_bare = hop_vs_bare(idle, bare, driver_spec.name)
     stage_overhead = {name: statistics.median(v) for name, v in overheads.items()}
     hosts = {}
@@ -343,23 +348,35 @@ def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequenc
                                   stage_overhead=overhead.get(spec.name, spec.stage_overhead),
                                   host=host_of[spec.name],
                                   transfer_cpu=None if cpu is None else cpu.devices.get(spec.name)))
-    links = [Link(between=f.between, bandwidth=f.bandwidth, latency=f.latency) for f in fits]
+    links = [Link(between=f.between, bandwidth=f.bandwidth, latency=f.latency, inline_latency=f.inline_latency)
+             for f in fits]
     measured = {frozenset(f.between) for f in fits}
     names = [d.name for d in devices]
     missing = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if frozenset((a, b)) not in measured]
     default = None
     if fits:
         default = LinkSpec(bandwidth=statistics.median(f.bandwidth for f in fits),
-                           latency=statistics.median(f.latency for f in fits))
+                           latency=statistics.median(f.latency for f in fits),
+                           inline_latency=_median_or_none([f.inline_latency for f in fits]))
     driver_fits = [f for f in fits if driver.name in f.between]
     for a, b in missing:
         if driver.name in (a, b) and driver_fits:   # see the compiled-engine note
+            inl = [f.inline_latency for f in driver_fits]
             links.append(Link(between=(a, b), bandwidth=statistics.mean(f.bandwidth for f in driver_fits),
-                              latency=statistics.mean(f.latency for f in driver_fits)))
+                              latency=statistics.mean(f.latency for f in driver_fits),
+                              inline_latency=None if None in inl else statistics.mean(inl)))  # type: ignore
     if base is not None:
         keep = [ln for ln in base.links if frozenset(ln.between) not in measured]
         links += [ln for ln in keep if not any(frozenset(ln.between) == frozenset(x.between) for x in links)]
         default = default or base.default_link
+    two_regimes = any(f.inline_latency is not None for f in fits)
     return Cluster(devices=tuple(devices), source=driver.name, links=tuple(links), default_link=default,
                    sink=driver.name, hosts=tuple(HostSpec(h, c) for h, c in hosts.items()),
-                   relay=None if cpu is None else cpu.relay, name=base.name if base is not None else "profiled")
+                   relay=None if cpu is None else cpu.relay,
+                   inline_bytes=int(fits[0].inline_bytes) if two_regimes else (base.inline_bytes if base else 0),
+                   name=base.name if base is not None else "profiled")
+
+
+def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
+    """The median of the values when none is None (every link fitted two latencies), else None."""
+    return None if not values or any(v is None for v in values) else statistics.median(values)  # type: ignore

@@ -1,13 +1,15 @@
 """Gradient buckets: the cross-process sum started during backward, bucket by bucket.
 
-The gradient buffer of a replica is ``[grads in parameter order..., loss]``. A bucket is
-a run of consecutive parameters, so it is one contiguous slice of that buffer and the
-gradients stay views of it (DDP's ``gradient_as_bucket_view``: no copy into a bucket).
-Buckets are numbered from the end of the buffer, because backward produces the last
-layers' gradients first: bucket 0 holds the last parameters and the loss, which the
-forward already knows. As in DDP and ``paddle.DataParallel``, the first bucket is small
-(1 MiB, or ``bucket_mb`` if smaller) so that its sum starts early; the others hold up to
-``bucket_mb`` MiB.
+A bucket is a run of consecutive parameters, and each bucket of a replica's gradients is
+a buffer of its own, ``value_and_grad(..., out=[buffer per bucket])``: the gradients are
+views of their bucket's buffer (DDP's ``gradient_as_bucket_view``: backward writes there,
+no copy into a bucket), and an engine that orders work by buffer (MXNet's tracks one
+variable per NDArray and its slices) starts a bucket's sum after the writes to that
+bucket only, not after the whole backward. Buckets are numbered from the end of the
+parameters, because backward produces the last layers' gradients first: bucket 0 holds
+the last parameters and the loss, which the forward already knows. As in DDP and
+``paddle.DataParallel``, the first bucket is small (1 MiB, or ``bucket_mb`` if smaller) so
+that its sum starts early; the others hold up to ``bucket_mb`` MiB.
 
 ``value_and_grad(..., buckets=layout.params, on_bucket=...)`` calls ``on_bucket(k)`` as
 soon as bucket k's gradients are in the buffer (the adapter decides when: a post-
@@ -40,8 +42,8 @@ class BucketLayout:
     """Where each bucket lies.
 
     ``params[k]`` is ``(first, stop)``: bucket k holds parameters ``first .. stop - 1``;
-    ``slices[k]`` is ``(start, stop)`` in the ``[grads..., loss]`` buffer (bucket 0's
-    includes the loss). Bucket 0 is at the end of the buffer.
+    ``slices[k]`` is ``(start, stop)`` of its floats in ``[grads..., loss]`` (bucket 0's
+    includes the loss), i.e. in the flat parameters without the loss. Bucket 0 is at the end.
     """
 
     params: tuple[tuple[int, int], ...]
@@ -53,8 +55,16 @@ class BucketLayout:
         return [b - a for a, b in self.slices]
 
     def pieces(self) -> list[tuple[int]]:
-        """The buffer cut into buckets in buffer order (for ``unflatten``): the last bucket first."""
+        """The ``[grads..., loss]`` floats cut into buckets in buffer order (for ``unflatten``): the last bucket
+        first."""
         return [(b - a,) for a, b in reversed(self.slices)]
+
+    def param_views(self, backend: Any, flat: Any) -> list[Any]:
+        """Views of a flat buffer of the parameters' length (parameters, optimizer state) cut into buckets,
+        in bucket order."""
+        pieces = self.pieces()
+        pieces[-1] = (pieces[-1][0] - 1,)  # bucket 0 without the loss
+        return list(reversed(backend.unflatten(flat, pieces))) if len(pieces) > 1 else [flat]
 
 
 def plan_buckets(shapes: Sequence[Sequence[int]], bucket_mb: float = DEFAULT_BUCKET_MB,
@@ -84,26 +94,23 @@ def plan_buckets(shapes: Sequence[Sequence[int]], bucket_mb: float = DEFAULT_BUC
 
 
 class BucketedSum:
-    """Sum every replica's ``[grads..., loss]`` buffer over local devices and processes, bucket by bucket.
+    """Sum every replica's bucket buffers over local devices and processes, bucket by bucket.
 
-    ``flats`` are the local replicas' buffers. The callback ``ready(k)`` is handed to the
-    last replica's ``value_and_grad``: the earlier replicas' backward has been queued
-    already, so bucket k is then complete on every device; it is reduced into the first
-    device's buffer and its sum across processes starts (``group.allreduce_async_``).
-    ``finish()`` waits for every bucket and returns, per device, the buffer that holds
-    the sum (as ``allreduce_flat`` does). Nothing is read back to the host.
+    ``buffers[r][k]`` is replica r's buffer of bucket k (bucket 0 ends with the loss). The
+    callback ``ready(k)`` is handed to the last replica's ``value_and_grad``: the earlier
+    replicas' backward has been queued already, so bucket k is then complete on every
+    device; it is reduced into the first device's buffer and its sum across processes
+    starts (``group.allreduce_async_``). ``finish()`` waits for every bucket and returns,
+    per device, the bucket buffers that hold the sum (as ``allreduce_flat`` does for one
+    buffer). Nothing is read back to the host.
     """
 
-    def __init__(self, backend: Any, group: Any, flats: Sequence[Any], devices: Sequence[Device],
+    def __init__(self, backend: Any, group: Any, buffers: Sequence[Sequence[Any]], devices: Sequence[Device],
                  layout: BucketLayout):
-        self.backend, self.group, self.flats, self.devices, self.layout = backend, group, list(flats), devices, layout
+        self.backend, self.group, self.devices, self.layout = backend, group, devices, layout
+        self.buffers = [list(b) for b in buffers]
         self.schedule = flat_schedule(devices, group)
-        pieces = layout.pieces()
-        n = len(pieces)
-        # per device, bucket k's view: unflatten cuts in buffer order, buckets count from the end
-        self._views = [list(reversed(backend.unflatten(f, pieces))) for f in flats] if n > 1 else \
-            [[f] for f in flats]
-        self._ready = [False] * n
+        self._ready = [False] * len(layout.params)
         self._started = 0
         self._waits: list[Callable[[], None]] = []
 
@@ -111,18 +118,24 @@ class BucketedSum:
         """Bucket ``k`` is complete: start the sum of every bucket from the next one due up to the first not ready."""
         self._ready[k] = True
         while self._started < len(self._ready) and self._ready[self._started]:
-            views = [v[self._started] for v in self._views]
+            views = [b[self._started] for b in self.buffers]
             reduce_to_first(self.backend, views)
             self._waits.append(self.group.allreduce_async_(views[0]))
             self._started += 1
 
-    def finish(self) -> list[Any]:
-        """Wait for every bucket's sum; return the summed buffer of each device."""
+    def finish(self) -> list[list[Any]]:
+        """Wait for every bucket's sum; return the summed bucket buffers of each device."""
         if self._started != len(self._ready):  # the contract makes every adapter signal every bucket
             raise AssertionError(f"bucket {self._started} was never signalled ready")
         for wait in self._waits:
             wait()
         if self.schedule == "shared":
-            return [self.flats[0]] * len(self.flats)
-        broadcast_from_first(self.backend, self.flats)
-        return list(self.flats)
+            return [self.buffers[0]] * len(self.buffers)
+        for k in range(len(self._ready)):
+            broadcast_from_first(self.backend, [b[k] for b in self.buffers])
+        return self.buffers
+
+    def gradients(self, sums: Sequence[Any]) -> tuple[list[Any], Any]:
+        """One device's summed bucket buffers as (gradient per bucket, in bucket order; the loss)."""
+        grad0, loss = self.backend.unflatten(sums[0], [(self.layout.sizes[0] - 1,), (1,)])
+        return [grad0, *sums[1:]], loss

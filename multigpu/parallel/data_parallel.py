@@ -58,6 +58,10 @@ def _split(flat: np.ndarray, shapes: Sequence[Sequence[int]]) -> list[np.ndarray
     return [flat[a:b].reshape(s).copy() for a, b, s in zip(bounds[:-1], bounds[1:], shapes)]
 
 
+def _queued(k: int) -> None:
+    """Bucket k of a device before the last is in its buffer: the last device's signal starts the sum."""
+
+
 class DataParallel:
     """Train ``model`` with synchronous data parallelism on several devices of one backend.
 
@@ -100,6 +104,7 @@ class DataParallel:
         self.process_group = process_group
         self.steps = 0  # optimizer steps taken (torch's step counter)
         self._grad_buffers: dict[int, Any] = {}  # per replica: [gradients..., loss], kept between steps
+        self._bucket_bufs: dict[int, list[Any]] = {}  # per replica, with buckets: one such buffer per bucket
         self._param_size = model.num_params()
         self.bucket_mb = bucket_mb
         self._layout = None if bucket_mb is None else plan_buckets(model.param_shapes, bucket_mb)
@@ -330,7 +335,8 @@ class DataParallel:
             if self.process_group is not None:
                 self.process_group.allreduce_(flat)  # the local sum, loss included, crosses processes once
             grad, loss = b.unflatten(flat, [(self._param_size,), (1,)])
-            grads, auxes = [grad] * n, [aux] * n  # updates read them from the first device
+            updates = [(p, grad, st) for p, st in zip(self.flat_params, self.opt_state)]  # read from the first device
+            auxes = [aux] * n
         else:
             bucketed = self._bucketed()
             if bucketed is None:
@@ -343,23 +349,23 @@ class DataParallel:
                     announce(bucketed.layout.sizes)
             outs = []
             for r, (d, params, (xs, ys)) in enumerate(zip(self.devices, self.replicas, shards)):
-                # the last device signals its buckets: the others' backward is queued by then
-                signal = {} if bucketed is None or r < n - 1 else \
-                    {"buckets": bucketed.layout.params, "on_bucket": bucketed.ready}
+                # with buckets each replica's gradients go to its bucket buffers, and the last device's
+                # signals start the sums: the others' backward is queued by then
+                where = {"out": self._gradient_buffer(r)} if bucketed is None else \
+                    {"out": bucketed.buffers[r], "buckets": bucketed.layout.params,
+                     "on_bucket": bucketed.ready if r == n - 1 else _queued}
                 outs.append(b.value_and_grad(self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d),
-                                             aux=self.has_bn, out=self._gradient_buffer(r), **signal))
+                                             aux=self.has_bn, **where))
             flats = [o[0] for o in outs] if self.has_bn else outs
             auxes = [o[1] for o in outs] if self.has_bn else []
             if bucketed is None:
                 grads, loss = self._sum(flats)
+                updates = list(zip(self.flat_params, grads, self.opt_state))
             else:
-                halves = [(self._param_size,), (1,)]
-                sums = bucketed.finish()
-                views = views_per_buffer(b, sums, halves)
-                grads, loss = [views[id(f)][0] for f in sums], views[id(sums[0])][1]
+                updates, loss = self._bucket_updates(bucketed, bucketed.finish())
         self.steps += 1
         scale = 1.0 / len(X)
-        for p, g, state in zip(self.flat_params, grads, self.opt_state):
+        for p, g, state in updates:
             self.optimizer.update(b, p, g, state, self.lr, scale, self.steps)
         for r, aux in enumerate(auxes):
             self._fold_statistics(r, aux)
@@ -372,8 +378,31 @@ class DataParallel:
         if group is None or self._layout is None or self.allreduce != "fused" \
                 or not callable(getattr(group, "allreduce_async_", None)):
             return None
-        flats = [self._gradient_buffer(r) for r in range(len(self.devices))]
-        return BucketedSum(self.backend, group, flats, self.devices, self._layout)
+        buffers = [self._bucket_buffers(r) for r in range(len(self.devices))]
+        return BucketedSum(self.backend, group, buffers, self.devices, self._layout)
+
+    def _bucket_updates(self, bucketed: BucketedSum, sums: Sequence[Sequence[Any]]) -> tuple[list[Any], Any]:
+        """The optimizer's (params, gradient, state) per device and bucket, and the loss, from each device's
+        summed bucket buffers (the optimizers are element-wise: bucket by bucket is the whole-buffer update)."""
+        assert self._layout is not None
+        updates: list[Any] = []
+        for params, state, bufs in zip(self.flat_params, self.opt_state, sums):
+            grads, _ = bucketed.gradients(bufs)
+            states = [self._layout.param_views(self.backend, t) for t in state]
+            for k, (p, g) in enumerate(zip(self._layout.param_views(self.backend, params), grads)):
+                updates.append((p, g, [st[k] for st in states]))
+        _, loss = bucketed.gradients(sums[0])
+        return updates, loss
+
+    def _bucket_buffers(self, replica: int) -> list[Any]:
+        """Replica ``replica``'s gradient buffer of each bucket (bucket 0 ends with the loss), kept from step
+        to step like ``_gradient_buffer``: one buffer per bucket, so an engine that tracks buffers
+        (MXNet's) starts a bucket's sum after that bucket's gradients only."""
+        assert self._layout is not None
+        if replica not in self._bucket_bufs:
+            self._bucket_bufs[replica] = [self.backend.from_numpy(np.zeros(n, np.float32), self.devices[replica])
+                                          for n in self._layout.sizes]
+        return self._bucket_bufs[replica]
 
     def _gradient_buffer(self, replica: int) -> Any:
         """Replica ``replica``'s buffer for [gradients..., loss], kept from step to step (as a framework

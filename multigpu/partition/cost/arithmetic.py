@@ -129,7 +129,7 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
     _check_links(graph, cluster, prod, to, u, v)
     out_bytes = np.concatenate([[graph.input_bytes], graph.output_bytes])   # index: producer + 1
     nb = out_bytes[prod + 1]
-    t = nb * tab.inv_bandwidth[u, v] + tab.latency[u, v]
+    t = tab.hop_seconds(nb, u, v)
     e = t * tab.power[u, v]
     sends = Sends(prod, to, u, v, nb, t, e)
     if any(d.measured(graph.name) is not None for d in cluster.devices):

@@ -109,7 +109,7 @@ def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool
     cols = np.where(to[:, None] < n, A[np.minimum(to, n - 1)], eye[sink][None, :])
     L = rows[:, :, None] * cols[:, None, :]
     out_bytes = np.concatenate([[graph.input_bytes], graph.output_bytes])
-    T = out_bytes[frm + 1][:, None, None] * tab.inv_bandwidth[None] + tab.latency[None]
+    T = out_bytes[frm + 1][:, None, None] * tab.inv_bandwidth[None] + tab.latency_for(out_bytes[frm + 1])
     T[:, np.arange(k), np.arange(k)] = 0.0
     T[:, ~tab.usable] = np.inf
     comp = compute_times(graph, cluster)

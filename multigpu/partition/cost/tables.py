@@ -3,6 +3,7 @@ layer on each device, and each edge's cost on each pair, weighted by (wt, we).""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 
@@ -51,20 +52,28 @@ class CostTables:
             return we * self.node_energy
         return wt * self.node_time + we * self.node_energy
 
-    def edge(self, wt: float, we: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def edge(self, wt: float, we: float, nbytes: Optional[np.ndarray] = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(alpha, beta, blocked): edge cost is b * alpha + beta, and +inf where
         ``blocked`` (unusable pairs). alpha and beta are 0 on the diagonal; beta[u, v]
-        includes the stage overhead of v (a change of device starts a stage)."""
+        includes the stage overhead of v (a change of device starts a stage). With
+        ``nbytes`` (one size per edge) on a cluster that prices small transfers apart
+        (``inline_bytes``), beta is (len(nbytes), k, k): one latency table per edge."""
+        if nbytes is not None and self.cluster.tables.inline_latency is not None:
+            alpha, beta, blocked = self._edge(wt, we, True, np.asarray(nbytes, dtype=float))
+            return alpha, beta, blocked
         return self._edge(wt, we, stage=True)
 
-    def _edge(self, wt: float, we: float, stage: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _edge(self, wt: float, we: float, stage: bool, nbytes: Optional[Any] = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         tab = self.cluster.tables
         weight = wt + we * tab.power
         alpha = weight * tab.inv_bandwidth
-        beta = weight * tab.latency
+        beta = weight * (tab.latency if nbytes is None else tab.latency_for(nbytes))
         if stage:
             beta = beta + self._stage(wt, we)[None, :]
-            np.fill_diagonal(beta, 0.0)
+            k = self.cluster.k
+            beta[..., np.arange(k), np.arange(k)] = 0.0
         return alpha, beta, ~tab.usable
 
     def stage(self, wt: float, we: float) -> np.ndarray:
@@ -83,7 +92,7 @@ class CostTables:
     def edge_matrix(self, nbytes: float, wt: float, we: float, stage: bool = True) -> np.ndarray:
         """k x k weighted cost of moving ``nbytes`` between each pair (+inf if unusable),
         with the receiver's stage overhead unless ``stage`` is False."""
-        alpha, beta, blocked = self._edge(wt, we, stage)
+        alpha, beta, blocked = self._edge(wt, we, stage, nbytes)
         m = nbytes * alpha + beta
         np.fill_diagonal(m, 0.0)
         m[blocked] = np.inf

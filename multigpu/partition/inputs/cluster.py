@@ -46,13 +46,13 @@ __all__ = ["Cluster", "DeviceSpec", "HostSpec", "Link", "LinkSpec", "LinkTables"
            "load_cluster", "shipped_clusters"]
 
 CLUSTER_KEYS_REQUIRED = ("devices", "source")
-CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay")
+CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay", "inline_bytes")
 DEVICE_KEYS_REQUIRED = ("name", "flops", "power")
 DEVICE_KEYS_OPTIONAL = ("memory", "backend", "device", "threads", "resources", "layer_times",
                         "stage_overhead", "host", "transfer_cpu")
 FRAMEWORK_DEVICE = re.compile(r"cpu|(?:gpu|cuda):\d+")
 LINK_KEYS_REQUIRED = ("between", "bandwidth", "latency")
-LINK_KEYS_OPTIONAL = ("power",)
+LINK_KEYS_OPTIONAL = ("power", "inline_latency")
 DEFAULT_LINK_KEYS_REQUIRED = ("bandwidth", "latency")
 
 
@@ -155,16 +155,22 @@ def _check_link_numbers(obj: Any, what: str) -> None:
     check_number_fields(obj, what, bandwidth={"strict": True, "unit": "bytes/s, e.g. 1e6 for 1 MB/s"},
                         latency={"unit": "seconds per transfer; 0 if negligible"},
                         power={"unit": "W while transferring; 0 if not modelled"})
+    if obj.inline_latency is not None:
+        object.__setattr__(obj, "inline_latency", check_number(
+            obj.inline_latency, f"{what}: inline_latency",
+            unit="seconds per transfer of at most the cluster's inline_bytes; leave it out to use latency"))
 
 
 @dataclass(frozen=True)
 class LinkSpec:
     """Parameters of the default link: ``bandwidth`` (bytes/s), ``latency`` (s per
-    transfer) and ``power`` (W while transferring)."""
+    transfer), ``power`` (W while transferring) and ``inline_latency`` (s per transfer
+    of at most the cluster's ``inline_bytes``; None: ``latency``)."""
 
     bandwidth: float
     latency: float
     power: float = 0.0
+    inline_latency: Optional[float] = None
 
     def __post_init__(self) -> None:
         _check_link_numbers(self, "default_link")
@@ -173,12 +179,14 @@ class LinkSpec:
 @dataclass(frozen=True)
 class Link:
     """A symmetric link ``between`` two named devices, with ``bandwidth`` (bytes/s),
-    ``latency`` (s per transfer) and ``power`` (W while transferring)."""
+    ``latency`` (s per transfer), ``power`` (W while transferring) and ``inline_latency``
+    (s per transfer of at most the cluster's ``inline_bytes``; None: ``latency``)."""
 
     between: tuple[str, str]
     bandwidth: float
     latency: float
     power: float = 0.0
+    inline_latency: Optional[float] = None
 
     def __post_init__(self) -> None:
         pair = self.between
@@ -208,11 +216,40 @@ class LinkTables:
     inv_bandwidth: np.ndarray
     latency: np.ndarray
     power: np.ndarray
+    # Transfers of at most ``inline_bytes`` cost ``inline_latency`` instead of ``latency``
+    # (Ray sends them inside its own reply rather than through the object store).
+    inline_latency: Optional[np.ndarray] = None
+    inline_bytes: float = 0.0
+
+    def latency_for(self, nbytes: Any) -> np.ndarray:
+        """The latency of a transfer of ``nbytes``: k x k for a number, (m, k, k) for m sizes."""
+        b = np.asarray(nbytes, dtype=float)
+        if self.inline_latency is None:
+            return np.broadcast_to(self.latency, b.shape + self.latency.shape).copy()
+        small = (b <= self.inline_bytes).reshape(b.shape + (1, 1))
+        return np.where(small, self.inline_latency, self.latency)
+
+    def latency_at(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Latency of each transfer ``nbytes[i]`` from device ``u[i]`` to ``v[i]``."""
+        lat = self.latency[u, v]
+        if self.inline_latency is None:
+            return lat
+        return np.where(np.asarray(nbytes) <= self.inline_bytes, self.inline_latency[u, v], lat)
+
+    def hop_seconds(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Seconds of each transfer ``nbytes[i]`` from ``u[i]`` to ``v[i]`` (where usable)."""
+        return nbytes * self.inv_bandwidth[u, v] + self.latency_at(nbytes, u, v)
+
+    @property
+    def max_latency(self) -> float:
+        """The largest latency of any pair, in either regime."""
+        top = float(self.latency.max(initial=0.0))
+        return top if self.inline_latency is None else max(top, float(self.inline_latency.max(initial=0.0)))
 
     def transfer_time(self, nbytes: float) -> np.ndarray:
         """k x k seconds to move ``nbytes`` between each pair (0 on the diagonal;
         meaningless where ``usable`` is False)."""
-        t = nbytes * self.inv_bandwidth + self.latency
+        t = nbytes * self.inv_bandwidth + self.latency_for(nbytes)
         np.fill_diagonal(t, 0.0)
         return t
 
@@ -234,6 +271,7 @@ class Cluster:
     sink: Optional[str] = None
     hosts: tuple[HostSpec, ...] = ()
     relay: Optional[Relay] = None
+    inline_bytes: int = 0
     name: str = field(default="cluster", compare=False)
 
     def __post_init__(self) -> None:
@@ -277,6 +315,12 @@ class Cluster:
                                f"(or leave it out to use the source)")
         object.__setattr__(self, "sink", sink)
         self._check_hosts(names)
+        if isinstance(self.inline_bytes, bool) or not isinstance(self.inline_bytes, (int, np.integer)) \
+                or self.inline_bytes < 0:
+            raise ClusterError(f"inline_bytes={self.inline_bytes!r} must be a whole number of bytes >= 0 (the "
+                               f"largest transfer the engine sends inside its reply, e.g. 1024 for Ray's "
+                               f"max_direct_call_object_size=1024); leave it out for one latency per link")
+        object.__setattr__(self, "inline_bytes", int(self.inline_bytes))
 
     def _check_hosts(self, names: list[str]) -> None:
         hosts = self.hosts
@@ -440,12 +484,15 @@ class Cluster:
         inv_bw = np.zeros((k, k))
         lat = np.zeros((k, k))
         pw = np.zeros((k, k))
+        inline = np.zeros((k, k))
         if self.default_link is not None:
             off = ~np.eye(k, dtype=bool)
+            dl = self.default_link
             usable[off] = True
-            inv_bw[off] = 1.0 / self.default_link.bandwidth
-            lat[off] = self.default_link.latency
-            pw[off] = self.default_link.power
+            inv_bw[off] = 1.0 / dl.bandwidth
+            lat[off] = dl.latency
+            pw[off] = dl.power
+            inline[off] = dl.latency if dl.inline_latency is None else dl.inline_latency
         for ln in self.links:
             a, b = self.index(ln.between[0]), self.index(ln.between[1])
             for u, v in ((a, b), (b, a)):
@@ -453,9 +500,11 @@ class Cluster:
                 inv_bw[u, v] = 1.0 / ln.bandwidth
                 lat[u, v] = ln.latency
                 pw[u, v] = ln.power
-        for arr in (usable, inv_bw, lat, pw):
+                inline[u, v] = ln.latency if ln.inline_latency is None else ln.inline_latency
+        two_regimes = self.inline_bytes > 0 and not np.array_equal(inline, lat)
+        for arr in (usable, inv_bw, lat, pw, inline):
             arr.flags.writeable = False
-        return LinkTables(usable, inv_bw, lat, pw)
+        return LinkTables(usable, inv_bw, lat, pw, inline if two_regimes else None, float(self.inline_bytes))
 
     # -- (de)serialisation ------------------------------------------------------
     @classmethod
@@ -486,17 +535,19 @@ class Cluster:
         for i, ln in enumerate(raw_links):
             check_keys(ln, f"{name}: links[{i}]", LINK_KEYS_REQUIRED, LINK_KEYS_OPTIONAL)
             links.append(Link(between=ln["between"], bandwidth=ln["bandwidth"],
-                              latency=ln["latency"], power=ln.get("power", 0.0)))
+                              latency=ln["latency"], power=ln.get("power", 0.0),
+                              inline_latency=ln.get("inline_latency")))
         default = None
         if "default_link" in data:
             dl = check_keys(data["default_link"], f"{name}: default_link",
                             DEFAULT_LINK_KEYS_REQUIRED, LINK_KEYS_OPTIONAL)
             default = LinkSpec(bandwidth=dl["bandwidth"], latency=dl["latency"],
-                               power=dl.get("power", 0.0))
+                               power=dl.get("power", 0.0), inline_latency=dl.get("inline_latency"))
         hosts = hosts_from_dict(data["hosts"], name) if "hosts" in data else ()
         relay = relay_from_dict(data["relay"], name) if "relay" in data else None
         return cls(devices=tuple(devices), links=tuple(links), default_link=default,
-                   source=data["source"], sink=data.get("sink"), hosts=hosts, relay=relay, name=name)
+                   source=data["source"], sink=data.get("sink"), hosts=hosts, relay=relay,
+                   inline_bytes=data.get("inline_bytes", 0), name=name)
 
     def to_dict(self) -> dict[str, Any]:
         """The file structure of this cluster (round-trips through ``from_dict``)."""
@@ -522,9 +573,15 @@ class Cluster:
         for ln in self.links:
             out["links"].append({"between": list(ln.between), "bandwidth": ln.bandwidth,
                                  "latency": ln.latency, "power": ln.power})
+            if ln.inline_latency is not None:
+                out["links"][-1]["inline_latency"] = ln.inline_latency
         if self.default_link is not None:
             dl = self.default_link
             out["default_link"] = {"bandwidth": dl.bandwidth, "latency": dl.latency, "power": dl.power}
+            if dl.inline_latency is not None:
+                out["default_link"]["inline_latency"] = dl.inline_latency
+        if self.inline_bytes:
+            out["inline_bytes"] = self.inline_bytes
         out["source"] = self.source
         out["sink"] = self.sink
         if self.hosts:

@@ -19,7 +19,8 @@ def solve_chain(node: np.ndarray, first: np.ndarray, last: np.ndarray, alpha: np
     """Minimise sum_i node[i, a_i] + first[a_1] + last[a_n] + sum_i edge_i(a_i, a_{i+1}).
 
     ``nbytes[i]`` (length n-1) are the bytes between layer i and i+1, whose cost on
-    pair (u, v) is ``nbytes[i] * alpha[u, v] + beta[u, v]``, or +inf where ``blocked``.
+    pair (u, v) is ``nbytes[i] * alpha[u, v] + beta[u, v]``, or +inf where ``blocked``;
+    a (n-1, k, k) ``beta`` gives each edge its own (small transfers priced apart).
     Returns (device column per layer, optimal value); the value is +inf when every
     assignment is forbidden. Ties prefer staying on the previous layer's device, then
     the lowest device index, so results are deterministic.
@@ -27,18 +28,19 @@ def solve_chain(node: np.ndarray, first: np.ndarray, last: np.ndarray, alpha: np
     n, k = node.shape
     alpha = np.array(alpha, dtype=float)
     beta = np.array(beta, dtype=float)
+    diag = (..., np.arange(k), np.arange(k))
     np.fill_diagonal(alpha, 0.0)
-    np.fill_diagonal(beta, 0.0)
     # inf goes into beta only: nbytes * alpha must stay finite (0 * inf is NaN).
-    beta[np.asarray(blocked, dtype=bool)] = np.inf
-    np.fill_diagonal(beta, 0.0)
+    beta[..., np.asarray(blocked, dtype=bool)] = np.inf
+    beta[diag] = 0.0
+    per_edge = beta.ndim == 3
     back = np.empty((max(n - 1, 0), k), dtype=np.int32)
     value = first + node[0]
     cols = np.arange(k)
     tmp = np.empty((k, k))
     for i in range(1, n):
         np.multiply(alpha, nbytes[i - 1], out=tmp)
-        tmp += beta
+        tmp += beta[i - 1] if per_edge else beta
         tmp += value[:, None]
         arg = tmp.argmin(axis=0)
         best = tmp[arg, cols]

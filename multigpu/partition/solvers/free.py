@@ -33,7 +33,7 @@ class FreeSolver:
         """(device column per layer, optimal value): the minimum of sum node[i, a_i] plus every
         transfer and stage start weighted by (wt, we); +inf when every assignment is forbidden."""
         if self.shape is None:
-            alpha, beta, blocked = tables.edge(wt, we)
+            alpha, beta, blocked = tables.edge(wt, we, tables.graph.output_bytes[:-1])
             return solve_chain(node, tables.first_edge(wt, we), tables.last_edge(wt, we), alpha, beta, blocked,
                                tables.graph.output_bytes[:-1])
         return solve_fork_join(tables, node, wt, we, self.shape)

@@ -142,9 +142,9 @@ def fixings(tables: CostTables, wt: float, pen: Penalised, upper: float
     tables: chains only)."""
     graph = tables.graph
     n, k = pen.node.shape
-    alpha, beta, blocked = tables.edge(wt, pen.we)
     nbytes = graph.output_bytes[:-1]
-    edges = nbytes[:, None, None] * alpha[None] + beta[None]
+    alpha, beta, blocked = tables.edge(wt, pen.we, nbytes)
+    edges = nbytes[:, None, None] * alpha[None] + (beta if beta.ndim == 3 else beta[None])
     edges[:, np.arange(k), np.arange(k)] = 0.0
     edges[:, blocked] = np.inf
     F = np.empty((n, k))

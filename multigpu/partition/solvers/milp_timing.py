@@ -37,8 +37,7 @@ def horizon(tables: CostTables, lay: Layout, tm: Terms, open_: np.ndarray) -> fl
     ox = open_[lay.xi]
     comp = np.where(ox, tables.comp + cluster.stage_overhead[None, :], 0.0)
     tab = cluster.tables
-    t = np.where(tab.usable[tm.t_u, tm.t_v], tm.t_bytes * tab.inv_bandwidth[tm.t_u, tm.t_v]
-                 + tab.latency[tm.t_u, tm.t_v], 0.0)
+    t = np.where(tab.usable[tm.t_u, tm.t_v], tab.hop_seconds(tm.t_bytes, tm.t_u, tm.t_v), 0.0)
     t = np.where(open_[tm.t_col], t, 0.0)
     worst = np.zeros(lay.n + 1)
     np.maximum.at(worst, tm.t_prod + 1, t)
@@ -72,8 +71,7 @@ def timing_rows(rows: Rows, tables: CostTables, lay: Layout, tm: Terms, open_: n
     tg = lay.timing
     n, k = lay.n, lay.k
     sink = cluster.sink_index
-    t_sec = np.where(tab.usable[tm.t_u, tm.t_v], tm.t_bytes * tab.inv_bandwidth[tm.t_u, tm.t_v]
-                     + tab.latency[tm.t_u, tm.t_v], 0.0)
+    t_sec = np.where(tab.usable[tm.t_u, tm.t_v], tab.hop_seconds(tm.t_bytes, tm.t_u, tm.t_v), 0.0)
     t_unit = t_sec / unit
     live = open_[tm.t_col]
 

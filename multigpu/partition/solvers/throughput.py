@@ -92,7 +92,7 @@ def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:
     comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp, 0.0)
     tab = cluster.tables
     nb = np.concatenate([[tables.graph.input_bytes], tables.graph.output_bytes])
-    t = nb.max() * tab.inv_bandwidth.max() + tab.latency.max() if cluster.k > 1 else 0.0
+    t = nb.max() * tab.inv_bandwidth.max() + tab.max_latency if cluster.k > 1 else 0.0
     cpu = 0.0
     if cluster.k > 1:
         u, v = np.nonzero(~np.eye(cluster.k, dtype=bool))

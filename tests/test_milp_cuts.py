@@ -82,3 +82,20 @@ def test_cuts_tighten_a_time_shared_source() -> None:
     assert loose is not None and tight is not None
     assert loose < tight - 1e-3 * best
     assert tight <= best * (1 + 1e-9)
+
+
+def test_milp_prices_a_small_edge_with_the_inline_latency() -> None:
+    # A 100-byte edge between devices travels inline (inline_latency, not latency): the
+    # MILP's column for it must say so, as the oracle does (it once missed 1e-4 s here).
+    gd = {"input_bytes": 100.0, "layers": [
+        {"name": "l0", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 100.0, "inputs": ["input"]},
+        {"name": "l1", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 100.0, "inputs": ["input", "l0"]}]}
+    cd = {"devices": [{"name": "d0", "flops": 1e9, "power": 0.0, "stage_overhead": 1e-5},
+                      {"name": "d1", "flops": 1e9, "power": 0.0}],
+          "links": [{"between": ["d0", "d1"], "bandwidth": 1e5, "latency": 0.0, "inline_latency": 1e-4}],
+          "source": "d0", "inline_bytes": 1000}
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints(memory=False).resolve(graph, cluster)
+    res = solve_milp(tables, cons, 1.0, 0.0, fix_x=np.array([[False, True], [True, False]]))
+    assert np.isclose(res.value, ref_sum(gd, cd, ["d0", "d1"])[0], rtol=1e-9)

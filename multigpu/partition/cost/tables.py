@@ -102,8 +102,11 @@ class CostTables:
         """(m, k, k) weighted cost of moving ``nbytes[j]`` between each pair: ``nbytes *
         alpha + beta`` (with the receiver's stage overhead when ``stage``), 0 on the
         diagonal, +inf where unusable."""
-        alpha, beta, blocked = self._edge(wt, we, stage)
-        m = np.asarray(nbytes, dtype=float)[:, None, None] * alpha[None] + beta[None]
+        nb = np.asarray(nbytes, dtype=float)
+        # A cluster that prices small transfers apart has one latency table per size.
+        by_size = self.cluster.tables.inline_latency is not None
+        alpha, beta, blocked = self._edge(wt, we, stage, nb if by_size else None)
+        m = nb[:, None, None] * alpha[None] + (beta if by_size else beta[None])
         m[:, np.arange(self.cluster.k), np.arange(self.cluster.k)] = 0.0
         m[:, blocked] = np.inf
         return m

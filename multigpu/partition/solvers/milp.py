@@ -40,8 +40,8 @@ def solve_milp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: flo
                families: Collection[str] = FAMILIES, verbose: bool = False,
                fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None,
                zero_load: bool = False, options: Optional[dict] = None) -> MilpResult:
-    """Build and solve the placement MILP (see ``build_model`` for the arguments);
-    ``options`` are passed on to HiGHS (e.g. ``time_limit``)."""
+    """Build and solve the placement MILP (see ``build_model`` for the arguments; its
+    valid inequalities included); ``options`` are passed on to HiGHS (e.g. ``time_limit``)."""
     model = build_model(tables, cons, wt, we, objective=objective, scale=scale,
                         bottleneck_cap=bottleneck_cap, b_scale=b_scale, b_upper=b_upper, families=families,
                         fix_x=fix_x, fix_y=fix_y, zero_load=zero_load)

@@ -38,6 +38,7 @@ from multigpu.partition.solvers.milp_rows import (
     busy_rows,
     column_costs,
     device_load_rows,
+    endpoint_rows,
     energy_row,
     flow_rows,
     host_load_rows,
@@ -170,7 +171,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
                 bottleneck_cap: Optional[float] = None, b_scale: Optional[float] = None,
                 b_upper: Optional[float] = None, families: Collection[str] = FAMILIES,
                 fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None,
-                zero_load: bool = False) -> Model:
+                zero_load: bool = False, cuts: bool = True) -> Model:
     """Build the placement MILP.
 
     ``objective="latency"`` minimises wt*T + we*E; ``"bottleneck"`` minimises the
@@ -187,7 +188,9 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     scales the bottleneck rows (default ``scale``) so their feasibility tolerance is
     relative to the bottleneck, whatever the cost objective's size. ``fix_x``/``fix_y``
     mark choices proven useless (Lagrangian reduced-cost fixing, on a chain); they are
-    fixed to 0. Raises ValueError for an unknown objective (a programming error: callers
+    fixed to 0. ``cuts`` adds the memory family's valid inequalities (``endpoint_rows``):
+    they tighten the LP relaxation and remove no integral plan; the planner leaves them
+    out of the LP whose duals price the Lagrangian (which has no term for them). Raises ValueError for an unknown objective (a programming error: callers
     check).
     """
     from scipy.sparse import coo_matrix
@@ -271,6 +274,8 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
         busy_first, busy_devs = busy_rows(rows, tables, cons, lay)
     if len(mem_devs):
         mem_first, act_first = memory_rows(rows, tables, cons, lay)
+        if cuts:
+            endpoint_rows(rows, tables, cons, lay)
     if timed:
         timing_rows(rows, tables, lay, tm, open_, unit, 1e3 * (1 + 1e-6))
     if lt is not None:

@@ -33,8 +33,8 @@ from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 
 __all__ = ["Layout", "LoadTerms", "Rows", "Terms", "Timing", "assignment_rows", "busy_rows", "column_costs",
-           "device_load_rows", "energy_row", "flow_rows", "host_load_rows", "link_load_rows", "load_terms",
-           "memory_rows", "send_rows", "start_rows", "terms"]
+           "device_load_rows", "endpoint_rows", "energy_row", "flow_rows", "host_load_rows", "link_load_rows",
+           "load_terms", "memory_rows", "send_rows", "start_rows", "terms"]
 
 
 class Rows:
@@ -379,6 +379,65 @@ def memory_rows(rows: Rows, tables: CostTables, cons: ResolvedConstraints, lay: 
                          np.concatenate([(graph.activation_bytes[None, :] / mem[:, None]).ravel(),
                                          -np.ones(n_m * n)]), n_m * n, -np.inf, 0.0)
     return mem_first, act_first
+
+
+def _reaches_last(graph: Any) -> bool:
+    """Whether every layer has a path to the last one (whose output goes to the sink)."""
+    seen = np.zeros(graph.n, dtype=bool)
+    seen[-1] = True
+    for i in range(graph.n - 2, -1, -1):        # consumers come later in the layer order
+        seen[i] = any(seen[c] for c in graph.consumers[i])
+    return bool(seen.all())
+
+
+def endpoint_rows(rows: Rows, tables: CostTables, cons: ResolvedConstraints, lay: Layout) -> int:
+    """Valid inequalities (they remove no integral plan) against the LP relaxation's way of
+    dodging the input's and the output's transfers: it runs a fraction of every layer on
+    the source (or sink) and the rest elsewhere, each fraction a whole single-device plan
+    that would overflow the source's memory.
+
+    The source: take the shortest run of layers 0..j (topological order) whose parameters
+    exceed the source's room (its memory, a little more for the solver's tolerance, less
+    the smallest activation). Some layer t of the run is off the source, so on a path from
+    the input to t either the input is sent off the source or an edge leaves the source;
+    every edge of that path joins two layers of 0..j (ancestors come first). So: the
+    input's sends off the source + sum_{e in 0..j, v != src} y[e, src, v] >= 1. The sink,
+    symmetrically (when every layer has a path to the last): for the shortest run j..n-1
+    that overflows the sink, the last layer off the sink (x) + sum_{e in j..n-1, u !=
+    sink} y[e, u, sink] >= 1. Return the number of rows."""
+    graph, cluster = tables.graph, tables.cluster
+    n, k = lay.n, lay.k
+    ar = np.arange(k)
+    floor = float(graph.activation_bytes.min())
+    count = 0
+    src, sink = cluster.source_index, cluster.sink_index
+    pref = np.concatenate([[0.0], np.cumsum(graph.param_bytes)])
+    suff = np.concatenate([np.cumsum(graph.param_bytes[::-1])[::-1], [0.0]])
+    for end, dev in (("source", src), ("sink", sink)):
+        room = float(cons.memory[dev]) * (1 + 1e-6) - floor
+        if not np.isfinite(room) or not cons.allowed[:, dev].any():
+            continue
+        others = ar[ar != dev]
+        if end == "source":
+            over = np.flatnonzero(pref[1:] > room)
+            if not len(over):
+                continue
+            j = int(over[0])
+            inside = np.flatnonzero(np.maximum(lay.esrc, lay.edst) <= j)
+            off = lay.xi[graph.input_consumers[0], others] if lay.wi is None else lay.wi[others]
+        else:
+            over = np.flatnonzero(suff[:-1] > room)
+            if not len(over) or not _reaches_last(graph):
+                continue
+            j = int(over[-1])
+            inside = np.flatnonzero(np.minimum(lay.esrc, lay.edst) >= j)
+            off = lay.xi[n - 1, others]
+        # The edge where the path leaves the source (enters the sink): y[e, src, v], v != src.
+        cross = lay.yi[inside][:, dev, others] if end == "source" else lay.yi[inside][:, others, dev]
+        cols = np.concatenate([off, cross.ravel()])
+        rows.add(np.zeros(len(cols), dtype=np.int64), cols, np.ones(len(cols)), 1, 1.0, np.inf)
+        count += 1
+    return count
 
 
 # -- throughput: the loads the bottleneck B bounds ---------------------------------------

@@ -136,7 +136,9 @@ def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: f
     are what make the MILP fast on realistic sizes. A graph without a DP (neither a chain
     nor fork-join) skips the Lagrangian parts: LP bound, restricted MILP, full MILP.
     """
-    model = build_model(tables, cons, wt, we, scale=_scale(dp_value))
+    # The LP whose duals price the Lagrangian leaves out the valid inequalities (the
+    # Lagrangian has no term for them: their duals would be lost, and the bound with them).
+    model = build_model(tables, cons, wt, we, scale=_scale(dp_value), cuts=False)
     lp, mult, x_lp = relax(model)
     if mult is None or x_lp is None:
         # The LP relaxation is infeasible, so the MILP is too.

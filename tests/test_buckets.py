@@ -110,9 +110,10 @@ def test_an_adapter_that_misses_or_repeats_a_bucket_breaks_the_contract():
     for signals, match in (([0, 0], "signalled bucket 0 after \\[0\\]"), ([1], "signalled buckets \\[1\\] of 2")):
         be = CheckedBackend(Skips(numpy.adapter, signals))
         ps = [be.from_numpy(np.ones(2, np.float32), CPU), be.from_numpy(np.ones(3, np.float32), CPU)]
+        out = be.from_numpy(np.zeros(6, np.float32), CPU)
         with pytest.raises(AdapterError, match=match):
-            be.value_and_grad(lambda q, be=be: be.sum(be.add(q[0], q[0])), ps, out=be.from_numpy(np.zeros(6, np.float32),
-                              CPU), buckets=[(1, 2), (0, 1)], on_bucket=lambda k: None)
+            be.value_and_grad(lambda q, be=be: be.sum(be.add(q[0], q[0])), ps, out=out,
+                              buckets=[(1, 2), (0, 1)], on_bucket=lambda k: None)
 
 
 def test_an_adapter_written_before_buckets_fills_the_bucket_buffers_through_the_contract():

@@ -158,11 +158,16 @@ def _problem(be: Any) -> tuple[list[Any], Any, Any]:
     return params, be.from_numpy(rng.standard_normal((6, 4)), CPU), be.from_numpy(rng.integers(0, 3, 6), CPU)
 
 
-@pytest.mark.parametrize("name", ADAPTERS)
-def test_value_and_grad_ignores_the_callers_no_grad_mode(name):
+def _loss_problem(name: str) -> tuple[Any, list[Any], Any, Any, Any]:
+    """The backend, ``_problem``'s tensors on it, and the loss of its parameters."""
     be = backend(name)
     params, x, y = _problem(be)
-    fn = lambda ps, x, y: _loss(be, ps, x, y)  # noqa: E731
+    return be, params, x, y, lambda ps, x, y: _loss(be, ps, x, y)
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_value_and_grad_ignores_the_callers_no_grad_mode(name):
+    be, params, x, y, fn = _loss_problem(name)
     free = be.to_numpy(be.value_and_grad(fn, params, x, y))
     with no_grad(name):
         inside = be.to_numpy(be.value_and_grad(fn, params, x, y))
@@ -193,9 +198,7 @@ def test_value_and_grad_gives_zeros_for_unused_params_and_fresh_buffers(name):
 
 @pytest.mark.parametrize("name", ADAPTERS)
 def test_value_and_grad_writes_into_out_and_returns_it(name):
-    be = backend(name)
-    params, x, y = _problem(be)
-    fn = lambda ps, x, y: _loss(be, ps, x, y)  # noqa: E731
+    be, params, x, y, fn = _loss_problem(name)
     fresh = be.to_numpy(be.value_and_grad(fn, params, x, y))
     out = be.from_numpy(np.full(fresh.shape, np.nan, np.float32), CPU)
     assert be.value_and_grad(fn, params, x, y, out=out) is out

@@ -162,7 +162,10 @@ def test_links_are_shaped_per_pair(lab):
 # -- profile, plan, run across the hosts -------------------------------------------
 @pytest.fixture(scope="module")
 def profiled(lab):
-    """A profile of desk-cpu (the driver), imac (torch, LAN) and pi1 (numpy, WiFi)."""
+    """A profile of desk-cpu (the driver), imac (torch, LAN) and pi1 (numpy, WiFi). Its link
+    probes span both of Ray's paths, as the plan's hops do: 256 bytes inside Ray's messages
+    (the lab's threshold is 1 KiB), the rest through the object store; with only the large
+    sizes, each link's latency would be the intercept of two points some 65 ms apart."""
     data = json.loads(lab.cluster_file.read_text())
     data["devices"] = [d for d in data["devices"] if d["name"] in ("desk-cpu", "imac", "pi1")]
     data["links"] = [ln for ln in data["links"] if set(ln["between"]) <= {"desk-cpu", "imac", "pi1"}]
@@ -172,7 +175,7 @@ def profiled(lab):
     out = lab.folder / "profile.json"
     t0 = time.monotonic()
     got = run_in(lab, "desk-cpu", "profile", "--cluster", str(spec), "--address", lab.address, "--out", str(out),
-                 "--sizes", "65536,524288", "--repeats", "3", "--warmup", "1", "--link-repeats", "3",
+                 "--sizes", "256,4096,65536,524288", "--repeats", "3", "--warmup", "1", "--link-repeats", "3",
                  "--cpu-items", "10", "--quiet", "--json")
     assert got.returncode == 0, got.stderr[-3000:]
     return json.loads(got.stdout), out, time.monotonic() - t0

@@ -78,11 +78,16 @@ def fit_link(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
     lat, inv = float(coef[0]), float(coef[1])
     if inv < MIN_INV_BANDWIDTH:       # no measurable per-byte cost: latency only
         inv = MIN_INV_BANDWIDTH
-        lat = float(np.sum(1.0 / t) / np.sum(1.0 / t ** 2))
+        lat = _latency_only(t)
     if lat < 0:                       # per-byte cost only
         lat = 0.0
         inv = max(float(np.sum(b / t) / np.sum((b / t) ** 2)), MIN_INV_BANDWIDTH)
     return lat, 1.0 / inv
+
+
+def _latency_only(t: np.ndarray) -> float:
+    """The constant that fits times ``t`` best in relative error (a link with no per-byte cost)."""
+    return float(np.sum(1.0 / t) / np.sum(1.0 / t ** 2))
 
 
 def fit_link_regimes(samples: Sequence[tuple[float, float]], inline_bytes: float
@@ -104,8 +109,7 @@ def fit_link_regimes(samples: Sequence[tuple[float, float]], inline_bytes: float
     (lat, inline, inv), _ = nnls(a, np.ones_like(t))
     if inv < MIN_INV_BANDWIDTH:       # no measurable per-byte cost: latencies only
         inv = MIN_INV_BANDWIDTH
-        lat = float(np.sum(1.0 / t[~small]) / np.sum(1.0 / t[~small] ** 2))
-        inline = float(np.sum(1.0 / t[small]) / np.sum(1.0 / t[small] ** 2))
+        lat, inline = _latency_only(t[~small]), _latency_only(t[small])
     return float(lat), 1.0 / float(inv), float(inline)
 
 

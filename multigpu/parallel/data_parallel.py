@@ -386,13 +386,14 @@ class DataParallel:
         summed bucket buffers (the optimizers are element-wise: bucket by bucket is the whole-buffer update)."""
         assert self._layout is not None
         updates: list[Any] = []
+        losses = []
         for params, state, bufs in zip(self.flat_params, self.opt_state, sums):
-            grads, _ = bucketed.gradients(bufs)
+            grads, loss = bucketed.gradients(bufs)
+            losses.append(loss)
             states = [self._layout.param_views(self.backend, t) for t in state]
             for k, (p, g) in enumerate(zip(self._layout.param_views(self.backend, params), grads)):
                 updates.append((p, g, [st[k] for st in states]))
-        _, loss = bucketed.gradients(sums[0])
-        return updates, loss
+        return updates, losses[0]   # the summed loss, read from the first device
 
     def _bucket_buffers(self, replica: int) -> list[Any]:
         """Replica ``replica``'s gradient buffer of each bucket (bucket 0 ends with the loss), kept from step

@@ -59,17 +59,17 @@ class CostTables:
         includes the stage overhead of v (a change of device starts a stage). With
         ``nbytes`` (one size per edge) on a cluster that prices small transfers apart
         (``inline_bytes``), beta is (len(nbytes), k, k): one latency table per edge."""
-        if nbytes is not None and self.cluster.tables.inline_latency is not None:
-            alpha, beta, blocked = self._edge(wt, we, True, np.asarray(nbytes, dtype=float))
-            return alpha, beta, blocked
-        return self._edge(wt, we, stage=True)
+        return self._edge(wt, we, True, nbytes)
 
     def _edge(self, wt: float, we: float, stage: bool, nbytes: Optional[Any] = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(alpha, beta, blocked); beta takes the latency by ``nbytes``'s size (one table per
+        size) only on a cluster that prices small transfers apart, else it is k x k."""
         tab = self.cluster.tables
         weight = wt + we * tab.power
         alpha = weight * tab.inv_bandwidth
-        beta = weight * (tab.latency if nbytes is None else tab.latency_for(nbytes))
+        by_size = nbytes is not None and tab.inline_latency is not None
+        beta = weight * (tab.latency_for(nbytes) if by_size else tab.latency)
         if stage:
             beta = beta + self._stage(wt, we)[None, :]
             k = self.cluster.k
@@ -103,10 +103,8 @@ class CostTables:
         alpha + beta`` (with the receiver's stage overhead when ``stage``), 0 on the
         diagonal, +inf where unusable."""
         nb = np.asarray(nbytes, dtype=float)
-        # A cluster that prices small transfers apart has one latency table per size.
-        by_size = self.cluster.tables.inline_latency is not None
-        alpha, beta, blocked = self._edge(wt, we, stage, nb if by_size else None)
-        m = nb[:, None, None] * alpha[None] + (beta if by_size else beta[None])
+        alpha, beta, blocked = self._edge(wt, we, stage, nb)
+        m = nb[:, None, None] * alpha[None] + (beta if beta.ndim == 3 else beta[None])
         m[:, np.arange(self.cluster.k), np.arange(self.cluster.k)] = 0.0
         m[:, blocked] = np.inf
         return m

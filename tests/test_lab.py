@@ -199,7 +199,7 @@ def test_a_plan_across_hosts_runs_and_its_transfers_are_predicted(lab, profiled)
     model = "lenet"
     cut = ["desk-cpu"] * 3 + ["pi1"] * 3 + ["imac"] * 4   # over WiFi to pi1, over WiFi to imac, over LAN back
     got = run_in(lab, "desk-cpu", "run", "--model", model, "--cluster", str(prof), "--address", lab.address,
-                 "--plan", ",".join(cut), "--random", "4", "--json", "--timeout", "60")
+                 "--plan", ",".join(cut), "--random", "12", "--json", "--timeout", "60")
     assert got.returncode == 0, got.stderr[-3000:]
     out = json.loads(got.stdout)
     assert [w["host"] for w in out["workers"] if not w["local"]] == ["pi1", "imac"]

@@ -571,6 +571,25 @@ def test_a_mismatched_collective_is_reported_on_both_ranks(engine_run):
 
 
 @pytest.mark.slow
+def test_a_rank_leaving_the_fast_path_is_named_on_both_ranks_and_the_group_goes_on(engine_run):
+    """A bucket set that every rank predicts runs with the flag in bucket 0 and no header; rank 1 calls
+    an allreduce of another size, a barrier, another bucket split: both ranks name both sides, the
+    next sets sum right, and an allreduce that both ranks make instead of the predicted set proceeds."""
+    sums = [[3.0, 6.0, 9.0], [3.0, 6.0, 9.0]]  # buckets [4, 3] of 1 * (1, 2, ...) and 2 * (1, 2, ...), no flag
+    for r in (0, 1):
+        got = _load(engine_run, "folded", r)
+        assert got["sums"] == [sums] * 9
+        assert got["together"] == [3.0] * 3
+        assert len(got["messages"]) == 3, got["messages"]
+        for message, side in zip(got["messages"], ["(allreduce_ of 5 floats)", "(barrier)",
+                                                   "(2 bucket allreduces of 7 floats in all (split code 9))"]):
+            assert f"rank {r} of 2 ({engine_run.backend})" in message
+            assert "rank 0 is at call #" in message and "(2 bucket allreduces of 7 floats in all (split code 10))" \
+                in message
+            assert "rank 1 is at call #" in message and side in message
+
+
+@pytest.mark.slow
 def test_a_hung_rank_ends_the_job_with_a_timeout_naming_the_rank(engine_run):
     assert engine_run.scenario_rc == 1, engine_run.scenario_err[-3000:]
     assert not (engine_run.out / "after_hang.rank0.json").exists()

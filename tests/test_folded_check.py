@@ -77,7 +77,7 @@ def _expected(sizes: Sequence[int]) -> list[list[float]]:
 def test_a_steady_bucketed_step_makes_its_bucket_sums_and_nothing_else():
     """DataParallel's first step is checked by a header; every later one makes exactly its bucket sums,
     bucket 0 one float longer (the flag), and trains as one process with two devices does."""
-    be, groups, engines = _counted_pair()
+    _, groups, engines = _counted_pair()
     m = models.lenet()
     X, y = random_batches(m, 1, 16, seed=4)[0]
     trainers: list = [None, None]

@@ -43,9 +43,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import prod
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -60,7 +60,7 @@ _LOW = 1 << 20  # float32 holds integers below 2**24 exactly; split larger value
 TIMEOUT_EXIT_STATUS = 1
 
 
-def _describe(op: str, size: int, src: int, seq: Optional[int] = None, split: int = 0) -> str:
+def _describe(op: str, size: int, src: int, seq: int | None = None, split: int = 0) -> str:
     text = op if op in ("barrier", "close") else f"{op} of {size:,} floats"
     if op == "broadcast_":
         text += f" from rank {src}"
@@ -100,9 +100,9 @@ class Watchdog:
     POLL = 0.1
 
     def __init__(self) -> None:
-        self._deadline: Optional[float] = None
+        self._deadline: float | None = None
         self._message = ""
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def arm(self, seconds: float, message: str) -> None:
         self._message = message
@@ -150,18 +150,18 @@ class CheckedGroup:
         self.device = engine.device
         self.timeout: float = float(engine.timeout)
         self.calls = 0
-        self._last: Optional[Call] = None  # the last collective validated as the same on every rank
+        self._last: Call | None = None  # the last collective validated as the same on every rank
         self._after: dict[Call, dict[Call, int]] = {}  # validated collective -> how often each one followed it
         self._sizes: dict[Call, list[int]] = {}  # the bucket sizes of each validated bucket set
-        self._begun: Optional[Call] = None  # the call that an announce settled against the prediction
+        self._begun: Call | None = None  # the call that an announce settled against the prediction
         self._fast = False  # the announced bucket set runs on the fast path: no header, bucket 0 has the flag
-        self._unread: Optional[Callable[[], None]] = None  # a fast bucket set's bucket 0 wait, until its flag is read
+        self._unread: Callable[[], None] | None = None  # a fast bucket set's bucket 0 wait, until its flag is read
         self._open: list[Callable[[], None]] = []  # the waits of the fast bucket set's buckets started so far
         self._zero: Any = None  # a float 0 on the group's device, to clear the flag
-        self._pending: Optional[tuple[tuple[str, int, int], np.ndarray, Any, Callable[[], Any]]] = None
+        self._pending: tuple[tuple[str, int, int], np.ndarray, Any, Callable[[], Any]] | None = None
         self._buckets: tuple[list[int], int] | None = None  # announced bucket sizes and their split code
         self._expect: list[int] = []  # sizes of the announced buckets not yet started
-        self._failed: Optional[str] = None
+        self._failed: str | None = None
         self._closed = False
         self._watchdog = Watchdog()
         self._engine_label = getattr(engine, "label", "the engine")
@@ -339,7 +339,7 @@ class CheckedGroup:
     def _where(self) -> str:
         return f"rank {self.rank} of {self.world_size} ({self.name})"
 
-    def _collective(self, op: str, size: int, src: int, run: Optional[Callable[[], R]], code: int = 0) -> Any:
+    def _collective(self, op: str, size: int, src: int, run: Callable[[], R] | None, code: int = 0) -> Any:
         if self._closed:
             raise CollectiveError(f"{self._where()}: {op} on a closed process group; create a new one")
         if self._failed is not None:
@@ -367,7 +367,7 @@ class CheckedGroup:
             return lambda: None
         return engine_start(flat)
 
-    def _prediction(self) -> Optional[Call]:
+    def _prediction(self) -> Call | None:
         """The collective every rank expects next: the one that most often followed the last validated
         collective (ties: the first seen), else the same again. Every rank validated the same history,
         so every rank predicts the same."""

@@ -113,7 +113,7 @@ for n in (64, 65):  # 65: the last batch of 1 row joins the one before it
     save_json(f"shard{n}", seen)
 
 # 4. train(): reduced loss and accuracy, rank-0-only checkpoints, resume ------------
-args = dict(backend=name, num_gpus="cpu:1", batch_size=20, lr=0.2, progress=False, data=dataset(90, seed=1))
+args = {"backend": name, "num_gpus": "cpu:1", "batch_size": 20, "lr": 0.2, "progress": False, "data": dataset(90, seed=1)}
 full = multigpu.train(num_epochs=2, process_group=group, **args)
 folder = OUT / f"checkpoint.rank{rank}"  # each rank names its own; only rank 0 may write
 multigpu.train(num_epochs=1, checkpoint=folder, process_group=group, **args)

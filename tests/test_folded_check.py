@@ -13,7 +13,7 @@ from test_distributed import _both, _reference_pair
 
 from multigpu import models
 from multigpu.contract.protocol import Device
-from multigpu.distributed.checked_group import FIELDS, CheckedGroup
+from multigpu.distributed.checked_group import FIELDS, CheckedGroup, split_code
 from multigpu.distributed.job import free_port
 from multigpu.errors import CollectiveMismatchError
 from multigpu.parallel.agreement import random_batches
@@ -74,9 +74,11 @@ def _expected(sizes: Sequence[int]) -> list[list[float]]:
     return [[3.0 * (i + 1) for i in range(n - (k == 0))] for k, n in enumerate(sizes)]
 
 
-def test_a_steady_bucketed_step_makes_its_bucket_sums_and_nothing_else():
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_steady_bucketed_step_makes_its_bucket_sums_and_nothing_else(devices):
     """DataParallel's first step is checked by a header; every later one makes exactly its bucket sums,
-    bucket 0 one float longer (the flag), and trains as one process with two devices does."""
+    bucket 0 one float longer (the flag), and trains as one process with all the devices does (with two
+    devices a rank, the local devices' buffers are reduced, flag slot included, before the group's sum)."""
     _, groups, engines = _counted_pair()
     m = models.lenet()
     X, y = random_batches(m, 1, 16, seed=4)[0]
@@ -84,7 +86,7 @@ def test_a_steady_bucketed_step_makes_its_bucket_sums_and_nothing_else():
     logs: list = [[], []]
 
     def run(r: int) -> None:
-        trainers[r] = tr = DataParallel(m, backend="numpy", devices="cpu:1", lr=0.1, seed=3,
+        trainers[r] = tr = DataParallel(m, backend="numpy", devices=f"cpu:{devices}", lr=0.1, seed=3,
                                         process_group=groups[r], bucket_mb=0.05)
         for _ in range(3):
             before = len(engines[r].log)
@@ -99,7 +101,7 @@ def test_a_steady_bucketed_step_makes_its_bucket_sums_and_nothing_else():
         first, *steady = logs[r]
         assert first == [("allreduce_async_", HEADER), *sums]  # the first step: its header, then its buckets
         assert steady == [sums, sums]
-    one = DataParallel(m, backend="numpy", devices="cpu:2", lr=0.1, seed=3)
+    one = DataParallel(m, backend="numpy", devices=f"cpu:{2 * devices}", lr=0.1, seed=3)
     for _ in range(3):
         one.train_batch(X, y)
     for r in (0, 1):
@@ -111,7 +113,7 @@ def test_a_steady_bucketed_step_makes_its_bucket_sums_and_nothing_else():
 DEVIATIONS = {
     "size": (lambda be, g: g.allreduce_(be.from_numpy(np.ones(5, np.float32), CPU)), "(allreduce_ of 5 floats)"),
     "op": (lambda be, g: g.barrier(), "(barrier)"),
-    "split": (lambda be, g: _bucket_set(be, g, [5, 2], 2.0), "(2 bucket allreduces of 7 floats in all (split code 9)"),
+    "split": (lambda be, g: _bucket_set(be, g, [5, 2], 2.0), f"(2 bucket allreduces of 7 floats in all (split code {split_code([5, 2])})"),
 }
 
 
@@ -130,7 +132,8 @@ def test_a_rank_leaving_the_fast_path_is_named_with_both_sides_and_the_group_goe
     for r, exc in enumerate(out):
         assert isinstance(exc, CollectiveMismatchError), exc
         assert f"rank {r} of 2" in str(exc)
-        assert "rank 0 is at call #3 (2 bucket allreduces of 7 floats in all (split code 10))" in str(exc)
+        assert f"rank 0 is at call #3 (2 bucket allreduces of 7 floats in all (split code {split_code(sizes)}))" \
+            in str(exc)
         assert f"rank 1 is at call #3 {side}" in str(exc)
     # rank 1 ran the predicted buckets with zeros and the flag, then its header; rank 0 its buckets, then its header
     for e, b in zip(engines, before):
@@ -140,6 +143,12 @@ def test_a_rank_leaving_the_fast_path_is_named_with_both_sides_and_the_group_goe
         assert _both(lambda r: _bucket_set(be, groups[r], sizes, r + 1.0)) == [_expected(sizes)] * 2
         assert engines[0].log[before:] == ([("allreduce_async_", HEADER)] if step == 0 else []) + fast
     _both(lambda r: groups[r].close())
+
+
+def test_the_split_code_tells_splits_of_one_total_apart():
+    splits = [[1, 2, 1], [2, 0, 2], [4], [2, 2], [3, 1], [1, 3], [0, 4]]  # the first two shared a weighted sum
+    assert len({(sum(s), len(s), split_code(s)) for s in splits}) == len(splits)
+    assert all(0 <= split_code(s) < 2**24 for s in [[10**9, 3], [5] * 500])
 
 
 def test_a_pattern_change_made_by_every_rank_proceeds_and_is_learned():

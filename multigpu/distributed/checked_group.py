@@ -69,9 +69,19 @@ def _describe(op: str, size: int, src: int, seq: int | None = None, split: int =
     return text if seq is None else f"call #{seq} ({text})"
 
 
+_CODE_PRIME = 16_777_213  # the largest prime below 2**24: every code is exact in a float32 header field
+
+
 def split_code(sizes: Sequence[int]) -> int:
-    """A number that tells bucket splits apart (exact in a float32 header field)."""
-    return sum((i + 1) * s for i, s in enumerate(sizes)) % _LOW
+    """A number that tells bucket splits apart (exact in a float32 header field).
+
+    A polynomial hash modulo a prime: two splits of the same total and count share a code
+    only by a hash collision (a weighted sum, as before, gave [1, 2, 1] and [2, 0, 2] one code).
+    """
+    code = 0
+    for s in sizes:
+        code = (code * 1_000_003 + int(s) + 1) % _CODE_PRIME
+    return code
 
 
 def engine_error(exc: BaseException, context: str) -> CollectiveError:

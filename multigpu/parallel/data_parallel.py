@@ -345,7 +345,7 @@ class DataParallel:
                     announce("allreduce_", self._param_size + 1)
             else:
                 announce = getattr(self.process_group, "announce_buckets", None)
-                if announce is not None:  # one header checks the step's buckets, overlapping the computation
+                if announce is not None:  # the step's buckets checked together (a flag in bucket 0, or one header)
                     announce(bucketed.sizes)
             outs = []
             for r, (d, params, (xs, ys)) in enumerate(zip(self.devices, self.replicas, shards)):

@@ -131,7 +131,8 @@ class ProfileResult:
                 full = next(p for p in self.passes if p.device == d.name and p.graph == g)
                 out.append(f"  {d.name:<10} {d.backend:<7} {g:<17} layers {fmt_time(total):>9} + stage overhead "
                            f"{fmt_time(d.stage_overhead):>8}; slowest {slowest.layer} {fmt_time(slowest.median)}; "
-                           f"a whole pass {fmt_time(full.median)} (IQR {(full.q3 - full.q1) / full.median:.0%})")
+                           f"a whole pass {fmt_time(full.median)} (IQR {(full.q3 - full.q1) / full.median:.0%})"
+                           + ("" if full.warm is None else f", back to back {fmt_time(full.warm)}"))
         for f in self.links:
             small = "" if f.inline_latency is None else (
                 f" ({fmt_time(f.inline_latency)} up to {fmt_bytes(f.inline_bytes)}, inside Ray's messages)")
@@ -281,9 +282,9 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         first_medians: dict[str, list[float]] = {}
         for m, g in zip(model_list, graphs):
             timed = time_devices(ws, names_computing, m, batch, repeats, warmup, seed)
-            for name, (medians, q1, q3, n_samples, oh, full) in timed.items():
+            for name, (medians, q1, q3, n_samples, oh, full, warm) in timed.items():
                 overheads.setdefault(name, []).append(oh)
-                passes.append(PassProfile(name, g.name, full[1], full[0], full[2], n_samples))
+                passes.append(PassProfile(name, g.name, full[1], full[0], full[2], n_samples, warm))
                 first_medians.setdefault(name, medians)
                 for (label, _), med, a, b in zip(m.layers, medians, q1, q3):
                     layer_rows.append(LayerProfile(name, g.name, label, med, a, b, n_samples))
@@ -318,7 +319,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     hosts = {}
     for host, cores in host_of.values():
         hosts[host] = min(hosts.get(host, math.inf), cores or math.inf)
-    result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, fits, stage_overhead,
+    result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, passes, fits, stage_overhead,
                                     {name: h for name, (h, _) in host_of.items()}, hosts, cpu_fit)
     return ProfileResult(cluster=result_cluster, layers=layer_rows, passes=passes, links=fits,
                          hop_vs_bare=pairs_vs_bare,
@@ -327,7 +328,8 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
 
 
 def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequence[DeviceSpec], graphs: Sequence[Any],
-                   rows: Sequence[LayerProfile], fits: Sequence[LinkFit], overhead: Mapping[str, float],
+                   rows: Sequence[LayerProfile], passes: Sequence[PassProfile], fits: Sequence[LinkFit],
+                   overhead: Mapping[str, float],
                    host_of: Mapping[str, str], hosts: Mapping[str, float],
                    cpu: Optional[TransferCpuFit]) -> Cluster:
     devices = []
@@ -342,11 +344,13 @@ def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequenc
             total_time = sum(math.fsum(times[g.name].values()) for g in graphs if g.name in times)
             flops = total_flops / total_time
             old.update(times)
+        warm = dict(spec.warm_pass or {})
+        warm.update({p.graph: p.warm for p in passes if p.device == spec.name and p.warm is not None})
         devices.append(DeviceSpec(name=spec.name, flops=flops, power=spec.power, memory=spec.memory,
                                   backend=spec.backend, device=spec.device, threads=spec.threads,
                                   resources=spec.resources, layer_times=old or None,
                                   stage_overhead=overhead.get(spec.name, spec.stage_overhead),
-                                  host=host_of[spec.name],
+                                  warm_pass=warm or None, host=host_of[spec.name],
                                   transfer_cpu=None if cpu is None else cpu.devices.get(spec.name)))
     links = [Link(between=f.between, bandwidth=f.bandwidth, latency=f.latency, inline_latency=f.inline_latency)
              for f in fits]

@@ -108,7 +108,8 @@ class BucketedSum:
 
     ``buffers[r][k]`` is replica r's buffer of bucket k (bucket 0 ends with the loss, then
     ``reserved`` floats that belong to the process group); ``outputs[r]`` are the same with
-    bucket 0 cut before the reserved floats, for ``value_and_grad``. The callback ``ready(k)`` is handed to the last replica's ``value_and_grad``: the earlier
+    bucket 0 cut before the reserved floats (a view), for ``value_and_grad``. The callback
+    ``ready(k)`` is handed to the last replica's ``value_and_grad``: the earlier
     replicas' backward has been queued already, so bucket k is then complete on every
     device; it is reduced into the first device's buffer and its sum across processes
     starts (``group.allreduce_async_``). ``finish()`` waits for every bucket and returns,

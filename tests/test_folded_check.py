@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from test_distributed import _both, _reference_pair
 
+import multigpu
 from multigpu import models
 from multigpu.contract.protocol import Device
 from multigpu.distributed.checked_group import FIELDS, CheckedGroup, split_code
 from multigpu.distributed.job import free_port
-from multigpu.errors import CollectiveMismatchError
+from multigpu.errors import CollectiveMismatchError, InputError
 from multigpu.parallel.agreement import random_batches
 from multigpu.parallel.data_parallel import DataParallel
 
@@ -177,3 +178,16 @@ def test_a_pattern_change_made_by_every_rank_proceeds_and_is_learned():
     # round 3: the evaluation's only, the step after it predicted from round 2
     assert headers_per_round == [2, 2, 1]
     _both(lambda r: groups[r].close())
+
+
+def test_bucket_0_needs_room_for_the_flag_and_no_check_reserves_nothing():
+    class Unused:  # an engine that must not be reached
+        rank, world_size, timeout, device = 0, 2, 5.0, CPU
+
+    be = multigpu.backend("numpy")
+    checked, unchecked = CheckedGroup(Unused(), be), CheckedGroup(Unused(), be, check=False)
+    assert (checked.reserved_floats, unchecked.reserved_floats) == (1, 0)
+    with pytest.raises(InputError, match=r"announce_buckets\(\[1, 4\]\) needs .* bucket 0 larger than the 1 "
+                                         r"float\(s\) reserved for the check \(reserved_floats\)"):
+        checked.announce_buckets([1, 4])
+    unchecked.announce_buckets([1, 4])  # nothing reserved, nothing exchanged

@@ -157,13 +157,22 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     return max(list(busy.values()) + list(load.values()) + shares)
 
 
+def ref_occupancy(cd: dict, b: float, u: str, v: str) -> float:
+    """Seconds a transfer of b bytes keeps link (u, v) busy in a stream: (b + message_bytes) /
+    bandwidth above inline_bytes when the cluster has message_bytes, else its hop time."""
+    m = cd.get("message_bytes")
+    if m is None or b <= cd.get("inline_bytes", 0):
+        return ref_transfer(cd, b, u, v)[0]
+    return (b + m) / ref_link(cd, u, v, b)[0]
+
+
 def ref_transfer_loads(cd: dict, transfers: list, add: Any, load: dict) -> None:
     """For transfers (u, v, bytes), u != v: add each one's time to its link's ``load`` (unless
     it is CPU work of one host) and its CPU at both ends and at the relay through ``add``."""
     relay = cd.get("relay")
     for u, v, b in transfers:
         if not ref_cpu_link(cd, u, v):
-            load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_transfer(cd, b, u, v)[0]
+            load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_occupancy(cd, b, u, v)
         for end in (u, v):
             total, ser = ref_cpu(cd, end, b)
             add(end, ser, total)
@@ -217,6 +226,13 @@ class Brute:
             t_in = np.where(moved, b_in[None, :] / bw[prev, A] + lat_of(b_in[None, :], prev, A), 0.0)
             t_out = np.where(last != sink, out[-1] / bw[last, sink] + lat_of(out[-1], last, sink), 0.0)
             valid = (ok[prev, A] | ~moved).all(axis=1) & ok[last, sink]
+            # What a stream keeps each link busy for (the bottleneck's link loads).
+            msg = cd.get("message_bytes")
+            if msg is None:
+                o_in, o_out = t_in, t_out
+            else:
+                o_in = np.where(moved & (b_in[None, :] > small), (b_in[None, :] + msg) / bw[prev, A], t_in)
+                o_out = np.where((last != sink) & (out[-1] > small), (out[-1] + msg) / bw[last, sink], t_out)
             if ship:
                 ships = (A != src) & (params[None, :] > 0)
                 t_par = np.where(ships, params[None, :] / bw[src, A] + lat[src, A], 0.0)
@@ -264,8 +280,8 @@ class Brute:
             if ref_cpu_link(cd, names[u], names[v]):
                 continue
             on = ((prev == u) & (A == v)) | ((prev == v) & (A == u))
-            l_ = np.where(on, t_in, 0.0).sum(1)
-            l_ += np.where(((last == u) & (sink == v)) | ((last == v) & (sink == u)), t_out, 0.0)
+            l_ = np.where(on, o_in, 0.0).sum(1)
+            l_ += np.where(((last == u) & (sink == v)) | ((last == v) & (sink == u)), o_out, 0.0)
             loads.append(l_)
         link_max = np.max(np.stack(loads, 1), axis=1) if loads else np.zeros(len(A))
         host_max = np.max(np.stack(shares, 1), axis=1) if shares else np.zeros(len(A))
@@ -367,6 +383,8 @@ def instances(draw: Any, max_n: int = 8, max_k: int = 4, shared: bool = True,
     if draw(st.booleans()):
         cd["sink"] = draw(st.sampled_from(names))
     draw_inline(draw, cd)
+    if draw(st.integers(0, 2)) == 0:   # sometimes: the engine's message bytes per object-store transfer
+        cd["message_bytes"] = draw(st.sampled_from([0.0, 300.0, 5000.0]))
     layers = [{"name": f"l{i}",
                "flops": draw(st.sampled_from([0.0, 1.0])) * 10 ** (7 + 3 * draw(mag)),
                "param_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (3 + 4 * draw(mag)),

@@ -223,11 +223,12 @@ def busy_times(graph: Graph, cluster: Cluster, comp: np.ndarray, a: np.ndarray) 
 
 def link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
     """k x k symmetric matrix of activation transfer time per unordered pair, as the
-    bottleneck counts it: 0 on a pair whose transfers are CPU work of one host
-    (``Cluster.cpu_links``)."""
+    bottleneck counts it (``LinkTables.occupancy_seconds``): 0 on a pair whose transfers
+    are CPU work of one host (``Cluster.cpu_links``)."""
     k = cluster.k
     load = np.zeros((k, k))
-    np.add.at(load, (x.sends.u, x.sends.v), x.sends.time)
+    sd = x.sends
+    np.add.at(load, (sd.u, sd.v), cluster.tables.occupancy_seconds(sd.nbytes, sd.u, sd.v))
     load = load + load.T
     np.fill_diagonal(load, 0.0)
     load[cluster.cpu_links] = 0.0

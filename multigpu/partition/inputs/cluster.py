@@ -46,7 +46,7 @@ __all__ = ["Cluster", "DeviceSpec", "HostSpec", "Link", "LinkSpec", "LinkTables"
            "load_cluster", "shipped_clusters"]
 
 CLUSTER_KEYS_REQUIRED = ("devices", "source")
-CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay", "inline_bytes")
+CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay", "inline_bytes", "message_bytes")
 DEVICE_KEYS_REQUIRED = ("name", "flops", "power")
 DEVICE_KEYS_OPTIONAL = ("memory", "backend", "device", "threads", "resources", "layer_times",
                         "stage_overhead", "warm_pass", "host", "transfer_cpu")
@@ -232,6 +232,9 @@ class LinkTables:
     # (Ray sends them inside its own reply rather than through the object store).
     inline_latency: Optional[np.ndarray] = None
     inline_bytes: float = 0.0
+    # What the engine's messages add on the wire to a transfer above ``inline_bytes``
+    # (None: unknown; the bottleneck then charges the whole hop time).
+    message_bytes: Optional[float] = None
 
     def latency_for(self, nbytes: Any) -> np.ndarray:
         """The latency of a transfer of ``nbytes``: k x k for a number, (m, k, k) for m sizes."""
@@ -251,6 +254,16 @@ class LinkTables:
     def hop_seconds(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Seconds of each transfer ``nbytes[i]`` from ``u[i]`` to ``v[i]`` (where usable)."""
         return nbytes * self.inv_bandwidth[u, v] + self.latency_at(nbytes, u, v)
+
+    def occupancy_seconds(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Seconds each transfer ``nbytes[i]`` from ``u[i]`` to ``v[i]`` keeps its link busy in a
+        stream: ``(bytes + message_bytes) / bandwidth`` above ``inline_bytes`` when
+        ``message_bytes`` is known, else the hop time (``hop_seconds``)."""
+        hop = self.hop_seconds(nbytes, u, v)
+        if self.message_bytes is None:
+            return hop
+        b = np.asarray(nbytes, dtype=float)
+        return np.where(b > self.inline_bytes, (b + self.message_bytes) * self.inv_bandwidth[u, v], hop)
 
     @property
     def max_latency(self) -> float:
@@ -274,6 +287,13 @@ class Cluster:
     ``hosts`` (the machines whose cores devices share: a device names its own with
     ``host``) and ``relay`` (the device every transfer between two others passes
     through) describe the CPU a pipelined run shares; see ``hosts.py``.
+
+    ``message_bytes`` (bytes, measured; None: unknown) is what the engine's own messages
+    add on the wire to a transfer above ``inline_bytes`` (the task, the object's
+    location, the pull, acknowledgements; both directions together). With it, the
+    throughput bottleneck charges such a transfer ``(bytes + message_bytes) /
+    bandwidth`` of its link's time, as a stream keeps the link busy, instead of its
+    whole hop time, whose latency also holds round trips that overlap in a stream.
     """
 
     devices: tuple[DeviceSpec, ...]
@@ -284,6 +304,7 @@ class Cluster:
     hosts: tuple[HostSpec, ...] = ()
     relay: Optional[Relay] = None
     inline_bytes: int = 0
+    message_bytes: Optional[float] = None
     name: str = field(default="cluster", compare=False)
 
     def __post_init__(self) -> None:
@@ -333,6 +354,11 @@ class Cluster:
                                f"largest transfer the engine sends inside its reply, e.g. 1024 for Ray's "
                                f"max_direct_call_object_size=1024); leave it out for one latency per link")
         object.__setattr__(self, "inline_bytes", int(self.inline_bytes))
+        if self.message_bytes is not None:
+            object.__setattr__(self, "message_bytes", check_number(
+                self.message_bytes, "message_bytes",
+                unit="bytes the engine's messages add to a transfer through its object store, e.g. 4500; "
+                     "leave it out to charge each transfer its hop time in the throughput bottleneck"))
 
     def _check_hosts(self, names: list[str]) -> None:
         hosts = self.hosts
@@ -516,7 +542,8 @@ class Cluster:
         two_regimes = self.inline_bytes > 0 and not np.array_equal(inline, lat)
         for arr in (usable, inv_bw, lat, pw, inline):
             arr.flags.writeable = False
-        return LinkTables(usable, inv_bw, lat, pw, inline if two_regimes else None, float(self.inline_bytes))
+        return LinkTables(usable, inv_bw, lat, pw, inline if two_regimes else None, float(self.inline_bytes),
+                          self.message_bytes)
 
     # -- (de)serialisation ------------------------------------------------------
     @classmethod
@@ -560,7 +587,7 @@ class Cluster:
         relay = relay_from_dict(data["relay"], name) if "relay" in data else None
         return cls(devices=tuple(devices), links=tuple(links), default_link=default,
                    source=data["source"], sink=data.get("sink"), hosts=hosts, relay=relay,
-                   inline_bytes=data.get("inline_bytes", 0), name=name)
+                   inline_bytes=data.get("inline_bytes", 0), message_bytes=data.get("message_bytes"), name=name)
 
     def to_dict(self) -> dict[str, Any]:
         """The file structure of this cluster (round-trips through ``from_dict``)."""
@@ -597,6 +624,8 @@ class Cluster:
                 out["default_link"]["inline_latency"] = dl.inline_latency
         if self.inline_bytes:
             out["inline_bytes"] = self.inline_bytes
+        if self.message_bytes is not None:
+            out["message_bytes"] = self.message_bytes
         out["source"] = self.source
         out["sink"] = self.sink
         if self.hosts:

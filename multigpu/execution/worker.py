@@ -255,9 +255,8 @@ class StageWorker:
 
     def time_prefix(self, stop: int) -> float:
         """Seconds of layers ``0..stop-1`` run as one stage runs them: one call of the
-        model's slice, one synchronize (differences of prefixes give each layer's time
-        without per-layer instrumentation; a prefix of a graph model's topological order
-        consumes only the input)."""
+        model's slice, one synchronize (the profile times the whole pass so; a prefix of
+        a graph model's topological order consumes only the input)."""
         be, dev, model = self.be, self.device, self._prof_model
         t0 = time.perf_counter()
         model.forward(be, self._prof_params, self._prof_feeds[0]["input"], 0, stop, state=self._prof_state)

@@ -144,7 +144,10 @@ def run_lab(opts: Options) -> Result:
                 ["link", "shaped, MB/s", "fitted, MB/s", "fitted - shaped", "fitted latency, ms"], fit_rows,
                 note=f"Median |fitted - shaped| over {len(errors)} shaped links: "
                      f"{100 * statistics.median(errors):.1f}%, largest {100 * max(errors):.1f}%. The lab adds no "
-                     f"latency: the fitted latency is Ray's own cost per hop on these hosts.")
+                     f"latency: the fitted latency is Ray's own cost per hop on these hosts. What Ray's messages "
+                     f"add to a transfer through the object store (message_bytes, fitted from streams that fill a "
+                     f"link; the streams' bottleneck counts it): "
+                     + "; ".join(_message_bytes(p) for p in measured.profiles) + ".")
     prof = measured.profiles[-1]
     dev_rows = [[d.name, d.backend or "-", f"{nominal[d.name] / 1e9:.4g}", f"{shares[d.name]:.3g}",
                  f"{d.flops / 1e9:.3g}"] for d in prof.cluster.devices]
@@ -168,6 +171,13 @@ def run_lab(opts: Options) -> Result:
                             "host_cores": shares, "machine_cores": os.cpu_count()})
     result.data["fits"] = fit_rows
     return result
+
+
+def _message_bytes(prof: Any) -> str:
+    """One profile's message_bytes and the bytes solved per worker's link ('-': the CPU set that stream's rate)."""
+    per = ", ".join(f"{w} {'-' if m is None else f'{m / 1e3:.2g} KB'}" for w, m in prof.stream_message_bytes.items())
+    m = prof.cluster.message_bytes
+    return f"{'not fitted' if m is None else f'{m / 1e3:.3g} KB'} ({per or 'no stream'})"
 
 
 def _wrong_term(d: dict[str, Any]) -> str:

@@ -60,6 +60,7 @@ def test_run_missing_cluster_file_exits_2(tmp_path):
     (["--worker", "torch:fast"], "is not BACKEND[:DEVICE][:THREADS]"),
     (["--backend", "jax"], "unknown backend 'jax'"),
     (["--backend", "numpy", "--repeats", "0"], "repeats=0 must be a positive integer"),
+    (["--backend", "numpy", "--stream-items", "2"], "stream_items=2 must be"),
 ])
 def test_profile_bad_input_exits_2_with_one_line(tmp_path, args, match):
     out = cli("profile", "--out", str(tmp_path / "p.json"), *args, cwd=tmp_path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -32,7 +32,9 @@ class LayerProfile:
 @dataclass(frozen=True)
 class PassProfile:
     """A whole forward pass of one graph on one device (all its layers as one stage):
-    median and quartiles of ``n`` timed passes (s)."""
+    median and quartiles of ``n`` timed passes (s), each after a wait as the layer times
+    are; ``warm``: the median pass run back to back, with no wait in between (the
+    driver only: how it runs a plan that never leaves it), else None."""
 
     device: str
     graph: str
@@ -40,6 +42,7 @@ class PassProfile:
     q1: float
     q3: float
     n: int
+    warm: Optional[float] = None
 
 
 MAX_FIRST_LAYERS = 6   # cheap layers timed as the first work of a call, for the stage overhead
@@ -58,9 +61,10 @@ def probe_layers(medians: Sequence[float], budget: float) -> int:
 
 
 def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats: int, warmup: int, seed: int
-                  ) -> dict[str, tuple[list[float], list[float], list[float], int, float, tuple[float, ...]]]:
-    """Per device: per-layer median and quartiles, sample count, stage overhead and the
-    quartiles of a whole pass.
+                  ) -> dict[str, tuple[list[float], list[float], list[float], int, float, tuple[float, ...],
+                                   Optional[float]]]:
+    """Per device: per-layer median and quartiles, sample count, stage overhead, the
+    quartiles of a whole pass and, for the driver, the median whole pass back to back.
 
     A layer's time is the difference of two prefixes of the model (layers 0..k and
     0..k+1), each run the way a stage runs (one call of the slice, one synchronize)
@@ -75,6 +79,10 @@ def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats:
     work of a call, than inside a prefix (median over up to MAX_FIRST_LAYERS of the
     cheaper half of the layers, the earliest first); the first layer's time is its
     prefix minus that overhead.
+
+    The driver also runs whole passes back to back, with no Ray call between them, as
+    it runs a plan that never leaves it: a pass that starts after a wait is slower
+    (cold caches, a core that went idle), so that plan has a time of its own.
     """
     import ray
 
@@ -114,6 +122,12 @@ def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats:
         for name in names:
             for k in out[name][2]:
                 out[name][3][k].append(call(name, "time_first", k))
+    warm: dict[str, float] = {}
+    local = ws.local.name if ws.local is not None and ws.local.name in names else None
+    if local is not None:
+        for _ in range(warmup + 1):
+            ws.local.time_prefix(n)
+        warm[local] = statistics.median(ws.local.time_prefix(n) for _ in range(repeats))
     result = {}
     for name in names:
         inner, per_round, cheap, firsts = out[name]
@@ -129,5 +143,6 @@ def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats:
         q1[0] = max(min(quart[0][0] - shift, med[0]), MIN_LAYER_TIME)
         q3[0] = max(quart[0][2] - shift, med[0])
         full = statistics.quantiles(prefix[name][n], n=4, method="inclusive") if repeats > 1 else [mono[n]] * 3
-        result[name] = (med, q1, q3, repeats, overhead, (full[0], statistics.median(prefix[name][n]), full[2]))
+        result[name] = (med, q1, q3, repeats, overhead, (full[0], statistics.median(prefix[name][n]), full[2]),
+                        warm.get(name))
     return result

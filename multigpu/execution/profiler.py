@@ -40,6 +40,7 @@ from multigpu.data.files import atomic_write
 from multigpu.errors import InputError, PlanError
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.layer_timing import LayerProfile, PassProfile, probe_layers, time_devices
+from multigpu.execution.stream_fitting import StreamSample, fit_message_bytes, stream_probe_size, time_streams
 from multigpu.execution.link_fitting import (
     PROBE_WORK,
     HopVsBare,
@@ -83,6 +84,8 @@ class ProfileResult:
     notes: list[str] = field(default_factory=list)
     transfer_cpu: Optional[TransferCpuFit] = None
     hosts: dict[str, float] = field(default_factory=dict)
+    streams: list[StreamSample] = field(default_factory=list)
+    stream_message_bytes: dict[str, Optional[float]] = field(default_factory=dict)
 
     def write(self, path: Union[str, "os.PathLike[str]"]) -> Path:
         """Write the cluster as JSON to ``path`` (atomically)."""
@@ -106,6 +109,8 @@ class ProfileResult:
                 "hop_vs_bare": [{"between": list(h.between), "bytes": h.nbytes, "hop": h.hop, "bare": h.bare,
                                  "ratio": h.ratio} for h in self.hop_vs_bare],
                 "hosts": self.hosts,
+                "streams": [{"worker": x.worker, "bytes": x.nbytes, "items": x.items, "seconds": x.seconds,
+                             "message_bytes": self.stream_message_bytes.get(x.worker)} for x in self.streams],
                 "transfer_cpu": None if self.transfer_cpu is None else {
                     "devices": {d: f.to_dict() for d, f in self.transfer_cpu.devices.items()},
                     "relay": None if self.transfer_cpu.relay is None else self.transfer_cpu.relay.to_dict(),
@@ -131,7 +136,8 @@ class ProfileResult:
                 full = next(p for p in self.passes if p.device == d.name and p.graph == g)
                 out.append(f"  {d.name:<10} {d.backend:<7} {g:<17} layers {fmt_time(total):>9} + stage overhead "
                            f"{fmt_time(d.stage_overhead):>8}; slowest {slowest.layer} {fmt_time(slowest.median)}; "
-                           f"a whole pass {fmt_time(full.median)} (IQR {(full.q3 - full.q1) / full.median:.0%})")
+                           f"a whole pass {fmt_time(full.median)} (IQR {(full.q3 - full.q1) / full.median:.0%})"
+                           + ("" if full.warm is None else f", back to back {fmt_time(full.warm)}"))
         for f in self.links:
             small = "" if f.inline_latency is None else (
                 f" ({fmt_time(f.inline_latency)} up to {fmt_bytes(f.inline_bytes)}, inside Ray's messages)")
@@ -146,6 +152,14 @@ class ProfileResult:
                        f"{min(h.ratio for h in hs):.2f}x to {worst.ratio:.2f}x over {fmt_bytes(hs[0].nbytes)} to "
                        f"{fmt_bytes(hs[-1].nbytes)} (worst: {fmt_time(worst.hop)} against {fmt_time(worst.bare)} "
                        f"at {fmt_bytes(worst.nbytes)})")
+        for x in self.streams:
+            m = self.stream_message_bytes.get(x.worker)
+            out.append(f"  stream {self.cluster.source} -> {x.worker} of {fmt_bytes(x.nbytes)}: {fmt_time(x.seconds)} "
+                       f"an item; " + ("the hosts' CPU, not the link, set the rate" if m is None else
+                                      f"the engine's messages add {fmt_bytes(m)} a transfer on the link"))
+        if self.cluster.message_bytes is not None:
+            out.append(f"  message_bytes {fmt_bytes(self.cluster.message_bytes)} (the median over the links a stream "
+                       f"filled): the throughput bottleneck's link loads")
         for h, cores in self.hosts.items():
             on = [d.name for d in self.cluster.devices if d.host == h]
             out.append(f"  host {h}: {cores:g} cores, shared by {', '.join(on)}")
@@ -184,7 +198,8 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
             devices: Optional[Sequence[Union[DeviceSpec, Mapping[str, Any]]]] = None, *,
             driver: Union[None, DeviceSpec, Mapping[str, Any]] = None, cluster: Optional[Cluster] = None,
             batch: int = 1, repeats: int = 20, warmup: int = 3, link_repeats: int = 15,
-            sizes: Optional[Sequence[int]] = None, cpu_items: int = 60, engine: str = "tasks",
+            sizes: Optional[Sequence[int]] = None, cpu_items: int = 60, stream_items: int = 24,
+            engine: str = "tasks",
             address: Optional[str] = None,
             timeout: float = 120.0, startup_timeout: float = 180.0, progress: bool = True,
             seed: int = 0, session: Any = None) -> ProfileResult:
@@ -199,7 +214,9 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     other figures (power, memory, other graphs' layer_times) are kept. ``session``
     (an open ``Session`` on that cluster) profiles its workers instead of starting
     new ones, so profiling and runs can alternate on the same processes.
-    ``cpu_items`` payloads per route and size measure the transfer CPU.
+    ``cpu_items`` payloads per route and size measure the transfer CPU;
+    ``stream_items`` payloads streamed to each worker, the engine's message bytes
+    (``stream_fitting``).
 
     Raises PlanError, InputError, BackendNotInstalledError, MissingDependencyError
     (Ray), and WorkerDiedError / WorkerTimeoutError.
@@ -212,7 +229,8 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     if not model_list:
         raise InputError("profile needs at least one model")
     for name, value, low in (("batch", batch, 1), ("repeats", repeats, 1), ("warmup", warmup, 0),
-                             ("link_repeats", link_repeats, 3), ("cpu_items", cpu_items, 10)):
+                             ("link_repeats", link_repeats, 3), ("cpu_items", cpu_items, 10),
+                             ("stream_items", stream_items, 6)):
         check_count(value, name, minimum=low)
     if engine not in ENGINES:
         raise PlanError(f"engine={engine!r} is unknown; choose one of {', '.join(ENGINES)}")
@@ -281,9 +299,9 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         first_medians: dict[str, list[float]] = {}
         for m, g in zip(model_list, graphs):
             timed = time_devices(ws, names_computing, m, batch, repeats, warmup, seed)
-            for name, (medians, q1, q3, n_samples, oh, full) in timed.items():
+            for name, (medians, q1, q3, n_samples, oh, full, warm) in timed.items():
                 overheads.setdefault(name, []).append(oh)
-                passes.append(PassProfile(name, g.name, full[1], full[0], full[2], n_samples))
+                passes.append(PassProfile(name, g.name, full[1], full[0], full[2], n_samples, warm))
                 first_medians.setdefault(name, medians)
                 for (label, _), med, a, b in zip(m.layers, medians, q1, q3):
                     layer_rows.append(LayerProfile(name, g.name, label, med, a, b, n_samples))
@@ -309,27 +327,40 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
             notes.append("compiled engine: transfer CPU not measured (a compiled graph's actors poll their "
                          "channels, so their CPU per item depends on how long they wait, not on the hop); "
                          "the cluster has no transfer_cpu or relay")
+        # -- streams: what the engine's messages add on a link a stream fills ------------------
+        streams: list[StreamSample] = []
+        probe = stream_probe_size(link_payloads, inline)
+        if engine == "tasks" and workers and probe is not None:
+            streams = time_streams(ws, ray_engine, [w.name for w in workers], probe, stream_items, warmup, progress)
         host_of = {name: (info.host, info.cores) for name, info in ws.info.items()}
     if driver_spec.name not in host_of:   # a driver that runs no layers has no worker of its own
         host_of[driver_spec.name] = (socket.gethostname(), usable_cores())
     fits = fit_links(hops, inline)
+    two_regimes = any(f.inline_latency is not None for f in fits)
+    cluster_inline = int(fits[0].inline_bytes) if two_regimes else (base.inline_bytes if base else 0)
+    message_bytes, per_link = fit_message_bytes(streams, fits, driver_spec.name, cluster_inline)
+    if streams and message_bytes is None:
+        notes.append("no stream filled a link (the hosts' CPU set every probe's rate): the throughput "
+                     "bottleneck charges each transfer its hop time")
     pairs_vs_bare = hop_vs_bare(idle, bare, driver_spec.name)
     stage_overhead = {name: statistics.median(v) for name, v in overheads.items()}
     hosts = {}
     for host, cores in host_of.values():
         hosts[host] = min(hosts.get(host, math.inf), cores or math.inf)
-    result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, fits, stage_overhead,
-                                    {name: h for name, (h, _) in host_of.items()}, hosts, cpu_fit)
+    result_cluster = _build_cluster(base, driver_spec, workers, graphs, layer_rows, passes, fits, stage_overhead,
+                                    {name: h for name, (h, _) in host_of.items()}, hosts, cpu_fit, cluster_inline,
+                                    message_bytes)
     return ProfileResult(cluster=result_cluster, layers=layer_rows, passes=passes, links=fits,
-                         hop_vs_bare=pairs_vs_bare,
+                         hop_vs_bare=pairs_vs_bare, streams=streams, stream_message_bytes=per_link,
                          engine=engine, batch=batch, graphs=[g.name for g in graphs],
                          seconds=time.perf_counter() - t_begin, notes=notes, transfer_cpu=cpu_fit, hosts=hosts)
 
 
 def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequence[DeviceSpec], graphs: Sequence[Any],
-                   rows: Sequence[LayerProfile], fits: Sequence[LinkFit], overhead: Mapping[str, float],
+                   rows: Sequence[LayerProfile], passes: Sequence[PassProfile], fits: Sequence[LinkFit],
+                   overhead: Mapping[str, float],
                    host_of: Mapping[str, str], hosts: Mapping[str, float],
-                   cpu: Optional[TransferCpuFit]) -> Cluster:
+                   cpu: Optional[TransferCpuFit], inline_bytes: int, message_bytes: Optional[float]) -> Cluster:
     devices = []
     for spec in [driver, *workers]:
         times = {g.name: {r.layer: r.median for r in rows if r.device == spec.name and r.graph == g.name}
@@ -342,11 +373,13 @@ def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequenc
             total_time = sum(math.fsum(times[g.name].values()) for g in graphs if g.name in times)
             flops = total_flops / total_time
             old.update(times)
+        warm = dict(spec.warm_pass or {})
+        warm.update({p.graph: p.warm for p in passes if p.device == spec.name and p.warm is not None})
         devices.append(DeviceSpec(name=spec.name, flops=flops, power=spec.power, memory=spec.memory,
                                   backend=spec.backend, device=spec.device, threads=spec.threads,
                                   resources=spec.resources, layer_times=old or None,
                                   stage_overhead=overhead.get(spec.name, spec.stage_overhead),
-                                  host=host_of[spec.name],
+                                  warm_pass=warm or None, host=host_of[spec.name],
                                   transfer_cpu=None if cpu is None else cpu.devices.get(spec.name)))
     links = [Link(between=f.between, bandwidth=f.bandwidth, latency=f.latency, inline_latency=f.inline_latency)
              for f in fits]
@@ -369,11 +402,10 @@ def _build_cluster(base: Optional[Cluster], driver: DeviceSpec, workers: Sequenc
         keep = [ln for ln in base.links if frozenset(ln.between) not in measured]
         links += [ln for ln in keep if not any(frozenset(ln.between) == frozenset(x.between) for x in links)]
         default = default or base.default_link
-    two_regimes = any(f.inline_latency is not None for f in fits)
     return Cluster(devices=tuple(devices), source=driver.name, links=tuple(links), default_link=default,
                    sink=driver.name, hosts=tuple(HostSpec(h, c) for h, c in hosts.items()),
-                   relay=None if cpu is None else cpu.relay,
-                   inline_bytes=int(fits[0].inline_bytes) if two_regimes else (base.inline_bytes if base else 0),
+                   relay=None if cpu is None else cpu.relay, inline_bytes=inline_bytes,
+                   message_bytes=message_bytes if message_bytes is not None else (base.message_bytes if base else None),
                    name=base.name if base is not None else "profiled")
 
 

@@ -22,7 +22,8 @@ import numpy as np
 from multigpu.contract.protocol import Device
 from multigpu.execution.cores import usable_cores
 
-__all__ = ["PROBE", "PROBE_IDLE", "StageWorker", "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
+__all__ = ["PROBE", "PROBE_IDLE", "PROBE_SEND", "StageWorker",
+           "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
 
 # Stage id of a link probe: the message passes through unchanged while the worker
 # computes some layers of the profiled model, so a hop is timed between two workers
@@ -31,6 +32,10 @@ PROBE = -1
 # Stage id of a bare link probe: nothing computed (the engine's own cost, compared
 # with a bare actor call).
 PROBE_IDLE = -2
+# Stage id of a one-way stream probe: computes as PROBE does, and replies with the
+# payload's first value only, so a stream of them loads the link one way, as a stage
+# that sends back a small result does (``stream_fitting``).
+PROBE_SEND = -3
 
 # Read by OpenMP, MKL, OpenBLAS and oneDNN when the framework loads; torch, paddle
 # and mxnet size their CPU thread pools from them.
@@ -149,8 +154,8 @@ class StageWorker:
         be, dev = self.be, self.device
         t = be.from_numpy(x, dev)
         t0 = time.time()
-        if stage in (PROBE, PROBE_IDLE):   # a link probe: the payload passes unchanged
-            if stage == PROBE:               # ... while the worker computes, as a stage would
+        if stage in (PROBE, PROBE_IDLE, PROBE_SEND):   # a link probe: the payload passes unchanged
+            if stage != PROBE_IDLE:                      # ... while the worker computes, as a stage would
                 c0, h0 = time.process_time(), time.thread_time()
                 self._busy()
                 be.synchronize(dev)
@@ -162,7 +167,8 @@ class StageWorker:
             y = self.model.forward(be, self.params, t, start, stop)
         be.synchronize(dev)
         t1 = time.time()
-        return be.to_numpy(y), trace + (t0, t1)
+        out = be.to_numpy(y)
+        return (out.reshape(-1)[:1].copy() if stage == PROBE_SEND else out), trace + (t0, t1)
 
     def run_stage(self, stage: int, item: int, *messages: tuple[dict[str, np.ndarray], dict[int, tuple[float, float]]]
                   ) -> Any:

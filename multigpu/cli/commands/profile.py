@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
                         "activations; larger ones resolve a fast link's bandwidth)")
     p.add_argument("--cpu-items", type=int, default=60,
                    help="payloads streamed per size and route to measure transfer CPU (default 60)")
+    p.add_argument("--stream-items", type=int, default=24,
+                   help="payloads streamed to each worker to measure what the engine's messages add to a "
+                        "transfer on a link a stream fills (default 24)")
     p.add_argument("--engine", choices=("tasks", "compiled"), default="tasks",
                    help="Ray engine whose hops to measure: tasks (actor calls, default) or compiled (a Compiled Graph)")
     p.add_argument("--address", default=None, help="join this Ray cluster (default: start a local one)")
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             raise PlanError("give the workers either with --cluster or with --backend/--worker, not both")
         result = profile(models, cluster=load_cluster(args.cluster), batch=args.batch, repeats=args.repeats,
                          warmup=args.warmup, link_repeats=args.link_repeats, cpu_items=args.cpu_items,
-                         engine=args.engine, address=args.address, progress=not args.quiet, sizes=sizes)
+                         stream_items=args.stream_items, engine=args.engine, address=args.address, progress=not args.quiet, sizes=sizes)
     else:
         workers = _workers(args)
         if not workers:
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             driver["threads"] = args.driver_threads
         result = profile(models, workers, driver=driver, batch=args.batch, repeats=args.repeats,
                          warmup=args.warmup, link_repeats=args.link_repeats, cpu_items=args.cpu_items,
-                         engine=args.engine, address=args.address, progress=not args.quiet, sizes=sizes)
+                         stream_items=args.stream_items, engine=args.engine, address=args.address, progress=not args.quiet, sizes=sizes)
     path = result.write(args.out)
     if args.json:
         print(json.dumps(result.to_dict()))

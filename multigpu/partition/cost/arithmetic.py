@@ -19,7 +19,7 @@ from multigpu.partition.inputs.graph import Graph
 
 __all__ = ["AssignmentArrays", "Sends", "assignment_arrays", "bottleneck_of", "busy_times", "find_bottleneck",
            "link_loads", "loads", "memory_parts", "memory_use", "stage_overheads", "stage_starts",
-           "transfer_cpu_loads", "transfer_cpu_terms", "transfers"]
+           "transfer_cpu_loads", "transfer_cpu_terms", "transfers", "warm_scale"]
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,12 @@ def _check_links(graph: Graph, cluster: Cluster, prod: np.ndarray, to: np.ndarra
         f"between them or a default_link, or assign the layers differently")
 
 
-def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool) -> AssignmentArrays:
+def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool,
+                      warm: bool = True) -> AssignmentArrays:
     """The per-layer arrays and the transfers of assignment ``a`` (device columns);
-    UnusableLinkError when it moves data over a pair with no link."""
+    UnusableLinkError when it moves data over a pair with no link. ``warm=False``
+    leaves out ``warm_scale`` (the solvers' separable model, in which every plan is
+    priced from its per-layer times)."""
     tab = cluster.tables
     n = graph.n
     prod, to, u, v = _sends(graph, cluster, a)
@@ -156,9 +159,29 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
     t_out = float(t[~layer].sum())
     e_out = float(e[~layer].sum())
     t_stage = stage_overheads(graph, cluster, a)
+    if warm and not len(u):   # no transfer at all: the plan never leaves the source
+        scale = warm_scale(graph, cluster, comp, t_stage)
+        if scale < 1.0:
+            comp, t_stage = comp * scale, t_stage * scale
+            comp_energy = comp * cluster.power[a]
     e_stage = t_stage * cluster.power[a]
     return AssignmentArrays(a, comp, comp_energy, t_param, e_param, t_stage, e_stage, sends, t_in, e_in,
                             t_out, e_out)
+
+
+def warm_scale(graph: Graph, cluster: Cluster, comp: np.ndarray, t_stage: np.ndarray) -> float:
+    """The factor on the compute and stage overhead of a plan that never leaves the source
+    (every layer there, and the source is the sink): its ``warm_pass`` for this graph over
+    the layers' sum, at most 1; 1 without a ``warm_pass``.
+
+    Such a plan runs item after item on the driver with no wait in between, so it runs
+    at the back-to-back speed the profile measured; every other stage starts after a
+    wait (an item arriving), as its ``layer_times`` were measured.
+    """
+    warm = cluster.devices[cluster.source_index].warm_pass
+    t = None if warm is None else warm.get(graph.name)
+    total = math.fsum(comp) + math.fsum(t_stage)
+    return 1.0 if t is None or total <= 0 else min(1.0, t / total)
 
 
 def stage_starts(graph: Graph, a: np.ndarray) -> np.ndarray:
@@ -200,11 +223,12 @@ def busy_times(graph: Graph, cluster: Cluster, comp: np.ndarray, a: np.ndarray) 
 
 def link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
     """k x k symmetric matrix of activation transfer time per unordered pair, as the
-    bottleneck counts it: 0 on a pair whose transfers are CPU work of one host
-    (``Cluster.cpu_links``)."""
+    bottleneck counts it (``LinkTables.occupancy_seconds``): 0 on a pair whose transfers
+    are CPU work of one host (``Cluster.cpu_links``)."""
     k = cluster.k
     load = np.zeros((k, k))
-    np.add.at(load, (x.sends.u, x.sends.v), x.sends.time)
+    sd = x.sends
+    np.add.at(load, (sd.u, sd.v), cluster.tables.occupancy_seconds(sd.nbytes, sd.u, sd.v))
     load = load + load.T
     np.fill_diagonal(load, 0.0)
     load[cluster.cpu_links] = 0.0
@@ -277,8 +301,9 @@ def find_bottleneck(cluster: Cluster, load: np.ndarray, links: np.ndarray, hosts
     return best, at
 
 
-def bottleneck_of(graph: Graph, cluster: Cluster, a: np.ndarray) -> float:
-    """The throughput objective of assignment ``a`` (device columns)."""
-    x = assignment_arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False)
+def bottleneck_of(graph: Graph, cluster: Cluster, a: np.ndarray, warm: bool = True) -> float:
+    """The throughput objective of assignment ``a`` (device columns); ``warm`` as in
+    ``assignment_arrays``."""
+    x = assignment_arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False, warm=warm)
     load, _, _, hosts = loads(graph, cluster, x)
     return find_bottleneck(cluster, load, link_loads(cluster, x), hosts)[0]

@@ -15,6 +15,10 @@ Definition (a_0 = source, a_{n+1} = sink, a_1..a_n the layers' devices):
   from the source (a layer without parameters ships nothing);
 * a stage (a maximal run of consecutive layers on one device) costs its device's
   ``stage_overhead`` once, charged to its first layer (0 unless measured);
+* a plan with no transfer at all (every layer on the source, which is also the sink)
+  runs its items back to back on the driver: where the source has a ``warm_pass`` for
+  this graph, its compute times and stage overhead are scaled so they sum to it (never
+  up). Every other stage starts after a wait, as ``layer_times`` were measured;
 * T = sum of compute times + sum of stage overheads + sum of transfer times
 * E = sum of power(a_i) * (compute time_i + stage overhead_i) + sum of transfer time * link power
 * cost = wt * T + we * E
@@ -27,7 +31,10 @@ The throughput objective (pipelined inference) is the *bottleneck*, the largest 
   between two other devices when it is the relay), of that CPU only the ``serial``
   part (on its computing thread; all of it without ``serial``);
 * each link's activation transfer time per item (not on a pair of devices of one host
-  that both have ``transfer_cpu``: moving data between them is that CPU work);
+  that both have ``transfer_cpu``: moving data between them is that CPU work); with the
+  cluster's ``message_bytes``, a transfer above ``inline_bytes`` counts ``(bytes +
+  message_bytes) / bandwidth`` there instead of its hop time (a stream keeps the link
+  busy with the payload and the engine's messages, while the round trips overlap);
 * each host's load: its devices' compute, stage overheads and all their transfer CPU,
   divided by its ``cores``.
 
@@ -205,7 +212,7 @@ def _link_records(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> list[L
     energy = np.zeros((k, k))
     sd = x.sends
     np.add.at(nbytes, (sd.u, sd.v), sd.nbytes)
-    np.add.at(load, (sd.u, sd.v), sd.time)
+    np.add.at(load, (sd.u, sd.v), cluster.tables.occupancy_seconds(sd.nbytes, sd.u, sd.v))
     np.add.at(energy, (sd.u, sd.v), sd.energy)
     src = cluster.source_index
     shipped = x.t_param > 0

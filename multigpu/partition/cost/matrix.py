@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from multigpu.partition.cost.arithmetic import stage_overheads, warm_scale
 from multigpu.partition.cost.choices import compute_times, param_times
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
@@ -32,7 +33,9 @@ class MatrixForm:
         + sum_c max_{e into c} <L[e], stage_time[e]>
 
     (elementwise max over a producer's edges; on a chain every max has one term, and T
-    is the document's sum of blocks).
+    is the document's sum of blocks). ``warm`` (at most 1) scales the compute and stage
+    terms of a plan that never leaves the source (``arithmetic.warm_scale``); it is 1
+    for every other plan.
     """
 
     A: np.ndarray
@@ -46,6 +49,7 @@ class MatrixForm:
     stage_time: np.ndarray
     edge_from: np.ndarray
     edge_to: np.ndarray
+    warm: float = 1.0
 
     def sends(self) -> np.ndarray:
         """(n+1) x k x k: for each producer (row p + 1) the elementwise max of its edges' L,
@@ -71,16 +75,16 @@ class MatrixForm:
         """Total time T from the matrix form."""
         S = self.sends()
         moves = np.where(S > 0, self._per_producer(self.transfer_time), 0.0) * S
-        return float(np.sum(self._chosen(self.compute_time + self.param_time)) + np.sum(moves)
-                     + self._stages(self.stage_time))
+        return float(self.warm * np.sum(self._chosen(self.compute_time)) + np.sum(self._chosen(self.param_time))
+                     + np.sum(moves) + self.warm * self._stages(self.stage_time))
 
     def energy(self) -> float:
         """Total energy E from the matrix form."""
         S = self.sends()
-        compute = np.sum(self._chosen(self.compute_time) * self.device_power[None, :])
+        compute = self.warm * np.sum(self._chosen(self.compute_time) * self.device_power[None, :])
         params = np.sum(self._chosen(self.param_time) * self.param_power[None, :])
         moves = np.sum(np.where(S > 0, self._per_producer(self.transfer_time), 0.0) * S * self.link_power[None])
-        stages = self._stages(self.stage_time * self.device_power[None, None, :])
+        stages = self.warm * self._stages(self.stage_time * self.device_power[None, None, :])
         return float(compute + params + moves + stages)
 
     def cost(self, wt: float = 1.0, we: float = 0.0) -> float:
@@ -119,6 +123,9 @@ def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool
     S[frm < 0] = oh[None, :]                                   # the input always starts a stage
     layer_edges = (frm >= 0) & (to < n)
     S[layer_edges] = np.where(np.eye(k, dtype=bool), 0.0, oh[None, :])[None]
+    warm = 1.0
+    if src == sink and (a == src).all():   # no transfer: the plan never leaves the source
+        warm = warm_scale(graph, cluster, comp[np.arange(n), a], stage_overheads(graph, cluster, a))
     return MatrixForm(A=A, L=L, compute_time=comp, param_time=ptime, param_power=tab.power[src].copy(),
                       transfer_time=T, device_power=cluster.power.copy(), link_power=tab.power.copy(),
-                      stage_time=S, edge_from=frm, edge_to=to)
+                      stage_time=S, edge_from=frm, edge_to=to, warm=warm)

@@ -46,10 +46,10 @@ __all__ = ["Cluster", "DeviceSpec", "HostSpec", "Link", "LinkSpec", "LinkTables"
            "load_cluster", "shipped_clusters"]
 
 CLUSTER_KEYS_REQUIRED = ("devices", "source")
-CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay", "inline_bytes")
+CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay", "inline_bytes", "message_bytes")
 DEVICE_KEYS_REQUIRED = ("name", "flops", "power")
 DEVICE_KEYS_OPTIONAL = ("memory", "backend", "device", "threads", "resources", "layer_times",
-                        "stage_overhead", "host", "transfer_cpu")
+                        "stage_overhead", "warm_pass", "host", "transfer_cpu")
 FRAMEWORK_DEVICE = re.compile(r"cpu|(?:gpu|cuda):\d+")
 LINK_KEYS_REQUIRED = ("between", "bandwidth", "latency")
 LINK_KEYS_OPTIONAL = ("power", "inline_latency")
@@ -73,7 +73,11 @@ class DeviceSpec:
     default 0) is what starting a stage here costs beyond its layers' times: the
     first layer of a call runs slower than the same layer in the middle of a pass
     (a worker woken from waiting has cold caches); the cost model adds it once per
-    stage.
+    stage. ``warm_pass`` maps a graph name to the time of a whole forward pass here
+    when passes run back to back, with no wait in between: how the driver runs a plan
+    that never leaves it (no transfer, no Ray call). A pass that starts after a wait
+    runs slower (measured: LeNet 0.42 ms back to back, 0.98 ms after a Ray round
+    trip), and ``layer_times`` are measured after one, as every other stage runs.
 
     What a pipelined run shares (see ``hosts.py``): ``host`` names the entry of the
     cluster's ``hosts`` whose cores this device's worker shares with the other
@@ -91,6 +95,7 @@ class DeviceSpec:
     resources: Optional[Mapping[str, float]] = field(default=None, hash=False)
     layer_times: Optional[Mapping[str, Mapping[str, float]]] = field(default=None, hash=False)
     stage_overhead: float = 0.0
+    warm_pass: Optional[Mapping[str, float]] = field(default=None, hash=False)
     host: Optional[str] = None
     transfer_cpu: Optional[TransferCpu] = None
 
@@ -119,6 +124,13 @@ class DeviceSpec:
             object.__setattr__(self, "layer_times", _check_layer_times(self.layer_times, what))
         object.__setattr__(self, "stage_overhead", check_number(
             self.stage_overhead, f"{what}: stage_overhead", unit="seconds per stage; 0 if not measured"))
+        if self.warm_pass is not None:
+            object.__setattr__(self, "warm_pass", check_number_map(
+                self.warm_pass, what, "warm_pass", "a warm_pass graph name",
+                f"{what}: warm_pass must be a non-empty object mapping a graph name such as "
+                f"\"lenet(batch=1)\" to the seconds of a whole pass run back to back; re-profile with "
+                f"multigpu profile, or leave the key out", unit="seconds of a whole pass; measured times are "
+                "positive and finite"))
         if self.host is not None:
             check_name(self.host, f"{what}: host")
         if self.transfer_cpu is not None:
@@ -220,6 +232,9 @@ class LinkTables:
     # (Ray sends them inside its own reply rather than through the object store).
     inline_latency: Optional[np.ndarray] = None
     inline_bytes: float = 0.0
+    # What the engine's messages add on the wire to a transfer above ``inline_bytes``
+    # (None: unknown; the bottleneck then charges the whole hop time).
+    message_bytes: Optional[float] = None
 
     def latency_for(self, nbytes: Any) -> np.ndarray:
         """The latency of a transfer of ``nbytes``: k x k for a number, (m, k, k) for m sizes."""
@@ -239,6 +254,16 @@ class LinkTables:
     def hop_seconds(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Seconds of each transfer ``nbytes[i]`` from ``u[i]`` to ``v[i]`` (where usable)."""
         return nbytes * self.inv_bandwidth[u, v] + self.latency_at(nbytes, u, v)
+
+    def occupancy_seconds(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Seconds each transfer ``nbytes[i]`` from ``u[i]`` to ``v[i]`` keeps its link busy in a
+        stream: ``(bytes + message_bytes) / bandwidth`` above ``inline_bytes`` when
+        ``message_bytes`` is known, else the hop time (``hop_seconds``)."""
+        hop = self.hop_seconds(nbytes, u, v)
+        if self.message_bytes is None:
+            return hop
+        b = np.asarray(nbytes, dtype=float)
+        return np.where(b > self.inline_bytes, (b + self.message_bytes) * self.inv_bandwidth[u, v], hop)
 
     @property
     def max_latency(self) -> float:
@@ -262,6 +287,13 @@ class Cluster:
     ``hosts`` (the machines whose cores devices share: a device names its own with
     ``host``) and ``relay`` (the device every transfer between two others passes
     through) describe the CPU a pipelined run shares; see ``hosts.py``.
+
+    ``message_bytes`` (bytes, measured; None: unknown) is what the engine's own messages
+    add on the wire to a transfer above ``inline_bytes`` (the task, the object's
+    location, the pull, acknowledgements; both directions together). With it, the
+    throughput bottleneck charges such a transfer ``(bytes + message_bytes) /
+    bandwidth`` of its link's time, as a stream keeps the link busy, instead of its
+    whole hop time, whose latency also holds round trips that overlap in a stream.
     """
 
     devices: tuple[DeviceSpec, ...]
@@ -272,6 +304,7 @@ class Cluster:
     hosts: tuple[HostSpec, ...] = ()
     relay: Optional[Relay] = None
     inline_bytes: int = 0
+    message_bytes: Optional[float] = None
     name: str = field(default="cluster", compare=False)
 
     def __post_init__(self) -> None:
@@ -321,6 +354,11 @@ class Cluster:
                                f"largest transfer the engine sends inside its reply, e.g. 1024 for Ray's "
                                f"max_direct_call_object_size=1024); leave it out for one latency per link")
         object.__setattr__(self, "inline_bytes", int(self.inline_bytes))
+        if self.message_bytes is not None:
+            object.__setattr__(self, "message_bytes", check_number(
+                self.message_bytes, "message_bytes",
+                unit="bytes the engine's messages add to a transfer through its object store, e.g. 4500; "
+                     "leave it out to charge each transfer its hop time in the throughput bottleneck"))
 
     def _check_hosts(self, names: list[str]) -> None:
         hosts = self.hosts
@@ -504,7 +542,8 @@ class Cluster:
         two_regimes = self.inline_bytes > 0 and not np.array_equal(inline, lat)
         for arr in (usable, inv_bw, lat, pw, inline):
             arr.flags.writeable = False
-        return LinkTables(usable, inv_bw, lat, pw, inline if two_regimes else None, float(self.inline_bytes))
+        return LinkTables(usable, inv_bw, lat, pw, inline if two_regimes else None, float(self.inline_bytes),
+                          self.message_bytes)
 
     # -- (de)serialisation ------------------------------------------------------
     @classmethod
@@ -524,7 +563,8 @@ class Cluster:
                                       memory=d.get("memory"), backend=d.get("backend"),
                                       device=d.get("device"), threads=d.get("threads"),
                                       resources=d.get("resources"), layer_times=d.get("layer_times"),
-                                      stage_overhead=d.get("stage_overhead", 0.0), host=d.get("host"),
+                                      stage_overhead=d.get("stage_overhead", 0.0),
+                                      warm_pass=d.get("warm_pass"), host=d.get("host"),
                                       transfer_cpu=None if d.get("transfer_cpu") is None else
                                       transfer_cpu_from_dict(d["transfer_cpu"], f"device {d['name']!r}")))
         raw_links = data.get("links", [])
@@ -547,7 +587,7 @@ class Cluster:
         relay = relay_from_dict(data["relay"], name) if "relay" in data else None
         return cls(devices=tuple(devices), links=tuple(links), default_link=default,
                    source=data["source"], sink=data.get("sink"), hosts=hosts, relay=relay,
-                   inline_bytes=data.get("inline_bytes", 0), name=name)
+                   inline_bytes=data.get("inline_bytes", 0), message_bytes=data.get("message_bytes"), name=name)
 
     def to_dict(self) -> dict[str, Any]:
         """The file structure of this cluster (round-trips through ``from_dict``)."""
@@ -565,6 +605,8 @@ class Cluster:
                 dev["stage_overhead"] = d.stage_overhead
             if d.layer_times is not None:
                 dev["layer_times"] = {g: dict(t) for g, t in d.layer_times.items()}
+            if d.warm_pass is not None:
+                dev["warm_pass"] = dict(d.warm_pass)
             if d.host is not None:
                 dev["host"] = d.host
             if d.transfer_cpu is not None:
@@ -582,6 +624,8 @@ class Cluster:
                 out["default_link"]["inline_latency"] = dl.inline_latency
         if self.inline_bytes:
             out["inline_bytes"] = self.inline_bytes
+        if self.message_bytes is not None:
+            out["message_bytes"] = self.message_bytes
         out["source"] = self.source
         out["sink"] = self.sink
         if self.hosts:

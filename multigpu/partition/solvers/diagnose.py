@@ -116,7 +116,7 @@ def min_energy(tables: CostTables, cons: ResolvedConstraints) -> tuple[np.ndarra
     res = solve_milp(tables, cons, 0.0, 1.0, families=())
     if res.a is None:
         return np.zeros(tables.graph.n, dtype=np.intp), np.inf
-    return res.a, float(assignment_arrays(tables.graph, tables.cluster, res.a, tables.ship_params).energy)
+    return res.a, float(assignment_arrays(tables.graph, tables.cluster, res.a, tables.ship_params, warm=False).energy)
 
 
 def explain_coupled(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,

@@ -95,7 +95,7 @@ def cost_if_feasible(tables: CostTables, cons: ResolvedConstraints, wt: float, w
                      a: np.ndarray) -> tuple[float, list[int], list[int], bool]:
     """(cost, over-full-memory devices, over-busy devices, over energy?) of ``a``."""
     graph, cluster = tables.graph, tables.cluster
-    x = assignment_arrays(graph, cluster, a, tables.ship_params)
+    x = assignment_arrays(graph, cluster, a, tables.ship_params, warm=False)
     energy = x.energy
     busy = busy_times(graph, cluster, tables.comp, a)
     over_mem = list(np.flatnonzero(memory_use(graph, cluster, a) > cons.memory))

@@ -511,7 +511,7 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
     pair_of = -np.ones((k, k), dtype=np.int64)
     pair_of[pu, pv] = pair_of[pv, pu] = np.arange(len(pu))
     usable = tab.usable[tm.t_u, tm.t_v]
-    t = np.where(usable, tab.hop_seconds(tm.t_bytes, tm.t_u, tm.t_v), 0.0)
+    t = np.where(usable, tab.occupancy_seconds(tm.t_bytes, tm.t_u, tm.t_v), 0.0)
     return LoadTerms(dev, col, val, ser, host_rows, host_of_term, host_val, tm.t_col,
                      np.where(usable, pair_of[tm.t_u, tm.t_v], -1), t, len(pu))
 

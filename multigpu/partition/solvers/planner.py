@@ -10,7 +10,8 @@ cluster, and which method proved it.
   the provably useless choices fixed (see ``_constrained``);
 * makespan objective: on a chain it is T, so the latency path with (wt, we) = (1, 0);
   on a DAG the makespan MILP (``milp_timing``), exact, for graphs of tens of layers;
-* throughput objective: the bottleneck MILP, ties broken by cost.
+* throughput objective: the bottleneck MILP, ties broken by cost;
+* last, the plan that never leaves the source, priced at its ``warm_pass`` (``_warm_local``).
 
 Every reported number comes from ``evaluate`` on the chosen assignment, so a plan's
 ``time``/``energy``/``cost`` are exactly the cost model's, never a solver's
@@ -114,7 +115,7 @@ class Plan:
 def _violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> list[str]:
     graph, cluster = tables.graph, tables.cluster
     # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
-    energy = assignment_arrays(graph, cluster, a, tables.ship_params).energy if cons.has_energy else 0.0
+    energy = assignment_arrays(graph, cluster, a, tables.ship_params, warm=False).energy if cons.has_energy else 0.0
     return cons.violations(cluster, memory_use(graph, cluster, a), busy_times(graph, cluster, tables.comp, a),
                            energy, a)
 
@@ -283,7 +284,7 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
 
     if objective == "throughput":
         _check_candidates(tables, cons, wt, we, verbose)
-        known = (a, bottleneck_of(graph, cluster, a)) if dp_ok else None
+        known = (a, bottleneck_of(graph, cluster, a, warm=False)) if dp_ok else None
         a = solve_throughput(tables, cons, wt, we, _scale(value), known,
                              lambda: explain_coupled(tables, cons, wt, we, verbose), verbose)
         used = "milp"
@@ -298,6 +299,7 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
     elif solver == "milp" or not dp_ok:
         _check_candidates(tables, cons, wt, we, verbose)
         a, used = _constrained(tables, cons, lw, le, value, solver, verbose, free, options)
+    a = _warm_local(graph, cluster, tables, cons, a, objective, wt, we, bool(ship_params))
     elapsed = _time.perf_counter() - t0
 
     broken = _violations(tables, cons, a)
@@ -307,6 +309,31 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
     return Plan(assignment=bd.assignment, time=bd.time, energy=bd.energy, cost=bd.cost,
                 bottleneck=bd.bottleneck, objective=objective, solver=used, solve_time=elapsed,
                 wt=wt, we=we, ship_params=bool(ship_params), breakdown=bd, constraints=spec)
+
+
+def _warm_local(graph: Graph, cluster: Cluster, tables: CostTables, cons: ResolvedConstraints, a: np.ndarray,
+                objective: str, wt: float, we: float, ship_params: bool) -> np.ndarray:
+    """``a``, or the plan that never leaves the source where that one is better.
+
+    The solvers price every plan from the per-layer times; ``evaluate`` prices the plan
+    with every layer on the source (which is also the sink) at the source's
+    ``warm_pass``, which is never more. Every other plan costs the same either way, so
+    the better of the solvers' optimum and that one plan is the optimum. Busy-time and
+    energy constraints are checked on the per-layer times (never less than the warm
+    ones), so a plan accepted meets them.
+    """
+    src = cluster.source_index
+    warm = cluster.devices[src].warm_pass
+    local = np.full(graph.n, src, dtype=np.intp)
+    if (warm is None or graph.name not in warm or cluster.sink_index != src or (a == local).all()
+            or not cons.allowed[:, src].all() or _violations(tables, cons, local)):
+        return a
+
+    def key(x: np.ndarray) -> tuple[float, ...]:
+        bd = evaluate(graph, cluster, x, wt, we, ship_params)
+        return {"throughput": (bd.bottleneck, bd.cost), "makespan": (bd.makespan,)}.get(objective, (bd.cost,))
+
+    return local if key(local) < key(a) else a
 
 
 def _check_candidates(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, verbose: bool) -> None:

@@ -68,7 +68,7 @@ def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, w
             raise explain()
         if first.status != 0 or first.a is None:
             raise SolverError(f"HiGHS did not solve the bottleneck MILP: {first.message}")
-        first_a, best_b = first.a, bottleneck_of(tables.graph, tables.cluster, first.a)
+        first_a, best_b = first.a, bottleneck_of(tables.graph, tables.cluster, first.a, warm=False)
     if best_b <= 0:
         # B = 0 exactly: no choice may create any load. Say so combinatorially rather
         # than through a row whose tolerance would admit tiny loads.

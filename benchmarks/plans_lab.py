@@ -145,7 +145,7 @@ def run_lab(opts: Options) -> Result:
                 note=f"Median |fitted - shaped| over {len(errors)} shaped links: "
                      f"{100 * statistics.median(errors):.1f}%, largest {100 * max(errors):.1f}%. The lab adds no "
                      f"latency: the fitted latency is Ray's own cost per hop on these hosts. What Ray's messages "
-                     f"add to a transfer through the object store (message_bytes, fitted from streams that fill a "
+                     f"add to a transfer on the wire (message_bytes, fitted from streams that fill a "
                      f"link; the streams' bottleneck counts it): "
                      + "; ".join(_message_bytes(p) for p in measured.profiles) + ".")
     prof = measured.profiles[-1]

@@ -113,7 +113,7 @@ for n in (64, 65):  # 65: the last batch of 1 row joins the one before it
     save_json(f"shard{n}", seen)
 
 # 4. train(): reduced loss and accuracy, rank-0-only checkpoints, resume ------------
-args = dict(backend=name, num_gpus="cpu:1", batch_size=20, lr=0.2, progress=False, data=dataset(90, seed=1))
+args = {"backend": name, "num_gpus": "cpu:1", "batch_size": 20, "lr": 0.2, "progress": False, "data": dataset(90, seed=1)}
 full = multigpu.train(num_epochs=2, process_group=group, **args)
 folder = OUT / f"checkpoint.rank{rank}"  # each rank names its own; only rank 0 may write
 multigpu.train(num_epochs=1, checkpoint=folder, process_group=group, **args)
@@ -153,6 +153,36 @@ except CollectiveMismatchError as exc:
     messages.append(str(exc))
 group.barrier()
 save_json("mismatch", messages)
+
+
+# 5b. the check folded into the step's exchange: a bucket set that every rank predicts runs with no header;
+# a rank that calls something else is named with both sides, the group goes on, and a change that every
+# rank makes together proceeds
+def bucket_set(sizes: list[int], scale: float) -> list[list[float]]:
+    bufs = [be.from_numpy(scale * np.arange(1, n + 1, dtype=np.float32), group.device) for n in sizes]
+    group.announce_buckets(sizes)
+    waits = [group.allreduce_async_(t) for t in bufs]
+    for wait in waits:
+        wait()
+    sums = [be.to_numpy(t).tolist() for t in bufs]
+    return [sums[0][:-1], *sums[1:]]  # bucket 0's last float is the check's flag
+
+
+folded: dict = {"sums": [], "messages": []}
+deviations = {"size": lambda: group.allreduce_(be.from_numpy(np.ones(5, np.float32), group.device)),
+              "op": group.barrier, "split": lambda: bucket_set([5, 2], 2.0)}
+for deviate in deviations.values():
+    folded["sums"] += [bucket_set([4, 3], rank + 1.0) for _ in range(2)]  # a header, then the fast path
+    try:
+        bucket_set([4, 3], 1.0) if rank == 0 else deviate()
+    except CollectiveMismatchError as exc:
+        folded["messages"].append(str(exc))
+folded["sums"] += [bucket_set([4, 3], rank + 1.0) for _ in range(2)]
+together = be.from_numpy(np.full(3, rank + 1.0, np.float32), group.device)
+group.allreduce_(together)  # every rank leaves the predicted bucket set at once
+folded["together"] = be.to_numpy(together).tolist()
+folded["sums"].append(bucket_set([4, 3], rank + 1.0))
+save_json("folded", folded)
 
 # 6. rank 1 hangs: rank 0's next collective must time out and end the job ----------
 save_json("hang", time.time())

@@ -186,25 +186,28 @@ def test_mxnet_engine_lets_bucket_0_be_read_while_the_rest_of_backward_is_held(p
 
 
 def test_one_header_checks_the_buckets_and_a_mismatch_names_both_sides():
+    """The first bucket set has no prediction to run on: one header checks it, and a mismatch there names both
+    sides before a bucket reaches the engine. The next set runs on the fast path."""
     be, groups = _reference_pair(free_port())
-    bufs = [[be.from_numpy(np.full(n, r + 1.0, np.float32), CPU) for n in (3, 2)] for r in (0, 1)]
+    bufs = [[be.from_numpy(np.full(n, r + 1.0, np.float32), CPU) for n in (4, 2)] for r in (0, 1)]
 
     def buckets(r: int) -> list:
-        groups[r].announce_buckets([3, 2])
+        groups[r].announce_buckets([4, 2])
         waits = [groups[r].allreduce_async_(t) for t in bufs[r]]
         for w in waits:
             w()
-        return [be.to_numpy(t).tolist() for t in bufs[r]]
+        return [be.to_numpy(bufs[r][0])[:-1].tolist(), be.to_numpy(bufs[r][1]).tolist()]  # the last float: the flag
 
-    calls = groups[0].calls
-    assert _both(buckets) == [[[3, 3, 3], [3, 3]]] * 2
-    assert groups[0].calls == calls + 1  # one checked call for the whole step
-    out = _both(lambda r: buckets(r) if r == 0 else groups[r].allreduce_(be.from_numpy(np.ones(5, np.float32), CPU)))
+    out = _both(lambda r: buckets(r) if r == 0 else groups[r].allreduce_(be.from_numpy(np.ones(6, np.float32), CPU)))
     assert all(isinstance(e, CollectiveMismatchError) for e in out), out
     for e in out:
-        assert "rank 0 is at call #" in str(e) and "(2 bucket allreduces of 5 floats in all" in str(e)
-        assert "rank 1 is at call #" in str(e) and "(allreduce_ of 5 floats)" in str(e)
-    assert _both(buckets) == [[[6, 6, 6], [6, 6]]] * 2  # the group still works
+        assert "rank 0 is at call #1 (2 bucket allreduces of 6 floats in all" in str(e)
+        assert "rank 1 is at call #1 (allreduce_ of 6 floats)" in str(e)
+    assert [be.to_numpy(b).tolist() for b in bufs[0]] == [[1] * 4, [1] * 2]  # no bucket reached the engine
+    calls = groups[0].calls
+    assert _both(buckets) == [[[3, 3, 3], [3, 3]]] * 2  # the group still works
+    assert groups[0].calls == calls + 1  # one checked call for the whole step
+    assert _both(buckets) == [[[6, 6, 6], [6, 6]]] * 2  # the same set again: the fast path
     _both(lambda r: groups[r].close())
 
     class Unused:  # an engine that must not be reached

@@ -159,9 +159,9 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
 
 def ref_occupancy(cd: dict, b: float, u: str, v: str) -> float:
     """Seconds a transfer of b bytes keeps link (u, v) busy in a stream: (b + message_bytes) /
-    bandwidth above inline_bytes when the cluster has message_bytes, else its hop time."""
+    bandwidth when the cluster has message_bytes, else its hop time."""
     m = cd.get("message_bytes")
-    if m is None or b <= cd.get("inline_bytes", 0):
+    if m is None:
         return ref_transfer(cd, b, u, v)[0]
     return (b + m) / ref_link(cd, u, v, b)[0]
 
@@ -231,8 +231,8 @@ class Brute:
             if msg is None:
                 o_in, o_out = t_in, t_out
             else:
-                o_in = np.where(moved & (b_in[None, :] > small), (b_in[None, :] + msg) / bw[prev, A], t_in)
-                o_out = np.where((last != sink) & (out[-1] > small), (out[-1] + msg) / bw[last, sink], t_out)
+                o_in = np.where(moved, (b_in[None, :] + msg) / bw[prev, A], 0.0)
+                o_out = np.where(last != sink, (out[-1] + msg) / bw[last, sink], 0.0)
             if ship:
                 ships = (A != src) & (params[None, :] > 0)
                 t_par = np.where(ships, params[None, :] / bw[src, A] + lat[src, A], 0.0)

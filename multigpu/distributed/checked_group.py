@@ -3,12 +3,28 @@
 ``CheckedGroup`` wraps an adapter's engine group (``multigpu.parallel.process_group``) and adds,
 once for all engines:
 
-* **a header exchange** before each collective: every rank writes (op, call number,
-  buffer size, source rank) into its own row of a ``world_size x 6`` buffer and the
-  engine SUM-allreduces it, which works as an all-gather on every engine. Ranks that
-  disagree raise ``CollectiveMismatchError`` naming every side, before the engine is
-  asked to reduce buffers of different sizes (which hangs or corrupts memory). The
-  exchange itself completed on every rank, so the group stays usable;
+* **a check that every rank calls the same collective**, folded into the step's own
+  exchange. Every rank keeps the history of collectives that were validated as the
+  same on every rank, and *predicts* the next one from it: the collective that most
+  often followed the last validated one (the same again when none has followed it
+  yet). The history is the same on every rank, so is the prediction. A bucket set
+  (``announce_buckets``) that equals the prediction runs on the **fast path**: no
+  header, and the last float of bucket 0 (``reserved_floats``) carries a flag set to
+  0. A rank whose call differs from a predicted bucket set runs the predicted buckets
+  anyway, with zeros and the flag set to 1 (same sizes, so the engine never sees two
+  sizes), then exchanges the full header for its actual call. Every rank on the fast
+  path reads the summed flag once bucket 0 is waited on: 0, the call is validated; more,
+  someone deviated, and every rank exchanges the full header. If every header agrees
+  (every rank changed pattern together, e.g. an evaluation after an epoch) the actual
+  call proceeds; otherwise ``CollectiveMismatchError`` names every side;
+* **the full header exchange** for every other call (the first ones, and any call
+  that cannot carry a flag: a plain ``allreduce_`` of the caller's buffer, ``broadcast_``,
+  ``barrier``, ``close``): every rank writes (op, call number, buffer size, source rank,
+  bucket split code) into its own row of a ``world_size x 7`` buffer and the engine
+  SUM-allreduces it, which works as an all-gather on every engine. Ranks that disagree
+  raise ``CollectiveMismatchError`` naming every side, before the engine is asked to
+  reduce buffers of different sizes (which hangs or corrupts memory). Either way the
+  exchanges completed on every rank, so the group stays usable;
 * **a deadline** on every engine call: a call that outlives ``timeout`` seconds
   prints a ``CollectiveTimeoutError`` line naming this rank and the call, and ends
   the process with status 1. A blocked engine call cannot be interrupted from
@@ -17,8 +33,9 @@ once for all engines:
 * **errors with context**: an engine failure becomes ``CollectiveError`` naming this
   rank, the call and the engine's own message; later calls fail at once.
 
-The header costs one small allreduce per collective (see ``benchmarks/dist_step.py``
-for its measured share of a step); ``check=False`` drops it.
+A steady-state data-parallel step makes its bucket sums and nothing else (see
+``benchmarks/dist_step.py`` for the check's measured share of a step); ``check=False``
+drops the check.
 """
 from __future__ import annotations
 
@@ -26,15 +43,16 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import prod
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from multigpu.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, InputError, MultigpuError
 
 R = TypeVar("R")
+Call = tuple[str, int, int, int]  # what the header names: op, size, src (buckets: count), split code
 
 OPS = ("allreduce_", "broadcast_", "barrier", "close", "buckets")
 FIELDS = 7  # present, op, call number, size // 2**20, size % 2**20, src + 1 (buckets: count + 1), split code
@@ -42,7 +60,7 @@ _LOW = 1 << 20  # float32 holds integers below 2**24 exactly; split larger value
 TIMEOUT_EXIT_STATUS = 1
 
 
-def _describe(op: str, size: int, src: int, seq: Optional[int] = None, split: int = 0) -> str:
+def _describe(op: str, size: int, src: int, seq: int | None = None, split: int = 0) -> str:
     text = op if op in ("barrier", "close") else f"{op} of {size:,} floats"
     if op == "broadcast_":
         text += f" from rank {src}"
@@ -51,9 +69,19 @@ def _describe(op: str, size: int, src: int, seq: Optional[int] = None, split: in
     return text if seq is None else f"call #{seq} ({text})"
 
 
+_CODE_PRIME = 16_777_213  # the largest prime below 2**24: every code is exact in a float32 header field
+
+
 def split_code(sizes: Sequence[int]) -> int:
-    """A number that tells bucket splits apart (exact in a float32 header field)."""
-    return sum((i + 1) * s for i, s in enumerate(sizes)) % _LOW
+    """A number that tells bucket splits apart (exact in a float32 header field).
+
+    A polynomial hash modulo a prime: two splits of the same total and count share a code
+    only by a hash collision (a weighted sum, as before, gave [1, 2, 1] and [2, 0, 2] one code).
+    """
+    code = 0
+    for s in sizes:
+        code = (code * 1_000_003 + int(s) + 1) % _CODE_PRIME
+    return code
 
 
 def engine_error(exc: BaseException, context: str) -> CollectiveError:
@@ -82,9 +110,9 @@ class Watchdog:
     POLL = 0.1
 
     def __init__(self) -> None:
-        self._deadline: Optional[float] = None
+        self._deadline: float | None = None
         self._message = ""
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def arm(self, seconds: float, message: str) -> None:
         self._message = message
@@ -132,10 +160,18 @@ class CheckedGroup:
         self.device = engine.device
         self.timeout: float = float(engine.timeout)
         self.calls = 0
-        self._pending: Optional[tuple[tuple[str, int, int], np.ndarray, Any, Callable[[], Any]]] = None
+        self._last: Call | None = None  # the last collective validated as the same on every rank
+        self._after: dict[Call, dict[Call, int]] = {}  # validated collective -> how often each one followed it
+        self._sizes: dict[Call, list[int]] = {}  # the bucket sizes of each validated bucket set
+        self._begun: Call | None = None  # the call that an announce settled against the prediction
+        self._fast = False  # the announced bucket set runs on the fast path: no header, bucket 0 has the flag
+        self._unread: Callable[[], None] | None = None  # a fast bucket set's bucket 0 wait, until its flag is read
+        self._open: list[Callable[[], None]] = []  # the waits of the fast bucket set's buckets started so far
+        self._zero: Any = None  # a float 0 on the group's device, to clear the flag
+        self._pending: tuple[tuple[str, int, int], np.ndarray, Any, Callable[[], Any]] | None = None
         self._buckets: tuple[list[int], int] | None = None  # announced bucket sizes and their split code
         self._expect: list[int] = []  # sizes of the announced buckets not yet started
-        self._failed: Optional[str] = None
+        self._failed: str | None = None
         self._closed = False
         self._watchdog = Watchdog()
         self._engine_label = getattr(engine, "label", "the engine")
@@ -155,72 +191,120 @@ class CheckedGroup:
         """Start the in-place sum of ``flat``; return the function that waits for it (and raises as
         ``allreduce_`` would, under the same deadline).
 
-        After ``announce_buckets`` the announced sums share that one header: the first
-        of them checks it, and each must have the announced size. Otherwise the sum gets
-        its own header, as ``allreduce_`` does. Engines without an asynchronous sum run
-        it at once.
+        After ``announce_buckets`` the announced sums are checked together: on the fast
+        path by the flag in bucket 0, read when its wait returns (which then raises
+        ``CollectiveMismatchError`` if a rank called something else), else by one header
+        checked when the first of them starts; each must have the announced size.
+        Otherwise the sum gets its own header, as ``allreduce_`` does. Engines without an
+        asynchronous sum run it at once.
         """
         size = self._numel(flat)
-        engine_start = getattr(self.engine, "allreduce_async_", None)
-
-        def start() -> Callable[[], None]:
-            if engine_start is None:
-                self.engine.allreduce_(flat)
-                return lambda: None
-            return engine_start(flat)
-
         if self._buckets is None:
-            wait = self._collective("allreduce_", size, -1, start)
+            wait = self._collective("allreduce_", size, -1, lambda: self._start(flat))
             what = _describe("allreduce_", size, -1, self.calls)
-        else:
-            sizes, code = self._buckets
-            index = len(sizes) - len(self._expect)
-            what = f"call #{self.calls + (index == 0)}, bucket {index} of {len(sizes)} ({size:,} floats)"
-            if self._failed is not None or self._closed:
-                raise CollectiveError(f"{self._where()}: {what} on a group whose earlier call failed or closed")
-            if size != self._expect[0]:
-                self._failed = "a bucket of another size than announced"
-                raise CollectiveMismatchError(
-                    f"{self._where()}: {what}: this rank announced buckets of {sizes} floats and then started "
-                    f"one of {size:,} floats as bucket {index}; the other ranks checked the announced sizes, so "
-                    "the job cannot continue; start exactly the announced buckets, in order")
-            if index == 0:  # the announced header is checked before the first bucket reaches the engine
-                try:
-                    self._collective("buckets", sum(sizes), len(sizes), None, code)
-                except CollectiveError:
-                    self._buckets, self._expect = None, []  # no bucket started: the group stays usable
-                    raise
-            self._expect.pop(0)
-            if not self._expect:
-                self._buckets = None
-            wait = self._guarded(what, start)
-        return lambda: self._guarded(f"{what}, wait", wait)
+            return lambda: self._guarded(f"{what}, wait", wait)
+        sizes, code = self._buckets
+        index = len(sizes) - len(self._expect)
+        what = f"call #{self.calls + (index == 0)}, bucket {index} of {len(sizes)} ({size:,} floats)"
+        if self._failed is not None or self._closed:
+            raise CollectiveError(f"{self._where()}: {what} on a group whose earlier call failed or closed")
+        if size != self._expect[0]:
+            self._failed = "a bucket of another size than announced"
+            raise CollectiveMismatchError(
+                f"{self._where()}: {what}: this rank announced buckets of {sizes} floats and then started "
+                f"one of {size:,} floats as bucket {index}; the other ranks checked the announced sizes, so "
+                "the job cannot continue; start exactly the announced buckets, in order")
+        call: Call = ("buckets", sum(sizes), len(sizes), code)
+        fast = self._fast
+        if index == 0 and fast:  # predicted by every rank: no header, the flag says whether all called it
+            self.calls += 1
+            self._begun = None
+            flag = self.backend.unflatten(flat, [(size - 1,), (1,)])[1]
+            if self._zero is None:
+                self._zero = self.backend.from_numpy(np.zeros(1, np.float32), self.device)
+            self.backend.assign_(flag, self._zero)
+        elif index == 0:  # the announced header is checked before the first bucket reaches the engine
+            try:
+                self._collective("buckets", sum(sizes), len(sizes), None, code)
+            except CollectiveError:
+                self._buckets, self._expect, self._fast = None, [], False  # no bucket started: still usable
+                raise
+        self._expect.pop(0)
+        if not self._expect:
+            self._buckets = None
+        started = self._guarded(what, lambda: self._start(flat))
+
+        def wait() -> None:
+            self._guarded(f"{what}, wait", started)
+
+        if not fast:
+            return wait
+        if index > 0:
+            self._open.append(wait)
+            return wait
+        done: list[bool] = []
+
+        def wait_and_read_flag() -> None:
+            if done:
+                return
+            done.append(True)
+            self._unread = None
+            wait()
+            # NOTE: one host read of one float, after the wait that the update needs anyway. Every
+            # local device's backward is queued by then (the buckets start from the last device's
+            # backward) and the later buckets' sums are already started, so nothing waits on it but
+            # bucket 0's sum: on the CPU engines the wait made the sum readable, on NCCL the read
+            # waits for the stream up to bucket 0's sum, which the update would wait for as well.
+            raised = float(self.backend.to_numpy(flag).reshape(-1)[0])
+            if raised == 0:
+                self._open = []
+                self._validated(call)
+                return
+            self._flag_raised(call, raised, what)
+
+        self._unread = wait_and_read_flag
+        return wait_and_read_flag
 
     def announce_buckets(self, sizes: Sequence[int]) -> None:
         """Check the next ``len(sizes)`` collectives, ``allreduce_async_`` of these sizes in this order,
-        with one header exchange, started now to overlap the computation before them.
+        together, before the computation that fills them.
 
-        ``DataParallel`` announces a step's gradient buckets before the forward: the ranks
-        then agree on the whole step's collectives at the cost of one small exchange,
-        whose round trip runs while the devices compute. The header is checked (and a
-        mismatch reported with every side named) before the first bucket reaches the
-        engine. Without the check the buckets go to the engine unchecked.
+        The last ``reserved_floats`` floats of bucket 0 belong to the group: it writes
+        the flag there. When this bucket set is what every rank predicted (the same step
+        as before), it runs on the fast path, with no exchange of its own. Otherwise a
+        predicted bucket set runs with zeros and the flag raised, and this set's header
+        exchange starts now, to overlap the computation before the buckets (``DataParallel``
+        announces its step's buckets before the forward); it is checked, and a mismatch
+        reported with every side named, before the first bucket reaches the engine.
+        Without the check the buckets go to the engine unchecked. Raises InputError for
+        no sizes, a bucket 0 without room for the flag, or an earlier set not all started.
         """
         sizes = [int(n) for n in sizes]
-        if not sizes or self._expect:
-            raise InputError(f"announce_buckets({sizes}) needs at least one size, and the buckets announced "
-                             f"before ({self._expect} left) must all have started")
+        if not sizes or self._expect or sizes[0] <= self.reserved_floats:
+            raise InputError(f"announce_buckets({sizes}) needs at least one size, bucket 0 larger than the "
+                             f"{self.reserved_floats} float(s) reserved for the check (reserved_floats), and the "
+                             f"buckets announced before ({self._expect} left) must all have started")
         if not self.check:
             return
         code = split_code(sizes)
+        call: Call = ("buckets", sum(sizes), len(sizes), code)
+        self._fast, self._open = False, []
+        if not (self._closed or self._failed):  # else the first bucket raises
+            self._fast = self._begin(call)
+            self._begun = call
         self._buckets, self._expect = (sizes, code), list(sizes)
         start = getattr(self.engine, "allreduce_async_", None)
-        if start is None or self._pending is not None or self._closed or self._failed:
-            return  # the header is exchanged when the first bucket starts
+        if self._fast or start is None or self._pending is not None or self._closed or self._failed:
+            return  # the fast path has no header; without an asynchronous sum it is exchanged at bucket 0
         what = _describe("buckets", sum(sizes), len(sizes), self.calls + 1, code)
         mine, buf = self._header("buckets", sum(sizes), len(sizes), self.calls + 1, code)
         wait = self._guarded(f"{what}, header", lambda: start(buf))
         self._pending = (("buckets", sum(sizes), len(sizes)), mine, buf, wait)
+
+    @property
+    def reserved_floats(self) -> int:
+        """How many floats at the end of an announced bucket set's bucket 0 the check writes (1; 0 without it)."""
+        return 1 if self.check else 0
 
     def barrier(self) -> None:
         """Return once every rank has called ``barrier`` (the header exchange is one)."""
@@ -239,6 +323,8 @@ class CheckedGroup:
         start = getattr(self.engine, "allreduce_async_", None)
         if not self.check or start is None or self._pending is not None or self._closed or self._failed:
             return
+        self._begin((op, size, src, 0))
+        self._begun = (op, size, src, 0)
         what = _describe(op, size, src, self.calls + 1)
         mine, buf = self._header(op, size, src, self.calls + 1)
         wait = self._guarded(f"{what}, header", lambda: start(buf))
@@ -263,7 +349,7 @@ class CheckedGroup:
     def _where(self) -> str:
         return f"rank {self.rank} of {self.world_size} ({self.name})"
 
-    def _collective(self, op: str, size: int, src: int, run: Optional[Callable[[], R]], code: int = 0) -> Any:
+    def _collective(self, op: str, size: int, src: int, run: Callable[[], R] | None, code: int = 0) -> Any:
         if self._closed:
             raise CollectiveError(f"{self._where()}: {op} on a closed process group; create a new one")
         if self._failed is not None:
@@ -275,11 +361,89 @@ class CheckedGroup:
                 f"{self._where()}: {_describe(op, size, src, self.calls + 1)}: this rank announced "
                 f"{len(self._expect)} more bucket(s) of {self._expect} floats first; the other ranks checked the "
                 "announced buckets, so the job cannot continue; start every announced bucket first")
+        if self.check and self._begun is None:
+            self._begin((op, size, src, code))  # a plain collective never runs on the fast path
+        self._begun = None
         self.calls += 1
         what = _describe(op, size, src, self.calls, code)
         if self.check:
             self._exchange(op, size, src, what, code)
         return None if run is None else self._guarded(what, run)
+
+    def _start(self, flat: Any) -> Callable[[], Any]:
+        engine_start = getattr(self.engine, "allreduce_async_", None)
+        if engine_start is None:
+            self.engine.allreduce_(flat)
+            return lambda: None
+        return engine_start(flat)
+
+    def _prediction(self) -> Call | None:
+        """The collective every rank expects next: the one that most often followed the last validated
+        collective (ties: the first seen), else the same again. Every rank validated the same history,
+        so every rank predicts the same."""
+        if self._last is None:
+            return None
+        after = self._after.get(self._last)
+        return max(after, key=after.__getitem__) if after else self._last
+
+    def _begin(self, call: Call) -> bool:
+        """Settle ``call`` against the prediction; True when it runs on the fast path.
+
+        Only a bucket set carries a flag. When one is predicted and ``call`` differs, this rank
+        runs the predicted buckets with zeros and the flag raised, as the ranks on the fast
+        path do with their gradients, so that they learn of it; it then needs the header.
+        """
+        if self._unread is not None:  # the previous fast bucket set is validated by its flag first
+            self._unread()
+        predicted = self._prediction()
+        if predicted is None or predicted[0] != "buckets":
+            return False  # nothing carries a flag: every rank exchanges the full header
+        if predicted == call:
+            return True
+        sizes = self._sizes[predicted]
+        what = (f"call #{self.calls + 1} ({call[0]}), the predicted {_describe(*predicted[:3], split=predicted[3])} "
+                "run with zeros and the flag raised")
+        self._run_zeros(sizes, what, flag=True)
+        return False
+
+    def _run_zeros(self, sizes: Sequence[int], what: str, flag: bool) -> None:
+        """Sum zero buffers of ``sizes`` (bucket 0's flag 1 if ``flag``), all started before any is waited
+        for, as a bucketed step starts them (MXNet's group gives sums of one size in flight their own keys)."""
+        bufs = []
+        for k, n in enumerate(sizes):
+            host = np.zeros(n, np.float32)
+            host[-1] = 1.0 if flag and k == 0 else 0.0
+            bufs.append(self.backend.from_numpy(host, self.device))
+
+        def run() -> None:
+            for wait in [self._start(b) for b in bufs]:
+                wait()
+
+        self._guarded(what, run)
+
+    def _flag_raised(self, call: Call, raised: float, what: str) -> None:
+        """A rank on the fast path saw the flag raised: finish the predicted set (zeros for the buckets not
+        started), then exchange the full header, which names every side."""
+        rest, self._buckets, self._expect, self._fast = self._expect, None, [], False
+        if rest:
+            self._run_zeros(rest, f"{what}: the rest of the predicted buckets, run with zeros", flag=False)
+        for wait in self._open:  # every started sum completes before the header (MXNet's keys stay in step)
+            wait()
+        self._open = []
+        self._exchange(*call[:3], _describe(*call[:3], self.calls, call[3]), call[3])
+        self._last = None
+        raise CollectiveMismatchError(
+            f"{self._where()}: {what}: {raised:g} rank(s) flagged a different collective in bucket 0, yet every "
+            "header names this one: a rank wrote into the float reserved for the check (reserved_floats)")
+
+    def _validated(self, call: Call) -> None:
+        """Every rank called ``call``: it becomes the last validated collective, what follows it is counted."""
+        if self._last is not None:
+            after = self._after.setdefault(self._last, {})
+            after[call] = after.get(call, 0) + 1
+        if call[0] == "buckets" and call not in self._sizes and self._buckets is not None:
+            self._sizes[call] = list(self._buckets[0])  # validated by the header, before bucket 0 starts
+        self._last = call
 
     def _header(self, op: str, size: int, src: int, seq: int, code: int = 0) -> tuple[np.ndarray, Any]:
         mine = np.array([1, OPS.index(op) + 1, seq % _LOW, size // _LOW, size % _LOW, src + 1, code], np.float32)
@@ -310,7 +474,9 @@ class CheckedGroup:
                 f"{_describe(op, size, src)}; the other ranks saw the announced header, so the job cannot "
                 "continue; announce exactly the next collective")
         if np.array_equal(rows, np.broadcast_to(mine, rows.shape)):
+            self._validated((op, size, src, code))
             return
+        self._last = None  # every rank raises: no prediction until the next header agrees
         bad = [r for r in range(self.world_size) if rows[r, 0] != 1]
         if bad:
             raise CollectiveMismatchError(

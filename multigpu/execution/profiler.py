@@ -338,7 +338,7 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     fits = fit_links(hops, inline)
     two_regimes = any(f.inline_latency is not None for f in fits)
     cluster_inline = int(fits[0].inline_bytes) if two_regimes else (base.inline_bytes if base else 0)
-    message_bytes, per_link = fit_message_bytes(streams, fits, driver_spec.name, cluster_inline)
+    message_bytes, per_link = fit_message_bytes(streams, fits, driver_spec.name)
     if streams and message_bytes is None:
         notes.append("no stream filled a link (the hosts' CPU set every probe's rate): the throughput "
                      "bottleneck charges each transfer its hop time")

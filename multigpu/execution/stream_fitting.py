@@ -5,13 +5,14 @@ location, the pull) and the wire time of its messages. In a stream the round tri
 of one item overlap the payloads of others, but the messages' bytes still take the
 link: measured on the lab's 1 MB/s WiFi with the tbf counters, each transfer through
 Ray's object store carried some 4-7 KB of them forward and about 4 KB back. So the
-throughput bottleneck charges such a transfer ``(bytes + message_bytes) / bandwidth``.
+throughput bottleneck charges a transfer ``(bytes + message_bytes) / bandwidth``.
 
 The probe streams payloads of one size through the object store from the driver to
-each worker, which replies with one value (inside Ray's messages), as many items as a
-run streams at once in flight. Where the payload's own wire time is at least half of
-the time per item (the link, not the CPU, sets the rate), the item's link time is
-solved for the message bytes; the cluster gets the median over such links. On links
+each worker, which replies with one value (inside Ray's messages), three items in
+flight as a run of one remote stage has. Where the payload's own wire time is at least
+half of the time per item (the link, not the CPU, sets the rate), the item's link time
+is solved for the message bytes of its two transfers; the cluster gets the median over
+such links. On links
 no stream can fill (loopback, a LAN faster than the hosts) nothing is fitted, and the
 bottleneck keeps charging the whole hop time there.
 """
@@ -75,15 +76,15 @@ def time_streams(ws: Any, ray_engine: Any, workers: Sequence[str], nbytes: int, 
     return out
 
 
-def fit_message_bytes(samples: Sequence[StreamSample], fits: Sequence[LinkFit], driver: str,
-                      inline_bytes: float) -> tuple[Optional[float], dict[str, Optional[float]]]:
+def fit_message_bytes(samples: Sequence[StreamSample], fits: Sequence[LinkFit], driver: str
+                      ) -> tuple[Optional[float], dict[str, Optional[float]]]:
     """(the cluster's ``message_bytes``, the bytes solved per worker's link or None where the
     link did not set the rate).
 
-    Per item the link carries the payload with its messages, ``(b + m) / bandwidth``, and
-    the reply, priced as the cost model prices it (``(4 + m) / bandwidth`` above
-    ``inline_bytes``, else its hop time); ``m`` is solved from the time per item and kept
-    within [0, latency * bandwidth] (never more than the whole hop)."""
+    Per item the link carries the payload and the reply, each with the messages:
+    ``(b + m) / bandwidth + (4 + m) / bandwidth``, as the cost model prices a stream;
+    ``m`` is solved from the time per item and kept within [0, latency * bandwidth]
+    (never more than the whole hop)."""
     by_worker = {}
     link = {frozenset(f.between): f for f in fits}
     for s in samples:
@@ -91,12 +92,8 @@ def fit_message_bytes(samples: Sequence[StreamSample], fits: Sequence[LinkFit], 
         if f is None or s.seconds <= 0 or s.nbytes / f.bandwidth < LINK_BOUND * s.seconds:
             by_worker[s.worker] = None
             continue
-        wire = s.seconds * f.bandwidth
-        if REPLY_BYTES > inline_bytes:   # the reply carries the messages too: (4 + m) / bandwidth
-            m = (wire - s.nbytes - REPLY_BYTES) / 2
-        else:                            # the reply is priced as its hop: 4 / bandwidth + its latency
-            reply_latency = f.latency if f.inline_latency is None else f.inline_latency
-            m = wire - s.nbytes - REPLY_BYTES - reply_latency * f.bandwidth
+        # Per item: the payload and the reply, each with the messages: (b + m + 4 + m) / bandwidth.
+        m = (s.seconds * f.bandwidth - s.nbytes - REPLY_BYTES) / 2
         by_worker[s.worker] = float(min(max(m, 0.0), f.latency * f.bandwidth))
     fitted = [m for m in by_worker.values() if m is not None]
     return (statistics.median(fitted) if fitted else None), by_worker

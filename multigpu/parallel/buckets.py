@@ -17,6 +17,11 @@ accumulate hook in torch, a tensor hook in Paddle, the engine's order in MXNet).
 ``BucketedSum.ready`` then starts every bucket up to the first one not yet ready, in
 bucket order, so every rank starts the same collectives in the same order whatever
 order its framework finished them in.
+
+A process group may reserve floats at the end of bucket 0 (``reserved_floats``: the checked
+group's flag, which tells every rank whether all of them called this step's sums): bucket 0's
+buffer is that much longer, ``value_and_grad`` writes into the view before them, and the
+group's sum carries them with the gradients, in the same exchange.
 """
 from __future__ import annotations
 
@@ -93,11 +98,18 @@ def plan_buckets(shapes: Sequence[Sequence[int]], bucket_mb: float = DEFAULT_BUC
     return BucketLayout(tuple(params), tuple(slices))
 
 
+def bucket_without_reserved(backend: Any, buffer: Any, size: int, reserved: int) -> Any:
+    """The first ``size`` floats of bucket 0's ``buffer`` (a view), without the ``reserved`` ones after them."""
+    return buffer if not reserved else backend.unflatten(buffer, [(size,), (reserved,)])[0]
+
+
 class BucketedSum:
     """Sum every replica's bucket buffers over local devices and processes, bucket by bucket.
 
-    ``buffers[r][k]`` is replica r's buffer of bucket k (bucket 0 ends with the loss). The
-    callback ``ready(k)`` is handed to the last replica's ``value_and_grad``: the earlier
+    ``buffers[r][k]`` is replica r's buffer of bucket k (bucket 0 ends with the loss, then
+    ``reserved`` floats that belong to the process group); ``outputs[r]`` are the same with
+    bucket 0 cut before the reserved floats (a view), for ``value_and_grad``. The callback
+    ``ready(k)`` is handed to the last replica's ``value_and_grad``: the earlier
     replicas' backward has been queued already, so bucket k is then complete on every
     device; it is reduced into the first device's buffer and its sum across processes
     starts (``group.allreduce_async_``). ``finish()`` waits for every bucket and returns,
@@ -106,13 +118,20 @@ class BucketedSum:
     """
 
     def __init__(self, backend: Any, group: Any, buffers: Sequence[Sequence[Any]], devices: Sequence[Device],
-                 layout: BucketLayout):
+                 layout: BucketLayout, reserved: int = 0):
         self.backend, self.group, self.devices, self.layout = backend, group, devices, layout
+        self.reserved = reserved
         self.buffers = [list(b) for b in buffers]
+        self.outputs = [[bucket_without_reserved(backend, b[0], layout.sizes[0], reserved), *b[1:]] for b in buffers]
         self.schedule = flat_schedule(devices, group)
         self._ready = [False] * len(layout.params)
         self._started = 0
         self._waits: list[Callable[[], None]] = []
+
+    @property
+    def sizes(self) -> list[int]:
+        """The number of floats of each bucket's buffer, reserved floats included (what the group sums)."""
+        return [self.layout.sizes[0] + self.reserved, *self.layout.sizes[1:]]
 
     def ready(self, k: int) -> None:
         """Bucket ``k`` is complete: start the sum of every bucket from the next one due up to the first not ready."""
@@ -137,5 +156,6 @@ class BucketedSum:
 
     def gradients(self, sums: Sequence[Any]) -> tuple[list[Any], Any]:
         """One device's summed bucket buffers as (gradient per bucket, in bucket order; the loss)."""
-        grad0, loss = self.backend.unflatten(sums[0], [(self.layout.sizes[0] - 1,), (1,)])
+        pieces = [(self.layout.sizes[0] - 1,), (1,)] + ([(self.reserved,)] if self.reserved else [])
+        grad0, loss = self.backend.unflatten(sums[0], pieces)[:2]
         return [grad0, *sums[1:]], loss

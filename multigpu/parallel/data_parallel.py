@@ -345,14 +345,14 @@ class DataParallel:
                     announce("allreduce_", self._param_size + 1)
             else:
                 announce = getattr(self.process_group, "announce_buckets", None)
-                if announce is not None:  # one header checks the step's buckets, overlapping the computation
-                    announce(bucketed.layout.sizes)
+                if announce is not None:  # the step's buckets checked together (a flag in bucket 0, or one header)
+                    announce(bucketed.sizes)
             outs = []
             for r, (d, params, (xs, ys)) in enumerate(zip(self.devices, self.replicas, shards)):
                 # with buckets each replica's gradients go to its bucket buffers, and the last device's
                 # signals start the sums: the others' backward is queued by then
                 where = {"out": self._gradient_buffer(r)} if bucketed is None else \
-                    {"out": bucketed.buffers[r], "buckets": bucketed.layout.params,
+                    {"out": bucketed.outputs[r], "buckets": bucketed.layout.params,
                      "on_bucket": bucketed.ready if r == n - 1 else _queued}
                 outs.append(b.value_and_grad(self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d),
                                              aux=self.has_bn, **where))
@@ -378,8 +378,9 @@ class DataParallel:
         if group is None or self._layout is None or self.allreduce != "fused" \
                 or not callable(getattr(group, "allreduce_async_", None)):
             return None
-        buffers = [self._bucket_buffers(r) for r in range(len(self.devices))]
-        return BucketedSum(self.backend, group, buffers, self.devices, self._layout)
+        reserved = int(getattr(group, "reserved_floats", 0))  # the checked group's flag, after the loss
+        buffers = [self._bucket_buffers(r, reserved) for r in range(len(self.devices))]
+        return BucketedSum(self.backend, group, buffers, self.devices, self._layout, reserved)
 
     def _bucket_updates(self, bucketed: BucketedSum, sums: Sequence[Sequence[Any]]) -> tuple[list[Any], Any]:
         """The optimizer's (params, gradient, state) per device and bucket, and the loss, from each device's
@@ -395,14 +396,16 @@ class DataParallel:
                 updates.append((p, g, [st[k] for st in states]))
         return updates, losses[0]   # the summed loss, read from the first device
 
-    def _bucket_buffers(self, replica: int) -> list[Any]:
-        """Replica ``replica``'s gradient buffer of each bucket (bucket 0 ends with the loss), kept from step
-        to step like ``_gradient_buffer``: one buffer per bucket, so an engine that tracks buffers
-        (MXNet's) starts a bucket's sum after that bucket's gradients only."""
+    def _bucket_buffers(self, replica: int, reserved: int) -> list[Any]:
+        """Replica ``replica``'s gradient buffer of each bucket (bucket 0 ends with the loss, then the group's
+        ``reserved`` floats), kept from step to step like ``_gradient_buffer``: one buffer per bucket, so an
+        engine that tracks buffers (MXNet's) starts a bucket's sum after that bucket's gradients only."""
         assert self._layout is not None
-        if replica not in self._bucket_bufs:
+        sizes = [self._layout.sizes[0] + reserved, *self._layout.sizes[1:]]
+        kept = self._bucket_bufs.get(replica)
+        if kept is None or int(np.prod(self.backend.shape(kept[0]))) != sizes[0]:
             self._bucket_bufs[replica] = [self.backend.from_numpy(np.zeros(n, np.float32), self.devices[replica])
-                                          for n in self._layout.sizes]
+                                          for n in sizes]
         return self._bucket_bufs[replica]
 
     def _gradient_buffer(self, replica: int) -> Any:

@@ -15,9 +15,11 @@ Two layers implement this protocol:
   and joins the job the way the framework itself does (torch's ``env://``, Paddle's
   ``PADDLE_*`` variables, MXNet's ``DMLC_*`` roles);
 * ``multigpu.distributed.checked_group.CheckedGroup`` wraps an engine group and adds what every
-  engine needs alike: a header exchange before each collective that reports a rank
-  calling a different collective or size, a deadline on every call, and errors that
-  name the rank and the call. ``multigpu.distributed.rank.init_process_group`` returns one.
+  engine needs alike: a check that reports a rank calling a different collective or size
+  (folded into a steady step's bucket sums, a header exchange for other calls), a deadline
+  on every call, and errors that name the rank and the call.
+  ``multigpu.distributed.rank.init_process_group`` returns one. It reserves
+  ``reserved_floats`` floats at the end of an announced bucket set's bucket 0 for its flag.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ class ProcessGroup(Protocol[T]):
     * optionally ``allreduce_async_(flat)`` starts the same sum and returns a function
       that waits for it (and raises as ``allreduce_`` would). Sums started this way
       complete in the order they were started, and a collective called after them
-      runs after them. The core uses it to overlap a small header exchange with
+      runs after them. The core uses it to overlap a header exchange with
       computation, and to sum gradient buckets while backward still runs
       (``multigpu.parallel.buckets``): ``DataParallel`` waits for every bucket before
       the update and before any other collective.

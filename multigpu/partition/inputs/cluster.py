@@ -232,8 +232,8 @@ class LinkTables:
     # (Ray sends them inside its own reply rather than through the object store).
     inline_latency: Optional[np.ndarray] = None
     inline_bytes: float = 0.0
-    # What the engine's messages add on the wire to a transfer above ``inline_bytes``
-    # (None: unknown; the bottleneck then charges the whole hop time).
+    # What the engine's messages add on the wire to a transfer (None: unknown; the
+    # bottleneck then charges the whole hop time).
     message_bytes: Optional[float] = None
 
     def latency_for(self, nbytes: Any) -> np.ndarray:
@@ -257,13 +257,11 @@ class LinkTables:
 
     def occupancy_seconds(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Seconds each transfer ``nbytes[i]`` from ``u[i]`` to ``v[i]`` keeps its link busy in a
-        stream: ``(bytes + message_bytes) / bandwidth`` above ``inline_bytes`` when
-        ``message_bytes`` is known, else the hop time (``hop_seconds``)."""
-        hop = self.hop_seconds(nbytes, u, v)
+        stream: ``(bytes + message_bytes) / bandwidth`` when ``message_bytes`` is known, else
+        the hop time (``hop_seconds``)."""
         if self.message_bytes is None:
-            return hop
-        b = np.asarray(nbytes, dtype=float)
-        return np.where(b > self.inline_bytes, (b + self.message_bytes) * self.inv_bandwidth[u, v], hop)
+            return self.hop_seconds(nbytes, u, v)
+        return (np.asarray(nbytes, dtype=float) + self.message_bytes) * self.inv_bandwidth[u, v]
 
     @property
     def max_latency(self) -> float:
@@ -289,11 +287,11 @@ class Cluster:
     through) describe the CPU a pipelined run shares; see ``hosts.py``.
 
     ``message_bytes`` (bytes, measured; None: unknown) is what the engine's own messages
-    add on the wire to a transfer above ``inline_bytes`` (the task, the object's
-    location, the pull, acknowledgements; both directions together). With it, the
-    throughput bottleneck charges such a transfer ``(bytes + message_bytes) /
-    bandwidth`` of its link's time, as a stream keeps the link busy, instead of its
-    whole hop time, whose latency also holds round trips that overlap in a stream.
+    add on the wire to a transfer (the task, the object's location, the pull,
+    acknowledgements; both directions together). With it, the throughput bottleneck
+    charges a transfer ``(bytes + message_bytes) / bandwidth`` of its link's time, as a
+    stream keeps the link busy, instead of its whole hop time, whose latency also holds
+    round trips that overlap in a stream.
     """
 
     devices: tuple[DeviceSpec, ...]
@@ -357,7 +355,7 @@ class Cluster:
         if self.message_bytes is not None:
             object.__setattr__(self, "message_bytes", check_number(
                 self.message_bytes, "message_bytes",
-                unit="bytes the engine's messages add to a transfer through its object store, e.g. 4500; "
+                unit="bytes the engine's messages add to a transfer on the wire, e.g. 2300; "
                      "leave it out to charge each transfer its hop time in the throughput bottleneck"))
 
     def _check_hosts(self, names: list[str]) -> None:

@@ -25,12 +25,14 @@ __all__ = ["FAMILIES", "MilpResult", "Model", "Multipliers", "build_model", "rel
 class MilpResult:
     """Outcome of one MILP solve: ``status`` is HiGHS's (0 optimal, 2 infeasible, ...);
     ``a`` the device column per layer when a solution exists; ``value`` the optimum in
-    the problem's own units (seconds of bottleneck, or cost)."""
+    the problem's own units (seconds of bottleneck, or cost); ``bound`` HiGHS's proven
+    lower bound in the same units (-inf when it reports none)."""
 
     status: int
     message: str
     a: Optional[np.ndarray]
     value: float
+    bound: float = -math.inf
 
 
 def solve_milp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, *,
@@ -71,14 +73,17 @@ def solve_model(model: Model, verbose: bool = False, options: Optional[dict] = N
         # infeasible (seen with a bottleneck cap 1e-7 above a feasible plan).
         # "Infeasible" decides what we tell the user, so confirm it without presolve.
         res = run({**opts, "presolve": False})
+    dual = getattr(res, "mip_dual_bound", None)
+    # HiGHS's dual bound at a time limit: what the "not proven" message can quote.
+    bound = float(dual) / model.scale if dual is not None and math.isfinite(dual) else -math.inf
     if res.x is None:
-        return MilpResult(int(res.status), str(res.message), None, math.inf)
+        return MilpResult(int(res.status), str(res.message), None, math.inf, bound)
     n, k = model.n, model.k
     xv = _full(model, res.x)[:model.nx].reshape(n, k)
     a = xv.argmax(axis=1).astype(np.intp)
     if np.any(xv[np.arange(n), a] < 0.5):  # pragma: no cover - HiGHS returns integral x
         return MilpResult(4, "solver returned a fractional assignment", None, math.inf)
-    return MilpResult(int(res.status), str(res.message), a, float(res.fun) / model.scale)
+    return MilpResult(int(res.status), str(res.message), a, float(res.fun) / model.scale, bound)
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,7 @@ def _check_solved(res: Any, objective: str, bound: float) -> None:
     if res.status == 0 and res.a is not None:
         return
     if res.status == 1:   # time limit
+        bound = max(bound, res.bound)   # the better of ours and HiGHS's (its root cuts lift it)
         found = f"the best plan it found has value {res.value:.6g}" if res.a is not None else "it found no plan"
         raise SolverError(f"HiGHS did not prove the {objective} optimum within the time limit ({found}; the "
                           f"lower bound is {bound:.6g}); raise time_limit (--time-limit), relax the constraints, "

@@ -126,12 +126,14 @@ def run(args: argparse.Namespace) -> int:
             sizes = [int(float(x)) for x in args.sizes.split(",") if x.strip()]
         except ValueError:
             raise PlanError(f"--sizes {args.sizes!r} must list byte counts, e.g. 65536,1048576") from None
+    measure: dict[str, Any] = {"batch": args.batch, "repeats": args.repeats, "warmup": args.warmup,
+                               "link_repeats": args.link_repeats, "cpu_items": args.cpu_items,
+                               "stream_items": args.stream_items, "engine": args.engine, "address": args.address,
+                               "progress": not args.quiet, "sizes": sizes}
     if args.cluster:
         if args.backend or args.worker:
             raise PlanError("give the workers either with --cluster or with --backend/--worker, not both")
-        result = profile(models, cluster=load_cluster(args.cluster), batch=args.batch, repeats=args.repeats,
-                         warmup=args.warmup, link_repeats=args.link_repeats, cpu_items=args.cpu_items,
-                         stream_items=args.stream_items, engine=args.engine, address=args.address, progress=not args.quiet, sizes=sizes)
+        result = profile(models, cluster=load_cluster(args.cluster), **measure)
     else:
         workers = _workers(args)
         if not workers:
@@ -142,9 +144,7 @@ def run(args: argparse.Namespace) -> int:
                                   "backend": None if driver_backend == "none" else driver_backend}
         if args.driver_threads is not None and driver["backend"] is not None:
             driver["threads"] = args.driver_threads
-        result = profile(models, workers, driver=driver, batch=args.batch, repeats=args.repeats,
-                         warmup=args.warmup, link_repeats=args.link_repeats, cpu_items=args.cpu_items,
-                         stream_items=args.stream_items, engine=args.engine, address=args.address, progress=not args.quiet, sizes=sizes)
+        result = profile(models, workers, driver=driver, **measure)
     path = result.write(args.out)
     if args.json:
         print(json.dumps(result.to_dict()))

@@ -18,8 +18,8 @@ from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 
 __all__ = ["AssignmentArrays", "Sends", "assignment_arrays", "bottleneck_of", "busy_times", "find_bottleneck",
-           "link_loads", "loads", "memory_parts", "memory_use", "stage_overheads", "stage_starts",
-           "transfer_cpu_loads", "transfer_cpu_terms", "transfers", "warm_scale"]
+           "link_loads", "loads", "memory_parts", "memory_use", "never_leaves_source", "stage_overheads",
+           "stage_starts", "transfer_cpu_loads", "transfer_cpu_terms", "transfers", "warm_pass_of", "warm_scale"]
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
     t_out = float(t[~layer].sum())
     e_out = float(e[~layer].sum())
     t_stage = stage_overheads(graph, cluster, a)
-    if warm and not len(u):   # no transfer at all: the plan never leaves the source
+    if warm and never_leaves_source(cluster, a):
         scale = warm_scale(graph, cluster, comp, t_stage)
         if scale < 1.0:
             comp, t_stage = comp * scale, t_stage * scale
@@ -169,17 +169,32 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
                             t_out, e_out)
 
 
+def warm_pass_of(graph: Graph, cluster: Cluster) -> float | None:
+    """The seconds of a whole pass of ``graph`` back to back on the source (its
+    ``warm_pass``), which prices the plan that never leaves the source; None when the
+    source has none for this graph or the output goes to another device (the sink)."""
+    warm = cluster.devices[cluster.source_index].warm_pass
+    if warm is None or cluster.sink_index != cluster.source_index:
+        return None
+    return warm.get(graph.name)
+
+
+def never_leaves_source(cluster: Cluster, a: np.ndarray) -> bool:
+    """True for the assignment with every layer on the source, when the source is also the
+    sink: the plan makes no transfer."""
+    return cluster.sink_index == cluster.source_index and bool((np.asarray(a) == cluster.source_index).all())
+
+
 def warm_scale(graph: Graph, cluster: Cluster, comp: np.ndarray, t_stage: np.ndarray) -> float:
-    """The factor on the compute and stage overhead of a plan that never leaves the source
-    (every layer there, and the source is the sink): its ``warm_pass`` for this graph over
-    the layers' sum, at most 1; 1 without a ``warm_pass``.
+    """The factor on the compute and stage overhead of the plan that never leaves the
+    source (``never_leaves_source``): ``warm_pass_of`` over the layers' sum, at most 1;
+    1 without a warm pass.
 
     Such a plan runs item after item on the driver with no wait in between, so it runs
     at the back-to-back speed the profile measured; every other stage starts after a
     wait (an item arriving), as its ``layer_times`` were measured.
     """
-    warm = cluster.devices[cluster.source_index].warm_pass
-    t = None if warm is None else warm.get(graph.name)
+    t = warm_pass_of(graph, cluster)
     total = math.fsum(comp) + math.fsum(t_stage)
     return 1.0 if t is None or total <= 0 else min(1.0, t / total)
 

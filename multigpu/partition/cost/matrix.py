@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from multigpu.partition.cost.arithmetic import stage_overheads, warm_scale
+from multigpu.partition.cost.arithmetic import never_leaves_source, stage_overheads, warm_scale
 from multigpu.partition.cost.choices import compute_times, param_times
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
@@ -124,7 +124,7 @@ def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool
     layer_edges = (frm >= 0) & (to < n)
     S[layer_edges] = np.where(np.eye(k, dtype=bool), 0.0, oh[None, :])[None]
     warm = 1.0
-    if src == sink and (a == src).all():   # no transfer: the plan never leaves the source
+    if never_leaves_source(cluster, a):
         warm = warm_scale(graph, cluster, comp[np.arange(n), a], stage_overheads(graph, cluster, a))
     return MatrixForm(A=A, L=L, compute_time=comp, param_time=ptime, param_power=tab.power[src].copy(),
                       transfer_time=T, device_power=cluster.power.copy(), link_power=tab.power.copy(),

@@ -27,7 +27,14 @@ import numpy as np
 
 from multigpu.checks import check_number
 from multigpu.errors import SolverError
-from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of, busy_times, memory_use
+from multigpu.partition.cost.arithmetic import (
+    assignment_arrays,
+    bottleneck_of,
+    busy_times,
+    memory_use,
+    never_leaves_source,
+    warm_pass_of,
+)
 from multigpu.partition.cost.evaluate import check_weights, evaluate
 from multigpu.partition.cost.records import Breakdown
 from multigpu.partition.cost.tables import CostTables
@@ -323,9 +330,8 @@ def _warm_local(graph: Graph, cluster: Cluster, tables: CostTables, cons: Resolv
     ones), so a plan accepted meets them.
     """
     src = cluster.source_index
-    warm = cluster.devices[src].warm_pass
     local = np.full(graph.n, src, dtype=np.intp)
-    if (warm is None or graph.name not in warm or cluster.sink_index != src or (a == local).all()
+    if (warm_pass_of(graph, cluster) is None or never_leaves_source(cluster, a)
             or not cons.allowed[:, src].all() or _violations(tables, cons, local)):
         return a
 

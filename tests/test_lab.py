@@ -142,21 +142,31 @@ def test_a_host_computes_at_its_cpu_share(lab):
     assert _throttled(lab, "pi1") > before["pi1"]
 
 
+def stream_rate(lab, src: str, dst: str, nbytes: float) -> float:
+    """The payload rate (bytes/s) of one TCP stream of ``nbytes`` from ``src`` to ``dst``."""
+    addr = lab.plan.host(dst).address
+    server = lab.popen(dst, [sys.executable, str(HERE / "lab_net.py"), "serve", addr, "5001"],
+                       stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    got = lab.run(src, [sys.executable, str(HERE / "lab_net.py"), "send", addr, "5001", str(nbytes)])
+    server.wait(timeout=30)
+    return float(got.stdout)
+
+
+#: How far below its rate a shaped link may deliver: tbf loses the tokens that arrive while
+#: its timer is late and its bucket full (docs/guide/lab.md), and a CI machine's timers are
+#: later than this one's (12% lost there with a bucket of half a millisecond, under 1% here).
+#: Above its rate it can never deliver more than its bucket's millisecond.
+SHAPED_BELOW, SHAPED_ABOVE = 0.15, 0.03
+
+
 def test_links_are_shaped_per_pair(lab):
     """A TCP stream carries the pair's rate: WiFi and LAN out of one host differ."""
-    rates = {}
-    for src, dst, nbytes in (("pi1", "pi2", 6e6), ("desk-cpu", "imac", 40e6), ("desk-cpu", "pi2", 6e6)):
-        addr = lab.plan.host(dst).address
-        server = lab.popen(dst, [sys.executable, str(HERE / "lab_net.py"), "serve", addr, "5001"],
-                           stdout=subprocess.PIPE, text=True)
-        assert server.stdout.readline().strip() == "ready"
-        got = lab.run(src, [sys.executable, str(HERE / "lab_net.py"), "send", addr, "5001", str(nbytes)])
-        server.wait(timeout=30)
-        rates[(src, dst)] = float(got.stdout)
+    rates = {(src, dst): stream_rate(lab, src, dst, nbytes)
+             for src, dst, nbytes in (("pi1", "pi2", 6e6), ("desk-cpu", "imac", 40e6), ("desk-cpu", "pi2", 6e6))}
     wifi, lan = 1e6 * SCALE, 1e7 * SCALE
-    assert abs(rates[("pi1", "pi2")] / wifi - 1) < 0.1, rates
-    assert abs(rates[("desk-cpu", "pi2")] / wifi - 1) < 0.1, rates
-    assert abs(rates[("desk-cpu", "imac")] / lan - 1) < 0.1, rates
+    for pair, nominal in ((("pi1", "pi2"), wifi), (("desk-cpu", "pi2"), wifi), (("desk-cpu", "imac"), lan)):
+        assert 1 - SHAPED_BELOW < rates[pair] / nominal < 1 + SHAPED_ABOVE, (pair, rates)
 
 
 # -- profile, plan, run across the hosts -------------------------------------------
@@ -185,7 +195,11 @@ def test_profile_fits_the_shaped_links_and_measures_the_slowed_hosts(lab, profil
     result, _, _ = profiled
     fits = {frozenset(f["between"]): f["bandwidth"] for f in result["links"]}
     for pair in (("desk-cpu", "pi1"), ("imac", "pi1")):     # WiFi
-        assert abs(fits[frozenset(pair)] / (1e6 * SCALE) - 1) < 0.10, (pair, fits)
+        # The fit is what the link delivers: a TCP stream's rate over it, whatever share of
+        # the shaped rate this machine's timers let through (see SHAPED_BELOW).
+        stream = stream_rate(lab, pair[0], pair[1], 6e6)
+        assert abs(fits[frozenset(pair)] / stream - 1) < 0.10, (pair, stream, fits)
+        assert 1 - SHAPED_BELOW < fits[frozenset(pair)] / (1e6 * SCALE) < 1.10, (pair, fits)
     assert fits[frozenset(("desk-cpu", "imac"))] > 3 * fits[frozenset(("desk-cpu", "pi1"))]   # the LAN pair
     flops = {d["name"]: d["flops"] for d in result["cluster"]["devices"]}
     assert all(f > 0 for f in flops.values())   # each host's effective speed, measured (see the benchmark)

@@ -18,6 +18,7 @@ import numpy as np
 
 from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.worker import PROBE, PROBE_IDLE
+from multigpu.partition.inputs.cluster import transfer_latency
 
 __all__ = ["HopSamples", "HopVsBare", "LinkFit", "PROBE_WORK", "fit_link", "fit_link_regimes", "fit_links",
            "hop_vs_bare", "link_sizes", "pair_walk", "time_links"]
@@ -42,8 +43,8 @@ class LinkFit:
 
     def predict(self, nbytes: float) -> float:
         """Fitted seconds for ``nbytes``."""
-        small = self.inline_latency is not None and nbytes <= self.inline_bytes
-        return (self.inline_latency if small else self.latency) + nbytes / self.bandwidth  # type: ignore[operator]
+        return float(transfer_latency(nbytes, self.latency, self.inline_latency, self.inline_bytes)) \
+            + nbytes / self.bandwidth
 
     @property
     def worst_error(self) -> float:

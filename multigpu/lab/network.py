@@ -51,10 +51,14 @@ def delete_namespace(ns: str) -> None:
 
 #: The rate of the sorting htb classes: far above any shaped link, so only their tbf limits.
 SORT_RATE = "10gbit"
-#: tbf's bucket: two full frames, or half a millisecond at the link's rate if that is more
-#: (a bucket far below the bytes a timer tick carries would slow a fast link down).
+#: tbf's bucket: two full frames, or a millisecond at the link's rate if that is more.
+#: tbf sends a queued packet when its timer fires; tokens that arrive while the bucket is
+#: full are lost, so a timer that fires late costs rate whenever the lateness exceeds the
+#: bucket's time less a frame's. With half a millisecond a CI machine's late timers cost
+#: the WiFi pairs 12% (4.40 MB/s of 5) and the LAN 4%, where this machine lost under 1%;
+#: a millisecond lets a burst of at most that much pass at once (5 KB on the scaled WiFi).
 MIN_BURST = 2 * 1514
-BURST_SECONDS = 0.5e-3
+BURST_SECONDS = 1e-3
 #: How long a packet may wait in a tbf queue before it is dropped (TCP then slows down).
 QUEUE_SECONDS = "2s"
 

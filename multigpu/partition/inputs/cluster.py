@@ -43,7 +43,7 @@ from multigpu.partition.inputs.validate import (
 )
 
 __all__ = ["Cluster", "DeviceSpec", "HostSpec", "Link", "LinkSpec", "LinkTables", "Relay", "TransferCpu",
-           "load_cluster", "shipped_clusters"]
+           "load_cluster", "shipped_clusters", "transfer_latency"]
 
 CLUSTER_KEYS_REQUIRED = ("devices", "source")
 CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay", "inline_bytes", "message_bytes")
@@ -214,6 +214,15 @@ class Link:
         _check_link_numbers(self, f"link between [{a!r}, {b!r}]")
 
 
+def transfer_latency(nbytes: Any, latency: Any, inline_latency: Any, inline_bytes: float) -> Any:
+    """The latency of a transfer of ``nbytes``: ``inline_latency`` for at most ``inline_bytes``
+    (Ray's replies carry those inline), ``latency`` otherwise or when ``inline_latency`` is
+    None. Numbers or numpy arrays that broadcast; the one place the two regimes are chosen."""
+    if inline_latency is None:
+        return latency
+    return np.where(np.asarray(nbytes) <= inline_bytes, inline_latency, latency)
+
+
 @dataclass(frozen=True)
 class LinkTables:
     """Dense k x k link matrices in cluster device order.
@@ -238,18 +247,14 @@ class LinkTables:
 
     def latency_for(self, nbytes: Any) -> np.ndarray:
         """The latency of a transfer of ``nbytes``: k x k for a number, (m, k, k) for m sizes."""
-        b = np.asarray(nbytes, dtype=float)
-        if self.inline_latency is None:
-            return np.broadcast_to(self.latency, b.shape + self.latency.shape).copy()
-        small = (b <= self.inline_bytes).reshape(b.shape + (1, 1))
-        return np.where(small, self.inline_latency, self.latency)
+        b = np.asarray(nbytes, dtype=float).reshape(np.shape(nbytes) + (1, 1))
+        got = transfer_latency(b, self.latency, self.inline_latency, self.inline_bytes)
+        return np.broadcast_to(got, b.shape[:-2] + self.latency.shape).copy()
 
     def latency_at(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Latency of each transfer ``nbytes[i]`` from device ``u[i]`` to ``v[i]``."""
-        lat = self.latency[u, v]
-        if self.inline_latency is None:
-            return lat
-        return np.where(np.asarray(nbytes) <= self.inline_bytes, self.inline_latency[u, v], lat)
+        inline = None if self.inline_latency is None else self.inline_latency[u, v]
+        return transfer_latency(nbytes, self.latency[u, v], inline, self.inline_bytes)
 
     def hop_seconds(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Seconds of each transfer ``nbytes[i]`` from ``u[i]`` to ``v[i]`` (where usable)."""

@@ -13,6 +13,7 @@ from multigpu.execution.layer_timing import MIN_LAYER_TIME, split_pass, time_dev
 
 TIMES = [4e-3, 1e-4, 5e-3, 2e-4, 1e-4, 3e-3]   # seconds per layer: big and tiny ones
 OVERHEAD = 2e-4
+CONVERT = 3e-5   # the driver's input onto the device and output back to numpy, in a local run
 
 
 class FakeWorker:
@@ -39,6 +40,9 @@ class FakeWorker:
     def time_first(self, k: int) -> float:
         return self._jitter(OVERHEAD + TIMES[k])
 
+    def time_local_pass(self) -> float:
+        return self._jitter(CONVERT + OVERHEAD + sum(TIMES))
+
 
 class FakeWorkers:
     actors: dict = {}
@@ -54,7 +58,9 @@ def test_each_layer_gets_its_own_time_and_the_pass_keeps_its_total():
     assert overhead == pytest.approx(OVERHEAD)
     assert med == pytest.approx(TIMES)
     assert sum(med) + overhead == pytest.approx(full[1])          # a whole pass as one stage
-    assert warm == pytest.approx(OVERHEAD + sum(TIMES))            # the driver's passes back to back
+    # The driver's passes back to back, as it runs a local plan's items: with the conversions,
+    # which the layers' times and the stage overhead leave out.
+    assert warm == pytest.approx(CONVERT + OVERHEAD + sum(TIMES))
     assert all(a <= m <= b for a, m, b in zip(q1, med, q3)) and n == 5
 
 
@@ -72,3 +78,15 @@ def test_split_pass_keeps_the_total_and_a_floor():
     assert sum(med) == pytest.approx(1e-3)
     assert med == pytest.approx([2e-4 * scale, 1e-4 * scale, MIN_LAYER_TIME * scale])
     assert all(a <= m <= b for a, m, b in zip(q1, med, q3))
+
+
+@pytest.mark.parametrize("make", [lambda m: m.lenet(), lambda m: m.resnet18(num_classes=10, input_shape=(3, 16, 16))],
+                         ids=["lenet", "resnet18"])
+def test_a_local_pass_runs_a_whole_chain_or_graph_from_numpy_to_numpy(make):
+    import multigpu.models
+    from multigpu.execution.worker import StageWorker
+
+    w = StageWorker("drv", "numpy", None, 1)
+    w.setup()
+    w.prepare_profile(make(multigpu.models), None, 1, 0)
+    assert all(0 < w.time_local_pass() < 5.0 for _ in range(2))

@@ -217,7 +217,8 @@ class StageWorker:
         self._prof_state = ([be.from_numpy(a, dev) for a in model.init_state()]
                             if getattr(model, "batch_norms", None) else None)
         rng = np.random.default_rng(seed)
-        x = be.from_numpy(rng.random((batch, *model.input_shape), dtype=np.float32), dev)
+        self._prof_input = rng.random((batch, *model.input_shape), dtype=np.float32)
+        x = be.from_numpy(self._prof_input, dev)
         names = [name for name, _ in model.layers]
         # Every node's output of one pass (a graph model's layer may consume any earlier one).
         self._prof_env = model.run(be, self._prof_params, {"input": x}, names, state=self._prof_state,
@@ -261,6 +262,18 @@ class StageWorker:
         t0 = time.perf_counter()
         model.forward(be, self._prof_params, self._prof_feeds[0]["input"], 0, stop, state=self._prof_state)
         be.synchronize(dev)
+        return time.perf_counter() - t0
+
+    def time_local_pass(self) -> float:
+        """Seconds of a whole pass as a plan that never leaves this device runs an item:
+        the numpy input onto the device, every layer, one synchronize, the output back to
+        numpy (what ``run`` does with a stage that holds every layer)."""
+        be, dev, model = self.be, self.device, self._prof_model
+        t0 = time.perf_counter()
+        y = model.forward(be, self._prof_params, be.from_numpy(self._prof_input, dev), 0, len(model),
+                          state=self._prof_state)
+        be.synchronize(dev)
+        be.to_numpy(y)
         return time.perf_counter() - t0
 
     def time_first(self, layer: int) -> float:

@@ -247,9 +247,10 @@ class LinkTables:
 
     def latency_for(self, nbytes: Any) -> np.ndarray:
         """The latency of a transfer of ``nbytes``: k x k for a number, (m, k, k) for m sizes."""
-        b = np.asarray(nbytes, dtype=float).reshape(np.shape(nbytes) + (1, 1))
+        shape = np.shape(nbytes)
+        b = np.asarray(nbytes, dtype=float).reshape(shape + (1, 1))   # one k x k table per size
         got = transfer_latency(b, self.latency, self.inline_latency, self.inline_bytes)
-        return np.broadcast_to(got, b.shape[:-2] + self.latency.shape).copy()
+        return np.broadcast_to(got, shape + self.latency.shape).copy()
 
     def latency_at(self, nbytes: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Latency of each transfer ``nbytes[i]`` from device ``u[i]`` to ``v[i]``."""

@@ -271,6 +271,29 @@ def test_a_stream_probe_loads_the_link_one_way(local_ray):
     assert 0 < got[0].seconds < 1.0
 
 
+def test_a_link_probe_waits_then_computes_and_passes_the_payload_on(local_ray):
+    """The profiler's link probe: the worker sleeps the wait (a hop's processes wait as long as
+    a stage keeps them waiting), computes its layers and passes the payload on unchanged;
+    without the wait it only computes."""
+    from multigpu.execution import engine as ray_engine
+    from multigpu.execution.link_fitting import LINK_PROBE_WAIT
+    from multigpu.execution.worker import PROBE
+
+    cl = cluster(DeviceSpec("a", 1e9, 0.0, backend="numpy"))
+    with Session(cl, on_workers=record(local_ray)) as s:
+        actor = s.workers.actors["a"]
+        ray.get(actor.prepare_profile.remote(LENET, None, 1, 0))
+        x = np.arange(1024, dtype=np.float32)
+        spans = {}
+        for wait in (LINK_PROBE_WAIT, 0.0):
+            ray.get(actor.set_probe_work.remote(2, wait))
+            res = ray_engine.run_chain(s.workers, [("a", PROBE)], ["probe"], [x] * 3, window=1)
+            assert all(np.array_equal(y, x) for y in res.outputs)
+            spans[wait] = [tr[2] - tr[1] for tr in res.traces]
+    assert min(spans[LINK_PROBE_WAIT]) >= LINK_PROBE_WAIT
+    assert min(spans[0.0]) < LINK_PROBE_WAIT
+
+
 def _stop_later(local_ray, device: str, sig: int, delay: float, stopped: list[int]):
     def cb(info):
         record(local_ray)(info)

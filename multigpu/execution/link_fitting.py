@@ -20,10 +20,21 @@ from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.worker import PROBE, PROBE_IDLE
 from multigpu.partition.inputs.cluster import transfer_latency
 
-__all__ = ["HopSamples", "HopVsBare", "LinkFit", "PROBE_WORK", "fit_link", "fit_link_regimes", "fit_links",
-           "hop_vs_bare", "link_sizes", "pair_walk", "time_links"]
+__all__ = ["HopSamples", "HopVsBare", "LINK_PROBE_WAIT", "LinkFit", "PROBE_WORK", "fit_link", "fit_link_regimes",
+           "fit_links", "hop_vs_bare", "link_sizes", "pair_walk", "time_links"]
 
-PROBE_WORK = 3e-4      # seconds of real layers a link probe computes on each worker (see worker.PROBE)
+PROBE_WORK = 3e-4      # seconds of real layers a probe computes on each worker (see worker.PROBE)
+# Seconds a link probe's worker sleeps before those layers. A hop costs more after its
+# processes waited: on the 2-core machine (a local Ray, 48 KB between two actors, alternating
+# rounds) a hop after 0.3 ms of work took 1.46 ms (median), after 3 ms 1.88, after 10 ms 2.40
+# and after 30 ms 2.46; the driver's hops to and from the workers grew by 0.2-0.3 ms. Probes
+# without a wait fitted the hops of plans whose stages run for milliseconds 0.2-1.7 ms short
+# (ResNet-18, AlexNet), so links are fitted after a wait at which that growth has levelled
+# off. One latency per link is what the solvers price exactly, so a hop after a stage shorter
+# than a few milliseconds (LeNet's) is priced up to about a millisecond high. Streams and
+# transfer-CPU probes do not wait, and neither does a worker held below one core by a CPU
+# quota (``profiler``: a sleep would refill the quota a stage spends before it sends).
+LINK_PROBE_WAIT = 1e-2
 MIN_INV_BANDWIDTH = 1e-15   # a fit with no measurable per-byte cost: 1 PB/s, never a 0 or inf
 
 

@@ -9,8 +9,10 @@ builds the cluster; ``layer_timing`` times layers, ``link_fitting`` fits links.
   device's ``layer_times`` for the graph; the spread is reported.
 * Links: payloads of several sizes (spanning the models' activations) travel
   through the same engine and code path as a run's activations (``run_chain``),
-  between workers that compute a few hundred microseconds of real layers around
-  each hop, as stages do, and every hop is timed at both ends. Each pair's
+  between workers that wait 10 ms and then compute a few hundred microseconds of
+  real layers before each hop, as stages do (``link_fitting.LINK_PROBE_WAIT``: a hop
+  whose processes waited costs more than one between busy ones), and every hop is
+  timed at both ends. Each pair's
   ``latency + bytes / bandwidth`` is fitted to them (least squares on relative
   error). Bare hops (nothing computed) and bare actor calls with the same payload
   are timed alternately, as the yardstick for the engine's own cost.
@@ -42,6 +44,7 @@ from multigpu.execution.cores import usable_cores
 from multigpu.execution.layer_timing import LayerProfile, PassProfile, probe_layers, time_devices
 from multigpu.execution.stream_fitting import StreamSample, fit_message_bytes, stream_probe_size, time_streams
 from multigpu.execution.link_fitting import (
+    LINK_PROBE_WAIT,
     PROBE_WORK,
     HopVsBare,
     LinkFit,
@@ -309,14 +312,27 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         bar.close()
         # -- links through the engine, between workers that compute ---------------------------
         m0 = model_list[0]
+
+        def set_probe_work(wait: float, what: str) -> None:
+            for name in [w.name for w in workers]:
+                work = probe_layers(first_medians[name], PROBE_WORK)
+                # A worker held below one core by a CPU quota does not wait: a sleep refills its
+                # quota, while a stage sends with its quota spent on computing (the lab's Pi-class
+                # hosts' hops out were fitted 8 ms shorter, 13.6 against 21.7 ms, with the wait).
+                cores = ws.info[name].cores
+                own = wait if cores is None or cores >= 1 else 0.0
+                ws._get(ws.actors[name].set_probe_work.remote(work, own), lambda n=name: f"device {n!r}",
+                        what=what)
+
         for name in [w.name for w in workers]:
-            work = probe_layers(first_medians[name], PROBE_WORK)
             ws._get(ws.actors[name].prepare_profile.remote(m0, None, batch, seed),
                     lambda n=name: f"device {n!r}", what="preparing link probes")
-            ws._get(ws.actors[name].set_probe_work.remote(work), lambda n=name: f"device {n!r}",
-                    what="preparing link probes")
+        set_probe_work(LINK_PROBE_WAIT, "preparing link probes")
         hops, idle, bare = time_links(ws, ray_engine, [w.name for w in workers], driver_spec.name,
                                       link_payloads, link_repeats, warmup, engine, progress, notes)
+        # Streams and transfer CPU probe without the wait: their items follow each other, and
+        # a wait would make the workers, not the hops, set the rate.
+        set_probe_work(0.0, "preparing stream probes")
         # -- transfer CPU through the same engine, and the hosts the workers run on ----------
         cpu_fit = None
         if engine == "tasks" and workers:

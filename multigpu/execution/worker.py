@@ -227,11 +227,19 @@ class StageWorker:
         self._prof_feeds = [{n: self._prof_env[n] for n in node.inputs} for node in model.nodes]
         be.synchronize(dev)
 
-    def set_probe_work(self, layers: int) -> None:
-        """A probe computes the first ``layers`` layers of the model ``prepare_profile`` set up."""
+    def set_probe_work(self, layers: int, wait: float = 0.0) -> None:
+        """A probe sleeps ``wait`` seconds, then computes the first ``layers`` layers of the model
+        ``prepare_profile`` set up, as a stage runs after the hop before it waited."""
         self._probe_layers = int(layers)
+        self._probe_wait = max(float(wait), 0.0)
 
     def _busy(self) -> None:
+        if getattr(self, "_probe_wait", 0.0):
+            # Sleep, not compute: the hop's other processes wait as long as a stage would keep
+            # them waiting, while a host's CPU quota stays for the transfer (a busy wait on a
+            # Pi-class host throttles the object store's pull and the fit would price it as
+            # bandwidth).
+            time.sleep(self._probe_wait)
         model = self._prof_model
         model.forward(self.be, self._prof_params, self._prof_feeds[0]["input"], 0, getattr(self, "_probe_layers", 0),
                       state=self._prof_state)

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence
 
 import numpy as np
 
@@ -437,9 +437,10 @@ class Workers:
         except ray_exceptions.RayTaskError as e:
             raise _cause(e, f"{who()}: ") from None
 
-    def died(self, e: Exception, who: Callable[[], str]) -> WorkerDiedError:
-        """A WorkerDiedError naming the worker whose actor ``e`` reports dead."""
-        name = self.device_of(e)
+    def died(self, e: Exception, who: Callable[[], str], device: Optional[str] = None) -> WorkerDiedError:
+        """A WorkerDiedError naming the worker whose actor ``e`` reports dead (``device`` where
+        ``e`` names no actor of ours)."""
+        name = self.device_of(e) or device
         info = self.info.get(name) if name else None
         where = f" (pid {info.pid} on host {info.host})" if info else ""
         return WorkerDiedError(f"{who()}: its worker process{where} died ({_first_line(e)}); the run "
@@ -557,6 +558,15 @@ def _wait_item(workers: Workers, item: _Item, labels: Sequence[str], chain: Sequ
     try:
         return ray.get(item.value, timeout=workers.timeout)
     except ray_exceptions.GetTimeoutError:
+        # A stage that failed is the cause, not a later one still waiting for its output (a
+        # host killed mid-run: its stage's result holds the error while the next stage waits).
+        for pos, ref in item.refs:
+            try:
+                ray.get(ref, timeout=0)
+            except _STAGE_ERRORS as e:
+                _raise_stage_error(workers, item, labels, chain, e, pos)
+            except ray_exceptions.GetTimeoutError:
+                continue
         refs = [r for _, r in item.refs]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         done = {r.hex() for r in ready}
@@ -567,17 +577,32 @@ def _wait_item(workers: Workers, item: _Item, labels: Sequence[str], chain: Sequ
             f"{labels[stuck]}{where} did not finish item {item.index} within {workers.timeout:g} s; the run was "
             f"stopped and its workers shut down (raise the timeout if the stage is only slow, or check that "
             f"host and its link)") from None
-    except ray_exceptions.RayActorError as e:
+    except _STAGE_ERRORS as e:
+        _raise_stage_error(workers, item, labels, chain, e)
+
+
+_STAGE_ERRORS = (ray_exceptions.RayActorError, ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError,
+                 ray_exceptions.RayTaskError)
+
+
+def _raise_stage_error(workers: Workers, item: _Item, labels: Sequence[str], chain: Sequence[Link],
+                       e: Exception, at: Optional[int] = None) -> NoReturn:
+    """Raise the error naming the stage (and its worker's host) that Ray error ``e`` is about
+    (``at``: the position of the stage whose result raised it, when known); ``e`` itself if it is
+    none of those."""
+    if isinstance(e, ray_exceptions.RayActorError):
         dev = workers.device_of(e)
-        pos = next((p for p, _ in item.refs if labels[p].endswith(f"device {dev!r}")), item.refs[-1][0])
-        raise workers.died(e, lambda: labels[pos]) from None
-    except (ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError) as e:
+        fallback = item.refs[-1][0] if at is None else at
+        pos = next((p for p, _ in item.refs if labels[p].endswith(f"device {dev!r}")), fallback)
+        raise workers.died(e, lambda: labels[pos], chain[pos][0]) from None
+    if isinstance(e, (ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError)):
         # A host that died with its node takes the results it held (and its worker) along.
         lost = getattr(e, "object_ref_hex", None)
-        pos = next((p for p, r in item.refs if r.hex() == lost), item.refs[-1][0])
+        pos = next((p for p, r in item.refs if r.hex() == lost), item.refs[-1][0] if at is None else at)
         raise workers.lost(chain[pos][0], labels[pos], item.index) from None
-    except ray_exceptions.RayTaskError as e:
+    if isinstance(e, ray_exceptions.RayTaskError):
         raise _cause(e, "") from None
+    raise e
 
 
 def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str],

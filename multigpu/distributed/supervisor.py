@@ -194,16 +194,21 @@ def run(job: Job, command: Sequence[str], env: Optional[dict[str, str]] = None,
     KeyboardInterrupt after stopping every child on Ctrl-C. Returns the job as run
     (with its port and id).
     """
-    job = check_job(job)
-    if not command:
-        raise InputError("no command for the ranks to run; pass an argv such as [sys.executable, 'script.py']")
-    argv = list(command)
-    plan: LaunchPlan = declaration(job.backend).launch_plan(job)
-    base = dict(os.environ if env is None else env)
-    if job.nproc > 1 and "OMP_NUM_THREADS" not in base:
-        # As torchrun does: N ranks on one node share its cores.
-        base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
+    # Ctrl-C becomes a flag from the first line: a KeyboardInterrupt raised while the job's plan
+    # loads could be swallowed on the way (the launcher then ran its ranks as if never
+    # interrupted: seen once in a README run, its stacks dumped in the poll loop).
     with _DeferredInterrupt() as interrupted:
+        job = check_job(job)
+        if not command:
+            raise InputError("no command for the ranks to run; pass an argv such as [sys.executable, 'script.py']")
+        argv = list(command)
+        plan: LaunchPlan = declaration(job.backend).launch_plan(job)
+        base = dict(os.environ if env is None else env)
+        if job.nproc > 1 and "OMP_NUM_THREADS" not in base:
+            # As torchrun does: N ranks on one node share its cores.
+            base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
+        if interrupted.is_set():
+            raise KeyboardInterrupt
         _supervise(job, plan, argv, base, sys.stderr if out is None else out, on_start, interrupted)
     return job
 

@@ -560,17 +560,15 @@ def _wait_item(workers: Workers, item: _Item, labels: Sequence[str], chain: Sequ
     except ray_exceptions.GetTimeoutError:
         # A stage that failed is the cause, not a later one still waiting for its output (a
         # host killed mid-run: its stage's result holds the error while the next stage waits).
+        stuck = None
         for pos, ref in item.refs:
             try:
                 ray.get(ref, timeout=0)
             except _STAGE_ERRORS as e:
                 _raise_stage_error(workers, item, labels, chain, e, pos)
             except ray_exceptions.GetTimeoutError:
-                continue
-        refs = [r for _, r in item.refs]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        done = {r.hex() for r in ready}
-        stuck = next((pos for pos, r in item.refs if r.hex() not in done), item.refs[-1][0])
+                stuck = pos if stuck is None else stuck
+        stuck = item.refs[-1][0] if stuck is None else stuck
         info = workers.info.get(chain[stuck][0])
         where = f" (its worker: pid {info.pid} on host {info.host})" if info is not None else ""
         raise WorkerTimeoutError(
@@ -587,22 +585,20 @@ _STAGE_ERRORS = (ray_exceptions.RayActorError, ray_exceptions.ObjectLostError, r
 
 def _raise_stage_error(workers: Workers, item: _Item, labels: Sequence[str], chain: Sequence[Link],
                        e: Exception, at: Optional[int] = None) -> NoReturn:
-    """Raise the error naming the stage (and its worker's host) that Ray error ``e`` is about
-    (``at``: the position of the stage whose result raised it, when known); ``e`` itself if it is
-    none of those."""
+    """Raise the error naming the stage (and its worker's host) that Ray error ``e`` (one of
+    ``_STAGE_ERRORS``) is about; ``at`` is the position of the stage whose result raised it, when
+    known."""
+    fallback = item.refs[-1][0] if at is None else at
     if isinstance(e, ray_exceptions.RayActorError):
         dev = workers.device_of(e)
-        fallback = item.refs[-1][0] if at is None else at
         pos = next((p for p, _ in item.refs if labels[p].endswith(f"device {dev!r}")), fallback)
         raise workers.died(e, lambda: labels[pos], chain[pos][0]) from None
     if isinstance(e, (ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError)):
         # A host that died with its node takes the results it held (and its worker) along.
         lost = getattr(e, "object_ref_hex", None)
-        pos = next((p for p, r in item.refs if r.hex() == lost), item.refs[-1][0] if at is None else at)
+        pos = next((p for p, r in item.refs if r.hex() == lost), fallback)
         raise workers.lost(chain[pos][0], labels[pos], item.index) from None
-    if isinstance(e, ray_exceptions.RayTaskError):
-        raise _cause(e, "") from None
-    raise e
+    raise _cause(e, "") from None   # a RayTaskError: the stage's own exception
 
 
 def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str],

@@ -243,5 +243,35 @@ def test_cut_residual_blocks_on_mixed_frameworks_equal_the_unpartitioned_model(l
     assert cut.overlapped(0, 1) == 0.0   # stage 2 waits for stage 1's output
 
 
+def lopsided() -> Model:
+    """A cheap 1x1 convolution beside a tower of two 3x3 ones (~10 ms on one thread), added."""
+    heavy = [Conv2d(64, 3, 1, 1), ReLU(), Conv2d(64, 3, 1, 1)]
+    return Model([Parallel([[Conv2d(64, 1, 1, 0)], heavy], join="add", join_name="join"),
+                  GlobalAvgPool2d(name="pool"), Flatten(name="flat"), Dense(10, name="fc")], (16, 32, 32),
+                 name="lopsided")
+
+
+@pytest.mark.slow
+def test_a_worker_with_two_stages_of_an_item_takes_the_next_items_first_stage_while_the_join_waits(local_ray):
+    """Streamed, "a" holds the cheap branch (stage 0) and the join (stage 2), "b" the heavy
+    branch (stage 1). Run in submission order, a's stage 0 of item k+1 could not start
+    before its join of item k, which waits for b: the items would pass one at a time. The
+    workers run their calls out of order, and a's later stage of an item still runs after
+    its earlier one (it reads what that kept): outputs as unpartitioned, in order."""
+    model = lopsided()
+    params = model.init_params(5)
+    x = np.random.default_rng(6).random((8, 16, 32, 32), dtype=np.float32)
+    plan = ["a", "b", "b", "b", "a", "a", "a", "a"]
+    with Session(cluster("numpy", "numpy")) as s:
+        r = s.run(model, params, plan, x, stream=True, warmup=1)
+    np.testing.assert_allclose(r.outputs, reference(model, params, x), atol=1e-5, rtol=0)
+    assert [(st.device, st.first) for st in r.stages] == [("a", "conv2d1"), ("b", "conv2d2"), ("a", "join")]
+    starts = r.stage_starts + r.sent_at[:, None]    # one timeline: seconds after the first item's send
+    ends = starts + r.stage_times
+    ahead = np.mean(starts[1:, 0] < starts[:-1, 2])  # item k+1's first stage began before item k's join
+    assert ahead >= 0.5, (starts, ends)
+    assert (starts[:, 2] >= ends[:, 0]).all()        # within an item, a's join after its first stage
+
+
 def r_cluster() -> Cluster:
     return cluster(*FRAMEWORKS)

@@ -127,6 +127,7 @@ class RunResult:
     hop_names: list[tuple[str, ...]] | None = None
     hop_stages: list[tuple[int, int]] | None = None
     stage_starts: np.ndarray | None = None   # graph models: per item and stage, seconds from the send
+    sent_at: np.ndarray | None = None        # graph models: each item's send, seconds after the first item's
 
     def overlapped(self, i: int, k: int) -> float:
         """Share of the items in which stages ``i`` and ``k`` computed at the same time

@@ -310,7 +310,8 @@ def _run_dag(workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: in
                      workers=[w for w in info if w["device"] in used], prediction=prep.prediction,
                      prediction_note=prep.why, driver=driver,
                      hop_names=[msg.names for msg in sends],
-                     hop_stages=[(msg.source, msg.stage) for msg in sends], stage_starts=begins)
+                     hop_stages=[(msg.source, msg.stage) for msg in sends], stage_starts=begins,
+                     sent_at=np.asarray(out.sent) - out.sent[0])
 
 
 def _result(xplan: ExecutionPlan, out: Any, offsets: dict[str, float], batch: int, stream: bool,

@@ -170,14 +170,17 @@ class StageWorker:
         out = be.to_numpy(y)
         return (out.reshape(-1)[:1].copy() if stage == PROBE_SEND else out), trace + (t0, t1)
 
-    def run_stage(self, stage: int, item: int, *messages: tuple[dict[str, np.ndarray], dict[int, tuple[float, float]]]
-                  ) -> Any:
+    def run_stage(self, stage: int, item: int, *messages: tuple[dict[str, np.ndarray], dict[int, tuple[float, float]]],
+                  after: Any = None, token: bool = False) -> Any:
         """Run stage ``stage`` of a graph model for item ``item``.
 
         ``messages`` are ``(tensors, trace)`` pairs: the tensors this device receives
         for the stage (kept for its later stages too) and each sender's trace (stage ->
         (start, end) of its computation). Returns one ``(tensors, trace)`` per message
-        the stage sends (a tuple when it sends several; its trace alone when none).
+        the stage sends (a tuple when it sends several; its trace alone when none),
+        followed by an order token (None) with ``token``: ``after`` is the token of the
+        device's previous stage of the item, which Ray delivers before this call runs
+        (a Ray worker runs its calls out of order; see ``engine.run_dag``).
         """
         route = self.routes[stage]
         be, dev = self.be, self.device
@@ -197,9 +200,10 @@ class StageWorker:
         if route.last:
             self._store.pop(item, None)
             self._traces.pop(item, None)
-        if not replies:
-            return ({}, dict(trace))
-        return replies[0] if len(replies) == 1 else tuple(replies)
+        results = replies or [({}, dict(trace))]
+        if token:
+            results.append(None)     # what the device's next stage of this item waits for
+        return results[0] if len(results) == 1 else tuple(results)
 
     # -- profiling ---------------------------------------------------------
     def prepare_profile(self, model: Any, params: Optional[Sequence[np.ndarray]], batch: int, seed: int = 0) -> None:

@@ -745,12 +745,9 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
                 reply(item, r, workers.local.run_stage(r.index, item.index, *args))  # type: ignore[union-attr]
             else:
                 count = max(1, len(r.sends))
-                token = 0 if r.last else 1
-                kwargs: dict[str, Any] = {"token": bool(token)}
-                if r.device in item.after:
-                    kwargs["after"] = item.after[r.device]
+                token = not r.last     # the device's next stage of this item waits for it
                 got = workers.actors[r.device].run_stage.options(num_returns=count + token).remote(
-                    r.index, item.index, *args, **kwargs)
+                    r.index, item.index, *args, after=item.after.get(r.device), token=token)
                 refs = [got] if count + token == 1 else list(got)
                 if token:
                     item.after[r.device] = refs.pop()

@@ -671,3 +671,22 @@ def test_a_job_binds_its_own_address_and_names_its_interface():
     assert env == ({} if "GLOO_SOCKET_IFNAME" in os.environ else {"GLOO_SOCKET_IFNAME": "lo"})
     with pytest.raises(InputError, match="--master-addr '256.1.1.1'.*--node-addr"):
         route_address("256.1.1.1")
+
+
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs torch")
+def test_a_torch_group_a_rank_never_closed_is_destroyed_at_exit():
+    """A rank script that ends without close() (Gloo's threads outliving the interpreter can
+    abort it): the group this process created is destroyed by an exit hook."""
+    code = ("import atexit, torch.distributed as dist\n"
+            "from multigpu.contract.protocol import Device\n"
+            "from backends.torch.process_group import TorchGroup\n"
+            "g = TorchGroup(Device('cpu', 0), 30, 30)\n"
+            "print(dist.is_initialized(), g.world_size)\n"
+            "atexit._run_exitfuncs()\n"
+            "print(dist.is_initialized())\n")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+           "WORLD_SIZE": "1"}
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=Path(multigpu.__file__).resolve().parents[1])
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.split() == ["True", "1", "False"]

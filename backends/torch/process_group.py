@@ -9,6 +9,7 @@ torch is imported only when a group is created, never by the launcher.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 from datetime import timedelta
@@ -68,6 +69,13 @@ class TorchGroup:
                                         world_size=int(os.environ["WORLD_SIZE"]), timeout=join_timeout)
             else:   # torchrun or a user's own set-up
                 dist.init_process_group(self.engine, init_method="env://", timeout=join_timeout)
+            # NOTE: a process that exits with its Gloo group alive can die of SIGABRT ("terminate
+            # called without an active exception"): the group's threads outlive the interpreter
+            # (pytorch/pytorch#190489; an atexit hook in torch itself was abandoned, #179291).
+            # A rank that never calls close() is a normal script, so the group is destroyed at exit
+            # (close() does nothing once it is). Seen in the lab's two-host launch: both ranks
+            # aborted after their last barrier in 2 of 4 CI runs.
+            atexit.register(self.close)
         set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
         if set_timeout is not None:
             set_timeout(timedelta(seconds=timeout))

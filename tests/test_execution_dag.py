@@ -191,9 +191,9 @@ def two_towers() -> Model:
     below) is 192 channels wide: at 64, oneDNN ran it in ~1.5 ms, before paddle's stage had
     started under load (CI at efaaad2: overlap in 2 items of 6); at 192 it takes ~12 ms and
     the two overlapped in 10 items of 10, twice, beside a busy loop on one core."""
-    wide = [Conv2d(192, 3, 1, 1), ReLU(), Conv2d(192, 3, 1, 1), ReLU(), Conv2d(64, 3, 1, 1)]
-    tower = [Conv2d(64, 3, 1, 1), ReLU(), Conv2d(64, 3, 1, 1), ReLU(), Conv2d(64, 3, 1, 1)]
-    return Model([Parallel([wide, tower], join="add", join_name="join"), GlobalAvgPool2d(name="pool"),
+    def tower(width: int) -> list:
+        return [Conv2d(width, 3, 1, 1), ReLU(), Conv2d(width, 3, 1, 1), ReLU(), Conv2d(64, 3, 1, 1)]
+    return Model([Parallel([tower(192), tower(64)], join="add", join_name="join"), GlobalAvgPool2d(name="pool"),
                   Flatten(name="flat"), Dense(10, name="fc")], (16, 32, 32), name="towers")
 
 

@@ -1,4 +1,4 @@
-"""Lagrangian bounds, a repair heuristic and reduced-cost fixing for the MILP.
+"""Lagrangian bounds and a repair heuristic for the MILP.
 
 Move the coupling rows into the cost with non-negative multipliers (taken from the
 LP relaxation's duals, which are optimal for the Lagrangian dual): the memory rows
@@ -8,14 +8,11 @@ and its value minus the multipliers' constant is a lower bound on the constraine
 optimum, valid for *any* non-negative multipliers (so inexact duals cost strength,
 never correctness).
 
-Forward/backward DP tables under the penalised costs bound the cost of every
-solution that uses a given choice (layer i on d, or edge e from u to v). A choice
-whose bound exceeds the cost of a known feasible plan cannot be in an optimal plan,
-so the MILP fixes it to 0. The feasible plan comes from ``repair``: re-solve the
-penalised chain, each time forbidding the heaviest layer on an over-full device.
-
-The bound and the repair need only the graph's DP (``free``), so they serve fork-join
-graphs as well; the reduced-cost fixing walks a chain's forward and backward tables.
+A feasible plan comes from ``repair``: re-solve the penalised graph, each time
+forbidding the heaviest layer on an over-full device. The bound and the repair need
+only the graph's DP (``free``), so they serve chains and fork-join graphs alike.
+(Fixing the choices that cannot be optimal is done on the LP tightened by window rows,
+in ``cutoff``: its bound is the stronger.)
 """
 from __future__ import annotations
 
@@ -31,12 +28,7 @@ from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.free import FreeSolver
 from multigpu.partition.solvers.milp import Multipliers
 
-__all__ = ["FIX_MARGIN", "Penalised", "cost_if_feasible", "fixings", "lower_bound", "penalise", "repair"]
-
-# Fix a choice only when its bound beats the incumbent by this relative margin, so
-# floating-point noise in the DP sums can never remove an optimal choice.
-FIX_MARGIN = 1e-7
-
+__all__ = ["Penalised", "cost_if_feasible", "lower_bound", "penalise", "repair"]
 
 @dataclass(frozen=True)
 class Penalised:
@@ -133,31 +125,3 @@ def repair(tables: CostTables, free: FreeSolver, cons: ResolvedConstraints, wt: 
             node = node + extra * np.where(np.isfinite(node), tables.node_energy, 0.0)
             we_eff = we_eff + extra
     return math.inf, None
-
-
-def fixings(tables: CostTables, wt: float, pen: Penalised, upper: float
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """(fix_x, fix_y): choices every solution through which costs more than ``upper``
-    (plus a safety margin) under the Lagrangian bound (a chain's forward and backward DP
-    tables: chains only)."""
-    graph = tables.graph
-    n, k = pen.node.shape
-    nbytes = graph.output_bytes[:-1]
-    alpha, beta, blocked = tables.edge(wt, pen.we, nbytes)
-    edges = nbytes[:, None, None] * alpha[None] + (beta if beta.ndim == 3 else beta[None])
-    edges[:, np.arange(k), np.arange(k)] = 0.0
-    edges[:, blocked] = np.inf
-    F = np.empty((n, k))
-    B = np.empty((n, k))
-    F[0] = tables.first_edge(wt, pen.we) + pen.node[0]
-    for i in range(1, n):
-        F[i] = pen.node[i] + (F[i - 1][:, None] + edges[i - 1]).min(axis=0)
-    B[-1] = pen.node[-1] + tables.last_edge(wt, pen.we)
-    for i in range(n - 2, -1, -1):
-        B[i] = pen.node[i] + (edges[i] + B[i + 1][None, :]).min(axis=1)
-    threshold = upper + FIX_MARGIN * abs(upper) + 1e-300
-    with np.errstate(invalid="ignore"):
-        # NaN (inf - inf on forbidden choices) compares False, so it is fixed too.
-        fix_x = ~(F + B - pen.node - pen.const <= threshold)
-        fix_y = ~(F[:-1, :, None] + edges + B[1:, None, :] - pen.const <= threshold)
-    return fix_x, fix_y

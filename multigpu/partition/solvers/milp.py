@@ -1,14 +1,13 @@
-"""Exact constrained placement as a MILP, solved by HiGHS through ``scipy.optimize.milp``:
+"""Exact constrained placement as a MILP, solved by HiGHS (``highs``, through highspy):
 solving a built model (``milp_model.build_model``, the formulation) and its LP
 relaxation, whose duals become Lagrange multipliers.
 
-scipy is imported here, lazily, so the core imports numpy and the standard library only.
+HiGHS and scipy are imported lazily, so the core imports numpy and the standard library only.
 """
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Collection, Optional
 
 import numpy as np
@@ -17,8 +16,8 @@ from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.milp_model import FAMILIES, Model, build_model
 
-__all__ = ["FAMILIES", "MilpResult", "Model", "Multipliers", "build_model", "relax", "solve_milp",
-           "solve_model"]
+__all__ = ["FAMILIES", "LpSession", "LpSolution", "MilpResult", "Model", "Multipliers", "build_model", "relax",
+           "solve_lp", "solve_milp", "solve_model", "with_fixed", "with_rows"]
 
 
 @dataclass(frozen=True)
@@ -40,50 +39,45 @@ def solve_milp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: flo
                bottleneck_cap: Optional[float] = None, b_scale: Optional[float] = None,
                b_upper: Optional[float] = None,
                families: Collection[str] = FAMILIES, verbose: bool = False,
-               fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None,
+               fix_x: Optional[np.ndarray] = None,
                zero_load: bool = False, options: Optional[dict] = None) -> MilpResult:
     """Build and solve the placement MILP (see ``build_model`` for the arguments; its
     valid inequalities included); ``options`` are passed on to HiGHS (e.g. ``time_limit``)."""
     model = build_model(tables, cons, wt, we, objective=objective, scale=scale,
                         bottleneck_cap=bottleneck_cap, b_scale=b_scale, b_upper=b_upper, families=families,
-                        fix_x=fix_x, fix_y=fix_y, zero_load=zero_load)
+                        fix_x=fix_x, zero_load=zero_load)
     return solve_model(model, verbose=verbose, options=options)
+
+
+def _highs(model: Model) -> Any:
+    from multigpu.partition.solvers.highs import Highs
+
+    return Highs(model.c, model.A, model.lo, model.hi, model.lb, model.ub, model.integrality)
 
 
 def solve_model(model: Model, verbose: bool = False, options: Optional[dict] = None) -> MilpResult:
     """Solve a built model with HiGHS, demanding a zero relative gap. ``options`` go
     to HiGHS, e.g. ``time_limit`` or ``objective_bound`` (in the model's scaled units)."""
-    from scipy.optimize import Bounds, LinearConstraint, milp  # lazy: scipy is heavy
-
     if model.empty_layer:
         return MilpResult(2, "a layer has no feasible device", None, math.inf)
     opts = {"disp": bool(verbose), "mip_rel_gap": 0.0, "presolve": True, **(options or {})}
-
-    def run(o: dict) -> Any:
-        with warnings.catch_warnings():
-            # scipy warns that it passes HiGHS-only options (objective_bound) on
-            # verbatim; that is what we want.
-            warnings.filterwarnings("ignore", message="Unrecognized options", category=RuntimeWarning)
-            return milp(model.c, integrality=model.integrality, bounds=Bounds(model.lb, model.ub),
-                        constraints=LinearConstraint(model.A, model.lo, model.hi), options=o)
-
-    res = run(opts)
-    if res.status == 2 and opts["presolve"]:
-        # HiGHS 1.8's MIP presolve can wrongly declare a tightly bounded model
-        # infeasible (seen with a bottleneck cap 1e-7 above a feasible plan).
-        # "Infeasible" decides what we tell the user, so confirm it without presolve.
-        res = run({**opts, "presolve": False})
-    dual = getattr(res, "mip_dual_bound", None)
+    res = _highs(model).solve(opts)
+    if res.status == 2 and opts["presolve"] and "objective_bound" not in opts:
+        # HiGHS 1.8's MIP presolve once wrongly declared a tightly bounded model
+        # infeasible (a bottleneck cap 1e-7 above a feasible plan). "Infeasible" decides
+        # what we tell the user, so confirm it without presolve. (Under a cutoff,
+        # "infeasible" only says no plan beats it, and the caller raises the cutoff.)
+        res = _highs(model).solve({**opts, "presolve": False})
     # HiGHS's dual bound at a time limit: what the "not proven" message can quote.
-    bound = float(dual) / model.scale if dual is not None and math.isfinite(dual) else -math.inf
+    bound = res.bound / model.scale if math.isfinite(res.bound) else -math.inf
     if res.x is None:
-        return MilpResult(int(res.status), str(res.message), None, math.inf, bound)
+        return MilpResult(int(res.status), res.message, None, math.inf, bound)
     n, k = model.n, model.k
     xv = _full(model, res.x)[:model.nx].reshape(n, k)
     a = xv.argmax(axis=1).astype(np.intp)
     if np.any(xv[np.arange(n), a] < 0.5):  # pragma: no cover - HiGHS returns integral x
         return MilpResult(4, "solver returned a fractional assignment", None, math.inf)
-    return MilpResult(int(res.status), str(res.message), a, float(res.fun) / model.scale, bound)
+    return MilpResult(int(res.status), res.message, a, res.fun / model.scale, bound)
 
 
 @dataclass(frozen=True)
@@ -98,28 +92,69 @@ class Multipliers:
     mu: float
 
 
+@dataclass(frozen=True)
+class LpSolution:
+    """An LP relaxation's optimum: ``value`` (cost units), ``x`` (every column of the full
+    model, 0 where dropped), ``reduced`` (each full column's reduced cost at its lower
+    bound, in the model's scaled units; 0 where dropped) and ``duals`` (one per row, >= 0
+    for the "<= hi" rows, in cost units)."""
+
+    value: float
+    x: np.ndarray
+    reduced: np.ndarray
+    duals: np.ndarray
+
+
+def solve_lp(model: Model) -> Optional[LpSolution]:
+    """Solve the LP relaxation with HiGHS; None if it is infeasible."""
+    if model.empty_layer:
+        return None
+    return LpSession(model).solve()
+
+
+class LpSession:
+    """The LP relaxation of a model held by one HiGHS instance: ``add_rows`` appends rows
+    and the next ``solve`` starts from the last basis (dual simplex), so rounds of cuts
+    cost a few pivots each instead of a solve from scratch."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self._h = _highs(model)
+        self._pos = -np.ones(model.nvar, dtype=np.int64)
+        self._pos[model.cols] = np.arange(len(model.cols))
+        self._le = (model.lo != model.hi) & np.isfinite(model.hi)
+
+    def add_rows(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, count: int, lo: float,
+                 hi: float) -> None:
+        """Append ``count`` rows (COO in the full model's columns) with lo <= row <= hi."""
+        from scipy.sparse import csr_matrix
+
+        p = self._pos[cols]
+        keep = p >= 0
+        extra = csr_matrix((vals[keep], (rows[keep], p[keep])), shape=(count, len(self.model.cols)))
+        self._h.add_rows(extra, np.full(count, lo), np.full(count, hi))
+        self._le = np.concatenate([self._le, np.full(count, lo != hi and math.isfinite(hi))])
+
+    def solve(self) -> Optional[LpSolution]:
+        """The LP optimum, or None if the LP is infeasible."""
+        res = self._h.solve({"presolve": False}, relax=True)
+        if res.status != 0 or res.x is None or res.row_dual is None or res.col_dual is None:
+            return None
+        model = self.model
+        # HiGHS reports a "<= hi" row's dual as <= 0 for a minimisation; the multiplier is its negation.
+        dual = np.where(self._le, np.maximum(0.0, -res.row_dual), 0.0) / model.scale
+        return LpSolution(res.fun / model.scale, _full(model, res.x), _full(model, res.col_dual), dual)
+
+
 def relax(model: Model) -> tuple[Optional[float], Optional[Multipliers], Optional[np.ndarray]]:
     """Solve the LP relaxation. Return its value (cost units), the duals of the
     coupling rows as Lagrange multipliers, and the fractional x (n x k); all None if
     the relaxation is infeasible."""
-    from scipy.optimize import linprog
-
-    if model.empty_layer:
+    lp = solve_lp(model)
+    if lp is None:
         return None, None, None
-    from scipy.sparse import vstack
-
-    eq = np.flatnonzero(model.lo == model.hi)
-    le = np.flatnonzero((model.lo != model.hi) & np.isfinite(model.hi))   # "<= hi" (the coupling rows)
-    ge = np.flatnonzero((model.lo != model.hi) & np.isfinite(model.lo))   # ">= lo", as "-row <= -lo"
-    A = model.A
-    res = linprog(model.c, A_ub=vstack([A[le], -A[ge]]).tocsr(), b_ub=np.concatenate([model.hi[le], -model.lo[ge]]),
-                  A_eq=A[eq], b_eq=model.lo[eq], bounds=np.column_stack([model.lb, model.ub]), method="highs")
-    if res.status != 0:
-        return None, None, None
-    dual = np.zeros(A.shape[0])
-    # HiGHS reports <= rows' duals as <= 0 for a minimisation; the multipliers are their negation.
-    dual[le] = np.maximum(0.0, -np.asarray(res.ineqlin.marginals)[:len(le)]) / model.scale
     n, k = model.n, model.k
+    dual = lp.duals
     lam = np.zeros(k)
     pi = np.zeros((n, k))
     nu = np.zeros(k)
@@ -132,8 +167,29 @@ def relax(model: Model) -> tuple[Optional[float], Optional[Multipliers], Optiona
         nu[model.busy_devs] = dual[model.busy_rows:model.busy_rows + len(model.busy_devs)]
     if model.energy_row >= 0:
         mu = float(dual[model.energy_row])
-    x = _full(model, res.x)[:model.nx].reshape(n, k)
-    return float(res.fun) / model.scale, Multipliers(lam, pi, nu, mu), x
+    return lp.value, Multipliers(lam, pi, nu, mu), lp.x[:model.nx].reshape(n, k)
+
+
+def with_rows(model: Model, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, count: int,
+              lo: float, hi: float) -> Model:
+    """The model with ``count`` more rows (COO in the full model's columns, rows counted
+    from 0), each lo <= row <= hi. Terms on dropped columns (fixed at 0) are left out."""
+    from scipy.sparse import csr_matrix, vstack
+
+    pos = -np.ones(model.nvar, dtype=np.int64)
+    pos[model.cols] = np.arange(len(model.cols))
+    p = pos[cols]
+    keep = p >= 0
+    extra = csr_matrix((vals[keep], (rows[keep], p[keep])), shape=(count, len(model.cols)))
+    return replace(model, A=vstack([model.A, extra]).tocsr(), lo=np.concatenate([model.lo, np.full(count, lo)]),
+                   hi=np.concatenate([model.hi, np.full(count, hi)]))
+
+
+def with_fixed(model: Model, fixed: np.ndarray) -> Model:
+    """The model with the full columns marked in ``fixed`` fixed at 0."""
+    ub = np.where(fixed[model.cols], 0.0, model.ub)
+    x_ub = _full(model, ub)[:model.nx].reshape(model.n, model.k)
+    return replace(model, ub=ub, empty_layer=model.empty_layer or bool((x_ub == 0).all(axis=1).any()))
 
 
 def _full(model: Model, values: Any) -> np.ndarray:

@@ -66,7 +66,8 @@ class Model:
     (layer-major), ``scale`` (objective multiplier) and the first row of each
     coupling family (-1 when absent): ``energy_row``; ``busy_rows`` for ``busy_devs``;
     ``mem_rows`` (parameter rows) and ``act_rows`` (n rows per device, layer-major)
-    for ``mem_devs``; ``m_ub``, the bound of the largest-activation variables."""
+    for ``mem_devs``; ``m_ub``, the bound of the largest-activation variables; ``lay``,
+    where each variable lives in the full model."""
 
     c: np.ndarray
     A: Any
@@ -89,6 +90,7 @@ class Model:
     mem_rows: int
     act_rows: int
     m_ub: float
+    lay: Layout
 
 
 def _clamp(scale: float, biggest: float) -> float:
@@ -101,8 +103,7 @@ def _clamp(scale: float, biggest: float) -> float:
 
 
 def _open_columns(tables: CostTables, cons: ResolvedConstraints, lay: Layout, use: dict[str, bool],
-                  time: np.ndarray, energy: np.ndarray, fix_x: Optional[np.ndarray],
-                  fix_y: Optional[np.ndarray]) -> np.ndarray:
+                  time: np.ndarray, energy: np.ndarray, fix_x: Optional[np.ndarray]) -> np.ndarray:
     """(nvar,) bool: the columns not fixed to 0 up front. Impossible choices (pins,
     exclusions, unusable pairs) are closed instead of given huge costs; a choice that
     breaks a limit on its own can never be part of a feasible plan, and closing it keeps
@@ -125,8 +126,6 @@ def _open_columns(tables: CostTables, cons: ResolvedConstraints, lay: Layout, us
         open_[lay.wi[cluster.source_index]] = False
     if use["energy"]:
         open_ &= ~(energy > cons.energy_budget * SLACK)
-    if fix_y is not None and lay.ne:
-        open_[lay.yi[fix_y]] = False
     return open_
 
 
@@ -170,7 +169,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
                 objective: str = "latency", scale: float = 1.0,
                 bottleneck_cap: Optional[float] = None, b_scale: Optional[float] = None,
                 b_upper: Optional[float] = None, families: Collection[str] = FAMILIES,
-                fix_x: Optional[np.ndarray] = None, fix_y: Optional[np.ndarray] = None,
+                fix_x: Optional[np.ndarray] = None,
                 zero_load: bool = False, cuts: bool = True) -> Model:
     """Build the placement MILP.
 
@@ -186,12 +185,12 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     binding one). ``scale`` multiplies the objective so its optimum is well above
     HiGHS's absolute gap (1e-6); the caller picks it from a lower bound. ``b_scale``
     scales the bottleneck rows (default ``scale``) so their feasibility tolerance is
-    relative to the bottleneck, whatever the cost objective's size. ``fix_x``/``fix_y``
-    mark choices proven useless (Lagrangian reduced-cost fixing, on a chain); they are
-    fixed to 0. ``cuts`` adds the memory family's valid inequalities (``endpoint_rows``):
-    they tighten the LP relaxation and remove no integral plan; the planner leaves them
-    out of the LP whose duals price the Lagrangian (which has no term for them). Raises ValueError for an unknown objective (a programming error: callers
-    check).
+    relative to the bottleneck, whatever the cost objective's size. ``fix_x`` (n, k)
+    marks layer placements to leave out (fixed to 0): the planner's restricted MILP.
+    ``cuts`` adds the memory family's valid inequalities (``endpoint_rows``): they
+    tighten the LP relaxation and remove no integral plan; the planner leaves them out
+    of the LP whose duals price the Lagrangian (which has no term for them).
+    Raises ValueError for an unknown objective (a programming error: callers check).
     """
     from scipy.sparse import coo_matrix
 
@@ -208,7 +207,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     time = column_costs(tables, lay, 1.0, 0.0)
     energy = column_costs(tables, lay, 0.0, 1.0)
     cost = time if (wt, we) == (1.0, 0.0) else column_costs(tables, lay, wt, we)
-    open_ = _open_columns(tables, cons, lay, use, time, energy, fix_x, fix_y)
+    open_ = _open_columns(tables, cons, lay, use, time, energy, fix_x)
     open_[lay.m_off:] = True
     if timed:
         open_[lay.timing.first:lay.timing.end] = True
@@ -298,4 +297,4 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
                  empty_layer=bool((~open_[lay.xi]).all(axis=1).any()),
                  n=lay.n, k=lay.k, nx=nx, scale=scale, energy_row=energy_first,
                  busy_devs=busy_devs, busy_rows=busy_first, mem_devs=mem_devs, mem_rows=mem_first,
-                 act_rows=act_first, m_ub=m_ub)
+                 act_rows=act_first, m_ub=m_ub, lay=lay)

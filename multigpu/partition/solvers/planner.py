@@ -44,7 +44,8 @@ from multigpu.partition.inputs.graph import Graph
 from multigpu.partition.solvers.constraints import Constraints, ResolvedConstraints
 from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
 from multigpu.partition.solvers.free import FreeSolver, free_solver
-from multigpu.partition.solvers.lagrange import cost_if_feasible, fixings, lower_bound, penalise, repair
+from multigpu.partition.solvers.cutoff import solve_in_rounds, tighten
+from multigpu.partition.solvers.lagrange import cost_if_feasible, lower_bound, penalise, repair
 from multigpu.partition.solvers.milp import build_model, relax, solve_milp
 from multigpu.partition.solvers.throughput import solve_throughput
 from multigpu.partition.stages import Stage
@@ -60,6 +61,7 @@ BOUND_GAP = 1e-9
 RESTRICTED_TIME_LIMIT = 3.0
 RESTRICTED_GAP = 1e-2
 SOLVERS = ("auto", "dp", "milp")
+MILP_WITH_WINDOWS = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,24 +172,28 @@ def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: f
                 upper, best = cost[0], quick.a
     if best is not None and solver == "auto" and lower >= upper - BOUND_GAP * abs(upper):
         return best, "bound"
-    fix_x = fix_y = None
-    opts = dict(options)
-    scale = _scale(floor)
-    if best is not None:
-        if tables.graph.is_chain:
-            fix_x, fix_y = fixings(tables, wt, pen, upper)
-        opts["objective_bound"] = upper * scale * (1 + BOUND_GAP) + 1e-9
-    res = solve_milp(tables, cons, wt, we, objective="latency", scale=scale, verbose=verbose,
-                     fix_x=fix_x, fix_y=fix_y, options=opts)
-    if res.a is None and best is not None and (res.status == 2 or "bound" in res.message.lower()):
-        # Nothing beats the cutoff: the known plan is optimal.
-        return best, "milp"
+    # The exact solve: the LP tightened by window rows bounds every choice's cost, and the
+    # MILP runs in rounds of rising cutoffs with what cannot beat each fixed (``cutoff``).
+    base = build_model(tables, cons, wt, we, scale=_scale(floor))
+    tight = tighten(base, tables, cons, keep_rows=MILP_WITH_WINDOWS)
+    if tight is None:
+        raise _infeasible(tables, cons, wt, we, verbose)
+    lower = max(lower, tight.bound)
+    if best is not None and solver == "auto" and lower >= upper - BOUND_GAP * abs(upper):
+        return best, "bound"
+
+    def cost_of(a: np.ndarray) -> float:
+        return cost_if_feasible(tables, cons, wt, we, a)[0]
+
+    plan, res = solve_in_rounds(tight.model if MILP_WITH_WINDOWS else base, tight, upper, best, cost_of, options,
+                                verbose)
+    if plan is not None:
+        return plan, "milp"
+    assert res is not None
     if res.status == 2:
         raise _infeasible(tables, cons, wt, we, verbose)
     _check_solved(res, "latency", lower)
-    if best is not None and upper < cost_if_feasible(tables, cons, wt, we, res.a)[0]:
-        return best, "milp"  # the cutoff's slack let HiGHS stop at an equal-cost plan
-    return res.a, "milp"
+    raise SolverError(f"HiGHS did not solve the placement MILP for the latency objective: {res.message}")
 
 
 def _check_solved(res: Any, objective: str, bound: float) -> None:

@@ -1,0 +1,153 @@
+"""The window rows (``solvers.windows``) and the rounds of rising cutoffs
+(``solvers.cutoff``): the rows hold for every plan that fits in memory, they tighten the
+LP where it time-shares a device, and reduced-cost fixing never removes an optimal
+choice. (``test_partition_constraints.py`` checks the planner's optima, which go through
+these rounds, against brute force.)"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from dag_oracle import clusters, dags, ref_memory, ref_sum
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+from test_milp_cuts import _with_memory
+from test_partition_oracle import SETTINGS, Unusable
+
+from multigpu.partition import Cluster, Graph, LayerSpec, autopartition
+from multigpu.partition.cost.tables import CostTables
+from multigpu.partition.inputs.cluster import DeviceSpec, Link
+from multigpu.partition.solvers.constraints import Constraints
+from multigpu.partition.solvers.cutoff import fixable, rooms, solve_in_rounds, tighten
+from multigpu.partition.solvers.milp import build_model, solve_milp, solve_model
+from multigpu.partition.solvers.windows import separate, windows
+
+
+FILTERING = {**SETTINGS, "suppress_health_check": [*SETTINGS["suppress_health_check"], HealthCheck.filter_too_much]}
+
+
+def _feasible_plans(gd: dict, cd: dict) -> list[tuple[int, ...]]:
+    names = [d["name"] for d in cd["devices"]]
+    mem = {d["name"]: d["memory"] for d in cd["devices"]}
+    plans = []
+    for a in itertools.product(range(len(names)), repeat=len(gd["layers"])):
+        used = ref_memory(gd, [names[i] for i in a])
+        if all(v <= mem[d] * (1 + 1e-9) for d, v in used.items()):
+            plans.append(a)
+    return plans
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(dags(max_n=5), clusters(max_k=3), st.sampled_from([0.3, 0.5, 0.8]))
+def test_every_window_row_holds_for_every_plan_that_fits(gd: dict, cd: dict, share: float) -> None:
+    cd = _with_memory(gd, cd, share)
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints().resolve(graph, cluster)
+    room = rooms(tables, cons)
+    wins = windows(graph, room)
+    assume(wins)
+    n, k = graph.n, cluster.k
+    # Number the columns as the model does: x[i, d] = i*k + d, then y[e, u, v].
+    xi = np.arange(n * k).reshape(n, k)
+    ne = len(graph.edge_src)
+    yi = n * k + np.arange(ne * k * k).reshape(ne, k, k)
+    diag = yi[:, np.arange(k), np.arange(k)]
+    # An LP point that breaks every row (x everywhere, no edge with one end off a device): one row
+    # per (window, device), for the layer the row is written for.
+    r, c, v, count = separate(graph, wins, room, np.ones((n, k)), np.ones((ne, k)), xi, diag, limit=10 ** 6)
+    assert count == sum(int((room == w.room).sum()) for w in wins)
+    rows = np.zeros((count, n * k + ne * k * k))
+    np.add.at(rows, (r, c), v)
+    plans = _feasible_plans(gd, cd)
+    for a in plans:
+        point = np.zeros(rows.shape[1])
+        point[xi[np.arange(n), list(a)]] = 1.0
+        point[yi[np.arange(ne), np.array(a)[graph.edge_src], np.array(a)[graph.edge_dst]]] = 1.0
+        assert (rows @ point <= 1e-9).all(), (a, rows @ point)
+    event(f"rows: {min(count, 10)}{'+' if count >= 10 else ''}, plans: {min(len(plans), 10)}")
+
+
+def _time_shared() -> tuple[Graph, Cluster]:
+    # Two fast devices far from the source, a fast link between them, each holding 60% of
+    # the parameters: the LP runs 60% of every layer on one and 40% on the other and pays
+    # for no transfer between them; every real plan sends an activation across.
+    layers = tuple(LayerSpec(f"l{i}", 1e9, 1e6, 1e6) for i in range(6))
+    graph = Graph(layers, input_bytes=1e3)
+    mem = 0.6 * 6e6 + 1e6
+    devs = (DeviceSpec("src", 1e6, 1.0), DeviceSpec("a", 1e12, 1.0, mem), DeviceSpec("b", 1e12, 1.0, mem))
+    cluster = Cluster(devs, source="src", links=(Link(("a", "b"), 1e8, 1e-3), Link(("src", "a"), 1e9, 0.0),
+                                                 Link(("src", "b"), 1e9, 0.0)))
+    return graph, cluster
+
+
+def test_window_rows_tighten_a_time_shared_pair() -> None:
+    graph, cluster = _time_shared()
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints().resolve(graph, cluster)
+    best = solve_milp(tables, cons, 1.0, 0.0).value
+    model = build_model(tables, cons, 1.0, 0.0, scale=1.0 / best)
+    loose = tighten(model, tables, cons, max_rounds=0)
+    tight = tighten(model, tables, cons)
+    assert loose is not None and tight is not None and tight.cuts > 0
+    # Without the rows the LP pays no transfer between a and b; with them at least one.
+    assert loose.bound < tight.bound - 0.5 * 1e-3
+    assert tight.bound <= best * (1 + 1e-9)
+
+
+@settings(max_examples=30, **FILTERING)
+@given(dags(max_n=5), clusters(max_k=3), st.sampled_from([0.3, 0.5, 0.8]))
+def test_reduced_cost_fixing_never_removes_an_optimal_choice(gd: dict, cd: dict, share: float) -> None:
+    cd = _with_memory(gd, cd, share)
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints().resolve(graph, cluster)
+    names = [d["name"] for d in cd["devices"]]
+    costs = {}
+    for a in _feasible_plans(gd, cd):
+        try:
+            costs[a] = ref_sum(gd, cd, [names[i] for i in a])[0]
+        except Unusable:
+            continue
+    assume(costs)
+    best = min(costs.values())
+    assume(best > 0)
+    model = build_model(tables, cons, 1.0, 0.0, scale=1.0 / best)
+    t = tighten(model, tables, cons)
+    assert t is not None and t.bound <= best * (1 + 1e-7)
+    fixed = fixable(t, best)
+    lay = model.lay
+    for a, cost in costs.items():
+        if cost > best * (1 + 1e-9):
+            continue
+        a_ = np.array(a)
+        assert not fixed[lay.xi[np.arange(graph.n), a_]].any(), a
+        assert not fixed[lay.yi[np.arange(lay.ne), a_[graph.edge_src], a_[graph.edge_dst]]].any(), a
+    # The rounds find that optimum whatever plan is known.
+    plan, _ = solve_in_rounds(model, t, np.inf, None, lambda a: ref_sum(gd, cd, [names[i] for i in a])[0], {})
+    assert plan is not None
+    assert np.isclose(ref_sum(gd, cd, [names[i] for i in plan])[0], best, rtol=1e-6, atol=1e-12)
+    event(f"fixed {int(fixed.sum())} of {int((model.ub > 0).sum())} columns")
+
+
+def test_a_cutoff_below_the_optimum_finds_no_plan_below_it() -> None:
+    # Under a cutoff below the optimum HiGHS reports no plan (or stops at one above the
+    # cutoff: the bound prunes, it does not always forbid); either way the rounds raise it.
+    graph, cluster = _time_shared()
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints().resolve(graph, cluster)
+    best = solve_milp(tables, cons, 1.0, 0.0).value
+    model = build_model(tables, cons, 1.0, 0.0, scale=1.0 / best)
+    below = solve_model(model, options={"objective_bound": 0.99})
+    assert (below.a is None and below.status == 2) or below.value >= best * (1 - 1e-6), below
+    above = solve_model(model, options={"objective_bound": 1.01})
+    assert above.status == 0 and np.isclose(above.value, best, rtol=1e-9)
+
+
+def test_the_planner_proves_a_time_shared_pair() -> None:
+    graph, cluster = _time_shared()
+    plan = autopartition(graph, cluster)
+    assert plan.solver in ("milp", "bound")
+    assert {"a", "b"} <= set(plan.assignment)
+    exact = solve_milp(CostTables.build(graph, cluster, False), Constraints().resolve(graph, cluster), 1.0, 0.0)
+    assert np.isclose(plan.cost, exact.value, rtol=1e-9)

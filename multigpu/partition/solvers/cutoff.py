@@ -29,7 +29,7 @@ import numpy as np
 
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
-from multigpu.partition.solvers.milp import LpSession, LpSolution, MilpResult, Model, solve_model, with_fixed, with_rows
+from multigpu.partition.solvers.milp import LpSession, LpSolution, MilpResult, Model, solve_model, with_fixed
 from multigpu.partition.solvers.windows import separate, windows
 
 __all__ = ["Tightened", "fixable", "rooms", "solve_in_rounds", "tighten"]
@@ -52,8 +52,8 @@ AT_ZERO = 1e-9
 
 @dataclass(frozen=True)
 class Tightened:
-    """The model (with the window rows when asked for), the tightened LP's optimum
-    (``lp``) and the number of rows added (``cuts``)."""
+    """The model the LP was built from (without the window rows), the tightened LP's
+    optimum (``lp``) and the number of rows added (``cuts``)."""
 
     model: Model
     lp: LpSolution
@@ -73,10 +73,9 @@ def rooms(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray:
 
 
 def tighten(model: Model, tables: CostTables, cons: ResolvedConstraints,
-            max_rounds: int = SEPARATION_ROUNDS, keep_rows: bool = False) -> Optional[Tightened]:
+            max_rounds: int = SEPARATION_ROUNDS) -> Optional[Tightened]:
     """The LP relaxation with the window rows it breaks, added round after round (each
-    LP resumes from the last basis); None if the LP is infeasible (then so is the MILP).
-    ``keep_rows`` returns the model with the rows (else the model as given)."""
+    LP resumes from the last basis); None if the LP is infeasible (then so is the MILP)."""
     graph, lay = tables.graph, model.lay
     room = rooms(tables, cons)
     wins = windows(graph, room) if lay.ne else []
@@ -93,8 +92,6 @@ def tighten(model: Model, tables: CostTables, cons: ResolvedConstraints,
         if not count:
             break
         session.add_rows(r, c, v, count, -np.inf, 0.0)
-        if keep_rows:
-            model = with_rows(model, r, c, v, count, -np.inf, 0.0)
         cuts += count
         before = lp.value
         lp = session.solve()
@@ -117,7 +114,7 @@ def fixable(t: Tightened, cutoff: float) -> np.ndarray:
 def solve_in_rounds(base: Model, t: Tightened, known: float, known_plan: Optional[np.ndarray],
                     cost_of: Callable[[np.ndarray], float], options: dict[str, Any], verbose: bool = False
                     ) -> tuple[Optional[np.ndarray], Optional[MilpResult]]:
-    """Solve ``base`` (the MILP, with or without the window rows) in rounds of rising
+    """Solve ``base`` (the MILP ``t`` was tightened from) in rounds of rising
     cutoffs up to ``known``, the cost of ``known_plan`` (+inf and None if there is none).
     Returns (the optimal plan, None), or (None, the solve to report): a time limit, an
     error, or, with no plan known, an infeasible model."""

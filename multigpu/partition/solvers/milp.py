@@ -17,7 +17,7 @@ from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.milp_model import FAMILIES, Model, build_model
 
 __all__ = ["FAMILIES", "LpSession", "LpSolution", "MilpResult", "Model", "Multipliers", "build_model", "relax",
-           "solve_lp", "solve_milp", "solve_model", "with_fixed", "with_rows"]
+           "solve_lp", "solve_milp", "solve_model", "with_fixed"]
 
 
 @dataclass(frozen=True)
@@ -168,21 +168,6 @@ def relax(model: Model) -> tuple[Optional[float], Optional[Multipliers], Optiona
     if model.energy_row >= 0:
         mu = float(dual[model.energy_row])
     return lp.value, Multipliers(lam, pi, nu, mu), lp.x[:model.nx].reshape(n, k)
-
-
-def with_rows(model: Model, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, count: int,
-              lo: float, hi: float) -> Model:
-    """The model with ``count`` more rows (COO in the full model's columns, rows counted
-    from 0), each lo <= row <= hi. Terms on dropped columns (fixed at 0) are left out."""
-    from scipy.sparse import csr_matrix, vstack
-
-    pos = -np.ones(model.nvar, dtype=np.int64)
-    pos[model.cols] = np.arange(len(model.cols))
-    p = pos[cols]
-    keep = p >= 0
-    extra = csr_matrix((vals[keep], (rows[keep], p[keep])), shape=(count, len(model.cols)))
-    return replace(model, A=vstack([model.A, extra]).tocsr(), lo=np.concatenate([model.lo, np.full(count, lo)]),
-                   hi=np.concatenate([model.hi, np.full(count, hi)]))
 
 
 def with_fixed(model: Model, fixed: np.ndarray) -> Model:

@@ -61,7 +61,6 @@ BOUND_GAP = 1e-9
 RESTRICTED_TIME_LIMIT = 3.0
 RESTRICTED_GAP = 1e-2
 SOLVERS = ("auto", "dp", "milp")
-MILP_WITH_WINDOWS = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,7 +174,7 @@ def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: f
     # The exact solve: the LP tightened by window rows bounds every choice's cost, and the
     # MILP runs in rounds of rising cutoffs with what cannot beat each fixed (``cutoff``).
     base = build_model(tables, cons, wt, we, scale=_scale(floor))
-    tight = tighten(base, tables, cons, keep_rows=MILP_WITH_WINDOWS)
+    tight = tighten(base, tables, cons)
     if tight is None:
         raise _infeasible(tables, cons, wt, we, verbose)
     lower = max(lower, tight.bound)
@@ -185,8 +184,9 @@ def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: f
     def cost_of(a: np.ndarray) -> float:
         return cost_if_feasible(tables, cons, wt, we, a)[0]
 
-    plan, res = solve_in_rounds(tight.model if MILP_WITH_WINDOWS else base, tight, upper, best, cost_of, options,
-                                verbose)
+    # The rounds solve the MILP without the window rows: with them, ResNet-50 took 34 s on
+    # 16 devices and 20 s on the lab, against 17 and 5 s without (the rows thicken each LP).
+    plan, res = solve_in_rounds(base, tight, upper, best, cost_of, options, verbose)
     if plan is not None:
         return plan, "milp"
     assert res is not None

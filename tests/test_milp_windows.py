@@ -5,23 +5,26 @@ choice. (``test_partition_constraints.py`` checks the planner's optima, which go
 these rounds, against brute force.)"""
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 
 import numpy as np
+import pytest
 from dag_oracle import clusters, dags, ref_memory, ref_sum
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from test_milp_cuts import _with_memory
 from test_partition_oracle import SETTINGS, Unusable
 
-from multigpu.partition import Cluster, Graph, LayerSpec, autopartition
+from multigpu.errors import SolverError
+from multigpu.partition import Cluster, Graph, LayerSpec, autopartition, load_cluster, load_graph
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.inputs.cluster import DeviceSpec, Link
 from multigpu.partition.solvers.constraints import Constraints
 from multigpu.partition.solvers.cutoff import fixable, rooms, solve_in_rounds, tighten
 from multigpu.partition.solvers.milp import build_model, solve_milp, solve_model
 from multigpu.partition.solvers.windows import separate, windows
-
 
 FILTERING = {**SETTINGS, "suppress_health_check": [*SETTINGS["suppress_health_check"], HealthCheck.filter_too_much]}
 
@@ -151,3 +154,17 @@ def test_the_planner_proves_a_time_shared_pair() -> None:
     assert {"a", "b"} <= set(plan.assignment)
     exact = solve_milp(CostTables.build(graph, cluster, False), Constraints().resolve(graph, cluster), 1.0, 0.0)
     assert np.isclose(plan.cost, exact.value, rtol=1e-9)
+
+
+def test_a_time_limit_in_a_round_is_a_solver_error_quoting_the_bound() -> None:
+    # ResNet-18 on the lab with every device holding 40% of its parameters needs the rounds;
+    # a round stopped by the time limit is reported, with a bound no lower than the LP's.
+    graph = load_graph("resnet18")
+    lab = load_cluster("lab")
+    mem = 0.4 * float(graph.param_bytes.sum()) + float(graph.activation_bytes.max())
+    cluster = dataclasses.replace(lab, devices=tuple(dataclasses.replace(d, memory=mem) for d in lab.devices))
+    with pytest.raises(SolverError, match="did not prove the latency optimum within the time limit") as err:
+        autopartition(graph, cluster, time_limit=1e-4)
+    bound = float(re.search(r"the lower bound is ([0-9.e+-]+)\)", str(err.value)).group(1))
+    best = autopartition(graph, cluster).cost
+    assert 0.8 * best < bound <= best * (1 + 1e-6)

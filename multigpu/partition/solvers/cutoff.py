@@ -22,7 +22,7 @@ empty, so the answer is exact.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -119,6 +119,7 @@ def solve_in_rounds(base: Model, t: Tightened, known: float, known_plan: Optiona
     Returns (the optimal plan, None), or (None, the solve to report): a time limit, an
     error, or, with no plan known, an infeasible model."""
     best, best_cost = known_plan, known
+    proven = -math.inf                      # the optimum is above this (an empty round's cutoff)
     factors = iter(CUTOFF_FACTORS if t.bound > 0 else ())
     while True:
         factor = next(factors, None)
@@ -140,6 +141,11 @@ def solve_in_rounds(base: Model, t: Tightened, known: float, known_plan: Optiona
         # (the objective bound prunes, it does not always forbid): no plan beats it then.
         beaten = res.a is None and (res.status == 2 or "bound" in res.message.lower())
         if not (beaten or res.status == 0):
-            return None, res                # a time limit, or an error: the caller reports it
+            # A time limit, or an error: the caller reports it, with the best bound proven.
+            # The restricted model holds every plan up to the cutoff, so its own bound
+            # holds up to there.
+            held = min(res.bound, cutoff) if math.isfinite(res.bound) else -math.inf
+            return None, replace(res, bound=max(proven, held, t.bound))
+        proven = max(proven, cutoff)
         if final:
             return (best, None) if best is not None else (None, res)

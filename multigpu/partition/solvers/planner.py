@@ -42,9 +42,9 @@ from multigpu.partition.exceptions import PartitionInputError
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 from multigpu.partition.solvers.constraints import Constraints, ResolvedConstraints
+from multigpu.partition.solvers.cutoff import solve_in_rounds, tighten
 from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
 from multigpu.partition.solvers.free import FreeSolver, free_solver
-from multigpu.partition.solvers.cutoff import solve_in_rounds, tighten
 from multigpu.partition.solvers.lagrange import cost_if_feasible, lower_bound, penalise, repair
 from multigpu.partition.solvers.milp import build_model, relax, solve_milp
 from multigpu.partition.solvers.throughput import solve_throughput

@@ -17,6 +17,7 @@ in ``cutoff``: its bound is the stronger.)
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -96,16 +97,19 @@ def cost_if_feasible(tables: CostTables, cons: ResolvedConstraints, wt: float, w
 
 
 def repair(tables: CostTables, free: FreeSolver, cons: ResolvedConstraints, wt: float, we: float,
-           pen: Penalised) -> tuple[float, Optional[np.ndarray]]:
+           pen: Penalised, seconds: float = math.inf) -> tuple[float, Optional[np.ndarray]]:
     """A strictly feasible assignment near the penalised optimum, and its true cost
-    (inf/None if the heuristic fails). Each round forbids the heaviest layer on every
-    over-full device and raises the energy weight while over budget, so it stops
-    within n*k rounds."""
+    (inf/None if the heuristic fails or runs past ``seconds``). Each round forbids the
+    heaviest layer on every over-full device and raises the energy weight while over
+    budget, so it stops within n*k rounds."""
     graph = tables.graph
     n, k = graph.n, tables.cluster.k
     forbid = np.zeros((n, k), dtype=bool)
     node, we_eff = pen.node, pen.we
+    stop = time.perf_counter() + seconds
     for _ in range(n * k + 8):
+        if time.perf_counter() > stop:
+            return math.inf, None
         a, val = _solve(tables, free, wt, Penalised(node, we_eff, 0.0), forbid)
         if not math.isfinite(val):
             return math.inf, None

@@ -61,6 +61,10 @@ BOUND_GAP = 1e-9
 RESTRICTED_TIME_LIMIT = 3.0
 RESTRICTED_GAP = 1e-2
 SOLVERS = ("auto", "dp", "milp")
+# Seconds for the penalised-DP repair (a heuristic: the rounds that follow find the optimum
+# without it). Each of its rounds is one DP, 0.4 s for GoogLeNet on 16 devices, where 15
+# rounds gave a plan 12% above the optimum in 6 s.
+REPAIR_SECONDS = 1.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,7 +159,7 @@ def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: f
     if free is not None:
         pen = penalise(tables, cons, wt, we, mult, model.m_ub)
         lower, _ = lower_bound(tables, free, wt, pen)
-        upper, best = repair(tables, free, cons, wt, we, pen)
+        upper, best = repair(tables, free, cons, wt, we, pen, seconds=REPAIR_SECONDS)
     else:
         lower, upper, best = float(lp), np.inf, None
     floor = max(dp_value, lower if np.isfinite(lower) else 0.0)

@@ -70,7 +70,7 @@ LAB_VARIANTS: dict[str, str] = {"plans": "plans_lab"}
 # Read by the frameworks' thread pools when they start (torch, MXNet and Paddle use OpenMP).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
-FRAMEWORK_PACKAGES = ("numpy", "scipy", "torch", "mxnet", "paddlepaddle", "ray", "matplotlib")
+FRAMEWORK_PACKAGES = ("numpy", "scipy", "highspy", "torch", "mxnet", "paddlepaddle", "ray", "matplotlib")
 
 
 @dataclass(frozen=True)

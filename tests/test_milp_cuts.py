@@ -6,6 +6,7 @@ with them in place.)"""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 from dag_oracle import clusters, dags, ref_memory, ref_sum
@@ -35,15 +36,20 @@ def _with_memory(gd: dict, cd: dict, share: float) -> dict:
     return cd
 
 
+def memory_instance(gd: dict, cd: dict, share: float) -> tuple[dict, Graph, Cluster, CostTables, Any]:
+    """The cluster dict with memory set by ``_with_memory``, and the graph, cluster, cost
+    tables and resolved constraints built from the two dicts."""
+    cd = _with_memory(gd, cd, share)
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    return cd, graph, cluster, CostTables.build(graph, cluster, False), Constraints().resolve(graph, cluster)
+
+
 @settings(max_examples=25, **SETTINGS)
 @given(dags(max_n=4), clusters(max_k=3), st.sampled_from([0.4, 0.6, 0.9]))
 def test_every_memory_feasible_plan_keeps_its_cost(gd: dict, cd: dict, share: float) -> None:
     # Fix x to each assignment in turn: the MILP, cuts included, must accept every plan
     # that fits in memory and price it as the independent oracle does.
-    cd = _with_memory(gd, cd, share)
-    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
-    tables = CostTables.build(graph, cluster, False)
-    cons = Constraints().resolve(graph, cluster)
+    cd, graph, cluster, tables, cons = memory_instance(gd, cd, share)
     names = [d["name"] for d in cd["devices"]]
     mem = {d["name"]: d["memory"] for d in cd["devices"]}
     checked = 0

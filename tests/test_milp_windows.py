@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+from typing import Any
 
 import numpy as np
 import pytest
 from dag_oracle import clusters, dags, ref_memory, ref_sum
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
-from test_milp_cuts import _with_memory
+from test_milp_cuts import memory_instance
 from test_partition_oracle import SETTINGS, Unusable
 
 from multigpu.errors import SolverError
@@ -43,10 +44,7 @@ def _feasible_plans(gd: dict, cd: dict) -> list[tuple[int, ...]]:
 @settings(max_examples=40, **SETTINGS)
 @given(dags(max_n=5), clusters(max_k=3), st.sampled_from([0.3, 0.5, 0.8]))
 def test_every_window_row_holds_for_every_plan_that_fits(gd: dict, cd: dict, share: float) -> None:
-    cd = _with_memory(gd, cd, share)
-    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
-    tables = CostTables.build(graph, cluster, False)
-    cons = Constraints().resolve(graph, cluster)
+    cd, graph, cluster, tables, cons = memory_instance(gd, cd, share)
     room = rooms(tables, cons)
     wins = windows(graph, room)
     assume(wins)
@@ -84,12 +82,17 @@ def _time_shared() -> tuple[Graph, Cluster]:
     return graph, cluster
 
 
-def test_window_rows_tighten_a_time_shared_pair() -> None:
+def _time_shared_model() -> tuple[CostTables, Any, float, Any]:
+    """The time-shared pair's tables, constraints, optimum and MILP (scaled to its optimum)."""
     graph, cluster = _time_shared()
     tables = CostTables.build(graph, cluster, False)
     cons = Constraints().resolve(graph, cluster)
     best = solve_milp(tables, cons, 1.0, 0.0).value
-    model = build_model(tables, cons, 1.0, 0.0, scale=1.0 / best)
+    return tables, cons, best, build_model(tables, cons, 1.0, 0.0, scale=1.0 / best)
+
+
+def test_window_rows_tighten_a_time_shared_pair() -> None:
+    tables, cons, best, model = _time_shared_model()
     loose = tighten(model, tables, cons, max_rounds=0)
     tight = tighten(model, tables, cons)
     assert loose is not None and tight is not None and tight.cuts > 0
@@ -101,10 +104,7 @@ def test_window_rows_tighten_a_time_shared_pair() -> None:
 @settings(max_examples=30, **FILTERING)
 @given(dags(max_n=5), clusters(max_k=3), st.sampled_from([0.3, 0.5, 0.8]))
 def test_reduced_cost_fixing_never_removes_an_optimal_choice(gd: dict, cd: dict, share: float) -> None:
-    cd = _with_memory(gd, cd, share)
-    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
-    tables = CostTables.build(graph, cluster, False)
-    cons = Constraints().resolve(graph, cluster)
+    cd, graph, cluster, tables, cons = memory_instance(gd, cd, share)
     names = [d["name"] for d in cd["devices"]]
     costs = {}
     for a in _feasible_plans(gd, cd):
@@ -136,11 +136,7 @@ def test_reduced_cost_fixing_never_removes_an_optimal_choice(gd: dict, cd: dict,
 def test_a_cutoff_below_the_optimum_finds_no_plan_below_it() -> None:
     # Under a cutoff below the optimum HiGHS reports no plan (or stops at one above the
     # cutoff: the bound prunes, it does not always forbid); either way the rounds raise it.
-    graph, cluster = _time_shared()
-    tables = CostTables.build(graph, cluster, False)
-    cons = Constraints().resolve(graph, cluster)
-    best = solve_milp(tables, cons, 1.0, 0.0).value
-    model = build_model(tables, cons, 1.0, 0.0, scale=1.0 / best)
+    tables, cons, best, model = _time_shared_model()
     below = solve_model(model, options={"objective_bound": 0.99})
     assert (below.a is None and below.status == 2) or below.value >= best * (1 - 1e-6), below
     above = solve_model(model, options={"objective_bound": 1.01})

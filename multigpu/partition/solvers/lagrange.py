@@ -31,6 +31,7 @@ from multigpu.partition.solvers.milp import Multipliers
 
 __all__ = ["Penalised", "cost_if_feasible", "lower_bound", "penalise", "repair"]
 
+
 @dataclass(frozen=True)
 class Penalised:
     """Penalised chain costs: ``node`` (n x k, +inf where forbidden), the energy weight

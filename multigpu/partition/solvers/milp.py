@@ -107,8 +107,6 @@ class LpSolution:
 
 def solve_lp(model: Model) -> Optional[LpSolution]:
     """Solve the LP relaxation with HiGHS; None if it is infeasible."""
-    if model.empty_layer:
-        return None
     return LpSession(model).solve()
 
 
@@ -136,7 +134,10 @@ class LpSession:
         self._le = np.concatenate([self._le, np.full(count, lo != hi and math.isfinite(hi))])
 
     def solve(self) -> Optional[LpSolution]:
-        """The LP optimum, or None if the LP is infeasible."""
+        """The LP optimum, or None if the LP is infeasible (a layer with no open choice
+        included)."""
+        if self.model.empty_layer:
+            return None
         res = self._h.solve({"presolve": False}, relax=True)
         if res.status != 0 or res.x is None or res.row_dual is None or res.col_dual is None:
             return None

@@ -141,13 +141,12 @@ def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: f
     2. Feasible plans (upper bounds): repair the Lagrangian optimum (the graph's DP under
        penalised costs), and solve the MILP restricted to the LP's support for a few
        seconds.
-    3. If a plan meets the Lagrangian bound, it is optimal. Otherwise (on a chain) fix
-       every choice whose Lagrangian bound exceeds the best plan (they cannot be
-       optimal) and solve the full MILP with that plan's cost as HiGHS's objective
-       cutoff.
+    3. If a plan meets the Lagrangian bound, it is optimal. Otherwise tighten the LP with
+       window rows, and solve the MILP in rounds of rising cutoffs, each with the choices
+       whose reduced-cost bound exceeds it fixed (``cutoff``), the best plan's cost last.
     Steps 2-3 only prune what provably cannot be better, so the answer is exact; they
     are what make the MILP fast on realistic sizes. A graph without a DP (neither a chain
-    nor fork-join) skips the Lagrangian parts: LP bound, restricted MILP, full MILP.
+    nor fork-join) skips the Lagrangian parts: LP bound, restricted MILP, the rounds.
     """
     # The LP whose duals price the Lagrangian leaves out the valid inequalities (the
     # Lagrangian has no term for them: their duals would be lost, and the bound with them).

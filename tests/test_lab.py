@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from multigpu.partition import Constraints, autopartition, graph_from_model, load_cluster
+from multigpu.partition.units import fmt_bytes
 
 HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.slow,
@@ -34,6 +35,11 @@ pytestmark = [pytest.mark.slow,
 SCALE = 5.0
 CPU_SCALE = 0.5
 PI2_MEMORY = 200e6
+#: The batch of the profile and of the plan run on it: LeNet's pool1 then carries 865 KB over
+#: WiFi (0.17 s at 5 MB/s) and pool2 205 KB, so the run's time is its transfers', as in the
+#: report's lab. At batch 1 the same hops (14 KB, 3 KB) take 1-3 ms beside Ray's 10-20 ms per
+#: hop, and a 2-core machine's scheduling noise moved the end-to-end error from -42% to +43%.
+BATCH = 64
 FC = ["fc6", "relu6", "fc7", "relu7"]   # 218 MB of AlexNet's parameters: more than pi2 has
 
 
@@ -142,7 +148,7 @@ def test_a_host_computes_at_its_cpu_share(lab):
     assert _throttled(lab, "pi1") > before["pi1"]
 
 
-def stream_rate(lab, src: str, dst: str, nbytes: float) -> float:
+def one_stream(lab, src: str, dst: str, nbytes: float) -> float:
     """The payload rate (bytes/s) of one TCP stream of ``nbytes`` from ``src`` to ``dst``."""
     addr = lab.plan.host(dst).address
     server = lab.popen(dst, [sys.executable, str(HERE / "lab_net.py"), "serve", addr, "5001"],
@@ -151,6 +157,19 @@ def stream_rate(lab, src: str, dst: str, nbytes: float) -> float:
     got = lab.run(src, [sys.executable, str(HERE / "lab_net.py"), "send", addr, "5001", str(nbytes)])
     server.wait(timeout=30)
     return float(got.stdout)
+
+
+#: Streams per rate: the best of them is the link's. The machine's other load can only make
+#: a shaped link deliver less (a late tbf timer loses tokens, a throttled host sends late),
+#: never more than its bucket allows, so, as with timeit's best of its repeats, the fastest
+#: stream is the least disturbed one. One stream alone read 4.57 MB/s of 5 on CI (stop 23)
+#: while the profile's fit, taken minutes before, read 5.06.
+STREAMS = 3
+
+
+def stream_rate(lab, src: str, dst: str, nbytes: float) -> float:
+    """The best payload rate (bytes/s) of ``STREAMS`` TCP streams of ``nbytes`` from ``src`` to ``dst``."""
+    return max(one_stream(lab, src, dst, nbytes) for _ in range(STREAMS))
 
 
 #: How far below its rate a shaped link may deliver: tbf loses the tokens that arrive while
@@ -172,8 +191,9 @@ def test_links_are_shaped_per_pair(lab):
 # -- profile, plan, run across the hosts -------------------------------------------
 @pytest.fixture(scope="module")
 def profiled(lab):
-    """A profile of desk-cpu (the driver), imac (torch, LAN) and pi1 (numpy, WiFi). Its link
-    probes span both of Ray's paths, as the plan's hops do: 256 bytes inside Ray's messages
+    """A profile of desk-cpu (the driver), imac (torch, LAN) and pi1 (numpy, WiFi), with the
+    layers timed at ``BATCH`` rows, the plan test's. Its link probes span both of Ray's paths,
+    as the plan's hops do (2.6 KB out of imac, 205 and 865 KB over WiFi): 256 bytes inside Ray's messages
     (the lab's threshold is 1 KiB), the rest through the object store; with only the large
     sizes, each link's latency would be the intercept of two points some 65 ms apart. The
     largest, 2 MiB (0.42 s over WiFi), sets the bandwidth: with 512 KiB the largest, a few
@@ -190,7 +210,7 @@ def profiled(lab):
     t0 = time.monotonic()
     got = run_in(lab, "desk-cpu", "profile", "--cluster", str(spec), "--address", lab.address, "--out", str(out),
                  "--sizes", "256,4096,65536,524288,2097152", "--repeats", "3", "--warmup", "1", "--link-repeats", "3",
-                 "--cpu-items", "10", "--quiet", "--json")
+                 "--cpu-items", "10", "--batch", str(BATCH), "--quiet", "--json")
     assert got.returncode == 0, got.stderr[-3000:]
     return json.loads(got.stdout), out, time.monotonic() - t0
 
@@ -217,12 +237,19 @@ def test_a_plan_across_hosts_runs_and_its_transfers_are_predicted(lab, profiled)
     model = "lenet"
     cut = ["desk-cpu"] * 3 + ["pi1"] * 3 + ["imac"] * 4   # over WiFi to pi1, over WiFi to imac, over LAN back
     got = run_in(lab, "desk-cpu", "run", "--model", model, "--cluster", str(prof), "--address", lab.address,
-                 "--plan", ",".join(cut), "--random", "12", "--json", "--timeout", "60")
+                 "--plan", ",".join(cut), "--random", str(12 * BATCH), "--batch", str(BATCH), "--json",
+                 "--timeout", "60")
     assert got.returncode == 0, got.stderr[-3000:]
     out = json.loads(got.stdout)
     assert [w["host"] for w in out["workers"] if not w["local"]] == ["pi1", "imac"]
-    e2e = next(r for r in out["compare"] if r["kind"] == "end_to_end")
-    assert abs(e2e["error"]) < 0.35, out["compare"]
+    rows = {r["what"]: r for r in out["compare"]}
+    # The two WiFi hops carry 865 KB and 205 KB: the profile's fitted link prices them (here
+    # within 0.5%; the limit leaves room for a CI machine's tbf losing a fifth of its rate
+    # between the profile and the run), and they are most of the end-to-end time (0.9% here).
+    wifi = [rows[f"hop desk-cpu -> pi1 ({fmt_bytes(865280)})"], rows[f"hop pi1 -> imac ({fmt_bytes(204800)})"]]
+    assert all(abs(r["error"]) < 0.30 for r in wifi), out["compare"]
+    assert sum(r["measured"] for r in wifi) > 0.5 * rows["end to end"]["measured"], out["compare"]
+    assert abs(rows["end to end"]["error"]) < 0.25, out["compare"]
 
 
 # -- faults -------------------------------------------------------------------------

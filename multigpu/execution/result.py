@@ -229,6 +229,7 @@ class RunResult:
                          + (f" (predicted {self.prediction.throughput:.1f} items/s = 1 / bottleneck "
                             f"{fmt_time(self.prediction.bottleneck)} at {self.prediction.bottleneck_at})"
                             if self.prediction else ""))
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def format_compare(self) -> str:

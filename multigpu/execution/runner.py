@@ -11,7 +11,7 @@ import numpy as np
 from multigpu import models
 from multigpu.checks import check_count, check_positive
 from multigpu.contract import registry
-from multigpu.errors import PlanError
+from multigpu.errors import InputError, PlanError
 from multigpu.execution.plan import SINK, SOURCE, ExecutionPlan, PlanLike, check_plan, routes, worker_params
 from multigpu.execution.result import RunResult, try_predict
 from multigpu.models.inputs import check_images
@@ -39,10 +39,37 @@ def resolve_cluster(cluster: Union[Cluster, str, "os.PathLike[str]"]) -> Cluster
 
 def split_inputs(model: Any, inputs: Any, batch: int) -> list[np.ndarray]:
     """Cut ``inputs`` (N, *input_shape) into items of ``batch`` rows (the last may be
-    shorter); InputError on a wrong shape or dtype."""
+    shorter); InputError on a wrong shape or dtype, or fewer than ``batch`` inputs."""
     check_count(batch, "batch", example=32)
     x = check_images(model, inputs, "inputs")
+    if len(x) < batch:
+        # Every figure is priced and compared per item of ``batch`` rows: with fewer
+        # inputs no such item runs, and the comparison would set a smaller item's times
+        # beside a full one's prediction.
+        raise InputError(f"{len(x)} inputs are fewer than one item of batch {batch}: give at least {batch} inputs "
+                         f"(e.g. --random {batch}) or a batch of at most {len(x)}")
     return [np.ascontiguousarray(x[i:i + batch]) for i in range(0, len(x), batch)]
+
+
+def _time_full_items(result: RunResult, items: Sequence[np.ndarray], batch: int) -> RunResult:
+    """Leave a short last item out of the timed figures (its outputs stay), with a note.
+
+    The prediction prices items of ``batch`` rows, and a shorter item's stages and hops
+    are faster, so its times would pull every median below what a full item takes.
+    """
+    short = len(items[-1])
+    if short == batch:
+        return result
+    keep = slice(0, len(items) - 1)
+    result.stage_times, result.hop_times = result.stage_times[keep], result.hop_times[keep]
+    result.end_to_end = result.end_to_end[keep]
+    if result.stage_starts is not None:
+        result.stage_starts = result.stage_starts[keep]
+    if result.sent_at is not None:
+        result.sent_at = result.sent_at[keep]
+    result.notes.append(f"the last item has {short} of {batch} rows: its outputs are reported, its times are not "
+                        f"(the figures are per item of {batch}); the streaming rate counts it")
+    return result
 
 
 def check_installed(xplan: ExecutionPlan) -> None:
@@ -232,7 +259,7 @@ def _run(workers: Any, prep: _Prepared, batch: int, stream: bool, engine: str, w
 
     xplan, items = prep.xplan, prep.items
     if not xplan.chain:
-        return _run_dag(workers, prep, batch, stream, warmup, window, startup)
+        return _time_full_items(_run_dag(workers, prep, batch, stream, warmup, window, startup), items, batch)
     driver = xplan.driver
     stage_map: dict[str, list[tuple[int, int, int]]] = {}
     for s in xplan.stages:
@@ -253,8 +280,9 @@ def _run(workers: Any, prep: _Prepared, batch: int, stream: bool, engine: str, w
     wall = time.perf_counter() - t0
     offsets = {d: workers.info[d].clock_offset for d in devices}
     used = set(xplan.workers) | ({driver} if any(s.device == driver for s in xplan.stages) else set())
-    return _result(xplan, out, offsets, batch, stream, engine, shipped, ship_seconds, startup,
-                   wall, [w for w in info if w["device"] in used], prep.prediction, prep.why)
+    return _time_full_items(_result(xplan, out, offsets, batch, stream, engine, shipped, ship_seconds, startup,
+                                    wall, [w for w in info if w["device"] in used], prep.prediction, prep.why),
+                            items, batch)
 
 
 def _run_dag(workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: int, window: int | None,

@@ -45,7 +45,8 @@ def register(sub: Any) -> None:
     src.add_argument("--images", default=None, metavar="fashion-mnist:test:0-99",
                      help="real images: split and inclusive row range")
     src.add_argument("--random", type=int, default=None, metavar="N", help="N random inputs")
-    p.add_argument("--batch", type=int, default=1, help="inputs per item (default 1)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="inputs per item (default 1); a short last item is run but not timed")
     p.add_argument("--stream", action="store_true", help="pipeline the items through the stages")
     p.add_argument("--compare", action="store_true", help="print predicted against measured time")
     p.add_argument("--check", action="store_true",

@@ -22,7 +22,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -253,12 +253,13 @@ def run(opts: Options) -> Result:
 @dataclasses.dataclass
 class Cycles:
     """How much ``measure`` runs: cycles of a profile and every plan, items per plan (by
-    model), and the profile's settings."""
+    model), the profile's settings, and the batch (inputs per item) of the profile and the runs."""
 
     cycles: int
     items: dict[str, int]
     stream_items: dict[str, int]
     profile: dict[str, Any]
+    batch: int = 1
 
 
 @dataclasses.dataclass
@@ -284,7 +285,8 @@ def measure(session: Session, models: list[str], make_plans: Any, settings: Cycl
         load_before = _load()
         say(f"plans: cycle {c + 1}/{settings.cycles}: profiling {', '.join(models)}")
         t0 = time.perf_counter()
-        prof = profile([_model(m) for m in models], session=session, progress=progress, **settings.profile)
+        prof = profile([_model(m) for m in models], session=session, progress=progress, batch=settings.batch,
+                       **settings.profile)
         prof.seconds = time.perf_counter() - t0
         out.profiles.append(prof)
         if not out.plans:
@@ -294,15 +296,30 @@ def measure(session: Session, models: list[str], make_plans: Any, settings: Cycl
         for i, p in enumerate(out.plans):
             m = _model(p["model"])
             n_items = (settings.stream_items if p.get("stream") else settings.items)[p["model"]]
-            x = rng.random((n_items, *m.input_shape), dtype=np.float32)
+            x = rng.random((n_items * settings.batch, *m.input_shape), dtype=np.float32)
             say(f"plans: cycle {c + 1}/{settings.cycles}: {p['model']} {p['label']}")
             busy0, ours0, wall0 = busy_seconds(), _our_seconds(session), time.perf_counter()
             out.runs[i].append(session.run(m, out.params[p["model"]], p["plan"], x, stream=bool(p.get("stream")),
-                                           warmup=2, cluster=prof.cluster))
+                                           warmup=2, cluster=prof.cluster, batch=settings.batch))
             busy1, ours1, wall1 = busy_seconds(), _our_seconds(session), time.perf_counter()
             if busy0 is not None and busy1 is not None:
                 out.others.setdefault(i, []).append(max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (wall1 - wall0))
         out.loads.append((load_before, _load()))
+    return out
+
+
+def merged(parts: Sequence[Measured]) -> Measured:
+    """One ``Measured`` of several ``measure`` calls (say, each model at its own batch): their
+    profiles, plans and loads in order, each plan's runs and other load under its new index."""
+    out = Measured([], [], {}, [], {})
+    for part in parts:
+        base = len(out.plans)
+        out.profiles += part.profiles
+        out.plans += part.plans
+        out.loads += part.loads
+        out.runs.update({base + i: rs for i, rs in part.runs.items()})
+        out.others.update({base + i: o for i, o in part.others.items()})
+        out.params.update(part.params)
     return out
 
 
@@ -394,7 +411,7 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
         if p.get("stream"):
             preds = [r.prediction.throughput for r in rs]
             meas = [r.items_per_second for r in rs]
-            g = graph_from_model(_model(p["model"]), 1)
+            g = graph_from_model(_model(p["model"]), rs[0].batch)
             old = [1.0 / evaluate(g, _unshared(q.cluster), p["plan"]).bottleneck for q in profiles]
             left = [1.0 / evaluate(g, _with_cores_left(q.cluster, o), p["plan"]).bottleneck
                     for q, o in zip(profiles, others.get(i, []))]
@@ -431,14 +448,15 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
             parts.append({"what": first["what"], "kind": first["kind"],
                           "predicted": statistics.median(c["predicted"] for c in cells),
                           "measured": statistics.median(c["measured"] for c in cells), "error": e})
-        data_plans.append({"model": p["model"], "label": p["label"], "plan": p["plan"],
+        data_plans.append({"model": p["model"], "label": p["label"], "plan": p["plan"], "batch": rs[0].batch,
                            "stream": bool(p.get("stream")), "predicted": predicted, "measured": measured,
                            "error": err, "cycle_errors": errs, "predicted_unshared": old,
                            "others_cores": others.get(i, []),
                            "rounds": [r.to_dict() for r in rs], "parts": parts})
     mape = statistics.median(abs(e) for e in latency_errors)
-    table = Table(f"Predicted against measured, per plan: {len(profiles)} cycles of a profile, then every plan "
-                  f"priced on it and run; medians over cycles (error: the median of the cycles' errors)",
+    table = Table(f"Predicted against measured, per plan: {len(profiles)} profile(s), one per cycle (and per "
+                  f"batch), then every plan priced on its own and run; medians over cycles (error: the median of "
+                  f"the cycles' errors)",
                   ["model", "plan", "stages", "figure", "predicted", "measured", "error", "error by cycle",
                    "without hosts and transfer CPU", "bottleneck at"], rows,
                   note=f"Median |error| of end-to-end time over {len(latency_errors)} plans: {100 * mape:.1f}% "

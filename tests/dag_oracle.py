@@ -21,7 +21,14 @@ import math
 from typing import Any, Optional
 
 from hypothesis import strategies as st
-from test_partition_oracle import Unusable, draw_inline, draw_shared, ref_transfer, ref_transfer_loads
+from test_partition_oracle import (
+    Unusable,
+    draw_inline,
+    draw_shared,
+    ref_compute_cores,
+    ref_transfer,
+    ref_transfer_loads,
+)
 
 INPUT = "input"
 
@@ -90,7 +97,7 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     for x in gd["layers"]:
         d = devs[dev[x["name"]]]
         c = x["flops"] / d["flops"] + (d.get("stage_overhead", 0.0) if st_[x["name"]] else 0.0)
-        add(d["name"], c, c)
+        add(d["name"], c, c * ref_compute_cores(cd, d))
     ref_transfer_loads(cd, [(u, v, b) for _, u, v, b in sends(gd, cd, dev)], add, link)
     shares = [sum(work.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
               for h, spec in cd.get("hosts", {}).items()]

@@ -65,6 +65,25 @@ def test_loads_by_hand():
     assert bd.time == pytest.approx(plain.time) and plain.bottleneck == pytest.approx(4 * MS)
 
 
+def test_a_host_below_one_core_counts_compute_at_its_share_and_transfer_cpu_in_full():
+    """On a host of half a core, a layer's time is wall time there (the quota is in it), so
+    a second of compute is half a CPU-second; transfer CPU is CPU time. [a, b] on 0.5
+    cores: a's 4 ms and b's 3 ms of compute are 3.5 CPU-ms, the 6 transfer-ms (d: 2,
+    a: 2, b: 2) and the 0.5 ms relay, over 0.5 cores: (3.5 + 6.5) / 0.5 = 20 ms. Counting
+    compute as CPU time too would charge the quota twice: (7 + 6.5) / 0.5 = 27 ms (the lab's
+    AlexNet streamed on imac, 0.46 cores, was predicted at 130 ms an item that way, and
+    measured at 66). The best plan keeps both layers on one worker: (3.5 + 4) / 0.5 = 15 ms."""
+    g = Graph(layers=(LayerSpec("l0", 4e6, 0.0, 0.0), LayerSpec("l1", 3e6, 0.0, 0.0)), input_bytes=0.0, name="g")
+    bd = evaluate(g, cluster(cores=0.5), ["a", "b"])
+    assert bd.hosts[0].load == pytest.approx(10 * MS) and bd.hosts[0].share == pytest.approx(20 * MS)
+    assert bd.bottleneck == pytest.approx(20 * MS) and bd.bottleneck_at == "host 'box' (0.5 cores)"
+    # A whole core or more: a second of one thread's compute is a CPU-second, as before.
+    assert evaluate(g, cluster(cores=1), ["a", "b"]).hosts[0].load == pytest.approx(13.5 * MS)
+    # The solver prices it the same way (the MILP's host row).
+    best = autopartition(g, cluster(cores=0.5), objective="throughput")
+    assert best.assignment in (["a", "a"], ["b", "b"]) and best.bottleneck == pytest.approx(15 * MS)
+
+
 def test_the_host_term_changes_the_throughput_plan():
     """Without a host, splitting over a and b gives 6 ms (a: 4 + 2); keeping both
     layers on a gives 9 ms (7 + 2). On one shared core every plan's host load is its

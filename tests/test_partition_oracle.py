@@ -122,10 +122,18 @@ def ref_cpu_link(cd: dict, u: str, v: str) -> bool:
             and "transfer_cpu" in du and "transfer_cpu" in dv)
 
 
+def ref_compute_cores(cd: dict, device: dict) -> float:
+    """CPU-seconds a second of ``device``'s compute puts on its host: one thread's core,
+    or the host's whole share where that is below one core (the time, measured there,
+    already holds the quota)."""
+    host = device.get("host")
+    return 1.0 if host is None else min(1.0, cd["hosts"][host]["cores"])
+
+
 def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     """The largest of: a device's load per item (compute, stage overheads, the CPU of the
     transfers it sends, receives or relays), a link's activation transfer time, and a
-    host's summed device loads over its cores."""
+    host's summed device loads (compute in CPU-seconds: ``ref_compute_cores``) over its cores."""
     dev = {d["name"]: d for d in cd["devices"]}
     source = cd["source"]
     sink = cd.get("sink", source)
@@ -147,7 +155,7 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
         cs.append(c)
     scale = ref_local_scale(gd, cd, assignment, sum(cs))
     for i, (layer, a) in enumerate(zip(gd["layers"], assignment)):
-        add(a, scale * cs[i], scale * cs[i])
+        add(a, scale * cs[i], scale * cs[i] * ref_compute_cores(cd, dev[a]))
         hops.append((prev, a, nbytes))
         prev, nbytes = a, layer["output_bytes"]
     hops.append((prev, sink, nbytes))
@@ -254,8 +262,9 @@ class Brute:
         out_moved = last != sink
         relay = cd.get("relay")
         r = names.index(relay["device"]) if relay is not None else -1
-        def device_load(d: int, fixed: float, per_byte: float, rel: Optional[dict]) -> np.ndarray:
-            l_ = np.where(A == d, comp + stage, 0.0).sum(1)
+        def device_load(d: int, fixed: float, per_byte: float, rel: Optional[dict], cores: float = 1.0
+                        ) -> np.ndarray:
+            l_ = cores * np.where(A == d, comp + stage, 0.0).sum(1)
             l_ += np.where(moved & ((prev == d) | (A == d)), fixed + per_byte * b_in[None, :], 0.0).sum(1)
             l_ += np.where(out_moved & ((last == d) | (sink == d)), fixed + per_byte * out[-1], 0.0)
             if d == r:
@@ -266,9 +275,11 @@ class Brute:
             return l_
 
         rser = None if relay is None else relay.get("serial", relay)
-        # A device's own load counts the serial part of its transfer CPU; its host all of it.
+        # A device's own load counts the serial part of its transfer CPU; its host all of it,
+        # and its compute in CPU-seconds.
         self.load = np.stack([device_load(d, SF[d], SB[d], rser) for d in range(k)], axis=1)
-        work = np.stack([device_load(d, CF[d], CB[d], relay) for d in range(k)], axis=1)
+        work = np.stack([device_load(d, CF[d], CB[d], relay, ref_compute_cores(cd, cd["devices"][d]))
+                         for d in range(k)], axis=1)
         host_of = [d.get("host") for d in cd["devices"]]
         shares = [work[:, [d for d in range(k) if host_of[d] == h]].sum(1) / spec["cores"]
                   for h, spec in cd.get("hosts", {}).items()]

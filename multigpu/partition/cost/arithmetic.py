@@ -291,12 +291,13 @@ def loads(graph: Graph, cluster: Cluster, x: AssignmentArrays
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per item when pipelined: (device loads (k,): compute, stage overheads and the
     serial part of their transfer CPU; transfer CPU (k,); its serial part (k,); host
-    loads (h,): their devices' compute, stage overheads and all their transfer CPU)."""
+    loads (h,): the CPU-seconds of their devices' compute and stage overheads (wall time
+    times ``Cluster.compute_cores``) and all their transfer CPU)."""
     cpu, serial = transfer_cpu_loads(cluster, *transfers(graph, cluster, x))
     work = np.bincount(x.a, weights=x.comp + x.t_stage, minlength=cluster.k)
     hosts = np.zeros(len(cluster.hosts))
     on = cluster.host_index >= 0
-    np.add.at(hosts, cluster.host_index[on], (work + cpu)[on])
+    np.add.at(hosts, cluster.host_index[on], (work * cluster.compute_cores + cpu)[on])
     return work + serial, cpu, serial, hosts
 
 

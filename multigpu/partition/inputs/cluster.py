@@ -470,6 +470,16 @@ class Cluster:
         return np.array([h.cores for h in self.hosts], dtype=float)
 
     @cached_property
+    def compute_cores(self) -> np.ndarray:
+        """Cores of its host that each device's compute holds per second of it, shape (k,):
+        one math thread holds one core, or the host's whole share where that is less. A
+        layer's time is wall time on its host, so on a host held below one core by a CPU
+        quota (the lab's, or a container's) it already holds the quota: a second there is
+        ``cores`` CPU-seconds, not one, and counting one would charge the quota twice."""
+        cores = np.append(self.host_cores, 1.0)[self.host_index]   # index -1: no host, one core
+        return np.minimum(cores, 1.0)
+
+    @cached_property
     def cpu_fixed(self) -> np.ndarray:
         """CPU seconds per transfer each device sends or receives (0 where unset), shape (k,)."""
         return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.fixed for d in self.devices])

@@ -12,8 +12,9 @@ Rows
   energy       E <= budget
   bottleneck   load_d <= B (every device: compute, stage overheads and transfer CPU),
                load_{u,v} <= B (every usable pair but two devices of one host with
-               transfer_cpu: that is CPU work), sum_{d on h} load_d / cores_h <= B (every
-               host of two or more devices, or of fewer than one core)
+               transfer_cpu: that is CPU work), sum_{d on h} cpu_d / cores_h <= B (every
+               host of two or more devices, or of fewer than one core; cpu_d: d's compute
+               and overheads times min(1, cores_h), its transfer CPU in full)
 
 The flow rows force y to be the product x[src_e,u] * x[dst_e,v] once x is integral, and
 on a chain make the LP relaxation of the unconstrained problem a shortest path

@@ -463,12 +463,14 @@ class LoadTerms:
     npairs: int
 
 
-def host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray, load_serial: np.ndarray
-               ) -> tuple[int, np.ndarray, np.ndarray]:
+def host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray, load_serial: np.ndarray,
+               host_scale: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     """Host rows: (how many, the host row of each load term or -1, the values of the
-    terms on a host divided by its cores). Only hosts whose share can exceed their
-    devices' own loads get a row: two or more devices, fewer than one core, or a device
-    whose transfer CPU is partly off its computing thread (counted by the host only)."""
+    terms on a host, times ``host_scale`` (the CPU-seconds per second of each term:
+    ``Cluster.compute_cores`` for wall time computing, 1 for transfer CPU), divided by
+    its cores). Only hosts whose share can exceed their devices' own loads get a row:
+    two or more devices, fewer than one core, or a device whose transfer CPU is partly
+    off its computing thread (counted by the host only)."""
     nh = len(cluster.hosts)
     members = np.bincount(cluster.host_index[cluster.host_index >= 0], minlength=nh)
     h_term = cluster.host_index[load_dev]
@@ -479,7 +481,7 @@ def host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray, load_se
     term_row = row_of_host[cluster.host_index[load_dev]]
     on = term_row >= 0
     cores = cluster.host_cores[cluster.host_index[load_dev[on]]] if on.any() else np.zeros(0)
-    return len(hosts), term_row, load_val[on] / cores
+    return len(hosts), term_row, load_val[on] * host_scale[on] / cores
 
 
 def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -> LoadTerms:
@@ -492,21 +494,25 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
     tab = cluster.tables
     comp = np.where(forbid, 0.0, tables.comp).T.ravel()
     devs, cols, vals, serial = [np.repeat(np.arange(k), n)], [lay.xi.T.ravel()], [comp], [comp]
+    # Compute and stage overheads are wall time on the host; transfer CPU is CPU time.
+    scale = [cluster.compute_cores[devs[0]]]
     oh = cluster.stage_overhead
     if oh.any():
         devs.append(tm.s_dev)
         cols.append(tm.s_col)
         vals.append(oh[tm.s_dev])
         serial.append(vals[-1])
+        scale.append(cluster.compute_cores[tm.s_dev])
     if cluster.has_transfer_cpu:
         j, d, val, ser = transfer_cpu_terms(cluster, tm.t_u, tm.t_v, tm.t_bytes)
         devs.append(d)
         cols.append(tm.t_col[j])
         vals.append(val)
         serial.append(ser)
+        scale.append(np.ones(len(val)))
     dev, col, val, ser = (np.concatenate(devs), np.concatenate(cols), np.concatenate(vals),
                           np.concatenate(serial))
-    host_rows, host_of_term, host_val = host_terms(cluster, dev, val, ser)
+    host_rows, host_of_term, host_val = host_terms(cluster, dev, val, ser, np.concatenate(scale))
     pu, pv = np.nonzero(np.triu(tab.usable & ~cluster.cpu_links, 1))
     pair_of = -np.ones((k, k), dtype=np.int64)
     pair_of[pu, pv] = pair_of[pv, pu] = np.arange(len(pu))

@@ -3,7 +3,8 @@
 With every device and link working on a different inference at once, the steady
 state delivers one result per *bottleneck*: the largest of a device's load per item
 (compute, stage overheads and the CPU of its transfers), a link's activation
-transfer time, and a host's load (its devices' loads) over its cores (parameter
+transfer time, and a host's load (the CPU-seconds of its devices' loads: compute times
+``Cluster.compute_cores``, all their transfer CPU) over its cores (parameter
 shipping is a one-off setup cost, so it does not count).
 
 Phase 1 minimises the bottleneck B with the MILP (B >= every device's load,

@@ -247,7 +247,8 @@ def run(opts: Options) -> Result:
                            opts.progress)
         compiled = None if quick else _compiled_comparison(session, measured.plans, measured.params,
                                                            np.random.default_rng(1), say, measured.profiles[-1])
-    return _report(measured.profiles, measured.plans, measured.runs, compiled, quick, measured.loads, measured.others)
+    return _report(measured.profiles, measured.plans, measured.runs, compiled, quick, measured.loads, measured.others,
+                   measured.run_profiles)
 
 
 @dataclasses.dataclass
@@ -272,6 +273,9 @@ class Measured:
     loads: list[tuple[float, float]]
     others: dict[int, list[float]]
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Each plan's runs' profiles, in order: what every run was priced on (the diagnostics
+    #: price the plan on the same one, also when ``merged`` holds several models' profiles).
+    run_profiles: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
 
 
 def measure(session: Session, models: list[str], make_plans: Any, settings: Cycles, say: Any,
@@ -292,6 +296,7 @@ def measure(session: Session, models: list[str], make_plans: Any, settings: Cycl
         if not out.plans:
             out.plans = make_plans(prof.cluster)
             out.runs = {i: [] for i in range(len(out.plans))}
+            out.run_profiles = {i: [] for i in range(len(out.plans))}
             out.params = {m: _model(m).init_params(0) for m in set(p["model"] for p in out.plans)}
         for i, p in enumerate(out.plans):
             m = _model(p["model"])
@@ -301,6 +306,7 @@ def measure(session: Session, models: list[str], make_plans: Any, settings: Cycl
             busy0, ours0, wall0 = busy_seconds(), _our_seconds(session), time.perf_counter()
             out.runs[i].append(session.run(m, out.params[p["model"]], p["plan"], x, stream=bool(p.get("stream")),
                                            warmup=2, cluster=prof.cluster, batch=settings.batch))
+            out.run_profiles[i].append(prof)
             busy1, ours1, wall1 = busy_seconds(), _our_seconds(session), time.perf_counter()
             if busy0 is not None and busy1 is not None:
                 out.others.setdefault(i, []).append(max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (wall1 - wall0))
@@ -319,6 +325,7 @@ def merged(parts: Sequence[Measured]) -> Measured:
         out.loads += part.loads
         out.runs.update({base + i: rs for i, rs in part.runs.items()})
         out.others.update({base + i: o for i, o in part.others.items()})
+        out.run_profiles.update({base + i: ps for i, ps in part.run_profiles.items()})
         out.params.update(part.params)
     return out
 
@@ -397,9 +404,10 @@ def plot_plans(data_plans: list[dict[str, Any]], mape: float) -> Any:
 
 def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, list[Any]],
             compiled: Optional[dict[str, Any]], quick: bool, loads: list[tuple[float, float]],
-            others: dict[int, list[float]]) -> Result:
+            others: dict[int, list[float]], run_profiles: dict[int, list[Any]]) -> Result:
     """Each plan's error is the median over cycles of (predicted - measured) / measured,
-    each cycle's prediction from the profile taken just before its runs."""
+    each cycle's prediction from the profile taken just before its runs (``run_profiles``:
+    each plan's, run by run)."""
     prof, cluster = profiles[-1], profiles[-1].cluster
     profile_seconds = statistics.median(p.seconds for p in profiles)
     rows, data_plans, stream_rows = [], [], []
@@ -412,9 +420,9 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
             preds = [r.prediction.throughput for r in rs]
             meas = [r.items_per_second for r in rs]
             g = graph_from_model(_model(p["model"]), rs[0].batch)
-            old = [1.0 / evaluate(g, _unshared(q.cluster), p["plan"]).bottleneck for q in profiles]
+            old = [1.0 / evaluate(g, _unshared(q.cluster), p["plan"]).bottleneck for q in run_profiles[i]]
             left = [1.0 / evaluate(g, _with_cores_left(q.cluster, o), p["plan"]).bottleneck
-                    for q, o in zip(profiles, others.get(i, []))]
+                    for q, o in zip(run_profiles[i], others.get(i, []))]
         else:
             preds = [r.prediction.end_to_end for r in rs]
             meas = [r.latency for r in rs]

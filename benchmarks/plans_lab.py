@@ -46,6 +46,11 @@ SIZES = [64, 384, 4096, 65536, 655360]
 #: plans then measured Ray's per-hop overhead on quota'd hosts more than the links (median
 #: error 14.8%, 2026-12-02 04:18). AlexNet's hops are 37-618 KB at one input already.
 LENET_BATCH = 16
+#: Cycles of a profile and every plan in the full run (the quick one takes one). A quota'd
+#: host's profile moved by about 20% between two runs minutes apart (imac's AlexNet pass:
+#: 69.1 against 85.8 ms, 2026-12-03), so one cycle's error is partly that cycle's luck; as in
+#: ``bench plans``, each plan's error is the median over the cycles, each priced on its own profile.
+FULL_CYCLES = 3
 
 
 def _cut(names: list[str], counts: list[int]) -> list[str]:
@@ -100,17 +105,18 @@ def lab_inside(address: str, cluster_file: str, quick: bool, progress: bool) -> 
     from multigpu.execution import Session
 
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
-    # One cycle: the plans ship their stages' parameters over the shaped links (AlexNet's fc
-    # layers are 234 MB); profiling makes them on each host from the seed instead. Each model
-    # has its profile at its own batch, just before its plans.
+    # The plans ship their stages' parameters over the shaped links (AlexNet's fc layers are
+    # 234 MB); profiling makes them on each host from the seed instead. Each model has its
+    # profile at its own batch, just before its plans, once per cycle.
+    cycles = 1 if quick else FULL_CYCLES
     profile = {"repeats": 6, "warmup": 2, "link_repeats": 4 if quick else 6, "cpu_items": 10, "sizes": SIZES,
                "timeout": 300.0}
-    runs = [(["lenet"], lenet_plans, Cycles(cycles=1, items={"lenet": 12 if quick else 20},
+    runs = [(["lenet"], lenet_plans, Cycles(cycles=cycles, items={"lenet": 12 if quick else 20},
                                             stream_items={"lenet": 30 if quick else 60}, profile=profile,
                                             batch=LENET_BATCH))]
     if not quick:
-        runs.append((["alexnet"], alexnet_plans, Cycles(cycles=1, items={"alexnet": 3}, stream_items={"alexnet": 8},
-                                                        profile=profile)))
+        runs.append((["alexnet"], alexnet_plans, Cycles(cycles=cycles, items={"alexnet": 3},
+                                                        stream_items={"alexnet": 8}, profile=profile)))
     with Session(cluster_file, address=address, timeout=300.0) as session:
         out = merged([measure(session, models, make, settings, say, progress) for models, make, settings in runs])
     out.params = {}
@@ -143,7 +149,7 @@ def run_lab(opts: Options) -> Result:
         measured = lab.call(DRIVER, "multigpu.benchmarks.plans_lab:lab_inside", lab.address, str(spec), opts.quick,
                             opts.progress, timeout=4 * 3600)
     result = _report(measured.profiles, measured.plans, measured.runs, None, opts.quick, measured.loads,
-                     measured.others)
+                     measured.others, measured.run_profiles)
     result.name, result.title = "plans_lab", TITLE
     nominal = {d.name: d.flops for d in multigpu.partition.load_cluster("lab").devices}
     fit_rows = []

@@ -197,11 +197,14 @@ def test_merged_measurements_keep_each_plan_with_its_own_runs_and_load():
     from multigpu.benchmarks.plans import Measured, merged
 
     a = Measured(profiles=["p-lenet"], plans=[{"label": "a0"}, {"label": "a1"}], runs={0: ["ra0"], 1: ["ra1"]},
-                 loads=[(0.1, 0.2)], others={1: [0.3]}, params={"lenet": "w"})
+                 loads=[(0.1, 0.2)], others={1: [0.3]}, params={"lenet": "w"},
+                 run_profiles={0: ["p-lenet"], 1: ["p-lenet"]})
     b = Measured(profiles=["p-alexnet"], plans=[{"label": "b0"}], runs={0: ["rb0"]}, loads=[(0.4, 0.5)],
-                 others={0: [0.6]}, params={"alexnet": "v"})
+                 others={0: [0.6]}, params={"alexnet": "v"}, run_profiles={0: ["p-alexnet"]})
     m = merged([a, b])
     assert [p["label"] for p in m.plans] == ["a0", "a1", "b0"]
     assert m.runs == {0: ["ra0"], 1: ["ra1"], 2: ["rb0"]} and m.others == {1: [0.3], 2: [0.6]}
+    # The AlexNet plan's diagnostics are priced on AlexNet's profile, not on every profile of the merge.
+    assert m.run_profiles == {0: ["p-lenet"], 1: ["p-lenet"], 2: ["p-alexnet"]}
     assert m.profiles == ["p-lenet", "p-alexnet"] and m.loads == [(0.1, 0.2), (0.4, 0.5)]
     assert m.params == {"lenet": "w", "alexnet": "v"}

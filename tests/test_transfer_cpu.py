@@ -88,3 +88,65 @@ def test_usable_cores_is_the_affinity_capped_by_the_quota(monkeypatch):
     assert cores.usable_cores() == 1.5
     monkeypatch.setattr(cores, "_cgroup_quota", lambda: 8.0)
     assert cores.usable_cores() == 4
+
+
+class _Clocks:
+    """Fake workers for ``time_transfer_cpu``: each visit of a probe costs its worker 1 ms of
+    process CPU (0.4 on its calling thread) and its node daemon 3 ms."""
+
+    def __init__(self, daemons):
+        self.daemons = daemons                       # worker -> daemon pid
+        self.proc = {w: 0.0 for w in daemons}
+        self.thread = {w: 0.0 for w in daemons}
+        self.daemon_cpu = {p: 0.0 for p in daemons.values()}
+        self.actors = {w: self._actor(w) for w in daemons}
+
+    def _actor(self, w):
+        clocks = self
+
+        class Method:
+            def remote(self):
+                pid = clocks.daemons[w]
+                return (clocks.proc[w], clocks.thread[w], 0.0, 0.0, pid, clocks.daemon_cpu[pid])
+
+        return type("Actor", (), {"cpu_time": Method()})()
+
+    def _get(self, ref, who, what):
+        return ref
+
+    def run_chain(self, ws, chain, labels, items, window):
+        for _ in items:
+            for w, _stage in chain:
+                self.proc[w] += 1e-3
+                self.thread[w] += 0.4e-3
+                self.daemon_cpu[self.daemons[w]] += 3e-3
+
+
+def test_a_workers_own_node_daemon_counts_in_its_transfer_cpu_and_a_shared_one_does_not():
+    from multigpu.execution.transfer_cpu import time_transfer_cpu
+
+    # 'a' is alone on its node (daemon 10); 'b' and 'c' share one (daemon 11), as workers of one host do.
+    fake = _Clocks({"a": 10, "b": 11, "c": 11})
+    samples = time_transfer_cpu(fake, fake, ["a", "b", "c"], DRIVER, [400], items=5, warmup=0, progress=False)
+    alone = next(s for s in samples if s.route == ("a",))
+    assert alone.cpu["a"] == pytest.approx(4e-3) and alone.daemon == {"a": pytest.approx(3e-3)}
+    assert alone.serial["a"] == pytest.approx(0.4e-3)          # the daemon is not the worker's calling thread
+    shared = next(s for s in samples if s.route == ("b",))
+    assert shared.cpu["b"] == pytest.approx(1e-3) and shared.daemon == {}
+
+
+def test_process_cpu_seconds_reads_threads_then_stat_and_says_none_without_proc(tmp_path):
+    from multigpu.execution.daemon_cpu import process_cpu_seconds
+
+    task = tmp_path / "7" / "task"
+    for tid, ns in (("7", 1_500_000_000), ("8", 250_000_000)):
+        (task / tid).mkdir(parents=True)
+        (task / tid / "schedstat").write_text(f"{ns} 0 0\n")
+    assert process_cpu_seconds(7, proc=tmp_path) == pytest.approx(1.75)
+    # Without schedstat: utime + stime of /proc/PID/stat, in clock ticks (a name with a ')' in it).
+    (tmp_path / "9").mkdir()
+    fields = ["S"] + ["0"] * 10 + ["300", "100"] + ["0"] * 10
+    (tmp_path / "9" / "stat").write_text("9 (ray::a) b) " + " ".join(fields) + "\n")
+    import os
+    assert process_cpu_seconds(9, proc=tmp_path) == pytest.approx(400 / os.sysconf("SC_CLK_TCK"))
+    assert process_cpu_seconds(12345, proc=tmp_path) is None

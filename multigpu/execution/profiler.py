@@ -17,8 +17,10 @@ builds the cluster; ``layer_timing`` times layers, ``link_fitting`` fits links.
   error). Bare hops (nothing computed) and bare actor calls with the same payload
   are timed alternately, as the yardstick for the engine's own cost.
 * Transfer CPU (``transfer_cpu``): payloads streamed through the engine between
-  workers that compute nothing, each process's CPU time read around them; each
-  device's CPU per transfer and the driver's per relayed hop are fitted to them.
+  workers that compute nothing, each process's CPU time read around them (a worker
+  alone on its node with its node daemon's, the raylet that moves its objects between
+  nodes: ``daemon_cpu``); each device's CPU per transfer and the driver's per relayed
+  hop are fitted to them.
 * Hosts: every device's worker reports its machine and the cores it may use; the
   devices of one machine share a ``hosts`` entry.
 * Each device's ``flops`` becomes its effective FLOP/s on the profiled graphs
@@ -119,7 +121,7 @@ class ProfileResult:
                     "relay": None if self.transfer_cpu.relay is None else self.transfer_cpu.relay.to_dict(),
                     "worst_error": self.transfer_cpu.worst_error(self.cluster.source),
                     "samples": [{"route": list(x.route), "bytes": x.nbytes, "items": x.items, "cpu": x.cpu,
-                                 "serial": x.serial} for x in self.transfer_cpu.samples]},
+                                 "serial": x.serial, "daemon": x.daemon} for x in self.transfer_cpu.samples]},
                 "notes": self.notes}
 
     def format(self) -> str:
@@ -178,6 +180,10 @@ class ProfileResult:
             if tc.relay is not None:
                 out.append(f"  relay {tc.relay.device}: {figures(tc.relay)} per hop between two workers")
             out.append(f"  transfer CPU fit within {tc.worst_error(self.cluster.source):.0%} of its samples")
+            daemons = sorted({d for s in tc.samples for d in s.daemon})
+            if daemons:
+                out.append(f"  transfer CPU of {', '.join(daemons)} includes its node daemon's (the raylet, alone "
+                           f"with that worker on its node)")
         out += [f"  note: {n}" for n in self.notes]
         return "\n".join(out)
 

@@ -25,6 +25,12 @@ The same is read for the thread that runs each process's calls (``time.thread_ti
 the *serial* part, which a device's own items wait for; the rest runs on Ray's I/O
 threads, beside the stages when the host has a core to spare.
 
+A worker's process CPU also takes in its node daemon's (``daemon_cpu``: the raylet, which
+pulls the worker's inputs from other nodes and serves its outputs) when that daemon serves
+no other worker of the session: a worker alone on its host, as on the emulated lab's, where
+it is the host's CPU too. A daemon several workers share (one host) is left out, since its
+CPU cannot be split among them; there it moves no object between nodes.
+
 Routes: each worker alone, and a walk crossing every pair of workers; a few payload
 sizes. The figures are fitted by non-negative least squares on relative error.
 """
@@ -47,15 +53,17 @@ __all__ = ["CpuSample", "TransferCpuFit", "cpu_sizes", "fit_transfer_cpu", "time
 
 @dataclass(frozen=True)
 class CpuSample:
-    """CPU seconds per item of each process (``cpu``: device -> seconds) and of the
-    thread that runs its calls (``serial``) while ``items`` payloads of ``nbytes``
-    streamed through ``route`` (worker names, in order)."""
+    """CPU seconds per item of each process (``cpu``: device -> seconds, its own node
+    daemon's included), of the thread that runs its calls (``serial``) and of the node
+    daemon alone (``daemon``: only the devices whose daemon is counted) while ``items``
+    payloads of ``nbytes`` streamed through ``route`` (worker names, in order)."""
 
     route: tuple[str, ...]
     nbytes: int
     items: int
     cpu: dict[str, float]
     serial: dict[str, float] = field(default_factory=dict)
+    daemon: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -99,16 +107,23 @@ def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: 
     bar = progress_bar(progress, len(routes) * len(sizes), "profiling transfer CPU")
     out: list[CpuSample] = []
 
-    def read(route: Sequence[str]) -> dict[str, tuple[float, float]]:
-        """(process, calling thread) CPU seconds of each process so far, less what its
-        probes' layers took."""
+    def clocks(route: Sequence[str]) -> dict[str, tuple[Any, ...]]:
         refs = {d: ws.actors[d].cpu_time.remote() for d in set(route)}
+        return {d: ws._get(r, lambda d=d: f"device {d!r}", what="reading its CPU time") for d, r in refs.items()}
+
+    # Whose node daemon to count: a daemon (pid) that serves one worker of the session only.
+    first = clocks(workers)
+    pids = Counter(c[4] for c in first.values() if c[4] is not None)
+    own = {d for d, c in first.items() if c[4] is not None and pids[c[4]] == 1}
+
+    def read(route: Sequence[str]) -> dict[str, tuple[float, float, float]]:
+        """(process with its own daemon, calling thread, daemon) CPU seconds of each
+        process so far, less what its probes' layers took."""
         got = {}
-        for d, r in refs.items():
-            proc, thread, probe_proc, probe_thread = ws._get(r, lambda d=d: f"device {d!r}",
-                                                             what="reading its CPU time")
-            got[d] = (proc - probe_proc, thread - probe_thread)
-        got[driver] = (time.process_time(), time.thread_time())
+        for d, (proc, thread, probe_proc, probe_thread, _, daemon) in clocks(route).items():
+            extra = daemon if d in own and daemon is not None else 0.0
+            got[d] = (proc - probe_proc + extra, thread - probe_thread, extra)
+        got[driver] = (time.process_time(), time.thread_time(), 0.0)
         return got
 
     for route in routes:
@@ -118,7 +133,7 @@ def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: 
         # What reading the clocks costs each process (subtracted from every sample).
         a = read(route)
         b = read(route)
-        base = {d: (b[d][0] - a[d][0], b[d][1] - a[d][1]) for d in a}
+        base = {d: tuple(b[d][i] - a[d][i] for i in range(3)) for d in a}
         for size in sizes:
             x = np.zeros(size // 4, np.float32)
             if warmup:
@@ -126,9 +141,10 @@ def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: 
             c0 = read(route)
             ray_engine.run_chain(ws, chain, labels, [x] * items, window=window)
             c1 = read(route)
-            per = {d: [max(c1[d][i] - c0[d][i] - base[d][i], 0.0) / items for i in (0, 1)] for d in c0}
+            per = {d: [max(c1[d][i] - c0[d][i] - base[d][i], 0.0) / items for i in range(3)] for d in c0}
             out.append(CpuSample(tuple(route), int(x.nbytes), items, {d: v[0] for d, v in per.items()},
-                                 {d: min(v[1], v[0]) for d, v in per.items()}))
+                                 {d: min(v[1], v[0]) for d, v in per.items()},
+                                 {d: min(v[2], v[0]) for d, v in per.items() if d in own}))
             bar.update(1)
     bar.close()
     return out

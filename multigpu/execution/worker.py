@@ -21,6 +21,7 @@ import numpy as np
 
 from multigpu.contract.protocol import Device
 from multigpu.execution.cores import usable_cores
+from multigpu.execution.daemon_cpu import node_daemon
 
 __all__ = ["PROBE", "PROBE_IDLE", "PROBE_SEND", "StageWorker",
            "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
@@ -140,12 +141,15 @@ class StageWorker:
         """This worker's ``time.time()`` (for clock-offset estimates across hosts)."""
         return time.time()
 
-    def cpu_time(self) -> tuple[float, float, float, float]:
+    def cpu_time(self) -> tuple[float, float, float, float, Optional[int], Optional[float]]:
         """CPU seconds so far: (this worker's process, every thread (Ray's included); the
         thread that runs its calls (and stages); of the first, spent computing link
-        probes' layers; of the second, likewise)."""
+        probes' layers; of the second, likewise; the pid of its node daemon (the raylet,
+        which moves its objects between nodes) and that process's CPU seconds, both None
+        where they cannot be read)."""
         probe = getattr(self, "_probe_cpu", (0.0, 0.0))
-        return time.process_time(), time.thread_time(), probe[0], probe[1]
+        pid, daemon = node_daemon()
+        return time.process_time(), time.thread_time(), probe[0], probe[1], pid, daemon
 
     # -- running -----------------------------------------------------------
     def run(self, stage: int, message: tuple[np.ndarray, tuple[float, ...]]) -> tuple[np.ndarray, tuple[float, ...]]:

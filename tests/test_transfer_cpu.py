@@ -150,3 +150,15 @@ def test_process_cpu_seconds_reads_threads_then_stat_and_says_none_without_proc(
     import os
     assert process_cpu_seconds(9, proc=tmp_path) == pytest.approx(400 / os.sysconf("SC_CLK_TCK"))
     assert process_cpu_seconds(12345, proc=tmp_path) is None
+
+
+def test_node_daemon_is_read_only_from_a_raylet_parent(tmp_path):
+    from multigpu.execution.daemon_cpu import node_daemon
+
+    for pid, comm in ((20, "raylet"), (21, "bash")):
+        (tmp_path / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (tmp_path / str(pid) / "task" / str(pid) / "schedstat").write_text("2000000000 0 0\n")
+        (tmp_path / str(pid) / "comm").write_text(comm + "\n")
+    assert node_daemon(20, proc=tmp_path) == (20, pytest.approx(2.0))
+    assert node_daemon(21, proc=tmp_path) == (None, None)
+    assert node_daemon(22, proc=tmp_path) == (None, None)

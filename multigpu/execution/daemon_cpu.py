@@ -37,9 +37,15 @@ def process_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> Optional[float]
         return None
 
 
-def node_daemon() -> tuple[Optional[int], Optional[float]]:
-    """(pid, CPU seconds so far) of this process's parent, the Ray worker's raylet; (None,
-    None) where it cannot be read."""
-    pid = os.getppid()
-    seconds = process_cpu_seconds(pid) if pid > 1 else None
+def node_daemon(pid: Optional[int] = None, proc: Path = Path("/proc")) -> tuple[Optional[int], Optional[float]]:
+    """(pid, CPU seconds so far) of the Ray worker's raylet: ``pid`` (default: this
+    process's parent) when that process is a raylet; (None, None) where it is not, or
+    cannot be read, so no other parent's CPU is ever counted as the daemon's."""
+    pid = os.getppid() if pid is None else pid
+    try:
+        if (proc / str(pid) / "comm").read_text().strip() != "raylet":
+            return None, None
+    except OSError:
+        return None, None
+    seconds = process_cpu_seconds(pid, proc)
     return (pid, seconds) if seconds is not None else (None, None)

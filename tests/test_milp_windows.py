@@ -127,10 +127,39 @@ def test_reduced_cost_fixing_never_removes_an_optimal_choice(gd: dict, cd: dict,
         assert not fixed[lay.xi[np.arange(graph.n), a_]].any(), a
         assert not fixed[lay.yi[np.arange(lay.ne), a_[graph.edge_src], a_[graph.edge_dst]]].any(), a
     # The rounds find that optimum whatever plan is known.
-    plan, _ = solve_in_rounds(model, t, np.inf, None, lambda a: ref_sum(gd, cd, [names[i] for i in a])[0], {})
+    cost_of = lambda a: ref_sum(gd, cd, [names[i] for i in a])[0]  # noqa: E731
+    plan, _ = solve_in_rounds(model, t, np.inf, None, cost_of, {})
     assert plan is not None
-    assert np.isclose(ref_sum(gd, cd, [names[i] for i in plan])[0], best, rtol=1e-6, atol=1e-12)
+    assert np.isclose(cost_of(plan), best, rtol=1e-6, atol=1e-12)
+    # ... and from the dearest plan that fits (whose cost lets the rounds skip some cutoffs).
+    worst = max(costs, key=costs.get)
+    plan, _ = solve_in_rounds(model, t, costs[worst], np.array(worst), cost_of, {})
+    assert plan is not None
+    assert np.isclose(cost_of(plan), best, rtol=1e-6, atol=1e-12)
     event(f"fixed {int(fixed.sum())} of {int((model.ub > 0).sum())} columns")
+
+
+def test_the_rounds_skip_a_cutoff_just_below_the_best_known_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With a plan known at 1.15 times the bound, the round at 1.14 would only repeat the
+    # final round's proof (its next cutoff, 1.2, already reaches the plan): it is skipped,
+    # and the last round is at the plan's cost.
+    import multigpu.partition.solvers.cutoff as cutoff
+
+    tables, cons, best, model = _time_shared_model()
+    t = tighten(model, tables, cons)
+    assert t is not None
+    tried: list[float] = []
+
+    def never(m: Any, verbose: bool = False, options: Any = None) -> Any:
+        tried.append(options["objective_bound"] / model.scale / t.bound)
+        return cutoff.MilpResult(2, "infeasible", None, np.inf)
+
+    monkeypatch.setattr(cutoff, "solve_model", never)
+    known = 1.15 * t.bound
+    plan, res = solve_in_rounds(model, t, known, np.zeros(tables.graph.n, dtype=np.intp), lambda a: known, {})
+    assert plan is not None and res is None
+    expected = [f for f in cutoff.CUTOFF_FACTORS if f < 1.14] + [1.15]
+    assert np.allclose(tried, expected, rtol=1e-6), tried
 
 
 def test_a_cutoff_below_the_optimum_finds_no_plan_below_it() -> None:

@@ -261,6 +261,9 @@ class Cycles:
     stream_items: dict[str, int]
     profile: dict[str, Any]
     batch: int = 1
+    #: Items a streamed run passes before its timed ones (a run's first items after its
+    #: parameters arrive can be slowed by the hosts still settling: see ``plans_lab``).
+    stream_warmup: int = 2
 
 
 @dataclasses.dataclass
@@ -305,7 +308,8 @@ def measure(session: Session, models: list[str], make_plans: Any, settings: Cycl
             say(f"plans: cycle {c + 1}/{settings.cycles}: {p['model']} {p['label']}")
             busy0, ours0, wall0 = busy_seconds(), _our_seconds(session), time.perf_counter()
             out.runs[i].append(session.run(m, out.params[p["model"]], p["plan"], x, stream=bool(p.get("stream")),
-                                           warmup=2, cluster=prof.cluster, batch=settings.batch))
+                                           warmup=settings.stream_warmup if p.get("stream") else 2,
+                                           cluster=prof.cluster, batch=settings.batch))
             out.run_profiles[i].append(prof)
             busy1, ours1, wall1 = busy_seconds(), _our_seconds(session), time.perf_counter()
             if busy0 is not None and busy1 is not None:

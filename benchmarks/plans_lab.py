@@ -51,6 +51,13 @@ LENET_BATCH = 16
 #: 69.1 against 85.8 ms, 2026-12-03), so one cycle's error is partly that cycle's luck; as in
 #: ``bench plans``, each plan's error is the median over the cycles, each priced on its own profile.
 FULL_CYCLES = 3
+#: AlexNet's streamed plan: timed items, and items passed before them. Its run first ships
+#: 234 MB of parameters to imac (a 0.46-core host), and a short stream measured that host
+#: settling more than the plan: in one session, 8 items after 2 gave 4.55 and 8.88 items/s,
+#: 8 after 8 gave 7.29, and 32 after 2 gave 7.37 and 7.91 (2026-12-03). With 8 items, one
+#: cycle in three of each full run had an item stalled about a second (+375% and +478%).
+ALEXNET_STREAM_ITEMS = 32
+ALEXNET_STREAM_WARMUP = 6
 
 
 def _cut(names: list[str], counts: list[int]) -> list[str]:
@@ -116,7 +123,8 @@ def lab_inside(address: str, cluster_file: str, quick: bool, progress: bool) -> 
                                             batch=LENET_BATCH))]
     if not quick:
         runs.append((["alexnet"], alexnet_plans, Cycles(cycles=cycles, items={"alexnet": 3},
-                                                        stream_items={"alexnet": 8}, profile=profile)))
+                                                        stream_items={"alexnet": ALEXNET_STREAM_ITEMS},
+                                                        profile=profile, stream_warmup=ALEXNET_STREAM_WARMUP)))
     with Session(cluster_file, address=address, timeout=300.0) as session:
         out = merged([measure(session, models, make, settings, say, progress) for models, make, settings in runs])
     out.params = {}

@@ -16,8 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Bottom to top. A module may import its own layer and the layers below it.
-LAYERS = ["errors", "checks", "data", "contract", "models", "optim", "parallel", "distributed", "training", "partition",
-          "lab", "execution", "cli"]
+LAYERS = ["errors", "checks", "procfs", "data", "contract", "models", "optim", "parallel", "distributed", "training",
+          "partition", "lab", "execution", "cli"]
 #: Where each source folder is installed.
 TREES = {"multigpu": "multigpu", "backends": "multigpu.backends", "benchmarks": "multigpu.benchmarks"}
 #: What the adapters may use of the core: the contract, the job description, errors and checks.

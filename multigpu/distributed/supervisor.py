@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 from multigpu.contract.registry import declaration
 from multigpu.distributed.job import Job, LaunchPlan, check_job, rank_env
 from multigpu.errors import InputError, RankFailedError
+from multigpu.procfs.stat import PPID, stat_fields
 
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 POLL = 0.02
@@ -141,13 +142,10 @@ def _descendants(pid: int) -> list[int]:
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
+        stat = stat_fields(int(entry))
+        if stat is None:
             continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        children.setdefault(int(stat[PPID]), []).append(int(entry))
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):

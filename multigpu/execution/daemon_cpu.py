@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from multigpu.procfs.stat import STIME, UTIME, stat_fields
+
 __all__ = ["node_daemon", "process_cpu_seconds"]
 
 
@@ -29,11 +31,10 @@ def process_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> Optional[float]
         return total / 1e9
     except (OSError, ValueError, IndexError):
         pass
+    fields = stat_fields(pid, proc)
     try:
-        # Fields after the command name's closing parenthesis: utime and stime are the 12th and 13th.
-        fields = (base / "stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
+        return None if fields is None else (int(fields[UTIME]) + int(fields[STIME])) / os.sysconf("SC_CLK_TCK")
+    except (ValueError, IndexError):
         return None
 
 

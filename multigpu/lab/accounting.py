@@ -18,6 +18,7 @@ from pathlib import Path
 
 from multigpu.lab.cgroups import find_lab_cgroups, join, own_cgroup, remove_tree, tree_pids
 from multigpu.lab.system import CGROUP_ROOT
+from multigpu.procfs.stat import PPID, START, STIME, UTIME, stat_fields
 
 __all__ = ["ACCOUNT_ENV", "CpuAccount", "clean_dead", "read_account"]
 
@@ -96,13 +97,12 @@ class CpuAccount:
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
+            fields = stat_fields(int(entry))
+            if fields is None:
                 continue
-            pid, ppid = int(entry), int(fields[1])
+            pid, ppid = int(entry), int(fields[PPID])
             children.setdefault(ppid, []).append(pid)
-            stats[pid] = (int(fields[19]), (int(fields[11]) + int(fields[12])) / tick)
+            stats[pid] = (int(fields[START]), (int(fields[UTIME]) + int(fields[STIME])) / tick)
         todo, mine = [os.getpid()], []
         while todo:
             p = todo.pop()

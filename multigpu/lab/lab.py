@@ -41,6 +41,7 @@ from multigpu.lab.plan import LabPlan, design
 from multigpu.lab.state import KEEPER_FILE, REQUESTS, STATUS_FILE
 from multigpu.lab.system import CONTROLLERS, process_start, require_support, run
 from multigpu.partition.inputs.cluster import Cluster, Link, load_cluster
+from multigpu.procfs.stat import STATE, stat_fields
 
 __all__ = ["LAB_ROOT", "PREFIX", "Lab", "down_all", "labs", "leftovers"]
 
@@ -68,20 +69,18 @@ def _alive(pid: int | None, lab_id: str) -> bool:
         return False
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    return state != "Z" and b"multigpu.lab.keeper" in cmd and any(lab_id.encode() in c for c in cmd)
+    stat = stat_fields(pid)
+    alive = stat is not None and stat[STATE] != "Z"
+    return alive and b"multigpu.lab.keeper" in cmd and any(lab_id.encode() in c for c in cmd)
 
 
 def _live_pids(pids: set[int]) -> set[int]:
     out = set()
     for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
+        stat = stat_fields(pid)
+        if stat is not None and stat[STATE] != "Z":
             out.add(pid)
     return out
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from multigpu.errors import LabError, LabUnsupportedError
+from multigpu.procfs.stat import START, STATE, stat_fields
 
 __all__ = ["CGROUP_ROOT", "CONTROLLERS", "TOOLS", "process_start", "require_support", "run"]
 
@@ -45,11 +46,8 @@ def run(argv: Sequence[str], what: str, *, check: bool = True, timeout: float = 
 def process_start(pid: int) -> int | None:
     """The start time (clock ticks since boot) of process ``pid``, None when it is gone or a
     zombie: a pid with another start time is another process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if stat[0] == "Z" else int(stat[19])
+    stat = stat_fields(pid)
+    return None if stat is None or stat[STATE] == "Z" else int(stat[START])
 
 
 def require_support() -> None:

@@ -54,8 +54,9 @@ FULL_CYCLES = 3
 #: AlexNet's streamed plan: timed items, and items passed before them. Its run first ships
 #: 234 MB of parameters to imac (a 0.46-core host), and a short stream measured that host
 #: settling more than the plan: in one session, 8 items after 2 gave 4.55 and 8.88 items/s,
-#: 8 after 8 gave 7.29, and 32 after 2 gave 7.37 and 7.91 (2026-12-03). With 8 items, one
-#: cycle in three of each full run had an item stalled about a second (+375% and +478%).
+#: 8 after 8 gave 7.29, and 32 after 2 gave 7.37 and 7.91 (2026-12-03; the 4.55 run had one
+#: item stalled about a second). With 8 items, one cycle in three of each full run measured a
+#: fifth of the rate or less (+375% and +478%).
 ALEXNET_STREAM_ITEMS = 32
 ALEXNET_STREAM_WARMUP = 6
 

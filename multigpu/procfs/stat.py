@@ -20,5 +20,5 @@ def stat_fields(pid: int, proc: Path = Path("/proc")) -> Optional[list[str]]:
         text = (proc / str(pid) / "stat").read_text()
     except OSError:
         return None
-    head, sep, tail = text.rpartition(")")
+    _, sep, tail = text.rpartition(")")
     return tail.split() if sep else None

@@ -31,6 +31,7 @@ from math import prod
 from typing import Any
 
 from multigpu.checks import check_positive
+from multigpu.contract.bucket_signals import KeptBuffers
 from multigpu.contract.protocol import Device
 from multigpu.parallel.allreduce import broadcast_from_first, flat_schedule, reduce_to_first
 
@@ -103,6 +104,11 @@ def bucket_without_reserved(backend: Any, buffer: Any, size: int, reserved: int)
     return buffer if not reserved else backend.unflatten(buffer, [(size,), (reserved,)])[0]
 
 
+def _outputs(backend: Any, buffers: Sequence[Any], size: int, reserved: int) -> KeptBuffers:
+    """``value_and_grad``'s ``out``: the bucket buffers with bucket 0 cut before the reserved floats."""
+    return KeptBuffers([bucket_without_reserved(backend, buffers[0], size, reserved), *buffers[1:]])
+
+
 class BucketedSum:
     """Sum every replica's bucket buffers over local devices and processes, bucket by bucket.
 
@@ -114,15 +120,18 @@ class BucketedSum:
     device; it is reduced into the first device's buffer and its sum across processes
     starts (``group.allreduce_async_``). ``finish()`` waits for every bucket and returns,
     per device, the bucket buffers that hold the sum (as ``allreduce_flat`` does for one
-    buffer). Nothing is read back to the host.
+    buffer). Nothing is read back to the host. Buffers handed in as ``KeptBuffers`` (kept
+    from step to step) have their views cut once, not every step.
     """
 
     def __init__(self, backend: Any, group: Any, buffers: Sequence[Sequence[Any]], devices: Sequence[Device],
                  layout: BucketLayout, reserved: int = 0):
         self.backend, self.group, self.devices, self.layout = backend, group, devices, layout
         self.reserved = reserved
-        self.buffers = [list(b) for b in buffers]
-        self.outputs = [[bucket_without_reserved(backend, b[0], layout.sizes[0], reserved), *b[1:]] for b in buffers]
+        self.buffers = [b if isinstance(b, KeptBuffers) else KeptBuffers(b) for b in buffers]
+        size = layout.sizes[0]
+        self.outputs = [b.views(("outputs", size, reserved), lambda b=b: _outputs(backend, b, size, reserved))
+                        for b in self.buffers]
         self.schedule = flat_schedule(devices, group)
         self._ready = [False] * len(layout.params)
         self._started = 0
@@ -157,5 +166,10 @@ class BucketedSum:
     def gradients(self, sums: Sequence[Any]) -> tuple[list[Any], Any]:
         """One device's summed bucket buffers as (gradient per bucket, in bucket order; the loss)."""
         pieces = [(self.layout.sizes[0] - 1,), (1,)] + ([(self.reserved,)] if self.reserved else [])
-        grad0, loss = self.backend.unflatten(sums[0], pieces)[:2]
+
+        def cut() -> tuple[Any, Any]:
+            grad0, loss = self.backend.unflatten(sums[0], pieces)[:2]
+            return grad0, loss
+
+        grad0, loss = sums.views(("gradients", tuple(pieces)), cut) if isinstance(sums, KeptBuffers) else cut()
         return [grad0, *sums[1:]], loss

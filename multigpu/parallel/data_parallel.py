@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from multigpu.checks import check_count, check_positive
+from multigpu.contract.bucket_signals import KeptBuffers
 from multigpu.contract.devices import DeviceSpec, resolve_devices
 from multigpu.contract.protocol import Device
 from multigpu.contract.registry import backend as get_backend
@@ -104,7 +105,8 @@ class DataParallel:
         self.process_group = process_group
         self.steps = 0  # optimizer steps taken (torch's step counter)
         self._grad_buffers: dict[int, Any] = {}  # per replica: [gradients..., loss], kept between steps
-        self._bucket_bufs: dict[int, list[Any]] = {}  # per replica, with buckets: one such buffer per bucket
+        self._bucket_bufs: dict[int, KeptBuffers] = {}  # per replica, with buckets: one such buffer per bucket
+        self._update_views: dict[int, tuple[list[Any], list[list[Any]]]] = {}  # per replica: _bucket_updates' views
         self._param_size = model.num_params()
         self.bucket_mb = bucket_mb
         self._layout = None if bucket_mb is None else plan_buckets(model.param_shapes, bucket_mb)
@@ -388,15 +390,26 @@ class DataParallel:
         assert self._layout is not None
         updates: list[Any] = []
         losses = []
-        for params, state, bufs in zip(self.flat_params, self.opt_state, sums):
+        for r, bufs in enumerate(sums):
             grads, loss = bucketed.gradients(bufs)
             losses.append(loss)
-            states = [self._layout.param_views(self.backend, t) for t in state]
-            for k, (p, g) in enumerate(zip(self._layout.param_views(self.backend, params), grads)):
+            params, states = self._bucket_views(r)
+            for k, (p, g) in enumerate(zip(params, grads)):
                 updates.append((p, g, [st[k] for st in states]))
         return updates, losses[0]   # the summed loss, read from the first device
 
-    def _bucket_buffers(self, replica: int, reserved: int) -> list[Any]:
+    def _bucket_views(self, replica: int) -> tuple[list[Any], list[list[Any]]]:
+        """Replica ``replica``'s parameters and optimizer buffers cut into buckets (views, cut once: both
+        buffers live as long as the trainer, and every later write to them is in place)."""
+        assert self._layout is not None
+        kept = self._update_views.get(replica)
+        if kept is None:
+            views = self._layout.param_views
+            kept = self._update_views[replica] = (views(self.backend, self.flat_params[replica]),
+                                                  [views(self.backend, t) for t in self.opt_state[replica]])
+        return kept
+
+    def _bucket_buffers(self, replica: int, reserved: int) -> KeptBuffers:
         """Replica ``replica``'s gradient buffer of each bucket (bucket 0 ends with the loss, then the group's
         ``reserved`` floats), kept from step to step like ``_gradient_buffer``: one buffer per bucket, so an
         engine that tracks buffers (MXNet's) starts a bucket's sum after that bucket's gradients only."""
@@ -404,8 +417,8 @@ class DataParallel:
         sizes = [self._layout.sizes[0] + reserved, *self._layout.sizes[1:]]
         kept = self._bucket_bufs.get(replica)
         if kept is None or int(np.prod(self.backend.shape(kept[0]))) != sizes[0]:
-            self._bucket_bufs[replica] = [self.backend.from_numpy(np.zeros(n, np.float32), self.devices[replica])
-                                          for n in sizes]
+            self._bucket_bufs[replica] = KeptBuffers(self.backend.from_numpy(np.zeros(n, np.float32),
+                                                                             self.devices[replica]) for n in sizes)
         return self._bucket_bufs[replica]
 
     def _gradient_buffer(self, replica: int) -> Any:

@@ -22,7 +22,12 @@ Each checked case has a ``CheckedGroup`` of its own over the one engine, as a jo
 trainer has: the check predicts a group's next collective from that group's history, so
 two trainers alternating on one group would each break the other's pattern.
 
-Every case reads its loss back each step (the sync point). Ratios are the median of the
+Every case reads its loss back each step; a sample is the mean of a few steps run back to back
+(``STEPS_PER_SAMPLE``), and its timed region ends with the backend's
+``synchronize`` (MXNet's ``waitall``; a no-op for torch and Paddle on CPU): a Gluon step
+returns once its loss is read while its backward, pushpull and update may still be queued
+on MXNet's engine (6 ms a LeNet step at the median here, 31 ms at most), and that work
+would otherwise be timed as part of the next case's step. Ratios are the median of the
 per-round ratios (round i of two cases ran back to back), with quartiles; the target is
 ours / theirs <= 1.05. Rank 0 profiles ours and theirs afterwards (cProfile) so that a
 ratio above target shows where the time goes.
@@ -51,9 +56,15 @@ TARGET = 1.05
 FRAMEWORKS = ("torch", "paddle", "mxnet")
 # model -> (global batch, process counts, (repeats, quick repeats))
 MODELS: dict[str, tuple[int, tuple[int, ...], tuple[int, int]]] = {
-    "lenet": (256, (2, 4), (40, 5)), "resnet18": (32, (2,), (8, 4))}
-# LeNet's 40 rounds: a round's ratio spreads by about +-8% here (quartiles), so the median of 20 had a
-# standard error near 2.5%, as large as the check's 2% target; 40 bring it near 1.8%.
+    "lenet": (256, (2, 4), (60, 5)), "resnet18": (32, (2,), (12, 4))}
+# LeNet's 60 rounds: a round's ratio spreads by about +-8% here (quartiles), so the median of 20 had a
+# standard error near 2.5%, as large as the check's 2% target; 40 brought it near 1.8% at 2 processes,
+# but at 4 (two processes a core) the quartiles spread by +-10% even with three steps a sample.
+# Steps timed together as one sample (their mean): one LeNet step's time swings by +-20% with the
+# ranks' skew (the slower rank's backward sets the sum's end; 4 to 18 ms of waiting at the median
+# of runs here, where the sum itself takes 1 ms), and four runs of 40 one-step rounds put torch x2
+# at 1.002, 1.017, 1.078 and 1.107 with the two steps' code unchanged.
+STEPS_PER_SAMPLE = {"lenet": 3, "resnet18": 1}
 RESNET_CLASSES, RESNET_INPUT = 10, (3, 32, 32)
 CASES = ("ours", "ours, no check", "ours, one buffer", "theirs")
 
@@ -188,9 +199,22 @@ def worker(out: str, model: str, repeat: int, warmup: int, profile_steps: int) -
         theirs = _theirs_paddle(model, xs, ys, lr)
     else:
         theirs = _theirs_mxnet(model, xs, ys.astype(np.float32), lr, group.engine.kvstore, batch)
-    cases = {"ours": lambda: ours.train_batch(X, y), "ours, no check": lambda: plain.train_batch(X, y),
-             "ours, one buffer": lambda: one_buffer.train_batch(X, y), "theirs": theirs}
-    samples = interleaved(cases, repeat=repeat, warmup=warmup, reverse_odd_rounds=True)
+    # Every ratio the table reports pairs two cases that run next to each other in every round (odd rounds
+    # reversed): ours and theirs, ours and ours without the check, the one buffer and theirs.
+    cases = {"ours, no check": lambda: plain.train_batch(X, y), "ours": lambda: ours.train_batch(X, y),
+             "theirs": theirs, "ours, one buffer": lambda: one_buffer.train_batch(X, y)}
+    steps = STEPS_PER_SAMPLE[model]
+
+    def sample(step: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(steps):
+                step()
+        return run
+
+    # Each case's queued work is timed as its own (see the module's docstring).
+    timed = interleaved({case: sample(fn) for case, fn in cases.items()}, repeat=repeat, warmup=warmup,
+                        reverse_odd_rounds=True, sync=lambda: group.backend.synchronize(group.device))
+    samples = {case: [t / steps for t in ts] for case, ts in timed.items()}
     profiles = {}
     if profile_steps:
         for case in ("ours", "theirs"):

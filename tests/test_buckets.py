@@ -13,6 +13,7 @@ from test_no_host_sync import _tiny_resnet
 
 import multigpu
 from multigpu import models
+from multigpu.contract.bucket_signals import KeptBuffers, gradient_views
 from multigpu.contract.protocol import Device
 from multigpu.distributed.checked_group import CheckedGroup
 from multigpu.distributed.job import free_port
@@ -88,6 +89,36 @@ def test_each_bucket_is_signalled_once_with_its_gradients_final(backend_name, un
     np.testing.assert_allclose(whole, want, rtol=1e-5, atol=1e-6)
     for k, (a, e) in enumerate(layout.slices):
         np.testing.assert_allclose(seen[k], want[a:e], rtol=1e-5, atol=1e-6, err_msg=f"bucket {k}")
+
+
+def test_kept_bucket_buffers_are_cut_once_and_give_each_call_its_own_gradients(backend_name):
+    """On every adapter: with the bucket buffers as KeptBuffers, a second value_and_grad (another batch)
+    reuses the views cut by the first and still writes that batch's gradients, equal to the unbucketed
+    call's; a buffer replaced in the list gets views of its own."""
+    b = multigpu.backend(backend_name)
+    m = models.lenet()
+    ps = [b.from_numpy(p, CPU) for p in m.init_params(0)]
+    shapes = [b.shape(p) for p in ps]
+    layout = plan_buckets(shapes, bucket_mb=0.05, first_mb=0.001)
+    assert len(layout.params) >= 3
+    out = KeptBuffers(b.from_numpy(np.full(n, 7.0, np.float32), CPU) for n in layout.sizes)
+    first = gradient_views(b, out, shapes, layout.params)
+    assert all(v is w for v, w in zip(first, gradient_views(b, out, shapes, layout.params)))
+    for seed in (2, 3):
+        X, y = random_batches(m, 1, 6, seed=seed)[0]
+        x, t = b.from_numpy(X, CPU), b.from_numpy(y, CPU)
+        want = b.to_numpy(b.value_and_grad(_loss(b, m), ps, x, t))
+        got = b.value_and_grad(_loss(b, m), ps, x, t, out=out, buckets=layout.params, on_bucket=lambda k: None)
+        assert got is out
+        np.testing.assert_allclose(np.concatenate([b.to_numpy(o) for o in reversed(out)]), want, rtol=1e-5,
+                                   atol=1e-6, err_msg=f"batch {seed}")
+    assert all(v is w for v, w in zip(first, gradient_views(b, out, shapes, layout.params)))
+    out[1] = b.from_numpy(np.zeros(layout.sizes[1], np.float32), CPU)
+    fresh = gradient_views(b, out, shapes, layout.params)
+    a, e = layout.params[1]
+    assert all(fresh[i] is not first[i] for i in range(a, e))
+    b.assign_(fresh[a], b.from_numpy(np.ones(shapes[a], np.float32), CPU))
+    assert b.to_numpy(out[1])[:int(np.prod(shapes[a]))].min() == 1.0   # the new views are the new buffer's
 
 
 def test_an_adapter_that_misses_or_repeats_a_bucket_breaks_the_contract():

@@ -13,8 +13,7 @@ the MILP in rounds of rising cutoffs, each with the choices that cannot beat it 
    plan's cost last), fix every choice whose bound exceeds U and solve the MILP with U as
    HiGHS's objective cutoff. A plan found is the optimum: every plan left out costs
    more than U. No plan means the optimum is above U, and the next round raises it; a
-   round whose next cutoff already reaches the best plan found is skipped, and the
-   final round (at the best plan's cost) runs without HiGHS's primal heuristics. The
+   round whose next cutoff already reaches the best plan found is skipped. The
    early rounds are small (most choices fixed) and prove fast; on ResNet-50 on the lab
    (each device holding 40% of the parameters) the rounds took 0.1-2.5 s each, where one
    MILP under the best known plan's cost took 9-14 s and a cold one 20-34 s.
@@ -51,13 +50,6 @@ CUTOFF_FACTORS = (1.02, 1.04, 1.07, 1.1, 1.14, 1.2, 1.3, 1.45, 1.7, 2.0, 2.5, 3.
 FIX_MARGIN = 1e-7
 # A column counts as at 0 in the LP solution below this.
 AT_ZERO = 1e-9
-# HiGHS's primal heuristics, off in the final round: its cutoff is the best known plan's cost, so a
-# plan they find can only be that plan again, and the round's work is the proof. On ResNet-50 on 16
-# devices (each holding 40% of the parameters) the final round took 7.8 and 9.2 s with them (3.2 s of
-# it in sub-MIPs) and 4.2 and 4.3 s without; in the earlier rounds they find the plans that end the
-# rounds early, and turning them off there cost ResNet-50 a round more (21.6 and 24.7 s in all).
-PROOF_ONLY = {"mip_heuristic_effort": 0.0, "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
-              "mip_heuristic_run_root_reduced_cost": False, "mip_heuristic_run_feasibility_jump": False}
 
 
 @dataclass(frozen=True)
@@ -146,8 +138,6 @@ def solve_in_rounds(base: Model, t: Tightened, known: float, known_plan: Optiona
         if math.isfinite(cutoff):
             model = with_fixed(base, fixable(t, cutoff))
             opts["objective_bound"] = cutoff * base.scale * (1 + 1e-9) + 1e-9
-            if final:
-                opts.update(PROOF_ONLY)   # the best plan is known: what is left is the proof
         res = solve_model(model, verbose=verbose, options=opts)
         if res.a is not None:
             cost = cost_of(res.a)

@@ -4,6 +4,7 @@ emulate), the one-line refusals of a machine that cannot host it, and the lab be
 report built from the parts that ran (the committed run's raw data, parts removed)."""
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from multigpu.cli.main import main
 from multigpu.errors import InputError, LabUnsupportedError
 from multigpu.lab import design
 from multigpu.lab.plan import MAX_SHAPED, WIRE_OVERHEAD
+from multigpu.lab.system import DEFAULT_TICK_US, scheduler_tick_us
 from multigpu.partition import Cluster, DeviceSpec, Link, LinkSpec, load_cluster
 
 
@@ -50,6 +52,39 @@ def test_scales_devices_sharing_a_host_and_pairs_without_a_link():
                           default_link=LinkSpec(MAX_SHAPED * 2, 0.0)), cpu_scale=0.01)
     assert tiny.host("a").quota_us >= 1000   # the kernel's shortest quota, with a longer period
     assert tiny.host("a").quota_us / tiny.host("a").period_us == pytest.approx(0.01, rel=0.01)
+
+
+def test_cfs_periods_are_at_least_one_scheduler_tick_and_give_the_share():
+    """A period shorter than the tick gives less than its share (0.456 cores at 2193 us held
+    a busy loop to 0.40 of a core), so every period is at least the tick; with a 1 ms tick
+    (HZ=1000) the shortest period whose quota is 1 ms is kept."""
+    lab = load_cluster("lab")
+    at_250 = design(lab, tick_us=4000)
+    for h in at_250.hosts:
+        assert h.period_us >= 4000 and h.quota_us >= 1000, h
+        assert h.quota_us / h.period_us == pytest.approx(h.cores)
+        assert h.cores == pytest.approx(min(0.25 * max(lab.devices[lab.index(d)].flops for d in h.devices) / 38.4e9,
+                                            at_250.max_cores), rel=2e-3)
+    assert (at_250.host("imac").period_us, at_250.host("imac").quota_us) == (4000, 1823)
+    at_1000 = design(lab, tick_us=1000)
+    assert (at_1000.host("imac").period_us, at_1000.host("imac").quota_us) == (2195, 1000)
+    assert (at_1000.host("pi1").period_us, at_1000.host("pi1").quota_us) == (4000, 1000)
+    assert at_250.to_dict()["tick_us"] == 4000 and design(lab).tick_us == DEFAULT_TICK_US
+    with pytest.raises(InputError, match="tick_us=0"):
+        design(lab, tick_us=0)
+
+
+def test_the_scheduler_tick_is_read_from_the_kernel_configuration(tmp_path):
+    gz, plain, other = tmp_path / "config.gz", tmp_path / "config-6.1", tmp_path / "config-none"
+    gz.write_bytes(gzip.compress(b"CONFIG_HZ_1000=y\nCONFIG_HZ=1000\nCONFIG_HZ_PERIODIC=y\n"))
+    plain.write_text("# CONFIG_HZ_1000 is not set\nCONFIG_HZ=250\n")
+    other.write_text("CONFIG_NO_HZ=y\n")
+    assert scheduler_tick_us([gz, plain]) == 1000
+    assert scheduler_tick_us([tmp_path / "missing.gz", plain]) == 4000
+    assert scheduler_tick_us([other, tmp_path / "broken.gz"]) == DEFAULT_TICK_US
+    (tmp_path / "broken.gz").write_bytes(b"not gzip")
+    assert scheduler_tick_us([tmp_path / "broken.gz", gz]) == 1000
+    assert 1000 <= scheduler_tick_us() <= 10000   # this machine's (HZ from 100 to 1000)
 
 
 def test_bad_scales_and_heads_are_refused_by_name():

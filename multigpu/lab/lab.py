@@ -37,9 +37,9 @@ from multigpu.errors import InputError, LabError
 from multigpu.lab import cgroups as cg
 from multigpu.lab import network, raynodes
 from multigpu.lab.enter import HostEntry
-from multigpu.lab.plan import LabPlan, design
+from multigpu.lab.plan import MIN_PERIOD_US, LabPlan, design
 from multigpu.lab.state import KEEPER_FILE, REQUESTS, STATUS_FILE
-from multigpu.lab.system import CONTROLLERS, process_start, require_support, run
+from multigpu.lab.system import CONTROLLERS, process_start, require_support, run, scheduler_tick_us
 from multigpu.partition.inputs.cluster import Cluster, Link, load_cluster
 from multigpu.procfs.stat import STATE, stat_fields
 
@@ -262,7 +262,7 @@ class Lab:
                  keep_up: bool = False, echo: Callable[[str], None] | None = None):
         self.source_cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
         self.plan: LabPlan = design(self.source_cluster, cpu_scale=cpu_scale, bandwidth_scale=bandwidth_scale,
-                                    max_cores=max_cores, head=head)
+                                    max_cores=max_cores, head=head, tick_us=scheduler_tick_us())
         self.backends = _backend_map(self.source_cluster, backend)
         self.threads = threads
         self.ray = ray
@@ -643,7 +643,9 @@ class Lab:
                                      name=st["cluster"])
         p = st["plan"]
         lab.plan = design(lab.source_cluster, cpu_scale=p["cpu_scale"], bandwidth_scale=p["bandwidth_scale"],
-                          max_cores=p["max_cores"], head=p["head"])
+                          max_cores=p["max_cores"], head=p["head"],
+                          # A lab brought up before the period kept to the tick had periods from 1 ms.
+                          tick_us=p.get("tick_us", MIN_PERIOD_US))
         emulated = load_cluster(st["cluster_file"])
         lab.backends = {d.name: d.backend for d in emulated.devices}
         lab.threads = next((d.threads for d in emulated.devices if d.threads), None)

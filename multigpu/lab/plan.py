@@ -19,9 +19,13 @@ build, and what it cannot emulate, before anything is built (and without root).
   slowest device of the cluster: the slowest gets ``cpu_scale`` cores, the others in
   proportion, each at most ``max_cores``. A device faster than that (a GPU: 8873 GFLOP/s
   against a Pi's 38.4) cannot be emulated on CPU cores; its host gets ``max_cores`` and
-  the design says so. A CFS quota gives a share of CPU time, not a slower core (sliced
-  as finely as the kernel allows: 1 ms of CPU per period): the profile measures what
-  each host really computes.
+  the design says so. A CFS quota gives a share of CPU time, not a slower core, sliced as
+  finely as the kernel delivers it: the period is the shortest whose quota is at least 1 ms
+  (the kernel's minimum) and that is at least one scheduler tick (``tick_us``). The kernel
+  checks a quota at its ticks, so a shorter period gives less than its share: 0.456 cores at
+  2193 us held a busy loop to 0.40 of a core and AlexNet's conv3..fc8 to 0.37-0.38 here
+  (HZ=250); at 4000 us, 0.46 and 0.43-0.45. The profile measures what each host really
+  computes.
 * **Memory.** A host's limit is the sum of its devices' ``memory`` (unlimited when one
   has none). Everything on the host counts against it: the Ray node, the workers, the
   framework.
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 
 from multigpu.checks import check_number
 from multigpu.errors import InputError
+from multigpu.lab.system import DEFAULT_TICK_US   # a constant: nothing here calls the system
 from multigpu.partition.inputs.cluster import Cluster
 
 __all__ = ["MAX_SHAPED", "NETWORK", "WIRE_OVERHEAD", "HostPlan", "LabPlan", "LinkPlan", "design"]
@@ -108,6 +113,7 @@ class LabPlan:
     bandwidth_scale: float
     max_cores: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    tick_us: int = DEFAULT_TICK_US
 
     def host(self, name: str) -> HostPlan:
         """The host called ``name``; InputError listing the hosts otherwise."""
@@ -135,6 +141,7 @@ class LabPlan:
         """JSON-ready."""
         return {"cluster": self.cluster.name, "head": self.head, "cpu_scale": self.cpu_scale,
                 "bandwidth_scale": self.bandwidth_scale, "max_cores": self.max_cores,
+                "tick_us": self.tick_us,
                 "hosts": [{"name": h.name, "devices": list(h.devices), "address": h.address, "cores": h.cores,
                            "cfs_period_us": h.period_us, "cfs_quota_us": h.quota_us, "memory": h.memory,
                            "flops": h.flops, "capped": h.capped} for h in self.hosts],
@@ -143,17 +150,20 @@ class LabPlan:
                 "notes": list(self.notes)}
 
 
-def _quota(cores: float) -> tuple[int, int]:
+def _quota(cores: float, tick_us: int) -> tuple[int, int]:
     """(period, quota) in microseconds for ``cores``: the shortest period whose quota is at
-    least the kernel's 1 ms. A short period slices CPU time finely, so a host with a quarter
-    of a core runs a 1 ms layer in about 4 ms, as a slower core would, instead of at full
-    speed inside one long quota and then not at all."""
-    period = min(MAX_PERIOD_US, max(MIN_PERIOD_US, math.ceil(MIN_QUOTA_US / cores)))
+    least the kernel's 1 ms and that is at least one scheduler tick. A short period slices
+    CPU time finely, so a host with a quarter of a core runs a 1 ms layer in about 4 ms, as
+    a slower core would, instead of at full speed inside one long quota and then not at all;
+    but the kernel throttles a running task at its ticks, so a period shorter than a tick
+    gives less than its share (see the module docstring)."""
+    period = min(MAX_PERIOD_US, max(MIN_PERIOD_US, tick_us, math.ceil(MIN_QUOTA_US / cores)))
     return period, max(MIN_QUOTA_US, round(cores * period))
 
 
 def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float = 1.0,
-           max_cores: float | None = None, head: str | None = None) -> LabPlan:
+           max_cores: float | None = None, head: str | None = None,
+           tick_us: int = DEFAULT_TICK_US) -> LabPlan:
     """The lab that emulates ``cluster``: hosts, addresses, per-pair rates, CPU shares and
     memory limits (see the module docstring for the rules).
 
@@ -161,12 +171,15 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
     link's bandwidth (10 makes a 1 MB/s WiFi pair 10 MB/s, to run in a tenth of the time);
     ``max_cores``: most cores one host gets (default: the machine's); ``head``: the host
     of the Ray head (default: the host with the most memory, unlimited first, then the
-    source's). Raises InputError for a bad number or an unknown head.
+    source's); ``tick_us``: the kernel's scheduler tick (``system.scheduler_tick_us()``), the
+    shortest CFS period used. Raises InputError for a bad number or an unknown head.
     """
     cpu_scale = check_number(cpu_scale, "cpu_scale", minimum=0.0, strict=True,
                              unit="cores the slowest device gets, e.g. 0.25")
     bandwidth_scale = check_number(bandwidth_scale, "bandwidth_scale", minimum=0.0, strict=True,
                                    unit="factor on every link's bandwidth, e.g. 10")
+    tick_us = int(check_number(tick_us, "tick_us", minimum=0.0, strict=True,
+                               unit="microseconds of the kernel's scheduler tick, e.g. 4000 (HZ=250)"))
     machine = float(os.cpu_count() or 1)
     max_cores = machine if max_cores is None else check_number(
         max_cores, "max_cores", minimum=0.0, strict=True, unit="cores, e.g. 2")
@@ -184,7 +197,7 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
         flops = max(s.flops for s in specs)
         want = cpu_scale * flops / slowest
         cores = min(want, max_cores)
-        period, quota = _quota(cores)
+        period, quota = _quota(cores, tick_us)
         memory = None if any(s.memory is None for s in specs) else int(sum(s.memory for s in specs))  # type: ignore[misc]
         hosts.append(HostPlan(name, tuple(devs), str(NETWORK.network_address + i + 1), quota / period, period,
                               quota, memory, flops, capped=want > max_cores))
@@ -232,4 +245,5 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
                                          h.name != host_of[cluster.source], names.index(h.name))).name
     elif head not in names:
         raise InputError(f"head={head!r} is not a host of the lab; choose one of: {', '.join(names)}")
-    return LabPlan(cluster, tuple(hosts), tuple(links), head, cpu_scale, bandwidth_scale, max_cores, tuple(notes))
+    return LabPlan(cluster, tuple(hosts), tuple(links), head, cpu_scale, bandwidth_scale, max_cores, tuple(notes),
+                   tick_us)

@@ -6,7 +6,9 @@ command, its exit status and its last error line, as a ``LabError``.
 """
 from __future__ import annotations
 
+import gzip
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -15,7 +17,8 @@ from pathlib import Path
 from multigpu.errors import LabError, LabUnsupportedError
 from multigpu.procfs.stat import START, STATE, stat_fields
 
-__all__ = ["CGROUP_ROOT", "CONTROLLERS", "TOOLS", "process_start", "require_support", "run"]
+__all__ = ["CGROUP_ROOT", "CONTROLLERS", "DEFAULT_TICK_US", "TOOLS", "process_start", "require_support", "run",
+           "scheduler_tick_us"]
 
 #: Where cgroup v1 mounts its controllers.
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -23,6 +26,10 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("cpu", "cpuacct", "memory")
 #: Programs the lab runs.
 TOOLS = ("ip", "tc", "unshare", "mount", "umount")
+#: The scheduler tick taken where the kernel's configuration cannot be read: 4 ms (HZ=250,
+#: Debian's and this machine's). A CFS period of at least this is also at least the tick of
+#: any kernel with HZ of 250 or more.
+DEFAULT_TICK_US = 4000
 
 
 def run(argv: Sequence[str], what: str, *, check: bool = True, timeout: float = 30.0,
@@ -48,6 +55,23 @@ def process_start(pid: int) -> int | None:
     zombie: a pid with another start time is another process."""
     stat = stat_fields(pid)
     return None if stat is None or stat[STATE] == "Z" else int(stat[START])
+
+
+def scheduler_tick_us(configs: Sequence[Path] | None = None) -> int:
+    """The kernel's scheduler tick in microseconds (1e6 / CONFIG_HZ), read from its build
+    configuration (``/proc/config.gz``, else ``/boot/config-RELEASE``); DEFAULT_TICK_US when
+    neither can be read."""
+    if configs is None:
+        configs = [Path("/proc/config.gz"), Path(f"/boot/config-{os.uname().release}")]
+    for path in configs:
+        try:
+            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        except (OSError, EOFError, gzip.BadGzipFile):
+            continue
+        found = re.search(rb"^CONFIG_HZ=(\d+)$", raw, re.MULTILINE)
+        if found and int(found.group(1)) > 0:
+            return round(1e6 / int(found.group(1)))
+    return DEFAULT_TICK_US
 
 
 def require_support() -> None:

@@ -14,6 +14,7 @@ from multigpu.cli.main import main
 from multigpu.errors import InputError, LabUnsupportedError
 from multigpu.lab import design
 from multigpu.lab.plan import MAX_SHAPED, WIRE_OVERHEAD
+from multigpu.lab.raynodes import RAY_PULL_TIMEOUT_MS, object_store_bytes, ray_env
 from multigpu.lab.system import DEFAULT_TICK_US, scheduler_tick_us
 from multigpu.partition import Cluster, DeviceSpec, Link, LinkSpec, load_cluster
 
@@ -52,6 +53,32 @@ def test_scales_devices_sharing_a_host_and_pairs_without_a_link():
                           default_link=LinkSpec(MAX_SHAPED * 2, 0.0)), cpu_scale=0.01)
     assert tiny.host("a").quota_us >= 1000   # the kernel's shortest quota, with a longer period
     assert tiny.host("a").quota_us / tiny.host("a").period_us == pytest.approx(0.01, rel=0.01)
+
+
+def test_no_object_crosses_a_shaped_link_slower_than_rays_pull_is_repeated(tmp_path):
+    # Ray asks again for an object still arriving after the pull timeout, and the sender then
+    # sends every chunk again: the lab's timeout must outlast the slowest possible transfer.
+    plan = design(load_cluster("lab"))
+    env = ray_env(tmp_path / "token", plan)
+    timeout = int(env["RAY_object_manager_pull_timeout_ms"]) / 1e3
+    pi, imac = plan.host("pi1"), plan.host("imac")
+    wifi, lan = plan.link("imac", "pi1"), plan.link("desk-cpu", "imac")
+    # The slowest: a pi's whole object store (a fifth of its 500 MB) over the ~1 MB/s WiFi.
+    assert timeout == pytest.approx(2 * object_store_bytes(pi) / (wifi.rate_bits / 8), rel=1e-4)
+    assert 150 < timeout < 250
+    # AlexNet's 242.5 MB of parameters to imac over the LAN cross within it, and any object
+    # that fits both stores of a shaped pair.
+    assert 242.5e6 / (lan.rate_bits / 8) < timeout / 2
+    for ln in plan.links:
+        if ln.shaped:
+            fits = min(object_store_bytes(plan.host(ln.src)), object_store_bytes(plan.host(ln.dst)))
+            assert fits / (ln.rate_bits / 8) <= timeout / 2 * (1 + 1e-6)
+    # Nothing shaped, or no plan (a Ray instance outside a lab): Ray's own default stands.
+    fast = design(Cluster(devices=(DeviceSpec("a", 1e9, 0), DeviceSpec("b", 1e9, 0)), source="a",
+                          default_link=LinkSpec(MAX_SHAPED * 2, 0.0)))
+    assert ray_env(tmp_path / "token", fast)["RAY_object_manager_pull_timeout_ms"] == str(RAY_PULL_TIMEOUT_MS)
+    assert "RAY_object_manager_pull_timeout_ms" not in ray_env(tmp_path / "token")
+    assert env["RAY_AUTH_MODE"] == "token"
 
 
 def test_cfs_periods_are_at_least_one_scheduler_tick_and_give_the_share():

@@ -295,7 +295,7 @@ class Lab:
 
     def env(self) -> dict[str, str]:
         """The variables every process in the lab gets (token authentication, Ray settings)."""
-        return {**raynodes.ray_env(self.token), "MULTIGPU_LAB": self.id, "MULTIGPU_LAB_RAY_ADDRESS": self.address}
+        return {**raynodes.ray_env(self.token, self.plan), "MULTIGPU_LAB": self.id, "MULTIGPU_LAB_RAY_ADDRESS": self.address}
 
     def emulated_cluster(self) -> Cluster:
         """The cluster as the lab emulates it: each device with its backend, ``threads`` and

@@ -22,7 +22,7 @@ from pathlib import Path
 from multigpu.errors import MissingDependencyError
 from multigpu.lab.plan import HostPlan, LabPlan
 
-__all__ = ["PORTS", "RAY_ENV", "head_address", "node_command", "ray_env", "write_token"]
+__all__ = ["PORTS", "RAY_ENV", "head_address", "node_command", "pull_timeout_ms", "ray_env", "write_token"]
 
 #: Every port a lab Ray node listens on (each host has its own network namespace, so
 #: every host uses the same numbers). The GCS listens on the head only.
@@ -57,9 +57,38 @@ def write_token(path: Path) -> Path:
     return path
 
 
-def ray_env(token: Path) -> dict[str, str]:
-    """The environment every process of the lab gets: token authentication and ``RAY_ENV``."""
-    return {**RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+#: Ray's own pull timeout (``object_manager_pull_timeout_ms``), the least the lab sets.
+RAY_PULL_TIMEOUT_MS = 10_000
+
+
+def pull_timeout_ms(plan: LabPlan) -> int:
+    """How long a node's pull of an object waits before Ray asks again: twice the longest time
+    an object can take over a shaped link (the largest that fits both hosts' object stores,
+    at the link's rate), at least Ray's 10 s.
+
+    Ray re-sends a pull after ``object_manager_pull_timeout_ms`` whether or not the first
+    is still arriving, and the sender then pushes every chunk again from the start
+    (``PushManager::StartPush``'s "resending all the chunks"). On a shaped link an object
+    that takes longer than the timeout so crosses twice or more: AlexNet's 242.5 MB of
+    parameters to imac over the 10 MB/s LAN made desk-cpu send 514.4 MB at Ray's 10 s, and
+    259.4-261.8 MB with the timeout out of reach; the chunks still queued when the stage
+    got its parameters delayed the items after them by whole seconds."""
+    worst = 0.0
+    for ln in plan.links:
+        if ln.shaped:
+            largest = min(object_store_bytes(plan.host(ln.src)), object_store_bytes(plan.host(ln.dst)))
+            worst = max(worst, largest / (ln.rate_bits / 8))  # type: ignore[operator]
+    return max(RAY_PULL_TIMEOUT_MS, int(math.ceil(2 * worst * 1e3)))
+
+
+def ray_env(token: Path, plan: LabPlan | None = None) -> dict[str, str]:
+    """The environment every process of the lab gets: token authentication, ``RAY_ENV``
+    and, given the lab's ``plan``, a pull timeout its slowest link can meet
+    (``pull_timeout_ms``)."""
+    env = {**RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    if plan is not None:
+        env["RAY_object_manager_pull_timeout_ms"] = str(pull_timeout_ms(plan))
+    return env
 
 
 def ray_program() -> str:

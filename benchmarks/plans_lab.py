@@ -56,7 +56,8 @@ FULL_CYCLES = 3
 #: settling more than the plan: in one session, 8 items after 2 gave 4.55 and 8.88 items/s,
 #: 8 after 8 gave 7.29, and 32 after 2 gave 7.37 and 7.91 (2026-12-03; the 4.55 run had one
 #: item stalled about a second). With 8 items, one cycle in three of each full run measured a
-#: fifth of the rate or less (+375% and +478%).
+#: fifth of the rate or less (+375% and +478%): a second copy of the parameters, pushed
+#: again by Ray's pull retry, still queued at the link (the lab's ``pull_timeout_ms`` now).
 ALEXNET_STREAM_ITEMS = 32
 ALEXNET_STREAM_WARMUP = 6
 

@@ -73,11 +73,10 @@ def test_no_object_crosses_a_shaped_link_slower_than_rays_pull_is_repeated(tmp_p
         if ln.shaped:
             fits = min(object_store_bytes(plan.host(ln.src)), object_store_bytes(plan.host(ln.dst)))
             assert fits / (ln.rate_bits / 8) <= timeout / 2 * (1 + 1e-6)
-    # Nothing shaped, or no plan (a Ray instance outside a lab): Ray's own default stands.
+    # Nothing shaped: Ray's own default stands.
     fast = design(Cluster(devices=(DeviceSpec("a", 1e9, 0), DeviceSpec("b", 1e9, 0)), source="a",
                           default_link=LinkSpec(MAX_SHAPED * 2, 0.0)))
     assert ray_env(tmp_path / "token", fast)["RAY_object_manager_pull_timeout_ms"] == str(RAY_PULL_TIMEOUT_MS)
-    assert "RAY_object_manager_pull_timeout_ms" not in ray_env(tmp_path / "token")
     assert env["RAY_AUTH_MODE"] == "token"
 
 

@@ -81,14 +81,11 @@ def pull_timeout_ms(plan: LabPlan) -> int:
     return max(RAY_PULL_TIMEOUT_MS, int(math.ceil(2 * worst * 1e3)))
 
 
-def ray_env(token: Path, plan: LabPlan | None = None) -> dict[str, str]:
-    """The environment every process of the lab gets: token authentication, ``RAY_ENV``
-    and, given the lab's ``plan``, a pull timeout its slowest link can meet
-    (``pull_timeout_ms``)."""
-    env = {**RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    if plan is not None:
-        env["RAY_object_manager_pull_timeout_ms"] = str(pull_timeout_ms(plan))
-    return env
+def ray_env(token: Path, plan: LabPlan) -> dict[str, str]:
+    """The environment every process of the lab of ``plan`` gets: token authentication,
+    ``RAY_ENV`` and a pull timeout its slowest link can meet (``pull_timeout_ms``)."""
+    return {**RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+            "RAY_object_manager_pull_timeout_ms": str(pull_timeout_ms(plan))}
 
 
 def ray_program() -> str:

@@ -85,8 +85,12 @@ def test_a_lab_whose_keeper_died_is_a_leftover_that_the_next_up_removes(two):
 def test_ctrl_c_during_lab_up_takes_down_what_was_made(two):
     root = Path("/run/multigpu-lab")
     others = {d.name for d in root.glob("*")} if root.exists() else set()
+    # Ctrl-C in a terminal reaches a process whose SIGINT has its default action. A runner that
+    # started this suite in the background (a shell's `cmd &`) hands it down ignored, and a
+    # Python started with SIGINT ignored keeps ignoring it, as a background job should.
     p = subprocess.Popen([sys.executable, "-m", "multigpu", "lab", "up", str(two)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     lab_id = None
     while lab_id is None and time.monotonic() < deadline:   # wait until its Ray nodes are starting

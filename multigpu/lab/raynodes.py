@@ -48,11 +48,8 @@ RAY_ENV = {
     "RAY_worker_register_timeout_seconds": "180",
     # A process waiting for an object that another node sends (a driver's ray.get, a
     # worker's argument) can miss the store's notice that it arrived, and then sees it only
-    # when it next looks, after this interval (Ray's 1000 ms): hops took 1.0-2.2 s in steps
-    # of a second. Streaming payloads through imac and back (20 items, window 3, 2026-12-04),
-    # per item: 4 KB 117, 315, 14 ms; 173 KB 431, 783, 582 ms; 655 KB 740, 593, 545 ms at
-    # Ray's interval (8 runs of 9 with a hop over a second); at 10 ms 17-19, 35-38 and
-    # 93-97 ms, none over 0.32 s. A waiting process then wakes 100 times a second.
+    # when it next looks, after this interval: at Ray's 1000 ms hops took 1.0-2.2 s in steps
+    # of a second (measured in docs/design/lab.md, "An arrived object is seen at once").
     "RAY_get_check_signal_interval_milliseconds": "10",
 }
 

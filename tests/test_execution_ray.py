@@ -236,6 +236,11 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     assert cl.relay is not None and cl.relay.device == "host"
     routes = {s.route for s in res.transfer_cpu.samples}
     assert ("w1",) in routes and ("w2",) in routes and ("w1", "w2") in routes
+    # Each worker alone also one way (the payload in, one float32 out), so the profile
+    # prices a byte received apart from a byte sent.
+    assert {(s.route, s.sent) for s in res.transfer_cpu.samples if s.sent != s.nbytes} == {
+        (("w1",), 4), (("w2",), 4)}
+    assert all(d.transfer_cpu.receive_per_byte is not None for d in cl.devices)
     assert all(t > 0 for s in res.transfer_cpu.samples for t in s.cpu.values())
     # The driver also timed whole passes back to back: the plan that never leaves it is priced so.
     host = cl.devices[cl.index("host")]

@@ -219,3 +219,40 @@ def test_serial_part_round_trips_and_is_checked(tmp_path):
         data["devices"][1]["transfer_cpu"]["serial"] = serial
         with pytest.raises(ClusterError, match=match):
             load_cluster(_write(tmp_path, data))
+
+
+def test_a_receive_figure_prices_what_a_device_receives_and_round_trips(tmp_path):
+    """d1 receives l0's 1 MB from d0 and sends its 100 B output back: with a receive figure
+    of 1e-8 s/B it spends 10 ms + 2 fixed on the receive, with per_byte 1e-10 only 0.1 ms on
+    the send; d0's figures (no receive_per_byte) price both directions at its per_byte."""
+    g = Graph(layers=(LayerSpec("l0", 0.0, 0.0, 1e6), LayerSpec("l1", 0.0, 0.0, 100.0)), input_bytes=0.0, name="g2")
+    cl = Cluster(devices=(DeviceSpec("d0", 1e12, 0.0, transfer_cpu=TransferCpu(1e-4, 2e-9)),
+                          DeviceSpec("d1", 1e9, 0.0, transfer_cpu=TransferCpu(1e-4, 1e-10, receive_per_byte=1e-8))),
+                 source="d0", default_link=LinkSpec(1e10, 0.0))
+    r = evaluate(g, cl, ["d0", "d1"])
+    assert r.device("d1").transfer_cpu == pytest.approx((1e-4 + 1e-8 * 1e6) + (1e-4 + 1e-10 * 100))
+    assert r.device("d0").transfer_cpu == pytest.approx((1e-4 + 2e-9 * 1e6) + (1e-4 + 2e-9 * 100))
+    # The file form: the key, its serial part, and what is refused.
+    data = base()
+    data["devices"][1]["transfer_cpu"].update(receive_per_byte=4e-9,
+                                               serial={"fixed": 5e-5, "per_byte": 5e-10, "receive_per_byte": 1e-9})
+    back = load_cluster(_write(tmp_path, data))
+    a = back.devices[1].transfer_cpu
+    assert (a.receive_per_byte, a.serial_receive_per_byte) == (4e-9, 1e-9)
+    assert a.receive_cost(1000) == pytest.approx(1e-4 + 4e-6) and a.serial_receive_cost(1000) == pytest.approx(5e-5 + 1e-6)
+    assert load_cluster(_write(tmp_path, back.to_dict())) == back
+    for tc, match in (({"receive_per_byte": -1.0}, "transfer_cpu: receive_per_byte=-1.0 must be at least 0"),
+                      ({"receive_per_byte": 4e-9, "serial": {"fixed": 0.0}},
+                       "serial is missing the key 'receive_per_byte' \\(the whole has one\\)"),
+                      ({"serial": {"fixed": 0.0, "receive_per_byte": 2e-9}},
+                       "serial: receive_per_byte = 2e-09 is more than the whole per_byte \\(it has no "
+                       "receive_per_byte\\) = 1e-09"),
+                      ({"receive_per_byte": 4e-9, "serial": {"fixed": 0.0, "receive_per_byte": 5e-9}},
+                       "serial: receive_per_byte = 5e-09 is more than the whole receive_per_byte = 4e-09")):
+        data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9, **tc}
+        with pytest.raises(ClusterError, match=match):
+            load_cluster(_write(tmp_path, data))
+    data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9}
+    data["relay"]["receive_per_byte"] = 1e-9
+    with pytest.raises(ClusterError, match="relay has unknown key 'receive_per_byte'"):
+        load_cluster(_write(tmp_path, data))

@@ -99,19 +99,23 @@ def ref_evaluate(gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we:
 GRAPH_NAME = "graph"   # what Graph.from_dict names a graph
 
 
-def ref_figures(fig: Optional[dict], b: float) -> tuple[float, float]:
-    """(all, serial) CPU seconds of a transfer_cpu or relay entry for b bytes."""
+def ref_figures(fig: Optional[dict], b: float, receive: bool = False) -> tuple[float, float]:
+    """(all, serial) CPU seconds of a transfer_cpu or relay entry for b bytes (with
+    ``receive``, received: its receive_per_byte where it has one)."""
     if fig is None:
         return 0.0, 0.0
-    total = fig["fixed"] + fig.get("per_byte", 0.0) * b
+
+    def per(f: dict) -> float:
+        return f.get("receive_per_byte", f.get("per_byte", 0.0)) if receive else f.get("per_byte", 0.0)
+    total = fig["fixed"] + per(fig) * b
     ser = fig.get("serial")
-    return total, total if ser is None else ser["fixed"] + ser.get("per_byte", 0.0) * b
+    return total, total if ser is None else ser["fixed"] + per(ser) * b
 
 
-def ref_cpu(cd: dict, name: str, b: float) -> tuple[float, float]:
+def ref_cpu(cd: dict, name: str, b: float, receive: bool) -> tuple[float, float]:
     """(all, serial) CPU seconds device ``name`` spends on one transfer of b bytes it
-    sends or receives."""
-    return ref_figures(next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu"), b)
+    sends (or, with ``receive``, receives)."""
+    return ref_figures(next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu"), b, receive)
 
 
 def ref_cpu_link(cd: dict, u: str, v: str) -> bool:
@@ -181,8 +185,8 @@ def ref_transfer_loads(cd: dict, transfers: list, add: Any, load: dict) -> None:
     for u, v, b in transfers:
         if not ref_cpu_link(cd, u, v):
             load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_occupancy(cd, b, u, v)
-        for end in (u, v):
-            total, ser = ref_cpu(cd, end, b)
+        for end, receive in ((u, False), (v, True)):
+            total, ser = ref_cpu(cd, end, b, receive)
             add(end, ser, total)
         if relay is not None and relay["device"] not in (u, v):
             total, ser = ref_figures(relay, b)
@@ -219,8 +223,11 @@ class Brute:
         tc = [d.get("transfer_cpu") or {"fixed": 0.0} for d in cd["devices"]]
         CF = np.array([t["fixed"] for t in tc], float)
         CB = np.array([t.get("per_byte", 0.0) for t in tc], float)
+        CR = np.array([t.get("receive_per_byte", t.get("per_byte", 0.0)) for t in tc], float)
         SF = np.array([t.get("serial", t)["fixed"] for t in tc], float)
         SB = np.array([t.get("serial", t).get("per_byte", 0.0) for t in tc], float)
+        SR = np.array([t.get("serial", t).get("receive_per_byte", t.get("serial", t).get("per_byte", 0.0))
+                       for t in tc], float)
         flops = np.array([x["flops"] for x in gd["layers"]], float)
         params = np.array([x["param_bytes"] for x in gd["layers"]], float)
         out = np.array([x["output_bytes"] for x in gd["layers"]], float)
@@ -262,11 +269,13 @@ class Brute:
         out_moved = last != sink
         relay = cd.get("relay")
         r = names.index(relay["device"]) if relay is not None else -1
-        def device_load(d: int, fixed: float, per_byte: float, rel: Optional[dict], cores: float = 1.0
-                        ) -> np.ndarray:
+        def device_load(d: int, fixed: float, per_byte: float, receive: float, rel: Optional[dict],
+                        cores: float = 1.0) -> np.ndarray:
             l_ = cores * np.where(A == d, comp + stage, 0.0).sum(1)
-            l_ += np.where(moved & ((prev == d) | (A == d)), fixed + per_byte * b_in[None, :], 0.0).sum(1)
-            l_ += np.where(out_moved & ((last == d) | (sink == d)), fixed + per_byte * out[-1], 0.0)
+            l_ += np.where(moved & (prev == d), fixed + per_byte * b_in[None, :], 0.0).sum(1)
+            l_ += np.where(moved & (A == d), fixed + receive * b_in[None, :], 0.0).sum(1)
+            l_ += np.where(out_moved & (last == d), fixed + per_byte * out[-1], 0.0)
+            l_ += np.where(out_moved & (sink == d), fixed + receive * out[-1], 0.0)
             if d == r:
                 rf, rb = rel["fixed"], rel.get("per_byte", 0.0)
                 via = moved & (prev != r) & (A != r)
@@ -277,8 +286,8 @@ class Brute:
         rser = None if relay is None else relay.get("serial", relay)
         # A device's own load counts the serial part of its transfer CPU; its host all of it,
         # and its compute in CPU-seconds.
-        self.load = np.stack([device_load(d, SF[d], SB[d], rser) for d in range(k)], axis=1)
-        work = np.stack([device_load(d, CF[d], CB[d], relay, ref_compute_cores(cd, cd["devices"][d]))
+        self.load = np.stack([device_load(d, SF[d], SB[d], SR[d], rser) for d in range(k)], axis=1)
+        work = np.stack([device_load(d, CF[d], CB[d], CR[d], relay, ref_compute_cores(cd, cd["devices"][d]))
                          for d in range(k)], axis=1)
         host_of = [d.get("host") for d in cd["devices"]]
         shares = [work[:, [d for d in range(k) if host_of[d] == h]].sum(1) / spec["cores"]
@@ -316,6 +325,8 @@ def draw_serial(draw: Any, fig: dict) -> None:
     if draw(st.booleans()):
         share = draw(st.sampled_from([0.0, 0.4, 1.0]))
         fig["serial"] = {"fixed": share * fig["fixed"], "per_byte": draw(st.sampled_from([0.0, share])) * fig["per_byte"]}
+        if "receive_per_byte" in fig:
+            fig["serial"]["receive_per_byte"] = draw(st.sampled_from([0.0, share])) * fig["receive_per_byte"]
 
 
 def draw_shared(draw: Any, cd: dict) -> None:
@@ -329,6 +340,8 @@ def draw_shared(draw: Any, cd: dict) -> None:
             d["stage_overhead"] = draw(st.sampled_from([1e-5, 3e-4, 3e-3]))
         if draw(st.booleans()):
             d["transfer_cpu"] = {"fixed": draw(cpu), "per_byte": draw(st.sampled_from([0.0, 1e-10, 1e-8]))}
+            if draw(st.booleans()):      # receiving priced apart from sending
+                d["transfer_cpu"]["receive_per_byte"] = draw(st.sampled_from([0.0, 1e-9, 3e-8]))
             draw_serial(draw, d["transfer_cpu"])
     if draw(st.integers(0, 2)) == 0:
         cd["relay"] = {"device": draw(st.sampled_from(names)), "fixed": draw(cpu),

@@ -10,17 +10,53 @@ from multigpu.execution.transfer_cpu import CpuSample, cpu_sizes, fit_transfer_c
 DRIVER = "drv"
 
 
-def synthetic(routes, sizes, figs, relay, share=0.6):
+def synthetic(routes, sizes, figs, relay, share=0.6, sent=None):
     """Samples as the model says they are: a worker visited v times spends
-    v * 2 * (fixed + per_byte * b); the driver 2 * (fixed + per_byte * b) plus the relay
-    per hop; ``share`` of each on the thread that runs the calls."""
+    v * (2 * fixed + receive_per_byte * b + per_byte * sent); the driver 2 * fixed +
+    per_byte * b + receive_per_byte * sent plus the relay per hop; ``share`` of each on the
+    thread that runs the calls. ``figs`` holds (fixed, per_byte[, receive_per_byte]); each
+    worker sends on ``sent`` bytes (None: the payload)."""
     out = []
     for route in routes:
         for b in sizes:
-            cpu = {w: route.count(w) * 2 * (figs[w][0] + figs[w][1] * b) for w in set(route)}
-            cpu[DRIVER] = 2 * (figs[DRIVER][0] + figs[DRIVER][1] * b) + (len(route) - 1) * (relay[0] + relay[1] * b)
-            out.append(CpuSample(tuple(route), b, 60, cpu, {d: share * t for d, t in cpu.items()}))
+            o = b if sent is None else sent
+
+            def fig(d):
+                f = figs[d]
+                return f[0], f[1], f[2] if len(f) > 2 else f[1]
+            cpu = {}
+            for w in set(route):
+                f, c, r = fig(w)
+                cpu[w] = route.count(w) * (2 * f + r * b + c * o)
+            f, c, r = fig(DRIVER)
+            cpu[DRIVER] = 2 * f + c * b + r * o + (len(route) - 1) * (relay[0] + relay[1] * b)
+            out.append(CpuSample(tuple(route), b, 60, cpu, {d: share * t for d, t in cpu.items()},
+                                 out_bytes=sent))
     return out
+
+
+def test_one_way_probes_tell_a_byte_received_from_a_byte_sent():
+    """A stage that pulls its input from another node and writes a small result spends
+    more per byte received than sent: the one-way samples (4 bytes out) separate the two,
+    and the fit prices a 173 KB-in, 4 B-out stage as the samples say."""
+    figs = {"a": (1.5e-3, 3e-9, 1.2e-8), "b": (2e-3, 1e-9, 4e-9), DRIVER: (1e-3, 2e-9, 5e-9)}
+    relay = (3e-4, 1e-9)
+    sizes = [4096, 173056, 655360]
+    samples = (synthetic([["a"], ["b"], ["a", "b", "a"]], sizes, figs, relay)
+               + synthetic([["a"], ["b"]], sizes, figs, relay, sent=4))
+    fit = fit_transfer_cpu(samples, ["a", "b"], DRIVER)
+    for name, (fixed, per_byte, receive) in figs.items():
+        got = fit.devices[name]
+        assert (got.fixed, got.per_byte, got.receive_per_byte) == pytest.approx((fixed, per_byte, receive), rel=1e-5)
+        assert got.serial_receive_per_byte == pytest.approx(0.6 * receive, rel=1e-5)
+    assert fit.worst_error(DRIVER) < 1e-6
+    assert fit.predict("a", ["a"], 173056, DRIVER, 4) == pytest.approx(2 * 1.5e-3 + 1.2e-8 * 173056 + 3e-9 * 4)
+    # Fitted to the in-and-back samples alone, the same process is priced at the mean of
+    # the two per-byte figures: the one-way stage above would come out low.
+    sym = fit_transfer_cpu([s for s in samples if s.out_bytes is None], ["a", "b"], DRIVER)
+    assert sym.devices["a"].receive_per_byte is None
+    assert sym.devices["a"].per_byte == pytest.approx((3e-9 + 1.2e-8) / 2, rel=1e-5)
+    assert sym.predict("a", ["a"], 173056, DRIVER, 4) < 0.9 * fit.predict("a", ["a"], 173056, DRIVER, 4)
 
 
 def test_the_fit_recovers_each_process_and_the_relay():

@@ -120,8 +120,9 @@ class ProfileResult:
                     "devices": {d: f.to_dict() for d, f in self.transfer_cpu.devices.items()},
                     "relay": None if self.transfer_cpu.relay is None else self.transfer_cpu.relay.to_dict(),
                     "worst_error": self.transfer_cpu.worst_error(self.cluster.source),
-                    "samples": [{"route": list(x.route), "bytes": x.nbytes, "items": x.items, "cpu": x.cpu,
-                                 "serial": x.serial, "daemon": x.daemon} for x in self.transfer_cpu.samples]},
+                    "samples": [{"route": list(x.route), "bytes": x.nbytes, "sent": x.sent, "items": x.items,
+                                 "cpu": x.cpu, "serial": x.serial, "daemon": x.daemon}
+                                for x in self.transfer_cpu.samples]},
                 "notes": self.notes}
 
     def format(self) -> str:
@@ -171,9 +172,14 @@ class ProfileResult:
         tc = self.transfer_cpu
         if tc is not None:
             def figures(f: Any) -> str:
+                def per(sent: Optional[float], received: Optional[float]) -> str:
+                    text = f"{(sent or 0.0) * 1e9:.3g} ns/byte"
+                    return text if received is None else f"{text} sent, {received * 1e9:.3g} ns/byte received"
+
                 serial = "" if f.serial_fixed is None else (
-                    f" (on its calling thread: {fmt_time(f.serial_fixed)} + {(f.serial_per_byte or 0) * 1e9:.3g} ns/byte)")
-                return f"{fmt_time(f.fixed)} + {f.per_byte * 1e9:.3g} ns/byte{serial}"
+                    f" (on its calling thread: {fmt_time(f.serial_fixed)} + "
+                    f"{per(f.serial_per_byte, getattr(f, 'serial_receive_per_byte', None))})")
+                return f"{fmt_time(f.fixed)} + {per(f.per_byte, getattr(f, 'receive_per_byte', None))}{serial}"
 
             for d, f in tc.devices.items():
                 out.append(f"  transfer CPU of {d}: {figures(f)} per transfer it sends or receives")

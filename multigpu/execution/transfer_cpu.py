@@ -9,17 +9,23 @@ with the stages. This measures it through the engine a run uses, as CPU time
 machine do not inflate the way they stretch wall-clock time.
 
 Probes pass a payload through a route of workers, streamed as a run streams (a window
-of items in flight), and each process's CPU per item is read. The workers compute a
+of items in flight), and each process's CPU per item is read. A one-way probe takes the
+payload in and sends back 4 bytes, as a stage that takes a large activation in and
+gives a small one out: with Ray a worker pulls an argument from another node through
+its node daemon but sends a result by writing it to its own store, so receiving and
+sending a byte cost differently (on the lab's imac, 173 KB in and 4 B out cost 6.3-6.5 ms
+per item, where a fit to payloads that go in and back at one size priced 4.2-4.4 ms). The workers compute a
 few hundred microseconds of real layers on each visit (the link probes' work), so
 items arrive spaced as a run's do: a driver whose replies come back at once handles
 them in batches and spends less per item than in a run. The CPU of that work is
 taken out. Per item:
 
-* a worker visited v times per item: ``v * (2 * fixed + 2 * per_byte * bytes)`` (it
-  receives and sends the payload on each visit);
-* the driver, on a route of L workers: ``2 * fixed + 2 * per_byte * bytes`` (it sends
-  the input and receives the output) ``+ (L - 1) * (relay_fixed + relay_per_byte * bytes)``
-  (each hop between two workers passes through it).
+* a worker visited v times per item: ``v * (2 * fixed + receive_per_byte * in +
+  per_byte * out)`` (it receives ``in`` bytes and sends ``out`` on each visit);
+* the driver, on a route of L workers: ``2 * fixed + per_byte * in + receive_per_byte *
+  out`` (it sends the input and receives the output)
+  ``+ (L - 1) * (relay_fixed + relay_per_byte * bytes)`` (each hop between two workers
+  passes through it).
 
 The same is read for the thread that runs each process's calls (``time.thread_time``):
 the *serial* part, which a device's own items wait for; the rest runs on Ray's I/O
@@ -31,8 +37,8 @@ no other worker of the session: a worker alone on its host, as on the emulated l
 it is the host's CPU too. A daemon several workers share (one host) is left out, since its
 CPU cannot be split among them; there it moves no object between nodes.
 
-Routes: each worker alone, and a walk crossing every pair of workers; a few payload
-sizes. The figures are fitted by non-negative least squares on relative error.
+Routes: each worker alone, one way and in and back, and a walk crossing every pair of
+workers; a few payload sizes. The figures are fitted by non-negative least squares on relative error.
 """
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ import numpy as np
 
 from multigpu.execution.link_fitting import pair_walk
 from multigpu.execution.progress import bar as progress_bar
-from multigpu.execution.worker import PROBE
+from multigpu.execution.worker import PROBE, PROBE_SEND
 from multigpu.partition.inputs.hosts import Relay, TransferCpu
 
 __all__ = ["CpuSample", "TransferCpuFit", "cpu_sizes", "fit_transfer_cpu", "time_transfer_cpu"]
@@ -56,7 +62,8 @@ class CpuSample:
     """CPU seconds per item of each process (``cpu``: device -> seconds, its own node
     daemon's included), of the thread that runs its calls (``serial``) and of the node
     daemon alone (``daemon``: only the devices whose daemon is counted) while ``items``
-    payloads of ``nbytes`` streamed through ``route`` (worker names, in order)."""
+    payloads of ``nbytes`` streamed through ``route`` (worker names, in order), each
+    worker sending on ``out_bytes`` (None: the payload, unchanged)."""
 
     route: tuple[str, ...]
     nbytes: int
@@ -64,6 +71,12 @@ class CpuSample:
     cpu: dict[str, float]
     serial: dict[str, float] = field(default_factory=dict)
     daemon: dict[str, float] = field(default_factory=dict)
+    out_bytes: Optional[int] = None
+
+    @property
+    def sent(self) -> int:
+        """Bytes each worker visit sends on."""
+        return self.nbytes if self.out_bytes is None else self.out_bytes
 
 
 @dataclass(frozen=True)
@@ -75,19 +88,22 @@ class TransferCpuFit:
     relay: Optional[Relay]
     samples: list[CpuSample]
 
-    def predict(self, device: str, route: Sequence[str], nbytes: float, driver: str) -> float:
-        """The fit's CPU seconds per item of ``device`` on a probe ``route``."""
+    def predict(self, device: str, route: Sequence[str], nbytes: float, driver: str,
+                out_bytes: Optional[float] = None) -> float:
+        """The fit's CPU seconds per item of ``device`` on a probe ``route`` of ``nbytes`` in,
+        each worker sending ``out_bytes`` on (None: ``nbytes``)."""
         f = self.devices[device]
+        sent = nbytes if out_bytes is None else out_bytes
         if device == driver:
-            out = 2 * f.cost(nbytes)
+            out = f.cost(nbytes) + f.receive_cost(sent)
             if self.relay is not None:
                 out += (len(route) - 1) * self.relay.cost(nbytes)
             return out
-        return list(route).count(device) * 2 * f.cost(nbytes)
+        return list(route).count(device) * (f.receive_cost(nbytes) + f.cost(sent))
 
     def worst_error(self, driver: str) -> float:
         """Largest relative miss of the fit on its own samples."""
-        errs = [abs(self.predict(d, s.route, s.nbytes, driver) - t) / t
+        errs = [abs(self.predict(d, s.route, s.nbytes, driver, s.out_bytes) - t) / t
                 for s in self.samples for d, t in s.cpu.items() if t > 0 and d in self.devices]
         return max(errs, default=0.0)
 
@@ -100,10 +116,12 @@ def cpu_sizes(link_payloads: Sequence[int]) -> list[int]:
 
 def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: str, sizes: Sequence[int],
                       items: int, warmup: int, progress: bool) -> list[CpuSample]:
-    """Stream ``items`` payloads of each size through each route (each worker alone, and a
-    walk over every pair) and read every process's CPU time around them."""
+    """Stream ``items`` payloads of each size through each route (each worker alone, one
+    way and in and back, and a walk over every pair) and read every process's CPU time
+    around them."""
     walk = pair_walk(list(workers))
-    routes = [[w] for w in workers] + ([walk] if len(workers) > 1 else [])
+    routes = ([([w], PROBE) for w in workers] + [([w], PROBE_SEND) for w in workers]
+              + ([(walk, PROBE)] if len(workers) > 1 else []))
     bar = progress_bar(progress, len(routes) * len(sizes), "profiling transfer CPU")
     out: list[CpuSample] = []
 
@@ -126,8 +144,8 @@ def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: 
         got[driver] = (time.process_time(), time.thread_time(), 0.0)
         return got
 
-    for route in routes:
-        chain = [(d, PROBE) for d in route]
+    for route, stage in routes:
+        chain = [(d, stage) for d in route]
         labels = [f"transfer CPU probe on device {d!r}" for d in route]
         window = 2 * len(route) + 1
         # What reading the clocks costs each process (subtracted from every sample).
@@ -144,7 +162,9 @@ def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: 
             per = {d: [max(c1[d][i] - c0[d][i] - base[d][i], 0.0) / items for i in range(3)] for d in c0}
             out.append(CpuSample(tuple(route), int(x.nbytes), items, {d: v[0] for d, v in per.items()},
                                  {d: min(v[1], v[0]) for d, v in per.items()},
-                                 {d: min(v[2], v[0]) for d, v in per.items() if d in own}))
+                                 {d: min(v[2], v[0]) for d, v in per.items() if d in own},
+                                 # PROBE_SEND replies with the payload's first element.
+                                 x.itemsize if stage == PROBE_SEND else None))
             bar.update(1)
     bar.close()
     return out
@@ -167,35 +187,49 @@ def _nnls(rows: list[list[float]], ys: list[float]) -> np.ndarray:
 
 
 def _fit(samples: Sequence[CpuSample], workers: Sequence[str], driver: str, serial: bool
-         ) -> tuple[dict[str, tuple[float, float]], Optional[tuple[float, float]]]:
-    """(fixed, per_byte) per process and the relay's, from the process CPU or, with
-    ``serial``, the calling thread's."""
+         ) -> tuple[dict[str, tuple[float, float, Optional[float]]], Optional[tuple[float, float]]]:
+    """(fixed, per_byte, receive_per_byte) per process and the relay's (fixed, per_byte),
+    from the process CPU or, with ``serial``, the calling thread's. receive_per_byte is
+    None unless some sample sends on other than it takes in (only then can the two differ
+    in the fit)."""
     def y(s: CpuSample, d: str) -> float:
         return (s.serial if serial else s.cpu)[d]
 
-    out: dict[str, tuple[float, float]] = {}
+    one_way = any(s.sent != s.nbytes for s in samples)
+
+    def figures(coef: np.ndarray) -> tuple[float, float, Optional[float]]:
+        if one_way:
+            return float(coef[0]), float(coef[1]), float(coef[2])
+        return float(coef[0]), float(coef[1]), None
+
+    def bytes_columns(sent: float, received: float) -> list[float]:
+        # Symmetric samples alone cannot tell a byte sent from one received: one column.
+        return [sent, received] if one_way else [sent + received]
+
+    out: dict[str, tuple[float, float, Optional[float]]] = {}
     for w in workers:
         rows, ys = [], []
         for s in samples:
             v = Counter(s.route)[w]
             if v and w in s.cpu:
-                rows.append([2.0 * v, 2.0 * v * s.nbytes])
+                rows.append([2.0 * v] + [v * c for c in bytes_columns(s.sent, s.nbytes)])
                 ys.append(y(s, w))
         if rows:
-            fixed, per_byte = _nnls(rows, ys)
-            out[w] = (float(fixed), float(per_byte))
+            out[w] = figures(_nnls(rows, ys))
     relay = None
     relayed = any(len(s.route) > 1 for s in samples)
     rows, ys = [], []
     for s in samples:
         hops = len(s.route) - 1
-        rows.append([2.0, 2.0 * s.nbytes] + ([float(hops), float(hops * s.nbytes)] if relayed else []))
+        rows.append([2.0] + bytes_columns(s.nbytes, s.sent)
+                    + ([float(hops), float(hops * s.nbytes)] if relayed else []))
         ys.append(y(s, driver))
     if rows:
         coef = _nnls(rows, ys)
-        out[driver] = (float(coef[0]), float(coef[1]))
+        width = 3 if one_way else 2
+        out[driver] = figures(coef[:width])
         if relayed:
-            relay = (float(coef[2]), float(coef[3]))
+            relay = (float(coef[width]), float(coef[width + 1]))
     return out, relay
 
 
@@ -207,9 +241,15 @@ def fit_transfer_cpu(samples: Sequence[CpuSample], workers: Sequence[str], drive
     have_serial = all(s.serial for s in samples)
     part, relay_part = _fit(samples, workers, driver, serial=True) if have_serial else ({}, None)
 
-    def serial_of(whole: tuple[float, float], p: Optional[tuple[float, float]]) -> tuple[Optional[float], ...]:
-        return (None, None) if p is None else (min(p[0], whole[0]), min(p[1], whole[1]))
+    def serial_of(whole: tuple[Optional[float], ...], p: Optional[tuple[Optional[float], ...]]
+                  ) -> tuple[Optional[float], ...]:
+        if p is None:
+            return (None,) * len(whole)
+        return tuple(None if w is None or q is None else min(q, w) for w, q in zip(whole, p))
 
-    devices = {d: TransferCpu(f, c, *serial_of((f, c), part.get(d))) for d, (f, c) in total.items()}
+    devices = {}
+    for d, (f, c, r) in total.items():
+        sf, sc, sr = serial_of((f, c, r), part.get(d))
+        devices[d] = TransferCpu(f, c, sf, sc, r, sr)
     relay_fig = None if relay is None else Relay(driver, relay[0], relay[1], *serial_of(relay, relay_part))
     return TransferCpuFit(devices, relay_fig, list(samples))

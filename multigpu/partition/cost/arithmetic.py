@@ -258,17 +258,17 @@ def transfers(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.n
 def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds,
-    serial seconds) quadruples: ``transfer_cpu`` of the sender and of the receiver, and
-    the relay's figure where the relay is neither; the serial seconds are the part on
-    the device's computing thread. Empty when no transfer costs CPU."""
+    serial seconds) quadruples: ``transfer_cpu`` of the sender (its send figure) and of the
+    receiver (its receive figure), and the relay's figure where the relay is neither; the
+    serial seconds are the part on the device's computing thread. Empty when no transfer costs CPU."""
     u, v, b = np.asarray(u, dtype=np.intp), np.asarray(v, dtype=np.intp), np.asarray(b, dtype=float)
     if not cluster.has_transfer_cpu or len(u) == 0:
         empty = np.zeros(0, dtype=np.intp)
         return empty, empty, np.zeros(0), np.zeros(0)
-    f, c = cluster.cpu_fixed, cluster.cpu_per_byte
-    sf, sc = cluster.cpu_serial_fixed, cluster.cpu_serial_per_byte
+    f, c, cr = cluster.cpu_fixed, cluster.cpu_per_byte, cluster.cpu_receive_per_byte
+    sf, sc, scr = cluster.cpu_serial_fixed, cluster.cpu_serial_per_byte, cluster.cpu_serial_receive_per_byte
     j = np.arange(len(u))
-    parts = [(j, u, f[u] + c[u] * b, sf[u] + sc[u] * b), (j, v, f[v] + c[v] * b, sf[v] + sc[v] * b)]
+    parts = [(j, u, f[u] + c[u] * b, sf[u] + sc[u] * b), (j, v, f[v] + cr[v] * b, sf[v] + scr[v] * b)]
     r = cluster.relay_index
     if r >= 0:
         via = (u != r) & (v != r)

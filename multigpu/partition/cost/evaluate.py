@@ -27,7 +27,8 @@ The throughput objective (pipelined inference) is the *bottleneck*, the largest 
 
 * each device's load per item: its compute, its stage overheads, and the CPU of the
   transfers it takes part in (``transfer_cpu`` of each end: ``fixed + per_byte * b``
-  for every transfer it sends or receives; the ``relay``'s figure for every transfer
+  for every transfer it sends, ``fixed + receive_per_byte * b`` for every one it
+  receives (``per_byte`` without one); the ``relay``'s figure for every transfer
   between two other devices when it is the relay), of that CPU only the ``serial``
   part (on its computing thread; all of it without ``serial``);
 * each link's activation transfer time per item (not on a pair of devices of one host

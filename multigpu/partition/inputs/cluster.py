@@ -486,8 +486,15 @@ class Cluster:
 
     @cached_property
     def cpu_per_byte(self) -> np.ndarray:
-        """CPU seconds per byte each device sends or receives (0 where unset), shape (k,)."""
+        """CPU seconds per byte each device sends (0 where unset), shape (k,)."""
         return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.per_byte for d in self.devices])
+
+    @cached_property
+    def cpu_receive_per_byte(self) -> np.ndarray:
+        """CPU seconds per byte each device receives (``per_byte`` where it gives no
+        ``receive_per_byte``; 0 where unset), shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.receive_cost(1.0) - d.transfer_cpu.fixed
+                         for d in self.devices])
 
     @cached_property
     def cpu_serial_fixed(self) -> np.ndarray:
@@ -499,6 +506,12 @@ class Cluster:
         """The part of ``cpu_per_byte`` on each device's computing thread, shape (k,)."""
         return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_cost(1.0)
                          - d.transfer_cpu.serial_cost(0.0) for d in self.devices])
+
+    @cached_property
+    def cpu_serial_receive_per_byte(self) -> np.ndarray:
+        """The part of ``cpu_receive_per_byte`` on each device's computing thread, shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_receive_cost(1.0)
+                         - d.transfer_cpu.serial_receive_cost(0.0) for d in self.devices])
 
     @cached_property
     def cpu_links(self) -> np.ndarray:
@@ -520,7 +533,7 @@ class Cluster:
     @property
     def has_transfer_cpu(self) -> bool:
         """True when some transfer costs CPU (a device's transfer_cpu or a relay)."""
-        return bool(self.cpu_fixed.any() or self.cpu_per_byte.any()) or (
+        return bool(self.cpu_fixed.any() or self.cpu_per_byte.any() or self.cpu_receive_per_byte.any()) or (
             self.relay is not None and (self.relay.fixed > 0 or self.relay.per_byte > 0))
 
     @cached_property

@@ -9,7 +9,12 @@ fields that describe it:
 * a device's ``host`` names an entry of the cluster's ``hosts``, which gives that
   machine's ``cores``;
 * a device's ``transfer_cpu`` is ``{"fixed": s, "per_byte": s}``: the CPU seconds it
-  spends on each transfer it sends or receives (``fixed + per_byte * bytes``);
+  spends on each transfer it sends or receives (``fixed + per_byte * bytes``). It may add
+  ``"receive_per_byte": s``, the per-byte figure of a transfer it receives, where that
+  differs from one it sends: with Ray, a node pulls an argument from another node
+  (its daemon's work) but sends a result by writing it to its own store, so a stage
+  that takes a large activation in and a small one out spends more than the mean of
+  the two (measured on the lab: 6.3-6.5 ms against 4.2-4.4 ms priced symmetric);
 * the cluster's ``relay`` is ``{"device": NAME, "fixed": s, "per_byte": s}``: every
   transfer between two other devices passes through that device's process, which
   spends ``fixed + per_byte * bytes`` of CPU on it;
@@ -31,8 +36,9 @@ from multigpu.partition.inputs.validate import check_keys, check_name, check_num
 __all__ = ["HostSpec", "Relay", "TransferCpu", "hosts_from_dict", "relay_from_dict", "transfer_cpu_from_dict"]
 
 TRANSFER_CPU_KEYS_REQUIRED = ("fixed",)
-TRANSFER_CPU_KEYS_OPTIONAL = ("per_byte", "serial")
-SERIAL_KEYS_OPTIONAL = ("per_byte",)
+TRANSFER_CPU_KEYS_OPTIONAL = ("per_byte", "receive_per_byte", "serial")
+RELAY_KEYS_OPTIONAL = ("per_byte", "serial")
+SERIAL_KEYS_OPTIONAL = ("per_byte", "receive_per_byte")
 RELAY_KEYS_REQUIRED = ("device", "fixed")
 HOST_KEYS_REQUIRED = ("cores",)
 
@@ -40,7 +46,14 @@ HOST_KEYS_REQUIRED = ("cores",)
 def _check_cpu(obj: Any, what: str) -> None:
     check_number_fields(obj, what, fixed={"unit": "CPU seconds per transfer; 0 if negligible"},
                         per_byte={"unit": "CPU seconds per byte moved; 0 if negligible"})
+    receive = getattr(obj, "receive_per_byte", None)
+    if receive is not None:
+        object.__setattr__(obj, "receive_per_byte", check_number(
+            receive, f"{what}: receive_per_byte", unit="CPU seconds per byte received; leave it out to use per_byte"))
     if obj.serial_fixed is None and obj.serial_per_byte is None:
+        if getattr(obj, "serial_receive_per_byte", None) is not None:
+            raise ClusterError(f"{what}: serial: receive_per_byte needs serial's 'fixed'; give \"serial\": "
+                               f"{{\"fixed\": s, \"per_byte\": s, \"receive_per_byte\": s}}")
         return
     if obj.serial_fixed is None:
         raise ClusterError(f"{what}: serial is missing the key 'fixed'; give \"serial\": "
@@ -53,6 +66,20 @@ def _check_cpu(obj: Any, what: str) -> None:
             raise ClusterError(f"{what}: serial: {key} = {value!r} is more than the whole {key} = {total!r}; the "
                                f"serial part is the share of the CPU spent on the computing thread, at most all of it")
         object.__setattr__(obj, attr, value)
+    if receive is not None and getattr(obj, "serial_receive_per_byte", None) is None:
+        raise ClusterError(f"{what}: serial is missing the key 'receive_per_byte' (the whole has one); give "
+                           f"\"serial\": {{\"fixed\": s, \"per_byte\": s, \"receive_per_byte\": s}} or leave "
+                           f"\"serial\" out (all of it serial)")
+    if getattr(obj, "serial_receive_per_byte", None) is not None:
+        value = check_number(obj.serial_receive_per_byte, f"{what}: serial: receive_per_byte",
+                             unit="CPU seconds per byte received on the computing thread; 0 if none")
+        whole, name = (obj.per_byte, "per_byte (it has no receive_per_byte)") if receive is None else (
+            receive, "receive_per_byte")
+        if value > whole:
+            raise ClusterError(f"{what}: serial: receive_per_byte = {value!r} is more than the whole {name} "
+                               f"= {whole!r}; the serial part is the share of the CPU spent on the computing thread, "
+                               f"at most all of it")
+        object.__setattr__(obj, "serial_receive_per_byte", value)
 
 
 class _CpuFigures:
@@ -80,11 +107,15 @@ class _CpuFigures:
         return out
 
 
-def _serial_from(value: Any, what: str) -> tuple[Optional[float], Optional[float]]:
+def _serial_from(value: Any, what: str, receive: bool = False) -> tuple[Optional[float], ...]:
+    """(fixed, per_byte) of ``value``'s serial part (None, None without one), and with
+    ``receive`` its receive_per_byte (None where absent)."""
     if "serial" not in value:
-        return None, None
-    serial = check_keys(value["serial"], f"{what}: serial", TRANSFER_CPU_KEYS_REQUIRED, SERIAL_KEYS_OPTIONAL)
-    return serial["fixed"], serial.get("per_byte", 0.0)
+        return (None, None, None) if receive else (None, None)
+    keys = SERIAL_KEYS_OPTIONAL if receive else RELAY_KEYS_OPTIONAL[:1]
+    serial = check_keys(value["serial"], f"{what}: serial", TRANSFER_CPU_KEYS_REQUIRED, keys)
+    out = serial["fixed"], serial.get("per_byte", 0.0)
+    return (*out, serial.get("receive_per_byte")) if receive else out
 
 
 @dataclass(frozen=True)
@@ -103,21 +134,41 @@ class HostSpec:
 
 @dataclass(frozen=True)
 class TransferCpu(_CpuFigures):
-    """CPU seconds a device spends on each transfer it sends or receives:
-    ``fixed + per_byte * bytes``, of which ``serial_fixed + serial_per_byte * bytes``
-    on the thread that computes its stages (None: all of it)."""
+    """CPU seconds a device spends on each transfer it sends (``cost``: ``fixed + per_byte
+    * bytes``) or receives (``receive_cost``: ``fixed + receive_per_byte * bytes``, with
+    ``per_byte`` where ``receive_per_byte`` is None), of which ``serial_fixed +
+    serial_per_byte * bytes`` (``serial_receive_per_byte`` for a receive) on the thread
+    that computes its stages (None: all of it)."""
 
     fixed: float
     per_byte: float = 0.0
     serial_fixed: Optional[float] = None
     serial_per_byte: Optional[float] = None
+    receive_per_byte: Optional[float] = None
+    serial_receive_per_byte: Optional[float] = None
 
     def __post_init__(self) -> None:
         _check_cpu(self, "transfer_cpu")
 
+    def receive_cost(self, nbytes: float) -> float:
+        """CPU seconds for receiving one transfer of ``nbytes``."""
+        return self.fixed + (self.per_byte if self.receive_per_byte is None else self.receive_per_byte) * nbytes
+
+    def serial_receive_cost(self, nbytes: float) -> float:
+        """The part of ``receive_cost`` on the computing thread (all of it without ``serial``)."""
+        if self.serial_fixed is None:
+            return self.receive_cost(nbytes)
+        per = self.serial_per_byte if self.serial_receive_per_byte is None else self.serial_receive_per_byte
+        return self.serial_fixed + per * nbytes
+
     def to_dict(self) -> dict[str, Any]:
         """The file form."""
-        return self._figures()
+        out = self._figures()
+        if self.receive_per_byte is not None:
+            out["receive_per_byte"] = self.receive_per_byte
+        if self.serial_receive_per_byte is not None and "serial" in out:
+            out["serial"]["receive_per_byte"] = self.serial_receive_per_byte
+        return out
 
 
 @dataclass(frozen=True)
@@ -147,7 +198,8 @@ def transfer_cpu_from_dict(value: Any, what: str) -> TransferCpu:
         return value
     check_keys(value, f"{what}: transfer_cpu", TRANSFER_CPU_KEYS_REQUIRED, TRANSFER_CPU_KEYS_OPTIONAL)
     try:
-        return TransferCpu(value["fixed"], value.get("per_byte", 0.0), *_serial_from(value, "transfer_cpu"))
+        sf, sb, sr = _serial_from(value, "transfer_cpu", receive=True)
+        return TransferCpu(value["fixed"], value.get("per_byte", 0.0), sf, sb, value.get("receive_per_byte"), sr)
     except ClusterError as e:
         raise ClusterError(f"{what}: {e}") from None
 
@@ -156,7 +208,7 @@ def relay_from_dict(value: Any, what: str) -> Relay:
     """The cluster's ``relay`` from the file; ClusterError naming the bad key or value."""
     if isinstance(value, Relay):
         return value
-    check_keys(value, f"{what}: relay", RELAY_KEYS_REQUIRED, TRANSFER_CPU_KEYS_OPTIONAL)
+    check_keys(value, f"{what}: relay", RELAY_KEYS_REQUIRED, RELAY_KEYS_OPTIONAL)
     return Relay(value["device"], value["fixed"], value.get("per_byte", 0.0), *_serial_from(value, "relay"))
 
 

@@ -242,6 +242,11 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
         (("w1",), 4), (("w2",), 4)}
     assert all(d.transfer_cpu.receive_per_byte is not None for d in cl.devices)
     assert all(t > 0 for s in res.transfer_cpu.samples for t in s.cpu.values())
+    # The report gives each device's two figures and the relay its one.
+    text = res.format()
+    assert all(f"transfer CPU of {d.name}:" in text for d in cl.devices) and "ns/byte received" in text
+    relay_line = next(line for line in text.splitlines() if line.strip().startswith("relay host:"))
+    assert "received" not in relay_line
     # The driver also timed whole passes back to back: the plan that never leaves it is priced so.
     host = cl.devices[cl.index("host")]
     assert host.warm_pass[g.name] > 0 and all(d.warm_pass is None for d in cl.devices if d.name != "host")

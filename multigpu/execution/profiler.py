@@ -59,7 +59,7 @@ from multigpu.execution.link_fitting import (
 from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.runner import ENGINES, resolve_model
 from multigpu.execution.transfer_cpu import TransferCpuFit, cpu_sizes, fit_transfer_cpu, time_transfer_cpu
-from multigpu.partition.inputs.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec
+from multigpu.partition.inputs.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec, TransferCpu
 from multigpu.partition.inputs.graph import graph_from_model
 
 __all__ = ["LayerProfile", "LinkFit", "PassProfile", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
@@ -172,14 +172,17 @@ class ProfileResult:
         tc = self.transfer_cpu
         if tc is not None:
             def figures(f: Any) -> str:
+                # A relay has no receive figures: each hop it carries costs it the same.
+                receive, serial_receive = ((f.receive_per_byte, f.serial_receive_per_byte)
+                                           if isinstance(f, TransferCpu) else (None, None))
+
                 def per(sent: Optional[float], received: Optional[float]) -> str:
                     text = f"{(sent or 0.0) * 1e9:.3g} ns/byte"
                     return text if received is None else f"{text} sent, {received * 1e9:.3g} ns/byte received"
 
                 serial = "" if f.serial_fixed is None else (
-                    f" (on its calling thread: {fmt_time(f.serial_fixed)} + "
-                    f"{per(f.serial_per_byte, getattr(f, 'serial_receive_per_byte', None))})")
-                return f"{fmt_time(f.fixed)} + {per(f.per_byte, getattr(f, 'receive_per_byte', None))}{serial}"
+                    f" (on its calling thread: {fmt_time(f.serial_fixed)} + {per(f.serial_per_byte, serial_receive)})")
+                return f"{fmt_time(f.fixed)} + {per(f.per_byte, receive)}{serial}"
 
             for d, f in tc.devices.items():
                 out.append(f"  transfer CPU of {d}: {figures(f)} per transfer it sends or receives")

@@ -43,16 +43,10 @@ HOST_KEYS_REQUIRED = ("cores",)
 
 
 def _check_cpu(obj: Any, what: str) -> None:
+    """Check the figures a transfer CPU and a relay share: fixed, per_byte and the serial part."""
     check_number_fields(obj, what, fixed={"unit": "CPU seconds per transfer; 0 if negligible"},
                         per_byte={"unit": "CPU seconds per byte moved; 0 if negligible"})
-    receive = getattr(obj, "receive_per_byte", None)
-    if receive is not None:
-        object.__setattr__(obj, "receive_per_byte", check_number(
-            receive, f"{what}: receive_per_byte", unit="CPU seconds per byte received; leave it out to use per_byte"))
     if obj.serial_fixed is None and obj.serial_per_byte is None:
-        if getattr(obj, "serial_receive_per_byte", None) is not None:
-            raise ClusterError(f"{what}: serial: receive_per_byte needs serial's 'fixed'; give \"serial\": "
-                               f"{{\"fixed\": s, \"per_byte\": s, \"receive_per_byte\": s}}")
         return
     if obj.serial_fixed is None:
         raise ClusterError(f"{what}: serial is missing the key 'fixed'; give \"serial\": "
@@ -65,20 +59,6 @@ def _check_cpu(obj: Any, what: str) -> None:
             raise ClusterError(f"{what}: serial: {key} = {value!r} is more than the whole {key} = {total!r}; the "
                                f"serial part is the share of the CPU spent on the computing thread, at most all of it")
         object.__setattr__(obj, attr, value)
-    if receive is not None and getattr(obj, "serial_receive_per_byte", None) is None:
-        raise ClusterError(f"{what}: serial is missing the key 'receive_per_byte' (the whole has one); give "
-                           f"\"serial\": {{\"fixed\": s, \"per_byte\": s, \"receive_per_byte\": s}} or leave "
-                           f"\"serial\" out (all of it serial)")
-    if getattr(obj, "serial_receive_per_byte", None) is not None:
-        value = check_number(obj.serial_receive_per_byte, f"{what}: serial: receive_per_byte",
-                             unit="CPU seconds per byte received on the computing thread; 0 if none")
-        whole, name = (obj.per_byte, "per_byte (it has no receive_per_byte)") if receive is None else (
-            receive, "receive_per_byte")
-        if value > whole:
-            raise ClusterError(f"{what}: serial: receive_per_byte = {value!r} is more than the whole {name} "
-                               f"= {whole!r}; the serial part is the share of the CPU spent on the computing thread, "
-                               f"at most all of it")
-        object.__setattr__(obj, "serial_receive_per_byte", value)
 
 
 class _CpuFigures:
@@ -147,7 +127,34 @@ class TransferCpu(_CpuFigures):
     serial_receive_per_byte: Optional[float] = None
 
     def __post_init__(self) -> None:
-        _check_cpu(self, "transfer_cpu")
+        what = "transfer_cpu"
+        _check_cpu(self, what)
+        receive = self.receive_per_byte
+        if receive is not None:
+            object.__setattr__(self, "receive_per_byte", check_number(
+                receive, f"{what}: receive_per_byte",
+                unit="CPU seconds per byte received; leave it out to use per_byte"))
+        serial_receive = self.serial_receive_per_byte
+        if self.serial_fixed is None:
+            if serial_receive is not None:
+                raise ClusterError(f"{what}: serial: receive_per_byte needs serial's 'fixed'; give \"serial\": "
+                                   f"{{\"fixed\": s, \"per_byte\": s, \"receive_per_byte\": s}}")
+            return
+        if serial_receive is None:
+            if receive is not None:
+                raise ClusterError(f"{what}: serial is missing the key 'receive_per_byte' (the whole has one); give "
+                                   f"\"serial\": {{\"fixed\": s, \"per_byte\": s, \"receive_per_byte\": s}} or "
+                                   f"leave \"serial\" out (all of it serial)")
+            return
+        value = check_number(serial_receive, f"{what}: serial: receive_per_byte",
+                             unit="CPU seconds per byte received on the computing thread; 0 if none")
+        whole, name = (self.per_byte, "per_byte (it has no receive_per_byte)") if receive is None else (
+            self.receive_per_byte, "receive_per_byte")
+        if value > whole:
+            raise ClusterError(f"{what}: serial: receive_per_byte = {value!r} is more than the whole {name} "
+                               f"= {whole!r}; the serial part is the share of the CPU spent on the computing thread, "
+                               f"at most all of it")
+        object.__setattr__(self, "serial_receive_per_byte", value)
 
     def receive_cost(self, nbytes: float) -> float:
         """CPU seconds for receiving one transfer of ``nbytes``."""

@@ -97,6 +97,13 @@ def test_stages_of_a_cut_residual_block_form_a_dag_and_each_activation_goes_once
         (4, "a", 5, ("b2.add",)), (5, "driver", SINK, ("fc",))]
     assert rs[2].feeds == ("relu", "b1.bn2") and rs[2].receives == (2,) and rs[2].sends == (3, 4)
     assert [r.last for r in rs] == [False, True, False, True, True, True]
+    # Stage 3 computes c's input (b1.relu2) before b2's main path: it runs in two parts,
+    # so the message leaves when b1.relu2 is done; the second part reads it from the store.
+    assert [(pt.nodes[0], pt.nodes[-1], pt.feeds, pt.sends) for pt in rs[2].parts] == [
+        ("b1.add", "b1.relu2", ("b1.bn2", "relu"), (3,)), ("b2.conv1", "b2.bn2", ("b1.relu2",), (4,))]
+    assert sum(len(pt.nodes) for pt in rs[2].parts) == len(rs[2].nodes)
+    # A stage whose only message carries its last layer's output stays one part.
+    assert all(len(r.parts) == 1 and r.parts[0].nodes == r.nodes for i, r in enumerate(rs) if i != 2)
     # Every parameter of a stage's members goes to its device, and nothing else.
     got = {d: set(worker_params(x, d, PARAMS)) for d in ("a", "b", "c", "driver")}
     assert set().union(*got.values()) == set(range(len(PARAMS))) and got["driver"] == set()
@@ -275,6 +282,44 @@ def test_a_worker_with_two_stages_of_an_item_takes_the_next_items_first_stage_wh
     ahead = np.mean(starts[1:, 0] < starts[:-1, 2])  # item k+1's first stage began before item k's join
     assert ahead >= 0.5, (starts, ends)
     assert (starts[:, 2] >= ends[:, 0]).all()        # within an item, a's join after its first stage
+
+
+def early() -> Model:
+    """A stem whose output feeds a heavy tower (three 192-channel 3x3 convolutions, ~12 ms
+    on one thread) and a light one, added."""
+    heavy = [Conv2d(192, 3, 1, 1), ReLU(), Conv2d(192, 3, 1, 1), ReLU(), Conv2d(16, 3, 1, 1)]
+    return Model([Conv2d(16, 3, 1, 1, name="stem"),
+                  Parallel([heavy, [Conv2d(16, 1, 1, 0), ReLU()]], join="add", join_name="join"),
+                  GlobalAvgPool2d(name="pool"), Flatten(name="flat"), Dense(10, name="fc")], (16, 32, 32),
+                 name="early")
+
+
+@pytest.mark.slow
+def test_a_message_leaves_when_its_layer_is_done_not_when_its_stage_is(local_ray):
+    """"a" runs the stem and the heavy tower as one stage; "b" the light tower on the
+    stem's output. The stem's output leaves after the stem (the stage's first part), so
+    b's stage runs while a's heavy tower does, as the makespan models it."""
+    model = early()
+    params = model.init_params(7)
+    x = np.random.default_rng(8).random((8, 16, 32, 32), dtype=np.float32)
+    names = [n for n, _ in model.layers]
+    plan = ["a"] * 6 + ["b"] * 2 + ["driver"] * (len(names) - 8)
+    assert names[6:8] == ["conv2d4", "relu3"] and names[8] == "join"
+    xplan = check_plan(model, cluster("numpy", "numpy"), plan)
+    rs, sends = routes(xplan)
+    assert [len(r.parts) for r in rs] == [2, 1, 1] and rs[0].parts[0].nodes == ("stem",)
+    with Session(cluster("numpy", "numpy")) as s:
+        r = s.run(model, params, plan, x, warmup=1)
+    np.testing.assert_allclose(r.outputs, reference(model, params, x), atol=1e-5, rtol=0)
+    assert [(st.device, st.first) for st in r.stages] == [("a", "stem"), ("b", "conv2d4"), ("driver", "join")]
+    assert r.overlapped(0, 1) >= 0.5, (r.stage_starts, r.stage_times)
+    # b's stage began before a's ended, and the stem's hop is timed from the stem's end.
+    to_b = next(h for h, m in enumerate(sends) if m.device == "b")
+    assert (r.hop_times[:, to_b] > 0).all()
+    assert np.mean(r.stage_starts[:, 1] < r.stage_starts[:, 0] + r.stage_times[:, 0]) >= 0.5
+    # The prediction (the makespan) overlaps them too: less than the sum of the parts.
+    bd = evaluate(graph_from_model(model), xplan.cluster, plan)
+    assert bd.makespan < bd.time
 
 
 def r_cluster() -> Cluster:

@@ -45,7 +45,7 @@ from multigpu.errors import (
     WorkerTimeoutError,
 )
 from multigpu.execution.cores import usable_cores
-from multigpu.execution.worker import StageWorker, thread_env
+from multigpu.execution.worker import StageWorker, merge_trace, thread_env
 from multigpu.partition.inputs.cluster import DeviceSpec
 
 try:
@@ -683,11 +683,12 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
 # -- running a DAG of stages -------------------------------------------------------
 @dataclass
 class DagResult:
-    """Per item: the output, each stage's (start, end) by stage index (worker clocks),
-    the driver's send time and arrival time."""
+    """Per item: the output, the trace (worker clocks: each stage's (start, end, busy)
+    by stage index, and ``("sent", j)``: when message j's part ended; see
+    ``StageWorker.run_stage``), the driver's send time and arrival time."""
 
     outputs: list[np.ndarray]
-    traces: list[dict[int, tuple[float, float]]]
+    traces: list[dict[Any, tuple[float, ...] | float]]
     sent: list[float]
     done: list[float]
 
@@ -711,10 +712,12 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
     ObjectRefs of the messages it receives as arguments, so a stage starts on its
     worker as soon as its inputs are there and stages on different workers run at the
     same time; a stage returns one ObjectRef per message it sends (an activation goes
-    once to each consuming device). Workers run their calls out of order (whichever
-    has its arguments), so one that is not its device's last for the item also returns
-    a token, which its device's next stage of the item waits for: it reads what the
-    earlier one kept. The driver's own stages run here once their inputs arrive.
+    once to each consuming device). A worker's stage runs as one call per part
+    (``StageRoute.parts``), so a message leaves when the layer it carries is done, not
+    when the stage is. Workers run their calls out of order (whichever has its
+    arguments), so one that is not its device's last for the item also returns a
+    token, which its device's next call of the item waits for: it reads what the
+    earlier one kept. The driver's own stages run here, whole, once their inputs arrive.
     ``window`` items are in flight at once. ``labels`` name each stage in error messages.
     """
     from multigpu.execution.plan import SINK, SOURCE
@@ -727,12 +730,12 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
     nxt = 0
     finished = 0
 
-    def reply(item: _DagItem, r: Any, got: Any) -> None:
-        if not r.sends:
+    def reply(item: _DagItem, sends: Sequence[int], got: Any) -> None:
+        if not sends:
             item.tokens.append(got)
             return
-        vals = [got] if len(r.sends) == 1 else list(got)
-        for j, v in zip(r.sends, vals):
+        vals = [got] if len(sends) == 1 else list(got)
+        for j, v in zip(sends, vals):
             item.msgs[j] = v
 
     def advance(item: _DagItem) -> None:
@@ -742,17 +745,21 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
             if r.device == driver:
                 if any(isinstance(a, ray.ObjectRef) for a in args):
                     return
-                reply(item, r, workers.local.run_stage(r.index, item.index, *args))  # type: ignore[union-attr]
+                reply(item, r.sends, workers.local.run_stage(r.index, item.index, *args))  # type: ignore[union-attr]
             else:
-                count = max(1, len(r.sends))
-                token = not r.last     # the device's next stage of this item waits for it
-                got = workers.actors[r.device].run_stage.options(num_returns=count + token).remote(
-                    r.index, item.index, *args, after=item.after.get(r.device), token=token)
-                refs = [got] if count + token == 1 else list(got)
-                if token:
-                    item.after[r.device] = refs.pop()
-                item.refs += [(r.index, ref) for ref in refs]
-                reply(item, r, refs[0] if count == 1 else refs)
+                # One call per part: a message leaves when its part is done, while the
+                # stage's later parts run (the stage's inputs all go to its first part).
+                for p, part in enumerate(r.parts):
+                    count = max(1, len(part.sends))
+                    token = not (r.last and p == len(r.parts) - 1)   # the device's next call of the item waits for it
+                    got = workers.actors[r.device].run_stage.options(num_returns=count + token).remote(
+                        r.index, item.index, *(args if p == 0 else ()), after=item.after.get(r.device), token=token,
+                        part=p)
+                    refs = [got] if count + token == 1 else list(got)
+                    if token:
+                        item.after[r.device] = refs.pop()
+                    item.refs += [(r.index, ref) for ref in refs]
+                    reply(item, part.sends, refs[0] if count == 1 else refs)
             item.next += 1
 
     def resolve(item: _DagItem, keys: Sequence[int]) -> None:
@@ -783,8 +790,8 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
         pending = [t for t in item.tokens if isinstance(t, ray.ObjectRef)]
         for tok in _get_dag(workers, item, pending, labels, routes) + [
                 t for t in item.tokens if not isinstance(t, ray.ObjectRef)]:
-            merged.update(tok[1])
-        merged.update(trace)
+            merge_trace(merged, tok[1])
+        merge_trace(merged, trace)
         out.outputs[item.index] = tensors[sends[sink].names[0]]
         out.traces[item.index] = merged
         out.done[item.index] = arrival

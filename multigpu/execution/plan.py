@@ -29,8 +29,8 @@ from multigpu.partition.inputs.cluster import Cluster, DeviceSpec
 from multigpu.partition.inputs.graph import graph_from_model
 from multigpu.partition.stages import Stage, split_stages
 
-__all__ = ["ExecutionPlan", "Send", "Stage", "StageRoute", "check_plan", "read_plan", "routes", "split_stages",
-           "worker_params"]
+__all__ = ["ExecutionPlan", "Send", "Stage", "StagePart", "StageRoute", "check_plan", "read_plan", "routes",
+           "split_stages", "worker_params"]
 
 INPUT = "input"   # the model's input, as nodes name it
 SINK = -1         # Send.stage of the message that carries the model's output to the driver
@@ -183,12 +183,30 @@ class Send:
 
 
 @dataclass(frozen=True)
+class StagePart:
+    """A run of a stage's layers that ends where one of the stage's messages can leave:
+    its ``nodes``, the tensors they consume from outside the part (``feeds``: received,
+    or kept from an earlier part or stage on the device) and the messages it sends
+    (``sends``, indices into ``routes``' list of sends)."""
+
+    nodes: tuple[str, ...]
+    feeds: tuple[str, ...]
+    sends: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class StageRoute:
     """What a worker needs to run one stage of a DAG plan: its ``nodes``, the tensors it
     consumes from outside itself (``feeds``, from the device's store: received or kept
     from an earlier stage there), the messages it receives (``receives``: indices into
     ``routes``' list of sends, in argument order) and sends (``sends``), and whether it
-    is the device's ``last`` stage (the worker then forgets the item)."""
+    is the device's ``last`` stage (the worker then forgets the item).
+
+    ``parts`` cut the stage after each layer whose output another device waits for
+    (one part when only its last layer's output leaves): a worker runs each part as
+    its own call and a message leaves as soon as its part is done, so a branch on
+    another device starts while this stage goes on, as the cost model's schedule has
+    it (``partition.cost.schedule``: an activation leaves when its layer finishes)."""
 
     index: int
     device: str
@@ -197,6 +215,11 @@ class StageRoute:
     receives: tuple[int, ...]
     sends: tuple[int, ...]
     last: bool
+    parts: tuple[StagePart, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            object.__setattr__(self, "parts", (StagePart(self.nodes, self.feeds, self.sends),))
 
 
 def routes(xplan: ExecutionPlan) -> tuple[list[StageRoute], list[Send]]:
@@ -230,8 +253,28 @@ def routes(xplan: ExecutionPlan) -> tuple[list[StageRoute], list[Send]]:
     out_stage = stage_of[len(names) - 1]
     sends.append(Send(out_stage, xplan.driver, SINK, (names[-1],)))
     last = {s.device: s.index for s in stages}
-    out = [StageRoute(s.index, s.device, tuple(names[m] for m in s.members), tuple(feeds[s.index]),
-                      tuple(j for j, m in enumerate(sends) if m.stage == s.index),
-                      tuple(j for j, m in enumerate(sends) if m.source == s.index), last[s.device] == s.index)
-           for s in stages]
+    out = []
+    for s in stages:
+        mine = tuple(j for j, m in enumerate(sends) if m.source == s.index)
+        out.append(StageRoute(s.index, s.device, tuple(names[m] for m in s.members), tuple(feeds[s.index]),
+                              tuple(j for j, m in enumerate(sends) if m.stage == s.index), mine,
+                              last[s.device] == s.index, _parts(s, names, xplan.producers, sends, mine)))
     return out, sends
+
+
+def _parts(stage: Stage, names: Sequence[str], producers: Sequence[Sequence[int]], sends: Sequence[Send],
+           mine: Sequence[int]) -> tuple[StagePart, ...]:
+    """``stage`` cut after each member whose output completes one of its messages (``mine``)."""
+    position = {names[m]: k for k, m in enumerate(stage.members)}
+    # A message can leave once the last of its tensors is computed.
+    ready = {j: max(position[name] for name in sends[j].names) for j in mine}
+    cuts = sorted({k for k in ready.values()} | {len(stage.members) - 1})
+    parts, begin = [], 0
+    for end in cuts:
+        members = stage.members[begin:end + 1]
+        inside = set(members)
+        feeds = sorted({INPUT if p < 0 else names[p] for c in members for p in producers[c] if p not in inside})
+        parts.append(StagePart(tuple(names[m] for m in members), tuple(feeds),
+                               tuple(j for j in mine if begin <= ready[j] <= end)))
+        begin = end + 1
+    return tuple(parts)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from multigpu.contract.protocol import Device
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.daemon_cpu import node_daemon
 
-__all__ = ["PROBE", "PROBE_IDLE", "PROBE_SEND", "StageWorker",
+__all__ = ["PROBE", "PROBE_IDLE", "PROBE_SEND", "StageWorker", "merge_trace",
            "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
 
 # Stage id of a link probe: the message passes through unchanged while the worker
@@ -55,6 +55,16 @@ def parse_framework_device(text: Optional[str]) -> Device:
         return Device("cpu", 0)
     kind, _, index = text.partition(":")
     return Device(kind, int(index))
+
+
+def merge_trace(into: dict[Any, Any], got: Mapping[Any, Any]) -> None:
+    """Add the trace ``got`` to ``into``. A stage run in parts reaches a device through
+    several messages, each with the stage as far as it had run: its entry with the
+    latest end wins, so an early message never undoes a later one."""
+    for key, value in got.items():
+        old = into.get(key)
+        if old is None or not isinstance(value, tuple) or value[1] >= old[1]:
+            into[key] = value
 
 
 class StageWorker:
@@ -174,17 +184,20 @@ class StageWorker:
         out = be.to_numpy(y)
         return (out.reshape(-1)[:1].copy() if stage == PROBE_SEND else out), trace + (t0, t1)
 
-    def run_stage(self, stage: int, item: int, *messages: tuple[dict[str, np.ndarray], dict[int, tuple[float, float]]],
-                  after: Any = None, token: bool = False) -> Any:
-        """Run stage ``stage`` of a graph model for item ``item``.
+    def run_stage(self, stage: int, item: int, *messages: tuple[dict[str, np.ndarray], dict[Any, Any]],
+                  after: Any = None, token: bool = False, part: Optional[int] = None) -> Any:
+        """Run stage ``stage`` of a graph model for item ``item``: its part ``part``
+        (``StageRoute.parts``; None: every part, one after another).
 
         ``messages`` are ``(tensors, trace)`` pairs: the tensors this device receives
-        for the stage (kept for its later stages too) and each sender's trace (stage ->
-        (start, end) of its computation). Returns one ``(tensors, trace)`` per message
-        the stage sends (a tuple when it sends several; its trace alone when none),
-        followed by an order token (None) with ``token``: ``after`` is the token of the
-        device's previous stage of the item, which Ray delivers before this call runs
-        (a Ray worker runs its calls out of order; see ``engine.run_dag``).
+        for the stage (kept for its later parts and stages too) and each sender's trace.
+        A trace maps a stage to ``(start, end, busy)``: its first part's start, its latest
+        part's end and the seconds its parts computed; and ``("sent", j)`` to when the part
+        that sends message ``j`` ended. Returns one ``(tensors, trace)`` per message the
+        part sends (a tuple when it sends several; its trace alone when none), followed by
+        an order token (None) with ``token``: ``after`` is the token of the device's
+        previous call of the item, which Ray delivers before this call runs (a Ray worker
+        runs its calls out of order; see ``engine.run_dag``).
         """
         route = self.routes[stage]
         be, dev = self.be, self.device
@@ -193,20 +206,28 @@ class StageWorker:
         for tensors, got in messages:
             for name, arr in tensors.items():
                 store[name] = be.from_numpy(arr, dev)
-            trace.update(got)
-        t0 = time.time()
-        out = self.model.run(be, self.params, {n: store[n] for n in route.feeds}, route.nodes, state=self.state)
-        be.synchronize(dev)
-        t1 = time.time()
-        store.update(out)
-        trace[stage] = (t0, t1)
-        replies = [({n: be.to_numpy(store[n]) for n in self.send_names[j]}, dict(trace)) for j in route.sends]
-        if route.last:
+            merge_trace(trace, got)
+        which = range(len(route.parts)) if part is None else (part,)
+        sends: list[int] = []
+        for p in which:
+            piece = route.parts[p]
+            t0 = time.time()
+            out = self.model.run(be, self.params, {n: store[n] for n in piece.feeds}, piece.nodes, state=self.state)
+            be.synchronize(dev)
+            t1 = time.time()
+            store.update(out)
+            begun, busy = (t0, 0.0) if p == 0 else trace[stage][::2]
+            trace[stage] = (begun, t1, busy + t1 - t0)
+            for j in piece.sends:
+                trace[("sent", j)] = t1
+            sends += piece.sends
+        replies = [({n: be.to_numpy(store[n]) for n in self.send_names[j]}, dict(trace)) for j in sends]
+        if route.last and (part is None or part == len(route.parts) - 1):
             self._store.pop(item, None)
             self._traces.pop(item, None)
         results = replies or [({}, dict(trace))]
         if token:
-            results.append(None)     # what the device's next stage of this item waits for
+            results.append(None)     # what the device's next call of this item waits for
         return results[0] if len(results) == 1 else tuple(results)
 
     # -- profiling ---------------------------------------------------------

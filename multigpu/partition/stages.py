@@ -13,9 +13,10 @@ The cost model charges a device's ``stage_overhead`` once per stage this rule st
 Each ``Stage`` lists its ``members`` (layer indices, in layer order), the ``inputs`` it
 consumes from outside itself (``(layer, stage)`` pairs; layer -1 and stage -1: the
 graph's input at the source) and the stages it must wait for (``after``). An executor
-runs a stage as one call on its device once every stage in ``after`` is done; an
-activation crosses to a device once, however many layers there consume it (see
-``Breakdown.transfers``).
+runs a stage on its device once every stage in ``after`` is done, sending each
+activation as soon as its layer is done (the Ray executor runs a stage in parts for
+that: ``execution.plan.StageRoute``); an activation crosses to a device once, however
+many layers there consume it (see ``Breakdown.transfers``).
 """
 from __future__ import annotations
 

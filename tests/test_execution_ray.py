@@ -247,12 +247,14 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     assert all(f"transfer CPU of {d.name}:" in text for d in cl.devices) and "ns/byte received" in text
     relay_line = next(line for line in text.splitlines() if line.strip().startswith("relay host:"))
     assert "received" not in relay_line
-    # The driver also timed whole passes back to back: the plan that never leaves it is priced so.
-    host = cl.devices[cl.index("host")]
-    assert host.warm_pass[g.name] > 0 and all(d.warm_pass is None for d in cl.devices if d.name != "host")
-    local = evaluate(g, cl, ["host"] * g.n)
-    cold = sum(host.measured(g.name).values()) + host.stage_overhead
-    assert local.compute_time + local.stage_time == pytest.approx(min(host.warm_pass[g.name], cold))
+    # Every device also timed whole passes one after another (the driver back to back, a
+    # worker call after call): a plan with every layer on it is priced so.
+    assert all(d.warm_pass[g.name] > 0 for d in cl.devices)
+    for d in cl.devices:
+        local = evaluate(g, cl, [d.name] * g.n)
+        cold = sum(d.measured(g.name).values()) + d.stage_overhead
+        assert local.compute_time + local.stage_time == pytest.approx(min(d.warm_pass[g.name], cold)), d.name
+    assert any(p.device == "w1" and p.warm is not None for p in res.passes)
     plan = autopartition(g, cl)
     if plan.assignment != ["host"] * g.n:
         assert plan.breakdown.layers[0].compute_time == \

@@ -58,12 +58,14 @@ def ref_transfer(cd: dict, b: float, u: str, v: str, params: bool = False) -> tu
 
 
 def ref_local_scale(gd: dict, cd: dict, assignment: list[str], compute: float) -> float:
-    """The factor on compute and stage overheads: the source's ``warm_pass`` over
-    ``compute`` (at most 1) when no transfer happens (every layer on the source, which is
-    also the sink), else 1."""
+    """The factor on compute and stage overheads: when every layer is on one device, that
+    device's ``warm_pass`` over ``compute`` (at most 1; the source's only when it is also
+    the sink), else 1."""
     source = cd["source"]
-    warm = next(d for d in cd["devices"] if d["name"] == source).get("warm_pass", {}).get(GRAPH_NAME)
-    if warm is None or cd.get("sink", source) != source or any(a != source for a in assignment) or compute <= 0:
+    only = assignment[0]
+    warm = next(d for d in cd["devices"] if d["name"] == only).get("warm_pass", {}).get(GRAPH_NAME)
+    if (warm is None or any(a != only for a in assignment) or compute <= 0
+            or (only == source and cd.get("sink", source) != source)):
         return 1.0
     return min(1.0, warm / compute)
 
@@ -306,9 +308,12 @@ class Brute:
         link_max = np.max(np.stack(loads, 1), axis=1) if loads else np.zeros(len(A))
         host_max = np.max(np.stack(shares, 1), axis=1) if shares else np.zeros(len(A))
         self.bottleneck = np.maximum(np.maximum(self.load.max(1), np.nan_to_num(link_max)), host_max)
-        # The plan that never leaves the source runs at its warm pass: the loop oracle prices it.
-        if sink == src:
-            local = int(np.flatnonzero((A == src).all(axis=1))[0])
+        # A plan with every layer on one device runs at that device's warm pass: the loop
+        # oracle prices each (where the links let it run).
+        for d in range(k):
+            local = int(np.flatnonzero((A == d).all(axis=1))[0])
+            if not self.valid[local]:
+                continue
             self.T[local], self.E[local], _ = ref_evaluate(gd, cd, self.names_of(local), ship=ship)
             self.bottleneck[local] = ref_bottleneck(gd, cd, self.names_of(local))
 
@@ -371,15 +376,16 @@ def draw_inline(draw: Any, cd: dict) -> None:
 
 
 def draw_warm(draw: Any, gd: dict, cd: dict) -> None:
-    """Sometimes give the source a ``warm_pass`` for the graph: a fraction of its
-    all-local compute and stage overhead (above 1: no effect, the pass is never priced up)."""
-    if draw(st.integers(0, 2)):
-        return
-    src = next(d for d in cd["devices"] if d["name"] == cd["source"])
-    cold = sum(x["flops"] for x in gd["layers"]) / src["flops"] + src.get("stage_overhead", 0.0)
-    cd_warm = draw(st.sampled_from([0.05, 0.3, 0.7, 1.5])) * cold
-    if cd_warm > 0:
-        src["warm_pass"] = {GRAPH_NAME: cd_warm}
+    """Sometimes give the source, and sometimes another device, a ``warm_pass`` for the
+    graph: a fraction of its all-on-it compute and stage overhead (above 1: no effect, the
+    pass is never priced up)."""
+    for dev in cd["devices"]:
+        if draw(st.integers(0, 2 if dev["name"] == cd["source"] else 4)):
+            continue
+        cold = sum(x["flops"] for x in gd["layers"]) / dev["flops"] + dev.get("stage_overhead", 0.0)
+        warm = draw(st.sampled_from([0.05, 0.3, 0.7, 1.5])) * cold
+        if warm > 0:
+            dev["warm_pass"] = {GRAPH_NAME: warm}
 
 
 @st.composite

@@ -35,9 +35,10 @@ class LayerProfile:
 class PassProfile:
     """A whole forward pass of one graph on one device (all its layers as one stage):
     median and quartiles of ``n`` timed passes (s), each after a wait as the layer times
-    are; ``warm``: the median pass run back to back, with no wait in between, its numpy
-    input converted in and its output out (the driver only: how it runs a plan that
-    never leaves it), else None."""
+    are; ``warm``: the median pass called as a plan with every layer on the device runs
+    it, one after another with no other device computing (the driver: back to back, its
+    numpy input converted in and its output out; a worker: one call after another), or
+    None where it was not timed."""
 
     device: str
     graph: str
@@ -82,7 +83,7 @@ def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats:
                   ) -> dict[str, tuple[list[float], list[float], list[float], int, float, tuple[float, ...],
                                    Optional[float]]]:
     """Per device: per-layer median and quartiles, sample count, stage overhead, the
-    quartiles of a whole pass and, for the driver, the median whole pass back to back.
+    quartiles of a whole pass and the median whole pass called one after another.
 
     The whole pass is run the way a stage runs (one call of the slice, one
     synchronize) in one call into the worker after it waited (an actor call; for the driver, after a Ray round trip), the devices taking
@@ -98,9 +99,11 @@ def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats:
     pass instead would add a call, a synchronize and a timer read per layer (about
     10 us: most of a small layer's time).
 
-    The driver also runs whole passes back to back, with no Ray call between them, as
-    it runs a plan that never leaves it: a pass that starts after a wait is slower
-    (cold caches, a core that went idle), so that plan has a time of its own.
+    Each device also times whole passes as a plan with every layer there runs them,
+    one after another with no other device computing in between: the driver back to
+    back, with no Ray call between them; a worker one call after another. A pass that
+    starts after the others computed can be slower (cold caches, a core that went
+    idle), so such a plan has a time of its own (``DeviceSpec.warm_pass``).
     """
 
     import ray
@@ -137,6 +140,14 @@ def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats:
         for _ in range(warmup + 1):
             ws.local.time_local_pass()
         warm[local] = statistics.median(ws.local.time_local_pass() for _ in range(repeats))
+    for name in names:
+        if name == local:
+            continue
+        # As a plan with every layer on this worker calls it: one call after another, only
+        # the round trip in between and no other device computing.
+        for _ in range(warmup + 1):
+            call(name, "time_prefix", n)
+        warm[name] = statistics.median(call(name, "time_prefix", n) for _ in range(repeats))
     result = {}
     for name in names:
         whole = statistics.median(passes[name])

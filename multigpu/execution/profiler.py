@@ -143,7 +143,7 @@ class ProfileResult:
                 out.append(f"  {d.name:<10} {d.backend:<7} {g:<17} layers {fmt_time(total):>9} + stage overhead "
                            f"{fmt_time(d.stage_overhead):>8}; slowest {slowest.layer} {fmt_time(slowest.median)}; "
                            f"a whole pass {fmt_time(full.median)} (IQR {(full.q3 - full.q1) / full.median:.0%})"
-                           + ("" if full.warm is None else f", back to back {fmt_time(full.warm)}"))
+                           + ("" if full.warm is None else f", one pass after another {fmt_time(full.warm)}"))
         for f in self.links:
             small = "" if f.inline_latency is None else (
                 f" ({fmt_time(f.inline_latency)} up to {fmt_bytes(f.inline_bytes)}, inside Ray's messages)")

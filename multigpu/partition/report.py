@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from multigpu.partition.cost.arithmetic import warm_pass_of
+from multigpu.partition.cost.arithmetic import single_device, warm_pass_of
 from multigpu.partition.cost.choices import measured_devices
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
@@ -40,11 +40,12 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster,
         rest = [n for n in cluster.names if n not in measured]
         out.append(f"compute times: measured on {', '.join(measured)} (layer_times of {graph.name})"
                    + (f"; from FLOP/s on {', '.join(rest)}" if rest else ""))
-    warm = warm_pass_of(graph, cluster)
-    if warm is not None and not bd.transfers:   # the plan never leaves the source
-        out.append(f"the plan never leaves the source {cluster.source}: its items run back to back, priced at its "
-                   f"warm_pass of {graph.name} ({fmt_time(warm)}; the layer times, measured after a "
-                   f"wait, are scaled to it)")
+    only = single_device([cluster.index(d) for d in plan.assignment])
+    warm = None if only is None else warm_pass_of(graph, cluster, only)
+    if warm is not None:   # every layer on one device: its items follow each other there
+        out.append(f"every layer runs on {cluster.names[only]}: its items follow each other there, priced at its "
+                   f"warm_pass of {graph.name} ({fmt_time(warm)}; the layer times, measured with the devices "
+                   f"taking turns, are scaled to it where it is less)")
     if bd.stage_time:
         out.append(f"stage overheads (once per stage, in T and in the bottleneck; busy time counts compute only): "
                    f"{fmt_time(bd.stage_time)} in all")

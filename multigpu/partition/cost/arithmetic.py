@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -18,8 +19,8 @@ from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 
 __all__ = ["AssignmentArrays", "Sends", "assignment_arrays", "bottleneck_of", "busy_times", "find_bottleneck",
-           "link_loads", "loads", "memory_parts", "memory_use", "never_leaves_source", "stage_overheads",
-           "stage_starts", "transfer_cpu_loads", "transfer_cpu_terms", "transfers", "warm_pass_of", "warm_scale"]
+           "link_loads", "loads", "memory_parts", "memory_use", "never_leaves_source", "single_device",
+           "stage_overheads", "stage_starts", "transfer_cpu_loads", "transfer_cpu_terms", "transfers", "warm_pass_of", "warm_scale"]
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,9 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
     t_out = float(t[~layer].sum())
     e_out = float(e[~layer].sum())
     t_stage = stage_overheads(graph, cluster, a)
-    if warm and never_leaves_source(cluster, a):
-        scale = warm_scale(graph, cluster, comp, t_stage)
+    only = single_device(a) if warm else None
+    if only is not None:
+        scale = warm_scale(graph, cluster, comp, t_stage, only)
         if scale < 1.0:
             comp, t_stage = comp * scale, t_stage * scale
             comp_energy = comp * cluster.power[a]
@@ -169,12 +171,14 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
                             t_out, e_out)
 
 
-def warm_pass_of(graph: Graph, cluster: Cluster) -> float | None:
-    """The seconds of a whole pass of ``graph`` back to back on the source (its
-    ``warm_pass``), which prices the plan that never leaves the source; None when the
-    source has none for this graph or the output goes to another device (the sink)."""
-    warm = cluster.devices[cluster.source_index].warm_pass
-    if warm is None or cluster.sink_index != cluster.source_index:
+def warm_pass_of(graph: Graph, cluster: Cluster, device: Optional[int] = None) -> float | None:
+    """The seconds of a whole pass of ``graph`` on ``device`` (a column; default the
+    source) when a plan with every layer there runs item after item: its ``warm_pass``.
+    None when it has none for this graph, or for the source when the output goes to
+    another device (the sink)."""
+    d = cluster.source_index if device is None else int(device)
+    warm = cluster.devices[d].warm_pass
+    if warm is None or (d == cluster.source_index and cluster.sink_index != cluster.source_index):
         return None
     return warm.get(graph.name)
 
@@ -185,16 +189,24 @@ def never_leaves_source(cluster: Cluster, a: np.ndarray) -> bool:
     return cluster.sink_index == cluster.source_index and bool((np.asarray(a) == cluster.source_index).all())
 
 
-def warm_scale(graph: Graph, cluster: Cluster, comp: np.ndarray, t_stage: np.ndarray) -> float:
-    """The factor on the compute and stage overhead of the plan that never leaves the
-    source (``never_leaves_source``): ``warm_pass_of`` over the layers' sum, at most 1;
+def single_device(a: np.ndarray) -> Optional[int]:
+    """The device column every layer of assignment ``a`` is on, or None when it uses several."""
+    a = np.asarray(a)
+    return int(a[0]) if len(a) and bool((a == a[0]).all()) else None
+
+
+def warm_scale(graph: Graph, cluster: Cluster, comp: np.ndarray, t_stage: np.ndarray,
+               device: Optional[int] = None) -> float:
+    """The factor on the compute and stage overhead of the plan with every layer on
+    ``device`` (default the source): ``warm_pass_of`` over the layers' sum, at most 1;
     1 without a warm pass.
 
-    Such a plan runs item after item on the driver with no wait in between, so it runs
-    at the back-to-back speed the profile measured; every other stage starts after a
-    wait (an item arriving), as its ``layer_times`` were measured.
+    Such a plan calls its device item after item with only the hops to and from it in
+    between (the driver: no call at all), so it runs at the speed the profile measured
+    for passes called so; every stage of a split plan waits while other devices
+    compute, as its ``layer_times`` were measured (the devices taking turns).
     """
-    t = warm_pass_of(graph, cluster)
+    t = warm_pass_of(graph, cluster, device)
     total = math.fsum(comp) + math.fsum(t_stage)
     return 1.0 if t is None or total <= 0 else min(1.0, t / total)
 

@@ -15,10 +15,12 @@ Definition (a_0 = source, a_{n+1} = sink, a_1..a_n the layers' devices):
   from the source (a layer without parameters ships nothing);
 * a stage (a maximal run of consecutive layers on one device) costs its device's
   ``stage_overhead`` once, charged to its first layer (0 unless measured);
-* a plan with no transfer at all (every layer on the source, which is also the sink)
-  runs its items back to back on the driver: where the source has a ``warm_pass`` for
-  this graph, its compute times and stage overhead are scaled so they sum to it (never
-  up). Every other stage starts after a wait, as ``layer_times`` were measured;
+* a plan with every layer on one device runs its items one after another there (on
+  the source, which must then also be the sink: back to back in the driver, with no
+  transfer; on a worker: one call per item, with the hops to and from it in between):
+  where that device has a ``warm_pass`` for this graph, its compute times and stage
+  overhead are scaled so they sum to it (never up). Every stage of a split plan waits
+  while other devices compute, as ``layer_times`` were measured;
 * T = sum of compute times + sum of stage overheads + sum of transfer times
 * E = sum of power(a_i) * (compute time_i + stage overhead_i) + sum of transfer time * link power
 * cost = wt * T + we * E

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from multigpu.partition.cost.arithmetic import never_leaves_source, stage_overheads, warm_scale
+from multigpu.partition.cost.arithmetic import single_device, stage_overheads, warm_scale
 from multigpu.partition.cost.choices import compute_times, param_times
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
@@ -34,8 +34,8 @@ class MatrixForm:
 
     (elementwise max over a producer's edges; on a chain every max has one term, and T
     is the document's sum of blocks). ``warm`` (at most 1) scales the compute and stage
-    terms of a plan that never leaves the source (``arithmetic.warm_scale``); it is 1
-    for every other plan.
+    terms of a plan with every layer on one device that has a ``warm_pass``
+    (``arithmetic.warm_scale``); it is 1 for every other plan.
     """
 
     A: np.ndarray
@@ -124,8 +124,9 @@ def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool
     layer_edges = (frm >= 0) & (to < n)
     S[layer_edges] = np.where(np.eye(k, dtype=bool), 0.0, oh[None, :])[None]
     warm = 1.0
-    if never_leaves_source(cluster, a):
-        warm = warm_scale(graph, cluster, comp[np.arange(n), a], stage_overheads(graph, cluster, a))
+    only = single_device(a)
+    if only is not None:
+        warm = warm_scale(graph, cluster, comp[np.arange(n), a], stage_overheads(graph, cluster, a), only)
     return MatrixForm(A=A, L=L, compute_time=comp, param_time=ptime, param_power=tab.power[src].copy(),
                       transfer_time=T, device_power=cluster.power.copy(), link_power=tab.power.copy(),
                       stage_time=S, edge_from=frm, edge_to=to, warm=warm)

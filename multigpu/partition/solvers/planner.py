@@ -11,7 +11,8 @@ cluster, and which method proved it.
 * makespan objective: on a chain it is T, so the latency path with (wt, we) = (1, 0);
   on a DAG the makespan MILP (``milp_timing``), exact, for graphs of tens of layers;
 * throughput objective: the bottleneck MILP, ties broken by cost;
-* last, the plan that never leaves the source, priced at its ``warm_pass`` (``_warm_local``).
+* last, each plan with every layer on one device, priced at that device's ``warm_pass``
+  (``_warm_local``).
 
 Every reported number comes from ``evaluate`` on the chosen assignment, so a plan's
 ``time``/``energy``/``cost`` are exactly the cost model's, never a solver's
@@ -32,13 +33,13 @@ from multigpu.partition.cost.arithmetic import (
     bottleneck_of,
     busy_times,
     memory_use,
-    never_leaves_source,
+    single_device,
     warm_pass_of,
 )
 from multigpu.partition.cost.evaluate import check_weights, evaluate
 from multigpu.partition.cost.records import Breakdown
 from multigpu.partition.cost.tables import CostTables
-from multigpu.partition.exceptions import PartitionInputError
+from multigpu.partition.exceptions import PartitionInputError, UnusableLinkError
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 from multigpu.partition.solvers.constraints import Constraints, ResolvedConstraints
@@ -329,26 +330,34 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
 
 def _warm_local(graph: Graph, cluster: Cluster, tables: CostTables, cons: ResolvedConstraints, a: np.ndarray,
                 objective: str, wt: float, we: float, ship_params: bool) -> np.ndarray:
-    """``a``, or the plan that never leaves the source where that one is better.
+    """``a``, or a plan with every layer on one device where that one is better.
 
-    The solvers price every plan from the per-layer times; ``evaluate`` prices the plan
-    with every layer on the source (which is also the sink) at the source's
-    ``warm_pass``, which is never more. Every other plan costs the same either way, so
-    the better of the solvers' optimum and that one plan is the optimum. Busy-time and
-    energy constraints are checked on the per-layer times (never less than the warm
+    The solvers price every plan from the per-layer times; ``evaluate`` prices a plan
+    with every layer on one device that has a ``warm_pass`` at that pass, which is never
+    more (``arithmetic.warm_scale``). Every other plan costs the same either way, so the
+    best of the solvers' optimum and those single-device plans is the optimum. Busy-time
+    and energy constraints are checked on the per-layer times (never less than the warm
     ones), so a plan accepted meets them.
     """
-    src = cluster.source_index
-    local = np.full(graph.n, src, dtype=np.intp)
-    if (warm_pass_of(graph, cluster) is None or never_leaves_source(cluster, a)
-            or not cons.allowed[:, src].all() or _violations(tables, cons, local)):
-        return a
-
     def key(x: np.ndarray) -> tuple[float, ...]:
         bd = evaluate(graph, cluster, x, wt, we, ship_params)
         return {"throughput": (bd.bottleneck, bd.cost), "makespan": (bd.makespan,)}.get(objective, (bd.cost,))
 
-    return local if key(local) < key(a) else a
+    best, best_key = a, None
+    for d in range(cluster.k):
+        local = np.full(graph.n, d, dtype=np.intp)
+        if (warm_pass_of(graph, cluster, d) is None or single_device(a) == d
+                or not cons.allowed[:, d].all() or _violations(tables, cons, local)):
+            continue
+        try:
+            got = key(local)
+        except UnusableLinkError:   # no link to or from d: the plan cannot run
+            continue
+        if best_key is None:
+            best_key = key(a)
+        if got < best_key:
+            best, best_key = local, got
+    return best
 
 
 def _check_candidates(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, verbose: bool) -> None:

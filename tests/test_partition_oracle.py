@@ -136,10 +136,19 @@ def ref_compute_cores(cd: dict, device: dict) -> float:
     return 1.0 if host is None else min(1.0, cd["hosts"][host]["cores"])
 
 
+def ref_busy_ratio(gd: dict, cd: dict, name: str) -> float:
+    """A device's compute and stage overheads in its own stream load are at the busy rate:
+    the factor its warm pass gives the plan with every layer on it (1 without one)."""
+    d = next(x for x in cd["devices"] if x["name"] == name)
+    whole = sum(x["flops"] for x in gd["layers"]) / d["flops"] + d.get("stage_overhead", 0.0)
+    return ref_local_scale(gd, cd, [name] * len(gd["layers"]), whole)
+
+
 def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
-    """The largest of: a device's load per item (compute, stage overheads, the CPU of the
-    transfers it sends, receives or relays), a link's activation transfer time, and a
-    host's summed device loads (compute in CPU-seconds: ``ref_compute_cores``) over its cores."""
+    """The largest of: a device's load per item (compute and stage overheads at its busy
+    rate, the CPU of the transfers it sends, receives or relays), a link's activation
+    transfer time, and a host's summed device loads (compute in CPU-seconds at the layer
+    times: ``ref_compute_cores``) over its cores."""
     dev = {d["name"]: d for d in cd["devices"]}
     source = cd["source"]
     sink = cd.get("sink", source)
@@ -161,7 +170,8 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
         cs.append(c)
     scale = ref_local_scale(gd, cd, assignment, sum(cs))
     for i, (layer, a) in enumerate(zip(gd["layers"], assignment)):
-        add(a, scale * cs[i], scale * cs[i] * ref_compute_cores(cd, dev[a]))
+        own = scale if scale != 1.0 else ref_busy_ratio(gd, cd, a)
+        add(a, own * cs[i], scale * cs[i] * ref_compute_cores(cd, dev[a]))
         hops.append((prev, a, nbytes))
         prev, nbytes = a, layer["output_bytes"]
     hops.append((prev, sink, nbytes))
@@ -272,7 +282,7 @@ class Brute:
         relay = cd.get("relay")
         r = names.index(relay["device"]) if relay is not None else -1
         def device_load(d: int, fixed: float, per_byte: float, receive: float, rel: Optional[dict],
-                        cores: float = 1.0) -> np.ndarray:
+                        cores: float) -> np.ndarray:
             l_ = cores * np.where(A == d, comp + stage, 0.0).sum(1)
             l_ += np.where(moved & (prev == d), fixed + per_byte * b_in[None, :], 0.0).sum(1)
             l_ += np.where(moved & (A == d), fixed + receive * b_in[None, :], 0.0).sum(1)
@@ -288,7 +298,9 @@ class Brute:
         rser = None if relay is None else relay.get("serial", relay)
         # A device's own load counts the serial part of its transfer CPU; its host all of it,
         # and its compute in CPU-seconds.
-        self.load = np.stack([device_load(d, SF[d], SB[d], SR[d], rser) for d in range(k)], axis=1)
+        # ... and its compute at its busy rate (``ref_busy_ratio``), its host at the layer times.
+        self.load = np.stack([device_load(d, SF[d], SB[d], SR[d], rser, ref_busy_ratio(gd, cd, names[d]))
+                              for d in range(k)], axis=1)
         work = np.stack([device_load(d, CF[d], CB[d], CR[d], relay, ref_compute_cores(cd, cd["devices"][d]))
                          for d in range(k)], axis=1)
         host_of = [d.get("host") for d in cd["devices"]]

@@ -18,9 +18,10 @@ from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 
-__all__ = ["AssignmentArrays", "Sends", "assignment_arrays", "bottleneck_of", "busy_times", "find_bottleneck",
-           "link_loads", "loads", "memory_parts", "memory_use", "never_leaves_source", "single_device",
-           "stage_overheads", "stage_starts", "transfer_cpu_loads", "transfer_cpu_terms", "transfers", "warm_pass_of", "warm_scale"]
+__all__ = ["AssignmentArrays", "Sends", "assignment_arrays", "bottleneck_of", "busy_ratios", "busy_times",
+           "find_bottleneck", "link_loads", "loads", "memory_parts", "memory_use", "never_leaves_source",
+           "single_device", "stage_overheads", "stage_starts", "transfer_cpu_loads", "transfer_cpu_terms",
+           "transfers", "warm_pass_of", "warm_scale"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class AssignmentArrays:
     e_in: np.ndarray
     t_out: float             # the last layer -> the sink
     e_out: float
+    warm: float = 1.0        # the factor applied to comp and t_stage (``warm_scale``; 1: none)
 
     # fsum: the totals are compared against independent re-computations, so avoid
     # summation-order noise (fsum is exact, so the order of the terms does not matter).
@@ -161,6 +163,7 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
     e_out = float(e[~layer].sum())
     t_stage = stage_overheads(graph, cluster, a)
     only = single_device(a) if warm else None
+    scale = 1.0
     if only is not None:
         scale = warm_scale(graph, cluster, comp, t_stage, only)
         if scale < 1.0:
@@ -168,7 +171,7 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
             comp_energy = comp * cluster.power[a]
     e_stage = t_stage * cluster.power[a]
     return AssignmentArrays(a, comp, comp_energy, t_param, e_param, t_stage, e_stage, sends, t_in, e_in,
-                            t_out, e_out)
+                            t_out, e_out, scale)
 
 
 def warm_pass_of(graph: Graph, cluster: Cluster, device: Optional[int] = None) -> float | None:
@@ -209,6 +212,27 @@ def warm_scale(graph: Graph, cluster: Cluster, comp: np.ndarray, t_stage: np.nda
     t = warm_pass_of(graph, cluster, device)
     total = math.fsum(comp) + math.fsum(t_stage)
     return 1.0 if t is None or total <= 0 else min(1.0, t / total)
+
+
+def busy_ratios(graph: Graph, cluster: Cluster) -> np.ndarray:
+    """Per device (k,): the factor on its compute and stage overheads in a stream's device
+    load, ``warm_scale`` of the plan with every layer on it (1 without a warm pass).
+
+    A stream that a device bounds keeps it busy: it takes one call after another, as
+    its ``warm_pass`` was timed, not after waiting while the other devices computed, as
+    its ``layer_times`` were. Its host's load keeps the layer times: where the host is
+    the bound, its devices take turns on its cores.
+    """
+    comp = compute_times(graph, cluster).sum(axis=0)
+    # With every layer on d, each layer that consumes the graph's input starts a stage.
+    starts = len(graph.input_consumers) * cluster.stage_overhead
+    out = np.ones(cluster.k)
+    for d in range(cluster.k):
+        t = warm_pass_of(graph, cluster, d)
+        total = comp[d] + starts[d]
+        if t is not None and total > 0:
+            out[d] = min(1.0, t / total)
+    return out
 
 
 def stage_starts(graph: Graph, a: np.ndarray) -> np.ndarray:
@@ -301,16 +325,19 @@ def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.nda
 
 def loads(graph: Graph, cluster: Cluster, x: AssignmentArrays
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per item when pipelined: (device loads (k,): compute, stage overheads and the
-    serial part of their transfer CPU; transfer CPU (k,); its serial part (k,); host
-    loads (h,): the CPU-seconds of their devices' compute and stage overheads (wall time
-    times ``Cluster.compute_cores``) and all their transfer CPU)."""
+    """Per item when pipelined: (device loads (k,): compute and stage overheads at the
+    busy rate (``busy_ratios``) and the serial part of their transfer CPU; transfer CPU
+    (k,); its serial part (k,); host loads (h,): the CPU-seconds of their devices'
+    compute and stage overheads (wall time times ``Cluster.compute_cores``) and all their
+    transfer CPU)."""
     cpu, serial = transfer_cpu_loads(cluster, *transfers(graph, cluster, x))
     work = np.bincount(x.a, weights=x.comp + x.t_stage, minlength=cluster.k)
+    # A plan priced at its device's warm pass already is (``warm_scale`` is that ratio).
+    busy = work if x.warm != 1.0 else work * busy_ratios(graph, cluster)
     hosts = np.zeros(len(cluster.hosts))
     on = cluster.host_index >= 0
     np.add.at(hosts, cluster.host_index[on], (work * cluster.compute_cores + cpu)[on])
-    return work + serial, cpu, serial, hosts
+    return busy + serial, cpu, serial, hosts
 
 
 def find_bottleneck(cluster: Cluster, load: np.ndarray, links: np.ndarray, hosts: np.ndarray) -> tuple[float, str]:

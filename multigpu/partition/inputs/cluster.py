@@ -131,7 +131,7 @@ class DeviceSpec:
             object.__setattr__(self, "warm_pass", check_number_map(
                 self.warm_pass, what, "warm_pass", "a warm_pass graph name",
                 f"{what}: warm_pass must be a non-empty object mapping a graph name such as "
-                f"\"lenet(batch=1)\" to the seconds of a whole pass run back to back; re-profile with "
+                f"\"lenet(batch=1)\" to the seconds of a whole pass run one after another; re-profile with "
                 f"multigpu profile, or leave the key out", unit="seconds of a whole pass; measured times are "
                 "positive and finite"))
         if self.host is not None:

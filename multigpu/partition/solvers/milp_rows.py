@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from multigpu.partition.cost.arithmetic import transfer_cpu_terms
+from multigpu.partition.cost.arithmetic import busy_ratios, transfer_cpu_terms
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 
@@ -493,7 +493,11 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
     n, k = lay.n, lay.k
     tab = cluster.tables
     comp = np.where(forbid, 0.0, tables.comp).T.ravel()
-    devs, cols, vals, serial = [np.repeat(np.arange(k), n)], [lay.xi.T.ravel()], [comp], [comp]
+    # A device's own row counts compute and stage overheads at the busy rate, its host's
+    # at the layer times (``arithmetic.busy_ratios``).
+    busy = busy_ratios(tables.graph, cluster)
+    devs, cols, vals = [np.repeat(np.arange(k), n)], [lay.xi.T.ravel()], [comp]
+    serial = [comp * np.repeat(busy, n)]
     # Compute and stage overheads are wall time on the host; transfer CPU is CPU time.
     scale = [cluster.compute_cores[devs[0]]]
     oh = cluster.stage_overhead
@@ -501,7 +505,7 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
         devs.append(tm.s_dev)
         cols.append(tm.s_col)
         vals.append(oh[tm.s_dev])
-        serial.append(vals[-1])
+        serial.append(vals[-1] * busy[tm.s_dev])
         scale.append(cluster.compute_cores[tm.s_dev])
     if cluster.has_transfer_cpu:
         j, d, val, ser = transfer_cpu_terms(cluster, tm.t_u, tm.t_v, tm.t_bytes)

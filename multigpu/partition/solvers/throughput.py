@@ -7,7 +7,8 @@ transfer time, and a host's load (the CPU-seconds of its devices' loads: compute
 ``Cluster.compute_cores``, all their transfer CPU) over its cores (parameter
 shipping is a one-off setup cost, so it does not count).
 
-Phase 1 minimises the bottleneck B with the MILP (B >= every device's load,
+Phase 1 minimises the bottleneck B with the MILP (B >= every device's load, its compute
+at the busy rate (``busy_ratios``),
 B >= every link's load, B >= every shared host's load / cores). Many assignments usually share the optimal B (layers off
 the critical device can move freely), so phase 2 keeps B within 1e-7 of the optimum
 and minimises wt*T + we*E among them, giving a plan that is also sensible per item.
@@ -20,7 +21,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from multigpu.errors import SolverError
-from multigpu.partition.cost.arithmetic import bottleneck_of, transfer_cpu_terms
+from multigpu.partition.cost.arithmetic import bottleneck_of, busy_ratios, transfer_cpu_terms
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import InfeasibleError
 from multigpu.partition.solvers.constraints import ResolvedConstraints
@@ -36,8 +37,9 @@ CAP_SLACK = 1e-7
 def bottleneck_lower_bound(tables: CostTables, cons: ResolvedConstraints) -> float:
     """A lower bound on the optimal bottleneck: each layer's compute lands on some
     device, and all compute is shared by at most k devices (a device's load is at
-    least its compute)."""
-    comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp, np.inf)
+    least its compute at the busy rate, ``busy_ratios``)."""
+    busy = busy_ratios(tables.graph, tables.cluster)
+    comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp * busy[None, :], np.inf)
     per_layer = comp.min(axis=1)
     usable_devs = max(int((cons.allowed.any(axis=0)).sum()), 1)
     return float(max(per_layer.max(), per_layer.sum() / usable_devs))

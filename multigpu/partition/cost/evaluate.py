@@ -27,7 +27,9 @@ Definition (a_0 = source, a_{n+1} = sink, a_1..a_n the layers' devices):
 
 The throughput objective (pipelined inference) is the *bottleneck*, the largest of:
 
-* each device's load per item: its compute, its stage overheads, and the CPU of the
+* each device's load per item: its compute and its stage overheads, both at its busy
+  rate (where it has a ``warm_pass`` for the graph: that pass over its layer times, at
+  most 1; a stream this device bounds keeps it busy), and the CPU of the
   transfers it takes part in (``transfer_cpu`` of each end: ``fixed + per_byte * b``
   for every transfer it sends, ``fixed + receive_per_byte * b`` for every one it
   receives (``per_byte`` without one); the ``relay``'s figure for every transfer
@@ -38,8 +40,8 @@ The throughput objective (pipelined inference) is the *bottleneck*, the largest 
   cluster's ``message_bytes``, a transfer counts ``(bytes + message_bytes) /
   bandwidth`` there instead of its hop time (a stream keeps the link busy with the
   payload and the engine's messages, while the round trips overlap);
-* each host's load: its devices' compute, stage overheads and all their transfer CPU,
-  divided by its ``cores``.
+* each host's load: its devices' compute and stage overheads at their layer times (its
+  devices take turns on its cores) and all their transfer CPU, divided by its ``cores``.
 
 Transfer CPU enters nothing but the bottleneck (a transfer's time already holds it).
 A pair with no link and no default link cannot be used; ``evaluate`` raises

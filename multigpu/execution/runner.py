@@ -316,13 +316,11 @@ def _run_dag(workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: in
     compute, hops, e2e, begins = np.empty((n, m)), np.empty((n, len(sends))), np.empty(n), np.empty((n, m))
     for j, trace in enumerate(out.traces):
         start = {i: trace[i][0] - offsets[s.device] for i, s in enumerate(stages)}
-        end = {i: trace[i][1] - offsets[s.device] for i, s in enumerate(stages)}
         compute[j] = [trace[i][2] for i in range(m)]   # the seconds its parts computed
         begins[j] = [start[i] - out.sent[j] for i in range(m)]
         for h, msg in enumerate(sends):
             # A message leaves when the part of its stage that computes it ends.
-            left = out.sent[j] if msg.source == SOURCE else (
-                trace[("sent", h)] - offsets[stages[msg.source].device] if ("sent", h) in trace else end[msg.source])
+            left = out.sent[j] if msg.source == SOURCE else trace[("sent", h)] - offsets[stages[msg.source].device]
             hops[j, h] = (out.done[j] if msg.stage == SINK else start[msg.stage]) - left
         e2e[j] = out.done[j] - out.sent[j]
     stats = {x.name: x for x in xplan.model.layer_stats(batch)}

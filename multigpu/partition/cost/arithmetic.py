@@ -19,8 +19,8 @@ from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 
 __all__ = ["AssignmentArrays", "Sends", "assignment_arrays", "bottleneck_of", "busy_ratios", "busy_times",
-           "find_bottleneck", "link_loads", "loads", "memory_parts", "memory_use", "never_leaves_source",
-           "single_device", "stage_overheads", "stage_starts", "transfer_cpu_loads", "transfer_cpu_terms",
+           "find_bottleneck", "link_loads", "loads", "memory_parts", "memory_use", "single_device",
+           "stage_overheads", "stage_starts", "transfer_cpu_loads", "transfer_cpu_terms",
            "transfers", "warm_pass_of", "warm_scale"]
 
 
@@ -186,12 +186,6 @@ def warm_pass_of(graph: Graph, cluster: Cluster, device: Optional[int] = None) -
     return warm.get(graph.name)
 
 
-def never_leaves_source(cluster: Cluster, a: np.ndarray) -> bool:
-    """True for the assignment with every layer on the source, when the source is also the
-    sink: the plan makes no transfer."""
-    return cluster.sink_index == cluster.source_index and bool((np.asarray(a) == cluster.source_index).all())
-
-
 def single_device(a: np.ndarray) -> Optional[int]:
     """The device column every layer of assignment ``a`` is on, or None when it uses several."""
     a = np.asarray(a)
@@ -223,15 +217,11 @@ def busy_ratios(graph: Graph, cluster: Cluster) -> np.ndarray:
     its ``layer_times`` were. Its host's load keeps the layer times: where the host is
     the bound, its devices take turns on its cores.
     """
-    comp = compute_times(graph, cluster).sum(axis=0)
-    # With every layer on d, each layer that consumes the graph's input starts a stage.
-    starts = len(graph.input_consumers) * cluster.stage_overhead
+    comp = compute_times(graph, cluster)
     out = np.ones(cluster.k)
     for d in range(cluster.k):
-        t = warm_pass_of(graph, cluster, d)
-        total = comp[d] + starts[d]
-        if t is not None and total > 0:
-            out[d] = min(1.0, t / total)
+        local = np.full(graph.n, d, dtype=np.intp)
+        out[d] = warm_scale(graph, cluster, comp[:, d], stage_overheads(graph, cluster, local), d)
     return out
 
 

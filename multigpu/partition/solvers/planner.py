@@ -81,8 +81,9 @@ class Plan:
     each names its device, its layers (``members``, in layer order), what it consumes
     from outside (``inputs``) and the stages it waits for (``after``); a stage runs once
     those are done, each activation leaving as soon as its layer is done, and stages on
-    different devices whose inputs are ready run at once. ``breakdown.transfers`` lists every activation transfer: each
-    producer's output crosses once to each other device that consumes it."""
+    different devices whose inputs are ready run at once. ``breakdown.transfers`` lists
+    every activation transfer: each producer's output crosses once to each other device
+    that consumes it."""
 
     assignment: list[str]
     time: float

@@ -508,7 +508,8 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
     links = Table("The profile: links fitted to hops through the engine", ["link", "latency, us", "bandwidth, MB/s",
                                                                           "worst fit error"], link_rows)
     def cpu_cells(f: Any) -> list[str]:
-        return [f"{1e6 * f.fixed:.1f}", f"{1e9 * f.per_byte:.3f}", f"{1e6 * f.serial_cost(0.0):.1f}",
+        inline = "-" if f.inline_fixed is None else f"{1e6 * f.inline_fixed:.1f}"
+        return [f"{1e6 * f.fixed:.1f}", inline, f"{1e9 * f.per_byte:.3f}", f"{1e6 * f.serial_cost(0.0):.1f}",
                 f"{1e9 * (f.serial_cost(1.0) - f.serial_cost(0.0)):.3f}"]
 
     cpu_rows = [[d.name, d.host or "-", *cpu_cells(d.transfer_cpu)] for d in cluster.devices
@@ -518,9 +519,11 @@ def _report(profiles: list[Any], plans: list[dict[str, Any]], runs: dict[int, li
                          *cpu_cells(cluster.relay)])
     cpu_table = Table("The profile: CPU per transfer (each one a device sends or receives), measured as process CPU "
                       "time through the engine; serial: the part on the thread that runs the calls",
-                      ["device", "host", "fixed, us", "per byte, ns", "serial fixed, us", "serial per byte, ns"],
-                      cpu_rows,
-                      note="Hosts: " + ", ".join(f"{h.name} ({h.cores:g} cores)" for h in cluster.hosts) + ".")
+                      ["device", "host", "fixed, us", "inline fixed, us", "per byte, ns", "serial fixed, us",
+                       "serial per byte, ns"], cpu_rows,
+                      note="Hosts: " + ", ".join(f"{h.name} ({h.cores:g} cores)" for h in cluster.hosts)
+                      + (f". Inline fixed: a transfer of at most {cluster.inline_bytes} bytes (inside Ray's message; "
+                         "'-': fixed)." if cluster.inline_bytes else "."))
     outside = Table("Streamed runs and the machine's other load: cores other processes used during each cycle's run "
                     "(/proc/stat busy time less this benchmark's processes), the error, and the error had the host "
                     "been given only the cores they left on the machine, at most its own (a diagnostic, not the "

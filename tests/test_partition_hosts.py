@@ -256,3 +256,50 @@ def test_a_receive_figure_prices_what_a_device_receives_and_round_trips(tmp_path
     data["relay"]["receive_per_byte"] = 1e-9
     with pytest.raises(ClusterError, match="relay has unknown key 'receive_per_byte'"):
         load_cluster(_write(tmp_path, data))
+
+
+def test_an_inline_figure_prices_the_transfers_inside_the_engines_message_and_round_trips(tmp_path):
+    """With inline_bytes = 1000, d1's 100 B output travels inside Ray's message and costs
+    each end its inline_fixed; the 1 MB input goes through the store and costs fixed. The
+    relay prices each hop the same way. The file form round-trips; what is refused names
+    the key and the fix."""
+    g = Graph(layers=(LayerSpec("l0", 0.0, 0.0, 1e6), LayerSpec("l1", 0.0, 0.0, 100.0)), input_bytes=0.0, name="g2")
+    cl = Cluster(devices=(DeviceSpec("d0", 1e12, 0.0, transfer_cpu=TransferCpu(3e-3, 1e-9, inline_fixed=4e-4)),
+                          DeviceSpec("d1", 1e9, 0.0, transfer_cpu=TransferCpu(2e-3, 1e-9)),
+                          DeviceSpec("d2", 1e9, 0.0)),
+                 source="d0", sink="d2", default_link=LinkSpec(1e10, 0.0), inline_bytes=1000,
+                 relay=Relay("d0", 1e-3, 0.0, inline_fixed=1e-4))
+    r = evaluate(g, cl, ["d0", "d1"])
+    # d0 sends the 1 MB (store); d1 receives it and sends 100 B to d2 (inline: d1 has no
+    # inline figure, so its fixed); d0 relays that hop at its inline figure.
+    assert r.device("d0").transfer_cpu == pytest.approx((3e-3 + 1e-9 * 1e6) + 1e-4)
+    assert r.device("d1").transfer_cpu == pytest.approx((2e-3 + 1e-9 * 1e6) + (2e-3 + 1e-9 * 100))
+    assert load_cluster(_write(tmp_path, cl.to_dict())) == cl
+    data = base()
+    data["inline_bytes"] = 1000
+    data["devices"][1]["transfer_cpu"].update(inline_fixed=2e-5, serial={"fixed": 5e-5, "per_byte": 0.0,
+                                                                          "inline_fixed": 1e-5})
+    data["relay"].update(inline_fixed=3e-5, serial={"fixed": 1e-5, "inline_fixed": 1e-5})
+    back = load_cluster(_write(tmp_path, data))
+    a = back.devices[1].transfer_cpu
+    assert (a.inline_fixed, a.serial_inline_fixed) == (2e-5, 1e-5)
+    assert a.cost(1000, 1000) == pytest.approx(2e-5 + 1e-6) and a.cost(1001, 1000) == pytest.approx(1e-4 + 1.001e-6)
+    assert a.serial_cost(10, 1000) == pytest.approx(1e-5) and a.cost(10) == pytest.approx(1e-4 + 1e-8)
+    assert load_cluster(_write(tmp_path, back.to_dict())) == back
+    for tc, match in (({"inline_fixed": -1.0}, "transfer_cpu: inline_fixed=-1.0 must be at least 0"),
+                      ({"inline_fixed": 2e-5, "serial": {"fixed": 0.0}},
+                       "serial is missing the key 'inline_fixed' \\(the whole has one\\)"),
+                      ({"serial": {"fixed": 0.0, "inline_fixed": 1e-5}},
+                       "serial: inline_fixed = 1e-05 needs 'inline_fixed' as well"),
+                      ({"inline_fixed": 2e-5, "serial": {"fixed": 0.0, "inline_fixed": 3e-5}},
+                       "serial: inline_fixed = 3e-05 is more than the whole inline_fixed = 2e-05")):
+        data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9, **tc}
+        with pytest.raises(ClusterError, match=match):
+            load_cluster(_write(tmp_path, data))
+    data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "inline_fixed": 2e-5}
+    data.pop("inline_bytes")
+    data["relay"] = {"device": "d", "fixed": 1e-4}
+    with pytest.raises(ClusterError, match="device 'a': transfer_cpu: inline_fixed = 2e-05 prices a transfer of at "
+                                           "most the cluster's inline_bytes, which is 0 \\(not given\\); give "
+                                           "\"inline_bytes\""):
+        load_cluster(_write(tmp_path, data))

@@ -101,23 +101,28 @@ def ref_evaluate(gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we:
 GRAPH_NAME = "graph"   # what Graph.from_dict names a graph
 
 
-def ref_figures(fig: Optional[dict], b: float, receive: bool = False) -> tuple[float, float]:
+def ref_figures(fig: Optional[dict], b: float, receive: bool = False, inline_bytes: float = 0) -> tuple[float, float]:
     """(all, serial) CPU seconds of a transfer_cpu or relay entry for b bytes (with
-    ``receive``, received: its receive_per_byte where it has one)."""
+    ``receive``, received: its receive_per_byte where it has one); a transfer of at most
+    the cluster's ``inline_bytes`` (when not 0) costs its inline_fixed where it has one."""
     if fig is None:
         return 0.0, 0.0
 
     def per(f: dict) -> float:
         return f.get("receive_per_byte", f.get("per_byte", 0.0)) if receive else f.get("per_byte", 0.0)
-    total = fig["fixed"] + per(fig) * b
+
+    def fixed(f: dict) -> float:
+        return f["inline_fixed"] if "inline_fixed" in f and inline_bytes and b <= inline_bytes else f["fixed"]
+    total = fixed(fig) + per(fig) * b
     ser = fig.get("serial")
-    return total, total if ser is None else ser["fixed"] + per(ser) * b
+    return total, total if ser is None else fixed(ser) + per(ser) * b
 
 
 def ref_cpu(cd: dict, name: str, b: float, receive: bool) -> tuple[float, float]:
     """(all, serial) CPU seconds device ``name`` spends on one transfer of b bytes it
     sends (or, with ``receive``, receives)."""
-    return ref_figures(next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu"), b, receive)
+    return ref_figures(next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu"), b, receive,
+                       cd.get("inline_bytes", 0))
 
 
 def ref_cpu_link(cd: dict, u: str, v: str) -> bool:
@@ -201,7 +206,7 @@ def ref_transfer_loads(cd: dict, transfers: list, add: Any, load: dict) -> None:
             total, ser = ref_cpu(cd, end, b, receive)
             add(end, ser, total)
         if relay is not None and relay["device"] not in (u, v):
-            total, ser = ref_figures(relay, b)
+            total, ser = ref_figures(relay, b, inline_bytes=cd.get("inline_bytes", 0))
             add(relay["device"], ser, total)
 
 
@@ -234,9 +239,11 @@ class Brute:
         OH = np.array([d.get("stage_overhead", 0.0) for d in cd["devices"]], float)
         tc = [d.get("transfer_cpu") or {"fixed": 0.0} for d in cd["devices"]]
         CF = np.array([t["fixed"] for t in tc], float)
+        CI = np.array([t.get("inline_fixed", t["fixed"]) for t in tc], float)
         CB = np.array([t.get("per_byte", 0.0) for t in tc], float)
         CR = np.array([t.get("receive_per_byte", t.get("per_byte", 0.0)) for t in tc], float)
         SF = np.array([t.get("serial", t)["fixed"] for t in tc], float)
+        SI = np.array([t.get("serial", t).get("inline_fixed", t.get("serial", t)["fixed"]) for t in tc], float)
         SB = np.array([t.get("serial", t).get("per_byte", 0.0) for t in tc], float)
         SR = np.array([t.get("serial", t).get("receive_per_byte", t.get("serial", t).get("per_byte", 0.0))
                        for t in tc], float)
@@ -281,27 +288,32 @@ class Brute:
         out_moved = last != sink
         relay = cd.get("relay")
         r = names.index(relay["device"]) if relay is not None else -1
-        def device_load(d: int, fixed: float, per_byte: float, receive: float, rel: Optional[dict],
-                        cores: float) -> np.ndarray:
+        def device_load(d: int, fixed: float, inline_fixed: float, per_byte: float, receive: float,
+                        rel: Optional[dict], cores: float) -> np.ndarray:
+            # A transfer of at most inline_bytes (when set) pays the inline fixed figure.
+            def fx(b: Any, big: float, little: float) -> Any:
+                return np.where((small > 0) & (b <= small), little, big)
+            f_in, f_out = fx(b_in[None, :], fixed, inline_fixed), fx(out[-1], fixed, inline_fixed)
             l_ = cores * np.where(A == d, comp + stage, 0.0).sum(1)
-            l_ += np.where(moved & (prev == d), fixed + per_byte * b_in[None, :], 0.0).sum(1)
-            l_ += np.where(moved & (A == d), fixed + receive * b_in[None, :], 0.0).sum(1)
-            l_ += np.where(out_moved & (last == d), fixed + per_byte * out[-1], 0.0)
-            l_ += np.where(out_moved & (sink == d), fixed + receive * out[-1], 0.0)
+            l_ += np.where(moved & (prev == d), f_in + per_byte * b_in[None, :], 0.0).sum(1)
+            l_ += np.where(moved & (A == d), f_in + receive * b_in[None, :], 0.0).sum(1)
+            l_ += np.where(out_moved & (last == d), f_out + per_byte * out[-1], 0.0)
+            l_ += np.where(out_moved & (sink == d), f_out + receive * out[-1], 0.0)
             if d == r:
                 rf, rb = rel["fixed"], rel.get("per_byte", 0.0)
+                ri = rel.get("inline_fixed", rf)
                 via = moved & (prev != r) & (A != r)
-                l_ += np.where(via, rf + rb * b_in[None, :], 0.0).sum(1)
-                l_ += np.where(out_moved & (last != r) & (sink != r), rf + rb * out[-1], 0.0)
+                l_ += np.where(via, fx(b_in[None, :], rf, ri) + rb * b_in[None, :], 0.0).sum(1)
+                l_ += np.where(out_moved & (last != r) & (sink != r), fx(out[-1], rf, ri) + rb * out[-1], 0.0)
             return l_
 
         rser = None if relay is None else relay.get("serial", relay)
         # A device's own load counts the serial part of its transfer CPU; its host all of it,
         # and its compute in CPU-seconds.
         # ... and its compute at its busy rate (``ref_busy_ratio``), its host at the layer times.
-        self.load = np.stack([device_load(d, SF[d], SB[d], SR[d], rser, ref_busy_ratio(gd, cd, names[d]))
+        self.load = np.stack([device_load(d, SF[d], SI[d], SB[d], SR[d], rser, ref_busy_ratio(gd, cd, names[d]))
                               for d in range(k)], axis=1)
-        work = np.stack([device_load(d, CF[d], CB[d], CR[d], relay, ref_compute_cores(cd, cd["devices"][d]))
+        work = np.stack([device_load(d, CF[d], CI[d], CB[d], CR[d], relay, ref_compute_cores(cd, cd["devices"][d]))
                          for d in range(k)], axis=1)
         host_of = [d.get("host") for d in cd["devices"]]
         shares = [work[:, [d for d in range(k) if host_of[d] == h]].sum(1) / spec["cores"]
@@ -344,6 +356,15 @@ def draw_serial(draw: Any, fig: dict) -> None:
         fig["serial"] = {"fixed": share * fig["fixed"], "per_byte": draw(st.sampled_from([0.0, share])) * fig["per_byte"]}
         if "receive_per_byte" in fig:
             fig["serial"]["receive_per_byte"] = draw(st.sampled_from([0.0, share])) * fig["receive_per_byte"]
+        if "inline_fixed" in fig:
+            fig["serial"]["inline_fixed"] = draw(st.sampled_from([0.0, share])) * fig["inline_fixed"]
+
+
+def draw_inline_cpu(draw: Any, cd: dict, fig: dict) -> None:
+    """Sometimes give a CPU figure a fixed cost of its own for transfers of at most the
+    cluster's inline_bytes (only where it has one), below or above its other fixed cost."""
+    if cd.get("inline_bytes") and draw(st.booleans()):
+        fig["inline_fixed"] = draw(st.sampled_from([0.0, 0.2, 3.0])) * fig["fixed"] + draw(st.sampled_from([0.0, 1e-4]))
 
 
 def draw_shared(draw: Any, cd: dict) -> None:
@@ -359,10 +380,12 @@ def draw_shared(draw: Any, cd: dict) -> None:
             d["transfer_cpu"] = {"fixed": draw(cpu), "per_byte": draw(st.sampled_from([0.0, 1e-10, 1e-8]))}
             if draw(st.booleans()):      # receiving priced apart from sending
                 d["transfer_cpu"]["receive_per_byte"] = draw(st.sampled_from([0.0, 1e-9, 3e-8]))
+            draw_inline_cpu(draw, cd, d["transfer_cpu"])
             draw_serial(draw, d["transfer_cpu"])
     if draw(st.integers(0, 2)) == 0:
         cd["relay"] = {"device": draw(st.sampled_from(names)), "fixed": draw(cpu),
                        "per_byte": draw(st.sampled_from([0.0, 1e-9]))}
+        draw_inline_cpu(draw, cd, cd["relay"])
         draw_serial(draw, cd["relay"])
     if draw(st.booleans()):
         hosts = draw(st.integers(1, len(names)))

@@ -180,9 +180,13 @@ class ProfileResult:
                     text = f"{(sent or 0.0) * 1e9:.3g} ns/byte"
                     return text if received is None else f"{text} sent, {received * 1e9:.3g} ns/byte received"
 
+                def small(fixed: Optional[float]) -> str:
+                    return "" if fixed is None else f" ({fmt_time(fixed)} inline)"
+
                 serial = "" if f.serial_fixed is None else (
-                    f" (on its calling thread: {fmt_time(f.serial_fixed)} + {per(f.serial_per_byte, serial_receive)})")
-                return f"{fmt_time(f.fixed)} + {per(f.per_byte, receive)}{serial}"
+                    f" (on its calling thread: {fmt_time(f.serial_fixed)}{small(f.serial_inline_fixed)} + "
+                    f"{per(f.serial_per_byte, serial_receive)})")
+                return f"{fmt_time(f.fixed)}{small(f.inline_fixed)} + {per(f.per_byte, receive)}{serial}"
 
             for d, f in tc.devices.items():
                 out.append(f"  transfer CPU of {d}: {figures(f)} per transfer it sends or receives")
@@ -349,11 +353,10 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
         # a wait would make the workers, not the hops, set the rate.
         set_probe_work(0.0, "preparing stream probes")
         # -- transfer CPU through the same engine, and the hosts the workers run on ----------
-        cpu_fit = None
+        cpu_samples = None
         if engine == "tasks" and workers:
-            samples = time_transfer_cpu(ws, ray_engine, [w.name for w in workers], driver_spec.name,
-                                        cpu_sizes(link_payloads), cpu_items, warmup, progress)
-            cpu_fit = fit_transfer_cpu(samples, [w.name for w in workers], driver_spec.name)
+            cpu_samples = time_transfer_cpu(ws, ray_engine, [w.name for w in workers], driver_spec.name,
+                                            cpu_sizes(link_payloads), cpu_items, warmup, progress)
         elif engine != "tasks":
             notes.append("compiled engine: transfer CPU not measured (a compiled graph's actors poll their "
                          "channels, so their CPU per item depends on how long they wait, not on the hop); "
@@ -369,6 +372,9 @@ def profile(models: Union[str, Any, Sequence[Any]] = "lenet",
     fits = fit_links(hops, inline)
     two_regimes = any(f.inline_latency is not None for f in fits)
     cluster_inline = int(fits[0].inline_bytes) if two_regimes else (base.inline_bytes if base else 0)
+    # Transfer CPU gets an inline regime of its own under the threshold the cluster carries.
+    cpu_fit = None if cpu_samples is None else fit_transfer_cpu(cpu_samples, [w.name for w in workers],
+                                                                 driver_spec.name, cluster_inline)
     message_bytes, per_link = fit_message_bytes(streams, fits, driver_spec.name)
     if streams and message_bytes is None:
         notes.append("no stream filled a link (the hosts' CPU set every probe's rate): the throughput "

@@ -27,6 +27,12 @@ taken out. Per item:
   ``+ (L - 1) * (relay_fixed + relay_per_byte * bytes)`` (each hop between two workers
   passes through it).
 
+Each ``fixed`` above is ``inline_fixed`` for a transfer of at most the cluster's
+``inline_bytes``: Ray passes such a payload inside the call's own message and a larger one
+through the object store, whose put, pull and release cost more per object (the lab's
+0.46-core host, one way: 0.86 ms per item at 64 bytes, 3.45 ms at 4 KB). The two are
+fitted as columns of their own where the samples hold transfers on both sides.
+
 The same is read for the thread that runs each process's calls (``time.thread_time``):
 the *serial* part, which a device's own items wait for; the rest runs on Ray's I/O
 threads, beside the stages when the host has a core to spare.
@@ -88,19 +94,20 @@ class TransferCpuFit:
     devices: dict[str, TransferCpu]
     relay: Optional[Relay]
     samples: list[CpuSample]
+    inline_bytes: float = 0.0
 
     def predict(self, device: str, route: Sequence[str], nbytes: float, driver: str,
                 out_bytes: Optional[float] = None) -> float:
         """The fit's CPU seconds per item of ``device`` on a probe ``route`` of ``nbytes`` in,
         each worker sending ``out_bytes`` on (None: ``nbytes``)."""
-        f = self.devices[device]
+        f, ib = self.devices[device], self.inline_bytes
         sent = nbytes if out_bytes is None else out_bytes
         if device == driver:
-            out = f.cost(nbytes) + f.receive_cost(sent)
+            out = f.cost(nbytes, ib) + f.receive_cost(sent, ib)
             if self.relay is not None:
-                out += (len(route) - 1) * self.relay.cost(nbytes)
+                out += (len(route) - 1) * self.relay.cost(nbytes, ib)
             return out
-        return list(route).count(device) * (f.receive_cost(nbytes) + f.cost(sent))
+        return list(route).count(device) * (f.receive_cost(nbytes, ib) + f.cost(sent, ib))
 
     def worst_error(self, driver: str) -> float:
         """Largest relative miss of the fit on its own samples."""
@@ -187,60 +194,88 @@ def _nnls(rows: list[list[float]], ys: list[float]) -> np.ndarray:
     return coef / col
 
 
-def _fit(samples: Sequence[CpuSample], workers: Sequence[str], driver: str, serial: bool
-         ) -> tuple[dict[str, tuple[float, float, Optional[float]]], Optional[tuple[float, float]]]:
-    """(fixed, per_byte, receive_per_byte) per process and the relay's (fixed, per_byte),
-    from the process CPU or, with ``serial``, the calling thread's. receive_per_byte is
-    None unless some sample sends on other than it takes in (only then can the two differ
-    in the fit)."""
+def _counts(sizes: Sequence[int], inline_bytes: float) -> tuple[int, int]:
+    """(inline, store): how many of the transfers of ``sizes`` bytes travel inside the
+    engine's message (at most ``inline_bytes``; none when it is 0) and how many through its store."""
+    small = sum(1 for b in sizes if 0 < inline_bytes and b <= inline_bytes)
+    return small, len(sizes) - small
+
+
+Figures = tuple[float, float, Optional[float], Optional[float]]
+
+
+def _fit(samples: Sequence[CpuSample], workers: Sequence[str], driver: str, serial: bool, inline_bytes: float
+         ) -> tuple[dict[str, Figures], Optional[tuple[float, float, Optional[float]]]]:
+    """(fixed, per_byte, receive_per_byte, inline_fixed) per process and the relay's
+    (fixed, per_byte, inline_fixed), from the process CPU or, with ``serial``, the calling
+    thread's. receive_per_byte is None unless some sample sends on other than it takes in
+    (only then can the two differ in the fit); inline_fixed is None unless the samples hold
+    transfers both at most ``inline_bytes`` and above it (only then can the two fixed
+    figures differ in the fit)."""
     def y(s: CpuSample, d: str) -> float:
         return (s.serial if serial else s.cpu)[d]
 
     one_way = any(s.sent != s.nbytes for s in samples)
+    regimes = [_counts((s.nbytes, s.sent), inline_bytes) for s in samples]
+    two = any(r[0] for r in regimes) and any(r[1] for r in regimes)
 
-    def figures(coef: np.ndarray) -> tuple[float, float, Optional[float]]:
-        if one_way:
-            return float(coef[0]), float(coef[1]), float(coef[2])
-        return float(coef[0]), float(coef[1]), None
+    def fixed_columns(small: float, store: float) -> list[float]:
+        # Inline transfers (inside Ray's messages) and store transfers (a put, a pull and a
+        # release per object) have fixed costs of their own where both were sampled.
+        return [store, small] if two else [small + store]
+
+    def figures(coef: np.ndarray) -> Figures:
+        fixed, inline = (float(coef[0]), float(coef[1])) if two else (float(coef[0]), None)
+        rest = coef[2:] if two else coef[1:]
+        return fixed, float(rest[0]), (float(rest[1]) if one_way else None), inline
 
     def bytes_columns(sent: float, received: float) -> list[float]:
         # Symmetric samples alone cannot tell a byte sent from one received: one column.
         return [sent, received] if one_way else [sent + received]
 
-    out: dict[str, tuple[float, float, Optional[float]]] = {}
+    out: dict[str, Figures] = {}
     for w in workers:
         rows, ys = [], []
-        for s in samples:
+        for s, (small, store) in zip(samples, regimes):
             v = Counter(s.route)[w]
             if v and w in s.cpu:
-                rows.append([2.0 * v] + [v * c for c in bytes_columns(s.sent, s.nbytes)])
+                # Each visit receives the payload and sends on what it gives out.
+                rows.append(fixed_columns(v * small, v * store) + [v * c for c in bytes_columns(s.sent, s.nbytes)])
                 ys.append(y(s, w))
         if rows:
             out[w] = figures(_nnls(rows, ys))
     relay = None
     relayed = any(len(s.route) > 1 for s in samples)
     rows, ys = [], []
-    for s in samples:
+    for s, (small, store) in zip(samples, regimes):
         hops = len(s.route) - 1
-        rows.append([2.0] + bytes_columns(s.nbytes, s.sent)
-                    + ([float(hops), float(hops * s.nbytes)] if relayed else []))
+        # The driver sends the payload in and receives what comes back; it relays each hop.
+        relay_cols: list[float] = []
+        if relayed:
+            hop_small = hops if small and s.nbytes <= inline_bytes else 0
+            relay_cols = fixed_columns(hop_small, hops - hop_small) + [float(hops * s.nbytes)]
+        rows.append(fixed_columns(small, store) + bytes_columns(s.nbytes, s.sent) + relay_cols)
         ys.append(y(s, driver))
     if rows:
         coef = _nnls(rows, ys)
-        width = 3 if one_way else 2
+        width = (2 if two else 1) + (2 if one_way else 1)
         out[driver] = figures(coef[:width])
         if relayed:
-            relay = (float(coef[width]), float(coef[width + 1]))
+            r = coef[width:]
+            relay = (float(r[0]), float(r[2]), float(r[1])) if two else (float(r[0]), float(r[1]), None)
     return out, relay
 
 
-def fit_transfer_cpu(samples: Sequence[CpuSample], workers: Sequence[str], driver: str) -> TransferCpuFit:
+def fit_transfer_cpu(samples: Sequence[CpuSample], workers: Sequence[str], driver: str,
+                     inline_bytes: float = 0.0) -> TransferCpuFit:
     """Fit each worker's and the driver's ``transfer_cpu`` and the driver's relay figure,
     with their serial parts (each at most the whole, which the fits of the two clocks
-    on their own need not respect)."""
-    total, relay = _fit(samples, workers, driver, serial=False)
+    on their own need not respect). ``inline_bytes`` is the cluster's: transfers of at
+    most that many bytes get a fixed figure of their own (``inline_fixed``) where the
+    samples hold both kinds."""
+    total, relay = _fit(samples, workers, driver, False, inline_bytes)
     have_serial = all(s.serial for s in samples)
-    part, relay_part = _fit(samples, workers, driver, serial=True) if have_serial else ({}, None)
+    part, relay_part = _fit(samples, workers, driver, True, inline_bytes) if have_serial else ({}, None)
 
     def serial_of(whole: tuple[Optional[float], ...], p: Optional[tuple[Optional[float], ...]]
                   ) -> tuple[Optional[float], ...]:
@@ -249,8 +284,12 @@ def fit_transfer_cpu(samples: Sequence[CpuSample], workers: Sequence[str], drive
         return tuple(None if w is None or q is None else min(q, w) for w, q in zip(whole, p))
 
     devices = {}
-    for d, (f, c, r) in total.items():
-        sf, sc, sr = serial_of((f, c, r), part.get(d))
-        devices[d] = TransferCpu(f, c, sf, sc, r, sr)
-    relay_fig = None if relay is None else Relay(driver, relay[0], relay[1], *serial_of(relay, relay_part))
-    return TransferCpuFit(devices, relay_fig, list(samples))
+    for d, (f, c, r, i) in total.items():
+        sf, sc, sr, si = serial_of((f, c, r, i), part.get(d))
+        devices[d] = TransferCpu(f, c, sf, sc, r, sr, inline_fixed=i, serial_inline_fixed=si)
+    relay_fig = None
+    if relay is not None:
+        rf, rc, ri = relay
+        sf, sc, si = serial_of(relay, relay_part)
+        relay_fig = Relay(driver, rf, rc, sf, sc, inline_fixed=ri, serial_inline_fixed=si)
+    return TransferCpuFit(devices, relay_fig, list(samples), float(inline_bytes))

@@ -291,16 +291,29 @@ def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.nda
     if not cluster.has_transfer_cpu or len(u) == 0:
         empty = np.zeros(0, dtype=np.intp)
         return empty, empty, np.zeros(0), np.zeros(0)
-    f, c, cr = cluster.cpu_fixed, cluster.cpu_per_byte, cluster.cpu_receive_per_byte
-    sf, sc, scr = cluster.cpu_serial_fixed, cluster.cpu_serial_per_byte, cluster.cpu_serial_receive_per_byte
+    # A transfer of at most the cluster's inline_bytes travels inside the engine's own
+    # message: its fixed figures are the inline ones (``fixed`` where a device gives none).
+    inline = (b <= cluster.inline_bytes) & (cluster.inline_bytes > 0)
+
+    def fixed(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (np.where(inline, cluster.cpu_inline_fixed[d], cluster.cpu_fixed[d]),
+                np.where(inline, cluster.cpu_serial_inline_fixed[d], cluster.cpu_serial_fixed[d]))
+
+    (fu, sfu), (fv, sfv) = fixed(u), fixed(v)
+    c, cr = cluster.cpu_per_byte, cluster.cpu_receive_per_byte
+    sc, scr = cluster.cpu_serial_per_byte, cluster.cpu_serial_receive_per_byte
     j = np.arange(len(u))
-    parts = [(j, u, f[u] + c[u] * b, sf[u] + sc[u] * b), (j, v, f[v] + cr[v] * b, sf[v] + scr[v] * b)]
+    parts = [(j, u, fu + c[u] * b, sfu + sc[u] * b), (j, v, fv + cr[v] * b, sfv + scr[v] * b)]
     r = cluster.relay_index
     if r >= 0:
         via = (u != r) & (v != r)
         relay = cluster.relay
-        bv = b[via]
-        parts.append((j[via], np.full(int(via.sum()), r), relay.cost(bv), relay.serial_cost(bv)))  # type: ignore[union-attr]
+        assert relay is not None
+        bv, small = b[via], inline[via]
+        per, serial_per = relay.cost(1.0) - relay.cost(0.0), relay.serial_cost(1.0) - relay.serial_cost(0.0)
+        rf = np.where(small, relay.fixed_for(0.0, 1.0), relay.fixed)
+        rs = np.where(small, relay.serial_fixed_for(0.0, 1.0), relay.serial_fixed_for(0.0))
+        parts.append((j[via], np.full(int(via.sum()), r), rf + per * bv, rs + serial_per * bv))
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
 
 

@@ -361,11 +361,24 @@ class Cluster:
                                f"largest transfer the engine sends inside its reply, e.g. 1024 for Ray's "
                                f"max_direct_call_object_size=1024); leave it out for one latency per link")
         object.__setattr__(self, "inline_bytes", int(self.inline_bytes))
+        self._check_inline_cpu()
         if self.message_bytes is not None:
             object.__setattr__(self, "message_bytes", check_number(
                 self.message_bytes, "message_bytes",
                 unit="bytes the engine's messages add to a transfer on the wire, e.g. 2300; "
                      "leave it out to charge each transfer its hop time in the throughput bottleneck"))
+
+    def _check_inline_cpu(self) -> None:
+        """An ``inline_fixed`` transfer CPU figure needs the threshold it applies under."""
+        if self.inline_bytes:
+            return
+        owners = [(f"device {d.name!r}: transfer_cpu", d.transfer_cpu) for d in self.devices]
+        owners.append(("relay", self.relay))
+        for what, fig in owners:
+            if fig is not None and fig.inline_fixed is not None:
+                raise ClusterError(f"{what}: inline_fixed = {fig.inline_fixed!r} prices a transfer of at most the "
+                                   f"cluster's inline_bytes, which is 0 (not given); give \"inline_bytes\" (e.g. "
+                                   f"1024 for Ray's max_direct_call_object_size=1024) or leave inline_fixed out")
 
     def _check_hosts(self, names: list[str]) -> None:
         hosts = self.hosts
@@ -486,6 +499,18 @@ class Cluster:
     def cpu_fixed(self) -> np.ndarray:
         """CPU seconds per transfer each device sends or receives (0 where unset), shape (k,)."""
         return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.fixed for d in self.devices])
+
+    @cached_property
+    def cpu_inline_fixed(self) -> np.ndarray:
+        """CPU seconds per transfer of at most ``inline_bytes`` each device sends or
+        receives (its ``fixed`` where it gives no ``inline_fixed``; 0 where unset), shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.fixed_for(0.0, 1.0) for d in self.devices])
+
+    @cached_property
+    def cpu_serial_inline_fixed(self) -> np.ndarray:
+        """The part of ``cpu_inline_fixed`` on each device's computing thread, shape (k,)."""
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_fixed_for(0.0, 1.0)
+                         for d in self.devices])
 
     @cached_property
     def cpu_per_byte(self) -> np.ndarray:

@@ -17,6 +17,11 @@ fields that describe it:
 * the cluster's ``relay`` is ``{"device": NAME, "fixed": s, "per_byte": s}``: every
   transfer between two other devices passes through that device's process, which
   spends ``fixed + per_byte * bytes`` of CPU on it;
+* either may add ``"inline_fixed": s``, the fixed figure of a transfer of at most the
+  cluster's ``inline_bytes``: with Ray, such a payload travels inside the call's own
+  message, while a larger one goes through the object store, whose put, pull and release
+  cost more per object (fitted on the lab's 0.46-core host: about 0.4 ms a transfer of
+  64 bytes against 2.4-3.0 ms one of 4 KB);
 * either may add ``"serial": {"fixed": s, "per_byte": s}``, the part of that CPU spent
   on the thread that computes the device's stages (Ray's actor calls also use I/O
   threads, which run beside the stages when the host has a core to spare). A device
@@ -35,17 +40,24 @@ from multigpu.partition.inputs.validate import check_keys, check_name, check_num
 __all__ = ["HostSpec", "Relay", "TransferCpu", "hosts_from_dict", "relay_from_dict", "transfer_cpu_from_dict"]
 
 TRANSFER_CPU_KEYS_REQUIRED = ("fixed",)
-TRANSFER_CPU_KEYS_OPTIONAL = ("per_byte", "receive_per_byte", "serial")
-RELAY_KEYS_OPTIONAL = ("per_byte", "serial")
-SERIAL_KEYS_OPTIONAL = ("per_byte", "receive_per_byte")
+TRANSFER_CPU_KEYS_OPTIONAL = ("per_byte", "receive_per_byte", "inline_fixed", "serial")
+RELAY_KEYS_OPTIONAL = ("per_byte", "inline_fixed", "serial")
+SERIAL_KEYS_OPTIONAL = ("per_byte", "receive_per_byte", "inline_fixed")
+RELAY_SERIAL_KEYS_OPTIONAL = ("per_byte", "inline_fixed")
 RELAY_KEYS_REQUIRED = ("device", "fixed")
 HOST_KEYS_REQUIRED = ("cores",)
 
 
 def _check_cpu(obj: Any, what: str) -> None:
-    """Check the figures a transfer CPU and a relay share: fixed, per_byte and the serial part."""
+    """Check the figures a transfer CPU and a relay share: fixed, per_byte, inline_fixed and
+    the serial part."""
     check_number_fields(obj, what, fixed={"unit": "CPU seconds per transfer; 0 if negligible"},
                         per_byte={"unit": "CPU seconds per byte moved; 0 if negligible"})
+    if obj.inline_fixed is not None:
+        object.__setattr__(obj, "inline_fixed", check_number(
+            obj.inline_fixed, f"{what}: inline_fixed",
+            unit="CPU seconds per transfer of at most the cluster's inline_bytes; leave it out to use fixed"))
+    _check_serial_inline(obj, what)
     if obj.serial_fixed is None and obj.serial_per_byte is None:
         return
     if obj.serial_fixed is None:
@@ -62,39 +74,92 @@ def _check_cpu(obj: Any, what: str) -> None:
 
 
 class _CpuFigures:
-    """``fixed + per_byte * bytes`` of CPU, and its serial part."""
+    """``fixed + per_byte * bytes`` of CPU (``inline_fixed`` in place of ``fixed`` for a
+    transfer of at most the cluster's ``inline_bytes``), and its serial part."""
 
     fixed: float
     per_byte: float
     serial_fixed: Optional[float]
     serial_per_byte: Optional[float]
+    inline_fixed: Optional[float]
+    serial_inline_fixed: Optional[float]
 
-    def cost(self, nbytes: float) -> float:
-        """CPU seconds for one transfer of ``nbytes``."""
-        return self.fixed + self.per_byte * nbytes
+    def fixed_for(self, nbytes: float, inline_bytes: float = 0.0) -> float:
+        """The fixed figure of a transfer of ``nbytes`` in a cluster whose ``inline_bytes``
+        is given: ``inline_fixed`` at or below it (where set), else ``fixed``."""
+        return self.inline_fixed if self._inline(nbytes, inline_bytes) else self.fixed
 
-    def serial_cost(self, nbytes: float) -> float:
+    def _inline(self, nbytes: float, inline_bytes: float) -> bool:
+        # No threshold (0) means no inline regime, as for the links' inline_latency.
+        return self.inline_fixed is not None and 0 < inline_bytes and nbytes <= inline_bytes
+
+    def serial_fixed_for(self, nbytes: float, inline_bytes: float = 0.0) -> float:
+        """The serial part of ``fixed_for`` (all of it without ``serial``)."""
+        if self.serial_fixed is None:
+            return self.fixed_for(nbytes, inline_bytes)
+        if self.serial_inline_fixed is not None and self._inline(nbytes, inline_bytes):
+            return self.serial_inline_fixed
+        return self.serial_fixed
+
+    def cost(self, nbytes: float, inline_bytes: float = 0.0) -> float:
+        """CPU seconds for one transfer of ``nbytes`` (``inline_bytes``: the cluster's)."""
+        return self.fixed_for(nbytes, inline_bytes) + self.per_byte * nbytes
+
+    def serial_cost(self, nbytes: float, inline_bytes: float = 0.0) -> float:
         """The part of ``cost`` on the computing thread (all of it without ``serial``)."""
         if self.serial_fixed is None:
-            return self.cost(nbytes)
-        return self.serial_fixed + (self.serial_per_byte or 0.0) * nbytes
+            return self.cost(nbytes, inline_bytes)
+        return self.serial_fixed_for(nbytes, inline_bytes) + (self.serial_per_byte or 0.0) * nbytes
 
     def _figures(self) -> dict[str, Any]:
         out: dict[str, Any] = {"fixed": self.fixed, "per_byte": self.per_byte}
+        if self.inline_fixed is not None:
+            out["inline_fixed"] = self.inline_fixed
         if self.serial_fixed is not None:
             out["serial"] = {"fixed": self.serial_fixed, "per_byte": self.serial_per_byte or 0.0}
+            if self.serial_inline_fixed is not None:
+                out["serial"]["inline_fixed"] = self.serial_inline_fixed
         return out
 
 
-def _serial_from(value: Any, what: str, receive: bool = False) -> tuple[Optional[float], ...]:
-    """(fixed, per_byte) of ``value``'s serial part (None, None without one), and with
-    ``receive`` its receive_per_byte (None where absent)."""
+def _check_serial_inline(obj: Any, what: str) -> None:
+    """The serial part's inline_fixed: present exactly when both the whole has one and a
+    serial part is given, and at most the whole's."""
+    serial_inline = obj.serial_inline_fixed
+    if obj.serial_fixed is None or obj.inline_fixed is None:
+        if serial_inline is not None:
+            missing = "'inline_fixed'" if obj.inline_fixed is None else "\"serial\": {\"fixed\": ...}"
+            raise ClusterError(f"{what}: serial: inline_fixed = {serial_inline!r} needs {missing} as well; give "
+                               f"both or leave serial's inline_fixed out")
+        return
+    if serial_inline is None:
+        raise ClusterError(f"{what}: serial is missing the key 'inline_fixed' (the whole has one); give "
+                           f"\"serial\": {{\"fixed\": s, \"per_byte\": s, \"inline_fixed\": s}} or leave \"serial\" "
+                           f"out (all of it serial)")
+    value = check_number(serial_inline, f"{what}: serial: inline_fixed",
+                         unit="CPU seconds on the computing thread; 0 if none")
+    if value > obj.inline_fixed:
+        raise ClusterError(f"{what}: serial: inline_fixed = {value!r} is more than the whole inline_fixed = "
+                           f"{obj.inline_fixed!r}; the serial part is the share of the CPU spent on the computing "
+                           f"thread, at most all of it")
+    object.__setattr__(obj, "serial_inline_fixed", value)
+
+
+def _serial_from(value: Any, what: str, receive: bool = False) -> dict[str, Optional[float]]:
+    """The keyword arguments of ``value``'s serial part: serial_fixed, serial_per_byte,
+    serial_inline_fixed and, with ``receive``, serial_receive_per_byte (None where absent)."""
+    out: dict[str, Optional[float]] = {"serial_fixed": None, "serial_per_byte": None, "serial_inline_fixed": None}
+    if receive:
+        out["serial_receive_per_byte"] = None
     if "serial" not in value:
-        return (None, None, None) if receive else (None, None)
-    keys = SERIAL_KEYS_OPTIONAL if receive else RELAY_KEYS_OPTIONAL[:1]
+        return out
+    keys = SERIAL_KEYS_OPTIONAL if receive else RELAY_SERIAL_KEYS_OPTIONAL
     serial = check_keys(value["serial"], f"{what}: serial", TRANSFER_CPU_KEYS_REQUIRED, keys)
-    out = serial["fixed"], serial.get("per_byte", 0.0)
-    return (*out, serial.get("receive_per_byte")) if receive else out
+    out.update(serial_fixed=serial["fixed"], serial_per_byte=serial.get("per_byte", 0.0),
+               serial_inline_fixed=serial.get("inline_fixed"))
+    if receive:
+        out["serial_receive_per_byte"] = serial.get("receive_per_byte")
+    return out
 
 
 @dataclass(frozen=True)
@@ -125,6 +190,8 @@ class TransferCpu(_CpuFigures):
     serial_per_byte: Optional[float] = None
     receive_per_byte: Optional[float] = None
     serial_receive_per_byte: Optional[float] = None
+    inline_fixed: Optional[float] = None
+    serial_inline_fixed: Optional[float] = None
 
     def __post_init__(self) -> None:
         what = "transfer_cpu"
@@ -156,16 +223,17 @@ class TransferCpu(_CpuFigures):
                                f"at most all of it")
         object.__setattr__(self, "serial_receive_per_byte", value)
 
-    def receive_cost(self, nbytes: float) -> float:
-        """CPU seconds for receiving one transfer of ``nbytes``."""
-        return self.fixed + (self.per_byte if self.receive_per_byte is None else self.receive_per_byte) * nbytes
+    def receive_cost(self, nbytes: float, inline_bytes: float = 0.0) -> float:
+        """CPU seconds for receiving one transfer of ``nbytes`` (``inline_bytes``: the cluster's)."""
+        per = self.per_byte if self.receive_per_byte is None else self.receive_per_byte
+        return self.fixed_for(nbytes, inline_bytes) + per * nbytes
 
-    def serial_receive_cost(self, nbytes: float) -> float:
+    def serial_receive_cost(self, nbytes: float, inline_bytes: float = 0.0) -> float:
         """The part of ``receive_cost`` on the computing thread (all of it without ``serial``)."""
         if self.serial_fixed is None:
-            return self.receive_cost(nbytes)
+            return self.receive_cost(nbytes, inline_bytes)
         per = self.serial_per_byte if self.serial_receive_per_byte is None else self.serial_receive_per_byte
-        return self.serial_fixed + per * nbytes
+        return self.serial_fixed_for(nbytes, inline_bytes) + (per or 0.0) * nbytes
 
     def to_dict(self) -> dict[str, Any]:
         """The file form."""
@@ -188,6 +256,8 @@ class Relay(_CpuFigures):
     per_byte: float = 0.0
     serial_fixed: Optional[float] = None
     serial_per_byte: Optional[float] = None
+    inline_fixed: Optional[float] = None
+    serial_inline_fixed: Optional[float] = None
 
     def __post_init__(self) -> None:
         check_name(self.device, "relay: device")
@@ -204,8 +274,8 @@ def transfer_cpu_from_dict(value: Any, what: str) -> TransferCpu:
         return value
     check_keys(value, f"{what}: transfer_cpu", TRANSFER_CPU_KEYS_REQUIRED, TRANSFER_CPU_KEYS_OPTIONAL)
     try:
-        sf, sb, sr = _serial_from(value, "transfer_cpu", receive=True)
-        return TransferCpu(value["fixed"], value.get("per_byte", 0.0), sf, sb, value.get("receive_per_byte"), sr)
+        return TransferCpu(value["fixed"], value.get("per_byte", 0.0), receive_per_byte=value.get("receive_per_byte"),
+                           inline_fixed=value.get("inline_fixed"), **_serial_from(value, "transfer_cpu", receive=True))
     except ClusterError as e:
         raise ClusterError(f"{what}: {e}") from None
 
@@ -215,7 +285,8 @@ def relay_from_dict(value: Any, what: str) -> Relay:
     if isinstance(value, Relay):
         return value
     check_keys(value, f"{what}: relay", RELAY_KEYS_REQUIRED, RELAY_KEYS_OPTIONAL)
-    return Relay(value["device"], value["fixed"], value.get("per_byte", 0.0), *_serial_from(value, "relay"))
+    return Relay(value["device"], value["fixed"], value.get("per_byte", 0.0), inline_fixed=value.get("inline_fixed"),
+                 **_serial_from(value, "relay"))
 
 
 def hosts_from_dict(value: Any, what: str) -> tuple[HostSpec, ...]:

@@ -99,8 +99,10 @@ def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:
     cpu = 0.0
     if cluster.k > 1:
         u, v = np.nonzero(~np.eye(cluster.k, dtype=bool))
+        # Both regimes (an inline transfer's fixed figure may be the larger one).
         _, _, val, _ = transfer_cpu_terms(cluster, u, v, np.full(len(u), nb.max()))
-        cpu = 3 * float(np.max(val, initial=0.0))
+        _, _, small, _ = transfer_cpu_terms(cluster, u, v, np.zeros(len(u)))
+        cpu = 3 * (float(np.max(val, initial=0.0)) + float(np.max(small, initial=0.0)))
     cores = min(1.0, float(np.min(cluster.host_cores, initial=1.0)))
     graph = tables.graph
     # Each producer's output crosses at most once to each other device its consumers use.

@@ -153,6 +153,14 @@ def test_bad_host_and_cpu_fields_are_rejected_on_load(edit, match, tmp_path):
         load_cluster(_write(tmp_path, data))
 
 
+def _refused(tmp_path, data, cases):
+    """Each (transfer_cpu extra keys, message) case, set on device 'a', is refused with the message."""
+    for tc, match in cases:
+        data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9, **tc}
+        with pytest.raises(ClusterError, match=match):
+            load_cluster(_write(tmp_path, data))
+
+
 def _write(tmp_path, data):
     f = tmp_path / "cluster.json"
     f.write_text(json.dumps(data))
@@ -241,17 +249,14 @@ def test_a_receive_figure_prices_what_a_device_receives_and_round_trips(tmp_path
     assert (a.receive_per_byte, a.serial_receive_per_byte) == (4e-9, 1e-9)
     assert a.receive_cost(1000) == pytest.approx(1e-4 + 4e-6) and a.serial_receive_cost(1000) == pytest.approx(5e-5 + 1e-6)
     assert load_cluster(_write(tmp_path, back.to_dict())) == back
-    for tc, match in (({"receive_per_byte": -1.0}, "transfer_cpu: receive_per_byte=-1.0 must be at least 0"),
+    _refused(tmp_path, data, (({"receive_per_byte": -1.0}, "transfer_cpu: receive_per_byte=-1.0 must be at least 0"),
                       ({"receive_per_byte": 4e-9, "serial": {"fixed": 0.0}},
                        "serial is missing the key 'receive_per_byte' \\(the whole has one\\)"),
                       ({"serial": {"fixed": 0.0, "receive_per_byte": 2e-9}},
                        "serial: receive_per_byte = 2e-09 is more than the whole per_byte \\(it has no "
                        "receive_per_byte\\) = 1e-09"),
                       ({"receive_per_byte": 4e-9, "serial": {"fixed": 0.0, "receive_per_byte": 5e-9}},
-                       "serial: receive_per_byte = 5e-09 is more than the whole receive_per_byte = 4e-09")):
-        data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9, **tc}
-        with pytest.raises(ClusterError, match=match):
-            load_cluster(_write(tmp_path, data))
+                       "serial: receive_per_byte = 5e-09 is more than the whole receive_per_byte = 4e-09")))
     data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9}
     data["relay"]["receive_per_byte"] = 1e-9
     with pytest.raises(ClusterError, match="relay has unknown key 'receive_per_byte'"):
@@ -286,16 +291,13 @@ def test_an_inline_figure_prices_the_transfers_inside_the_engines_message_and_ro
     assert a.cost(1000, 1000) == pytest.approx(2e-5 + 1e-6) and a.cost(1001, 1000) == pytest.approx(1e-4 + 1.001e-6)
     assert a.serial_cost(10, 1000) == pytest.approx(1e-5) and a.cost(10) == pytest.approx(1e-4 + 1e-8)
     assert load_cluster(_write(tmp_path, back.to_dict())) == back
-    for tc, match in (({"inline_fixed": -1.0}, "transfer_cpu: inline_fixed=-1.0 must be at least 0"),
+    _refused(tmp_path, data, (({"inline_fixed": -1.0}, "transfer_cpu: inline_fixed=-1.0 must be at least 0"),
                       ({"inline_fixed": 2e-5, "serial": {"fixed": 0.0}},
                        "serial is missing the key 'inline_fixed' \\(the whole has one\\)"),
                       ({"serial": {"fixed": 0.0, "inline_fixed": 1e-5}},
                        "serial: inline_fixed = 1e-05 needs 'inline_fixed' as well"),
                       ({"inline_fixed": 2e-5, "serial": {"fixed": 0.0, "inline_fixed": 3e-5}},
-                       "serial: inline_fixed = 3e-05 is more than the whole inline_fixed = 2e-05")):
-        data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9, **tc}
-        with pytest.raises(ClusterError, match=match):
-            load_cluster(_write(tmp_path, data))
+                       "serial: inline_fixed = 3e-05 is more than the whole inline_fixed = 2e-05")))
     data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "inline_fixed": 2e-5}
     data.pop("inline_bytes")
     data["relay"] = {"device": "d", "fixed": 1e-4}

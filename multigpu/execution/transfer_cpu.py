@@ -59,7 +59,7 @@ import numpy as np
 from multigpu.execution.link_fitting import pair_walk
 from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.worker import PROBE, PROBE_SEND
-from multigpu.partition.inputs.hosts import Relay, TransferCpu
+from multigpu.partition.inputs.hosts import Relay, TransferCpu, is_inline
 
 __all__ = ["CpuSample", "TransferCpuFit", "cpu_sizes", "fit_transfer_cpu", "time_transfer_cpu"]
 
@@ -197,7 +197,7 @@ def _nnls(rows: list[list[float]], ys: list[float]) -> np.ndarray:
 def _counts(sizes: Sequence[int], inline_bytes: float) -> tuple[int, int]:
     """(inline, store): how many of the transfers of ``sizes`` bytes travel inside the
     engine's message (at most ``inline_bytes``; none when it is 0) and how many through its store."""
-    small = sum(1 for b in sizes if 0 < inline_bytes and b <= inline_bytes)
+    small = int(np.count_nonzero(is_inline(list(sizes), inline_bytes)))
     return small, len(sizes) - small
 
 
@@ -252,7 +252,7 @@ def _fit(samples: Sequence[CpuSample], workers: Sequence[str], driver: str, seri
         # The driver sends the payload in and receives what comes back; it relays each hop.
         relay_cols: list[float] = []
         if relayed:
-            hop_small = hops if small and s.nbytes <= inline_bytes else 0
+            hop_small = hops if is_inline(s.nbytes, inline_bytes) else 0
             relay_cols = fixed_columns(hop_small, hops - hop_small) + [float(hops * s.nbytes)]
         rows.append(fixed_columns(small, store) + bytes_columns(s.nbytes, s.sent) + relay_cols)
         ys.append(y(s, driver))

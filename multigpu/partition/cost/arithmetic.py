@@ -17,6 +17,7 @@ from multigpu.partition.cost.choices import compute_times, param_energy, param_t
 from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
+from multigpu.partition.inputs.hosts import is_inline
 
 __all__ = ["AssignmentArrays", "Sends", "assignment_arrays", "bottleneck_of", "busy_ratios", "busy_times",
            "find_bottleneck", "link_loads", "loads", "memory_parts", "memory_use", "single_device",
@@ -293,7 +294,7 @@ def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.nda
         return empty, empty, np.zeros(0), np.zeros(0)
     # A transfer of at most the cluster's inline_bytes travels inside the engine's own
     # message: its fixed figures are the inline ones (``fixed`` where a device gives none).
-    inline = (b <= cluster.inline_bytes) & (cluster.inline_bytes > 0)
+    inline = is_inline(b, cluster.inline_bytes)
 
     def fixed(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return (np.where(inline, cluster.cpu_inline_fixed[d], cluster.cpu_fixed[d]),

@@ -34,10 +34,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+import numpy as np
+
 from multigpu.partition.exceptions import ClusterError
 from multigpu.partition.inputs.validate import check_keys, check_name, check_number, check_number_fields
 
-__all__ = ["HostSpec", "Relay", "TransferCpu", "hosts_from_dict", "relay_from_dict", "transfer_cpu_from_dict"]
+__all__ = ["HostSpec", "Relay", "TransferCpu", "hosts_from_dict", "is_inline", "relay_from_dict",
+           "transfer_cpu_from_dict"]
 
 TRANSFER_CPU_KEYS_REQUIRED = ("fixed",)
 TRANSFER_CPU_KEYS_OPTIONAL = ("per_byte", "receive_per_byte", "inline_fixed", "serial")
@@ -46,6 +49,13 @@ SERIAL_KEYS_OPTIONAL = ("per_byte", "receive_per_byte", "inline_fixed")
 RELAY_SERIAL_KEYS_OPTIONAL = ("per_byte", "inline_fixed")
 RELAY_KEYS_REQUIRED = ("device", "fixed")
 HOST_KEYS_REQUIRED = ("cores",)
+
+
+def is_inline(nbytes: Any, inline_bytes: float) -> Any:
+    """True (elementwise for an array) for a transfer of ``nbytes`` that travels inside the
+    engine's own message: at most the cluster's ``inline_bytes``, where that is not 0 (0
+    means no inline regime, as for the links' ``inline_latency``)."""
+    return np.logical_and(inline_bytes > 0, np.asarray(nbytes) <= inline_bytes)
 
 
 def _check_cpu(obj: Any, what: str) -> None:
@@ -90,8 +100,7 @@ class _CpuFigures:
         return self.inline_fixed if self._inline(nbytes, inline_bytes) else self.fixed
 
     def _inline(self, nbytes: float, inline_bytes: float) -> bool:
-        # No threshold (0) means no inline regime, as for the links' inline_latency.
-        return self.inline_fixed is not None and 0 < inline_bytes and nbytes <= inline_bytes
+        return self.inline_fixed is not None and bool(is_inline(nbytes, inline_bytes))
 
     def serial_fixed_for(self, nbytes: float, inline_bytes: float = 0.0) -> float:
         """The serial part of ``fixed_for`` (all of it without ``serial``)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from multigpu.partition import (
@@ -305,3 +307,16 @@ def test_an_inline_figure_prices_the_transfers_inside_the_engines_message_and_ro
                                            "most the cluster's inline_bytes, which is 0 \\(not given\\); give "
                                            "\"inline_bytes\""):
         load_cluster(_write(tmp_path, data))
+
+
+def test_latency_and_transfer_cpu_choose_the_inline_regime_by_one_rule():
+    """At most inline_bytes (and inline_bytes > 0) is inline, for the links' latency as for
+    the transfer CPU; inline_bytes = 0 means no inline regime, even for an empty transfer."""
+    from multigpu.partition.inputs.cluster import transfer_latency
+
+    cpu = TransferCpu(3e-3, 0.0, inline_fixed=4e-4)
+    for nbytes, limit, inline in ((0, 0, False), (768, 768, True), (769, 768, False), (0, 768, True)):
+        assert transfer_latency(nbytes, 1e-3, 5e-4, limit) == (5e-4 if inline else 1e-3), (nbytes, limit)
+        assert cpu.cost(nbytes, limit) == pytest.approx(4e-4 if inline else 3e-3), (nbytes, limit)
+    sizes = np.array([0.0, 500.0, 2000.0])
+    assert np.array_equal(transfer_latency(sizes, 1e-3, 5e-4, 1000), [5e-4, 5e-4, 1e-3])

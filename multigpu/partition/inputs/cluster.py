@@ -31,6 +31,7 @@ from multigpu.partition.inputs.hosts import (
     Relay,
     TransferCpu,
     hosts_from_dict,
+    is_inline,
     relay_from_dict,
     transfer_cpu_from_dict,
 )
@@ -220,10 +221,11 @@ class Link:
 def transfer_latency(nbytes: Any, latency: Any, inline_latency: Any, inline_bytes: float) -> Any:
     """The latency of a transfer of ``nbytes``: ``inline_latency`` for at most ``inline_bytes``
     (Ray's replies carry those inline), ``latency`` otherwise or when ``inline_latency`` is
-    None. Numbers or numpy arrays that broadcast; the one place the two regimes are chosen."""
+    None. Numbers or numpy arrays that broadcast; the one place the two latency regimes are
+    chosen, by the test the transfer CPU uses too (``is_inline``: 0 means no inline regime)."""
     if inline_latency is None:
         return latency
-    return np.where(np.asarray(nbytes) <= inline_bytes, inline_latency, latency)
+    return np.where(is_inline(nbytes, inline_bytes), inline_latency, latency)
 
 
 @dataclass(frozen=True)

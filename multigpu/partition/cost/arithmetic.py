@@ -310,11 +310,8 @@ def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.nda
         via = (u != r) & (v != r)
         relay = cluster.relay
         assert relay is not None
-        bv, small = b[via], inline[via]
-        per, serial_per = relay.cost(1.0) - relay.cost(0.0), relay.serial_cost(1.0) - relay.serial_cost(0.0)
-        rf = np.where(small, relay.fixed_for(0.0, 1.0), relay.fixed)
-        rs = np.where(small, relay.serial_fixed_for(0.0, 1.0), relay.serial_fixed_for(0.0))
-        parts.append((j[via], np.full(int(via.sum()), r), rf + per * bv, rs + serial_per * bv))
+        bv, ib = b[via], cluster.inline_bytes
+        parts.append((j[via], np.full(int(via.sum()), r), relay.cost(bv, ib), relay.serial_cost(bv, ib)))
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
 
 

@@ -506,12 +506,12 @@ class Cluster:
     def cpu_inline_fixed(self) -> np.ndarray:
         """CPU seconds per transfer of at most ``inline_bytes`` each device sends or
         receives (its ``fixed`` where it gives no ``inline_fixed``; 0 where unset), shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.fixed_for(0.0, 1.0) for d in self.devices])
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.fixed_of(True) for d in self.devices])
 
     @cached_property
     def cpu_serial_inline_fixed(self) -> np.ndarray:
         """The part of ``cpu_inline_fixed`` on each device's computing thread, shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_fixed_for(0.0, 1.0)
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_fixed_of(True)
                          for d in self.devices])
 
     @cached_property

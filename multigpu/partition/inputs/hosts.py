@@ -32,7 +32,7 @@ fields that describe it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
@@ -83,6 +83,14 @@ def _check_cpu(obj: Any, what: str) -> None:
         object.__setattr__(obj, attr, value)
 
 
+def _by_regime(nbytes: Any, inline_bytes: float, figure: Callable[[bool], float]) -> Any:
+    """``figure(inline)`` for a transfer of ``nbytes``: a number for a number, else an array."""
+    inline = is_inline(nbytes, inline_bytes)
+    if np.ndim(inline) == 0:
+        return figure(bool(inline))
+    return np.where(inline, figure(True), figure(False))
+
+
 class _CpuFigures:
     """``fixed + per_byte * bytes`` of CPU (``inline_fixed`` in place of ``fixed`` for a
     transfer of at most the cluster's ``inline_bytes``), and its serial part."""
@@ -94,27 +102,32 @@ class _CpuFigures:
     inline_fixed: Optional[float]
     serial_inline_fixed: Optional[float]
 
-    def fixed_for(self, nbytes: float, inline_bytes: float = 0.0) -> float:
-        """The fixed figure of a transfer of ``nbytes`` in a cluster whose ``inline_bytes``
-        is given: ``inline_fixed`` at or below it (where set), else ``fixed``."""
-        return self.inline_fixed if self._inline(nbytes, inline_bytes) else self.fixed
+    def fixed_of(self, inline: bool) -> float:
+        """The fixed figure of a transfer inside the engine's message (``inline``:
+        ``inline_fixed``, or ``fixed`` where none is given) or through its store (``fixed``)."""
+        return self.inline_fixed if inline and self.inline_fixed is not None else self.fixed
 
-    def _inline(self, nbytes: float, inline_bytes: float) -> bool:
-        return self.inline_fixed is not None and bool(is_inline(nbytes, inline_bytes))
-
-    def serial_fixed_for(self, nbytes: float, inline_bytes: float = 0.0) -> float:
-        """The serial part of ``fixed_for`` (all of it without ``serial``)."""
+    def serial_fixed_of(self, inline: bool) -> float:
+        """The serial part of ``fixed_of`` (all of it without ``serial``)."""
         if self.serial_fixed is None:
-            return self.fixed_for(nbytes, inline_bytes)
-        if self.serial_inline_fixed is not None and self._inline(nbytes, inline_bytes):
-            return self.serial_inline_fixed
-        return self.serial_fixed
+            return self.fixed_of(inline)
+        return self.serial_inline_fixed if inline and self.serial_inline_fixed is not None else self.serial_fixed
 
-    def cost(self, nbytes: float, inline_bytes: float = 0.0) -> float:
-        """CPU seconds for one transfer of ``nbytes`` (``inline_bytes``: the cluster's)."""
+    def fixed_for(self, nbytes: Any, inline_bytes: float = 0.0) -> Any:
+        """The fixed figure of a transfer of ``nbytes`` (a number, or an array: one figure
+        each) in a cluster whose ``inline_bytes`` is given."""
+        return _by_regime(nbytes, inline_bytes, self.fixed_of)
+
+    def serial_fixed_for(self, nbytes: Any, inline_bytes: float = 0.0) -> Any:
+        """The serial part of ``fixed_for`` (all of it without ``serial``)."""
+        return _by_regime(nbytes, inline_bytes, self.serial_fixed_of)
+
+    def cost(self, nbytes: Any, inline_bytes: float = 0.0) -> Any:
+        """CPU seconds for one transfer of ``nbytes`` (``inline_bytes``: the cluster's; a
+        number, or an array: one figure each)."""
         return self.fixed_for(nbytes, inline_bytes) + self.per_byte * nbytes
 
-    def serial_cost(self, nbytes: float, inline_bytes: float = 0.0) -> float:
+    def serial_cost(self, nbytes: Any, inline_bytes: float = 0.0) -> Any:
         """The part of ``cost`` on the computing thread (all of it without ``serial``)."""
         if self.serial_fixed is None:
             return self.cost(nbytes, inline_bytes)

@@ -1,4 +1,5 @@
 """``python -m benchmarks``: the same as ``multigpu bench``."""
+
 import sys
 
 from multigpu.benchmarks.harness import main

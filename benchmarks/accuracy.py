@@ -8,6 +8,7 @@ framework, and the seconds per epoch. Long (tens of minutes on 2 CPU cores), so
 not in ``--quick``; ``multigpu bench accuracy --quick`` runs a 1-epoch, 6,000-example
 version with one seed, to try the benchmark out.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -22,8 +23,9 @@ SEEDS = (0, 1, 2)
 DEVICES, BATCH, LR, EPOCHS = 2, 256, 0.2, 10
 
 
-def train_one(framework: str, seed: int, epochs: int, train_limit: Any, test_limit: Any,
-              progress: bool) -> dict[str, Any]:
+def train_one(
+    framework: str, seed: int, epochs: int, train_limit: Any, test_limit: Any, progress: bool
+) -> dict[str, Any]:
     """In a fresh process: one ``multigpu.train`` run; return its result as a dict."""
     import warnings
 
@@ -32,8 +34,17 @@ def train_one(framework: str, seed: int, epochs: int, train_limit: Any, test_lim
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)
-        r = multigpu.train(backend=framework, num_gpus=DEVICES, batch_size=BATCH, lr=LR, num_epochs=epochs,
-                           seed=seed, progress=progress, train_limit=train_limit, test_limit=test_limit)
+        r = multigpu.train(
+            backend=framework,
+            num_gpus=DEVICES,
+            batch_size=BATCH,
+            lr=LR,
+            num_epochs=epochs,
+            seed=seed,
+            progress=progress,
+            train_limit=train_limit,
+            test_limit=test_limit,
+        )
     return r.to_dict()
 
 
@@ -49,31 +60,71 @@ def run(opts: Options) -> Result:
     data: dict[str, Any] = {}
     rows, per_seed = [], []
     for fw in opts.frameworks():
-        runs = data[fw] = [isolated(f"{__package__}.accuracy:train_one", fw, s, epochs, train_limit, test_limit,
-                                    opts.progress) for s in seeds]
+        runs = data[fw] = [
+            isolated(f"{__package__}.accuracy:train_one", fw, s, epochs, train_limit, test_limit, opts.progress)
+            for s in seeds
+        ]
         finals = [r["test_acc"][-1] for r in runs]
         bests = [max(r["test_acc"]) for r in runs]
         secs = [statistics.median(r["sec_per_epoch"]) for r in runs]
-        rows.append([fw, len(runs), _spread(finals), _spread(bests), f"{statistics.median(secs):.1f}",
-                     ", ".join(runs[0]["devices"])])
-        per_seed += [[fw, r["seed"], f"{r['test_acc'][-1]:.4f}", f"{max(r['test_acc']):.4f}",
-                      f"{statistics.median(r['sec_per_epoch']):.1f}"] for r in runs]
-    notes = [f"{epochs} epoch(s), batch {BATCH}, lr {LR}, {DEVICES} devices (CPU replicas without GPUs), "
-             f"{'the first ' + str(train_limit) + ' training images' if train_limit else 'all 60,000 training images'}"
-             ", test accuracy on "
-             f"{'the first ' + str(test_limit) if test_limit else 'all 10,000'} test images after every epoch.",
-             "sec/epoch: median over epochs of the training time (evaluation excluded); the machine was shared, "
-             "see the load line above."]
+        rows.append(
+            [
+                fw,
+                len(runs),
+                _spread(finals),
+                _spread(bests),
+                f"{statistics.median(secs):.1f}",
+                ", ".join(runs[0]["devices"]),
+            ]
+        )
+        per_seed += [
+            [
+                fw,
+                r["seed"],
+                f"{r['test_acc'][-1]:.4f}",
+                f"{max(r['test_acc']):.4f}",
+                f"{statistics.median(r['sec_per_epoch']):.1f}",
+            ]
+            for r in runs
+        ]
+    notes = [
+        f"{epochs} epoch(s), batch {BATCH}, lr {LR}, {DEVICES} devices (CPU replicas without GPUs), "
+        f"{'the first ' + str(train_limit) + ' training images' if train_limit else 'all 60,000 training images'}"
+        ", test accuracy on "
+        f"{'the first ' + str(test_limit) if test_limit else 'all 10,000'} test images after every epoch.",
+        "sec/epoch: median over epochs of the training time (evaluation excluded); the machine was shared, "
+        "see the load line above.",
+    ]
     if len(data) > 1:
         finals = {fw: statistics.mean(r["test_acc"][-1] for r in runs) for fw, runs in data.items()}
-        notes.append(f"spread of the frameworks' mean final accuracy: {max(finals.values()) - min(finals.values()):.4f}")
-    tables = [Table("Final and best test accuracy per framework (mean over seeds, spread)",
-                    ["backend", "seeds", "final test accuracy", "best test accuracy", "sec/epoch", "devices"], rows),
-              Table("Per seed", ["backend", "seed", "final", "best", "sec/epoch"], per_seed)]
-    return Result("accuracy", TITLE, tables, data,
-                  settings={"seeds": seeds, "epochs": epochs, "batch": BATCH, "lr": LR, "devices": DEVICES,
-                            "train_limit": train_limit, "test_limit": test_limit},
-                  notes=notes, plot=lambda fig: _plot(fig, data))
+        notes.append(
+            f"spread of the frameworks' mean final accuracy: {max(finals.values()) - min(finals.values()):.4f}"
+        )
+    tables = [
+        Table(
+            "Final and best test accuracy per framework (mean over seeds, spread)",
+            ["backend", "seeds", "final test accuracy", "best test accuracy", "sec/epoch", "devices"],
+            rows,
+        ),
+        Table("Per seed", ["backend", "seed", "final", "best", "sec/epoch"], per_seed),
+    ]
+    return Result(
+        "accuracy",
+        TITLE,
+        tables,
+        data,
+        settings={
+            "seeds": seeds,
+            "epochs": epochs,
+            "batch": BATCH,
+            "lr": LR,
+            "devices": DEVICES,
+            "train_limit": train_limit,
+            "test_limit": test_limit,
+        },
+        notes=notes,
+        plot=lambda fig: _plot(fig, data),
+    )
 
 
 def _plot(fig: Any, data: dict[str, Any]) -> None:

@@ -20,10 +20,12 @@ per-parameter naive (median of per-round ratios). On CPU replicas ``fused`` is o
 reduce into the first buffer that every replica then reads (``flat_schedule``
 "shared"): nothing needs to move between replicas that share host memory.
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -52,8 +54,9 @@ def _algorithms(be: Any) -> list[str]:
     return ["naive", "ring", "fused", "fused (tensor API)"] + (["native"] if hasattr(be, "native_allreduce") else [])
 
 
-def _check(be: Any, devices: list[Any], shapes: list[tuple[int, ...]], algo: str,
-           run: Callable[[list[Any]], list[Any]]) -> None:
+def _check(
+    be: Any, devices: list[Any], shapes: list[tuple[int, ...]], algo: str, run: Callable[[list[Any]], list[Any]]
+) -> None:
     """Run ``algo`` once on random flat buffers; raise unless every replica reads the exact sum."""
     rng = np.random.default_rng(len(devices))
     size = int(sum(np.prod(s) for s in shapes))
@@ -75,18 +78,23 @@ def _cases(be: Any, devices: list[Any], shapes: list[tuple[int, ...]]) -> dict[s
             views = [be.unflatten(f, shapes) for f in flats]
             allreduce_grads(be, views, devices, algo)
             return flats
+
         return run
 
     cases: dict[str, Callable[[list[Any]], list[Any]]] = {
-        "naive": per_param("naive"), "ring": per_param("ring"),
-        "fused": lambda flats: allreduce_flat(be, flats, devices), "fused (tensor API)": per_param("fused")}
+        "naive": per_param("naive"),
+        "ring": per_param("ring"),
+        "fused": lambda flats: allreduce_flat(be, flats, devices),
+        "fused (tensor API)": per_param("fused"),
+    }
     if hasattr(be, "native_allreduce"):
         cases["native"] = per_param("native")
     return cases
 
 
-def _timed(be: Any, devices: list[Any], shapes: list[tuple[int, ...]], repeat: int, warmup: int,
-           tick: Callable[[], None]) -> dict[str, list[float]]:
+def _timed(
+    be: Any, devices: list[Any], shapes: list[tuple[int, ...]], repeat: int, warmup: int, tick: Callable[[], None]
+) -> dict[str, list[float]]:
     """Check every algorithm, then time them alternately on buffers that persist across calls."""
     from multigpu.parallel.allreduce import allreduce_flat, allreduce_grads
 
@@ -113,8 +121,15 @@ def _timed(be: Any, devices: list[Any], shapes: list[tuple[int, ...]], repeat: i
     return interleaved(timed, repeat=repeat, warmup=warmup, sync=sync, progress=tick, reverse_odd_rounds=True)
 
 
-def measure(framework: str, lenet_counts: tuple[int, ...], buffer_counts: tuple[int, ...], sizes: tuple[int, ...],
-            repeat: int, warmup: int, progress: bool) -> dict[str, Any]:
+def measure(
+    framework: str,
+    lenet_counts: tuple[int, ...],
+    buffer_counts: tuple[int, ...],
+    sizes: tuple[int, ...],
+    repeat: int,
+    warmup: int,
+    progress: bool,
+) -> dict[str, Any]:
     """In a fresh process: time every algorithm on LeNet's gradients and on each buffer size."""
     import multigpu
     from multigpu import models
@@ -160,25 +175,35 @@ def run(opts: Options) -> Result:
     data: dict[str, Any] = {}
     lenet_rows, buf_rows = [], []
     for fw in opts.frameworks():
-        data[fw] = got = isolated(f"{__package__}.allreduce:measure", fw, lenet_counts, buffer_counts, sizes,
-                                  repeat, warmup, opts.progress)
+        data[fw] = got = isolated(
+            f"{__package__}.allreduce:measure", fw, lenet_counts, buffer_counts, sizes, repeat, warmup, opts.progress
+        )
         for n, rec in got["lenet"].items():
             s = rec["samples"]
             speedup = ratio(s["naive"], s["fused"])
             rec["fused_speedup_over_naive"] = speedup
-            cells = [fmt_ms(summary(s[a]), 3) if a in s else "-" for a in
-                     ("naive", "ring", "fused", "fused (tensor API)", "native")]
+            cells = [
+                fmt_ms(summary(s[a]), 3) if a in s else "-"
+                for a in ("naive", "ring", "fused", "fused (tensor API)", "native")
+            ]
             vs_native = ratio(s["fused"], s["native"]) if "native" in s else None
             rec["fused_over_native"] = vs_native
             if rec["kind"] == "gpu":
                 met = speedup["median"] >= TARGET_GPU_SPEEDUP
             else:
-                met = (1 / speedup["median"] <= TARGET_VS_NAIVE
-                       and (vs_native is None or vs_native["median"] <= TARGET_VS_NATIVE))
-            lenet_rows.append([fw, f"{n} {rec['kind'].upper()}", *cells,
-                               f"{speedup['median']:.2f}x ({speedup['q1']:.2f}-{speedup['q3']:.2f})",
-                               "-" if vs_native is None else f"{vs_native['median']:.2f}",
-                               "yes" if met else "**no**"])
+                met = 1 / speedup["median"] <= TARGET_VS_NAIVE and (
+                    vs_native is None or vs_native["median"] <= TARGET_VS_NATIVE
+                )
+            lenet_rows.append(
+                [
+                    fw,
+                    f"{n} {rec['kind'].upper()}",
+                    *cells,
+                    f"{speedup['median']:.2f}x ({speedup['q1']:.2f}-{speedup['q3']:.2f})",
+                    "-" if vs_native is None else f"{vs_native['median']:.2f}",
+                    "yes" if met else "**no**",
+                ]
+            )
         for n, per_size in got["buffer"].items():
             for size, rec in per_size.items():
                 s = rec["samples"]
@@ -206,16 +231,43 @@ def run(opts: Options) -> Result:
         "MXNet offers no native allreduce here (its kvstore aborts beside torch or paddle; see the adapter).",
     ]
     tables = [
-        Table("LeNet's gradients (129,068 floats + the loss, 8 tensors): time per allreduce",
-              ["backend", "devices", "naive ms", "ring ms", "fused ms", "fused (tensor API) ms", "native ms",
-               "fused speed-up over naive", "fused / native", "targets met"], lenet_rows),
-        Table("One buffer per device: time and bus bandwidth",
-              ["backend", "devices", "size", "naive", "ring", "fused", "native"], buf_rows),
+        Table(
+            "LeNet's gradients (129,068 floats + the loss, 8 tensors): time per allreduce",
+            [
+                "backend",
+                "devices",
+                "naive ms",
+                "ring ms",
+                "fused ms",
+                "fused (tensor API) ms",
+                "native ms",
+                "fused speed-up over naive",
+                "fused / native",
+                "targets met",
+            ],
+            lenet_rows,
+        ),
+        Table(
+            "One buffer per device: time and bus bandwidth",
+            ["backend", "devices", "size", "naive", "ring", "fused", "native"],
+            buf_rows,
+        ),
     ]
-    return Result("allreduce", TITLE, tables, data,
-                  settings={"repeat": repeat, "warmup": warmup, "lenet_devices": lenet_counts,
-                            "buffer_devices": buffer_counts, "sizes": sizes},
-                  notes=notes, plot=lambda fig: _plot(fig, data))
+    return Result(
+        "allreduce",
+        TITLE,
+        tables,
+        data,
+        settings={
+            "repeat": repeat,
+            "warmup": warmup,
+            "lenet_devices": lenet_counts,
+            "buffer_devices": buffer_counts,
+            "sizes": sizes,
+        },
+        notes=notes,
+        plot=lambda fig: _plot(fig, data),
+    )
 
 
 def _size(nbytes: int) -> str:
@@ -230,8 +282,9 @@ def _plot(fig: Any, data: dict[str, Any]) -> None:
         ax = axes[0][j]
         counts = list(got["lenet"])
         for a in got["algorithms"]:
-            ax.plot(counts, [1e3 * summary(got["lenet"][n]["samples"][a])["median"] for n in counts],
-                    marker="o", label=a)
+            ax.plot(
+                counts, [1e3 * summary(got["lenet"][n]["samples"][a])["median"] for n in counts], marker="o", label=a
+            )
         ax.set(title=f"{fw}: LeNet gradients", xlabel="devices", ylabel="ms per allreduce", yscale="log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -242,11 +295,17 @@ def _plot(fig: Any, data: dict[str, Any]) -> None:
             for a in got["algorithms"]:
                 if a == "fused (tensor API)":
                     continue
-                bw = [busbw(got["buffer"][n][s]["bytes"], summary(got["buffer"][n][s]["samples"][a])["median"], n)
-                      for s in sizes]
+                bw = [
+                    busbw(got["buffer"][n][s]["bytes"], summary(got["buffer"][n][s]["samples"][a])["median"], n)
+                    for s in sizes
+                ]
                 ax.plot([s / 2**20 for s in sizes], bw, marker="o", label=a)
-            ax.set(title=f"{fw}: one buffer, {n} devices", xlabel="MB per device", ylabel="bus bandwidth GB/s",
-                   xscale="log")
+            ax.set(
+                title=f"{fw}: one buffer, {n} devices",
+                xlabel="MB per device",
+                ylabel="bus bandwidth GB/s",
+                xscale="log",
+            )
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.set_size_inches(4 * max(1, len(fws)) + 2, 8)

@@ -9,6 +9,7 @@ shapes and dtypes only, so their cost does not grow with the batch). The checks'
 own time is also taken in CPU time of the calling thread, which a busy machine does
 not inflate the way it inflates wall-clock time.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -39,6 +40,7 @@ def measure(backend: str, repeat: int, warmup: int) -> dict[str, Any]:
     warnings.simplefilter("ignore")
     if backend == "torch":  # one thread: no spinning pool inflates this thread's CPU time
         import torch
+
         torch.set_num_threads(1)
     model = models.lenet()
     checked = multigpu.backend(backend)
@@ -46,15 +48,20 @@ def measure(backend: str, repeat: int, warmup: int) -> dict[str, Any]:
     calls: dict[str, int] = {}
     cpu: dict[str, float] = {}
     for n in DEVICES:
-        trainers = {label: multigpu.DataParallel(model, backend=be, devices=f"cpu:{n}", lr=0.01, seed=0)
-                    for label, be in (("checked", checked), ("bare", unchecked(checked)))}
+        trainers = {
+            label: multigpu.DataParallel(model, backend=be, devices=f"cpu:{n}", lr=0.01, seed=0)
+            for label, be in (("checked", checked), ("bare", unchecked(checked)))
+        }
         for batch in BATCHES:
             X, y = random_batches(model, 1, batch, seed=0)[0]
             key = f"{n} dev, batch {batch}"
             samples[key] = {"checked": [], "bare": []}
             for order in (("checked", "bare"), ("bare", "checked")):
-                got = interleaved({label: (lambda tr=trainers[label]: tr.train_batch(X, y)) for label in order},
-                                  repeat=(repeat + 1) // 2, warmup=warmup)
+                got = interleaved(
+                    {label: (lambda tr=trainers[label]: tr.train_batch(X, y)) for label in order},  # noqa: B023 (bound by an argument or called at once)
+                    repeat=(repeat + 1) // 2,
+                    warmup=warmup,
+                )
                 for label, values in got.items():
                     samples[key][label].extend(values)
             calls[key] = _protocol_calls(trainers["checked"], X, y)
@@ -67,7 +74,7 @@ def _own_cpu_time(trainers: dict[str, Any], X: Any, y: Any, rounds: int) -> floa
     diffs = []
     for i in range(rounds):
         spent = {}
-        for label in (("checked", "bare") if i % 2 else ("bare", "checked")):
+        for label in ("checked", "bare") if i % 2 else ("bare", "checked"):
             t0 = time.thread_time()
             trainers[label].train_batch(X, y)
             spent[label] = time.thread_time() - t0
@@ -84,6 +91,7 @@ def _protocol_calls(tr: Any, X: Any, y: Any) -> int:
         def call(*args: Any, **kwargs: Any) -> Any:
             count[0] += 1
             return method(*args, **kwargs)
+
         return call
 
     for name in names:
@@ -104,22 +112,45 @@ def run(opts: Options) -> Result:
     repeat = opts.repeats(60, 16)
     raw = isolated("multigpu.benchmarks.contract_overhead:measure", backend, repeat, opts.repeats(5, 3))
     rows: list[list[Any]] = []
-    data: dict[str, Any] = {"backend": backend, "samples": raw["samples"], "protocol_calls": raw["calls"],
-                            "checks_cpu_seconds": raw["cpu"]}
+    data: dict[str, Any] = {
+        "backend": backend,
+        "samples": raw["samples"],
+        "protocol_calls": raw["calls"],
+        "checks_cpu_seconds": raw["cpu"],
+    }
     for key, s in raw["samples"].items():
         ratios = [a / b for a, b in zip(s["checked"], s["bare"])]
         diffs = [a - b for a, b in zip(s["checked"], s["bare"])]
         on, off, r, d = summary(s["checked"]), summary(s["bare"]), summary(ratios), summary(diffs)
         data[key] = {"checked": on, "bare": off, "ratio": r, "difference": d}
-        rows.append([key, f"{1e3 * on['median']:.2f}", f"{1e3 * off['median']:.2f}", f"{r['median']:.4f}",
-                     f"{r['q1']:.4f}-{r['q3']:.4f}", f"{1e6 * d['median']:+.0f}",
-                     f"{1e6 * raw['cpu'][key]:+.0f}", raw["calls"][key]])
-    table = Table(f"LeNet step on {backend} CPU replicas: through the contract vs the bare adapter",
-                  ["case", "checked ms", "bare ms", "ratio (median of rounds)", "ratio IQR",
-                   "difference us (median of rounds)", "checks' CPU time us (this thread)",
-                   "protocol calls per step"], rows,
-                  note="Target: ratio <= 1.02 at batch 256 (the step's budget against hand-written loops is "
-                       "1.05). Rounds alternate the two cases; batch 2 isolates the checks' own time.")
+        rows.append(
+            [
+                key,
+                f"{1e3 * on['median']:.2f}",
+                f"{1e3 * off['median']:.2f}",
+                f"{r['median']:.4f}",
+                f"{r['q1']:.4f}-{r['q3']:.4f}",
+                f"{1e6 * d['median']:+.0f}",
+                f"{1e6 * raw['cpu'][key]:+.0f}",
+                raw["calls"][key],
+            ]
+        )
+    table = Table(
+        f"LeNet step on {backend} CPU replicas: through the contract vs the bare adapter",
+        [
+            "case",
+            "checked ms",
+            "bare ms",
+            "ratio (median of rounds)",
+            "ratio IQR",
+            "difference us (median of rounds)",
+            "checks' CPU time us (this thread)",
+            "protocol calls per step",
+        ],
+        rows,
+        note="Target: ratio <= 1.02 at batch 256 (the step's budget against hand-written loops is "
+        "1.05). Rounds alternate the two cases; batch 2 isolates the checks' own time.",
+    )
 
     def plot(fig: Any) -> None:
         ax = fig.add_subplot(1, 1, 1)
@@ -130,9 +161,16 @@ def run(opts: Options) -> Result:
         ax.set(ylabel="checked / bare step time (per round)", title=f"What the contract costs per step ({backend})")
         ax.grid(alpha=0.3)
 
-    return Result(name="contract", title=TITLE, tables=[table], data=data,
-                  settings={"repeat": repeat, "devices": list(DEVICES), "batches": list(BATCHES)},
-                  notes=["the bare adapter is multigpu.contract.checked.unchecked(multigpu.backend(name)); "
-                         "DataParallel uses a backend object as given",
-                         "torch runs with one intra-op thread here (torch.set_num_threads(1))"],
-                  plot=plot)
+    return Result(
+        name="contract",
+        title=TITLE,
+        tables=[table],
+        data=data,
+        settings={"repeat": repeat, "devices": list(DEVICES), "batches": list(BATCHES)},
+        notes=[
+            "the bare adapter is multigpu.contract.checked.unchecked(multigpu.backend(name)); "
+            "DataParallel uses a backend object as given",
+            "torch runs with one intra-op thread here (torch.set_num_threads(1))",
+        ],
+        plot=plot,
+    )

@@ -18,6 +18,7 @@ nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n. On CPU replicas an
 in-process "transfer" is a host copy, and the engines run over loopback TCP on the
 same cores, so these figures compare overheads on this machine, not links.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,9 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -69,8 +71,7 @@ def worker(out: str, sizes: list[int], repeat: int) -> None:
         del buf
     group.barrier()
     if group.rank == 0:
-        Path(out).write_text(json.dumps({"framework": be.name, "processes": group.world_size,
-                                         "results": results}))
+        Path(out).write_text(json.dumps({"framework": be.name, "processes": group.world_size, "results": results}))
     group.close()
 
 
@@ -101,18 +102,23 @@ def in_process(framework: str, n: int, sizes: list[int], repeat: int) -> dict[st
 
     rng = np.random.default_rng(0)
     grads = [[be.from_numpy(rng.random(s, dtype=np.float32), d) for s in shapes] for d in devices]
-    one = {"naive": lambda: allreduce_grads(be, grads, devices, "naive"),
-           "ring": lambda: allreduce_grads(be, grads, devices, "ring"),
-           "fused": lambda: allreduce_grads(be, grads, devices, "fused")}
+    one = {
+        "naive": lambda: allreduce_grads(be, grads, devices, "naive"),
+        "ring": lambda: allreduce_grads(be, grads, devices, "ring"),
+        "fused": lambda: allreduce_grads(be, grads, devices, "fused"),
+    }
     out[f"{n}/lenet"] = {"bytes": _lenet_floats() * 4, **interleaved(one, repeat=repeat, warmup=1, sync=sync)}
     for nbytes in sizes:
         bufs = [be.from_numpy(np.ones(nbytes // 4, np.float32), d) for d in devices]
         cases: dict[str, Callable[[], Any]] = {
             "naive": lambda b=bufs: naive_allreduce(be, b, devices),
             "ring": lambda b=bufs: ring_allreduce(be, b, devices),
-            "fused": lambda b=bufs: allreduce_flat(be, b, devices)}
-        out[f"{n}/{nbytes}"] = {"bytes": nbytes,
-                                **interleaved(cases, repeat=_repeat(nbytes, repeat), warmup=1, sync=sync)}
+            "fused": lambda b=bufs: allreduce_flat(be, b, devices),
+        }
+        out[f"{n}/{nbytes}"] = {
+            "bytes": nbytes,
+            **interleaved(cases, repeat=_repeat(nbytes, repeat), warmup=1, sync=sync),
+        }
     return out
 
 
@@ -122,9 +128,18 @@ def _engine_job(framework: str, processes: int, sizes: list[int], repeat: int) -
 
     with tempfile.TemporaryDirectory(prefix="dist-allreduce-") as tmp:
         out = Path(tmp) / "out.json"
-        run_job(Job(framework, processes, timeout=300),
-                [sys.executable, "-m", f"{__package__}.dist_allreduce", "--worker", str(out), json.dumps(sizes),
-                 str(repeat)])
+        run_job(
+            Job(framework, processes, timeout=300),
+            [
+                sys.executable,
+                "-m",
+                f"{__package__}.dist_allreduce",
+                "--worker",
+                str(out),
+                json.dumps(sizes),
+                str(repeat),
+            ],
+        )
         return json.loads(out.read_text())
 
 
@@ -155,24 +170,46 @@ def run(opts: Options) -> Result:
             for label in ["lenet", *map(str, sizes)]:
                 eng, loc = engine[n][label], local[f"{n}/{label}"]
                 nbytes = eng["bytes"]
-                med = {"engine": summary(eng["engine"])["median"], "checked": summary(eng["checked"])["median"],
-                       **{a: summary(loc[a])["median"] for a in ALGORITHMS}}
+                med = {
+                    "engine": summary(eng["engine"])["median"],
+                    "checked": summary(eng["checked"])["median"],
+                    **{a: summary(loc[a])["median"] for a in ALGORITHMS},
+                }
                 best = min(ALGORITHMS, key=lambda a: med[a])
-                rows.append([f"LeNet grads ({_label(nbytes)})" if label == "lenet" else _label(nbytes), n,
-                             f"{1e3 * med['engine']:.3f}", f"{busbw(nbytes, med['engine'], n):.3f}",
-                             f"{1e3 * med['checked']:.3f}",
-                             *(f"{1e3 * med[a]:.3f}" for a in ALGORITHMS),
-                             f"{best} {busbw(nbytes, med[best], n):.3f}"])
+                rows.append(
+                    [
+                        f"LeNet grads ({_label(nbytes)})" if label == "lenet" else _label(nbytes),
+                        n,
+                        f"{1e3 * med['engine']:.3f}",
+                        f"{busbw(nbytes, med['engine'], n):.3f}",
+                        f"{1e3 * med['checked']:.3f}",
+                        *(f"{1e3 * med[a]:.3f}" for a in ALGORITHMS),
+                        f"{best} {busbw(nbytes, med[best], n):.3f}",
+                    ]
+                )
                 series.append({"n": n, "label": label, "bytes": nbytes, "median": med})
         data[fw] = {"series": series, "engine_samples": engine, "in_process_samples": local}
-        tables.append(Table(
-            f"{fw}: ms per allreduce (median, rank 0) and bus bandwidth (GB/s)",
-            ["message", "n", "engine ms", "engine busbw", "checked ms", "naive ms", "ring ms", "fused ms",
-             "best in-process busbw"], rows,
-            note=f"engine: {_engine_name(fw)} across n processes; naive/ring/fused: n CPU replicas in one "
-                 "process (fused on CPU replicas is the 'shared' schedule: one reduce into the first buffer, "
-                 "which every replica then reads, so nothing is copied back); checked: the engine plus the "
-                 "header exchange. busbw = bytes / time * 2(n-1)/n."))
+        tables.append(
+            Table(
+                f"{fw}: ms per allreduce (median, rank 0) and bus bandwidth (GB/s)",
+                [
+                    "message",
+                    "n",
+                    "engine ms",
+                    "engine busbw",
+                    "checked ms",
+                    "naive ms",
+                    "ring ms",
+                    "fused ms",
+                    "best in-process busbw",
+                ],
+                rows,
+                note=f"engine: {_engine_name(fw)} across n processes; naive/ring/fused: n CPU replicas in one "
+                "process (fused on CPU replicas is the 'shared' schedule: one reduce into the first buffer, "
+                "which every replica then reads, so nothing is copied back); checked: the engine plus the "
+                "header exchange. busbw = bytes / time * 2(n-1)/n.",
+            )
+        )
 
     def plot(fig: Any) -> None:
         for i, fw in enumerate(frameworks):
@@ -181,8 +218,13 @@ def run(opts: Options) -> Result:
                 pts = [s for s in data[fw]["series"] if s["n"] == n and s["label"] != "lenet"]
                 xs = [s["bytes"] for s in pts]
                 for case in ("engine", *ALGORITHMS):
-                    ax.plot(xs, [busbw(s["bytes"], s["median"][case], n) for s in pts], style, marker="o",
-                            label=f"{case} n={n}")
+                    ax.plot(
+                        xs,
+                        [busbw(s["bytes"], s["median"][case], n) for s in pts],
+                        style,
+                        marker="o",
+                        label=f"{case} n={n}",
+                    )
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("message bytes")
@@ -190,14 +232,22 @@ def run(opts: Options) -> Result:
             ax.set_title(fw)
             ax.legend(fontsize=7)
 
-    return Result(name="dist_allreduce", title=TITLE, tables=tables, data=data,
-                  settings={"sizes": sizes, "counts": counts, "repeat": repeat, "frameworks": frameworks},
-                  plot=plot)
+    return Result(
+        name="dist_allreduce",
+        title=TITLE,
+        tables=tables,
+        data=data,
+        settings={"sizes": sizes, "counts": counts, "repeat": repeat, "frameworks": frameworks},
+        plot=plot,
+    )
 
 
 def _engine_name(fw: str) -> str:
-    return {"torch": "torch.distributed (Gloo)", "paddle": "paddle.distributed (Gloo)",
-            "mxnet": "kvstore dist_sync (1 server)"}[fw]
+    return {
+        "torch": "torch.distributed (Gloo)",
+        "paddle": "paddle.distributed (Gloo)",
+        "mxnet": "kvstore dist_sync (1 server)",
+    }[fw]
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ per-round ratios (round i of two cases ran back to back), with quartiles; the ta
 ours / theirs <= 1.05. Rank 0 profiles ours and theirs afterwards (cProfile) so that a
 ratio above target shows where the time goes.
 """
+
 from __future__ import annotations
 
 import cProfile
@@ -56,7 +57,9 @@ TARGET = 1.05
 FRAMEWORKS = ("torch", "paddle", "mxnet")
 # model -> (global batch, process counts, (repeats, quick repeats))
 MODELS: dict[str, tuple[int, tuple[int, ...], tuple[int, int]]] = {
-    "lenet": (256, (2, 4), (60, 5)), "resnet18": (32, (2,), (12, 4))}
+    "lenet": (256, (2, 4), (60, 5)),
+    "resnet18": (32, (2,), (12, 4)),
+}
 # LeNet's 60 rounds: a round's ratio spreads by about +-8% here (quartiles), so the median of 20 had a
 # standard error near 2.5%, as large as the check's 2% target; 40 brought it near 1.8% at 2 processes,
 # but at 4 (two processes a core) the quartiles spread by +-10% even with three steps a sample.
@@ -84,8 +87,18 @@ def _theirs_torch(model: str, X: np.ndarray, y: np.ndarray, lr: float) -> Callab
     from multigpu.benchmarks.resnet_references import torch_module
 
     if model == "lenet":
-        net = nn.Sequential(nn.Conv2d(1, 20, 3), nn.ReLU(), nn.AvgPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.ReLU(),
-                            nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
+        net = nn.Sequential(
+            nn.Conv2d(1, 20, 3),
+            nn.ReLU(),
+            nn.AvgPool2d(2, 2),
+            nn.Conv2d(20, 50, 5),
+            nn.ReLU(),
+            nn.AvgPool2d(2, 2),
+            nn.Flatten(),
+            nn.Linear(800, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
+        )
     else:
         net = torch_module(RESNET_CLASSES, RESNET_INPUT[0]).train()
     # NOTE: forward_sync_buffers=False: ours keeps per-device running statistics without a broadcast
@@ -109,8 +122,18 @@ def _theirs_paddle(model: str, X: np.ndarray, y: np.ndarray, lr: float) -> Calla
     from paddle import nn
 
     if model == "lenet":
-        net = nn.Sequential(nn.Conv2D(1, 20, 3), nn.ReLU(), nn.AvgPool2D(2, 2), nn.Conv2D(20, 50, 5), nn.ReLU(),
-                            nn.AvgPool2D(2, 2), nn.Flatten(), nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
+        net = nn.Sequential(
+            nn.Conv2D(1, 20, 3),
+            nn.ReLU(),
+            nn.AvgPool2D(2, 2),
+            nn.Conv2D(20, 50, 5),
+            nn.ReLU(),
+            nn.AvgPool2D(2, 2),
+            nn.Flatten(),
+            nn.Linear(800, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
+        )
     else:
         from paddle.vision.models import resnet18
 
@@ -130,23 +153,32 @@ def _theirs_paddle(model: str, X: np.ndarray, y: np.ndarray, lr: float) -> Calla
     return step
 
 
-def _theirs_mxnet(model: str, X: np.ndarray, y: np.ndarray, lr: float, kvstore: Any,
-                  global_batch: int) -> Callable[[], float]:
+def _theirs_mxnet(
+    model: str, X: np.ndarray, y: np.ndarray, lr: float, kvstore: Any, global_batch: int
+) -> Callable[[], float]:
     import mxnet as mx
     from mxnet import autograd, gluon
     from mxnet.gluon import nn
 
     if model == "lenet":
         net = nn.Sequential()
-        net.add(nn.Conv2D(20, 3, activation="relu"), nn.AvgPool2D(2, 2), nn.Conv2D(50, 5, activation="relu"),
-                nn.AvgPool2D(2, 2), nn.Flatten(), nn.Dense(128, activation="relu"), nn.Dense(10))
+        net.add(
+            nn.Conv2D(20, 3, activation="relu"),
+            nn.AvgPool2D(2, 2),
+            nn.Conv2D(50, 5, activation="relu"),
+            nn.AvgPool2D(2, 2),
+            nn.Flatten(),
+            nn.Dense(128, activation="relu"),
+            nn.Dense(10),
+        )
     else:
         from mxnet.gluon.model_zoo import vision
 
         net = vision.resnet18_v1(classes=RESNET_CLASSES)
     net.initialize(mx.init.Xavier(), ctx=mx.cpu())
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore,
-                            update_on_kvstore=False)
+    trainer = gluon.Trainer(
+        net.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore, update_on_kvstore=False
+    )
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     def step() -> float:
@@ -188,10 +220,21 @@ def worker(out: str, model: str, repeat: int, warmup: int, profile_steps: int) -
     y = rng.integers(0, 10, batch)
     lr = 0.1
     ours = DataParallel(m, backend=name, devices="cpu:1", lr=lr, process_group=group)
-    plain = DataParallel(m, backend=name, devices="cpu:1", lr=lr,
-                         process_group=CheckedGroup(group.engine, group.backend, check=False, name=name))
-    one_buffer = DataParallel(m, backend=name, devices="cpu:1", lr=lr, bucket_mb=None,
-                              process_group=CheckedGroup(group.engine, group.backend, name=name))
+    plain = DataParallel(
+        m,
+        backend=name,
+        devices="cpu:1",
+        lr=lr,
+        process_group=CheckedGroup(group.engine, group.backend, check=False, name=name),
+    )
+    one_buffer = DataParallel(
+        m,
+        backend=name,
+        devices="cpu:1",
+        lr=lr,
+        bucket_mb=None,
+        process_group=CheckedGroup(group.engine, group.backend, name=name),
+    )
     xs, ys = ours.local_shards(X, y)[0]
     if name == "torch":
         theirs = _theirs_torch(model, xs, ys, lr)
@@ -201,19 +244,29 @@ def worker(out: str, model: str, repeat: int, warmup: int, profile_steps: int) -
         theirs = _theirs_mxnet(model, xs, ys.astype(np.float32), lr, group.engine.kvstore, batch)
     # Every ratio the table reports pairs two cases that run next to each other in every round (odd rounds
     # reversed): ours and theirs, ours and ours without the check, the one buffer and theirs.
-    cases = {"ours, no check": lambda: plain.train_batch(X, y), "ours": lambda: ours.train_batch(X, y),
-             "theirs": theirs, "ours, one buffer": lambda: one_buffer.train_batch(X, y)}
+    cases = {
+        "ours, no check": lambda: plain.train_batch(X, y),
+        "ours": lambda: ours.train_batch(X, y),
+        "theirs": theirs,
+        "ours, one buffer": lambda: one_buffer.train_batch(X, y),
+    }
     steps = STEPS_PER_SAMPLE[model]
 
     def sample(step: Callable[[], Any]) -> Callable[[], None]:
         def run() -> None:
             for _ in range(steps):
                 step()
+
         return run
 
     # Each case's queued work is timed as its own (see the module's docstring).
-    timed = interleaved({case: sample(fn) for case, fn in cases.items()}, repeat=repeat, warmup=warmup,
-                        reverse_odd_rounds=True, sync=lambda: group.backend.synchronize(group.device))
+    timed = interleaved(
+        {case: sample(fn) for case, fn in cases.items()},
+        repeat=repeat,
+        warmup=warmup,
+        reverse_odd_rounds=True,
+        sync=lambda: group.backend.synchronize(group.device),
+    )
     samples = {case: [t / steps for t in ts] for case, ts in timed.items()}
     profiles = {}
     if profile_steps:
@@ -224,9 +277,18 @@ def worker(out: str, model: str, repeat: int, warmup: int, profile_steps: int) -
                 profiles[case] = prof
     group.barrier()
     if rank == 0:
-        Path(out).write_text(json.dumps({"framework": name, "model": model, "processes": world,
-                                         "buckets": len(ours._layout.params) if ours._layout else 0,
-                                         "samples": samples, "profiles": profiles}))
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "framework": name,
+                    "model": model,
+                    "processes": world,
+                    "buckets": len(ours._layout.params) if ours._layout else 0,
+                    "samples": samples,
+                    "profiles": profiles,
+                }
+            )
+        )
     group.close()
 
 
@@ -240,9 +302,20 @@ def _run_job(framework: str, model: str, processes: int, opts: Options) -> dict[
     profile = opts.repeats(10, 2) if model == "lenet" else opts.repeats(3, 2)
     with tempfile.TemporaryDirectory(prefix="dist-step-") as tmp:
         out = Path(tmp) / "out.json"
-        run_job(Job(framework, processes, timeout=600),  # the ranks inherit the harness's thread settings
-                [sys.executable, "-m", f"{__package__}.dist_step", "--worker", str(out), model, str(repeat),
-                 str(warmup), str(profile)])
+        run_job(
+            Job(framework, processes, timeout=600),  # the ranks inherit the harness's thread settings
+            [
+                sys.executable,
+                "-m",
+                f"{__package__}.dist_step",
+                "--worker",
+                str(out),
+                model,
+                str(repeat),
+                str(warmup),
+                str(profile),
+            ],
+        )
         return json.loads(out.read_text())
 
 
@@ -269,28 +342,63 @@ def run(opts: Options) -> Result:
             med = {case: summary(s[case])["median"] for case in CASES}
             after, before = ratio(s["ours"], s["theirs"]), ratio(s["ours, one buffer"], s["theirs"])
             check = _share(s["ours"], s["ours, no check"])
-            rows.append([model, fw, n, got["buckets"], f"{1e3 * med['ours']:.1f}", f"{1e3 * med['theirs']:.1f}",
-                         fmt_ratio(before), fmt_ratio(after), _fmt_share(check),
-                         "met" if after["median"] <= TARGET else "above"])
+            rows.append(
+                [
+                    model,
+                    fw,
+                    n,
+                    got["buckets"],
+                    f"{1e3 * med['ours']:.1f}",
+                    f"{1e3 * med['theirs']:.1f}",
+                    fmt_ratio(before),
+                    fmt_ratio(after),
+                    _fmt_share(check),
+                    "met" if after["median"] <= TARGET else "above",
+                ]
+            )
             data.append({**got, "median": med, "ratio": after, "ratio_one_buffer": before, "check_share": check})
             if opts.progress:
-                print(f"  {model} {fw} x{n}: ours {1e3 * med['ours']:.1f} ms, theirs {1e3 * med['theirs']:.1f} ms, "
-                      f"ratio {after['median']:.3f} (one buffer {before['median']:.3f}) "
-                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+                print(
+                    f"  {model} {fw} x{n}: ours {1e3 * med['ours']:.1f} ms, theirs {1e3 * med['theirs']:.1f} ms, "
+                    f"ratio {after['median']:.3f} (one buffer {before['median']:.3f}) "
+                    f"({time.perf_counter() - t0:.0f} s)",
+                    flush=True,
+                )
             if after["median"] > TARGET and got.get("profiles"):
-                notes.append(f"{model} {fw} x{n}: ratio {after['median']:.3f} > {TARGET}; rank 0's profile "
-                             "(tottime), ours:\n\n```\n" + "\n".join(got["profiles"]["ours"])
-                             + "\n```\n\ntheirs:\n\n```\n" + "\n".join(got["profiles"]["theirs"]) + "\n```")
-    theirs_name = {"torch": "DistributedDataParallel", "paddle": "paddle.DataParallel",
-                   "mxnet": "Gluon Trainer, kvstore dist_sync"}
+                notes.append(
+                    f"{model} {fw} x{n}: ratio {after['median']:.3f} > {TARGET}; rank 0's profile "
+                    "(tottime), ours:\n\n```\n"
+                    + "\n".join(got["profiles"]["ours"])
+                    + "\n```\n\ntheirs:\n\n```\n"
+                    + "\n".join(got["profiles"]["theirs"])
+                    + "\n```"
+                )
+    theirs_name = {
+        "torch": "DistributedDataParallel",
+        "paddle": "paddle.DataParallel",
+        "mxnet": "Gluon Trainer, kvstore dist_sync",
+    }
     table = Table(
         "One CPU device per process; LeNet global batch 256, ResNet-18 (10 classes, 3x32x32) global batch 32 "
         "(ms per step, median of rank 0; ratios: median of per-round ratios (quartiles))",
-        ["model", "framework", "processes", "buckets", "ours", "theirs", "before: one buffer / theirs",
-         "ours / theirs", "check's share", f"target <= {TARGET}"], rows,
-        note="theirs: " + "; ".join(f"{k}: {v}" for k, v in theirs_name.items() if k in frameworks)
-             + ". 'before' is the step without buckets (one flat sum after backward, bucket_mb=None), measured "
-               "in the same rounds; 'check's share' is (ours - ours without the check) / ours per round.")
+        [
+            "model",
+            "framework",
+            "processes",
+            "buckets",
+            "ours",
+            "theirs",
+            "before: one buffer / theirs",
+            "ours / theirs",
+            "check's share",
+            f"target <= {TARGET}",
+        ],
+        rows,
+        note="theirs: "
+        + "; ".join(f"{k}: {v}" for k, v in theirs_name.items() if k in frameworks)
+        + ". 'before' is the step without buckets (one flat sum after backward, bucket_mb=None), measured "
+        "in the same rounds; 'check's share' is (ours - ours without the check) / ours per round.",
+    )
 
     def plot(fig: Any) -> None:
         ax = fig.add_subplot(1, 1, 1)
@@ -306,10 +414,21 @@ def run(opts: Options) -> Result:
         ax.set_title("Multi-process step against each framework's own data parallelism")
         ax.legend()
 
-    return Result(name="dist_step", title=TITLE, tables=[table], data={"runs": data},
-                  settings={"models": {k: {"batch": v[0], "processes": list(v[1])} for k, v in MODELS.items()},
-                            "jobs": jobs, "frameworks": frameworks, "bucket_mb": 25, "threads": opts.threads},
-                  notes=notes, plot=plot)
+    return Result(
+        name="dist_step",
+        title=TITLE,
+        tables=[table],
+        data={"runs": data},
+        settings={
+            "models": {k: {"batch": v[0], "processes": list(v[1])} for k, v in MODELS.items()},
+            "jobs": jobs,
+            "frameworks": frameworks,
+            "bucket_mb": 25,
+            "threads": opts.threads,
+        },
+        notes=notes,
+        plot=plot,
+    )
 
 
 if __name__ == "__main__":

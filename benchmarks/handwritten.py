@@ -16,9 +16,10 @@ dense (in, out)) and compute what ``DataParallel`` computes: the per-example los
 summed over the batch, SGD with ``lr / batch``. ``params()`` returns the parameters in
 that layout, so a benchmark can check each loop against ``DataParallel``.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -128,9 +129,14 @@ def mxnet_gluon(init: Sequence[np.ndarray], lr: float, batch: int, num_devices: 
 
     ctxs = [mx.gpu(i) if gpu else mx.cpu(i) for i in range(num_devices)]
     net = nn.Sequential()
-    net.add(nn.Conv2D(20, kernel_size=3, activation="relu"), nn.AvgPool2D(pool_size=2, strides=2),
-            nn.Conv2D(50, kernel_size=5, activation="relu"), nn.AvgPool2D(pool_size=2, strides=2),
-            nn.Dense(128, activation="relu"), nn.Dense(10))
+    net.add(
+        nn.Conv2D(20, kernel_size=3, activation="relu"),
+        nn.AvgPool2D(pool_size=2, strides=2),
+        nn.Conv2D(50, kernel_size=5, activation="relu"),
+        nn.AvgPool2D(pool_size=2, strides=2),
+        nn.Dense(128, activation="relu"),
+        nn.Dense(10),
+    )
     net.initialize(ctx=ctxs)
     net(mx.nd.zeros((1, 1, 28, 28), ctx=ctxs[0]))  # shapes are inferred on the first call
     dense = {4, 6}  # gluon Dense stores (out, in)
@@ -161,9 +167,18 @@ def paddle_dygraph(init: Sequence[np.ndarray], lr: float, batch: int, gpu: bool)
     from paddle import nn
 
     paddle.set_device("gpu:0" if gpu else "cpu")
-    net = nn.Sequential(nn.Conv2D(1, 20, 3), nn.ReLU(), nn.AvgPool2D(2, 2),
-                        nn.Conv2D(20, 50, 5), nn.ReLU(), nn.AvgPool2D(2, 2), nn.Flatten(),
-                        nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
+    net = nn.Sequential(
+        nn.Conv2D(1, 20, 3),
+        nn.ReLU(),
+        nn.AvgPool2D(2, 2),
+        nn.Conv2D(20, 50, 5),
+        nn.ReLU(),
+        nn.AvgPool2D(2, 2),
+        nn.Flatten(),
+        nn.Linear(800, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
     for p, a in zip(net.parameters(), init):  # paddle Linear stores (in, out), as the model does
         p.set_value(a)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")

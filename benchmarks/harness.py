@@ -25,6 +25,7 @@ Rules every benchmark follows, so that its numbers can be trusted:
 The runner measures outside load itself: the CPU time that processes other than
 this run used while it ran (from ``/proc/stat``), besides the load average.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,17 +37,33 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
-__all__ = ["BENCHMARKS", "Options", "Result", "Table", "device_spec", "fmt_ms", "interleaved", "isolated",
-           "fmt_ratio", "interleaved_wall_cpu", "machine", "progress_bar", "ratio", "run_benchmarks", "same_step_cases",
-           "summary"]
+__all__ = [
+    "BENCHMARKS",
+    "Options",
+    "Result",
+    "Table",
+    "device_spec",
+    "fmt_ms",
+    "interleaved",
+    "isolated",
+    "fmt_ratio",
+    "interleaved_wall_cpu",
+    "machine",
+    "progress_bar",
+    "ratio",
+    "run_benchmarks",
+    "same_step_cases",
+    "summary",
+]
 
 # Benchmark name -> module in this package, in the order a full run takes them.
 BENCHMARKS: dict[str, str] = {
@@ -80,8 +97,8 @@ class Options:
     quick: bool = False
     out: Path = Path("benchmarks/out")
     progress: bool = True
-    backends: Optional[tuple[str, ...]] = None  # None: every installed framework
-    threads: Optional[int] = None  # CPU threads per framework process; None: the frameworks' defaults
+    backends: tuple[str, ...] | None = None  # None: every installed framework
+    threads: int | None = None  # CPU threads per framework process; None: the frameworks' defaults
     lab: bool = False  # run across the hosts of the emulated lab (root): `multigpu bench plans --lab`, `lab`
 
     def repeats(self, full: int, quick: int) -> int:
@@ -107,8 +124,12 @@ class Table:
 
     def markdown(self) -> str:
         """Return the table as GitHub markdown, title and note included."""
-        lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
-                 "|" + "|".join("---" for _ in self.columns) + "|"]
+        lines = [
+            f"### {self.title}",
+            "",
+            "| " + " | ".join(self.columns) + " |",
+            "|" + "|".join("---" for _ in self.columns) + "|",
+        ]
         # A "|" inside a cell (a plan "a | b") would end the cell: escape it.
         lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in self.rows]
         if self.note:
@@ -126,7 +147,7 @@ class Result:
     data: dict[str, Any]
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    plot: Optional[Callable[[Any], None]] = None  # draws on a matplotlib Figure
+    plot: Callable[[Any], None] | None = None  # draws on a matplotlib Figure
 
 
 def summary(samples: Sequence[float]) -> dict[str, float]:
@@ -135,14 +156,17 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
     if not xs:
         raise ValueError("summary of no samples")
     q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "q1": q[0], "q3": q[2],
-            "n": len(xs)}
+    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "q1": q[0], "q3": q[2], "n": len(xs)}
 
 
-def interleaved(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int = 2,
-                sync: Optional[Callable[[], None]] = None,
-                progress: Optional[Callable[[], None]] = None,
-                reverse_odd_rounds: bool = False) -> dict[str, list[float]]:
+def interleaved(
+    cases: Mapping[str, Callable[[], Any]],
+    repeat: int,
+    warmup: int = 2,
+    sync: Callable[[], None] | None = None,
+    progress: Callable[[], None] | None = None,
+    reverse_odd_rounds: bool = False,
+) -> dict[str, list[float]]:
     """Time each case ``repeat`` times, alternating between cases; return seconds per call.
 
     ``warmup`` untimed rounds run first. ``sync`` (a device synchronize) runs inside
@@ -153,10 +177,14 @@ def interleaved(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int
     return interleaved_wall_cpu(cases, repeat, warmup, sync, progress, reverse_odd_rounds)[0]
 
 
-def interleaved_wall_cpu(cases: Mapping[str, Callable[[], Any]], repeat: int, warmup: int = 2,
-                         sync: Optional[Callable[[], None]] = None,
-                         progress: Optional[Callable[[], None]] = None,
-                         reverse_odd_rounds: bool = False) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def interleaved_wall_cpu(
+    cases: Mapping[str, Callable[[], Any]],
+    repeat: int,
+    warmup: int = 2,
+    sync: Callable[[], None] | None = None,
+    progress: Callable[[], None] | None = None,
+    reverse_odd_rounds: bool = False,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """:func:`interleaved`, returning ``(wall, cpu)``: wall-clock seconds and this process's
     CPU seconds (all its threads) per call.
 
@@ -176,7 +204,7 @@ def interleaved_wall_cpu(cases: Mapping[str, Callable[[], Any]], repeat: int, wa
     cpu: dict[str, list[float]] = {name: [] for name in cases}
     order = list(cases.items())
     for i in range(repeat):
-        for name, fn in (order[::-1] if reverse_odd_rounds and i % 2 else order):
+        for name, fn in order[::-1] if reverse_odd_rounds and i % 2 else order:
             c0, t0 = time.process_time(), time.perf_counter()
             fn()
             if sync is not None:
@@ -203,8 +231,9 @@ def ratio(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
     return out
 
 
-def same_step_cases(trainer: Any, runners: Mapping[str, Any], X: Any, y: Any) -> tuple[
-        dict[str, Callable[[], Any]], dict[str, float]]:
+def same_step_cases(
+    trainer: Any, runners: Mapping[str, Any], X: Any, y: Any
+) -> tuple[dict[str, Callable[[], Any]], dict[str, float]]:
     """Step ``trainer`` (a DataParallel) and every runner once from the same start on ``(X, y)``;
     return the cases to time (``"ours"`` first; each waits for its devices) and each runner's
     largest parameter difference from ours (a loop that computes another update shows there)."""
@@ -224,7 +253,7 @@ def same_step_cases(trainer: Any, runners: Mapping[str, Any], X: Any, y: Any) ->
 
     cases: dict[str, Callable[[], Any]] = {"ours": ours}
     for name, r in runners.items():
-        cases[name] = (lambda r: lambda: (r.step(X, y), r.sync()))(r)
+        cases[name] = (lambda r: lambda: (r.step(X, y), r.sync()))(r)  # noqa: B023 (bound by an argument or called at once)
     return cases, agreement
 
 
@@ -232,8 +261,7 @@ def progress_bar(total: int, desc: str, enabled: bool = True) -> Any:
     """Return a tqdm bar on stderr (a silent one when not ``enabled``); call ``.update()``/``.close()``."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, file=sys.stderr,
-                dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
 def device_spec(backend: Any, n: int) -> tuple[str, str]:
@@ -254,7 +282,7 @@ def fmt_ratio(r: dict[str, float]) -> str:
     return f"{r['median']:.3f} ({r['q1']:.2f}-{r['q3']:.2f})"
 
 
-def isolated(target: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
+def isolated(target: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
     """Run ``"module:function"(*args, **kwargs)`` in a fresh process; return its result.
 
     The result must be picklable. An exception in the child is re-raised here.
@@ -286,7 +314,7 @@ def _gpus() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
 
 
-def _memory_gib() -> Optional[float]:
+def _memory_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
@@ -307,12 +335,21 @@ def machine() -> dict[str, Any]:
             versions[pkg] = None
     threads = {k: os.environ[k] for k in (*THREAD_VARIABLES, "MXNET_CPU_WORKER_NTHREADS") if k in os.environ}
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return {"date": date, "cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(), "gpus": _gpus(),
-            "python": platform.python_version(), "platform": platform.platform(),
-            "versions": versions, "thread_env": threads, "loadavg": list(os.getloadavg())}
+    return {
+        "date": date,
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "gpus": _gpus(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
+        "thread_env": threads,
+        "loadavg": list(os.getloadavg()),
+    }
 
 
-def busy_seconds() -> Optional[float]:
+def busy_seconds() -> float | None:
     """CPU seconds the whole machine has been busy (every process, steal included), from
     /proc/stat; None where it cannot be read."""
     try:
@@ -343,15 +380,17 @@ class LoadMeter:
         self.t0, self.busy0, self.own0 = time.perf_counter(), self._busy(), self._own()
 
     @staticmethod
-    def _busy() -> Optional[float]:
+    def _busy() -> float | None:
         return busy_seconds()
 
     @staticmethod
     def _own() -> float:
         import resource
 
-        return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                      resource.getrusage(resource.RUSAGE_CHILDREN)))
+        return sum(
+            r.ru_utime + r.ru_stime
+            for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+        )
 
     def own_seconds(self) -> float:
         """CPU seconds of this run so far (every process it started)."""
@@ -367,17 +406,22 @@ class LoadMeter:
         other = None if busy is None or self.busy0 is None else max(0.0, busy - self.busy0 - own)
         old_other = None if busy is None or self.busy0 is None else max(0.0, busy - self.busy0 - children_only)
         cores = os.cpu_count() or 1
-        return {"wall_s": wall, "own_cpu_s": own, "other_cpu_s": other,
-                "other_share": None if other is None else other / (wall * cores),
-                "own_method": self.account.method, "own_cpu_s_children_only": children_only,
-                "other_share_children_only": None if old_other is None else old_other / (wall * cores)}
+        return {
+            "wall_s": wall,
+            "own_cpu_s": own,
+            "other_cpu_s": other,
+            "other_share": None if other is None else other / (wall * cores),
+            "own_method": self.account.method,
+            "own_cpu_s_children_only": children_only,
+            "other_share_children_only": None if old_other is None else old_other / (wall * cores),
+        }
 
 
 #: The meter of the benchmark that is running (benchmarks read their own CPU from it).
-CURRENT: Optional[LoadMeter] = None
+CURRENT: LoadMeter | None = None
 
 
-def own_cpu_seconds() -> Optional[float]:
+def own_cpu_seconds() -> float | None:
     """CPU seconds the running benchmark has used so far, all its processes included (None
     outside ``run_benchmarks``)."""
     return None if CURRENT is None else CURRENT.own_seconds()
@@ -399,42 +443,69 @@ def _jsonable(x: Any) -> Any:
 
 def _load_line(before: dict[str, Any], load_after: list[float], load: dict[str, Any]) -> str:
     share = load.get("other_share")
-    other = ("unknown" if share is None else
-             f"{share:.0%} of the {before['cores']} cores ({load['other_cpu_s']:.0f} CPU-s)")
+    other = (
+        "unknown" if share is None else f"{share:.0%} of the {before['cores']} cores ({load['other_cpu_s']:.0f} CPU-s)"
+    )
     old = load.get("other_share_children_only")
-    counted = ("" if old is None else
-               f" (this run's processes counted by {load.get('own_method')}, its Ray daemons included; "
-               f"counting only this process and its reaped children, as before, would say {old:.0%})")
-    return (f"Load average (1 min) {before['loadavg'][0]:.2f} before, {load_after[0]:.2f} after; "
-            f"other processes used {other} during the run{counted}.")
+    counted = (
+        ""
+        if old is None
+        else f" (this run's processes counted by {load.get('own_method')}, its Ray daemons included; "
+        f"counting only this process and its reaped children, as before, would say {old:.0%})"
+    )
+    return (
+        f"Load average (1 min) {before['loadavg'][0]:.2f} before, {load_after[0]:.2f} after; "
+        f"other processes used {other} during the run{counted}."
+    )
 
 
-def _write(result: Result, out: Path, before: dict[str, Any], load_after: list[float],
-           load: dict[str, Any]) -> list[Path]:
+def _write(
+    result: Result, out: Path, before: dict[str, Any], load_after: list[float], load: dict[str, Any]
+) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     seconds = load["wall_s"]
     share = load.get("other_share")
     loaded = share is not None and share > 0.1 or before["loadavg"][0] > 0.5 * (before["cores"] or 1)
     versions = ", ".join(f"{k} {v}" for k, v in before["versions"].items() if v)
-    header = [f"## {result.title}", "",
-              f"Run on {before['date']}. "
-              f"Machine: {before['cpu']}, {before['cores']} cores, {before['memory_gib']} GiB, "
-              f"GPUs: {', '.join(before['gpus']) or 'none'}; Python {before['python']}; {versions}; "
-              f"threads: {', '.join(f'{k}={v}' for k, v in before['thread_env'].items()) or 'framework defaults'}.",
-              "",
-              _load_line(before, load_after, load) + (" Other load was present." if loaded else "")
-              + f" Took {seconds:.0f} s.", ""]
+    header = [
+        f"## {result.title}",
+        "",
+        f"Run on {before['date']}. "
+        f"Machine: {before['cpu']}, {before['cores']} cores, {before['memory_gib']} GiB, "
+        f"GPUs: {', '.join(before['gpus']) or 'none'}; Python {before['python']}; {versions}; "
+        f"threads: {', '.join(f'{k}={v}' for k, v in before['thread_env'].items()) or 'framework defaults'}.",
+        "",
+        _load_line(before, load_after, load)
+        + (" Other load was present." if loaded else "")
+        + f" Took {seconds:.0f} s.",
+        "",
+    ]
     if result.plot is not None:  # drawn below, beside this page: the docs site shows it
         header += [f"![{result.title}]({result.name}.png)", ""]
     body = [t.markdown() for t in result.tables] + [f"- {n}" for n in result.notes]
     md = out / f"{result.name}.md"
     md.write_text("\n".join(header + body) + "\n")
     js = out / f"{result.name}.json"
-    js.write_text(json.dumps(_jsonable({
-        "name": result.name, "title": result.title, "machine": before,
-        "loadavg_after": load_after, "load": load, "other_load": loaded, "seconds": seconds,
-        "settings": result.settings, "tables": [asdict(t) for t in result.tables],
-        "notes": result.notes, "data": result.data}), indent=1))
+    js.write_text(
+        json.dumps(
+            _jsonable(
+                {
+                    "name": result.name,
+                    "title": result.title,
+                    "machine": before,
+                    "loadavg_after": load_after,
+                    "load": load,
+                    "other_load": loaded,
+                    "seconds": seconds,
+                    "settings": result.settings,
+                    "tables": [asdict(t) for t in result.tables],
+                    "notes": result.notes,
+                    "data": result.data,
+                }
+            ),
+            indent=1,
+        )
+    )
     paths = [md, js]
     if result.plot is not None:
         import matplotlib
@@ -453,8 +524,7 @@ def _write(result: Result, out: Path, before: dict[str, Any], load_after: list[f
     return paths
 
 
-def run_benchmarks(names: Iterable[str], opts: Options,
-                   echo: Callable[[str], None] = print) -> list[Path]:
+def run_benchmarks(names: Iterable[str], opts: Options, echo: Callable[[str], None] = print) -> list[Path]:
     """Run the named benchmarks in order; return every file written.
 
     A benchmark that raises is reported and the others still run; at the end
@@ -480,8 +550,9 @@ def run_benchmarks(names: Iterable[str], opts: Options,
     return written
 
 
-def _run_each(names: Iterable[str], opts: Options, echo: Callable[[str], None], written: list[Path],
-              failed: dict[str, str]) -> None:
+def _run_each(
+    names: Iterable[str], opts: Options, echo: Callable[[str], None], written: list[Path], failed: dict[str, str]
+) -> None:
     for name in names:
         module_name = LAB_VARIANTS.get(name, BENCHMARKS[name]) if opts.lab else BENCHMARKS[name]
         module = importlib.import_module(f"{__package__}.{module_name}")
@@ -497,12 +568,12 @@ def _run_each(names: Iterable[str], opts: Options, echo: Callable[[str], None], 
             continue
         finally:
             CURRENT = None
-            load = meter.stop()   # also on Ctrl-C: the accounting's cgroup goes
+            load = meter.stop()  # also on Ctrl-C: the accounting's cgroup goes
         written += _write(result, opts.out, before, list(os.getloadavg()), load)
         echo(f"bench {name}: done in {load['wall_s']:.0f} s -> {opts.out / name}.{{md,json,png}}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m benchmarks``: the same as ``multigpu bench``."""
     from multigpu.cli import main as cli_main
 

@@ -13,6 +13,7 @@ can reach a job, in the emulated lab (the shipped ``lab`` cluster at its own rat
 4. **Who can reach a job.** What each command listens on (``ss -ltnp``) and whether another
    host can connect; a Ray node without the lab's token.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ TITLE = "The emulated lab: the report's experiment, multi-host allreduces, fault
 IN_QUICK = False
 NEEDS_LAB = True
 
-HOST = "desk-cpu"   # the report's "host machine": the driver, with the memory for AlexNet
+HOST = "desk-cpu"  # the report's "host machine": the driver, with the memory for AlexNet
 #: The report's split (Dev_1..Dev_4): convolutions on the Pis, the dense layers on the LAN.
 SPLIT = ["pi1"] * 6 + ["pi2"] * 8 + ["imac"] * 4 + ["desk-gpu"]
 REPORT = {"single_pi": (70.0, 80.0), "distributed": (600.0, 900.0)}
@@ -49,9 +50,19 @@ def profile_inside(address: str, cluster_file: str, progress: bool) -> Any:
     a Pi-class host cannot hold AlexNet, which ``layer_times_here`` times layer by layer)."""
     from multigpu.execution import profile
 
-    return profile(["lenet"], cluster=multigpu.partition.load_cluster(cluster_file), address=address, repeats=5,
-                   warmup=1, link_repeats=4, sizes=[65536, 655360], cpu_items=10, timeout=600.0,
-                   startup_timeout=600.0, progress=progress)
+    return profile(
+        ["lenet"],
+        cluster=multigpu.partition.load_cluster(cluster_file),
+        address=address,
+        repeats=5,
+        warmup=1,
+        link_repeats=4,
+        sizes=[65536, 655360],
+        cpu_items=10,
+        timeout=600.0,
+        startup_timeout=600.0,
+        progress=progress,
+    )
 
 
 def layer_times_here(repeats: int) -> dict[str, float]:
@@ -97,7 +108,7 @@ def single_pi(images: int) -> dict[str, Any]:
     dev = Device("cpu", 0)
     numpy_params = model.init_params(0)
     params = []
-    while numpy_params:   # one layer at a time, so the numpy copy and the tensor never both hold it all
+    while numpy_params:  # one layer at a time, so the numpy copy and the tensor never both hold it all
         params.append(be.from_numpy(numpy_params.pop(0), dev))
     import numpy as np
 
@@ -119,12 +130,20 @@ def split_inside(address: str, cluster_file: str, plan: list[str], images: int) 
     model = multigpu.models.alexnet()
     x = np.random.default_rng(0).random((images, *model.input_shape), dtype=np.float32)
     t0 = time.perf_counter()
-    r = run_partitioned(model, None, plan, x, cluster_file, address=address, warmup=0, timeout=900.0,
-                        startup_timeout=600.0)
-    return {"total": time.perf_counter() - t0, "param_bytes": r.param_bytes, "param_seconds": r.param_seconds,
-            "startup": r.startup_seconds, "latency": r.latency, "per_image": r.end_to_end.tolist(),
-            "hops": [r.hop_time(h) for h in range(len(r.hop_routes))], "routes": r.hop_routes,
-            "stages": [r.stage_time(i) for i in range(len(r.stages))]}
+    r = run_partitioned(
+        model, None, plan, x, cluster_file, address=address, warmup=0, timeout=900.0, startup_timeout=600.0
+    )
+    return {
+        "total": time.perf_counter() - t0,
+        "param_bytes": r.param_bytes,
+        "param_seconds": r.param_seconds,
+        "startup": r.startup_seconds,
+        "latency": r.latency,
+        "per_image": r.end_to_end.tolist(),
+        "hops": [r.hop_time(h) for h in range(len(r.hop_routes))],
+        "routes": r.hop_routes,
+        "stages": [r.stage_time(i) for i in range(len(r.stages))],
+    }
 
 
 # -- helpers in the benchmark's process --------------------------------------------
@@ -136,14 +155,49 @@ def _cluster_with_source(lab: Any, source: str, folder: Path, name: str, data: d
     return path
 
 
-def _launch(lab: Any, backend: str, hosts: tuple[str, str], out: Path, args: list[str], port: int,
-            timeout: str = "120") -> list[subprocess.Popen]:
+def _launch(
+    lab: Any, backend: str, hosts: tuple[str, str], out: Path, args: list[str], port: int, timeout: str = "120"
+) -> list[subprocess.Popen]:
     addr = {h: lab.plan.host(h).address for h in hosts}
-    return [lab.popen(h, [sys.executable, "-m", "multigpu", "launch", "--nnodes", "2", "--node-rank", str(i),
-                          "--nproc", "1", "--master-addr", addr[hosts[0]], "--master-port", str(port),
-                          "--node-addr", addr[h], "--backend", backend, "--timeout", timeout, "--init-timeout", "300",
-                          "--", sys.executable, "-m", "multigpu.benchmarks.lab_rank", str(out), *args],
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i, h in enumerate(hosts)]
+    return [
+        lab.popen(
+            h,
+            [
+                sys.executable,
+                "-m",
+                "multigpu",
+                "launch",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(i),
+                "--nproc",
+                "1",
+                "--master-addr",
+                addr[hosts[0]],
+                "--master-port",
+                str(port),
+                "--node-addr",
+                addr[h],
+                "--backend",
+                backend,
+                "--timeout",
+                timeout,
+                "--init-timeout",
+                "300",
+                "--",
+                sys.executable,
+                "-m",
+                "multigpu.benchmarks.lab_rank",
+                str(out),
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, h in enumerate(hosts)
+    ]
 
 
 def _finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str]]:
@@ -172,14 +226,13 @@ def report_experiment(lab: Any, folder: Path, say: Any, progress: bool) -> dict[
 
     spec = _cluster_with_source(lab, HOST, folder, "host-machine")
     say("lab: profiling the links from the host machine")
-    prof = lab.call(HOST, "multigpu.benchmarks.lab:profile_inside", lab.address, str(spec), progress,
-                    timeout=3 * 3600)
+    prof = lab.call(HOST, "multigpu.benchmarks.lab:profile_inside", lab.address, str(spec), progress, timeout=3 * 3600)
     g = graph_from_model(multigpu.models.alexnet(), 1)
     measured: dict[str, dict[str, float]] = {}
-    for h in lab.plan.hosts:   # one host at a time, so that they do not compete for the machine
+    for h in lab.plan.hosts:  # one host at a time, so that they do not compete for the machine
         say(f"lab: timing AlexNet's layers on {h.name}, one layer at a time")
         small = h.memory is not None
-        if small:   # room for the layer's parameters: the host's Ray node waits meanwhile
+        if small:  # room for the layer's parameters: the host's Ray node waits meanwhile
             lab.kill(h.name)
             time.sleep(1)
         try:
@@ -200,10 +253,15 @@ def report_experiment(lab: Any, folder: Path, say: Any, progress: bool) -> dict[
     ship_each: dict[str, float] = {}
     for layer in split.layers:
         ship_each[layer.device] = ship_each.get(layer.device, 0.0) + layer.param_time
-    out: dict[str, Any] = {"profile": {**prof.to_dict(), "cluster": data}, "alexnet_layers": measured,
-                           "predicted_single": predicted_single,
-                           "predicted_split": split.time, "predicted_param_time": split.param_time,
-                           "predicted_param_max": max(ship_each.values()), "predicted_ship_each": ship_each}
+    out: dict[str, Any] = {
+        "profile": {**prof.to_dict(), "cluster": data},
+        "alexnet_layers": measured,
+        "predicted_single": predicted_single,
+        "predicted_split": split.time,
+        "predicted_param_time": split.param_time,
+        "predicted_param_max": max(ship_each.values()),
+        "predicted_ship_each": ship_each,
+    }
     say("lab: AlexNet on pi1 alone, 500 MB and no swap (its Ray node stopped)")
     lab.kill("pi1")
     time.sleep(1)
@@ -215,16 +273,20 @@ def report_experiment(lab: Any, folder: Path, say: Any, progress: bool) -> dict[
             got = lab.call("pi1", "multigpu.benchmarks.lab:single_pi", 2, timeout=1800)
             out[f"single_{label}"] = {"ok": True, **got}
         except LabError as e:
-            out[f"single_{label}"] = {"ok": False, "error": str(e).splitlines()[0][:300],
-                                      "after": time.perf_counter() - t0}
+            out[f"single_{label}"] = {
+                "ok": False,
+                "error": str(e).splitlines()[0][:300],
+                "after": time.perf_counter() - t0,
+            }
         mem = lab.hosts["pi1"].cgroups.memory()
         out[f"single_{label}"].update(peak=mem["peak"], oom_kills=(mem["oom_kills"] or 0) - (peak0["oom_kills"] or 0))
         Path(lab.hosts["pi1"].cgroups.dirs["memory"], "memory.max_usage_in_bytes").write_text("0")
     lab.set_memory("pi1", lab.plan.host("pi1").memory)
     lab.restart("pi1")
     say("lab: AlexNet split over the lab, parameters shipped from the host machine")
-    out["split"] = lab.call(HOST, "multigpu.benchmarks.lab:split_inside", lab.address, str(prof_file), SPLIT, 2,
-                            timeout=3 * 3600)
+    out["split"] = lab.call(
+        HOST, "multigpu.benchmarks.lab:split_inside", lab.address, str(prof_file), SPLIT, 2, timeout=3 * 3600
+    )
     return out
 
 
@@ -243,9 +305,15 @@ def bus_bandwidth(lab: Any, folder: Path, say: Any) -> list[dict[str, Any]]:
             say(f"lab: allreduce of {PAYLOAD[kind] >> 20} MiB across the {kind} pair {hosts}, {engine}")
             t0 = time.perf_counter()
             ended = _finish(_launch(lab, engine, hosts, out, [str(PAYLOAD[kind]), "3"], port))
-            row: dict[str, Any] = {"engine": engine, "pair": kind, "hosts": hosts, "bytes": PAYLOAD[kind],
-                                   "link": lab.plan.link(*hosts).bandwidth, "wall": time.perf_counter() - t0,
-                                   "status": [rc for rc, _ in ended]}
+            row: dict[str, Any] = {
+                "engine": engine,
+                "pair": kind,
+                "hosts": hosts,
+                "bytes": PAYLOAD[kind],
+                "link": lab.plan.link(*hosts).bandwidth,
+                "wall": time.perf_counter() - t0,
+                "status": [rc for rc, _ in ended],
+            }
             if all(rc == 0 for rc, _ in ended):
                 got = json.loads((out / "rank0.json").read_text())
                 t = statistics.median(got["seconds"])
@@ -260,10 +328,29 @@ def bus_bandwidth(lab: Any, folder: Path, say: Any) -> list[dict[str, Any]]:
 # -- 3. faults ---------------------------------------------------------------------------
 def _timed_run_fault(lab: Any, folder: Path, fault: Any, label: str) -> dict[str, Any]:
     spec = _cluster_with_source(lab, HOST, folder, "faults")
-    p = lab.popen(HOST, [sys.executable, "-m", "multigpu", "run", "--cluster", str(spec), "--address", lab.address,
-                         "--plan", f"{HOST}*3,imac*4,{HOST}*3", "--random", "100000", "--timeout", "10"],
-                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(25)   # the workers are up and items flow
+    p = lab.popen(
+        HOST,
+        [
+            sys.executable,
+            "-m",
+            "multigpu",
+            "run",
+            "--cluster",
+            str(spec),
+            "--address",
+            lab.address,
+            "--plan",
+            f"{HOST}*3,imac*4,{HOST}*3",
+            "--random",
+            "100000",
+            "--timeout",
+            "10",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(25)  # the workers are up and items flow
     running = p.poll() is None
     t0 = time.perf_counter()
     fault()
@@ -272,8 +359,14 @@ def _timed_run_fault(lab: Any, folder: Path, fault: Any, label: str) -> dict[str
     except subprocess.TimeoutExpired:
         p.kill()
         _, err = p.communicate()
-    return {"fault": label, "seconds": time.perf_counter() - t0, "status": p.returncode, "was_running": running,
-            "error": err.strip().splitlines()[-1] if err.strip() else "", "timeout": 10}
+    return {
+        "fault": label,
+        "seconds": time.perf_counter() - t0,
+        "status": p.returncode,
+        "was_running": running,
+        "error": err.strip().splitlines()[-1] if err.strip() else "",
+        "timeout": 10,
+    }
 
 
 def faults(lab: Any, folder: Path, say: Any) -> list[dict[str, Any]]:
@@ -299,35 +392,72 @@ def faults(lab: Any, folder: Path, say: Any) -> list[dict[str, Any]]:
     ended = _finish(procs, timeout=120)
     lab.link("imac", True)
     for (rc, err), host in zip(ended, PAIRS["LAN"]):
-        out.append({"fault": f"launch (torch): imac's link down, seen on {host}", "seconds": time.perf_counter() - t0,
-                    "status": rc, "error": err, "timeout": 10})
+        out.append(
+            {
+                "fault": f"launch (torch): imac's link down, seen on {host}",
+                "seconds": time.perf_counter() - t0,
+                "status": rc,
+                "error": err,
+                "timeout": 10,
+            }
+        )
     say("lab: faults: a stage that does not fit pi2's memory")
     alex = multigpu.models.alexnet()
-    fc = ["fc6", "relu6", "fc7", "relu7"]   # 218 MB of parameters
+    fc = ["fc6", "relu6", "fc7", "relu7"]  # 218 MB of parameters
     small = json.loads(lab.cluster_file.read_text())
     for d in small["devices"]:
-        if d["name"] == "pi2":   # NumPy: a worker light enough to start in 200 MB, so its stage is what fails
+        if d["name"] == "pi2":  # NumPy: a worker light enough to start in 200 MB, so its stage is what fails
             d["memory"], d["backend"] = 200e6, "numpy"
     small_file = _cluster_with_source(lab, HOST, folder, "small-pi2", data=small)
     try:
-        autopartition(graph_from_model(alex, 1), multigpu.partition.load_cluster(small_file),
-                      constraints=Constraints(pinned={n: "pi2" for n in fc}))
+        autopartition(
+            graph_from_model(alex, 1),
+            multigpu.partition.load_cluster(small_file),
+            constraints=Constraints(pinned={n: "pi2" for n in fc}),
+        )
         refused = "not refused"
     except InfeasibleError as e:
         refused = str(e).splitlines()[0][:300]
     lab.set_memory("pi2", 200_000_000)
     plan = [HOST] * 14 + ["pi2"] * 4 + [HOST]
     t0 = time.perf_counter()
-    got = lab.run(HOST, [sys.executable, "-m", "multigpu", "run", "--model", "alexnet", "--cluster", str(small_file),
-                         "--address", lab.address, "--plan", ",".join(plan), "--random", "1", "--timeout", "300"],
-                  timeout=900)
+    got = lab.run(
+        HOST,
+        [
+            sys.executable,
+            "-m",
+            "multigpu",
+            "run",
+            "--model",
+            "alexnet",
+            "--cluster",
+            str(small_file),
+            "--address",
+            lab.address,
+            "--plan",
+            ",".join(plan),
+            "--random",
+            "1",
+            "--timeout",
+            "300",
+        ],
+        timeout=900,
+    )
     seconds = time.perf_counter() - t0
     kills = lab.hosts["pi2"].cgroups.memory()["oom_kills"]
     lab.set_memory("pi2", lab.plan.host("pi2").memory)
     lab.restart("pi2")
-    out.append({"fault": "run: fc6..relu7 (218 MB) forced onto pi2 (200 MB)", "seconds": seconds,
-                "status": got.returncode, "error": got.stderr.strip().splitlines()[-1] if got.stderr.strip() else "",
-                "planner": refused, "oom_kills": kills, "timeout": 300})
+    out.append(
+        {
+            "fault": "run: fc6..relu7 (218 MB) forced onto pi2 (200 MB)",
+            "seconds": seconds,
+            "status": got.returncode,
+            "error": got.stderr.strip().splitlines()[-1] if got.stderr.strip() else "",
+            "planner": refused,
+            "oom_kills": kills,
+            "timeout": 300,
+        }
+    )
     return out
 
 
@@ -345,29 +475,73 @@ def who_can_reach(lab: Any, folder: Path, say: Any) -> dict[str, Any]:
         say(f"lab: who can reach `multigpu launch --nproc 2 --backend {b}` on one host")
         out = folder / f"single-{b}"
         out.mkdir()
-        p = lab.popen(host, [sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--backend", b, "--",
-                             sys.executable, "-m", "multigpu.benchmarks.lab_rank", str(out), "4096", "1", "6"],
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        rows = _poll_listeners(lab, host, base,
-                               lambda out=out, p=p: (out / "listening.rank0").exists() or p.poll() is not None)
+        p = lab.popen(
+            host,
+            [
+                sys.executable,
+                "-m",
+                "multigpu",
+                "launch",
+                "--nproc",
+                "2",
+                "--backend",
+                b,
+                "--",
+                sys.executable,
+                "-m",
+                "multigpu.benchmarks.lab_rank",
+                str(out),
+                "4096",
+                "1",
+                "6",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        rows = _poll_listeners(
+            lab, host, base, lambda out=out, p=p: (out / "listening.rank0").exists() or p.poll() is not None
+        )
         tried = lab.reach(other, addr, sorted({port for _, port, _ in rows}))
-        single.append({"command": f"multigpu launch --nproc 2 --backend {b}", "status": _finish([p])[0][0],
-                       "listening": rows, "reach": tried})
+        single.append(
+            {
+                "command": f"multigpu launch --nproc 2 --backend {b}",
+                "status": _finish([p])[0][0],
+                "listening": rows,
+                "reach": tried,
+            }
+        )
     say("lab: who can reach `multigpu run` with a local Ray instance")
     local = folder / "local.json"
-    local.write_text(json.dumps({"devices": [{"name": "d", "flops": 1e9, "power": 0, "backend": "numpy"},
-                                             {"name": "w", "flops": 1e9, "power": 0, "backend": "numpy"}],
-                                 "default_link": {"bandwidth": 1e8, "latency": 0}, "source": "d"}))
-    p = lab.popen(host, [sys.executable, "-m", "multigpu", "run", "--cluster", str(local), "--plan", "d*3,w*7",
-                         "--random", "20000"], lab_env=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    local.write_text(
+        json.dumps(
+            {
+                "devices": [
+                    {"name": "d", "flops": 1e9, "power": 0, "backend": "numpy"},
+                    {"name": "w", "flops": 1e9, "power": 0, "backend": "numpy"},
+                ],
+                "default_link": {"bandwidth": 1e8, "latency": 0},
+                "source": "d",
+            }
+        )
+    )
+    p = lab.popen(
+        host,
+        [sys.executable, "-m", "multigpu", "run", "--cluster", str(local), "--plan", "d*3,w*7", "--random", "20000"],
+        lab_env=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     t_end = time.monotonic() + 25
     rows = _poll_listeners(lab, host, base, lambda: time.monotonic() > t_end or p.poll() is not None)
     tried = lab.reach(other, addr, sorted({port for _, port, _ in rows}))
     env = {k: v for k, v in _ray_env_of(lab, host).items()}
     p.kill()
     p.wait()
-    single.append({"command": "multigpu run (a local Ray instance)", "status": 0, "listening": rows, "reach": tried,
-                   "auth": env})
+    single.append(
+        {"command": "multigpu run (a local Ray instance)", "status": 0, "listening": rows, "reach": tried, "auth": env}
+    )
     for b in [e for e in ENGINES if e in engines]:
         say(f"lab: who can reach `multigpu launch --nnodes 2 --backend {b}` on desk-cpu and imac")
         out = folder / f"multi-{b}"
@@ -376,15 +550,25 @@ def who_can_reach(lab: Any, folder: Path, say: Any) -> dict[str, Any]:
         before = {h: {(a, q) for a, q, _ in lab.listening(h)} for h in hosts}
         procs = _launch(lab, b, hosts, out, ["4096", "1", "6"], 29800 + len(multi))
         deadline = time.monotonic() + 300
-        while not (out / "listening.rank0").exists() and all(q.poll() is None for q in procs) \
-                and time.monotonic() < deadline:
+        while (
+            not (out / "listening.rank0").exists()
+            and all(q.poll() is None for q in procs)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         seen = {h: [r for r in _job_rows(lab.listening(h)) if (r[0], r[1]) not in before[h]] for h in hosts}
-        tried = {h: lab.reach(other, lab.plan.host(h).address, sorted({q for _, q, _ in rows_}))
-                 for h, rows_ in seen.items()}
-        multi.append({"command": f"multigpu launch --nnodes 2 --backend {b}",
-                      "status": [rc for rc, _ in _finish(procs)],
-                      "listening": seen, "reach": tried, "given": {h: lab.plan.host(h).address for h in hosts}})
+        tried = {
+            h: lab.reach(other, lab.plan.host(h).address, sorted({q for _, q, _ in rows_})) for h, rows_ in seen.items()
+        }
+        multi.append(
+            {
+                "command": f"multigpu launch --nnodes 2 --backend {b}",
+                "status": [rc for rc, _ in _finish(procs)],
+                "listening": seen,
+                "reach": tried,
+                "given": {h: lab.plan.host(h).address for h in hosts},
+            }
+        )
     say("lab: a Ray node without the lab's token tries to join")
     head = lab.plan.head
     cluster_rows = [r for r in lab.listening(head)]
@@ -392,17 +576,42 @@ def who_can_reach(lab: Any, folder: Path, say: Any) -> dict[str, Any]:
     bad.write_text("0" * 64)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     t0 = time.perf_counter()
-    got = lab.run("pi2", [str(Path(sys.executable).with_name("ray")), "start", f"--address={lab.address}",
-                          f"--temp-dir={folder / 'intruder'}", "--node-ip-address", lab.plan.host("pi2").address,
-                          "--num-cpus", "1"], env={**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(bad)},
-                  lab_env=False, timeout=180)
-    refused = {"status": got.returncode, "seconds": time.perf_counter() - t0,
-               "error": next((x for x in got.stderr.splitlines() if "Authentication" in x or "AuthToken" in x),
-                             got.stderr.strip().splitlines()[-1] if got.stderr.strip() else "")}
-    return {"single": single, "multi": multi, "cluster": {"head": head, "listening": cluster_rows,
-                                                          "reach": lab.reach(other, lab.plan.host(head).address,
-                                                                             sorted({q for _, q, _ in cluster_rows}))},
-            "intruder": refused, "host": host, "from": other}
+    got = lab.run(
+        "pi2",
+        [
+            str(Path(sys.executable).with_name("ray")),
+            "start",
+            f"--address={lab.address}",
+            f"--temp-dir={folder / 'intruder'}",
+            "--node-ip-address",
+            lab.plan.host("pi2").address,
+            "--num-cpus",
+            "1",
+        ],
+        env={**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(bad)},
+        lab_env=False,
+        timeout=180,
+    )
+    refused = {
+        "status": got.returncode,
+        "seconds": time.perf_counter() - t0,
+        "error": next(
+            (x for x in got.stderr.splitlines() if "Authentication" in x or "AuthToken" in x),
+            got.stderr.strip().splitlines()[-1] if got.stderr.strip() else "",
+        ),
+    }
+    return {
+        "single": single,
+        "multi": multi,
+        "cluster": {
+            "head": head,
+            "listening": cluster_rows,
+            "reach": lab.reach(other, lab.plan.host(head).address, sorted({q for _, q, _ in cluster_rows})),
+        },
+        "intruder": refused,
+        "host": host,
+        "from": other,
+    }
 
 
 def _ray_env_of(lab: Any, host: str) -> dict[str, str]:
@@ -412,10 +621,16 @@ def _ray_env_of(lab: Any, host: str) -> dict[str, str]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"raylet" not in cmd or b"mgl-" in cmd:
                 continue
-            env = dict(x.split("=", 1) for x in Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
-                       if "=" in x)
-            return {k: ("(a private file)" if k == "RAY_AUTH_TOKEN_PATH" else v) for k, v in env.items()
-                    if k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+            env = dict(
+                x.split("=", 1)
+                for x in Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
+                if "=" in x
+            )
+            return {
+                k: ("(a private file)" if k == "RAY_AUTH_TOKEN_PATH" else v)
+                for k, v in env.items()
+                if k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+            }
         except OSError:
             continue
     return {}
@@ -448,10 +663,12 @@ def run(opts: Options) -> Result:
     try:
         with Lab("lab", backend="torch", echo=say) as lab:
             data["plan"] = lab.plan.to_dict()
-            parts = (("reach", lambda: who_can_reach(lab, folder, say)),
-                     ("allreduce", lambda: bus_bandwidth(lab, folder, say)),
-                     ("report", lambda: report_experiment(lab, folder, say, opts.progress)),
-                     ("faults", lambda: faults(lab, folder, say)))
+            parts = (
+                ("reach", lambda: who_can_reach(lab, folder, say)),
+                ("allreduce", lambda: bus_bandwidth(lab, folder, say)),
+                ("report", lambda: report_experiment(lab, folder, say, opts.progress)),
+                ("faults", lambda: faults(lab, folder, say)),
+            )
             for key, part in parts:
                 try:
                     data[key] = part()
@@ -479,65 +696,119 @@ def _report_table(data: dict[str, Any]) -> tuple[Table, list[str]]:
     small = rep.get("single_500 MB", {})
     largest = rep["predicted_split"] - rep["predicted_param_time"] + rep["predicted_param_max"]
     rows = [
-        ["AlexNet on pi1 alone, 500 MB, no swap", "-", "OOM-killed" if not small.get("ok") else _fmt_s(
-            statistics.median(small["seconds"])),
-         f"{(small.get('peak') or 0) / 1e6:.0f} MB peak, {small.get('oom_kills', 0)} OOM kill(s)"
-         + ("" if small.get("ok") else f": {small.get('error', '')}")],
-        ["AlexNet on pi1 alone, memory unlimited (as if swap cost nothing)", _fmt_s(rep["predicted_single"]),
-         _fmt_s(single), f"{(single_ok.get('peak') or 0) / 1e6:.0f} MB peak"],
-        ["split: parameters shipped (s)", (f"{_fmt_s(rep['predicted_param_time'])} (sum) / "
-                                           f"{_fmt_s(rep['predicted_param_max'])} (largest device)"),
-         _fmt_s(sp["param_seconds"]),
-         f"{sp['param_bytes'] / 1e6:.0f} MB to 4 workers at once"],
-        ["split: first image end to end (s)", _fmt_s(rep["predicted_split"] - rep["predicted_param_time"]),
-         _fmt_s(sp["per_image"][0]),
-         "hops: " + ", ".join(f"{a}->{b} {t:.2f}" for (a, b), t in zip(sp["routes"], sp["hops"]))],
-        ["split: shipping + one image (s)", f"{_fmt_s(rep['predicted_split'])} (sum) / {_fmt_s(largest)} (largest)",
-         _fmt_s(split_total), ""],
-        ["split ÷ one Pi", f"{largest / rep['predicted_single']:.1f}x",
-         f"{ratio:.1f}x", (f"the report: {REPORT['distributed'][0] / REPORT['single_pi'][1]:.1f}x to "
-                           f"{REPORT['distributed'][1] / REPORT['single_pi'][0]:.1f}x (600-900 s against 70-80 s)")],
+        [
+            "AlexNet on pi1 alone, 500 MB, no swap",
+            "-",
+            "OOM-killed" if not small.get("ok") else _fmt_s(statistics.median(small["seconds"])),
+            f"{(small.get('peak') or 0) / 1e6:.0f} MB peak, {small.get('oom_kills', 0)} OOM kill(s)"
+            + ("" if small.get("ok") else f": {small.get('error', '')}"),
+        ],
+        [
+            "AlexNet on pi1 alone, memory unlimited (as if swap cost nothing)",
+            _fmt_s(rep["predicted_single"]),
+            _fmt_s(single),
+            f"{(single_ok.get('peak') or 0) / 1e6:.0f} MB peak",
+        ],
+        [
+            "split: parameters shipped (s)",
+            (f"{_fmt_s(rep['predicted_param_time'])} (sum) / {_fmt_s(rep['predicted_param_max'])} (largest device)"),
+            _fmt_s(sp["param_seconds"]),
+            f"{sp['param_bytes'] / 1e6:.0f} MB to 4 workers at once",
+        ],
+        [
+            "split: first image end to end (s)",
+            _fmt_s(rep["predicted_split"] - rep["predicted_param_time"]),
+            _fmt_s(sp["per_image"][0]),
+            "hops: " + ", ".join(f"{a}->{b} {t:.2f}" for (a, b), t in zip(sp["routes"], sp["hops"])),
+        ],
+        [
+            "split: shipping + one image (s)",
+            f"{_fmt_s(rep['predicted_split'])} (sum) / {_fmt_s(largest)} (largest)",
+            _fmt_s(split_total),
+            "",
+        ],
+        [
+            "split ÷ one Pi",
+            f"{largest / rep['predicted_single']:.1f}x",
+            f"{ratio:.1f}x",
+            (
+                f"the report: {REPORT['distributed'][0] / REPORT['single_pi'][1]:.1f}x to "
+                f"{REPORT['distributed'][1] / REPORT['single_pi'][0]:.1f}x (600-900 s against 70-80 s)"
+            ),
+        ],
     ]
-    report_table = Table("The report's experiment: AlexNet on one Pi-class host against AlexNet split over the lab, "
-                         "parameters shipped at run time", ["case", "predicted", "measured", "notes"], rows,
-                         note=f"Scale: links at the file's rates (1x: WiFi 1 MB/s, LAN 10 MB/s); the Pi-class host has "
-                              f"a quarter of a core of this machine and computes AlexNet at {pi_gflops:.2f} GFLOP/s "
-                              f"(the profile), against the Pi 3's nominal 38.4 GFLOP/s: compute runs "
-                              f"{38.4 / pi_gflops:.1f}x slower than the nominal Pi, transfers at the report's speed. "
-                              f"Split: {' | '.join(_spans(SPLIT))}, the driver (host machine) desk-cpu.")
-    notes = [(f"Predicted split = the cost model with ship_params, which adds each layer's parameter transfer "
-              f"from the source one after another ({_fmt_s(rep['predicted_param_time'])} s); the executor ships "
-              f"every worker's parameters at once over distinct links, so the largest device's shipping "
-              f"({_fmt_s(rep['predicted_param_max'])} s) is the term the run shows."),
-             ("The report's Pi swapped AlexNet (over 1 GB with its framework) to an SD card, and its 70-80 s are "
-              "mostly that swapping; the lab has no swap, so the 500 MB Pi-class host is killed by the kernel's OOM "
-              "killer instead, and the unlimited case shows the compute alone. Its distributed run (600-900 s) also "
-              "shipped the parameters at WiFi and LAN speed, as here.")]
+    report_table = Table(
+        "The report's experiment: AlexNet on one Pi-class host against AlexNet split over the lab, "
+        "parameters shipped at run time",
+        ["case", "predicted", "measured", "notes"],
+        rows,
+        note=f"Scale: links at the file's rates (1x: WiFi 1 MB/s, LAN 10 MB/s); the Pi-class host has "
+        f"a quarter of a core of this machine and computes AlexNet at {pi_gflops:.2f} GFLOP/s "
+        f"(the profile), against the Pi 3's nominal 38.4 GFLOP/s: compute runs "
+        f"{38.4 / pi_gflops:.1f}x slower than the nominal Pi, transfers at the report's speed. "
+        f"Split: {' | '.join(_spans(SPLIT))}, the driver (host machine) desk-cpu.",
+    )
+    notes = [
+        (
+            f"Predicted split = the cost model with ship_params, which adds each layer's parameter transfer "
+            f"from the source one after another ({_fmt_s(rep['predicted_param_time'])} s); the executor ships "
+            f"every worker's parameters at once over distinct links, so the largest device's shipping "
+            f"({_fmt_s(rep['predicted_param_max'])} s) is the term the run shows."
+        ),
+        (
+            "The report's Pi swapped AlexNet (over 1 GB with its framework) to an SD card, and its 70-80 s are "
+            "mostly that swapping; the lab has no swap, so the 500 MB Pi-class host is killed by the kernel's OOM "
+            "killer instead, and the unlimited case shows the compute alone. Its distributed run (600-900 s) also "
+            "shipped the parameters at WiFi and LAN speed, as here."
+        ),
+    ]
     return report_table, notes
 
 
 def _bus_table(data: dict[str, Any]) -> Table:
-    bus_rows = [[r["engine"], f"{r['pair']} {r['hosts'][0]}-{r['hosts'][1]}", f"{r['bytes'] >> 20} MiB",
-                 f"{r['link'] / 1e6:.3g}", "-" if "busbw" not in r else f"{r['busbw'] / 1e6:.3g}",
-                 "-" if "busbw" not in r else f"{r['busbw'] / r['link']:.2f}",
-                 " ".join(f"{t:.3f}" for t in r.get("seconds", [])) or r.get("error", "")] for r in data["allreduce"]]
-    bus = Table("Multi-host data parallel: an allreduce across two lab hosts (`multigpu launch --nnodes 2`), "
-                "bus bandwidth against the link", ["engine", "pair", "payload", "link, MB/s", "bus bandwidth, MB/s",
-                                                    "bus / link", "seconds each"], bus_rows,
-                note="Bus bandwidth = bytes x 2(n-1)/n / time (n = 2): what each rank must send and receive over "
-                     "the link. Gloo (torch, Paddle) exchanges halves both ways; MXNet's dist_sync pushes to the "
-                     "parameter servers (one per host) and pulls the sum back.")
+    bus_rows = [
+        [
+            r["engine"],
+            f"{r['pair']} {r['hosts'][0]}-{r['hosts'][1]}",
+            f"{r['bytes'] >> 20} MiB",
+            f"{r['link'] / 1e6:.3g}",
+            "-" if "busbw" not in r else f"{r['busbw'] / 1e6:.3g}",
+            "-" if "busbw" not in r else f"{r['busbw'] / r['link']:.2f}",
+            " ".join(f"{t:.3f}" for t in r.get("seconds", [])) or r.get("error", ""),
+        ]
+        for r in data["allreduce"]
+    ]
+    bus = Table(
+        "Multi-host data parallel: an allreduce across two lab hosts (`multigpu launch --nnodes 2`), "
+        "bus bandwidth against the link",
+        ["engine", "pair", "payload", "link, MB/s", "bus bandwidth, MB/s", "bus / link", "seconds each"],
+        bus_rows,
+        note="Bus bandwidth = bytes x 2(n-1)/n / time (n = 2): what each rank must send and receive over "
+        "the link. Gloo (torch, Paddle) exchanges halves both ways; MXNet's dist_sync pushes to the "
+        "parameter servers (one per host) and pulls the sum back.",
+    )
     return bus
 
 
 def _fault_table(data: dict[str, Any]) -> Table:
-    fault_rows = [[f["fault"], _fmt_s(f["seconds"]), str(f["status"]), f.get("error", "")[:220]
-                   + (f" | planner: {f['planner']}" if "planner" in f else "")
-                   + (f" | OOM kills on pi2: {f['oom_kills']}" if "oom_kills" in f else "")] for f in data["faults"]]
-    fault_table = Table("Faults: the time from each fault to a named error", ["fault", "seconds to the error",
-                                                                              "exit status", "error"], fault_rows,
-                        note="Timeouts: --timeout 10 s for run and launch, 300 s for the memory case (its parameters "
-                             "travel at 1 MB/s).")
+    fault_rows = [
+        [
+            f["fault"],
+            _fmt_s(f["seconds"]),
+            str(f["status"]),
+            f.get("error", "")[:220]
+            + (f" | planner: {f['planner']}" if "planner" in f else "")
+            + (f" | OOM kills on pi2: {f['oom_kills']}" if "oom_kills" in f else ""),
+        ]
+        for f in data["faults"]
+    ]
+    fault_table = Table(
+        "Faults: the time from each fault to a named error",
+        ["fault", "seconds to the error", "exit status", "error"],
+        fault_rows,
+        note="Timeouts: --timeout 10 s for run and launch, 300 s for the memory case (its parameters "
+        "travel at 1 MB/s).",
+    )
     return fault_table
 
 
@@ -546,26 +817,35 @@ def _reach_table(data: dict[str, Any]) -> Table:
     reach_rows = []
     for r in reach["single"]:
         auth = "; " + ", ".join(f"{k}={v}" for k, v in r["auth"].items()) if r.get("auth") else ""
-        reach_rows.append([r["command"], "one host (" + reach["host"] + ")", _addrs(r["listening"]) + auth,
-                           _reached(r["reach"])])
+        reach_rows.append(
+            [r["command"], "one host (" + reach["host"] + ")", _addrs(r["listening"]) + auth, _reached(r["reach"])]
+        )
     for r in reach["multi"]:
         for h, rows_ in r["listening"].items():
             reach_rows.append([r["command"], f"{h} (given {r['given'][h]})", _addrs(rows_), _reached(r["reach"][h])])
     c = reach["cluster"]
-    reach_rows.append(["the lab's Ray head (token authentication)", c["head"], _addrs(c["listening"]),
-                       _reached(c["reach"])])
+    reach_rows.append(
+        ["the lab's Ray head (token authentication)", c["head"], _addrs(c["listening"]), _reached(c["reach"])]
+    )
     intr = reach["intruder"]
-    reach_table = Table(f"Who can reach a job: listening sockets (ss -ltnp) and a TCP connect from another lab host "
-                        f"({reach['from']})", ["command", "where", "listening on", "from another host"], reach_rows,
-                        note=f"A Ray node without the lab's token (`ray start --address` with another token): exit "
-                             f"status {intr['status']} after {intr['seconds']:.0f} s: {intr['error'][:200]}")
+    reach_table = Table(
+        f"Who can reach a job: listening sockets (ss -ltnp) and a TCP connect from another lab host ({reach['from']})",
+        ["command", "where", "listening on", "from another host"],
+        reach_rows,
+        note=f"A Ray node without the lab's token (`ray start --address` with another token): exit "
+        f"status {intr['status']} after {intr['seconds']:.0f} s: {intr['error'][:200]}",
+    )
     return reach_table
 
 
 def _result(data: dict[str, Any]) -> Result:
     tables, notes = [], []
-    for key, build in (("report", _report_table), ("allreduce", _bus_table), ("faults", _fault_table),
-                       ("reach", _reach_table)):
+    for key, build in (
+        ("report", _report_table),
+        ("allreduce", _bus_table),
+        ("faults", _fault_table),
+        ("reach", _reach_table),
+    ):
         if key not in data:
             notes.append(f"The {key} part failed: {data.get('failed', {}).get(key, 'it did not run')}")
             continue
@@ -575,12 +855,20 @@ def _result(data: dict[str, Any]) -> Result:
             notes += built[1]
         else:
             tables.append(built)
-    return Result(name="lab", title=TITLE, tables=tables, notes=notes, plot=_plot(data),
-                  data=data, settings={"cluster": "lab", "backend": "torch", "split": SPLIT, "payload": PAYLOAD})
+    return Result(
+        name="lab",
+        title=TITLE,
+        tables=tables,
+        notes=notes,
+        plot=_plot(data),
+        data=data,
+        settings={"cluster": "lab", "backend": "torch", "split": SPLIT, "payload": PAYLOAD},
+    )
 
 
 def _plot(data: dict[str, Any]) -> Any:
     """Three panels: the report's experiment, bus bandwidth against the link, each fault's time."""
+
     def plot(fig: Any) -> None:
         axes = fig.subplots(1, 3)
         rep = data.get("report")
@@ -639,5 +927,3 @@ def _reached(tried: dict) -> str:
     for what in tried.values():
         counts[what] = counts.get(what, 0) + 1
     return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "-"
-
-

@@ -6,6 +6,7 @@ buffer of ``BYTES`` after one untimed one, writes ``OUT/rank<r>.json`` with the 
 of each, and with LINGER (seconds) waits that long after a barrier (writing
 ``OUT/listening.rank<r>``), so that what the job listens on can be seen.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         group.allreduce_(buf)
         times.append(time.perf_counter() - t0)
-    (out / f"rank{group.rank}.json").write_text(json.dumps({"seconds": times, "bytes": nbytes,
-                                                            "world": group.world_size}))
+    (out / f"rank{group.rank}.json").write_text(
+        json.dumps({"seconds": times, "bytes": nbytes, "world": group.world_size})
+    )
     group.barrier()
     if linger:
         (out / f"listening.rank{group.rank}").write_text(str(time.time()))

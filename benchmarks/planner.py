@@ -22,6 +22,7 @@ Pure numpy/scipy: it runs in the harness's own process. Grid cells are timed
 alternately; reported are the wall time of ``autopartition`` (median, quartiles)
 and the solver's own time (``plan.solve_time``).
 """
+
 from __future__ import annotations
 
 import time
@@ -36,7 +37,7 @@ IN_QUICK = True
 
 DP_TARGET_S, MILP_TARGET_S, STRESS_TARGET_S = 1.0, 10.0, 60.0
 STRESS_LIMIT_S = 120.0
-GRAPH_LIMIT_S = 60.0          # each MILP solve of the graph cases
+GRAPH_LIMIT_S = 60.0  # each MILP solve of the graph cases
 GRAPHS = ("resnet18", "resnet50", "inception")
 
 
@@ -44,9 +45,15 @@ def random_graph(n: int, rng: np.random.Generator) -> Any:
     """A chain with log-uniform FLOPs and activations, and parameters on about half the layers."""
     from multigpu.partition import Graph, LayerSpec
 
-    layers = tuple(LayerSpec(name=f"l{i}", flops=float(10 ** rng.uniform(6, 10)),
-                             param_bytes=float(rng.uniform(0, 2e6) * (rng.random() < 0.5)),
-                             output_bytes=float(10 ** rng.uniform(3, 7))) for i in range(n))
+    layers = tuple(
+        LayerSpec(
+            name=f"l{i}",
+            flops=float(10 ** rng.uniform(6, 10)),
+            param_bytes=float(rng.uniform(0, 2e6) * (rng.random() < 0.5)),
+            output_bytes=float(10 ** rng.uniform(3, 7)),
+        )
+        for i in range(n)
+    )
     return Graph(layers, input_bytes=float(10 ** rng.uniform(4, 7)), name=f"random-{n}")
 
 
@@ -54,16 +61,22 @@ def random_cluster(k: int, rng: np.random.Generator, memory: Any = None) -> Any:
     """k devices (10 GFLOP/s .. 10 TFLOP/s), a 100 MB/s default link, faster links on a random tenth of pairs."""
     from multigpu.partition import Cluster, DeviceSpec, Link, LinkSpec
 
-    devices = tuple(DeviceSpec(f"d{i}", float(10 ** rng.uniform(10, 13)), float(rng.uniform(5, 300)), memory)
-                    for i in range(k))
+    devices = tuple(
+        DeviceSpec(f"d{i}", float(10 ** rng.uniform(10, 13)), float(rng.uniform(5, 300)), memory) for i in range(k)
+    )
     links = []
     for u in range(k):
         for v in range(u + 1, k):
             if rng.random() < 0.1:
-                links.append(Link((f"d{u}", f"d{v}"), float(10 ** rng.uniform(8, 10.5)),
-                                  float(rng.uniform(0, 1e-4)), float(rng.uniform(0, 10))))
-    return Cluster(devices, source="d0", links=tuple(links), default_link=LinkSpec(1e8, 1e-4, 2.0),
-                   name=f"random-{k}")
+                links.append(
+                    Link(
+                        (f"d{u}", f"d{v}"),
+                        float(10 ** rng.uniform(8, 10.5)),
+                        float(rng.uniform(0, 1e-4)),
+                        float(rng.uniform(0, 10)),
+                    )
+                )
+    return Cluster(devices, source="d0", links=tuple(links), default_link=LinkSpec(1e8, 1e-4, 2.0), name=f"random-{k}")
 
 
 def memory_bound(n: int, k: int, seed: int, share: float = 0.4) -> tuple[Any, Any]:
@@ -81,10 +94,12 @@ def transformer_chain(d_model: int = 5120, tokens: int = 512, blocks: int = 50) 
 
     layers = []
     for b in range(blocks):
-        for name, params, width in (("qkv", 3 * d_model * d_model, 3 * d_model),
-                                    ("proj", d_model * d_model, d_model),
-                                    ("up", 4 * d_model * d_model, 4 * d_model),
-                                    ("down", 4 * d_model * d_model, d_model)):
+        for name, params, width in (
+            ("qkv", 3 * d_model * d_model, 3 * d_model),
+            ("proj", d_model * d_model, d_model),
+            ("up", 4 * d_model * d_model, 4 * d_model),
+            ("down", 4 * d_model * d_model, d_model),
+        ):
             layers.append(LayerSpec(f"b{b}.{name}", 2.0 * params * tokens, 4.0 * params, 4.0 * tokens * width))
     return Graph(tuple(layers), input_bytes=4.0 * tokens * d_model, name=f"transformer-{d_model}")
 
@@ -98,10 +113,10 @@ def gpu_cluster() -> Any:
     devices += [DeviceSpec(f"v100-{i}", 15.7e12, 300.0, 16e9) for i in range(4)]
     devices += [DeviceSpec(f"t4-{i}", 8.1e12, 70.0, 16e9) for i in range(4)]
     devices += [DeviceSpec(f"cpu-{i}", 1.0e12, 150.0, 64e9) for i in range(6)]
-    links = tuple(Link(("host", d.name), 1.25e9 if d.name.startswith("cpu") else 15.75e9, 1e-5)
-                  for d in devices[1:])
-    return Cluster(tuple(devices), source="host", links=links, default_link=LinkSpec(1.25e9, 5e-5, 0.0),
-                   name="gpu-cluster-16")
+    links = tuple(Link(("host", d.name), 1.25e9 if d.name.startswith("cpu") else 15.75e9, 1e-5) for d in devices[1:])
+    return Cluster(
+        tuple(devices), source="host", links=links, default_link=LinkSpec(1.25e9, 5e-5, 0.0), name="gpu-cluster-16"
+    )
 
 
 def _timed_grid(problems: dict[str, tuple[Any, Any, dict[str, Any]]], repeat: int, tick: Any) -> dict[str, Any]:
@@ -115,8 +130,7 @@ def _timed_grid(problems: dict[str, tuple[Any, Any, dict[str, Any]]], repeat: in
         return lambda: plans[key].append(autopartition(graph, cluster, **kw))
 
     walls = interleaved({k: solver(k) for k in problems}, repeat=repeat, warmup=0, progress=tick)
-    return {k: {"wall": walls[k], "solver_s": [p.solve_time for p in plans[k]], "plan": plans[k][-1]}
-            for k in problems}
+    return {k: {"wall": walls[k], "solver_s": [p.solve_time for p in plans[k]], "plan": plans[k][-1]} for k in problems}
 
 
 def bench_dp(ns: tuple[int, ...], ks: tuple[int, ...], repeat: int, tick: Any) -> list[dict[str, Any]]:
@@ -125,15 +139,26 @@ def bench_dp(ns: tuple[int, ...], ks: tuple[int, ...], repeat: int, tick: Any) -
     for n in ns:
         for k in ks:
             rng = np.random.default_rng(n * 1000 + k)
-            problems[f"{n},{k}"] = (random_graph(n, rng), random_cluster(k, rng),
-                                    {"wt": 1.0, "we": 0.01, "constraints": {"memory": False}})
+            problems[f"{n},{k}"] = (
+                random_graph(n, rng),
+                random_cluster(k, rng),
+                {"wt": 1.0, "we": 0.01, "constraints": {"memory": False}},
+            )
     got = _timed_grid(problems, repeat, tick)
     rows = []
     for key, g in got.items():
         n, k = map(int, key.split(","))
         assert g["plan"].solver == "dp", g["plan"].solver
-        rows.append({"n": n, "k": k, "wall": summary(g["wall"]), "solver": summary(g["solver_s"]),
-                     "samples": g["wall"], "stages": len(g["plan"].stages)})
+        rows.append(
+            {
+                "n": n,
+                "k": k,
+                "wall": summary(g["wall"]),
+                "solver": summary(g["solver_s"]),
+                "samples": g["wall"],
+                "stages": len(g["plan"].stages),
+            }
+        )
     return rows
 
 
@@ -149,11 +174,20 @@ def bench_milp(cases: dict[str, tuple[Any, Any]], repeat: int, tick: Any) -> lis
         cols = np.array([cluster.index(d) for d in free.assignment])
         binds = bool(np.any(memory_use(graph, cluster, cols) > cluster.memory))
         plan = got[label]["plan"]
-        rows.append({"case": label, "n": graph.n, "k": cluster.k, "wall": summary(got[label]["wall"]),
-                     "solver": summary(got[label]["solver_s"]), "samples": got[label]["wall"],
-                     "memory_binds": binds, "method": plan.solver,
-                     "devices_used": sum(d.layers > 0 for d in plan.breakdown.devices),
-                     "cost_over_unconstrained": plan.cost / free.cost})
+        rows.append(
+            {
+                "case": label,
+                "n": graph.n,
+                "k": cluster.k,
+                "wall": summary(got[label]["wall"]),
+                "solver": summary(got[label]["solver_s"]),
+                "samples": got[label]["wall"],
+                "memory_binds": binds,
+                "method": plan.solver,
+                "devices_used": sum(d.layers > 0 for d in plan.breakdown.devices),
+                "cost_over_unconstrained": plan.cost / free.cost,
+            }
+        )
     return rows
 
 
@@ -198,13 +232,26 @@ def bench_graphs(graphs: tuple[str, ...], clusters: dict[str, Any], limit: float
             t0 = time.perf_counter()
             try:
                 plan = autopartition(graph, bound, time_limit=limit)
-                milp = {"proven": True, "method": plan.solver, "cost_over_free": plan.cost / free.cost,
-                        "stages": len(plan.stages)}
+                milp = {
+                    "proven": True,
+                    "method": plan.solver,
+                    "cost_over_free": plan.cost / free.cost,
+                    "stages": len(plan.stages),
+                }
             except SolverError as e:
-                milp = {"proven": False, "method": "milp", "cost_over_free": None, "stages": None,
-                        "message": str(e)}
-            rows.append({"graph": name, "cluster": cname, "n": graph.n, "k": cluster.k, "dp_s": dp_s,
-                         "dp_method": free.solver, "milp_s": time.perf_counter() - t0, **milp})
+                milp = {"proven": False, "method": "milp", "cost_over_free": None, "stages": None, "message": str(e)}
+            rows.append(
+                {
+                    "graph": name,
+                    "cluster": cname,
+                    "n": graph.n,
+                    "k": cluster.k,
+                    "dp_s": dp_s,
+                    "dp_method": free.solver,
+                    "milp_s": time.perf_counter() - t0,
+                    **milp,
+                }
+            )
             tick()
     return rows
 
@@ -217,9 +264,11 @@ def bench_gaps(model: str = "alexnet", batch: int = 1) -> list[dict[str, Any]]:
     rows = []
     for name in shipped_clusters():
         cluster = load_cluster(name)
-        for label, kw in (("time (wt=1, we=0)", {"wt": 1.0, "we": 0.0}),
-                          ("energy (wt=0, we=1)", {"wt": 0.0, "we": 1.0}),
-                          ("throughput (bottleneck)", {"objective": "throughput"})):
+        for label, kw in (
+            ("time (wt=1, we=0)", {"wt": 1.0, "we": 0.0}),
+            ("energy (wt=0, we=1)", {"wt": 0.0, "we": 1.0}),
+            ("throughput (bottleneck)", {"objective": "throughput"}),
+        ):
             plan = autopartition(graph, cluster, **kw)
             thr = kw.get("objective") == "throughput"
             best = plan.bottleneck if thr else plan.cost
@@ -230,8 +279,17 @@ def bench_gaps(model: str = "alexnet", batch: int = 1) -> list[dict[str, Any]]:
                     continue
                 value = b.breakdown.bottleneck if thr else b.cost
                 gaps[b.name] = {"value": value, "gap": value / best - 1, "breaks": list(b.violations)}
-            rows.append({"cluster": name, "model": model, "batch": batch, "objective": label, "optimum": best,
-                         "stages": [f"{s.first}..{s.last}@{s.device}" for s in plan.stages], "gaps": gaps})
+            rows.append(
+                {
+                    "cluster": name,
+                    "model": model,
+                    "batch": batch,
+                    "objective": label,
+                    "optimum": best,
+                    "stages": [f"{s.first}..{s.last}@{s.device}" for s in plan.stages],
+                    "gaps": gaps,
+                }
+            )
     return rows
 
 
@@ -240,8 +298,9 @@ def run(opts: Options) -> Result:
     dp_ns, dp_ks = (100, 1000, 10_000), (4, 16, 64)
     milp_ns, milp_ks = opts.repeats(((50, 100, 200), (4, 8, 16)), ((20, 50), (4, 8)))
     dp_repeat, milp_repeat = opts.repeats(5, 2), opts.repeats(3, 1)
-    milp_cases = {f"random chain, 40% memory, n={n} k={k}": memory_bound(n, k, seed=0)
-                  for n in milp_ns for k in milp_ks}
+    milp_cases = {
+        f"random chain, 40% memory, n={n} k={k}": memory_bound(n, k, seed=0) for n in milp_ns for k in milp_ks
+    }
     if not opts.quick:
         for seed in (1, 2):
             milp_cases[f"random chain, 40% memory, n=200 k=16, seed {seed}"] = memory_bound(200, 16, seed)
@@ -249,10 +308,14 @@ def run(opts: Options) -> Result:
     from multigpu.partition import load_cluster
 
     graphs = GRAPHS[:1] if opts.quick else GRAPHS
-    graph_clusters = {"lab": load_cluster("lab")} if opts.quick else {"lab": load_cluster("lab"),
-                                                                       "16 GPUs/CPUs": gpu_cluster()}
-    bar = progress_bar(dp_repeat + milp_repeat + 1 + (0 if opts.quick else 1) + len(graphs) * len(graph_clusters),
-                       "planner", opts.progress)
+    graph_clusters = (
+        {"lab": load_cluster("lab")} if opts.quick else {"lab": load_cluster("lab"), "16 GPUs/CPUs": gpu_cluster()}
+    )
+    bar = progress_bar(
+        dp_repeat + milp_repeat + 1 + (0 if opts.quick else 1) + len(graphs) * len(graph_clusters),
+        "planner",
+        opts.progress,
+    )
     dp = bench_dp(dp_ns, dp_ks, dp_repeat, bar.update)
     milp = bench_milp(milp_cases, milp_repeat, bar.update)
     gaps = bench_gaps()
@@ -266,21 +329,56 @@ def run(opts: Options) -> Result:
         k, unit = (1.0, " s") if s["median"] >= 1 else (1e3, " ms")
         return f"{k * s['median']:.3g}{unit} ({k * s['q1']:.4g}-{k * s['q3']:.4g})"
 
-    dp_rows = [[r["n"], r["k"], ms(r["wall"]), ms(r["solver"]), r["stages"],
-                (("yes" if r["solver"]["median"] <= DP_TARGET_S else "**no**") if (r["n"], r["k"]) == (10_000, 64)
-                 else "-")] for r in dp]
-    milp_rows = [[r["case"], r["n"], r["k"], ms(r["wall"]), ms(r["solver"]), r["method"],
-                  "yes" if r["memory_binds"] else "no", r["devices_used"], f"{r['cost_over_unconstrained']:.3f}",
-                  ("yes" if r["wall"]["median"] <= MILP_TARGET_S else "**no**") if (r["n"], r["k"]) == (200, 16)
-                  else "-"] for r in milp]
+    dp_rows = [
+        [
+            r["n"],
+            r["k"],
+            ms(r["wall"]),
+            ms(r["solver"]),
+            r["stages"],
+            (
+                ("yes" if r["solver"]["median"] <= DP_TARGET_S else "**no**")
+                if (r["n"], r["k"]) == (10_000, 64)
+                else "-"
+            ),
+        ]
+        for r in dp
+    ]
+    milp_rows = [
+        [
+            r["case"],
+            r["n"],
+            r["k"],
+            ms(r["wall"]),
+            ms(r["solver"]),
+            r["method"],
+            "yes" if r["memory_binds"] else "no",
+            r["devices_used"],
+            f"{r['cost_over_unconstrained']:.3f}",
+            ("yes" if r["wall"]["median"] <= MILP_TARGET_S else "**no**") if (r["n"], r["k"]) == (200, 16) else "-",
+        ]
+        for r in milp
+    ]
+
     def secs(x: float) -> str:
         return f"{x:.3g} s" if x >= 1 else f"{1e3 * x:.3g} ms"
 
-    dag_rows = [[r["graph"], r["cluster"], r["n"], r["k"], secs(r["dp_s"]), r["dp_method"],
-                 "yes" if r["dp_s"] <= DP_TARGET_S else "**no**", secs(r["milp_s"]),
-                 r["method"] if r["proven"] else f"not proven in {GRAPH_LIMIT_S:g} s per MILP",
-                 "-" if r["cost_over_free"] is None else f"{r['cost_over_free']:.3f}",
-                 "yes" if r["proven"] and r["milp_s"] <= MILP_TARGET_S else "**no**"] for r in dags]
+    dag_rows = [
+        [
+            r["graph"],
+            r["cluster"],
+            r["n"],
+            r["k"],
+            secs(r["dp_s"]),
+            r["dp_method"],
+            "yes" if r["dp_s"] <= DP_TARGET_S else "**no**",
+            secs(r["milp_s"]),
+            r["method"] if r["proven"] else f"not proven in {GRAPH_LIMIT_S:g} s per MILP",
+            "-" if r["cost_over_free"] is None else f"{r['cost_over_free']:.3f}",
+            "yes" if r["proven"] and r["milp_s"] <= MILP_TARGET_S else "**no**",
+        ]
+        for r in dags
+    ]
     names = ["single", "uniform", "balanced", "greedy"]
     gap_rows = []
     for r in gaps:
@@ -290,34 +388,86 @@ def run(opts: Options) -> Result:
             cells.append("n/a" if g is None else f"{100 * g['gap']:+.1f}%" + ("*" if g["breaks"] else ""))
         gap_rows.append([r["cluster"], r["objective"], f"{r['optimum']:.5g}", *cells, "; ".join(r["stages"])])
     tables = [
-        Table("DP (latency, no coupling constraint): solve time against n and k",
-              ["n layers", "k devices", "autopartition", "solver", "stages", f"<= {DP_TARGET_S:g} s"], dp_rows),
-        Table("Memory-constrained (LP, Lagrangian bound, MILP): solve time against n and k",
-              ["case", "n", "k", "autopartition", "solver", "method", "memory binds", "devices used",
-               "cost / unconstrained", f"<= {MILP_TARGET_S:g} s"], milp_rows),
-        Table("Graphs with branches (batch 1, 224 x 224): the fork-join DP, and AutoPartition with every device "
-              "holding 40% of the parameters",
-              ["graph", "cluster", "n", "k", "DP", "method", f"<= {DP_TARGET_S:g} s", "memory-bound",
-               "proved by", "cost / unconstrained", f"<= {MILP_TARGET_S:g} s, proven"], dag_rows),
-        Table("Baselines' gap to the optimum, AlexNet batch 1 (throughput rows: gap in bottleneck)",
-              ["cluster", "objective", "optimum", *names, "optimal stages"], gap_rows),
+        Table(
+            "DP (latency, no coupling constraint): solve time against n and k",
+            ["n layers", "k devices", "autopartition", "solver", "stages", f"<= {DP_TARGET_S:g} s"],
+            dp_rows,
+        ),
+        Table(
+            "Memory-constrained (LP, Lagrangian bound, MILP): solve time against n and k",
+            [
+                "case",
+                "n",
+                "k",
+                "autopartition",
+                "solver",
+                "method",
+                "memory binds",
+                "devices used",
+                "cost / unconstrained",
+                f"<= {MILP_TARGET_S:g} s",
+            ],
+            milp_rows,
+        ),
+        Table(
+            "Graphs with branches (batch 1, 224 x 224): the fork-join DP, and AutoPartition with every device "
+            "holding 40% of the parameters",
+            [
+                "graph",
+                "cluster",
+                "n",
+                "k",
+                "DP",
+                "method",
+                f"<= {DP_TARGET_S:g} s",
+                "memory-bound",
+                "proved by",
+                "cost / unconstrained",
+                f"<= {MILP_TARGET_S:g} s, proven",
+            ],
+            dag_rows,
+        ),
+        Table(
+            "Baselines' gap to the optimum, AlexNet batch 1 (throughput rows: gap in bottleneck)",
+            ["cluster", "objective", "optimum", *names, "optimal stages"],
+            gap_rows,
+        ),
     ]
-    notes = [f"DP: {dp_repeat} alternating rounds over the grid; MILP: {milp_repeat}. Times are median "
-             "(quartiles); autopartition includes building the cost tables and evaluating the plan.",
-             "single = best single device; uniform = contiguous split in cluster order; balanced = FLOPs "
-             "proportional to each device's FLOP/s; greedy = each layer on its fastest device. "
-             "* = the baseline breaks a constraint."]
+    notes = [
+        f"DP: {dp_repeat} alternating rounds over the grid; MILP: {milp_repeat}. Times are median "
+        "(quartiles); autopartition includes building the cost tables and evaluating the plan.",
+        "single = best single device; uniform = contiguous split in cluster order; balanced = FLOPs "
+        "proportional to each device's FLOP/s; greedy = each layer on its fastest device. "
+        "* = the baseline breaks a constraint.",
+    ]
     if stress is not None:
-        outcome = (f"proven optimal by {stress['method']}" if stress["proven"]
-                   else f"not proven (target {STRESS_TARGET_S:g} s): {stress['message']}")
-        notes.append(f"stress (a chain, n={stress['n']}, k={stress['k']}, each device holds 15% of the parameters; "
-                     f"AutoPartition, time limit {stress['time_limit']:g} s per MILP solve): "
-                     f"{stress['seconds']:.0f} s, {outcome}")
+        outcome = (
+            f"proven optimal by {stress['method']}"
+            if stress["proven"]
+            else f"not proven (target {STRESS_TARGET_S:g} s): {stress['message']}"
+        )
+        notes.append(
+            f"stress (a chain, n={stress['n']}, k={stress['k']}, each device holds 15% of the parameters; "
+            f"AutoPartition, time limit {stress['time_limit']:g} s per MILP solve): "
+            f"{stress['seconds']:.0f} s, {outcome}"
+        )
     data = {"dp": dp, "milp": milp, "gaps": gaps, "graphs": dags, "stress": stress}
-    return Result("planner", TITLE, tables, data,
-                  settings={"dp_n": dp_ns, "dp_k": dp_ks, "milp_n": milp_ns, "milp_k": milp_ks,
-                            "dp_repeat": dp_repeat, "milp_repeat": milp_repeat},
-                  notes=notes, plot=lambda fig: _plot(fig, dp, milp, gaps))
+    return Result(
+        "planner",
+        TITLE,
+        tables,
+        data,
+        settings={
+            "dp_n": dp_ns,
+            "dp_k": dp_ks,
+            "milp_n": milp_ns,
+            "milp_k": milp_ks,
+            "dp_repeat": dp_repeat,
+            "milp_repeat": milp_repeat,
+        },
+        notes=notes,
+        plot=lambda fig: _plot(fig, dp, milp, gaps),
+    )
 
 
 def _plot(fig: Any, dp: list[dict[str, Any]], milp: list[dict[str, Any]], gaps: list[dict[str, Any]]) -> None:
@@ -332,8 +482,9 @@ def _plot(fig: Any, dp: list[dict[str, Any]], milp: list[dict[str, Any]], gaps: 
         pts = sorted((r["n"], r["wall"]["median"]) for r in grid if r["k"] == k)
         ax_milp.plot(*zip(*pts), marker="o", label=f"k={k}")
     ax_milp.axhline(MILP_TARGET_S, color="r", ls="--", lw=0.8)
-    ax_milp.set(xscale="log", yscale="log", xlabel="layers n", ylabel="autopartition s",
-                title="memory-constrained (MILP path)")
+    ax_milp.set(
+        xscale="log", yscale="log", xlabel="layers n", ylabel="autopartition s", title="memory-constrained (MILP path)"
+    )
     names = ["single", "uniform", "balanced", "greedy"]
     labels = [f"{r['cluster']}\n{r['objective'].split(' ')[0]}" for r in gaps]
     width = 0.8 / len(names)

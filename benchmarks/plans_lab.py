@@ -13,6 +13,7 @@ AlexNet in one worker on each host (633 MB at its peak on its own), which a real
 swapping to its SD card; this benchmark measures time over the links, and ``bench lab``
 measures the 500 MB hosts (the OOM kill, the planner's memory constraint).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,18 @@ from multigpu.benchmarks.plans import TARGET_LATENCY, TARGET_STREAM, Cycles, mea
 from multigpu.lab.raynodes import RAY_ENV
 from multigpu.partition import Constraints, autopartition, graph_from_model
 
-__all__ = ["BACKENDS", "DRIVER", "IN_QUICK", "LENET_BATCH", "TITLE", "alexnet_plans", "lab_inside", "lenet_plans",
-           "run", "run_lab"]
+__all__ = [
+    "BACKENDS",
+    "DRIVER",
+    "IN_QUICK",
+    "LENET_BATCH",
+    "TITLE",
+    "alexnet_plans",
+    "lab_inside",
+    "lenet_plans",
+    "run",
+    "run_lab",
+]
 
 IN_QUICK = True
 
@@ -80,10 +91,21 @@ def lenet_plans(cluster: Any) -> list[dict[str, Any]]:
         {"model": "lenet", "label": "3 hosts: desk-cpu | pi1 | imac", "plan": _cut([DRIVER, "pi1", "imac"], [3, 3, 4])},
     ]
     g = graph_from_model(lenet, LENET_BATCH)
-    plans.append({"model": "lenet", "label": "AutoPartition (latency)",
-                  "plan": autopartition(g, cluster, constraints=Constraints(memory=True)).assignment})
-    plans.append({"model": "lenet", "label": "streamed, 2 hosts, WiFi: desk-cpu | pi1",
-                  "plan": _cut([DRIVER, "pi1"], [5, 5]), "stream": True})
+    plans.append(
+        {
+            "model": "lenet",
+            "label": "AutoPartition (latency)",
+            "plan": autopartition(g, cluster, constraints=Constraints(memory=True)).assignment,
+        }
+    )
+    plans.append(
+        {
+            "model": "lenet",
+            "label": "streamed, 2 hosts, WiFi: desk-cpu | pi1",
+            "plan": _cut([DRIVER, "pi1"], [5, 5]),
+            "stream": True,
+        }
+    )
     for p in plans:
         p["label"] += f" (batch {LENET_BATCH})"
     return plans
@@ -95,17 +117,34 @@ def alexnet_plans(cluster: Any) -> list[dict[str, Any]]:
         # 173 KB (pool2) over the LAN; imac computes conv3..fc8.
         {"model": "alexnet", "label": "2 hosts, LAN: desk-cpu | imac", "plan": _cut([DRIVER, "imac"], [6, 13])},
         # 280 KB (pool1) to pi1 over WiFi, pi1 computes conv2..pool5, 37 KB back.
-        {"model": "alexnet", "label": "2 hosts, WiFi: desk-cpu | pi1 | desk-cpu",
-         "plan": _cut([DRIVER, "pi1", DRIVER], [3, 11, 5])},
+        {
+            "model": "alexnet",
+            "label": "2 hosts, WiFi: desk-cpu | pi1 | desk-cpu",
+            "plan": _cut([DRIVER, "pi1", DRIVER], [3, 11, 5]),
+        },
         # pool2 to pi2 over WiFi, pool5 to imac over WiFi, imac's output back over the LAN.
-        {"model": "alexnet", "label": "3 hosts: desk-cpu | pi2 | imac",
-         "plan": _cut([DRIVER, "pi2", "imac"], [6, 8, 5])},
+        {
+            "model": "alexnet",
+            "label": "3 hosts: desk-cpu | pi2 | imac",
+            "plan": _cut([DRIVER, "pi2", "imac"], [6, 8, 5]),
+        },
     ]
     alex = graph_from_model(multigpu.models.alexnet(), 1)
-    plans.append({"model": "alexnet", "label": "AutoPartition (latency)",
-                  "plan": autopartition(alex, cluster, constraints=Constraints(memory=True)).assignment})
-    plans.append({"model": "alexnet", "label": "streamed, 2 hosts, LAN: desk-cpu | imac",
-                  "plan": _cut([DRIVER, "imac"], [6, 13]), "stream": True})
+    plans.append(
+        {
+            "model": "alexnet",
+            "label": "AutoPartition (latency)",
+            "plan": autopartition(alex, cluster, constraints=Constraints(memory=True)).assignment,
+        }
+    )
+    plans.append(
+        {
+            "model": "alexnet",
+            "label": "streamed, 2 hosts, LAN: desk-cpu | imac",
+            "plan": _cut([DRIVER, "imac"], [6, 13]),
+            "stream": True,
+        }
+    )
     return plans
 
 
@@ -118,15 +157,41 @@ def lab_inside(address: str, cluster_file: str, quick: bool, progress: bool) -> 
     # 234 MB); profiling makes them on each host from the seed instead. Each model has its
     # profile at its own batch, just before its plans, once per cycle.
     cycles = 1 if quick else FULL_CYCLES
-    profile = {"repeats": 6, "warmup": 2, "link_repeats": 4 if quick else 6, "cpu_items": 10, "sizes": SIZES,
-               "timeout": 300.0}
-    runs = [(["lenet"], lenet_plans, Cycles(cycles=cycles, items={"lenet": 12 if quick else 20},
-                                            stream_items={"lenet": 30 if quick else 60}, profile=profile,
-                                            batch=LENET_BATCH))]
+    profile = {
+        "repeats": 6,
+        "warmup": 2,
+        "link_repeats": 4 if quick else 6,
+        "cpu_items": 10,
+        "sizes": SIZES,
+        "timeout": 300.0,
+    }
+    runs = [
+        (
+            ["lenet"],
+            lenet_plans,
+            Cycles(
+                cycles=cycles,
+                items={"lenet": 12 if quick else 20},
+                stream_items={"lenet": 30 if quick else 60},
+                profile=profile,
+                batch=LENET_BATCH,
+            ),
+        )
+    ]
     if not quick:
-        runs.append((["alexnet"], alexnet_plans, Cycles(cycles=cycles, items={"alexnet": 3},
-                                                        stream_items={"alexnet": ALEXNET_STREAM_ITEMS},
-                                                        profile=profile, stream_warmup=ALEXNET_STREAM_WARMUP)))
+        runs.append(
+            (
+                ["alexnet"],
+                alexnet_plans,
+                Cycles(
+                    cycles=cycles,
+                    items={"alexnet": 3},
+                    stream_items={"alexnet": ALEXNET_STREAM_ITEMS},
+                    profile=profile,
+                    stream_warmup=ALEXNET_STREAM_WARMUP,
+                ),
+            )
+        )
     with Session(cluster_file, address=address, timeout=300.0) as session:
         out = merged([measure(session, models, make, settings, say, progress) for models, make, settings in runs])
     out.params = {}
@@ -147,8 +212,7 @@ def run_lab(opts: Options) -> Result:
     for d in spec_data["devices"]:
         if d["name"] in small:
             d["memory"] = PI_MEMORY
-    with Lab(multigpu.partition.Cluster.from_dict(spec_data, name=cluster.name), backend=BACKENDS,
-             echo=say) as lab:
+    with Lab(multigpu.partition.Cluster.from_dict(spec_data, name=cluster.name), backend=BACKENDS, echo=say) as lab:
         data = json.loads(lab.cluster_file.read_text())
         data["source"] = data["sink"] = DRIVER
         spec = lab.state_dir / "plans.json"
@@ -156,10 +220,25 @@ def run_lab(opts: Options) -> Result:
         shares = {h.name: h.cores for h in lab.plan.hosts}
         rates = {frozenset((ln.src, ln.dst)): ln.bandwidth for ln in lab.plan.links if ln.shaped}
         notes = list(lab.plan.notes)
-        measured = lab.call(DRIVER, "multigpu.benchmarks.plans_lab:lab_inside", lab.address, str(spec), opts.quick,
-                            opts.progress, timeout=4 * 3600)
-    result = _report(measured.profiles, measured.plans, measured.runs, None, opts.quick, measured.loads,
-                     measured.others, measured.run_profiles)
+        measured = lab.call(
+            DRIVER,
+            "multigpu.benchmarks.plans_lab:lab_inside",
+            lab.address,
+            str(spec),
+            opts.quick,
+            opts.progress,
+            timeout=4 * 3600,
+        )
+    result = _report(
+        measured.profiles,
+        measured.plans,
+        measured.runs,
+        None,
+        opts.quick,
+        measured.loads,
+        measured.others,
+        measured.run_profiles,
+    )
     result.name, result.title = "plans_lab", TITLE
     nominal = {d.name: d.flops for d in multigpu.partition.load_cluster("lab").devices}
     fit_rows = []
@@ -167,39 +246,70 @@ def run_lab(opts: Options) -> Result:
         for f in prof.links:
             rate = rates.get(frozenset(f.between))
             off = "-" if rate is None else f"{100 * (f.bandwidth / rate - 1):+.1f}%"
-            fit_rows.append([f"{f.between[0]} <-> {f.between[1]}", "unshaped" if rate is None else f"{rate / 1e6:.3g}",
-                             f"{f.bandwidth / 1e6:.3g}", off, f"{1e3 * f.latency:.2f}"])
-    errors = [abs(f.bandwidth / rates[frozenset(f.between)] - 1) for prof in measured.profiles for f in prof.links
-              if frozenset(f.between) in rates]
-    fit = Table("The profile's fitted links against the shaped rates (each cycle's profile)",
-                ["link", "shaped, MB/s", "fitted, MB/s", "fitted - shaped", "fitted latency, ms"], fit_rows,
-                note=f"Median |fitted - shaped| over {len(errors)} shaped links: "
-                     f"{100 * statistics.median(errors):.1f}%, largest {100 * max(errors):.1f}%. The lab adds no "
-                     f"latency: the fitted latency is Ray's own cost per hop on these hosts. What Ray's messages "
-                     f"add to a transfer on the wire (message_bytes, fitted from streams that fill a "
-                     f"link; the streams' bottleneck counts it): "
-                     + "; ".join(_message_bytes(p) for p in measured.profiles) + ".")
+            fit_rows.append(
+                [
+                    f"{f.between[0]} <-> {f.between[1]}",
+                    "unshaped" if rate is None else f"{rate / 1e6:.3g}",
+                    f"{f.bandwidth / 1e6:.3g}",
+                    off,
+                    f"{1e3 * f.latency:.2f}",
+                ]
+            )
+    errors = [
+        abs(f.bandwidth / rates[frozenset(f.between)] - 1)
+        for prof in measured.profiles
+        for f in prof.links
+        if frozenset(f.between) in rates
+    ]
+    fit = Table(
+        "The profile's fitted links against the shaped rates (each cycle's profile)",
+        ["link", "shaped, MB/s", "fitted, MB/s", "fitted - shaped", "fitted latency, ms"],
+        fit_rows,
+        note=f"Median |fitted - shaped| over {len(errors)} shaped links: "
+        f"{100 * statistics.median(errors):.1f}%, largest {100 * max(errors):.1f}%. The lab adds no "
+        f"latency: the fitted latency is Ray's own cost per hop on these hosts. What Ray's messages "
+        f"add to a transfer on the wire (message_bytes, fitted from streams that fill a "
+        f"link; the streams' bottleneck counts it): " + "; ".join(_message_bytes(p) for p in measured.profiles) + ".",
+    )
     prof = measured.profiles[-1]
-    dev_rows = [[d.name, d.backend or "-", f"{nominal[d.name] / 1e9:.4g}", f"{shares[d.name]:.3g}",
-                 f"{d.flops / 1e9:.3g}"] for d in prof.cluster.devices]
-    devices = Table("The slowed hosts: nominal speed, CPU share, and the effective speed the profile measured",
-                    ["device", "backend", "nominal GFLOP/s", "cores (CFS quota)", "effective GFLOP/s"], dev_rows,
-                    note="Effective GFLOP/s: FLOPs of the profiled graphs over their measured time (one math thread "
-                         "each). A CFS quota gives a share of CPU time, not a slower core, and the machine's other "
-                         "load takes its part too: measured, not assumed.")
+    dev_rows = [
+        [d.name, d.backend or "-", f"{nominal[d.name] / 1e9:.4g}", f"{shares[d.name]:.3g}", f"{d.flops / 1e9:.3g}"]
+        for d in prof.cluster.devices
+    ]
+    devices = Table(
+        "The slowed hosts: nominal speed, CPU share, and the effective speed the profile measured",
+        ["device", "backend", "nominal GFLOP/s", "cores (CFS quota)", "effective GFLOP/s"],
+        dev_rows,
+        note="Effective GFLOP/s: FLOPs of the profiled graphs over their measured time (one math thread "
+        "each). A CFS quota gives a share of CPU time, not a slower core, and the machine's other "
+        "load takes its part too: measured, not assumed.",
+    )
     result.tables = [result.tables[0], fit, devices] + result.tables[1:]
     for d in result.data["plans"]:
         note = _wrong_term(d)
         if note:
             result.notes.append(note)
-    notes.append(f"{', '.join(sorted(small))}: memory {PI_MEMORY / 1e9:g} GB here, not the file's "
-                 f"{', '.join(sorted({f'{m / 1e6:g} MB' for m in small.values()}))}: the profiler holds all of AlexNet "
-                 f"in one worker per host (bench lab measures the 500 MB hosts)")
-    result.notes = [f"The emulated lab: {n}" for n in notes] + result.notes + [
-        f"Median |error| of end-to-end time target: {100 * TARGET_LATENCY:.0f}%."]
-    result.settings.update({"lab": True, "backends": BACKENDS, "driver": DRIVER, "sizes": SIZES, "memory": {
-                                n: PI_MEMORY for n in small},
-                            "host_cores": shares, "machine_cores": os.cpu_count()})
+    notes.append(
+        f"{', '.join(sorted(small))}: memory {PI_MEMORY / 1e9:g} GB here, not the file's "
+        f"{', '.join(sorted({f'{m / 1e6:g} MB' for m in small.values()}))}: the profiler holds all of AlexNet "
+        f"in one worker per host (bench lab measures the 500 MB hosts)"
+    )
+    result.notes = (
+        [f"The emulated lab: {n}" for n in notes]
+        + result.notes
+        + [f"Median |error| of end-to-end time target: {100 * TARGET_LATENCY:.0f}%."]
+    )
+    result.settings.update(
+        {
+            "lab": True,
+            "backends": BACKENDS,
+            "driver": DRIVER,
+            "sizes": SIZES,
+            "memory": {n: PI_MEMORY for n in small},
+            "host_cores": shares,
+            "machine_cores": os.cpu_count(),
+        }
+    )
     result.data["fits"] = fit_rows
     return result
 
@@ -223,17 +333,23 @@ def _wrong_term(d: dict[str, Any]) -> str:
     if not terms:
         return ""
     worst = max(terms, key=lambda q: abs(q["predicted"] - q["measured"]))
-    note = (f"{d['model']} {d['label']}: off by {100 * d['error']:+.1f}% (target {100 * target:.0f}%); the term most "
-            f"wrong is {worst['what']}: predicted {1e3 * worst['predicted']:.2f} ms, measured "
-            f"{1e3 * worst['measured']:.2f} ms")
+    note = (
+        f"{d['model']} {d['label']}: off by {100 * d['error']:+.1f}% (target {100 * target:.0f}%); the term most "
+        f"wrong is {worst['what']}: predicted {1e3 * worst['predicted']:.2f} ms, measured "
+        f"{1e3 * worst['measured']:.2f} ms"
+    )
     inline = int(RAY_ENV["RAY_max_direct_call_object_size"])
     sizes = [h["bytes"] for h in d["rounds"][0]["hops"] if worst["what"].startswith(f"hop {h['from']} -> {h['to']} (")]
     if worst["kind"] == "hop" and sizes and max(sizes) <= inline:
-        note += (f" (at most {inline} B, the lab's direct-call size: Ray returns it inline in its reply, while the "
-                 f"profile's probes, {min(SIZES)} B and up, priced the path through the object stores)")
+        note += (
+            f" (at most {inline} B, the lab's direct-call size: Ray returns it inline in its reply, while the "
+            f"profile's probes, {min(SIZES)} B and up, priced the path through the object stores)"
+        )
     return note
 
 
-TITLE = ("Plans across the emulated lab: predicted against measured time over shaped links, 1-3 hosts, "
-         "LeNet and AlexNet, mixed frameworks")
+TITLE = (
+    "Plans across the emulated lab: predicted against measured time over shaped links, 1-3 hosts, "
+    "LeNet and AlexNet, mixed frameworks"
+)
 run = run_lab

@@ -13,6 +13,7 @@ Test accuracy uses the running statistics, which need some 50 steps to forget th
 (momentum 0.1: 0.9^50 is 0.5%): with fewer, inference accuracy stays near chance while the
 training loss falls. Hence 60 steps of batch 256 (30 of 512), not a handful.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -29,8 +30,9 @@ TRAIN, TEST, EPOCHS = 3072, 500, 5  # 60 steps at batch 256: minutes per run (a 
 DEFAULT_FRAMEWORKS = ("torch",)
 
 
-def train_one(framework: str, devices: int, batch: int, lr: float, epochs: int, train_limit: int, test_limit: int,
-              progress: bool) -> dict[str, Any]:
+def train_one(
+    framework: str, devices: int, batch: int, lr: float, epochs: int, train_limit: int, test_limit: int, progress: bool
+) -> dict[str, Any]:
     """In a fresh process: one ``multigpu.train`` run; return its result as a dict."""
     import warnings
 
@@ -39,9 +41,18 @@ def train_one(framework: str, devices: int, batch: int, lr: float, epochs: int, 
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)
-        r = multigpu.train(backend=framework, model="resnet18_textbook", num_gpus=devices, batch_size=batch, lr=lr,
-                           num_epochs=epochs, seed=0, progress=progress, train_limit=train_limit,
-                           test_limit=test_limit)
+        r = multigpu.train(
+            backend=framework,
+            model="resnet18_textbook",
+            num_gpus=devices,
+            batch_size=batch,
+            lr=lr,
+            num_epochs=epochs,
+            seed=0,
+            progress=progress,
+            train_limit=train_limit,
+            test_limit=test_limit,
+        )
     return r.to_dict()
 
 
@@ -50,27 +61,50 @@ def run(opts: Options) -> Result:
     epochs, train, test = (1, 512, 256) if opts.quick else (EPOCHS, TRAIN, TEST)
     data: dict[str, Any] = {}
     rows = []
-    frameworks = opts.frameworks() if opts.backends is not None else [
-        f for f in opts.frameworks() if f in DEFAULT_FRAMEWORKS]
+    frameworks = (
+        opts.frameworks() if opts.backends is not None else [f for f in opts.frameworks() if f in DEFAULT_FRAMEWORKS]
+    )
     for fw in frameworks:
         data[fw] = {}
         for label, devices, batch, lr in CONFIGS:
-            r = data[fw][label] = isolated(f"{__package__}.resnet_accuracy:train_one", fw, devices, batch, lr,
-                                           epochs, train, test, opts.progress)
-            rows.append([fw, label, batch, lr, " ".join(f"{a:.3f}" for a in r["test_acc"]),
-                         " ".join(f"{x:.3f}" for x in r["train_loss"]), f"{statistics.median(r['sec_per_epoch']):.0f}",
-                         f"{r['samples_per_sec']:.1f}", ", ".join(r["devices"])])
-    notes = [f"{epochs} epoch(s) on the first {train} training images, test accuracy on the first {test} test "
-             "images after every epoch; plain SGD (the chapter's), He init, per-device BatchNorm statistics.",
-             "2 devices are CPU replicas without GPUs: they share the machine's cores, so time per epoch does not "
-             "drop; with GPUs each would take half the batch.",
-             "sec/epoch: median over epochs of the training time (evaluation excluded); the machine was shared, "
-             "see the load line above."]
-    table = Table("Test accuracy and train loss per epoch", ["backend", "run", "batch", "lr", "test accuracy",
-                                                             "train loss", "sec/epoch", "examples/s", "devices"], rows)
-    return Result("resnet_accuracy", TITLE, [table], data,
-                  settings={"configs": CONFIGS, "epochs": epochs, "train_limit": train, "test_limit": test},
-                  notes=notes, plot=lambda fig: _plot(fig, data))
+            r = data[fw][label] = isolated(
+                f"{__package__}.resnet_accuracy:train_one", fw, devices, batch, lr, epochs, train, test, opts.progress
+            )
+            rows.append(
+                [
+                    fw,
+                    label,
+                    batch,
+                    lr,
+                    " ".join(f"{a:.3f}" for a in r["test_acc"]),
+                    " ".join(f"{x:.3f}" for x in r["train_loss"]),
+                    f"{statistics.median(r['sec_per_epoch']):.0f}",
+                    f"{r['samples_per_sec']:.1f}",
+                    ", ".join(r["devices"]),
+                ]
+            )
+    notes = [
+        f"{epochs} epoch(s) on the first {train} training images, test accuracy on the first {test} test "
+        "images after every epoch; plain SGD (the chapter's), He init, per-device BatchNorm statistics.",
+        "2 devices are CPU replicas without GPUs: they share the machine's cores, so time per epoch does not "
+        "drop; with GPUs each would take half the batch.",
+        "sec/epoch: median over epochs of the training time (evaluation excluded); the machine was shared, "
+        "see the load line above.",
+    ]
+    table = Table(
+        "Test accuracy and train loss per epoch",
+        ["backend", "run", "batch", "lr", "test accuracy", "train loss", "sec/epoch", "examples/s", "devices"],
+        rows,
+    )
+    return Result(
+        "resnet_accuracy",
+        TITLE,
+        [table],
+        data,
+        settings={"configs": CONFIGS, "epochs": epochs, "train_limit": train, "test_limit": test},
+        notes=notes,
+        plot=lambda fig: _plot(fig, data),
+    )
 
 
 def _plot(fig: Any, data: dict[str, Any]) -> None:

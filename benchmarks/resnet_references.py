@@ -15,9 +15,11 @@ torch's running-statistics convention where the framework allows it (see each NO
 ``params()`` and ``state()`` return the parameters and running statistics in our order,
 so a benchmark can check that a loop computes what ``DataParallel`` computes.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -84,8 +86,14 @@ def torch_module(num_classes: int = 1000, in_channels: int = 3) -> Any:
     return ResNet18()
 
 
-def torch_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr: float, momentum: float,
-                   weight_decay: float, num_classes: int = 1000) -> ResNetRunner:
+def torch_resnet18(
+    init: Sequence[np.ndarray],
+    state: Sequence[np.ndarray],
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    num_classes: int = 1000,
+) -> ResNetRunner:
     """torchvision's ResNet-18 (an nn.Module), ``CrossEntropyLoss`` and ``optim.SGD``; one CPU device."""
     import torch
 
@@ -115,8 +123,14 @@ def torch_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr: 
     return ResNetRunner(step, lambda: None, params, running)
 
 
-def paddle_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr: float, momentum: float,
-                    weight_decay: float, num_classes: int = 1000) -> ResNetRunner:
+def paddle_resnet18(
+    init: Sequence[np.ndarray],
+    state: Sequence[np.ndarray],
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    num_classes: int = 1000,
+) -> ResNetRunner:
     """``paddle.vision.models.resnet18`` with ``paddle.optimizer.Momentum`` (L2 weight decay); one CPU device.
 
     NOTE: Paddle's BatchNorm weighs the old running value with its momentum (0.9 for
@@ -137,8 +151,9 @@ def paddle_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr:
         bn._variance.set_value(np.asarray(state[2 * k + 1]))
     net.train()
     loss_fn = paddle.nn.CrossEntropyLoss()
-    opt = paddle.optimizer.Momentum(learning_rate=lr, momentum=momentum, parameters=trained,
-                                    weight_decay=paddle.regularizer.L2Decay(weight_decay))
+    opt = paddle.optimizer.Momentum(
+        learning_rate=lr, momentum=momentum, parameters=trained, weight_decay=paddle.regularizer.L2Decay(weight_decay)
+    )
 
     def step(X: np.ndarray, y: np.ndarray) -> None:
         loss = loss_fn(net(paddle.to_tensor(X)), paddle.to_tensor(y))
@@ -152,8 +167,15 @@ def paddle_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr:
     return ResNetRunner(step, lambda: None, lambda: [p.numpy() for p in trained], running)
 
 
-def gluon_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr: float, momentum: float,
-                   weight_decay: float, hybridize: bool, num_classes: int = 1000) -> ResNetRunner:
+def gluon_resnet18(
+    init: Sequence[np.ndarray],
+    state: Sequence[np.ndarray],
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    hybridize: bool,
+    num_classes: int = 1000,
+) -> ResNetRunner:
     """The Gluon zoo's ``resnet18_v1`` with a ``gluon.Trainer`` (sgd with momentum and wd); one CPU context.
 
     NOTE: Gluon's BatchNorm weighs the old value with its momentum and folds in the biased
@@ -180,8 +202,9 @@ def gluon_resnet18(init: Sequence[np.ndarray], state: Sequence[np.ndarray], lr: 
     if hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr, "momentum": momentum,
-                                                         "wd": weight_decay})
+    trainer = gluon.Trainer(
+        net.collect_params(), "sgd", {"learning_rate": lr, "momentum": momentum, "wd": weight_decay}
+    )
 
     def step(X: np.ndarray, y: np.ndarray) -> None:
         x, t = mx.nd.array(X, ctx=ctx), mx.nd.array(y, ctx=ctx)

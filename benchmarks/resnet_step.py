@@ -16,10 +16,11 @@ compare the same work. Reported: ours / theirs as the median of per-round ratios
 quartiles. Target: <= 1.10 against each (against hybridized Gluon the ratio and its
 cause are reported: a static graph against our imperative calls).
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ TARGET = 1.10
 AGREE_TOL = 1e-3  # max |dparam| after one step for "computes the same update" (float32 sums in another order)
 
 # case -> (what it is, target of ours / it; None: reported only)
-CASES: dict[str, tuple[str, Optional[float]]] = {
+CASES: dict[str, tuple[str, float | None]] = {
     "nn.Module": ("torch: torchvision's ResNet-18 as an nn.Module, optim.SGD", TARGET),
     "paddle.vision": ("paddle: paddle.vision.models.resnet18, paddle.optimizer.Momentum", TARGET),
     "gluon": ("mxnet: Gluon zoo resnet18_v1, gluon.Trainer (sgd), not hybridized", TARGET),
@@ -51,13 +52,22 @@ def _runners(framework: str, init: list[np.ndarray], state: list[np.ndarray]) ->
     if framework == "paddle":
         return {"paddle.vision": ref.paddle_resnet18(init, state, LR, MOMENTUM, WD, CLASSES)}
     if framework == "mxnet":
-        return {"gluon": ref.gluon_resnet18(init, state, LR, MOMENTUM, WD, False, CLASSES),
-                "gluon hybridized": ref.gluon_resnet18(init, state, LR, MOMENTUM, WD, True, CLASSES)}
+        return {
+            "gluon": ref.gluon_resnet18(init, state, LR, MOMENTUM, WD, False, CLASSES),
+            "gluon hybridized": ref.gluon_resnet18(init, state, LR, MOMENTUM, WD, True, CLASSES),
+        }
     return {}
 
 
-def measure(framework: str, repeat: int, warmup: int, progress: bool, profile: bool = False, size: int = SIZE,
-            batch: int = BATCH) -> dict[str, Any]:
+def measure(
+    framework: str,
+    repeat: int,
+    warmup: int,
+    progress: bool,
+    profile: bool = False,
+    size: int = SIZE,
+    batch: int = BATCH,
+) -> dict[str, Any]:
     """In a fresh process: time ours and the framework's loops; return raw samples (and a
     cProfile summary of ours with ``profile``); ``size`` and ``batch`` shrink it for tests."""
     import multigpu
@@ -72,12 +82,19 @@ def measure(framework: str, repeat: int, warmup: int, progress: bool, profile: b
     y = rng.integers(0, CLASSES, batch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)
-        tr = multigpu.DataParallel(model, backend=framework, devices="cpu:1", lr=LR, params=init,
-                                   optimizer=SGD(momentum=MOMENTUM, weight_decay=WD))
+        tr = multigpu.DataParallel(
+            model,
+            backend=framework,
+            devices="cpu:1",
+            lr=LR,
+            params=init,
+            optimizer=SGD(momentum=MOMENTUM, weight_decay=WD),
+        )
     cases, agreement = same_step_cases(tr, _runners(framework, init, state), X, y)
     bar = harness.progress_bar(repeat, f"resnet_step {framework}", progress)
-    wall, cpu = harness.interleaved_wall_cpu(cases, repeat=repeat, warmup=warmup, progress=bar.update,
-                                     reverse_odd_rounds=True)
+    wall, cpu = harness.interleaved_wall_cpu(
+        cases, repeat=repeat, warmup=warmup, progress=bar.update, reverse_odd_rounds=True
+    )
     bar.close()
     out: dict[str, Any] = {"samples": wall, "cpu_samples": cpu, "agreement": agreement}
     if profile:
@@ -107,8 +124,9 @@ def run(opts: Options, size: int = SIZE, batch: int = BATCH) -> Result:
     data: dict[str, Any] = {}
     rows, notes = [], []
     for fw in opts.frameworks():
-        data[fw] = got = harness.isolated(f"{__package__}.resnet_step:measure", fw, repeat, warmup, opts.progress, True,
-                                  size, batch)
+        data[fw] = got = harness.isolated(
+            f"{__package__}.resnet_step:measure", fw, repeat, warmup, opts.progress, True, size, batch
+        )
         s = got["samples"]
         for case, (_, goal) in CASES.items():
             if case not in s:
@@ -117,11 +135,24 @@ def run(opts: Options, size: int = SIZE, batch: int = BATCH) -> Result:
             rc = ratio(got["cpu_samples"]["ours"], got["cpu_samples"][case])
             got.setdefault("ratios", {})[case] = r
             agrees = got["agreement"][case] <= AGREE_TOL
-            met = "-" if goal is None else ("yes" if r["median"] <= goal else
-                                              f"**no** (+{100 * (r['median'] / goal - 1):.1f}%)")
-            rows.append([fw, fmt_ms(summary(s["ours"])), case, fmt_ms(summary(s[case])), fmt_ratio(r),
-                         "-" if goal is None else f"<= {goal:g}", met, fmt_ratio(rc),
-                         f"{got['agreement'][case]:.1e}" + ("" if agrees else " (differs)")])
+            met = (
+                "-"
+                if goal is None
+                else ("yes" if r["median"] <= goal else f"**no** (+{100 * (r['median'] / goal - 1):.1f}%)")
+            )
+            rows.append(
+                [
+                    fw,
+                    fmt_ms(summary(s["ours"])),
+                    case,
+                    fmt_ms(summary(s[case])),
+                    fmt_ratio(r),
+                    "-" if goal is None else f"<= {goal:g}",
+                    met,
+                    fmt_ratio(rc),
+                    f"{got['agreement'][case]:.1e}" + ("" if agrees else " (differs)"),
+                ]
+            )
     if not data:
         notes.append("no framework backend is installed; nothing to measure")
     notes += [
@@ -135,17 +166,49 @@ def run(opts: Options, size: int = SIZE, batch: int = BATCH) -> Result:
         "(memory planned once, no per-op Python dispatch), where ours calls mx.nd ops one by one, as "
         "non-hybridized Gluon does.",
     ]
-    table = Table(f"ours / theirs, one ResNet-18 step, batch {batch} at {size}x{size}, 1 CPU device",
-                  ["backend", "ours ms", "compared with", "theirs ms", "ours / theirs", "target", "met",
-                   "CPU time ours / theirs", "max |dparam|"], rows)
-    legend = Table("what each case is", ["case", "what", "target"],
-                   [[c, w, "-" if t is None else f"<= {t:g}"] for c, (w, t) in CASES.items()])
-    profiles = [f"cProfile of ours on {fw} (3 steps, by internal time):\n\n```\n{d['profile']}\n```"
-                for fw, d in data.items() if d.get("profile")]
-    return Result("resnet_step", TITLE, [table, legend], data,
-                  settings={"batch": batch, "size": size, "classes": CLASSES, "lr": LR, "momentum": MOMENTUM,
-                            "weight_decay": WD, "repeat": repeat, "warmup": warmup},
-                  notes=notes + profiles, plot=lambda fig: _plot(fig, data, batch, size))
+    table = Table(
+        f"ours / theirs, one ResNet-18 step, batch {batch} at {size}x{size}, 1 CPU device",
+        [
+            "backend",
+            "ours ms",
+            "compared with",
+            "theirs ms",
+            "ours / theirs",
+            "target",
+            "met",
+            "CPU time ours / theirs",
+            "max |dparam|",
+        ],
+        rows,
+    )
+    legend = Table(
+        "what each case is",
+        ["case", "what", "target"],
+        [[c, w, "-" if t is None else f"<= {t:g}"] for c, (w, t) in CASES.items()],
+    )
+    profiles = [
+        f"cProfile of ours on {fw} (3 steps, by internal time):\n\n```\n{d['profile']}\n```"
+        for fw, d in data.items()
+        if d.get("profile")
+    ]
+    return Result(
+        "resnet_step",
+        TITLE,
+        [table, legend],
+        data,
+        settings={
+            "batch": batch,
+            "size": size,
+            "classes": CLASSES,
+            "lr": LR,
+            "momentum": MOMENTUM,
+            "weight_decay": WD,
+            "repeat": repeat,
+            "warmup": warmup,
+        },
+        notes=notes + profiles,
+        plot=lambda fig: _plot(fig, data, batch, size),
+    )
 
 
 def _plot(fig: Any, data: dict[str, Any], batch: int, size: int) -> None:

@@ -12,6 +12,7 @@ Throughput is examples per second; scaling efficiency is thr_N / (N x thr_1), th
 median of per-round ratios. CPU replicas share this machine's cores, so on CPU the
 efficiency shows what the replicas cost, not what more devices would give.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -64,9 +65,8 @@ def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, p
             B = _batch(mode, n)
             X = rng.random((B, 1, 28, 28), dtype=np.float32)
             y = rng.integers(0, 10, B)
-            cases[str(n)] = (lambda tr, X, y: lambda: (tr.train_batch(X, y), tr.synchronize()))(tr, X, y)
-        samples = interleaved(cases, repeat=repeat, warmup=warmup, progress=bar.update,
-                              reverse_odd_rounds=True)
+            cases[str(n)] = (lambda tr, X, y: lambda: (tr.train_batch(X, y), tr.synchronize()))(tr, X, y)  # noqa: B023 (bound by an argument or called at once)
+        samples = interleaved(cases, repeat=repeat, warmup=warmup, progress=bar.update, reverse_odd_rounds=True)
         out[mode] = {n: {"kind": kinds[n], "batch": _batch(mode, n), "samples": samples[str(n)]} for n in counts}
     bar.close()
     return out
@@ -94,25 +94,54 @@ def run(opts: Options) -> Result:
                 # no-host-sync step should make 2 GPUs beat 1.)
                 vs_one = ratio(rec["samples"], one["samples"]) if mode == "strong" else None
                 rec["time_vs_one_device"] = vs_one
-                rows.append([fw, mode, f"{n} {rec['kind'].upper()}", rec["batch"], fmt_ms(t),
-                             f"{rec['samples_per_s']:.0f}", f"{e['median']:.2f} ({e['q1']:.2f}-{e['q3']:.2f})",
-                             "-" if vs_one is None or n == counts[0] else
-                             f"{vs_one['median']:.2f} ({vs_one['q1']:.2f}-{vs_one['q3']:.2f})"])
-    notes = [f"{repeat} alternating rounds (one step per device count each) after {warmup} warm-up; "
-             "step time median (quartiles) in ms; efficiency = thr_N / (N x thr_1), median (quartiles) of "
-             "per-round ratios.",
-             "weak: 128 examples per device; strong: 256 in all. CPU rows are CPU replicas sharing this "
-             "machine's cores: the arithmetic does not grow with N, so efficiency near 1/N is what CPU "
-             "replicas can give; above 1/N, smaller per-replica batches run faster per example (cache) and "
-             "MXNet runs each CPU context on its own engine thread.",
-             "step time / 1 device: the same global batch on N devices against one device (median, "
-             "quartiles of per-round ratios); below 1, N devices finish the step sooner."]
-    table = Table("Throughput and scaling efficiency (DataParallel, fused allreduce)",
-                  ["backend", "scaling", "devices", "global batch", "step ms", "examples/s", "efficiency",
-                   "step time / 1 device (strong)"], rows)
-    return Result("scaling", TITLE, [table], data,
-                  settings={"devices": counts, "per_device": PER_DEVICE, "global": GLOBAL, "repeat": repeat,
-                            "warmup": warmup}, notes=notes, plot=lambda fig: _plot(fig, data))
+                rows.append(
+                    [
+                        fw,
+                        mode,
+                        f"{n} {rec['kind'].upper()}",
+                        rec["batch"],
+                        fmt_ms(t),
+                        f"{rec['samples_per_s']:.0f}",
+                        f"{e['median']:.2f} ({e['q1']:.2f}-{e['q3']:.2f})",
+                        "-"
+                        if vs_one is None or n == counts[0]
+                        else f"{vs_one['median']:.2f} ({vs_one['q1']:.2f}-{vs_one['q3']:.2f})",
+                    ]
+                )
+    notes = [
+        f"{repeat} alternating rounds (one step per device count each) after {warmup} warm-up; "
+        "step time median (quartiles) in ms; efficiency = thr_N / (N x thr_1), median (quartiles) of "
+        "per-round ratios.",
+        "weak: 128 examples per device; strong: 256 in all. CPU rows are CPU replicas sharing this "
+        "machine's cores: the arithmetic does not grow with N, so efficiency near 1/N is what CPU "
+        "replicas can give; above 1/N, smaller per-replica batches run faster per example (cache) and "
+        "MXNet runs each CPU context on its own engine thread.",
+        "step time / 1 device: the same global batch on N devices against one device (median, "
+        "quartiles of per-round ratios); below 1, N devices finish the step sooner.",
+    ]
+    table = Table(
+        "Throughput and scaling efficiency (DataParallel, fused allreduce)",
+        [
+            "backend",
+            "scaling",
+            "devices",
+            "global batch",
+            "step ms",
+            "examples/s",
+            "efficiency",
+            "step time / 1 device (strong)",
+        ],
+        rows,
+    )
+    return Result(
+        "scaling",
+        TITLE,
+        [table],
+        data,
+        settings={"devices": counts, "per_device": PER_DEVICE, "global": GLOBAL, "repeat": repeat, "warmup": warmup},
+        notes=notes,
+        plot=lambda fig: _plot(fig, data),
+    )
 
 
 def _plot(fig: Any, data: dict[str, Any]) -> None:
@@ -121,10 +150,17 @@ def _plot(fig: Any, data: dict[str, Any]) -> None:
         color = f"C{i}"  # one colour per framework; the line style tells the mode
         for mode, style in (("weak", "-"), ("strong", "--")):
             ns = list(got[mode])
-            ax_thr.plot(ns, [got[mode][n]["samples_per_s"] for n in ns], style, marker="o", color=color,
-                        label=f"{fw} {mode}")
-            ax_eff.plot(ns, [got[mode][n]["efficiency"]["median"] for n in ns], style, marker="o",
-                        color=color, label=f"{fw} {mode}")
+            ax_thr.plot(
+                ns, [got[mode][n]["samples_per_s"] for n in ns], style, marker="o", color=color, label=f"{fw} {mode}"
+            )
+            ax_eff.plot(
+                ns,
+                [got[mode][n]["efficiency"]["median"] for n in ns],
+                style,
+                marker="o",
+                color=color,
+                label=f"{fw} {mode}",
+            )
     ax_thr.set(xlabel="devices", ylabel="examples / s", title="throughput (weak: solid, strong: dashed)")
     ax_eff.set(xlabel="devices", ylabel="thr_N / (N x thr_1)", title="scaling efficiency", ylim=(0, None))
     for ax in (ax_thr, ax_eff):

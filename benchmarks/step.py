@@ -20,10 +20,11 @@ of per-round ratios (each round times every case back to back), with quartiles.
 Targets: <= 1.05 against a hand-written single-device loop, <= 1.0 against the
 textbook's code and ``nn.DataParallel``.
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -51,19 +52,25 @@ TARGET_HAND, TARGET_TEXTBOOK = 1.05, 1.0
 AGREE_TOL = 1e-4  # max |dparam| after one step for "computes the same update"
 
 # case -> (what it is, target of ours / it on 1 device, target on more devices; None: reported only)
-CASES: dict[str, tuple[str, Optional[float], Optional[float]]] = {
+CASES: dict[str, tuple[str, float | None, float | None]] = {
     "autograd": ("hand-written loop, 1 device (autograd + SGD)", TARGET_HAND, None),
-    "dygraph": ("hand-written loop, 1 device (Paddle dygraph: backward, optimizer.step, clear_grad)",
-                TARGET_HAND, None),
-    "gluon": ("MXNet Gluon Trainer on the same devices (on 1 device: a hand-written single-device loop)",
-              TARGET_HAND, None),
+    "dygraph": (
+        "hand-written loop, 1 device (Paddle dygraph: backward, optimizer.step, clear_grad)",
+        TARGET_HAND,
+        None,
+    ),
+    "gluon": (
+        "MXNet Gluon Trainer on the same devices (on 1 device: a hand-written single-device loop)",
+        TARGET_HAND,
+        None,
+    ),
     "textbook": ("the textbook's multi-device code (naive allreduce)", TARGET_TEXTBOOK, TARGET_TEXTBOOK),
     "textbook as printed": ("the textbook's Paddle code as printed (allreduce never sums)", None, None),
     "nn.DataParallel": ("torch nn.DataParallel on the same GPUs", TARGET_TEXTBOOK, TARGET_TEXTBOOK),
 }
 
 
-def target(case: str, n: int) -> Optional[float]:
+def target(case: str, n: int) -> float | None:
     """The target of ours / ``case`` on ``n`` devices, or None when the ratio is reported only."""
     return CASES[case][1] if n == 1 else CASES[case][2]
 
@@ -109,15 +116,14 @@ def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, p
         spec, kind = device_spec(be, n)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CPUFallbackWarning)
-            tr = multigpu.DataParallel(model, backend=framework, devices=spec, lr=LR, params=init,
-                                       allreduce="fused")
+            tr = multigpu.DataParallel(model, backend=framework, devices=spec, lr=LR, params=init, allreduce="fused")
         runners = _runners(framework, init, n, kind == "gpu")
         # One step from the same start on the same batch: every loop must land where ours does.
         cases, agreement = same_step_cases(tr, runners, X, y)
-        samples, cpu = interleaved_wall_cpu(cases, repeat=repeat, warmup=warmup, progress=bar.update,
-                                            reverse_odd_rounds=True)
-        out["counts"][n] = {"spec": spec, "kind": kind, "samples": samples, "cpu_samples": cpu,
-                            "agreement": agreement}
+        samples, cpu = interleaved_wall_cpu(
+            cases, repeat=repeat, warmup=warmup, progress=bar.update, reverse_odd_rounds=True
+        )
+        out["counts"][n] = {"spec": spec, "kind": kind, "samples": samples, "cpu_samples": cpu, "agreement": agreement}
     bar.close()
     return out
 
@@ -149,11 +155,22 @@ def run(opts: Options) -> Result:
                 rec.setdefault("ratios", {})[case] = r
                 rec.setdefault("cpu_ratios", {})[case] = rc
                 agrees = rec["agreement"][case] <= AGREE_TOL
-                rows.append([fw, f"{n} {rec['kind'].upper()}", fmt_ms(ours), case, fmt_ms(summary(s[case])),
-                             fmt_ratio(r), "-" if goal is None else f"<= {goal:g}",
-                             "-" if goal is None else ("yes" if r["median"] <= goal else
-                                                       f"**no** (+{100 * (r['median'] / goal - 1):.1f}%)"),
-                             fmt_ratio(rc), f"{rec['agreement'][case]:.1e}" + ("" if agrees else " (differs)")])
+                rows.append(
+                    [
+                        fw,
+                        f"{n} {rec['kind'].upper()}",
+                        fmt_ms(ours),
+                        case,
+                        fmt_ms(summary(s[case])),
+                        fmt_ratio(r),
+                        "-" if goal is None else f"<= {goal:g}",
+                        "-"
+                        if goal is None
+                        else ("yes" if r["median"] <= goal else f"**no** (+{100 * (r['median'] / goal - 1):.1f}%)"),
+                        fmt_ratio(rc),
+                        f"{rec['agreement'][case]:.1e}" + ("" if agrees else " (differs)"),
+                    ]
+                )
     if not data:
         notes.append("no framework backend is installed; nothing to measure")
     from multigpu.benchmarks.textbook import SUBSTITUTIONS
@@ -170,15 +187,39 @@ def run(opts: Options) -> Result:
         "CPU rows are CPU replicas on one host: they share its cores, so more devices cannot be faster here.",
         "nn.DataParallel and the GPU paths run only where a GPU is present.",
     ] + [f"textbook transcription, {k}: {v}" for k, v in SUBSTITUTIONS.items() if k in data]
-    table = Table("ours / theirs, one LeNet step, batch 256",
-                  ["backend", "devices", "ours ms", "compared with", "theirs ms", "ours / theirs", "target",
-                   "met", "CPU time ours / theirs", "max |dparam|"], rows)
-    legend = Table("what each case is", ["case", "what", "target on 1 device", "on 2 and 4"],
-                   [[c, w, "-" if t1 is None else f"<= {t1:g}", "-" if tn is None else f"<= {tn:g}"]
-                    for c, (w, t1, tn) in CASES.items()])
-    return Result("step", TITLE, [table, legend], data,
-                  settings={"batch": BATCH, "lr": LR, "devices": DEVICES, "repeat": repeat, "warmup": warmup},
-                  notes=notes, plot=lambda fig: _plot(fig, data))
+    table = Table(
+        "ours / theirs, one LeNet step, batch 256",
+        [
+            "backend",
+            "devices",
+            "ours ms",
+            "compared with",
+            "theirs ms",
+            "ours / theirs",
+            "target",
+            "met",
+            "CPU time ours / theirs",
+            "max |dparam|",
+        ],
+        rows,
+    )
+    legend = Table(
+        "what each case is",
+        ["case", "what", "target on 1 device", "on 2 and 4"],
+        [
+            [c, w, "-" if t1 is None else f"<= {t1:g}", "-" if tn is None else f"<= {tn:g}"]
+            for c, (w, t1, tn) in CASES.items()
+        ],
+    )
+    return Result(
+        "step",
+        TITLE,
+        [table, legend],
+        data,
+        settings={"batch": BATCH, "lr": LR, "devices": DEVICES, "repeat": repeat, "warmup": warmup},
+        notes=notes,
+        plot=lambda fig: _plot(fig, data),
+    )
 
 
 def _plot(fig: Any, data: dict[str, Any]) -> None:

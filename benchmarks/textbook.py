@@ -29,20 +29,22 @@ Every runner takes numpy batches, as ``DataParallel.train_batch`` does, and
 ``params()`` returns replica 0's parameters in the model's order, so a benchmark can
 check that the transcription computes what ``DataParallel`` computes.
 """
+
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 SUBSTITUTIONS = {
     "torch": "CPU replicas: get_params copies (p.to(device, copy=True)); split_batch uses torch.chunk "
-             "instead of the CUDA-only nn.parallel.scatter",
+    "instead of the CUDA-only nn.parallel.scatter",
     "mxnet": "none (distinct CPU contexts mx.cpu(i)); the chapter's np/npx mode is scoped to its calls",
     "paddle": "paddle.set_device('gpu:i') -> 'cpu' without GPUs; the printed allreduce rebinds list "
-              "slots and never sums, so the compared variant writes the sums in place",
+    "slots and never sums, so the compared variant writes the sums in place",
 }
 
 
@@ -75,7 +77,7 @@ def torch_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus
         y_hat = torch.mm(h3, params[6]) + params[7]
         return y_hat
 
-    loss = nn.CrossEntropyLoss(reduction='none')
+    loss = nn.CrossEntropyLoss(reduction="none")
 
     def get_params(params, device):
         new_params = [p.to(device, copy=True) for p in params]  # SUBSTITUTED: copy=True (CPU replicas alias)
@@ -92,11 +94,12 @@ def torch_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus
     def split_batch(X, y, devices):
         assert X.shape[0] == y.shape[0]
         if gpus:
-            return (nn.parallel.scatter(X, devices),
-                    nn.parallel.scatter(y, devices))
+            return (nn.parallel.scatter(X, devices), nn.parallel.scatter(y, devices))
         # SUBSTITUTED: nn.parallel.scatter is CUDA-only.
-        return ([x.to(d) for x, d in zip(torch.chunk(X, len(devices)), devices)],
-                [t.to(d) for t, d in zip(torch.chunk(y, len(devices)), devices)])
+        return (
+            [x.to(d) for x, d in zip(torch.chunk(X, len(devices)), devices)],
+            [t.to(d) for t, d in zip(torch.chunk(y, len(devices)), devices)],
+        )
 
     def sgd(params, lr, batch_size):  # d2l.sgd
         with torch.no_grad():
@@ -106,15 +109,15 @@ def torch_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus
 
     def train_batch(X, y, device_params, devices, lr):
         X_shards, y_shards = split_batch(X, y, devices)
-        ls = [loss(lenet(X_shard, device_W), y_shard).sum()
-              for X_shard, y_shard, device_W in zip(
-                  X_shards, y_shards, device_params)]
-        for l in ls:
-            l.backward()
+        ls = [
+            loss(lenet(X_shard, device_W), y_shard).sum()
+            for X_shard, y_shard, device_W in zip(X_shards, y_shards, device_params)
+        ]
+        for loss_i in ls:
+            loss_i.backward()
         with torch.no_grad():
             for i in range(len(device_params[0])):
-                allreduce(
-                    [device_params[c][i].grad for c in range(len(devices))])
+                allreduce([device_params[c][i].grad for c in range(len(devices))])
         for param in device_params:
             sgd(param, lr, X.shape[0])
 
@@ -128,7 +131,9 @@ def torch_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus
 
     return Runner(
         step=lambda X, y: train_batch(torch.from_numpy(X), torch.from_numpy(y), device_params, devices, lr),
-        sync=sync, params=lambda: [p.detach().cpu().numpy().copy() for p in device_params[0]])
+        sync=sync,
+        params=lambda: [p.detach().cpu().numpy().copy() for p in device_params[0]],
+    )
 
 
 def mxnet_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus: bool) -> Runner:
@@ -150,19 +155,16 @@ def mxnet_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus
             def __exit__(self, *exc: Any) -> None:
                 self.array.__exit__(*exc)
                 self.shape.__exit__(*exc)
+
         return Scope()
 
     def lenet(X, params):
-        h1_conv = npx.convolution(data=X, weight=params[0], bias=params[1],
-                                  kernel=(3, 3), num_filter=20)
+        h1_conv = npx.convolution(data=X, weight=params[0], bias=params[1], kernel=(3, 3), num_filter=20)
         h1_activation = npx.relu(h1_conv)
-        h1 = npx.pooling(data=h1_activation, pool_type='avg', kernel=(2, 2),
-                         stride=(2, 2))
-        h2_conv = npx.convolution(data=h1, weight=params[2], bias=params[3],
-                                  kernel=(5, 5), num_filter=50)
+        h1 = npx.pooling(data=h1_activation, pool_type="avg", kernel=(2, 2), stride=(2, 2))
+        h2_conv = npx.convolution(data=h1, weight=params[2], bias=params[3], kernel=(5, 5), num_filter=50)
         h2_activation = npx.relu(h2_conv)
-        h2 = npx.pooling(data=h2_activation, pool_type='avg', kernel=(2, 2),
-                         stride=(2, 2))
+        h2 = npx.pooling(data=h2_activation, pool_type="avg", kernel=(2, 2), stride=(2, 2))
         h2 = h2.reshape(h2.shape[0], -1)
         h3_linear = mnp.dot(h2, params[4]) + params[5]
         h3 = npx.relu(h3_linear)
@@ -185,8 +187,7 @@ def mxnet_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus
 
     def split_batch(X, y, devices):
         assert X.shape[0] == y.shape[0]
-        return (gluon.utils.split_and_load(X, devices),
-                gluon.utils.split_and_load(y, devices))
+        return (gluon.utils.split_and_load(X, devices), gluon.utils.split_and_load(y, devices))
 
     def sgd(params, lr, batch_size):  # d2l.sgd
         for param in params:
@@ -195,11 +196,12 @@ def mxnet_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus
     def train_batch(X, y, device_params, devices, lr):
         X_shards, y_shards = split_batch(X, y, devices)
         with autograd.record():
-            ls = [loss(lenet(X_shard, device_W), y_shard)
-                  for X_shard, y_shard, device_W in zip(
-                      X_shards, y_shards, device_params)]
-        for l in ls:
-            l.backward()
+            ls = [
+                loss(lenet(X_shard, device_W), y_shard)
+                for X_shard, y_shard, device_W in zip(X_shards, y_shards, device_params)
+            ]
+        for loss_i in ls:
+            loss_i.backward()
         for i in range(len(device_params[0])):
             allreduce([device_params[c][i].grad for c in range(len(devices))])
         for param in device_params:
@@ -221,8 +223,7 @@ def mxnet_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus
     return Runner(step=step, sync=mx.nd.waitall, params=params_out)
 
 
-def paddle_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus: bool,
-                    fixed: bool = True) -> Runner:
+def paddle_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpus: bool, fixed: bool = True) -> Runner:
     """The chapter's PaddlePaddle code; ``fixed`` makes its allreduce write in place."""
     warnings.filterwarnings("ignore")  # as the chapter does: to_tensor(Tensor) warns on every call
     import paddle
@@ -242,7 +243,7 @@ def paddle_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpu
         y_hat = paddle.mm(h3, params[6]) + params[7]
         return y_hat
 
-    loss = nn.CrossEntropyLoss(reduction='none')
+    loss = nn.CrossEntropyLoss(reduction="none")
 
     def set_device(i: int) -> None:
         paddle.set_device(f"gpu:{i}" if gpus else "cpu")  # SUBSTITUTED: "cpu" without GPUs
@@ -271,12 +272,11 @@ def paddle_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpu
 
     def paddlescatter(XY, devices):
         xy = XY.shape[0] // len(devices)
-        return [paddle.to_tensor(XY[i * xy:(i + 1) * xy], place=device) for i, device in enumerate(devices)]
+        return [paddle.to_tensor(XY[i * xy : (i + 1) * xy], place=device) for i, device in enumerate(devices)]
 
     def split_batch(X, y, devices):
         assert X.shape[0] == y.shape[0]
-        return (paddlescatter(X, devices),
-                paddlescatter(y, devices))
+        return (paddlescatter(X, devices), paddlescatter(y, devices))
 
     def sgd(params, lr, batch_size):  # d2l.sgd
         with paddle.no_grad():
@@ -287,16 +287,14 @@ def paddle_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpu
 
     def train_batch(X, y, device_params, devices, lr):
         X_shards, y_shards = split_batch(X, y, devices)
-        for i, (X_shard, y_shard, device_W) in enumerate(zip(
-                X_shards, y_shards, device_params)):
+        for i, (X_shard, y_shard, device_W) in enumerate(zip(X_shards, y_shards, device_params)):
             set_device(i)
             y_shard = paddle.squeeze(y_shard)
-            l = loss(lenet(X_shard, device_W), y_shard).sum()
-            l.backward()
+            loss_i = loss(lenet(X_shard, device_W), y_shard).sum()
+            loss_i.backward()
         with paddle.no_grad():
             for i in range(len(device_params[0])):
-                allreduce(
-                    [device_params[c][i].grad for c in range(len(devices))])
+                allreduce([device_params[c][i].grad for c in range(len(devices))])
         for i in range(len(device_params)):
             set_device(i)
             param = device_params[i]
@@ -310,8 +308,11 @@ def paddle_textbook(init: Sequence[np.ndarray], num_devices: int, lr: float, gpu
         if gpus:
             paddle.device.cuda.synchronize()
 
-    return Runner(step=lambda X, y: train_batch(X, y, device_params, devices, lr), sync=sync,
-                  params=lambda: [p.numpy() for p in device_params[0]])
+    return Runner(
+        step=lambda X, y: train_batch(X, y, device_params, devices, lr),
+        sync=sync,
+        params=lambda: [p.numpy() for p in device_params[0]],
+    )
 
 
 TEXTBOOK = {"torch": torch_textbook, "mxnet": mxnet_textbook, "paddle": paddle_textbook}

@@ -9,6 +9,7 @@ The subpackages are layers, each importing only those listed before it:
 (multi-process jobs), ``training``, ``partition`` (the cost model and its solvers),
 ``execution`` (running a plan) and ``cli``.
 """
+
 from __future__ import annotations
 
 from multigpu import models, optim
@@ -16,14 +17,14 @@ from multigpu.contract.devices import CPUFallbackWarning, resolve_devices
 from multigpu.contract.protocol import Backend, Device
 from multigpu.contract.registry import available_backends, backend, registered_backends
 from multigpu.errors import (
-                             BackendNotInstalledError,
-                             DeviceError,
-                             InputError,
-                             ModelError,
-                             MultigpuError,
-                             ParamsError,
-                             UnknownAlgorithmError,
-                             UnknownBackendError,
+    BackendNotInstalledError,
+    DeviceError,
+    InputError,
+    ModelError,
+    MultigpuError,
+    ParamsError,
+    UnknownAlgorithmError,
+    UnknownBackendError,
 )
 from multigpu.execution import profile, run_partitioned  # no Ray until a plan runs
 from multigpu.models.graph import Model
@@ -36,11 +37,44 @@ from multigpu.partition import autopartition, evaluate, load_cluster, load_graph
 from multigpu.training.trainer import TrainResult, train
 
 __all__ = [
-    "ALGORITHMS", "AvgPool2d", "Backend", "BackendNotInstalledError", "CPUFallbackWarning", "Conv2d", "DataParallel",
-    "Dense", "Device", "DeviceError", "Flatten", "InputError", "LayerStats", "MaxPool2d", "Model", "ModelError",
-    "MultigpuError", "ParamsError", "ReLU", "Sequential", "TrainResult", "UnknownAlgorithmError",
-    "UnknownBackendError", "allreduce_grads", "autopartition", "available_backends", "backend", "evaluate",
-    "load_cluster", "load_graph", "models", "optim", "profile", "registered_backends", "resolve_devices",
-    "run_partitioned", "shard_sizes", "split_batch", "train",
+    "ALGORITHMS",
+    "AvgPool2d",
+    "Backend",
+    "BackendNotInstalledError",
+    "CPUFallbackWarning",
+    "Conv2d",
+    "DataParallel",
+    "Dense",
+    "Device",
+    "DeviceError",
+    "Flatten",
+    "InputError",
+    "LayerStats",
+    "MaxPool2d",
+    "Model",
+    "ModelError",
+    "MultigpuError",
+    "ParamsError",
+    "ReLU",
+    "Sequential",
+    "TrainResult",
+    "UnknownAlgorithmError",
+    "UnknownBackendError",
+    "allreduce_grads",
+    "autopartition",
+    "available_backends",
+    "backend",
+    "evaluate",
+    "load_cluster",
+    "load_graph",
+    "models",
+    "optim",
+    "profile",
+    "registered_backends",
+    "resolve_devices",
+    "run_partitioned",
+    "shard_sizes",
+    "split_batch",
+    "train",
 ]
 __version__ = "0.1.0"

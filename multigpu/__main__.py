@@ -1,4 +1,5 @@
 """``python -m multigpu`` runs the command line."""
+
 import sys
 
 from multigpu.cli import main

@@ -12,11 +12,12 @@ default), ``ClusterError`` for a value in a cluster or graph file, and so on; th
 caller passes it as ``error``. A bool is never a number here (``True`` is a typo,
 not 1), and numpy scalars count as numbers.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional
+from typing import Any
 
 from multigpu.errors import InputError
 
@@ -39,8 +40,15 @@ def is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
 
 
-def check_count(value: Any, what: str, *, minimum: int = 1, maximum: Optional[int] = None,
-                example: Any = None, error: type[Exception] = InputError) -> int:
+def check_count(
+    value: Any,
+    what: str,
+    *,
+    minimum: int = 1,
+    maximum: int | None = None,
+    example: Any = None,
+    error: type[Exception] = InputError,
+) -> int:
     """Return ``value`` as an int; raise ``error`` unless it is an integer in ``minimum..maximum``.
 
     ``what`` names the value in the message (``"batch_size"``, ``"--nproc"``).
@@ -58,17 +66,27 @@ def check_count(value: Any, what: str, *, minimum: int = 1, maximum: Optional[in
     return int(value)
 
 
-def check_number(value: Any, what: str, *, minimum: Optional[float] = None, strict: bool = False,
-                 maximum: Optional[float] = None, unit: str = "", example: Any = None,
-                 error: type[Exception] = InputError) -> float:
+def check_number(
+    value: Any,
+    what: str,
+    *,
+    minimum: float | None = None,
+    strict: bool = False,
+    maximum: float | None = None,
+    unit: str = "",
+    example: Any = None,
+    error: type[Exception] = InputError,
+) -> float:
     """Return ``value`` as a finite float; raise ``error`` unless it lies in the range.
 
     The range is ``> minimum`` with ``strict``, else ``>= minimum`` (no lower bound
     when ``minimum`` is None), and ``<= maximum``. ``unit`` is named in the message.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise error(f"{what}={value!r} must be a number{_unit(unit)}, not {type(value).__name__}; "
-                    f"write it as a plain number{_hint(1e9 if example is None else example)}")
+        raise error(
+            f"{what}={value!r} must be a number{_unit(unit)}, not {type(value).__name__}; "
+            f"write it as a plain number{_hint(1e9 if example is None else example)}"
+        )
     v = float(value)
     if not math.isfinite(v):
         raise error(f"{what}={value!r} must be a finite number{_unit(unit)}{_hint(example)}")
@@ -80,7 +98,8 @@ def check_number(value: Any, what: str, *, minimum: Optional[float] = None, stri
     return v
 
 
-def check_positive(value: Any, what: str, *, unit: str = "", example: Any = None,
-                   error: type[Exception] = InputError) -> float:
+def check_positive(
+    value: Any, what: str, *, unit: str = "", example: Any = None, error: type[Exception] = InputError
+) -> float:
     """Return ``value`` as a float; raise ``error`` unless it is a finite number above 0."""
     return check_number(value, what, minimum=0.0, strict=True, unit=unit, example=example, error=error)

@@ -3,6 +3,7 @@
 Each class says in its docstring whether it is bad input (the command line exits 2)
 or a failure at run time (exit 1); ``multigpu.cli.exit_code`` maps them.
 """
+
 from __future__ import annotations
 
 
@@ -84,7 +85,7 @@ class RankFailedError(MultigpuError, RuntimeError):
     rank (run-time failure, exit 1; the CLI exits 2 when that rank exited 2, refusing its
     input)."""
 
-    status: "int | None" = None  # the failing rank's exit status (negative: the signal that killed it)
+    status: int | None = None  # the failing rank's exit status (negative: the signal that killed it)
 
 
 class TrainingDivergedError(MultigpuError, FloatingPointError):

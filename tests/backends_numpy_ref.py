@@ -1,4 +1,5 @@
 """Direct access to the reference adapter's Var type, for float64 finite differences."""
+
 from multigpu.backends.numpy.adapter import NumpyBackend
 from multigpu.backends.numpy.adapter import Var as NumpyVar
 

@@ -1,4 +1,5 @@
 """One suite, parametrized over every installed backend."""
+
 from __future__ import annotations
 
 import warnings
@@ -59,7 +60,7 @@ def data_cache(tmp_path, monkeypatch):
 
 
 # -- the emulated lab's tests: one summary line CI logs can be searched for --------------
-_LAB_TESTS = "tests/test_lab"   # test_lab.py, test_lab_plan.py, test_lab_cleanup.py
+_LAB_TESTS = "tests/test_lab"  # test_lab.py, test_lab_plan.py, test_lab_cleanup.py
 _LAB_SPAN: list[float] = []
 
 
@@ -99,5 +100,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     text = ", ".join(f"{n} {k}" for k, n in counts.items())
     why = f"; skipped because {'; '.join(sorted(reasons))}" if reasons else ""
-    terminalreporter.write_line(f"multigpu lab tests: {text} in {seconds:.0f} s "
-                                f"(root: {'yes' if os.geteuid() == 0 else 'no'}){why}")
+    terminalreporter.write_line(
+        f"multigpu lab tests: {text} in {seconds:.0f} s (root: {'yes' if os.geteuid() == 0 else 'no'}){why}"
+    )

@@ -14,11 +14,12 @@ from issue #16's definitions, without the library's loader, tables, DP or MILP:
   one transfer at a time in producer order, the output's arrival at the sink;
 * ``brute``: every k^n assignment priced by the three, for the solvers' tests.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Optional
+from typing import Any
 
 from hypothesis import strategies as st
 from test_partition_oracle import (
@@ -58,8 +59,10 @@ def sends(gd: dict, cd: dict, dev: dict[str, str]) -> list[tuple[str, str, str, 
 
 def starts(gd: dict, dev: dict[str, str]) -> dict[str, bool]:
     """Layer name -> whether it starts a stage."""
-    return {x["name"]: any(p == INPUT or dev[p] != dev[x["name"]] for p in ins)
-            for x, ins in zip(gd["layers"], producers(gd))}
+    return {
+        x["name"]: any(p == INPUT or dev[p] != dev[x["name"]] for p in ins)
+        for x, ins in zip(gd["layers"], producers(gd))
+    }
 
 
 def ref_sum(gd: dict, cd: dict, assignment: list[str], ship: bool = False) -> tuple[float, float]:
@@ -99,8 +102,10 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
         c = x["flops"] / d["flops"] + (d.get("stage_overhead", 0.0) if st_[x["name"]] else 0.0)
         add(d["name"], c, c * ref_compute_cores(cd, d))
     ref_transfer_loads(cd, [(u, v, b) for _, u, v, b in sends(gd, cd, dev)], add, link)
-    shares = [sum(work.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
-              for h, spec in cd.get("hosts", {}).items()]
+    shares = [
+        sum(work.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
+        for h, spec in cd.get("hosts", {}).items()
+    ]
     return max(list(busy.values()) + list(link.values()) + shares)
 
 
@@ -114,15 +119,18 @@ def ref_makespan(gd: dict, cd: dict, assignment: list[str]) -> float:
     by_producer: dict[str, list[tuple[str, str, float]]] = {}
     for p, u, v, b in sends(gd, cd, dev):
         by_producer.setdefault(p, []).append((u, v, b))
-    here: dict[tuple[str, str], float] = {(INPUT, source): 0.0}     # (output, device) -> when it is there
+    here: dict[tuple[str, str], float] = {(INPUT, source): 0.0}  # (output, device) -> when it is there
     device_free: dict[str, float] = {}
     link_free: dict[frozenset, float] = {}
     for name, ins in zip(order, [None] + producers(gd)):
         if ins is not None:
             d = devs[dev[name]]
             begin = max([device_free.get(d["name"], 0.0)] + [here[(p, d["name"])] for p in ins])
-            end = begin + gd["layers"][order.index(name) - 1]["flops"] / d["flops"] + (
-                d.get("stage_overhead", 0.0) if st_[name] else 0.0)
+            end = (
+                begin
+                + gd["layers"][order.index(name) - 1]["flops"] / d["flops"]
+                + (d.get("stage_overhead", 0.0) if st_[name] else 0.0)
+            )
             device_free[d["name"]] = end
             here[(name, d["name"])] = end
         for u, v, b in by_producer.get(name, []):
@@ -145,9 +153,17 @@ def ref_memory(gd: dict, assignment: list[str]) -> dict[str, float]:
     return {d: params[d] + act[d] for d in params}
 
 
-def brute(gd: dict, cd: dict, wt: float, we: float, ship: bool = False,
-          memory: Optional[dict[str, float]] = None, busy: Optional[float] = None,
-          energy: Optional[float] = None, pins: Optional[dict[str, str]] = None) -> dict[str, float]:
+def brute(
+    gd: dict,
+    cd: dict,
+    wt: float,
+    we: float,
+    ship: bool = False,
+    memory: dict[str, float] | None = None,
+    busy: float | None = None,
+    energy: float | None = None,
+    pins: dict[str, str] | None = None,
+) -> dict[str, float]:
     """The least cost, bottleneck and makespan over every assignment meeting the limits
     (each independently; +inf when none does)."""
     names = [d["name"] for d in cd["devices"]]
@@ -179,11 +195,14 @@ def brute(gd: dict, cd: dict, wt: float, we: float, ship: bool = False,
 
 
 # -- instances ----------------------------------------------------------------------------
-def _layer(draw: Any, i: int, inputs: Optional[list[str]]) -> dict:
+def _layer(draw: Any, i: int, inputs: list[str] | None) -> dict:
     mag = st.floats(0.0, 1.0)
-    x = {"name": f"l{i}", "flops": draw(st.sampled_from([0.0, 1.0])) * 10 ** (7 + 3 * draw(mag)),
-         "param_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (3 + 4 * draw(mag)),
-         "output_bytes": 10 ** (2 + 5 * draw(mag))}
+    x = {
+        "name": f"l{i}",
+        "flops": draw(st.sampled_from([0.0, 1.0])) * 10 ** (7 + 3 * draw(mag)),
+        "param_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (3 + 4 * draw(mag)),
+        "output_bytes": 10 ** (2 + 5 * draw(mag)),
+    }
     if inputs is not None:
         x["inputs"] = inputs
     return x
@@ -224,10 +243,11 @@ def fork_joins(draw: Any, max_n: int = 6) -> dict:
             if depth < 2 and room >= 3 and draw(st.booleans()):
                 tails = []
                 for _ in range(draw(st.integers(2, 3))):
-                    left = end - len(layers) - 1            # keep one for the join
+                    left = end - len(layers) - 1  # keep one for the join
                     if left >= 1 and draw(st.integers(0, 3)):
-                        tails.append(series(add([prev]), depth + 1, draw(st.integers(1, left)) - 1)
-                                     if left > 1 else add([prev]))
+                        tails.append(
+                            series(add([prev]), depth + 1, draw(st.integers(1, left)) - 1) if left > 1 else add([prev])
+                        )
                     else:
                         tails.append(prev)
                 prev = add(list(dict.fromkeys(tails)))
@@ -247,14 +267,23 @@ def clusters(draw: Any, max_k: int = 3, shared: bool = False) -> dict:
     names = [f"d{i}" for i in range(k)]
     mag = st.floats(0.0, 1.0)
     devices = [{"name": nm, "flops": 10 ** (9 + 3 * draw(mag)), "power": draw(st.floats(0, 300))} for nm in names]
-    links = [{"between": [u, v], "bandwidth": 10 ** (5 + 5 * draw(mag)),
-              "latency": draw(st.sampled_from([0.0, 1e-4, 5e-3])) * draw(mag),
-              "power": draw(st.sampled_from([0.0, 2.0, 20.0]))}
-             for u, v in itertools.combinations(names, 2) if draw(st.integers(0, 5))]
+    links = [
+        {
+            "between": [u, v],
+            "bandwidth": 10 ** (5 + 5 * draw(mag)),
+            "latency": draw(st.sampled_from([0.0, 1e-4, 5e-3])) * draw(mag),
+            "power": draw(st.sampled_from([0.0, 2.0, 20.0])),
+        }
+        for u, v in itertools.combinations(names, 2)
+        if draw(st.integers(0, 5))
+    ]
     cd: dict[str, Any] = {"devices": devices, "links": links, "source": draw(st.sampled_from(names))}
     if draw(st.integers(0, 2)):
-        cd["default_link"] = {"bandwidth": 10 ** (5 + 5 * draw(mag)), "latency": 1e-3 * draw(mag),
-                              "power": draw(st.sampled_from([0.0, 5.0]))}
+        cd["default_link"] = {
+            "bandwidth": 10 ** (5 + 5 * draw(mag)),
+            "latency": 1e-3 * draw(mag),
+            "power": draw(st.sampled_from([0.0, 5.0])),
+        }
     if draw(st.booleans()):
         cd["sink"] = draw(st.sampled_from(names))
     draw_inline(draw, cd)

@@ -6,13 +6,14 @@ HTTP downloader) with one whose downloader fails; a test may then install
 :class:`FakeMirrors`, whose downloader writes bytes it holds. Everything else, pooch's
 temporary file, its MD5 check and our placement of the file, runs for real.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import gzip
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import pytest
 
@@ -33,8 +34,10 @@ def set_source(monkeypatch: pytest.MonkeyPatch, **changes) -> None:
 def published(folder: Path) -> dict[str, dict[str, str]]:
     """The gz_md5 and raw_md5 that make the ``.gz`` files in ``folder`` the "published" ones."""
     data = {n: (folder / f"{n}.gz").read_bytes() for n in NAMES}
-    return {"gz_md5": {f"{n}.gz": hashlib.md5(d).hexdigest() for n, d in data.items()},
-            "raw_md5": {n: hashlib.md5(gzip.decompress(d)).hexdigest() for n, d in data.items()}}
+    return {
+        "gz_md5": {f"{n}.gz": hashlib.md5(d).hexdigest() for n, d in data.items()},
+        "raw_md5": {n: hashlib.md5(gzip.decompress(d)).hexdigest() for n, d in data.items()},
+    }
 
 
 def publish(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
@@ -88,9 +91,9 @@ class FakeMirrors:
         self.payload = payload
         self.calls: list[str] = []
         self.progress: list[bool] = []
-        self.respond: Optional[Callable[[str, bytes], bytes]] = None
-        self.fail_after: Optional[int] = None
-        self.exc: Optional[BaseException] = None
+        self.respond: Callable[[str, bytes], bytes] | None = None
+        self.fail_after: int | None = None
+        self.exc: BaseException | None = None
 
     def __call__(self, progress: bool) -> Callable[..., None]:  # the _downloader factory
         self.progress.append(progress)
@@ -105,4 +108,4 @@ class FakeMirrors:
             for start in range(0, len(data), self.CHUNK):
                 if self.fail_after is not None and start >= self.fail_after:
                     raise self.exc
-                out.write(data[start:start + self.CHUNK])
+                out.write(data[start : start + self.CHUNK])

@@ -1,4 +1,5 @@
 """Small IDX files that the tests write themselves (never downloaded)."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,8 +9,14 @@ from pathlib import Path
 import numpy as np
 
 # IDX type codes, written out independently of the module under test.
-CODES = {np.dtype(np.uint8): 0x08, np.dtype(np.int8): 0x09, np.dtype(np.int16): 0x0B,
-          np.dtype(np.int32): 0x0C, np.dtype(np.float32): 0x0D, np.dtype(np.float64): 0x0E}
+CODES = {
+    np.dtype(np.uint8): 0x08,
+    np.dtype(np.int8): 0x09,
+    np.dtype(np.int16): 0x0B,
+    np.dtype(np.int32): 0x0C,
+    np.dtype(np.float32): 0x0D,
+    np.dtype(np.float64): 0x0E,
+}
 
 
 def idx_bytes(arr: np.ndarray, *, code: int | None = None) -> bytes:
@@ -29,8 +36,9 @@ def write_idx(path: Path, arr: np.ndarray | bytes, *, gz: bool | None = None) ->
     return path
 
 
-def write_set(folder: Path, n_train: int = 20, n_test: int = 10, *, gz: bool = True, seed: int = 0,
-              side: int = 28) -> Path:
+def write_set(
+    folder: Path, n_train: int = 20, n_test: int = 10, *, gz: bool = True, seed: int = 0, side: int = 28
+) -> Path:
     """Write a small but well-formed Fashion-MNIST-named folder (labels cycle through 0..9)."""
     rng = np.random.default_rng(seed)
     suffix = ".gz" if gz else ""

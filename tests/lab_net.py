@@ -3,6 +3,7 @@ connection and reads it to the end; ``lab_net.py send ADDR PORT BYTES`` sends BY
 prints the payload rate in bytes/s, timed from the first byte to the receiver's
 acknowledgement of the last. Large buffers keep Python's own work per byte small, so
 a host with a fraction of a core still keeps up with its link."""
+
 from __future__ import annotations
 
 import socket

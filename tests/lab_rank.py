@@ -7,6 +7,7 @@ writes ``OUT/rank<r>.npz``; with LINGER (seconds) the ranks wait that long after
 barrier, so that a test can see what the job listens on while it runs. With ``loop``
 instead, the ranks allreduce until the job is stopped (a link pulled, a host killed).
 """
+
 from __future__ import annotations
 
 import sys
@@ -38,7 +39,7 @@ if LOOP:
 m = models.lenet()
 start = m.init_params(seed=3)
 tr = DataParallel(m, backend=name, devices="cpu:1", lr=0.3, params=start, process_group=group)
-batches = random_batches(m, steps=4, batch=26, seed=5)   # 13 rows on each host
+batches = random_batches(m, steps=4, batch=26, seed=5)  # 13 rows on each host
 losses = [tr.train_batch(X, y) for X, y in batches]
 arrays = {f"p{i}": p for i, p in enumerate(tr.get_params())}
 # Bus bandwidth of a 1 MiB allreduce across the hosts (2 ranks: each sends and receives it once).

@@ -1,5 +1,6 @@
 """Helpers for the rank scripts that ``multigpu launch`` runs in the tests (``dist_scenarios.py``,
 ``lab_rank.py``): they import this module from their own folder."""
+
 from __future__ import annotations
 
 import contextlib

@@ -7,13 +7,27 @@ may only pass them back to the backend, so any other use of one (``float(t)``,
 ("host:<what>") before it is forwarded. ``value_and_grad`` is logged as a
 ``forward`` event when it starts and a ``backward`` event when it returns.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # Methods whose results are not tensors (they pass through unwrapped).
-_PLAIN = {"gpu_count", "synchronize", "to_numpy", "shape", "add_", "assign_", "sgd_",
-          "native_allreduce", "scale_", "axpby_", "addcmul_", "addcdiv_sqrt_"}
+_PLAIN = {
+    "gpu_count",
+    "synchronize",
+    "to_numpy",
+    "shape",
+    "add_",
+    "assign_",
+    "sgd_",
+    "native_allreduce",
+    "scale_",
+    "axpby_",
+    "addcmul_",
+    "addcdiv_sqrt_",
+}
 
 
 class Handle:
@@ -96,10 +110,19 @@ class Recording:
 
         return call
 
-    def value_and_grad(self, fn: Callable[..., Any], params: Any, *inputs: Any, aux: bool = False,
-                       out: Any = None, buckets: Any = None, on_bucket: Any = None) -> Any:
+    def value_and_grad(
+        self,
+        fn: Callable[..., Any],
+        params: Any,
+        *inputs: Any,
+        aux: bool = False,
+        out: Any = None,
+        buckets: Any = None,
+        on_bucket: Any = None,
+    ) -> Any:
         """Log ``forward``, run the inner value_and_grad with ``fn`` seeing Handles, log ``backward``
         (and ``bucket:k`` when the inner adapter signals bucket k)."""
+
         def inner_fn(leaves: Any, *xs: Any) -> Any:
             return unwrap(fn(self._wrap(list(leaves)), *(Handle(x, self.log) for x in xs)))
 
@@ -108,6 +131,7 @@ class Recording:
         if out is not None:
             kwargs["out"] = unwrap(out)
         if buckets is not None or on_bucket is not None:
+
             def signal(k: int) -> None:
                 self.log.append(f"bucket:{k}")
                 on_bucket(k)

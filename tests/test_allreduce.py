@@ -1,4 +1,5 @@
 """Every allreduce algorithm leaves the exact sum in every replica, in separate buffers."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -5,6 +5,7 @@ points upward is still an upward dependency, and two lazy imports can still form
 circle. ``multigpu.backends`` (the adapters) and ``multigpu.benchmarks`` sit outside
 the layers: the core never imports them by name (it finds adapters by entry point).
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Bottom to top. A module may import its own layer and the layers below it.
-LAYERS = ["errors", "checks", "procfs", "data", "contract", "models", "optim", "parallel", "distributed", "training",
-          "partition", "lab", "execution", "cli"]
+LAYERS = [
+    "errors",
+    "checks",
+    "procfs",
+    "data",
+    "contract",
+    "models",
+    "optim",
+    "parallel",
+    "distributed",
+    "training",
+    "partition",
+    "lab",
+    "execution",
+    "cli",
+]
 #: Where each source folder is installed.
 TREES = {"multigpu": "multigpu", "backends": "multigpu.backends", "benchmarks": "multigpu.benchmarks"}
 #: What the adapters may use of the core: the contract, the job description, errors and checks.
@@ -50,7 +65,9 @@ def _imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             # "from pkg import mod" imports the module pkg.mod when there is one
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         else:
@@ -83,8 +100,13 @@ def test_the_graph_was_read():
 
 
 def test_every_core_module_lives_in_a_known_layer():
-    unknown = sorted(m for m in MODULES if m.startswith("multigpu.") and not m.startswith(("multigpu.backends",
-                     "multigpu.benchmarks", "multigpu.__main__")) and not _core(m))
+    unknown = sorted(
+        m
+        for m in MODULES
+        if m.startswith("multigpu.")
+        and not m.startswith(("multigpu.backends", "multigpu.benchmarks", "multigpu.__main__"))
+        and not _core(m)
+    )
     assert not unknown, f"modules outside every layer: {unknown}; add their package to LAYERS in order"
 
 
@@ -102,20 +124,29 @@ def test_no_module_imports_a_higher_layer(module):
 
 def test_nothing_below_the_top_imports_the_package_root():
     # ``import multigpu`` runs multigpu/__init__.py, which imports every layer.
-    offenders = sorted(m for m, targets in GRAPH.items() if "multigpu" in targets
-                       and not m.startswith(("multigpu.benchmarks", "multigpu.__main__", "multigpu.cli")))
+    offenders = sorted(
+        m
+        for m, targets in GRAPH.items()
+        if "multigpu" in targets and not m.startswith(("multigpu.benchmarks", "multigpu.__main__", "multigpu.cli"))
+    )
     assert not offenders, f"{offenders} import the package root; import the module that holds the name"
 
 
 def test_the_core_never_names_an_adapter():
-    offenders = sorted((m, t) for m, targets in GRAPH.items() if _core(m)
-                       for t in targets if t.startswith("multigpu.backends"))
+    offenders = sorted(
+        (m, t) for m, targets in GRAPH.items() if _core(m) for t in targets if t.startswith("multigpu.backends")
+    )
     assert not offenders, f"core modules import adapters directly: {offenders}; find them through the registry"
 
 
 def test_adapters_use_only_the_contract_and_the_job_description():
-    offenders = sorted((m, t) for m, targets in GRAPH.items() if m.startswith("multigpu.backends")
-                       for t in targets if not t.startswith(("multigpu.backends", *ADAPTER_MAY_IMPORT)))
+    offenders = sorted(
+        (m, t)
+        for m, targets in GRAPH.items()
+        if m.startswith("multigpu.backends")
+        for t in targets
+        if not t.startswith(("multigpu.backends", *ADAPTER_MAY_IMPORT))
+    )
     assert not offenders, f"adapters import more of the core than the contract: {offenders}"
 
 
@@ -171,6 +202,9 @@ def test_pyproject_lists_every_package():
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join([package, *p.parent.relative_to(ROOT / folder).parts])
-             for folder, package in TREES.items() for p in (ROOT / folder).rglob("__init__.py")}
+    found = {
+        ".".join([package, *p.parent.relative_to(ROOT / folder).parts])
+        for folder, package in TREES.items()
+        for p in (ROOT / folder).rglob("__init__.py")
+    }
     assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"

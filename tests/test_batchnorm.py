@@ -1,5 +1,6 @@
 """BatchNorm state in data-parallel training: per-device statistics by hand, synchronized statistics
 equal to one device, running statistics in inference, and the shard too small for a variance."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,7 @@ def test_per_device_statistics_equal_a_hand_computation_per_shard(backend_name, 
     for r, (xs, _) in enumerate(tr.local_shards(X, y)):
         acts = m.run(ref, params, {INPUT: ref.from_numpy(xs, CPU)}, bn=BatchStatistics(), outputs=bn_inputs)
         want = []
-        for k, name in enumerate(bn_inputs):
+        for _k, name in enumerate(bn_inputs):
             a = ref.to_numpy(acts[name]).astype(np.float64)
             want += [0.1 * a.mean(axis=(0, 2, 3)), 0.9 + 0.1 * a.var(axis=(0, 2, 3), ddof=1)]
         for got, w in zip(tr.get_state(r), want):
@@ -77,8 +78,11 @@ def test_a_shard_of_one_example_at_1x1_is_refused_naming_the_node_and_device():
     m = models.resnet((1, 1), (4, 8), 3, (3, 4, 4), "small")  # 4x4 -> 2x2 -> 1x1 after the max pool
     X, y = random_batches(m, 1, 3)[0]
     tr = multigpu.DataParallel(m, backend="numpy", devices="cpu:2")
-    with pytest.raises(InputError, match=r"BatchNorm node 'layer1.0.bn1' of small normalizes 1x1 planes.*device "
-                                         r"cpu:1 gets 1 of the batch of 3.*at least 4, or sync_bn=True"):
+    with pytest.raises(
+        InputError,
+        match=r"BatchNorm node 'layer1.0.bn1' of small normalizes 1x1 planes.*device "
+        r"cpu:1 gets 1 of the batch of 3.*at least 4, or sync_bn=True",
+    ):
         tr.train_batch(X, y)
     multigpu.DataParallel(m, backend="numpy", devices="cpu:2", sync_bn=True).train_batch(X, y)  # 3 values in all
     with pytest.raises(InputError, match="must be True or False"):

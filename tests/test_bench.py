@@ -1,4 +1,5 @@
 """The benchmark harness: timing helpers, the runner's files, and ``multigpu bench --quick``."""
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ def test_summary_gives_median_quartiles_and_range():
 def test_interleaved_alternates_cases_after_the_warmup_and_syncs_each_call():
     order: list[str] = []
     syncs: list[str] = []
-    cases = {name: (lambda name: lambda: order.append(name))(name) for name in "abc"}
+    cases = {name: (lambda name: lambda: order.append(name))(name) for name in "abc"}  # noqa: B023 (bound by an argument or called at once)
     samples = interleaved(cases, repeat=3, warmup=2, sync=lambda: syncs.append(order[-1]))
     assert order == list("abc") * 5
     assert syncs == order  # a sync after every call, warm-up included
@@ -71,9 +72,15 @@ def _fake(name: str, fail: bool = False) -> types.ModuleType:
     def run(opts: Options) -> Result:
         if fail:
             raise RuntimeError("boom")
-        return Result(name, mod.TITLE, [Table("t", ["a", "b"], [[1, 2.5]], note="n")], {"x": [1.0, float("nan")]},
-                      settings={"quick": opts.quick}, notes=["a note"],
-                      plot=lambda fig: fig.subplots().plot([1, 2], [3, 4]))
+        return Result(
+            name,
+            mod.TITLE,
+            [Table("t", ["a", "b"], [[1, 2.5]], note="n")],
+            {"x": [1.0, float("nan")]},
+            settings={"quick": opts.quick},
+            notes=["a note"],
+            plot=lambda fig: fig.subplots().plot([1, 2], [3, 4]),
+        )
 
     mod.run = run
     return mod
@@ -82,8 +89,9 @@ def _fake(name: str, fail: bool = False) -> types.ModuleType:
 def test_runner_writes_md_json_png_and_records_machine_and_load(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "multigpu.benchmarks._ok", _fake("ok"))
     monkeypatch.setitem(BENCHMARKS, "ok", "_ok")
-    written = harness.run_benchmarks(["ok"], Options(quick=True, out=tmp_path, progress=False, threads=1),
-                                     echo=lambda s: None)
+    written = harness.run_benchmarks(
+        ["ok"], Options(quick=True, out=tmp_path, progress=False, threads=1), echo=lambda s: None
+    )
     assert sorted(p.name for p in written) == ["ok.json", "ok.md", "ok.png"]
     md = (tmp_path / "ok.md").read_text()
     assert "| a | b |" in md and "| 1 | 2.5 |" in md and "- a note" in md and "Load average" in md
@@ -118,8 +126,9 @@ def test_isolated_runs_in_another_process_and_reraises():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "multigpu", "bench", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "multigpu", "bench", *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
 
 
 def test_bench_cli_rejects_unknown_names_and_backends(tmp_path):
@@ -173,7 +182,7 @@ def test_the_run_counts_its_own_processes_wherever_they_run():
 
     with CpuAccount() as account:
         code = "import os,time\nif os.fork(): os._exit(0)\nt=time.process_time()\nwhile time.process_time()-t<0.6: pass"
-        subprocess.run([sys.executable, "-c", code], check=True)   # the grandchild outlives its parent
+        subprocess.run([sys.executable, "-c", code], check=True)  # the grandchild outlives its parent
         time.sleep(1.5)
         seconds = account.seconds()
     assert seconds >= 0.4, (account.method, seconds)
@@ -196,11 +205,24 @@ def test_resnet_step_measures_ours_against_the_frameworks_own_loop_small():
 def test_merged_measurements_keep_each_plan_with_its_own_runs_and_load():
     from multigpu.benchmarks.plans import Measured, merged
 
-    a = Measured(profiles=["p-lenet"], plans=[{"label": "a0"}, {"label": "a1"}], runs={0: ["ra0"], 1: ["ra1"]},
-                 loads=[(0.1, 0.2)], others={1: [0.3]}, params={"lenet": "w"},
-                 run_profiles={0: ["p-lenet"], 1: ["p-lenet"]})
-    b = Measured(profiles=["p-alexnet"], plans=[{"label": "b0"}], runs={0: ["rb0"]}, loads=[(0.4, 0.5)],
-                 others={0: [0.6]}, params={"alexnet": "v"}, run_profiles={0: ["p-alexnet"]})
+    a = Measured(
+        profiles=["p-lenet"],
+        plans=[{"label": "a0"}, {"label": "a1"}],
+        runs={0: ["ra0"], 1: ["ra1"]},
+        loads=[(0.1, 0.2)],
+        others={1: [0.3]},
+        params={"lenet": "w"},
+        run_profiles={0: ["p-lenet"], 1: ["p-lenet"]},
+    )
+    b = Measured(
+        profiles=["p-alexnet"],
+        plans=[{"label": "b0"}],
+        runs={0: ["rb0"]},
+        loads=[(0.4, 0.5)],
+        others={0: [0.6]},
+        params={"alexnet": "v"},
+        run_profiles={0: ["p-alexnet"]},
+    )
     m = merged([a, b])
     assert [p["label"] for p in m.plans] == ["a0", "a1", "b0"]
     assert m.runs == {0: ["ra0"], 1: ["ra1"], 2: ["rb0"]} and m.others == {1: [0.3], 2: [0.6]}

@@ -1,5 +1,6 @@
 """Gradient buckets: the layout, the adapters' signals during backward, the checked group's one
 header per step, and a bucketed two-rank step equal to one process with two devices."""
+
 from __future__ import annotations
 
 import threading
@@ -47,6 +48,7 @@ def test_buckets_fill_from_the_last_parameter_with_a_small_first_one():
 def _loss(b, model):
     def fn(ps, x, y):
         return b.sum(b.softmax_cross_entropy(model.apply(b, [ps], [x])[0], y))
+
     return fn
 
 
@@ -67,13 +69,15 @@ def test_each_bucket_is_signalled_once_with_its_gradients_final(backend_name, un
     fn = (lambda q, x, y: loss(q[:-1], x, y)) if unused else loss
     params = [*ps, b.from_numpy(np.ones(3, np.float32), CPU)] if unused else ps
     size = sum(int(np.prod(b.shape(p))) for p in params)
-    layout = plan_buckets([b.shape(p) for p in params], bucket_mb=0.05 if model == "lenet" else 0.002,
-                          first_mb=0.001)
+    layout = plan_buckets([b.shape(p) for p in params], bucket_mb=0.05 if model == "lenet" else 0.002, first_mb=0.001)
     assert len(layout.params) >= 3
     plain = b.value_and_grad(fn, params, x, t, aux=aux)
     want = b.to_numpy(plain[0] if aux else plain)
-    out = [b.from_numpy(np.full(n, 7.0, np.float32), CPU) for n in layout.sizes] if per_bucket else \
-        b.from_numpy(np.full(size + 1, 7.0, np.float32), CPU)
+    out = (
+        [b.from_numpy(np.full(n, 7.0, np.float32), CPU) for n in layout.sizes]
+        if per_bucket
+        else b.from_numpy(np.full(size + 1, 7.0, np.float32), CPU)
+    )
     seen: dict[int, np.ndarray] = {}
 
     def ready(k: int) -> None:
@@ -110,15 +114,16 @@ def test_kept_bucket_buffers_are_cut_once_and_give_each_call_its_own_gradients(b
         want = b.to_numpy(b.value_and_grad(_loss(b, m), ps, x, t))
         got = b.value_and_grad(_loss(b, m), ps, x, t, out=out, buckets=layout.params, on_bucket=lambda k: None)
         assert got is out
-        np.testing.assert_allclose(np.concatenate([b.to_numpy(o) for o in reversed(out)]), want, rtol=1e-5,
-                                   atol=1e-6, err_msg=f"batch {seed}")
+        np.testing.assert_allclose(
+            np.concatenate([b.to_numpy(o) for o in reversed(out)]), want, rtol=1e-5, atol=1e-6, err_msg=f"batch {seed}"
+        )
     assert all(v is w for v, w in zip(first, gradient_views(b, out, shapes, layout.params)))
     out[1] = b.from_numpy(np.zeros(layout.sizes[1], np.float32), CPU)
     fresh = gradient_views(b, out, shapes, layout.params)
     a, e = layout.params[1]
     assert all(fresh[i] is not first[i] for i in range(a, e))
     b.assign_(fresh[a], b.from_numpy(np.ones(shapes[a], np.float32), CPU))
-    assert b.to_numpy(out[1])[:int(np.prod(shapes[a]))].min() == 1.0   # the new views are the new buffer's
+    assert b.to_numpy(out[1])[: int(np.prod(shapes[a]))].min() == 1.0  # the new views are the new buffer's
 
 
 def test_an_adapter_that_misses_or_repeats_a_bucket_breaks_the_contract():
@@ -143,8 +148,13 @@ def test_an_adapter_that_misses_or_repeats_a_bucket_breaks_the_contract():
         ps = [be.from_numpy(np.ones(2, np.float32), CPU), be.from_numpy(np.ones(3, np.float32), CPU)]
         out = be.from_numpy(np.zeros(6, np.float32), CPU)
         with pytest.raises(AdapterError, match=match):
-            be.value_and_grad(lambda q, be=be: be.sum(be.add(q[0], q[0])), ps, out=out,
-                              buckets=[(1, 2), (0, 1)], on_bucket=lambda k: None)
+            be.value_and_grad(
+                lambda q, be=be: be.sum(be.add(q[0], q[0])),
+                ps,
+                out=out,
+                buckets=[(1, 2), (0, 1)],
+                on_bucket=lambda k: None,
+            )
 
 
 def test_an_adapter_written_before_buckets_fills_the_bucket_buffers_through_the_contract():
@@ -168,8 +178,13 @@ def test_an_adapter_written_before_buckets_fills_the_bucket_buffers_through_the_
     ps = [be.from_numpy(np.arange(2, dtype=np.float32), CPU), be.from_numpy(np.ones(3, np.float32), CPU)]
     out = [be.from_numpy(np.zeros(n, np.float32), CPU) for n in (4, 2)]
     seen: list[int] = []
-    got = be.value_and_grad(lambda q: be.add(be.sum(be.add(q[0], q[0])), be.sum(q[1])), ps, out=out,
-                            buckets=[(1, 2), (0, 1)], on_bucket=seen.append)
+    got = be.value_and_grad(
+        lambda q: be.add(be.sum(be.add(q[0], q[0])), be.sum(q[1])),
+        ps,
+        out=out,
+        buckets=[(1, 2), (0, 1)],
+        on_bucket=seen.append,
+    )
     assert got is out and seen == [0, 1]
     assert be.to_numpy(out[0]).tolist() == [1, 1, 1, 5] and be.to_numpy(out[1]).tolist() == [2, 2]
 
@@ -193,8 +208,11 @@ def test_mxnet_engine_lets_bucket_0_be_read_while_the_rest_of_backward_is_held(p
             return g.copy()
 
     ps = [b.from_numpy(np.ones(3, np.float32), CPU), b.from_numpy(np.full(2, 2.0, np.float32), CPU)]
-    out = [b.from_numpy(np.zeros(n, np.float32), CPU) for n in (3, 3)] if per_bucket else \
-        b.from_numpy(np.zeros(6, np.float32), CPU)
+    out = (
+        [b.from_numpy(np.zeros(n, np.float32), CPU) for n in (3, 3)]
+        if per_bucket
+        else b.from_numpy(np.zeros(6, np.float32), CPU)
+    )
     waited: list[float] = []
 
     def on_bucket(k: int) -> None:
@@ -249,8 +267,10 @@ def test_one_header_checks_the_buckets_and_a_mismatch_names_both_sides():
 
     lone = CheckedGroup(Unused(), be)
     lone.announce_buckets([3, 2])
-    with pytest.raises(CollectiveMismatchError, match="announced buckets of \\[3, 2\\] floats and then started one "
-                                                      "of 2 floats as bucket 0"):
+    with pytest.raises(
+        CollectiveMismatchError,
+        match="announced buckets of \\[3, 2\\] floats and then started one of 2 floats as bucket 0",
+    ):
         lone.allreduce_async_(bufs[0][1])
 
 
@@ -260,8 +280,16 @@ def _bucketed_pair(model, X, y, bucket_mb):
     losses: list = [[], []]
 
     def run(r: int) -> None:
-        tr = DataParallel(model, backend="numpy", devices="cpu:1", lr=0.1, seed=3, process_group=groups[r],
-                          bucket_mb=bucket_mb, optimizer="sgd")
+        tr = DataParallel(
+            model,
+            backend="numpy",
+            devices="cpu:1",
+            lr=0.1,
+            seed=3,
+            process_group=groups[r],
+            bucket_mb=bucket_mb,
+            optimizer="sgd",
+        )
         trainers[r] = tr
         for _ in range(3):
             losses[r].append(tr.train_batch(X, y))
@@ -313,8 +341,9 @@ def test_a_bucketed_step_reads_nothing_back_before_the_last_backward(backend_nam
     device was queued, and nothing is read back to the host until the loss after the update."""
     rec = Recording(multigpu.backend(backend_name))
     m = models.lenet()
-    tr = DataParallel(m, backend=rec, devices=f"cpu:{devices}", lr=0.2, seed=1, process_group=_LoneGroup(),
-                      bucket_mb=0.05)
+    tr = DataParallel(
+        m, backend=rec, devices=f"cpu:{devices}", lr=0.2, seed=1, process_group=_LoneGroup(), bucket_mb=0.05
+    )
     X, y = random_batches(m, 1, 12, seed=1)[0]
     rec.log.clear()
     loss = tr.train_batch(X, y)
@@ -327,7 +356,7 @@ def test_a_bucketed_step_reads_nothing_back_before_the_last_backward(backend_nam
     last = [i for i in signals if i > forwards[-1]]  # the last device's start the sums
     assert len(last) == len(tr._layout.params) and forwards[-1] < last[0] < last[-1] < backwards[-1]
     assert not [events[i] for i in host_reads(events) if forwards[0] <= i <= backwards[-1]]
-    crossing = [e for e in events[forwards[0]:forwards[-1]] if e in ("add_", "assign_", "copy_to")]
+    crossing = [e for e in events[forwards[0] : forwards[-1]] if e in ("add_", "assign_", "copy_to")]
     assert not crossing, crossing
     assert [events[i] for i in host_reads(events)] == ["to_numpy"]
     plain = DataParallel(m, backend=backend_name, devices=f"cpu:{devices}", lr=0.2, seed=1)

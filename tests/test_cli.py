@@ -1,5 +1,6 @@
 """One exit-code scheme for every command (0 ok, 1 failure, 2 bad input, 130 interrupted),
 one-line errors, and every option and output path checked before data loads."""
+
 from __future__ import annotations
 
 import importlib
@@ -25,8 +26,22 @@ def data_dir(tmp_path_factory):
 
 
 def _train(data_dir, *extra):
-    return ["train", "--backend", "numpy", "--gpus", "cpu:2", "--epochs", "1", "--batch-size", "64",
-            "--data-dir", str(data_dir), "--no-verify-data", "--quiet", *extra]
+    return [
+        "train",
+        "--backend",
+        "numpy",
+        "--gpus",
+        "cpu:2",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "64",
+        "--data-dir",
+        str(data_dir),
+        "--no-verify-data",
+        "--quiet",
+        *extra,
+    ]
 
 
 def run(capsys, argv):
@@ -55,11 +70,19 @@ CASES = [
     ("check bad backend", ["check", "--backends", "jax", "--steps", "1"], 2, "unknown backend 'jax'"),
     ("check bad --json", ["check", "--json", "/nonexistent-dir/c.json"], 2, "--json /nonexistent-dir/c.json"),
     ("partition ok", ["partition", "--graph", "lenet", "--cluster", "lab", "--json"], 0, None),
-    ("partition infeasible", ["partition", "--graph", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"],
-     1, "infeasible (energy budget)"),
+    (
+        "partition infeasible",
+        ["partition", "--graph", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"],
+        1,
+        "infeasible (energy budget)",
+    ),
     ("partition bad", ["partition", "--graph", "vgg", "--cluster", "lab"], 2, "no graph file 'vgg'"),
-    ("partition repeated pin", ["partition", "--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1",
-                                "--pin", "conv1=pi2"], 2, "--pin names 'conv1' twice"),
+    (
+        "partition repeated pin",
+        ["partition", "--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1", "--pin", "conv1=pi2"],
+        2,
+        "--pin names 'conv1' twice",
+    ),
     ("bench list", ["bench", "--list"], 0, None),
     ("bench bad name", ["bench", "nosuch"], 2, "unknown benchmark(s) ['nosuch']"),
 ]
@@ -95,20 +118,23 @@ def test_train_refuses_fashion_mnist_look_alikes(capsys, data_dir):
     assert code == EXIT_BAD_INPUT and "is not Fashion-MNIST's" in _one_error_line(err, "train")
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--json", "/nonexistent-dir/out.json"], "--json /nonexistent-dir/out.json: the folder"),
-    (["--plot", "/nonexistent-dir/acc.png"], "plot /nonexistent-dir/acc.png: the folder"),
-    (["--backend", "jax"], "unknown backend 'jax'"),
-    (["--gpus", "tpu:2"], "'tpu:2'"),
-    (["--epochs", "0"], "num_epochs=0"),
-    (["--model", "vgg"], "unknown model 'vgg'"),
-    (["--optimizer", "sgd", "--momentum", "-0.5"], "momentum=-0.5 must be at least 0"),
-    (["--weight-decay", "nan"], "weight_decay=nan must be a finite number"),
-    (["--nesterov"], "nesterov=True needs momentum > 0"),
-    (["--optimizer", "adamw", "--momentum", "0.9"], "--momentum and --nesterov are SGD settings"),
-    (["--betas", "0.9,0.99"], "--betas is an AdamW setting"),
-    (["--optimizer", "adamw", "--betas", "0.9"], "betas=(0.9,) must be two numbers"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--json", "/nonexistent-dir/out.json"], "--json /nonexistent-dir/out.json: the folder"),
+        (["--plot", "/nonexistent-dir/acc.png"], "plot /nonexistent-dir/acc.png: the folder"),
+        (["--backend", "jax"], "unknown backend 'jax'"),
+        (["--gpus", "tpu:2"], "'tpu:2'"),
+        (["--epochs", "0"], "num_epochs=0"),
+        (["--model", "vgg"], "unknown model 'vgg'"),
+        (["--optimizer", "sgd", "--momentum", "-0.5"], "momentum=-0.5 must be at least 0"),
+        (["--weight-decay", "nan"], "weight_decay=nan must be a finite number"),
+        (["--nesterov"], "nesterov=True needs momentum > 0"),
+        (["--optimizer", "adamw", "--momentum", "0.9"], "--momentum and --nesterov are SGD settings"),
+        (["--betas", "0.9,0.99"], "--betas is an AdamW setting"),
+        (["--optimizer", "adamw", "--betas", "0.9"], "betas=(0.9,) must be two numbers"),
+    ],
+)
 def test_train_checks_options_and_outputs_before_the_data(capsys, tmp_path, extra, words):
     """The data folder does not exist, so any later check would report the data first."""
     code, out, err = run(capsys, [*_train(tmp_path / "no-such-folder"), *extra])
@@ -129,12 +155,25 @@ def test_train_corrupt_checkpoint_is_one_line(capsys, tmp_path):
 
 def test_train_takes_the_optimizer_and_batchnorm_flags(capsys, data_dir, tmp_path):
     out = tmp_path / "r.json"
-    argv = _train(data_dir, "--optimizer", "sgd", "--momentum", "0.9", "--nesterov", "--weight-decay", "5e-4",
-                  "--sync-bn", "--json", str(out))
+    argv = _train(
+        data_dir,
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0.9",
+        "--nesterov",
+        "--weight-decay",
+        "5e-4",
+        "--sync-bn",
+        "--json",
+        str(out),
+    )
     assert run(capsys, argv)[0] == 0
     d = json.loads(out.read_text())
-    assert d["optimizer"] == {"name": "sgd", "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True,
-                              "dampening": 0.0} and d["sync_bn"] is True
+    assert (
+        d["optimizer"] == {"name": "sgd", "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True, "dampening": 0.0}
+        and d["sync_bn"] is True
+    )
     assert run(capsys, _train(data_dir, "--optimizer", "adamw", "--betas", "0.8,0.9", "--json", str(out)))[0] == 0
     assert json.loads(out.read_text())["optimizer"]["betas"] == [0.8, 0.9]
 
@@ -146,9 +185,27 @@ def test_train_a_resnet18_with_the_issues_flags_checkpoints_and_resumes(capsys, 
     other BatchNorm flags is refused as a different run. Slow: 11.7M parameters on the NumPy
     reference, about 8 s a run on 2 cores."""
     ck, out = tmp_path / "ck", tmp_path / "r.json"
-    flags = ["--model", "resnet18", "--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "5e-4",
-             "--sync-bn", "--train-limit", "16", "--test-limit", "8", "--batch-size", "8",
-             "--checkpoint", str(ck), "--json", str(out)]
+    flags = [
+        "--model",
+        "resnet18",
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0.9",
+        "--weight-decay",
+        "5e-4",
+        "--sync-bn",
+        "--train-limit",
+        "16",
+        "--test-limit",
+        "8",
+        "--batch-size",
+        "8",
+        "--checkpoint",
+        str(ck),
+        "--json",
+        str(out),
+    ]
     assert run(capsys, _train(data_dir, *flags))[0] == 0
     first = json.loads(out.read_text())
     assert first["model"] == "resnet18" and first["sync_bn"] is True and first["optimizer"]["momentum"] == 0.9
@@ -173,32 +230,45 @@ def test_train_defaults_to_the_first_installed_framework(capsys, data_dir):
     code, out, err = run(capsys, argv)
     first = registry.default_backend()
     assert code == 0, err
-    assert out.splitlines()[0] == f"backend: {first} (the first installed of torch, paddle, mxnet; " \
-                                  "choose with --backend)"
+    assert (
+        out.splitlines()[0] == f"backend: {first} (the first installed of torch, paddle, mxnet; choose with --backend)"
+    )
     assert f"({first})" in out.splitlines()[-1]
 
 
 def test_default_backend_order(monkeypatch):
-    for installed, want in ((["mxnet", "numpy", "paddle", "torch"], "torch"), (["mxnet", "numpy", "paddle"], "paddle"),
-                            (["mxnet", "numpy"], "mxnet"), (["numpy"], "numpy")):
+    for installed, want in (
+        (["mxnet", "numpy", "paddle", "torch"], "torch"),
+        (["mxnet", "numpy", "paddle"], "paddle"),
+        (["mxnet", "numpy"], "mxnet"),
+        (["numpy"], "numpy"),
+    ):
         monkeypatch.setattr(registry, "available_backends", lambda installed=installed: installed)
         assert registry.default_backend() == want
 
 
 # -- interrupted and unexpected failures, the same for every command ---------------------
 
+
 def _argv(command: str) -> list[str]:
-    return {"partition": ["partition", "--graph", "lenet", "--cluster", "lab"],
-            "profile": ["profile", "--out", "cluster.json"],
-            "run": ["run", "--plan", "cpu0", "--cluster", "cluster.json"],
-            "lab": ["lab", "status"]}.get(command, [command])
+    return {
+        "partition": ["partition", "--graph", "lenet", "--cluster", "lab"],
+        "profile": ["profile", "--out", "cluster.json"],
+        "run": ["run", "--plan", "cpu0", "--cluster", "cluster.json"],
+        "lab": ["lab", "status"],
+    }.get(command, [command])
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize("exc, code", [(KeyboardInterrupt(), EXIT_INTERRUPTED),
-                                       (OSError(28, "No space left on device"), EXIT_FAILURE),
-                                       (AdapterError("a worker died"), EXIT_FAILURE),
-                                       (SolverError("HiGHS stopped at its time limit"), EXIT_FAILURE)])
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (KeyboardInterrupt(), EXIT_INTERRUPTED),
+        (OSError(28, "No space left on device"), EXIT_FAILURE),
+        (AdapterError("a worker died"), EXIT_FAILURE),
+        (SolverError("HiGHS stopped at its time limit"), EXIT_FAILURE),
+    ],
+)
 def test_every_command_maps_exceptions_the_same_way(capsys, monkeypatch, command, exc, code):
     def fail(args):
         raise exc
@@ -214,8 +284,12 @@ def test_every_command_maps_exceptions_the_same_way(capsys, monkeypatch, command
 
 def test_every_error_class_exits_as_its_docstring_says():
     """Each class in errors.py says "(bad input, exit 2)" or "exit 1"; the CLI agrees."""
-    classes = [c for m in (multigpu.errors, multigpu.partition.exceptions) for _, c in inspect.getmembers(m)
-               if inspect.isclass(c) and issubclass(c, multigpu.errors.MultigpuError)]
+    classes = [
+        c
+        for m in (multigpu.errors, multigpu.partition.exceptions)
+        for _, c in inspect.getmembers(m)
+        if inspect.isclass(c) and issubclass(c, multigpu.errors.MultigpuError)
+    ]
     checked = 0
     for cls in classes:
         doc = " ".join((cls.__doc__ or "").split())

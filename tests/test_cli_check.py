@@ -1,4 +1,5 @@
 """`multigpu check`: help, the agreement table and its exit code."""
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,11 @@ def test_check_exits_nonzero_when_backends_disagree(capsys):
 
 
 def test_console_script_exit_code_on_bad_input(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "multigpu", "check", "--backends", "jax", "--steps", "1"], cwd=tmp_path,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "multigpu", "check", "--backends", "jax", "--steps", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2  # bad input
     assert "unknown backend 'jax'" in proc.stderr

@@ -1,10 +1,12 @@
 """The conformance suite: every installed adapter, and a third party's registered by entry
 point, raises the same exception for the same bad call and agrees at the edges of the
 protocol (grad mode, empty tensors, dtypes, fresh buffers, no device read in the step)."""
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,12 +41,15 @@ def no_grad(name: str) -> Any:
     """The framework's own "record no gradients" context."""
     if name == "torch":
         import torch
+
         return torch.no_grad()
     if name == "paddle":
         import paddle
+
         return paddle.no_grad()
     if name == "mxnet":
         import mxnet
+
         return mxnet.autograd.pause()
     return contextlib.nullcontext()
 
@@ -57,6 +62,7 @@ def test_third_party_adapter_is_found_by_entry_point():
 
 
 # -- the same exception for the same bad call -------------------------------------------
+
 
 @pytest.mark.parametrize("name", ADAPTERS)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -74,8 +80,9 @@ def test_the_third_party_adapter_alone_is_lenient():
     dst = raw.from_numpy(np.zeros(3, np.float32), CPU)
     raw.assign_(dst, raw.from_numpy(np.ones(1, np.float32), CPU))  # broadcasts
     assert raw.to_numpy(dst).tolist() == [1, 1, 1]
-    loss = raw.softmax_cross_entropy(raw.from_numpy(np.zeros((1, 3), np.float32), CPU),
-                                     raw.from_numpy(np.array([-1]), CPU))  # wraps
+    loss = raw.softmax_cross_entropy(
+        raw.from_numpy(np.zeros((1, 3), np.float32), CPU), raw.from_numpy(np.array([-1]), CPU)
+    )  # wraps
     assert np.isfinite(raw.to_numpy(loss)).all()
     assert len(raw.split(raw.from_numpy(np.zeros((3, 1), np.float32), CPU), [1, 1])) == 2
 
@@ -84,11 +91,15 @@ def test_the_reference_alone_is_stricter_than_the_contract():
     """The raw NumPy reference checks every label and refuses ops that mix replicas."""
     raw = backend("numpy").adapter
     with pytest.raises(InputError, match="label -1"):
-        raw.softmax_cross_entropy(raw.from_numpy(np.zeros((1, 3), np.float32), CPU),
-                                  raw.from_numpy(np.array([-1]), CPU))
+        raw.softmax_cross_entropy(
+            raw.from_numpy(np.zeros((1, 3), np.float32), CPU), raw.from_numpy(np.array([-1]), CPU)
+        )
     with pytest.raises(InputError, match="mixes devices"):
-        raw.dense(raw.from_numpy(np.zeros((1, 2), np.float32), CPU),
-                  raw.from_numpy(np.zeros((2, 2), np.float32), CPU1), raw.from_numpy(np.zeros(2, np.float32), CPU))
+        raw.dense(
+            raw.from_numpy(np.zeros((1, 2), np.float32), CPU),
+            raw.from_numpy(np.zeros((2, 2), np.float32), CPU1),
+            raw.from_numpy(np.zeros(2, np.float32), CPU),
+        )
 
 
 # -- generated bad inputs ----------------------------------------------------------------
@@ -137,8 +148,15 @@ def test_split_takes_exactly_the_rows(name, rows, sizes):
 def test_labels_outside_the_classes_are_refused(name, classes, labels):
     be, ref = backend(name), backend("numpy")
     logits = np.random.default_rng(classes).standard_normal((len(labels), classes)).astype(np.float32)
-    call = lambda b: b.to_numpy(b.softmax_cross_entropy(b.from_numpy(logits, CPU),  # noqa: E731
-                                                        b.from_numpy(np.array(labels), CPU)))
+
+    def call(b):
+        return b.to_numpy(
+            b.softmax_cross_entropy(
+                b.from_numpy(logits, CPU),  # noqa: E731
+                b.from_numpy(np.array(labels), CPU),
+            )
+        )
+
     if all(0 <= v < classes for v in labels):
         np.testing.assert_allclose(call(be), call(ref), atol=1e-5)
     else:
@@ -147,6 +165,7 @@ def test_labels_outside_the_classes_are_refused(name, classes, labels):
 
 
 # -- the edges of the protocol, by value -----------------------------------------------
+
 
 def _loss(be: Any, ps: list[Any], x: Any, y: Any) -> Any:
     return be.sum(be.softmax_cross_entropy(be.dense(x, ps[0], ps[1]), y))
@@ -205,8 +224,9 @@ def test_value_and_grad_writes_into_out_and_returns_it(name):
     np.testing.assert_array_equal(be.to_numpy(out), fresh)
     spare = be.from_numpy(np.ones((2, 2), np.float32), CPU)  # unused: zero, whatever out held before
     big = be.from_numpy(np.full(fresh.size + 4, np.nan, np.float32), CPU)
-    flat, aux = be.value_and_grad(lambda ps, x, y: (fn(ps[:2], x, y), [be.relu(x)]), [*params, spare], x, y,
-                                  aux=True, out=big)
+    flat, aux = be.value_and_grad(
+        lambda ps, x, y: (fn(ps[:2], x, y), [be.relu(x)]), [*params, spare], x, y, aux=True, out=big
+    )
     got = be.to_numpy(flat)
     assert flat is big and not got[15:19].any() and np.isfinite(got).all() and be.shape(aux) == (24,)
 
@@ -327,9 +347,15 @@ def test_an_adapter_that_breaks_the_result_layout_is_an_adapter_error():
     from multigpu.errors import AdapterError
 
     raw = backend(THIRD_PARTY).adapter
-    broken = type("Broken", (type(raw),), {
-        "value_and_grad": lambda self, fn, params, *inputs: type(raw).unflatten(
-            self, type(raw).value_and_grad(self, fn, params, *inputs), [(12,), (1,)])[0]})()
+    broken = type(
+        "Broken",
+        (type(raw),),
+        {
+            "value_and_grad": lambda self, fn, params, *inputs: type(raw).unflatten(
+                self, type(raw).value_and_grad(self, fn, params, *inputs), [(12,), (1,)]
+            )[0]
+        },
+    )()
     be = checked(broken)
     w = be.from_numpy(np.ones((4, 3), np.float32), CPU)
     with pytest.raises(AdapterError, match=r"returned shape \(12,\); the contract says \(13,\)"):

@@ -4,6 +4,7 @@ No test touches the network: mirrors are served from memory through pooch's
 downloader interface (tests/data_fakes.py), or by an HTTP server on the loopback
 interface for the one test that runs pooch's own HTTP downloader.
 """
+
 from __future__ import annotations
 
 import functools
@@ -114,8 +115,13 @@ def test_ctrl_c_mid_download_leaves_no_partial_file(mirrors, data_cache):
 
 
 def test_a_source_without_mirrors_says_so(tmp_path):
-    source = DataSource(name="local-only", title="Local", files={"a": "a-file"},
-                        gz_md5={"a-file.gz": "0" * 32}, raw_md5={"a-file": "0" * 32})
+    source = DataSource(
+        name="local-only",
+        title="Local",
+        files={"a": "a-file"},
+        gz_md5={"a-file.gz": "0" * 32},
+        raw_md5={"a-file": "0" * 32},
+    )
     with pytest.raises(DataError, match="Local has no download address.*by hand \\(its publisher\\)"):
         download.fetch(source, tmp_path / "dl")
 
@@ -130,7 +136,8 @@ def test_real_pooch_downloader_over_loopback_http(tmp_path, monkeypatch, data_ca
             seen.append(f"{self.path} {code}")
 
     server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path / "served")))
+        ("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path / "served"))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -4,6 +4,7 @@ No test touches the network: the fixture ``data_cache`` (conftest.py, data_fakes
 gives every test an empty cache, no system copy and a downloader that fails. The
 download itself is tested in test_data_download.py, the IDX reader in test_data_idx.py.
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.usefixtures("data_cache")  # an empty cache, no system 
 
 
 # ------------------------------------------------------------------- loading
+
 
 @pytest.mark.parametrize("gz", [False, True])
 def test_load_gives_float32_in_unit_interval(tmp_path, gz):
@@ -92,6 +94,7 @@ def test_wrong_image_shape_and_label_range(tmp_path):
 
 # ---------------------------------------------------------- MD5 verification
 
+
 def test_foreign_files_are_refused_naming_file_and_source(tmp_path):
     """MNIST digits (or any other IDX set) with Fashion-MNIST's names: a DataError, not training."""
     folder = write_set(tmp_path / "digits")
@@ -137,8 +140,9 @@ def test_recompressed_and_raw_files_match_by_content(tmp_path, monkeypatch):
     other = tmp_path / "debian"
     other.mkdir()
     for n in NAMES[:2]:  # recompressed with another header
-        (other / f"{n}.gz").write_bytes(gzip.compress(gzip.decompress((folder / f"{n}.gz").read_bytes()),
-                                                      compresslevel=1, mtime=12345))
+        (other / f"{n}.gz").write_bytes(
+            gzip.compress(gzip.decompress((folder / f"{n}.gz").read_bytes()), compresslevel=1, mtime=12345)
+        )
     for n in NAMES[2:]:  # unpacked
         (other / n).write_bytes(gzip.decompress((folder / f"{n}.gz").read_bytes()))
     assert load_fashion_mnist(other).train_images.shape[0] == 20
@@ -157,6 +161,7 @@ def test_read_only_system_folder_is_verified_into_the_user_cache(tmp_path, monke
 
 
 # -------------------------------------------------------------- search order
+
 
 def test_search_order(tmp_path, monkeypatch, data_cache):
     explicit = write_set(tmp_path / "explicit", n_train=11)
@@ -225,6 +230,7 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 
 # ----------------------------------------------------------- offline message
 
+
 def test_offline_error_tells_three_ways(data_cache):
     with pytest.raises(DataNotFoundError) as e:
         load_fashion_mnist()
@@ -286,11 +292,12 @@ def test_data_modules_import_only_numpy_and_pooch():
 
 # ------------------------------------------------------------------ real data
 
+
 @pytest.mark.slow
-@pytest.mark.skipif(not all((REAL_DIR / f"{n}.gz").is_file() or (REAL_DIR / n).is_file()
-                            for n in NAMES),
-                    reason=f"real Fashion-MNIST absent: {REAL_DIR} is installed by "
-                           "`apt-get install dataset-fashion-mnist`")
+@pytest.mark.skipif(
+    not all((REAL_DIR / f"{n}.gz").is_file() or (REAL_DIR / n).is_file() for n in NAMES),
+    reason=f"real Fashion-MNIST absent: {REAL_DIR} is installed by `apt-get install dataset-fashion-mnist`",
+)
 def test_real_debian_copy():
     ds = load_fashion_mnist(REAL_DIR, download=False)
     assert ds.train_images.shape == (60000, 1, 28, 28)

@@ -1,4 +1,5 @@
 """Tests of the IDX reader (multigpu.data.idx) on small files written here, good and malformed."""
+
 from __future__ import annotations
 
 import gzip
@@ -28,8 +29,12 @@ def test_read_idx_round_trip(tmp_path, gz, dtype):
 
 
 @settings(max_examples=40, deadline=None)
-@given(shape=st.lists(st.integers(0, 5), min_size=1, max_size=4),
-       dtype=st.sampled_from(list(CODES)), gz=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    shape=st.lists(st.integers(0, 5), min_size=1, max_size=4),
+    dtype=st.sampled_from(list(CODES)),
+    gz=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_read_idx_round_trip_property(shape, dtype, gz, seed):
     arr = (np.random.default_rng(seed).standard_normal(shape) * 50).astype(dtype)
     with tempfile.TemporaryDirectory() as d:
@@ -83,7 +88,7 @@ def test_trailing_bytes_name_file(tmp_path, gz):
 def test_cut_gzip_stream_names_file(tmp_path):
     packed = gzip.compress(idx_bytes(np.arange(1000, dtype=np.int32)))
     path = tmp_path / "cut.gz"
-    path.write_bytes(packed[:len(packed) // 2])
+    path.write_bytes(packed[: len(packed) // 2])
     with pytest.raises(DataError, match="gzip") as e:
         read_idx(path)
     assert str(path) in str(e.value)
@@ -92,8 +97,6 @@ def test_cut_gzip_stream_names_file(tmp_path):
 def test_missing_file_is_data_not_found(tmp_path):
     with pytest.raises(DataNotFoundError, match="nothing-here"):
         read_idx(tmp_path / "nothing-here")
-
-
 
 
 def test_zero_dimensions_name_file(tmp_path):
@@ -118,5 +121,4 @@ def test_decompress_passes_raw_bytes_through_and_parse_names_the_given_path():
 
 
 def test_codes_match_the_format():
-    assert {code: dtype.newbyteorder("=") for code, dtype in DTYPES.items()} == {
-        c: d for d, c in CODES.items()}
+    assert {code: dtype.newbyteorder("=") for code, dtype in DTYPES.items()} == {c: d for d, c in CODES.items()}

@@ -1,4 +1,5 @@
 """The data-parallel algorithm: k devices equal one, and every framework agrees."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -78,34 +79,41 @@ def test_text_book_param_order_is_accepted_and_returned(backend_name):
 
 # -- bad input -------------------------------------------------------------------------
 
+
 def _tr(**kw):
     return multigpu.DataParallel(models.lenet(), backend="numpy", devices="cpu:2", **kw)
 
 
-@pytest.mark.parametrize("X, y, match", [
-    (np.zeros((4, 28, 28), np.float32), np.zeros(4, int), r"shape \(4, 28, 28\).*\(batch, 1, 28, 28\)"),
-    (np.zeros((4, 1, 28, 28), np.uint8), np.zeros(4, int), "dtype uint8.*float"),
-    (np.zeros((4, 1, 28, 28), np.float32), np.zeros(4, np.float32), "labels must be integers"),
-    (np.zeros((4, 1, 28, 28), np.float32), np.array([0, 1, 10, 2]), "label 10 is out of range.*0..9"),
-    (np.zeros((4, 1, 28, 28), np.float32), np.array([0, -1, 1, 2]), "label -1 is out of range"),
-    (np.zeros((0, 1, 28, 28), np.float32), np.zeros(0, int), "empty"),
-    (np.zeros((4, 1, 28, 28), np.float32), np.zeros(3, int), r"y has shape \(3,\)"),
-    (np.zeros((1, 1, 28, 28), np.float32), np.zeros(1, int), "1 example.*2 devices"),
-    (np.full((2, 1, 28, 28), np.nan, np.float32), np.zeros(2, int), "NaN"),
-    # float64 beyond float32's range: finite before the cast, infinite after it (the issue's 1e39 pixel)
-    (np.where(np.arange(2 * 784).reshape(2, 1, 28, 28) == 5, 1e39, 0.5), np.zeros(2, int), "float32's range"),
-])
+@pytest.mark.parametrize(
+    "X, y, match",
+    [
+        (np.zeros((4, 28, 28), np.float32), np.zeros(4, int), r"shape \(4, 28, 28\).*\(batch, 1, 28, 28\)"),
+        (np.zeros((4, 1, 28, 28), np.uint8), np.zeros(4, int), "dtype uint8.*float"),
+        (np.zeros((4, 1, 28, 28), np.float32), np.zeros(4, np.float32), "labels must be integers"),
+        (np.zeros((4, 1, 28, 28), np.float32), np.array([0, 1, 10, 2]), "label 10 is out of range.*0..9"),
+        (np.zeros((4, 1, 28, 28), np.float32), np.array([0, -1, 1, 2]), "label -1 is out of range"),
+        (np.zeros((0, 1, 28, 28), np.float32), np.zeros(0, int), "empty"),
+        (np.zeros((4, 1, 28, 28), np.float32), np.zeros(3, int), r"y has shape \(3,\)"),
+        (np.zeros((1, 1, 28, 28), np.float32), np.zeros(1, int), "1 example.*2 devices"),
+        (np.full((2, 1, 28, 28), np.nan, np.float32), np.zeros(2, int), "NaN"),
+        # float64 beyond float32's range: finite before the cast, infinite after it (the issue's 1e39 pixel)
+        (np.where(np.arange(2 * 784).reshape(2, 1, 28, 28) == 5, 1e39, 0.5), np.zeros(2, int), "float32's range"),
+    ],
+)
 def test_bad_batches_raise_input_error(X, y, match):
     with pytest.raises(multigpu.InputError, match=match):
         _tr().train_batch(X, y)
 
 
-@pytest.mark.parametrize("X, batch_size, match", [
-    (np.float32(1), 1024, r"X has shape \(\)"),
-    (np.zeros((3, 1, 28, 28), np.float32), 2.5, "batch_size=2.5 must be a positive integer"),
-    (np.zeros((3, 1, 28, 28), np.float32), 0, "batch_size=0"),
-    (np.zeros((3, 1, 28, 28), np.float32), True, "batch_size=True"),
-])
+@pytest.mark.parametrize(
+    "X, batch_size, match",
+    [
+        (np.float32(1), 1024, r"X has shape \(\)"),
+        (np.zeros((3, 1, 28, 28), np.float32), 2.5, "batch_size=2.5 must be a positive integer"),
+        (np.zeros((3, 1, 28, 28), np.float32), 0, "batch_size=0"),
+        (np.zeros((3, 1, 28, 28), np.float32), True, "batch_size=True"),
+    ],
+)
 def test_bad_predict_arguments_raise_input_error(X, batch_size, match):
     """The issue's predict(np.float32(1)) and predict(X, 2.5) ended in a TypeError."""
     with pytest.raises(multigpu.InputError, match=match):

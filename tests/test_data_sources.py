@@ -4,6 +4,7 @@
 the generic parts (search, pooch download, verification, IDX reading, checks) serve
 it from its description alone, as they serve Fashion-MNIST.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,12 @@ from multigpu.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("data_cache")  # an empty cache, no system copy, no network
 
-FILES = {"train_images": "digits-train-images", "train_labels": "digits-train-labels",
-         "test_images": "digits-test-images", "test_labels": "digits-test-labels"}
+FILES = {
+    "train_images": "digits-train-images",
+    "train_labels": "digits-train-labels",
+    "test_images": "digits-test-images",
+    "test_labels": "digits-test-labels",
+}
 
 
 def write_digits(folder: Path, n_train: int = 12, n_test: int = 4) -> dict[str, dict[str, str]]:
@@ -34,8 +39,10 @@ def write_digits(folder: Path, n_train: int = 12, n_test: int = 4) -> dict[str, 
         write_idx(folder / f"{FILES[split + '_images']}.gz", rng.integers(0, 256, (n, 8, 8), dtype=np.uint8))
         write_idx(folder / f"{FILES[split + '_labels']}.gz", (np.arange(n) % 3).astype(np.uint8))
     gz = {f"{n}.gz": (folder / f"{n}.gz").read_bytes() for n in FILES.values()}
-    return {"gz_md5": {k: hashlib.md5(v).hexdigest() for k, v in gz.items()},
-            "raw_md5": {k[:-3]: hashlib.md5(gzip.decompress(v)).hexdigest() for k, v in gz.items()}}
+    return {
+        "gz_md5": {k: hashlib.md5(v).hexdigest() for k, v in gz.items()},
+        "raw_md5": {k[:-3]: hashlib.md5(gzip.decompress(v)).hexdigest() for k, v in gz.items()},
+    }
 
 
 class Digits(LabelledImages):
@@ -44,9 +51,18 @@ class Digits(LabelledImages):
 
 def digits_spec(md5s: dict[str, dict[str, str]]) -> ImageSetSpec[Digits]:
     # The whole of a second data set: its description.
-    return ImageSetSpec(DataSource(name="digits", title="Digits", files=FILES, mirrors=("https://digits.invalid/",),
-                                   note="Fashion-MNIST uses other names.", **md5s),
-                        kind=Digits, image_shape=(8, 8))
+    return ImageSetSpec(
+        DataSource(
+            name="digits",
+            title="Digits",
+            files=FILES,
+            mirrors=("https://digits.invalid/",),
+            note="Fashion-MNIST uses other names.",
+            **md5s,
+        ),
+        kind=Digits,
+        image_shape=(8, 8),
+    )
 
 
 def test_a_second_data_set_loads_from_its_description(tmp_path, monkeypatch):
@@ -85,14 +101,17 @@ def test_its_own_shapes_labels_and_checksums_are_enforced(tmp_path):
         load_image_set(digits_spec(other), folder)
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"name": "a/b"}, "name='a/b' must be a plain folder name"),
-    ({"files": {}}, "lists no files"),
-    ({"gz_md5": {}}, "gz_md5 lacks digits-train-images.gz"),
-    ({"raw_md5": {}}, "raw_md5 lacks digits-train-images"),
-    ({"mirrors": ("ftp://x/",)}, "mirror 'ftp://x/' must be an http:// or https:// base address ending in '/'"),
-    ({"mirrors": ("https://x",)}, "ending in '/'"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"name": "a/b"}, "name='a/b' must be a plain folder name"),
+        ({"files": {}}, "lists no files"),
+        ({"gz_md5": {}}, "gz_md5 lacks digits-train-images.gz"),
+        ({"raw_md5": {}}, "raw_md5 lacks digits-train-images"),
+        ({"mirrors": ("ftp://x/",)}, "mirror 'ftp://x/' must be an http:// or https:// base address ending in '/'"),
+        ({"mirrors": ("https://x",)}, "ending in '/'"),
+    ],
+)
 def test_a_wrong_description_is_refused_by_name(tmp_path, change, words):
     spec = digits_spec(write_digits(tmp_path))
     with pytest.raises(DataError, match="DataSource") as e:

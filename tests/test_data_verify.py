@@ -1,4 +1,5 @@
 """Tests of the verification cache (multigpu.data.verify) used directly, on small files written here."""
+
 from __future__ import annotations
 
 import gzip
@@ -23,10 +24,15 @@ pytestmark = pytest.mark.usefixtures("data_cache")  # an empty cache: verified.j
 def _source(name: str, path: Path) -> DataSource:
     """A one-file data set whose published file is the one at ``path``."""
     data = path.read_bytes()
-    return DataSource(name=name, title=name.title(), files={"only": "f-idx1-ubyte"},
-                      gz_md5={"f-idx1-ubyte.gz": hashlib.md5(data).hexdigest()},
-                      raw_md5={"f-idx1-ubyte": hashlib.md5(gzip.decompress(data)).hexdigest()},
-                      mirrors=("https://example.invalid/",), note="Its twin uses the same name.")
+    return DataSource(
+        name=name,
+        title=name.title(),
+        files={"only": "f-idx1-ubyte"},
+        gz_md5={"f-idx1-ubyte.gz": hashlib.md5(data).hexdigest()},
+        raw_md5={"f-idx1-ubyte": hashlib.md5(gzip.decompress(data)).hexdigest()},
+        mirrors=("https://example.invalid/",),
+        note="Its twin uses the same name.",
+    )
 
 
 def _check(stamps: VerifiedFiles, path: Path) -> None:

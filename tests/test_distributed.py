@@ -6,6 +6,7 @@ trains from the command line until one of its ranks is killed. So each engine st
 twice, side by side, on free ports. The fast tests above them check the core logic in
 one process.
 """
+
 from __future__ import annotations
 
 import json
@@ -129,8 +130,9 @@ def _reference_pair(port: int, timeout: float = 20.0):
     groups: list = [None, None]
 
     def make(r: int) -> None:
-        groups[r] = CheckedGroup(ReferenceGroup(Device("cpu", 0), timeout, timeout, rank=r, world_size=2,
-                                                master=("127.0.0.1", port)), be)
+        groups[r] = CheckedGroup(
+            ReferenceGroup(Device("cpu", 0), timeout, timeout, rank=r, world_size=2, master=("127.0.0.1", port)), be
+        )
 
     threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -189,10 +191,18 @@ class AsyncReference:
 
     def __init__(self, engine):
         self._engine = engine
-        self.rank, self.world_size, self.timeout, self.device = (engine.rank, engine.world_size, engine.timeout,
-                                                                 engine.device)
-        self.allreduce_, self.broadcast_, self.barrier, self.close = (engine.allreduce_, engine.broadcast_,
-                                                                      engine.barrier, engine.close)
+        self.rank, self.world_size, self.timeout, self.device = (
+            engine.rank,
+            engine.world_size,
+            engine.timeout,
+            engine.device,
+        )
+        self.allreduce_, self.broadcast_, self.barrier, self.close = (
+            engine.allreduce_,
+            engine.broadcast_,
+            engine.barrier,
+            engine.close,
+        )
 
     def allreduce_async_(self, flat):
         t = threading.Thread(target=self._engine.allreduce_, args=(flat,))
@@ -208,12 +218,16 @@ def test_an_announced_header_is_checked_when_the_collective_comes():
     dev = Device("cpu", 0)
     bufs = [be.from_numpy(np.full(3, r + 1.0, np.float32), dev) for r in (0, 1)]
     # rank 0 announces, rank 1 does not: each still makes one header exchange
-    assert _both(lambda r: (groups[r].announce("allreduce_", 3) if r == 0 else None,
-                            groups[r].allreduce_(bufs[r]))[1]) == [None, None]
+    assert _both(
+        lambda r: (groups[r].announce("allreduce_", 3) if r == 0 else None, groups[r].allreduce_(bufs[r]))[1]
+    ) == [None, None]
     assert [be.to_numpy(b).tolist() for b in bufs] == [[3, 3, 3]] * 2
     # rank 0 announces its step's allreduce while rank 1 has moved on to a barrier
-    out = _both(lambda r: (groups[r].announce("allreduce_", 3), groups[r].allreduce_(bufs[r]))[1] if r == 0
-                else groups[r].barrier())
+    out = _both(
+        lambda r: (
+            (groups[r].announce("allreduce_", 3), groups[r].allreduce_(bufs[r]))[1] if r == 0 else groups[r].barrier()
+        )
+    )
     assert all(isinstance(e, CollectiveMismatchError) for e in out), out
     assert "rank 0 is at call #" in str(out[1]) and "(allreduce_ of 3 floats)" in str(out[1])
     assert "rank 1 is at call #" in str(out[0]) and "(barrier)" in str(out[0])
@@ -237,8 +251,11 @@ def test_checked_group_names_the_rank_and_call_of_an_engine_failure():
             raise RuntimeError("Connection reset by peer")
 
     g = CheckedGroup(Broken(), multigpu.backend("numpy"), name="fake")
-    with pytest.raises(CollectiveError, match=r"rank 1 of 2 \(fake\): call #1 \(barrier\), header failed in "
-                                              r"the engine: RuntimeError: Connection reset by peer"):
+    with pytest.raises(
+        CollectiveError,
+        match=r"rank 1 of 2 \(fake\): call #1 \(barrier\), header failed in "
+        r"the engine: RuntimeError: Connection reset by peer",
+    ):
         g.barrier()
     with pytest.raises(CollectiveError, match="earlier call failed"):
         g.barrier()
@@ -277,8 +294,12 @@ class FakeChild:
 
 
 def test_the_failure_message_names_the_cause_before_its_consequences():
-    peer = FakeChild("rank 0", 1, 1, "multigpu train: error: rank 0 of 2 (torch): call #5 (allreduce_ of 9 "
-                                      "floats) failed: Connection reset by peer")
+    peer = FakeChild(
+        "rank 0",
+        1,
+        1,
+        "multigpu train: error: rank 0 of 2 (torch): call #5 (allreduce_ of 9 floats) failed: Connection reset by peer",
+    )
     killed = FakeChild("rank 1", -9, 2, "")
     raised = FakeChild("rank 2", 1, 3, "ValueError: bad things")
     msg = launch_module._failure_message(Job("torch", 4, job_id="j"), [peer, killed], ["rank 3"])
@@ -319,8 +340,13 @@ def test_ctrl_c_at_any_moment_stops_the_children_and_raises(tmp_path, delay):
     # regression from hanging the suite.
     script = tmp_path / "sleeper.py"
     script.write_text("import time\ntime.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPT_AT, str(script), str(delay)], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPT_AT, str(script), str(delay)],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
@@ -352,7 +378,15 @@ def _on_epoch_marker(epoch, result):  # module level: picklable for train(proces
 def test_train_processes_from_python_equals_one_process_with_two_devices(tiny, tmp_path, monkeypatch):
     _, data = tiny
     monkeypatch.setenv("MULTIGPU_TEST_OUT", str(tmp_path))
-    args = {"backend": "numpy", "batch_size": 32, "lr": 0.3, "num_epochs": 2, "progress": False, "data": data, "seed": 2}
+    args = {
+        "backend": "numpy",
+        "batch_size": 32,
+        "lr": 0.3,
+        "num_epochs": 2,
+        "progress": False,
+        "data": data,
+        "seed": 2,
+    }
     two = multigpu.train(num_gpus=1, processes=2, on_epoch=_on_epoch_marker, plot=None, **args)
     one = multigpu.train(num_gpus="cpu:2", **args)
     assert two.processes == 2 and two.rank == 0 and two.devices == ["cpu:0"]
@@ -376,24 +410,82 @@ def test_train_processes_raises_the_ranks_own_input_error(tiny):
 def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
     folder, _ = tiny
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--", "train", "--epochs",
-                           "1", "--batch-size", "32", "--data-dir", str(folder), "--no-verify-data",
-                           "--json", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "multigpu",
+            "launch",
+            "--nproc",
+            "2",
+            "--",
+            "train",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "32",
+            "--data-dir",
+            str(folder),
+            "--no-verify-data",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("final test acc") == 1  # rank 0 reports for the job
     d = json.loads(out.read_text())
     assert d["processes"] == 2 and d["backend"] == "numpy"
-    bad = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--", "train",
-                          "--batch-size", "0", "--data-dir", str(folder), "--no-verify-data"],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "multigpu",
+            "launch",
+            "--nproc",
+            "2",
+            "--",
+            "train",
+            "--batch-size",
+            "0",
+            "--data-dir",
+            str(folder),
+            "--no-verify-data",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
     assert bad.returncode != 0 and "rank 0" in bad.stderr and "batch_size=0" in bad.stderr
 
 
 def test_ctrl_c_stops_every_rank_and_exits_130(tiny):
     mark = uuid.uuid4().hex
-    proc = launch(["--nproc", "2", "--", "train", "--epochs", "1000", "--batch-size", "16", "--data-dir",
-                   str(tiny[0]), "--no-verify-data"], mark, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = launch(
+        [
+            "--nproc",
+            "2",
+            "--",
+            "train",
+            "--epochs",
+            "1000",
+            "--batch-size",
+            "16",
+            "--data-dir",
+            str(tiny[0]),
+            "--no-verify-data",
+        ],
+        mark,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while rank_pid(mark, 1) is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -424,10 +516,31 @@ class EngineRun:
 def _kill_job(backend: str, folder: Path, mark: str, scenario: subprocess.Popen) -> tuple:
     err_path = folder.parent / f"kill-{backend}.err"
     with open(err_path, "w") as err:
-        proc = launch(["--nproc", "2", "--backend", backend, "--", "train", "--epochs", "1000", "--batch-size",
-                       "16", "--train-limit", "64", "--test-limit", "16", "--data-dir", str(folder),
-                       "--no-verify-data"],
-                      mark, stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = launch(
+            [
+                "--nproc",
+                "2",
+                "--backend",
+                backend,
+                "--",
+                "train",
+                "--epochs",
+                "1000",
+                "--batch-size",
+                "16",
+                "--train-limit",
+                "64",
+                "--test-limit",
+                "16",
+                "--data-dir",
+                str(folder),
+                "--no-verify-data",
+            ],
+            mark,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + 180
@@ -453,8 +566,12 @@ def engine_run(request, tmp_path_factory, tiny) -> EngineRun:
     mark_a, mark_b = uuid.uuid4().hex, uuid.uuid4().hex
     err_a = out.parent / f"scenario-{backend}.err"
     with open(err_a, "w") as err:
-        scenario = launch(["--nproc", "2", "--backend", backend, "--", str(HERE / "dist_scenarios.py"), str(out)],
-                          mark_a, stdout=err, stderr=subprocess.STDOUT)
+        scenario = launch(
+            ["--nproc", "2", "--backend", backend, "--", str(HERE / "dist_scenarios.py"), str(out)],
+            mark_a,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+        )
         try:
             kill = _kill_job(backend, tiny[0], mark_b, scenario)
             rc = scenario.wait(timeout=240)
@@ -584,11 +701,15 @@ def test_a_rank_leaving_the_fast_path_is_named_on_both_ranks_and_the_group_goes_
         assert got["sums"] == [sums] * 9
         assert got["together"] == [3.0] * 3
         assert len(got["messages"]) == 3, got["messages"]
-        for message, side in zip(got["messages"], ["(allreduce_ of 5 floats)", "(barrier)",
-                                                   f"(2 bucket allreduces of 7 floats in all (split code {other}))"]):
+        for message, side in zip(
+            got["messages"],
+            ["(allreduce_ of 5 floats)", "(barrier)", f"(2 bucket allreduces of 7 floats in all (split code {other}))"],
+        ):
             assert f"rank {r} of 2 ({engine_run.backend})" in message
-            assert "rank 0 is at call #" in message and f"(2 bucket allreduces of 7 floats in all (split code {mine}))" \
-                in message
+            assert (
+                "rank 0 is at call #" in message
+                and f"(2 bucket allreduces of 7 floats in all (split code {mine}))" in message
+            )
             assert "rank 1 is at call #" in message and side in message
 
 
@@ -624,12 +745,44 @@ def test_two_jobs_run_side_by_side_on_free_ports(engine_run):
 def test_two_launchers_with_nnodes_2_form_one_job(backend, tiny, tmp_path):
     """The multi-host path, both "hosts" on loopback: node 0 and node 1 each start one rank."""
     port, mark = free_port(), uuid.uuid4().hex
-    procs = [launch(["--nnodes", "2", "--node-rank", str(node), "--nproc", "1", "--master-addr", "127.0.0.1",
-                     "--master-port", str(port), "--node-addr", "127.0.0.1", "--backend", backend, "--no-check",
-                     "--", "train", "--epochs", "1", "--batch-size", "32", "--quiet", "--data-dir", str(tiny[0]),
-                     "--no-verify-data",
-                     "--json", str(tmp_path / f"node{node}.json")], mark, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    procs = [
+        launch(
+            [
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--node-addr",
+                "127.0.0.1",
+                "--backend",
+                backend,
+                "--no-check",
+                "--",
+                "train",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "32",
+                "--quiet",
+                "--data-dir",
+                str(tiny[0]),
+                "--no-verify-data",
+                "--json",
+                str(tmp_path / f"node{node}.json"),
+            ],
+            mark,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert json.loads((tmp_path / "node0.json").read_text())["processes"] == 2
@@ -649,10 +802,35 @@ def _torch_gpus() -> int:
 def test_torch_nccl_two_processes_one_gpu_each(tiny, tmp_path):
     folder, _ = tiny
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--backend", "torch", "--",
-                           "train", "--gpus", "1", "--epochs", "1", "--batch-size", "32", "--data-dir",
-                           str(folder), "--no-verify-data", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "multigpu",
+            "launch",
+            "--nproc",
+            "2",
+            "--backend",
+            "torch",
+            "--",
+            "train",
+            "--gpus",
+            "1",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "32",
+            "--data-dir",
+            str(folder),
+            "--no-verify-data",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     d = json.loads(out.read_text())
     assert d["processes"] == 2 and d["devices"] == ["gpu:0"]
@@ -677,16 +855,23 @@ def test_a_job_binds_its_own_address_and_names_its_interface():
 def test_a_torch_group_a_rank_never_closed_is_destroyed_at_exit():
     """A rank script that ends without close() (Gloo's threads outliving the interpreter can
     abort it): the group this process created is destroyed by an exit hook."""
-    code = ("import atexit, torch.distributed as dist\n"
-            "from multigpu.contract.protocol import Device\n"
-            "from backends.torch.process_group import TorchGroup\n"
-            "g = TorchGroup(Device('cpu', 0), 30, 30)\n"
-            "print(dist.is_initialized(), g.world_size)\n"
-            "atexit._run_exitfuncs()\n"
-            "print(dist.is_initialized())\n")
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-           "WORLD_SIZE": "1"}
-    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
-                         cwd=Path(multigpu.__file__).resolve().parents[1])
+    code = (
+        "import atexit, torch.distributed as dist\n"
+        "from multigpu.contract.protocol import Device\n"
+        "from backends.torch.process_group import TorchGroup\n"
+        "g = TorchGroup(Device('cpu', 0), 30, 30)\n"
+        "print(dist.is_initialized(), g.world_size)\n"
+        "atexit._run_exitfuncs()\n"
+        "print(dist.is_initialized())\n"
+    )
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+    got = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=Path(multigpu.__file__).resolve().parents[1],
+    )
     assert got.returncode == 0, got.stderr[-2000:]
     assert got.stdout.split() == ["True", "1", "False"]

@@ -1,5 +1,6 @@
 """The README's shape and the docs site: a short README whose first commands are what CI runs,
 links that resolve, and a site that builds with ``mkdocs build --strict``."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,10 @@ def _first_block(text: str) -> list[str]:
 
 def test_the_readme_is_short() -> None:
     lines = README.read_text().splitlines()
-    assert len(lines) <= MAX_README_LINES, (f"README.md has {len(lines)} lines, at most {MAX_README_LINES}: "
-                                            "move the detail into a page under docs/ and link it")
+    assert len(lines) <= MAX_README_LINES, (
+        f"README.md has {len(lines)} lines, at most {MAX_README_LINES}: "
+        "move the detail into a page under docs/ and link it"
+    )
 
 
 def test_the_readmes_first_block_is_its_two_commands() -> None:
@@ -39,11 +42,15 @@ def test_the_readmes_first_block_is_its_two_commands() -> None:
 
 def test_ci_installs_exactly_what_the_readme_says() -> None:
     """.ci/run's install is the README's command 1 (``-q`` aside), then it builds the site and runs pytest."""
-    readme_install = next(part.strip() for part in _first_block(README.read_text())[1].split("&&")
-                          if part.strip().startswith("pip install"))
+    readme_install = next(
+        part.strip()
+        for part in _first_block(README.read_text())[1].split("&&")
+        if part.strip().startswith("pip install")
+    )
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     ci_installs = [line.replace(" -q", "") for line in ci if line.startswith("pip install")]
     assert ci_installs == [readme_install], f".ci/run installs {ci_installs}; the README says {readme_install!r}"
+
     def at(predicate) -> int:
         return next(i for i, line in enumerate(ci) if predicate(line))
 
@@ -57,8 +64,11 @@ def test_the_links_of_the_root_pages_resolve(page: str) -> None:
     """Links from the README and CONTRIBUTING into the repository point at files that exist
     (the site's own links are checked by the strict build)."""
     text = (ROOT / page).read_text()
-    broken = [target for target in LINK.findall(text) if not target.startswith(("http://", "https://", "#"))
-              and not (ROOT / target.split("#", 1)[0]).exists()]
+    broken = [
+        target
+        for target in LINK.findall(text)
+        if not target.startswith(("http://", "https://", "#")) and not (ROOT / target.split("#", 1)[0]).exists()
+    ]
     assert not broken, f"{page} links to missing files: {broken}"
 
 
@@ -67,8 +77,14 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     """``mkdocs build --strict``: no broken link or anchor, no page missing from the nav, every
     generated part (CLI, errors, layers, API) built from the code."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     for command in ("check", "train", "partition", "profile", "run", "launch", "bench"):

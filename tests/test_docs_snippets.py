@@ -17,6 +17,7 @@ Each chain runs in a fresh Python process in an empty temporary folder (shell bl
 ``bash -euo pipefail`` from inside it), with ``multigpu`` on PATH. The generated pages
 (``docs/results/``, written by ``multigpu bench``, and the conformance table) hold no code.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -157,22 +158,35 @@ for b in json.load(sys.stdin):
 CHAINS = chains()
 
 
-@pytest.mark.parametrize("chain", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else [])
-                                   for c in CHAINS])
+@pytest.mark.parametrize(
+    "chain", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in CHAINS]
+)
 def test_the_block_runs(chain: Chain, tmp_path: Path) -> None:
     absent = [n for n in chain.needs if missing(n)]
     if absent:
         pytest.skip(f"{chain.id} needs {', '.join(absent)}, not installed here")
-    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "MPLBACKEND": "Agg",
+        "PYTHONUNBUFFERED": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     payload = json.dumps([b.__dict__ for b in chain.blocks])
     try:
-        done = subprocess.run([sys.executable, "-c", RUNNER], input=payload, cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=TIMEOUT[chain.slow])
+        done = subprocess.run(
+            [sys.executable, "-c", RUNNER],
+            input=payload,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT[chain.slow],
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{chain.id}: still running after {TIMEOUT[chain.slow]} s; make it smaller or mark it slow")
-    assert done.returncode == 0, (f"{chain.id} failed (exit {done.returncode}):\n"
-                                  f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    assert done.returncode == 0, (
+        f"{chain.id} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    )
 
 
 def test_the_markers_are_well_formed() -> None:

@@ -6,6 +6,7 @@ to the unpartitioned model for plans that cut through residual blocks with the m
 path and the shortcut on different workers, one framework per worker process; two
 branches on two workers running at the same time; streaming in order.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,10 +35,20 @@ FRAMEWORKS = [b for b in ("torch", "paddle", "mxnet") if b in multigpu.available
 
 def tiny_resnet() -> Model:
     """A stem and two basic blocks (the second with a projected shortcut) on 3x8x8."""
-    return Model([Conv2d(8, 3, 1, 1, name="stem"), BatchNorm2d(name="bn"), ReLU(name="relu"),
-                  basic_block(8, 1, False, "b1"), basic_block(16, 2, True, "b2"),
-                  GlobalAvgPool2d(name="pool"), Flatten(name="flat"), Dense(10, name="fc")],
-                 (3, 8, 8), name="tiny_resnet")
+    return Model(
+        [
+            Conv2d(8, 3, 1, 1, name="stem"),
+            BatchNorm2d(name="bn"),
+            ReLU(name="relu"),
+            basic_block(8, 1, False, "b1"),
+            basic_block(16, 2, True, "b2"),
+            GlobalAvgPool2d(name="pool"),
+            Flatten(name="flat"),
+            Dense(10, name="fc"),
+        ],
+        (3, 8, 8),
+        name="tiny_resnet",
+    )
 
 
 NET = tiny_resnet()
@@ -45,8 +56,10 @@ NAMES = [n for n, _ in NET.layers]
 PARAMS = NET.init_params(0)
 _rng = np.random.default_rng(1)
 # Running statistics away from (0, 1), so a stage that ignored them would show.
-STATE = [(_rng.normal(size=s) if i % 2 == 0 else _rng.uniform(0.5, 2.0, size=s)).astype(np.float32)
-         for i, s in enumerate(NET.state_shapes)]
+STATE = [
+    (_rng.normal(size=s) if i % 2 == 0 else _rng.uniform(0.5, 2.0, size=s)).astype(np.float32)
+    for i, s in enumerate(NET.state_shapes)
+]
 
 
 def place(default: str, **prefixes: str) -> list[str]:
@@ -54,8 +67,7 @@ def place(default: str, **prefixes: str) -> list[str]:
     (``b1__conv`` stands for ``b1.conv``)."""
     out = []
     for name in NAMES:
-        hits = [(len(p), d) for p, d in ((k.replace("__", "."), v) for k, v in prefixes.items())
-                if name.startswith(p)]
+        hits = [(len(p), d) for p, d in ((k.replace("__", "."), v) for k, v in prefixes.items()) if name.startswith(p)]
         out.append(max(hits)[1] if hits else default)
     return out
 
@@ -69,8 +81,11 @@ TWICE = place("a", b2__conv1="b", b2__downsample="b")
 
 def cluster(*backends: str) -> Cluster:
     workers = tuple(DeviceSpec(n, 1e9, 0.0, backend=b, threads=1) for n, b in zip("abc", backends))
-    return Cluster(devices=(DeviceSpec("driver", 1e9, 0.0, backend="numpy"), *workers), source="driver",
-                   default_link=LinkSpec(1e8, 1e-3))
+    return Cluster(
+        devices=(DeviceSpec("driver", 1e9, 0.0, backend="numpy"), *workers),
+        source="driver",
+        default_link=LinkSpec(1e8, 1e-3),
+    )
 
 
 def reference(model: Model, params, x: np.ndarray, state=None) -> np.ndarray:
@@ -87,20 +102,33 @@ def test_stages_of_a_cut_residual_block_form_a_dag_and_each_activation_goes_once
     x = check_plan(NET, cluster("numpy", "numpy", "numpy"), CUT)
     assert not x.chain and x.workers == ["a", "b", "c"]
     assert [(s.device, s.span) for s in x.stages] == [
-        ("a", "stem..relu"), ("b", "b1.conv1..b1.bn2"), ("a", "b1.add..b2.bn2"),
-        ("c", "b2.downsample.0..b2.downsample.1"), ("driver", "b2.add"), ("a", "b2.relu2..fc")]
+        ("a", "stem..relu"),
+        ("b", "b1.conv1..b1.bn2"),
+        ("a", "b1.add..b2.bn2"),
+        ("c", "b2.downsample.0..b2.downsample.1"),
+        ("driver", "b2.add"),
+        ("a", "b2.relu2..fc"),
+    ]
     rs, sends = routes(x)
     # b1's shortcut ('relu') stays on a for stage 3: no message carries it back.
     assert [(m.source, m.device, m.stage, m.names) for m in sends] == [
-        (SOURCE, "a", 0, ("input",)), (0, "b", 1, ("relu",)), (1, "a", 2, ("b1.bn2",)),
-        (2, "c", 3, ("b1.relu2",)), (2, "driver", 4, ("b2.bn2",)), (3, "driver", 4, ("b2.downsample.1",)),
-        (4, "a", 5, ("b2.add",)), (5, "driver", SINK, ("fc",))]
+        (SOURCE, "a", 0, ("input",)),
+        (0, "b", 1, ("relu",)),
+        (1, "a", 2, ("b1.bn2",)),
+        (2, "c", 3, ("b1.relu2",)),
+        (2, "driver", 4, ("b2.bn2",)),
+        (3, "driver", 4, ("b2.downsample.1",)),
+        (4, "a", 5, ("b2.add",)),
+        (5, "driver", SINK, ("fc",)),
+    ]
     assert rs[2].feeds == ("relu", "b1.bn2") and rs[2].receives == (2,) and rs[2].sends == (3, 4)
     assert [r.last for r in rs] == [False, True, False, True, True, True]
     # Stage 3 computes c's input (b1.relu2) before b2's main path: it runs in two parts,
     # so the message leaves when b1.relu2 is done; the second part reads it from the store.
     assert [(pt.nodes[0], pt.nodes[-1], pt.feeds, pt.sends) for pt in rs[2].parts] == [
-        ("b1.add", "b1.relu2", ("b1.bn2", "relu"), (3,)), ("b2.conv1", "b2.bn2", ("b1.relu2",), (4,))]
+        ("b1.add", "b1.relu2", ("b1.bn2", "relu"), (3,)),
+        ("b2.conv1", "b2.bn2", ("b1.relu2",), (4,)),
+    ]
     assert sum(len(pt.nodes) for pt in rs[2].parts) == len(rs[2].nodes)
     # A stage whose only message carries its last layer's output stays one part.
     assert all(len(r.parts) == 1 and r.parts[0].nodes == r.nodes for i, r in enumerate(rs) if i != 2)
@@ -114,9 +142,9 @@ def test_a_tensor_two_stages_of_one_device_consume_travels_once():
     x = check_plan(NET, cluster("numpy", "numpy"), TWICE)
     rs, sends = routes(x)
     to_b = [m for m in sends if m.device == "b" and "b1.relu2" in m.names]
-    assert len(to_b) == 1                                         # one transfer to b ...
+    assert len(to_b) == 1  # one transfer to b ...
     on_b = [r for r in rs if r.device == "b"]
-    assert len(on_b) == 2 and all("b1.relu2" in r.feeds for r in on_b)   # ... for both stages there
+    assert len(on_b) == 2 and all("b1.relu2" in r.feeds for r in on_b)  # ... for both stages there
     assert to_b[0].stage == on_b[0].index
     bd = evaluate(graph_from_model(NET), x.cluster, list(x.assignment))
     assert sum(t.producer == "b1.relu2" and t.between == ("a", "b") for t in bd.transfers) == 1
@@ -126,17 +154,18 @@ def test_the_prediction_of_a_graph_plan_is_its_makespan_per_message():
     x = check_plan(NET, cluster("numpy", "numpy", "numpy"), CUT)
     p = predict(x)
     bd = evaluate(graph_from_model(NET), x.cluster, list(x.assignment))
-    assert p.end_to_end == pytest.approx(bd.makespan) and p.end_to_end < bd.time   # branches overlap
+    assert p.end_to_end == pytest.approx(bd.makespan) and p.end_to_end < bd.time  # branches overlap
     assert p.bottleneck == pytest.approx(bd.bottleneck)
     assert len(p.hops) == len(routes(x)[1]) and len(p.stage_compute) == len(x.stages)
-    assert sum(p.hops) == pytest.approx(sum(t.time for t in bd.transfers))   # every transfer in one message
+    assert sum(p.hops) == pytest.approx(sum(t.time for t in bd.transfers))  # every transfer in one message
     assert sum(p.stage_compute) == pytest.approx(bd.compute_time + bd.stage_time)
 
 
 def test_plans_for_graph_models_are_refused_by_name():
     cl = cluster("numpy", "numpy")
-    with pytest.raises(PlanError, match=f"the plan has {len(NAMES) - 1} entries but tiny_resnet has {len(NAMES)} "
-                                        "layers"):
+    with pytest.raises(
+        PlanError, match=f"the plan has {len(NAMES) - 1} entries but tiny_resnet has {len(NAMES)} layers"
+    ):
         check_plan(NET, cl, CUT[:-1])
     pairs = [[n, "a"] for n in NAMES] + [["b1.add", "b"]]
     with pytest.raises(PlanError, match="pairs: assignment places layer 'b1.add' on two devices, 'a' and 'b'"):
@@ -164,10 +193,10 @@ def test_run_takes_the_batchnorm_statistics_of_a_checkpoint(tmp_path):
     meta = {"config": {}, "epoch": 1, "rng": None, "test_acc": [], "train_loss": [], "sec_per_epoch": []}
     save_checkpoint(tmp_path / "ck", PARAMS, meta, {"bn": np.stack([flat, flat + 1])})
     got = load_state(tmp_path / "ck", NET)
-    assert all(np.array_equal(a, b) for a, b in zip(got, STATE))          # the first replica's
+    assert all(np.array_equal(a, b) for a, b in zip(got, STATE))  # the first replica's
     assert load_state(tmp_path / "ck" / "checkpoint.npz", NET) is not None
     np.savez(tmp_path / "p.npz", *PARAMS)
-    assert load_state(tmp_path / "p.npz", NET) is None                    # parameters only
+    assert load_state(tmp_path / "p.npz", NET) is None  # parameters only
     save_checkpoint(tmp_path / "other", PARAMS, meta, {"bn": np.zeros((1, 7), np.float32)})
     with pytest.raises(ParamsError, match="holds 7 BatchNorm statistics per replica but tiny_resnet has"):
         load_state(tmp_path / "other", NET)
@@ -185,8 +214,13 @@ def local_ray():
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                 _system_config=LOCAL_SYSTEM_CONFIG)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            _system_config=LOCAL_SYSTEM_CONFIG,
+        )
     yield
     if started:
         ray.shutdown()
@@ -198,10 +232,20 @@ def two_towers() -> Model:
     below) is 192 channels wide: at 64, oneDNN ran it in ~1.5 ms, before paddle's stage had
     started under load (CI at efaaad2: overlap in 2 items of 6); at 192 it takes ~12 ms and
     the two overlapped in 10 items of 10, twice, beside a busy loop on one core."""
+
     def tower(width: int) -> list:
         return [Conv2d(width, 3, 1, 1), ReLU(), Conv2d(width, 3, 1, 1), ReLU(), Conv2d(64, 3, 1, 1)]
-    return Model([Parallel([tower(192), tower(64)], join="add", join_name="join"), GlobalAvgPool2d(name="pool"),
-                  Flatten(name="flat"), Dense(10, name="fc")], (16, 32, 32), name="towers")
+
+    return Model(
+        [
+            Parallel([tower(192), tower(64)], join="add", join_name="join"),
+            GlobalAvgPool2d(name="pool"),
+            Flatten(name="flat"),
+            Dense(10, name="fc"),
+        ],
+        (16, 32, 32),
+        name="towers",
+    )
 
 
 @pytest.mark.slow
@@ -213,9 +257,11 @@ def test_cut_residual_blocks_on_mixed_frameworks_equal_the_unpartitioned_model(l
     tparams = towers.init_params(3)
     tx = np.random.default_rng(4).random((10, 16, 32, 32), dtype=np.float32)
     tnames = [n for n, _ in towers.layers]
-    split = ["b" if n.startswith("conv2d") and int(n[6:]) > 3 or n.startswith("relu") and int(n[4:]) > 2
-             else "a" for n in tnames]
-    split[tnames.index("join"):] = ["driver"] * (len(tnames) - tnames.index("join"))
+    split = [
+        "b" if n.startswith("conv2d") and int(n[6:]) > 3 or n.startswith("relu") and int(n[4:]) > 2 else "a"
+        for n in tnames
+    ]
+    split[tnames.index("join") :] = ["driver"] * (len(tnames) - tnames.index("join"))
     with Session(cluster(*FRAMEWORKS)) as s:
         backends = {w.device: w.backend for w in s.workers.info.values()}
         assert backends == {"driver": "numpy", "a": "torch", "b": "paddle", "c": "mxnet"}
@@ -244,22 +290,29 @@ def test_cut_residual_blocks_on_mixed_frameworks_equal_the_unpartitioned_model(l
         assert "hop driver -> a (input->s1: input)" in r.format_timing()
     assert {w["device"] for w in cut.workers} == {"driver", "a", "b", "c"}
     assert cut.param_bytes == sum(p.nbytes for p in PARAMS)
-    np.testing.assert_allclose(streamed.outputs, np.concatenate([ref] * 4), atol=1e-5, rtol=0)   # in order
+    np.testing.assert_allclose(streamed.outputs, np.concatenate([ref] * 4), atol=1e-5, rtol=0)  # in order
     assert streamed.items_per_second and [row["kind"] for row in streamed.compare_rows()][-1] == "stream"
     np.testing.assert_allclose(both.outputs, reference(towers, tparams, tx), atol=1e-5, rtol=0)
     # The towers ran at the same time (the driver submits both at once, each takes the
     # input as soon as it is there): their intervals intersect in most items.
     assert {both.stages[0].device, both.stages[1].device} == {"a", "b"}
     assert both.overlapped(0, 1) >= 0.5, (both.stage_starts, both.stage_times)
-    assert cut.overlapped(0, 1) == 0.0   # stage 2 waits for stage 1's output
+    assert cut.overlapped(0, 1) == 0.0  # stage 2 waits for stage 1's output
 
 
 def lopsided() -> Model:
     """A cheap 1x1 convolution beside a tower of two 3x3 ones (~10 ms on one thread), added."""
     heavy = [Conv2d(64, 3, 1, 1), ReLU(), Conv2d(64, 3, 1, 1)]
-    return Model([Parallel([[Conv2d(64, 1, 1, 0)], heavy], join="add", join_name="join"),
-                  GlobalAvgPool2d(name="pool"), Flatten(name="flat"), Dense(10, name="fc")], (16, 32, 32),
-                 name="lopsided")
+    return Model(
+        [
+            Parallel([[Conv2d(64, 1, 1, 0)], heavy], join="add", join_name="join"),
+            GlobalAvgPool2d(name="pool"),
+            Flatten(name="flat"),
+            Dense(10, name="fc"),
+        ],
+        (16, 32, 32),
+        name="lopsided",
+    )
 
 
 @pytest.mark.slow
@@ -277,26 +330,33 @@ def test_a_worker_with_two_stages_of_an_item_takes_the_next_items_first_stage_wh
         r = s.run(model, params, plan, x, stream=True, warmup=1)
     np.testing.assert_allclose(r.outputs, reference(model, params, x), atol=1e-5, rtol=0)
     assert [(st.device, st.first) for st in r.stages] == [("a", "conv2d1"), ("b", "conv2d2"), ("a", "join")]
-    starts = r.stage_starts + r.sent_at[:, None]    # one timeline: seconds after the first item's send
+    starts = r.stage_starts + r.sent_at[:, None]  # one timeline: seconds after the first item's send
     ends = starts + r.stage_times
     ahead = np.mean(starts[1:, 0] < starts[:-1, 2])  # item k+1's first stage began before item k's join
     assert ahead >= 0.5, (starts, ends)
-    assert (starts[:, 2] >= ends[:, 0]).all()        # within an item, a's join after its first stage
+    assert (starts[:, 2] >= ends[:, 0]).all()  # within an item, a's join after its first stage
 
 
 def early() -> Model:
     """A stem whose output feeds a heavy tower (three 192-channel 3x3 convolutions, ~12 ms
     on one thread) and a light one, added."""
     heavy = [Conv2d(192, 3, 1, 1), ReLU(), Conv2d(192, 3, 1, 1), ReLU(), Conv2d(16, 3, 1, 1)]
-    return Model([Conv2d(16, 3, 1, 1, name="stem"),
-                  Parallel([heavy, [Conv2d(16, 1, 1, 0), ReLU()]], join="add", join_name="join"),
-                  GlobalAvgPool2d(name="pool"), Flatten(name="flat"), Dense(10, name="fc")], (16, 32, 32),
-                 name="early")
+    return Model(
+        [
+            Conv2d(16, 3, 1, 1, name="stem"),
+            Parallel([heavy, [Conv2d(16, 1, 1, 0), ReLU()]], join="add", join_name="join"),
+            GlobalAvgPool2d(name="pool"),
+            Flatten(name="flat"),
+            Dense(10, name="fc"),
+        ],
+        (16, 32, 32),
+        name="early",
+    )
 
 
 @pytest.mark.slow
 def test_a_message_leaves_when_its_layer_is_done_not_when_its_stage_is(local_ray):
-    """"a" runs the stem and the heavy tower as one stage; "b" the light tower on the
+    """ "a" runs the stem and the heavy tower as one stage; "b" the light tower on the
     stem's output. The stem's output leaves after the stem (the stage's first part), so
     b's stage runs while a's heavy tower does, as the makespan models it."""
     model = early()

@@ -1,5 +1,6 @@
 """Plans that run, without Ray: plan files, stages, measured figures in the cost model,
 link fits, CLI parsing, inputs and parameters, and every bad input caught before Ray starts."""
+
 from __future__ import annotations
 
 import itertools
@@ -32,7 +33,8 @@ def cluster(**kw) -> Cluster:
     devices = kw.pop("devices", None) or (
         DeviceSpec("driver", 1e9, 0.0, backend="numpy"),
         DeviceSpec("a", 2e9, 0.0, backend="torch", threads=1),
-        DeviceSpec("b", 4e9, 0.0, backend="paddle", device="cpu", threads=2))
+        DeviceSpec("b", 4e9, 0.0, backend="paddle", device="cpu", threads=2),
+    )
     return Cluster(devices=devices, source="driver", default_link=LinkSpec(1e8, 1e-3), **kw)
 
 
@@ -48,10 +50,16 @@ def test_read_plan_takes_a_list_the_partition_json_and_files(tmp_path):
     assert read_plan(str(f)) == plan
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"time": 1}, "without an \"assignment\""), ("", "cannot read"), ([], "empty"), ([1, 2], "entry 0 is 1"),
-    (42, "must list one device name per layer"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"time": 1}, 'without an "assignment"'),
+        ("", "cannot read"),
+        ([], "empty"),
+        ([1, 2], "entry 0 is 1"),
+        (42, "must list one device name per layer"),
+    ],
+)
 def test_read_plan_rejects_what_is_not_a_plan(bad, match, tmp_path):
     with pytest.raises(PlanError, match=match):
         read_plan(bad)
@@ -59,7 +67,7 @@ def test_read_plan_rejects_what_is_not_a_plan(bad, match, tmp_path):
 
 def test_read_plan_names_a_malformed_file(tmp_path):
     f = tmp_path / "plan.json"
-    f.write_text("[\"a\",")
+    f.write_text('["a",')
     with pytest.raises(PlanError, match="plan.json.*not JSON.*line 1"):
         read_plan(f)
 
@@ -67,7 +75,10 @@ def test_read_plan_names_a_malformed_file(tmp_path):
 def test_stages_are_runs_of_equal_names_and_a_device_may_host_two():
     stages = split_stages(["a", "a", "b", "a"], ["l1", "l2", "l3", "l4"])
     assert [(s.device, s.start, s.stop, s.first, s.last) for s in stages] == [
-        ("a", 0, 2, "l1", "l2"), ("b", 2, 3, "l3", "l3"), ("a", 3, 4, "l4", "l4")]
+        ("a", 0, 2, "l1", "l2"),
+        ("b", 2, 3, "l3", "l3"),
+        ("a", 3, 4, "l4", "l4"),
+    ]
     assert stages[1].label() == "stage 2 (l3) on device 'b'"
     x = check_plan(LENET, cluster(), ["a"] * 3 + ["b"] * 4 + ["a"] * 3)
     assert x.workers == ["a", "b"] and x.driver == "driver" and len(x.stages) == 3
@@ -85,12 +96,14 @@ def test_worker_params_are_the_slices_each_device_uses():
 def test_check_plan_errors_name_the_bad_value_and_the_fix():
     with pytest.raises(PlanError, match="plan has 3 entries but lenet has 10 layers.*multigpu partition"):
         check_plan(LENET, cluster(), ["a"] * 3)
-    with pytest.raises(PlanError, match="layer 'fc4' on device 'gpu9', which cluster .* lacks; its devices "
-                                        "are: driver, a, b"):
+    with pytest.raises(
+        PlanError, match="layer 'fc4' on device 'gpu9', which cluster .* lacks; its devices are: driver, a, b"
+    ):
         check_plan(LENET, cluster(), ["a"] * 9 + ["gpu9"])
     bare = cluster(devices=(DeviceSpec("driver", 1e9, 0.0), DeviceSpec("a", 1e9, 0.0, backend="torch")))
-    with pytest.raises(PlanError, match="stage 1 \\(conv1\\) on device 'driver' cannot run.*the driver.*"
-                                        "add e.g. \"backend\""):
+    with pytest.raises(
+        PlanError, match="stage 1 \\(conv1\\) on device 'driver' cannot run.*the driver.*add e.g. \"backend\""
+    ):
         check_plan(LENET, bare, ["driver"] + ["a"] * 9)
     away = cluster(sink="a")
     with pytest.raises(PlanError, match="sink 'a' but source 'driver'"):
@@ -106,31 +119,37 @@ def test_bad_inputs_fail_before_ray_starts(monkeypatch):
     with pytest.raises(PlanError, match="engine='fast' is unknown"):
         run_partitioned(LENET, None, ["a"] * 10, np.zeros((1, 1, 28, 28), np.float32), cl, engine="fast")
     real = registry.importlib.util.find_spec
-    monkeypatch.setattr(registry.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "paddle" else real(name, *a))
-    with pytest.raises(BackendNotInstalledError, match="stage 2 \\(pool2..fc4\\) on device 'b'.*"
-                                                       "pip install 'multigpu\\[paddle\\]'"):
+    monkeypatch.setattr(
+        registry.importlib.util, "find_spec", lambda name, *a: None if name == "paddle" else real(name, *a)
+    )
+    with pytest.raises(
+        BackendNotInstalledError, match="stage 2 \\(pool2..fc4\\) on device 'b'.*pip install 'multigpu\\[paddle\\]'"
+    ):
         run_partitioned(LENET, None, ["a"] * 5 + ["b"] * 5, np.zeros((1, 1, 28, 28), np.float32), cl)
 
 
 def test_importing_multigpu_and_the_executor_loads_no_ray_and_no_framework(tmp_path):
-    code = ("import sys, json, multigpu, multigpu.cli, multigpu.execution\n"
-            "multigpu.cli.build_parser(); multigpu.run_partitioned; multigpu.profile\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('ray', 'torch', 'mxnet', 'paddle'))))\n")
+    code = (
+        "import sys, json, multigpu, multigpu.cli, multigpu.execution\n"
+        "multigpu.cli.build_parser(); multigpu.run_partitioned; multigpu.profile\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('ray', 'torch', 'mxnet', 'paddle'))))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_ray_missing_names_the_cluster_extra(tmp_path):
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "import numpy as np, multigpu\n"
-            "from multigpu.partition import Cluster, DeviceSpec\n"
-            "cl = Cluster(devices=(DeviceSpec('d', 1e9, 0, backend='numpy'),), source='d')\n"
-            "try:\n"
-            "    multigpu.run_partitioned('lenet', None, ['d'] * 10, np.zeros((1, 1, 28, 28), np.float32), cl)\n"
-            "except multigpu.errors.MissingDependencyError as e:\n"
-            "    print('MISSING', e)\n")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import numpy as np, multigpu\n"
+        "from multigpu.partition import Cluster, DeviceSpec\n"
+        "cl = Cluster(devices=(DeviceSpec('d', 1e9, 0, backend='numpy'),), source='d')\n"
+        "try:\n"
+        "    multigpu.run_partitioned('lenet', None, ['d'] * 10, np.zeros((1, 1, 28, 28), np.float32), cl)\n"
+        "except multigpu.errors.MissingDependencyError as e:\n"
+        "    print('MISSING', e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert "MISSING" in out.stdout and "pip install 'multigpu[cluster]'" in out.stdout
 
@@ -141,9 +160,21 @@ def lenet_times(scale: float = 1e-4) -> dict[str, float]:
 
 
 def test_layer_times_round_trip_through_the_file_and_override_flops(tmp_path):
-    cl = cluster(devices=(DeviceSpec("driver", 1e9, 0.0, backend="numpy"),
-                          DeviceSpec("a", 2e9, 0.0, backend="torch", threads=1, resources={"CPU": 1},
-                                     layer_times={"lenet(batch=1)": lenet_times()}, stage_overhead=2e-5)))
+    cl = cluster(
+        devices=(
+            DeviceSpec("driver", 1e9, 0.0, backend="numpy"),
+            DeviceSpec(
+                "a",
+                2e9,
+                0.0,
+                backend="torch",
+                threads=1,
+                resources={"CPU": 1},
+                layer_times={"lenet(batch=1)": lenet_times()},
+                stage_overhead=2e-5,
+            ),
+        )
+    )
     f = tmp_path / "c.json"
     f.write_text(json.dumps(cl.to_dict()))
     back = load_cluster(f)
@@ -151,41 +182,53 @@ def test_layer_times_round_trip_through_the_file_and_override_flops(tmp_path):
     g = graph_from_model(LENET, 1)
     table = compute_times(g, back)
     np.testing.assert_allclose(table[:, 1], list(lenet_times().values()))
-    np.testing.assert_allclose(table[:, 0], g.flops / 1e9)          # the driver has no profile
-    g8 = graph_from_model(LENET, 8)                                 # another graph: FLOP/s again
+    np.testing.assert_allclose(table[:, 0], g.flops / 1e9)  # the driver has no profile
+    g8 = graph_from_model(LENET, 8)  # another graph: FLOP/s again
     np.testing.assert_allclose(compute_times(g8, back)[:, 1], g8.flops / 2e9)
 
 
-@pytest.mark.parametrize("times, match", [
-    ({"lenet(batch=1)": {**lenet_times(), "conv9": 1e-4}}, "time for layer 'conv9', which graph "
-                                                          "'lenet\\(batch=1\\)' lacks"),
-    ({"lenet(batch=1)": {k: v for k, v in lenet_times().items() if k != "fc4"}}, "no time for layer 'fc4'"),
-])
+@pytest.mark.parametrize(
+    "times, match",
+    [
+        (
+            {"lenet(batch=1)": {**lenet_times(), "conv9": 1e-4}},
+            "time for layer 'conv9', which graph 'lenet\\(batch=1\\)' lacks",
+        ),
+        ({"lenet(batch=1)": {k: v for k, v in lenet_times().items() if k != "fc4"}}, "no time for layer 'fc4'"),
+    ],
+)
 def test_a_measured_time_for_a_layer_the_graph_lacks_is_an_error(times, match):
-    cl = cluster(devices=(DeviceSpec("driver", 1e9, 0.0, backend="numpy"),
-                          DeviceSpec("a", 2e9, 0.0, backend="numpy", layer_times=times)))
+    cl = cluster(
+        devices=(
+            DeviceSpec("driver", 1e9, 0.0, backend="numpy"),
+            DeviceSpec("a", 2e9, 0.0, backend="numpy", layer_times=times),
+        )
+    )
     g = graph_from_model(LENET, 1)
     with pytest.raises(ClusterError, match=match):
         evaluate(g, cl, ["a"] * 10)
     with pytest.raises(ClusterError, match=match):
         autopartition(g, cl)
-    with pytest.raises(ClusterError, match=match):   # the executor refuses before starting Ray
+    with pytest.raises(ClusterError, match=match):  # the executor refuses before starting Ray
         run_partitioned(LENET, None, ["a"] * 10, np.zeros((1, 1, 28, 28), np.float32), cl)
 
 
-@pytest.mark.parametrize("entry, match", [
-    ({"layer_times": {"lenet(batch=1)": {"conv1": -1.0}}}, "must be greater than 0"),
-    ({"layer_times": {"lenet(batch=1)": {"conv1": float("nan")}}}, "=nan must be a finite number"),
-    ({"layer_times": {"lenet(batch=1)": {"conv1": "fast"}}}, "must be a number"),
-    ({"layer_times": {"lenet(batch=1)": {}}}, "non-empty object mapping layer names"),
-    ({"layer_times": []}, "graph name"),
-    ({"threads": 0}, "threads=0 must be a positive integer"),
-    ({"device": "tpu:0"}, "not a framework device"),
-    ({"resources": {"pi1": 0}}, "resources\\['pi1'\\]=0 must be greater than 0"),
-    ({"stage_overhead": -1e-3}, "stage_overhead=-0.001 must be at least 0"),
-    ({"backend": ""}, "backend must be a non-empty string"),
-    ({"layer_time": {}}, "unknown key 'layer_time'"),
-])
+@pytest.mark.parametrize(
+    "entry, match",
+    [
+        ({"layer_times": {"lenet(batch=1)": {"conv1": -1.0}}}, "must be greater than 0"),
+        ({"layer_times": {"lenet(batch=1)": {"conv1": float("nan")}}}, "=nan must be a finite number"),
+        ({"layer_times": {"lenet(batch=1)": {"conv1": "fast"}}}, "must be a number"),
+        ({"layer_times": {"lenet(batch=1)": {}}}, "non-empty object mapping layer names"),
+        ({"layer_times": []}, "graph name"),
+        ({"threads": 0}, "threads=0 must be a positive integer"),
+        ({"device": "tpu:0"}, "not a framework device"),
+        ({"resources": {"pi1": 0}}, "resources\\['pi1'\\]=0 must be greater than 0"),
+        ({"stage_overhead": -1e-3}, "stage_overhead=-0.001 must be at least 0"),
+        ({"backend": ""}, "backend must be a non-empty string"),
+        ({"layer_time": {}}, "unknown key 'layer_time'"),
+    ],
+)
 def test_bad_measured_or_execution_fields_are_rejected_on_load(entry, match, tmp_path):
     data = {"devices": [{"name": "d", "flops": 1e9, "power": 0, **entry}], "source": "d"}
     f = tmp_path / "c.json"
@@ -204,9 +247,14 @@ def test_measured_times_change_the_plan_where_they_should():
     devs = [DeviceSpec("a", 1e12, 0.0), DeviceSpec("b", 1e9, 0.0)]
     nominal = Cluster(devices=tuple(devs), source="a", default_link=LinkSpec(1e9, 1e-4))
     assert autopartition(g, nominal).assignment == ["a"] * 10
-    measured = Cluster(devices=(DeviceSpec("a", 1e12, 0.0, layer_times={g.name: ta}),
-                                DeviceSpec("b", 1e9, 0.0, layer_times={g.name: tb})),
-                       source="a", default_link=LinkSpec(1e9, 1e-4))
+    measured = Cluster(
+        devices=(
+            DeviceSpec("a", 1e12, 0.0, layer_times={g.name: ta}),
+            DeviceSpec("b", 1e9, 0.0, layer_times={g.name: tb}),
+        ),
+        source="a",
+        default_link=LinkSpec(1e9, 1e-4),
+    )
     plan = autopartition(g, measured)
     assert plan.assignment == ["a"] * 6 + ["b"] * 4
     assert plan.breakdown.layers[0].compute_time == 1e-5
@@ -221,15 +269,30 @@ def overhead_instances(draw):
     devices = []
     for d in range(k):
         times = {nm: draw(st.floats(1e-4, 1e-2)) for nm in names}
-        devices.append(DeviceSpec(f"d{d}", draw(st.floats(1e8, 1e10)), draw(st.floats(0, 50)),
-                                  layer_times={"g": times} if draw(st.booleans()) else None,
-                                  stage_overhead=draw(st.sampled_from([0.0, 1e-4, 3e-3]))))
+        devices.append(
+            DeviceSpec(
+                f"d{d}",
+                draw(st.floats(1e8, 1e10)),
+                draw(st.floats(0, 50)),
+                layer_times={"g": times} if draw(st.booleans()) else None,
+                stage_overhead=draw(st.sampled_from([0.0, 1e-4, 3e-3])),
+            )
+        )
     src = draw(st.integers(0, k - 1))
-    cl = Cluster(devices=tuple(devices), source=f"d{src}",
-                 default_link=LinkSpec(draw(st.floats(1e5, 1e9)), draw(st.floats(0, 1e-3)), draw(st.floats(0, 5))))
+    cl = Cluster(
+        devices=tuple(devices),
+        source=f"d{src}",
+        default_link=LinkSpec(draw(st.floats(1e5, 1e9)), draw(st.floats(0, 1e-3)), draw(st.floats(0, 5))),
+    )
     from multigpu.partition import Graph, LayerSpec
-    g = Graph(layers=tuple(LayerSpec(nm, draw(st.floats(1e5, 1e8)), draw(st.floats(0, 1e5)),
-                                     draw(st.floats(4, 1e5))) for nm in names), input_bytes=1e4, name="g")
+
+    g = Graph(
+        layers=tuple(
+            LayerSpec(nm, draw(st.floats(1e5, 1e8)), draw(st.floats(0, 1e5)), draw(st.floats(4, 1e5))) for nm in names
+        ),
+        input_bytes=1e4,
+        name="g",
+    )
     return g, cl, draw(st.sampled_from([(1.0, 0.0), (0.0, 1.0), (1.0, 0.3)]))
 
 
@@ -276,15 +339,20 @@ def test_stage_overhead_and_layer_times_keep_the_optimum_exact(inst):
 def test_predict_splits_the_model_into_stages_and_hops():
     g = graph_from_model(LENET, 1)
     times = {"lenet(batch=1)": lenet_times()}
-    cl = cluster(devices=(DeviceSpec("driver", 1e9, 0.0, backend="numpy"),
-                          DeviceSpec("a", 2e9, 0.0, backend="torch", layer_times=times, stage_overhead=1e-3),
-                          DeviceSpec("b", 4e9, 0.0, backend="torch", layer_times=times)))
+    cl = cluster(
+        devices=(
+            DeviceSpec("driver", 1e9, 0.0, backend="numpy"),
+            DeviceSpec("a", 2e9, 0.0, backend="torch", layer_times=times, stage_overhead=1e-3),
+            DeviceSpec("b", 4e9, 0.0, backend="torch", layer_times=times),
+        )
+    )
     p = predict(check_plan(LENET, cl, ["a"] * 4 + ["b"] * 6))
     assert p.stage_compute[0] == pytest.approx(sum(list(lenet_times().values())[:4]) + 1e-3)
     assert p.stage_compute[1] == pytest.approx(sum(list(lenet_times().values())[4:]))
     link = 1e-3
-    assert p.hops == pytest.approx([g.input_bytes / 1e8 + link, g.output_bytes[3] / 1e8 + link,
-                                    g.output_bytes[-1] / 1e8 + link])
+    assert p.hops == pytest.approx(
+        [g.input_bytes / 1e8 + link, g.output_bytes[3] / 1e8 + link, g.output_bytes[-1] / 1e8 + link]
+    )
     assert p.end_to_end == pytest.approx(sum(p.stage_compute) + sum(p.hops))
     assert p.measured == ["a", "b"] and p.throughput == pytest.approx(1 / p.bottleneck)
 
@@ -294,9 +362,9 @@ def test_fit_link_recovers_latency_and_bandwidth():
     sizes = [40, 4000, 40000, 400000, 4000000]
     lat, bw = fit_link([(b, 3e-4 + b / 5e8) for b in sizes])
     assert lat == pytest.approx(3e-4, rel=1e-6) and bw == pytest.approx(5e8, rel=1e-6)
-    lat, bw = fit_link([(b, 2e-4) for b in sizes])              # no per-byte cost: latency only
+    lat, bw = fit_link([(b, 2e-4) for b in sizes])  # no per-byte cost: latency only
     assert lat == pytest.approx(2e-4) and bw >= 1e14
-    lat, bw = fit_link([(b, b / 1e9) for b in sizes[1:]])       # no latency
+    lat, bw = fit_link([(b, b / 1e9) for b in sizes[1:]])  # no latency
     assert lat == pytest.approx(0, abs=1e-12) and bw == pytest.approx(1e9, rel=1e-6)
 
 
@@ -311,12 +379,12 @@ def test_small_payloads_get_a_latency_of_their_own():
     assert fit.predict(40) == pytest.approx(1e-2 + 40e-6) and fit.predict(4000) == pytest.approx(2e-2 + 4e-3)
     # Samples on one side only: the one-latency fit, and no inline latency.
     assert fit_link_regimes([(b, 3e-4 + b / 5e8) for b in sizes], 10)[2] is None
-    assert fit_link_regimes([(b, 3e-4 + b / 5e8) for b in sizes], 10 ** 9)[:2] == pytest.approx((3e-4, 5e8))
+    assert fit_link_regimes([(b, 3e-4 + b / 5e8) for b in sizes], 10**9)[:2] == pytest.approx((3e-4, 5e8))
     # The probe sizes straddle a threshold inside the activations' span.
     with_inline = link_sizes([LENET], 1, inline_bytes=768)
     assert any(s <= 768 for s in with_inline[1:]) and sum(s > 768 for s in with_inline) >= 2
     assert 384 in with_inline and 1536 in with_inline
-    assert link_sizes([LENET], 1, inline_bytes=64 * 2 ** 20) == link_sizes([LENET], 1)
+    assert link_sizes([LENET], 1, inline_bytes=64 * 2**20) == link_sizes([LENET], 1)
 
 
 def test_link_sizes_span_every_activation():
@@ -351,16 +419,23 @@ def test_profile_worker_specs():
     assert _parse_worker("torch") == {"name": "torch", "backend": "torch", "device": "cpu", "threads": None}
     assert _parse_worker("torch:cpu:1")["name"] == "torch-1t"
     assert _parse_worker("mxnet:2") == {"name": "mxnet-2t", "backend": "mxnet", "device": "cpu", "threads": 2}
-    assert _parse_worker("torch:gpu:0:4") == {"name": "torch-gpu0-4t", "backend": "torch", "device": "gpu:0",
-                                              "threads": 4}
+    assert _parse_worker("torch:gpu:0:4") == {
+        "name": "torch-gpu0-4t",
+        "backend": "torch",
+        "device": "gpu:0",
+        "threads": 4,
+    }
     with pytest.raises(PlanError, match="not BACKEND\\[:DEVICE\\]\\[:THREADS\\]"):
         _parse_worker("torch:fast")
 
 
 def test_params_load_from_a_checkpoint_folder_its_file_or_an_npz(tmp_path):
     params = LENET.init_params(3)
-    save_checkpoint(tmp_path / "ck", params, {"config": {}, "epoch": 1, "rng": {}, "test_acc": [0.1],
-                                              "train_loss": [2.3], "sec_per_epoch": [1.0]})
+    save_checkpoint(
+        tmp_path / "ck",
+        params,
+        {"config": {}, "epoch": 1, "rng": {}, "test_acc": [0.1], "train_loss": [2.3], "sec_per_epoch": [1.0]},
+    )
     for where in (tmp_path / "ck", tmp_path / "ck" / "checkpoint.npz"):
         for p, q in zip(load_params(where), params):
             np.testing.assert_array_equal(p, q)
@@ -395,7 +470,7 @@ def test_real_images_come_with_labels_and_class_names():
         pytest.skip("real Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
     im = load_images("fashion-mnist:test:0-9", LENET)
     assert im.x.shape == (10, 1, 28, 28) and im.x.dtype == np.float32 and 0 <= im.x.min() and im.x.max() <= 1
-    assert im.classes[int(im.labels[0])] == "Ankle boot"      # the first test image
+    assert im.classes[int(im.labels[0])] == "Ankle boot"  # the first test image
     with pytest.raises(InputError, match="rows 0-9999"):
         load_images("fashion-mnist:test:9990-10010", LENET)
 

@@ -2,6 +2,7 @@
 mixed frameworks, streaming order, the profiler, and every fault with a clear error and
 nothing left behind. One Ray instance serves the whole module (the fault test that
 kills a worker starts its own, in a subprocess, to prove that instance goes away too)."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ from multigpu.partition import Cluster, DeviceSpec, LinkSpec, autopartition, eva
 ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
 
 LENET = multigpu.models.lenet()
-PARAMS = LENET.init_params(1, scale=0.1)   # larger than the 0.01 init, so outputs differ by input
+PARAMS = LENET.init_params(1, scale=0.1)  # larger than the 0.01 init, so outputs differ by input
 FRAMEWORKS = [b for b in ("torch", "paddle", "mxnet") if b in multigpu.available_backends()]
 
 
@@ -81,8 +82,13 @@ def local_ray():
     before = descendants(os.getpid())
     from multigpu.execution.engine import LOCAL_SYSTEM_CONFIG
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             _system_config=LOCAL_SYSTEM_CONFIG)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+        _system_config=LOCAL_SYSTEM_CONFIG,
+    )
     seen = descendants(os.getpid()) - before
     assert seen, "ray.init started no process"
     workers: set[int] = set()
@@ -94,8 +100,10 @@ def local_ray():
 
 def record(workers: set[int]):
     """An ``on_workers`` callback that remembers every worker process."""
+
     def cb(info):
         workers.update(w["pid"] for w in info if not w["local"])
+
     return cb
 
 
@@ -107,8 +115,11 @@ def reference(x: np.ndarray, params=PARAMS) -> np.ndarray:
 
 
 def cluster(*workers: DeviceSpec, driver_backend: str = "numpy") -> Cluster:
-    return Cluster(devices=(DeviceSpec("driver", 1e9, 0.0, backend=driver_backend), *workers),
-                   source="driver", default_link=LinkSpec(1e8, 1e-3))
+    return Cluster(
+        devices=(DeviceSpec("driver", 1e9, 0.0, backend=driver_backend), *workers),
+        source="driver",
+        default_link=LinkSpec(1e8, 1e-3),
+    )
 
 
 def inputs(n: int, seed: int = 0) -> np.ndarray:
@@ -121,8 +132,7 @@ def test_two_and_three_stage_runs_equal_the_unpartitioned_forward(local_ray):
     x = inputs(6)
     ref = reference(x)
     two = run_partitioned(LENET, PARAMS, ["a"] * 5 + ["b"] * 5, x, cl, on_workers=record(local_ray))
-    three = run_partitioned(LENET, PARAMS, ["a"] * 3 + ["b"] * 4 + ["driver"] * 3, x, cl,
-                            on_workers=record(local_ray))
+    three = run_partitioned(LENET, PARAMS, ["a"] * 3 + ["b"] * 4 + ["driver"] * 3, x, cl, on_workers=record(local_ray))
     for r, stages in ((two, 2), (three, 3)):
         np.testing.assert_allclose(r.outputs, ref, atol=1e-5, rtol=0)
         assert len(r.stages) == stages and r.stage_times.shape == (6, stages) and r.hop_times.shape == (6, stages + 1)
@@ -131,7 +141,7 @@ def test_two_and_three_stage_runs_equal_the_unpartitioned_forward(local_ray):
         np.testing.assert_allclose(r.stage_times.sum(1) + r.hop_times.sum(1), r.end_to_end, rtol=1e-9, atol=1e-9)
         hops = sum(a != b for a, b in r.hop_routes)
         assert r.prediction is not None and len(r.compare_rows()) == stages + hops + 1
-    shipped = sum(p.nbytes for p in PARAMS)          # every parameter lives on a worker
+    shipped = sum(p.nbytes for p in PARAMS)  # every parameter lives on a worker
     assert two.param_bytes == shipped and two.param_seconds > 0
     assert three.param_bytes == sum(PARAMS[i].nbytes for i in (0, 1, 2, 3))  # fc3/fc4 stay in the driver
     assert [w["device"] for w in three.workers if w["local"]] == ["driver"]
@@ -140,9 +150,11 @@ def test_two_and_three_stage_runs_equal_the_unpartitioned_forward(local_ray):
 
 @pytest.mark.skipif(len(FRAMEWORKS) < 3, reason="needs torch, paddle and mxnet")
 def test_mixed_frameworks_each_in_its_own_process_give_the_same_outputs(local_ray):
-    cl = cluster(DeviceSpec("t", 1e9, 0.0, backend="torch", threads=1),
-                 DeviceSpec("p", 1e9, 0.0, backend="paddle", threads=1),
-                 DeviceSpec("m", 1e9, 0.0, backend="mxnet", threads=1))
+    cl = cluster(
+        DeviceSpec("t", 1e9, 0.0, backend="torch", threads=1),
+        DeviceSpec("p", 1e9, 0.0, backend="paddle", threads=1),
+        DeviceSpec("m", 1e9, 0.0, backend="mxnet", threads=1),
+    )
     x = inputs(5, seed=2)
     r = run_partitioned(LENET, PARAMS, ["t"] * 3 + ["p"] * 4 + ["m"] * 3, x, cl, on_workers=record(local_ray))
     np.testing.assert_allclose(r.outputs, reference(x), atol=1e-5, rtol=0)
@@ -155,10 +167,19 @@ def test_mixed_frameworks_each_in_its_own_process_give_the_same_outputs(local_ra
 def test_streaming_returns_every_item_once_in_order(local_ray, window):
     cl = cluster(DeviceSpec("a", 1e9, 0.0, backend="numpy"), DeviceSpec("b", 1e9, 0.0, backend="numpy"))
     x = inputs(30, seed=3)
-    r = run_partitioned(LENET, PARAMS, ["a"] * 3 + ["driver"] * 3 + ["b"] * 4, x, cl, stream=True, window=window,
-                        warmup=0, on_workers=record(local_ray))
+    r = run_partitioned(
+        LENET,
+        PARAMS,
+        ["a"] * 3 + ["driver"] * 3 + ["b"] * 4,
+        x,
+        cl,
+        stream=True,
+        window=window,
+        warmup=0,
+        on_workers=record(local_ray),
+    )
     assert r.outputs.shape == (30, 10)
-    np.testing.assert_allclose(r.outputs, reference(x), atol=1e-5, rtol=0)   # row j is input j's
+    np.testing.assert_allclose(r.outputs, reference(x), atol=1e-5, rtol=0)  # row j is input j's
     assert r.items_per_second and r.items_per_second > 0 and r.stream
     assert [row["kind"] for row in r.compare_rows()] == ["stage"] * 3 + ["stream"]
 
@@ -167,7 +188,7 @@ def test_batches_split_the_inputs_and_keep_their_order(local_ray):
     cl = cluster(DeviceSpec("a", 1e9, 0.0, backend="numpy"))
     x = inputs(7, seed=4)
     r = run_partitioned(LENET, PARAMS, ["a"] * 10, x, cl, batch=3, on_workers=record(local_ray))
-    np.testing.assert_allclose(r.outputs, reference(x), atol=1e-5, rtol=0)   # all 7 rows, the short item's too
+    np.testing.assert_allclose(r.outputs, reference(x), atol=1e-5, rtol=0)  # all 7 rows, the short item's too
     # The figures are per item of 3 rows: the last item (1 row) is run but not timed, and says so.
     assert r.end_to_end.shape == (2,) and r.stage_times.shape == (2, 1) and r.hop_bytes[0] == 3 * 28 * 28 * 4
     assert any("1 of 3 rows" in n for n in r.notes) and "1 of 3 rows" in r.format_timing()
@@ -180,19 +201,23 @@ def test_fewer_inputs_than_one_batch_is_an_input_error_naming_both(local_ray):
 
 
 def test_a_session_runs_several_plans_on_the_same_workers(local_ray):
-    cl = cluster(DeviceSpec("a", 1e9, 0.0, backend="numpy"), DeviceSpec("b", 1e9, 0.0, backend="numpy"),
-                 DeviceSpec("c", 1e9, 0.0))   # no backend: not a worker
+    cl = cluster(
+        DeviceSpec("a", 1e9, 0.0, backend="numpy"),
+        DeviceSpec("b", 1e9, 0.0, backend="numpy"),
+        DeviceSpec("c", 1e9, 0.0),
+    )  # no backend: not a worker
     x = inputs(4, seed=6)
     with Session(cl, on_workers=record(local_ray)) as s:
         assert sorted(s.workers.actors) == ["a", "b"]
-        runs = [s.run(LENET, PARAMS, plan, x) for plan in (["a"] * 10, ["b"] * 4 + ["a"] * 6,
-                                                          ["driver"] * 2 + ["b"] * 8)]
+        runs = [
+            s.run(LENET, PARAMS, plan, x) for plan in (["a"] * 10, ["b"] * 4 + ["a"] * 6, ["driver"] * 2 + ["b"] * 8)
+        ]
         with pytest.raises(PlanError, match="device 'c' cannot run"):
             s.run(LENET, PARAMS, ["c"] * 10, x)
     for r in runs:
         np.testing.assert_allclose(r.outputs, reference(x), atol=1e-5, rtol=0)
     pids = [{w["device"]: w["pid"] for w in r.workers if not w["local"]} for r in runs]
-    assert pids[0]["a"] == pids[1]["a"] and pids[1]["b"] == pids[2]["b"]   # the same processes
+    assert pids[0]["a"] == pids[1]["a"] and pids[1]["b"] == pids[2]["b"]  # the same processes
     assert runs[1].param_bytes == sum(p.nbytes for p in PARAMS)
     with pytest.raises(PlanError, match="not open"):
         s.run(LENET, PARAMS, ["a"] * 10, x)
@@ -203,19 +228,41 @@ def test_compiled_graph_engine_gives_the_same_outputs_in_order(local_ray):
     x = inputs(12, seed=5)
     ref = reference(x)
     for stream in (False, True):
-        r = run_partitioned(LENET, PARAMS, ["driver"] * 2 + ["a"] * 3 + ["b"] * 5, x, cl, engine="compiled",
-                            stream=stream, on_workers=record(local_ray))
+        r = run_partitioned(
+            LENET,
+            PARAMS,
+            ["driver"] * 2 + ["a"] * 3 + ["b"] * 5,
+            x,
+            cl,
+            engine="compiled",
+            stream=stream,
+            on_workers=record(local_ray),
+        )
         np.testing.assert_allclose(r.outputs, ref, atol=1e-5, rtol=0)
         assert r.engine == "compiled"
     with pytest.raises(PlanError, match="driver's stages at the start or the end"):
-        run_partitioned(LENET, PARAMS, ["a"] * 3 + ["driver"] * 2 + ["b"] * 5, x[:1], cl, engine="compiled",
-                        on_workers=record(local_ray))
+        run_partitioned(
+            LENET,
+            PARAMS,
+            ["a"] * 3 + ["driver"] * 2 + ["b"] * 5,
+            x[:1],
+            cl,
+            engine="compiled",
+            on_workers=record(local_ray),
+        )
 
 
 def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path):
     backend = FRAMEWORKS[0] if FRAMEWORKS else "numpy"
-    res = profile("lenet", [{"name": "w1", "backend": backend, "threads": 1}, {"name": "w2", "backend": "numpy"}],
-                  driver={"name": "host", "backend": "numpy"}, repeats=4, warmup=1, link_repeats=4, progress=False)
+    res = profile(
+        "lenet",
+        [{"name": "w1", "backend": backend, "threads": 1}, {"name": "w2", "backend": "numpy"}],
+        driver={"name": "host", "backend": "numpy"},
+        repeats=4,
+        warmup=1,
+        link_repeats=4,
+        progress=False,
+    )
     path = res.write(tmp_path / "measured.json")
     cl = load_cluster(path)
     assert cl.names == ["host", "w1", "w2"] and cl.source == "host" == cl.sink
@@ -224,8 +271,9 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
         times = d.measured(g.name)
         assert list(times) == g.names and all(t > 0 for t in times.values())
         assert d.stage_overhead >= 0 and d.flops == pytest.approx(g.flops.sum() / sum(times.values()))
-    assert {frozenset(ln.between) for ln in cl.links} == {frozenset(p) for p in
-                                                          [("host", "w1"), ("host", "w2"), ("w1", "w2")]}
+    assert {frozenset(ln.between) for ln in cl.links} == {
+        frozenset(p) for p in [("host", "w1"), ("host", "w2"), ("w1", "w2")]
+    }
     assert all(f.latency > 0 and f.bandwidth > 0 for f in res.links)
     assert res.hop_vs_bare and all(h.ratio > 0 for h in res.hop_vs_bare)
     assert {x.layer for x in res.layers} == set(g.names) and all(x.q1 <= x.median <= x.q3 for x in res.layers)
@@ -238,8 +286,7 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     assert ("w1",) in routes and ("w2",) in routes and ("w1", "w2") in routes
     # Each worker alone also one way (the payload in, one float32 out), so the profile
     # prices a byte received apart from a byte sent.
-    assert {(s.route, s.sent) for s in res.transfer_cpu.samples if s.sent != s.nbytes} == {
-        (("w1",), 4), (("w2",), 4)}
+    assert {(s.route, s.sent) for s in res.transfer_cpu.samples if s.sent != s.nbytes} == {(("w1",), 4), (("w2",), 4)}
     assert all(d.transfer_cpu.receive_per_byte is not None for d in cl.devices)
     assert all(t > 0 for s in res.transfer_cpu.samples for t in s.cpu.values())
     # The report gives each device's two figures and the relay its one.
@@ -257,15 +304,20 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     assert any(p.device == "w1" and p.warm is not None for p in res.passes)
     plan = autopartition(g, cl)
     if plan.assignment != ["host"] * g.n:
-        assert plan.breakdown.layers[0].compute_time == \
-            cl.devices[cl.index(plan.assignment[0])].measured(g.name)["conv1"]
+        assert (
+            plan.breakdown.layers[0].compute_time == cl.devices[cl.index(plan.assignment[0])].measured(g.name)["conv1"]
+        )
     r = run_partitioned(LENET, PARAMS, ["w1"] * 5 + ["w2"] * 5, inputs(3), cl, on_workers=record(local_ray))
     assert r.prediction.measured == ["host", "w1", "w2"]
     bd = evaluate(g, cl, ["w1"] * 5 + ["w2"] * 5)
     assert r.prediction.bottleneck == bd.bottleneck
-    assert bd.hosts[0].load == pytest.approx(sum(d.compute_time + d.stage_overhead + d.transfer_cpu for d in bd.devices))
-    assert all(d.transfer_cpu.serial_fixed is not None and d.transfer_cpu.serial_fixed <= d.transfer_cpu.fixed
-               for d in cl.devices)
+    assert bd.hosts[0].load == pytest.approx(
+        sum(d.compute_time + d.stage_overhead + d.transfer_cpu for d in bd.devices)
+    )
+    assert all(
+        d.transfer_cpu.serial_fixed is not None and d.transfer_cpu.serial_fixed <= d.transfer_cpu.fixed
+        for d in cl.devices
+    )
     assert "predicted" in r.format_compare() and "end to end" in r.format_compare()
     # A local instance passes every payload inside Ray's messages: no stream to probe, no message bytes.
     assert res.streams == [] and cl.message_bytes is None
@@ -285,7 +337,7 @@ def test_a_stream_probe_loads_the_link_one_way(local_ray):
         ray.get(actor.set_probe_work.remote(2))
         x = np.arange(16384, dtype=np.float32)
         res = ray_engine.run_chain(s.workers, [("a", PROBE_SEND)], ["probe"], [x] * 3, window=3)
-        assert [y.tolist() for y in res.outputs] == [[0.0]] * 3     # one value back, the payload's first
+        assert [y.tolist() for y in res.outputs] == [[0.0]] * 3  # one value back, the payload's first
         got = time_streams(s.workers, ray_engine, ["a"], 65536, 8, 1, False)
     assert len(got) == 1 and got[0].worker == "a" and got[0].nbytes == 65536 and got[0].items == 8
     assert 0 < got[0].seconds < 1.0
@@ -322,7 +374,9 @@ def _stop_later(local_ray, device: str, sig: int, delay: float, stopped: list[in
         def fire():
             stopped.append(pid)
             os.kill(pid, sig)
+
         threading.Timer(delay, fire).start()
+
     return cb
 
 
@@ -331,13 +385,23 @@ def test_a_hung_worker_times_out_naming_its_stage_and_device(local_ray):
     stopped: list[int] = []
     t0 = time.monotonic()
     try:
-        with pytest.raises(WorkerTimeoutError, match="stage 2 \\(pool2..fc4\\) on device 'b' \\(its worker: pid \\d+ "
-                                                     "on host [^)]+\\) did not finish item \\d+ within 3 s"):
-            run_partitioned(LENET, PARAMS, ["a"] * 5 + ["b"] * 5, inputs(1000), cl, timeout=3.0,
-                            on_workers=_stop_later(local_ray, "b", signal.SIGSTOP, 1.0, stopped))
+        with pytest.raises(
+            WorkerTimeoutError,
+            match="stage 2 \\(pool2..fc4\\) on device 'b' \\(its worker: pid \\d+ "
+            "on host [^)]+\\) did not finish item \\d+ within 3 s",
+        ):
+            run_partitioned(
+                LENET,
+                PARAMS,
+                ["a"] * 5 + ["b"] * 5,
+                inputs(1000),
+                cl,
+                timeout=3.0,
+                on_workers=_stop_later(local_ray, "b", signal.SIGSTOP, 1.0, stopped),
+            )
         assert time.monotonic() - t0 < 60
     finally:
-        for pid in stopped:   # let the killed-but-stopped process die
+        for pid in stopped:  # let the killed-but-stopped process die
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
@@ -349,10 +413,20 @@ def test_a_worker_killed_inside_a_compiled_graph_raises_without_hanging(local_ra
     cl = cluster(DeviceSpec("a", 1e9, 0.0, backend="numpy"), DeviceSpec("b", 1e9, 0.0, backend="numpy"))
     killed: list[int] = []
     t0 = time.monotonic()
-    with pytest.raises(WorkerDiedError, match="stage 2 \\(pool2..fc4\\) on device 'b'|a worker of the compiled "
-                                              "graph.*device 'b'"):
-        run_partitioned(LENET, PARAMS, ["a"] * 5 + ["b"] * 5, inputs(20000), cl, engine="compiled", stream=True,
-                        timeout=20.0, on_workers=_stop_later(local_ray, "b", signal.SIGKILL, 1.0, killed))
+    with pytest.raises(
+        WorkerDiedError, match="stage 2 \\(pool2..fc4\\) on device 'b'|a worker of the compiled graph.*device 'b'"
+    ):
+        run_partitioned(
+            LENET,
+            PARAMS,
+            ["a"] * 5 + ["b"] * 5,
+            inputs(20000),
+            cl,
+            engine="compiled",
+            stream=True,
+            timeout=20.0,
+            on_workers=_stop_later(local_ray, "b", signal.SIGKILL, 1.0, killed),
+        )
     assert killed and time.monotonic() - t0 < 90
     assert not wait_gone(set(killed))
 
@@ -405,14 +479,19 @@ KILL_SCRIPT = textwrap.dedent("""
 def test_a_killed_worker_raises_naming_its_stage_and_leaves_nothing_behind(tmp_path):
     script = tmp_path / "kill.py"
     script.write_text(KILL_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(Path(__file__).parent)], capture_output=True, text=True,
-                          timeout=170, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["error"] is not None, "the run finished before the kill"
     assert "stage 2 (pool2..fc4) on device 'b'" in out["error"] and "died" in out["error"]
-    assert out["after_kill"] < 20.0               # well within the run's timeout: no hang
-    assert len(out["pids"]) >= 3                  # raylet, gcs_server and the workers at least
+    assert out["after_kill"] < 20.0  # well within the run's timeout: no hang
+    assert len(out["pids"]) >= 3  # raylet, gcs_server and the workers at least
     left = wait_gone(set(out["pids"]))
     assert not left, f"processes of the killed run still alive: {sorted(left)}"
 
@@ -451,16 +530,30 @@ def test_joining_a_started_cluster_pins_workers_by_resources_and_leaves_it_runni
     import socket
     import tempfile
 
-    temp = tempfile.mkdtemp(prefix="mgray", dir="/tmp")   # short: Ray's socket paths have a length limit
+    temp = tempfile.mkdtemp(prefix="mgray", dir="/tmp")  # short: Ray's socket paths have a length limit
     with socket.socket() as sock:
         sock.bind(("", 0))
         port = sock.getsockname()[1]
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    start = subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2",
-                            "--resources={\"pi1\": 1, \"desk\": 1}", f"--temp-dir={temp}",
-                            "--include-dashboard=false", "--disable-usage-stats"],
-                           capture_output=True, text=True, timeout=120, env=env)
+    start = subprocess.run(
+        [
+            ray_bin,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            '--resources={"pi1": 1, "desk": 1}',
+            f"--temp-dir={temp}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
     def started() -> set[int]:
         roots = set()
         for entry in os.listdir("/proc"):
@@ -471,10 +564,16 @@ def test_joining_a_started_cluster_pins_workers_by_resources_and_leaves_it_runni
                 except OSError:
                     pass
         return roots | {c for r in roots for c in descendants(r)}
+
     try:
         assert start.returncode == 0, start.stderr[-2000:]
-        proc = subprocess.run([sys.executable, "-c", JOIN_SCRIPT, f"127.0.0.1:{port}"], capture_output=True,
-                              text=True, timeout=170, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-c", JOIN_SCRIPT, f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=170,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         assert {w["device"] for w in out["workers"]} == {"pi", "desk"} and not out["still_connected"]

@@ -1,5 +1,6 @@
 """Output files: the umask's normal mode, a flushed folder after the rename, nothing torn,
 and unwritable paths refused up front."""
+
 from __future__ import annotations
 
 import gzip
@@ -56,18 +57,26 @@ def test_checkpoints_and_downloads_get_the_umask_mode(tmp_path, monkeypatch, uma
     assert _mode(path) == 0o640
 
     payload = gzip.compress(b"payload")
-    source = DataSource(name="one", title="One", files={"only": "f"}, mirrors=("https://x.invalid/",),
-                        gz_md5={"f.gz": hashlib.md5(payload).hexdigest()},
-                        raw_md5={"f": hashlib.md5(b"payload").hexdigest()})
+    source = DataSource(
+        name="one",
+        title="One",
+        files={"only": "f"},
+        mirrors=("https://x.invalid/",),
+        gz_md5={"f.gz": hashlib.md5(payload).hexdigest()},
+        raw_md5={"f": hashlib.md5(b"payload").hexdigest()},
+    )
     monkeypatch.setattr(download, "_downloader", FakeMirrors({"f.gz": payload}))  # pooch runs, no network
     download.fetch(source, tmp_path)
     assert _mode(tmp_path / "f.gz") == 0o640
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda p: p / "missing" / "out.json", "does not exist"),
-    (lambda p: p, "is a folder"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda p: p / "missing" / "out.json", "does not exist"),
+        (lambda p: p, "is a folder"),
+    ],
+)
 def test_check_writable_refuses_bad_paths(tmp_path, make, match):
     with pytest.raises(InputError, match=match):
         files.check_writable(make(tmp_path), "--json")

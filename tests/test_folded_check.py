@@ -3,6 +3,7 @@ two ranks of the reference engine on threads, each engine wrapped to record ever
 
 The same deviations on every framework's engine run in ``dist_scenarios.py`` (phase 5b).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,8 +30,12 @@ class Counting:
 
     def __init__(self, engine):
         self._engine = engine
-        self.rank, self.world_size, self.timeout, self.device = (engine.rank, engine.world_size, engine.timeout,
-                                                                 engine.device)
+        self.rank, self.world_size, self.timeout, self.device = (
+            engine.rank,
+            engine.world_size,
+            engine.timeout,
+            engine.device,
+        )
         self.log: list[tuple[str, int]] = []
 
     def allreduce_(self, flat):
@@ -87,8 +92,9 @@ def test_a_steady_bucketed_step_makes_its_bucket_sums_and_nothing_else(devices):
     logs: list = [[], []]
 
     def run(r: int) -> None:
-        trainers[r] = tr = DataParallel(m, backend="numpy", devices=f"cpu:{devices}", lr=0.1, seed=3,
-                                        process_group=groups[r], bucket_mb=0.05)
+        trainers[r] = tr = DataParallel(
+            m, backend="numpy", devices=f"cpu:{devices}", lr=0.1, seed=3, process_group=groups[r], bucket_mb=0.05
+        )
         for _ in range(3):
             before = len(engines[r].log)
             tr.train_batch(X, y)
@@ -114,7 +120,10 @@ def test_a_steady_bucketed_step_makes_its_bucket_sums_and_nothing_else(devices):
 DEVIATIONS = {
     "size": (lambda be, g: g.allreduce_(be.from_numpy(np.ones(5, np.float32), CPU)), "(allreduce_ of 5 floats)"),
     "op": (lambda be, g: g.barrier(), "(barrier)"),
-    "split": (lambda be, g: _bucket_set(be, g, [5, 2], 2.0), f"(2 bucket allreduces of 7 floats in all (split code {split_code([5, 2])})"),
+    "split": (
+        lambda be, g: _bucket_set(be, g, [5, 2], 2.0),
+        f"(2 bucket allreduces of 7 floats in all (split code {split_code([5, 2])})",
+    ),
 }
 
 
@@ -133,8 +142,9 @@ def test_a_rank_leaving_the_fast_path_is_named_with_both_sides_and_the_group_goe
     for r, exc in enumerate(out):
         assert isinstance(exc, CollectiveMismatchError), exc
         assert f"rank {r} of 2" in str(exc)
-        assert f"rank 0 is at call #3 (2 bucket allreduces of 7 floats in all (split code {split_code(sizes)}))" \
-            in str(exc)
+        assert f"rank 0 is at call #3 (2 bucket allreduces of 7 floats in all (split code {split_code(sizes)}))" in str(
+            exc
+        )
         assert f"rank 1 is at call #3 {side}" in str(exc)
     # rank 1 ran the predicted buckets with zeros and the flag, then its header; rank 0 its buckets, then its header
     for e, b in zip(engines, before):
@@ -170,10 +180,16 @@ def test_a_pattern_change_made_by_every_rank_proceeds_and_is_learned():
         for _ in range(2):
             assert _both(lambda r: _bucket_set(be, groups[r], sizes, r + 1.0)) == [_expected(sizes)] * 2
         assert _both(evaluation) == [[3.0, 3.0, 3.0]] * 2
-        headers_per_round.append(engines[0].log[before:].count(("allreduce_async_", HEADER))
-                                 + engines[0].log[before:].count(("allreduce_", HEADER)))
-    assert engines[0].log[-4:] == [("allreduce_async_", 4), ("allreduce_async_", 3), ("allreduce_", HEADER),
-                                   ("allreduce_", 3)]  # predicted buckets with zeros, header, the sum
+        headers_per_round.append(
+            engines[0].log[before:].count(("allreduce_async_", HEADER))
+            + engines[0].log[before:].count(("allreduce_", HEADER))
+        )
+    assert engines[0].log[-4:] == [
+        ("allreduce_async_", 4),
+        ("allreduce_async_", 3),
+        ("allreduce_", HEADER),
+        ("allreduce_", 3),
+    ]  # predicted buckets with zeros, header, the sum
     # rounds 1 and 2: the evaluation's header and the next step's (nothing had followed an evaluation yet);
     # round 3: the evaluation's only, the step after it predicted from round 2
     assert headers_per_round == [2, 2, 1]
@@ -187,7 +203,10 @@ def test_bucket_0_needs_room_for_the_flag_and_no_check_reserves_nothing():
     be = multigpu.backend("numpy")
     checked, unchecked = CheckedGroup(Unused(), be), CheckedGroup(Unused(), be, check=False)
     assert (checked.reserved_floats, unchecked.reserved_floats) == (1, 0)
-    with pytest.raises(InputError, match=r"announce_buckets\(\[1, 4\]\) needs .* bucket 0 larger than the 1 "
-                                         r"float\(s\) reserved for the check \(reserved_floats\)"):
+    with pytest.raises(
+        InputError,
+        match=r"announce_buckets\(\[1, 4\]\) needs .* bucket 0 larger than the 1 "
+        r"float\(s\) reserved for the check \(reserved_floats\)",
+    ):
         checked.announce_buckets([1, 4])
     unchecked.announce_buckets([1, 4])  # nothing reserved, nothing exchanged

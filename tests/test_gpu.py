@@ -1,4 +1,5 @@
 """GPU code paths: run only where a framework sees a GPU (marker ``gpu``)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,7 @@ from multigpu import models
 from multigpu.parallel.agreement import random_batches, train_steps
 
 GPU_BACKENDS = [b for b in FRAMEWORKS if multigpu.backend(b).gpu_count() > 0]
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not GPU_BACKENDS, reason="no installed framework sees a GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_BACKENDS, reason="no installed framework sees a GPU")]
 
 
 @pytest.mark.parametrize("name", GPU_BACKENDS)

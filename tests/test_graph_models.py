@@ -1,4 +1,5 @@
 """Models whose branches join: composition, shapes, accounting, stages, and the errors that name the node."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,13 @@ from multigpu.models import INPUT, Chain, Model, Node, Parallel, Residual
 
 CPU = multigpu.Device("cpu", 0)
 Add, BatchNorm2d, Concat, Conv2d, Dense = models.Add, models.BatchNorm2d, models.Concat, models.Conv2d, models.Dense
-Flatten, GlobalAvgPool2d, Identity, MaxPool2d, ReLU = (models.Flatten, models.GlobalAvgPool2d, models.Identity,
-                                                      models.MaxPool2d, models.ReLU)
+Flatten, GlobalAvgPool2d, Identity, MaxPool2d, ReLU = (
+    models.Flatten,
+    models.GlobalAvgPool2d,
+    models.Identity,
+    models.MaxPool2d,
+    models.ReLU,
+)
 
 
 def tiny_resnet() -> Model:
@@ -23,15 +29,35 @@ def tiny_resnet() -> Model:
 
 def inception_dense() -> Model:
     """Inception-style towers joined by concat, then a DenseNet-style x -> concat(x, f(x))."""
-    towers = Parallel([Conv2d(4, 1, name="b1x1"),
-                       Chain([Conv2d(2, 1, name="reduce"), Conv2d(4, 3, padding=1, name="conv")], name="b3x3"),
-                       Chain([MaxPool2d(3, 1, 1, name="pool"), Conv2d(2, 1, name="proj")], name="bpool")],
-                      join="concat", name="mixed")
-    dense = Parallel([Identity(), Chain([BatchNorm2d(name="bn"), ReLU(name="relu"), Conv2d(3, 3, padding=1,
-                                                                                          bias=False, name="conv")])],
-                     join="concat", name="dense")
-    return Model([Conv2d(6, 3, padding=1, name="stem"), towers, dense, GlobalAvgPool2d(name="gap"),
-                  Flatten(name="flat"), Dense(4, name="fc")], input_shape=(2, 8, 8), name="mixed")
+    towers = Parallel(
+        [
+            Conv2d(4, 1, name="b1x1"),
+            Chain([Conv2d(2, 1, name="reduce"), Conv2d(4, 3, padding=1, name="conv")], name="b3x3"),
+            Chain([MaxPool2d(3, 1, 1, name="pool"), Conv2d(2, 1, name="proj")], name="bpool"),
+        ],
+        join="concat",
+        name="mixed",
+    )
+    dense = Parallel(
+        [
+            Identity(),
+            Chain([BatchNorm2d(name="bn"), ReLU(name="relu"), Conv2d(3, 3, padding=1, bias=False, name="conv")]),
+        ],
+        join="concat",
+        name="dense",
+    )
+    return Model(
+        [
+            Conv2d(6, 3, padding=1, name="stem"),
+            towers,
+            dense,
+            GlobalAvgPool2d(name="gap"),
+            Flatten(name="flat"),
+            Dense(4, name="fc"),
+        ],
+        input_shape=(2, 8, 8),
+        name="mixed",
+    )
 
 
 def test_blocks_flatten_to_named_nodes_with_their_inputs():
@@ -53,45 +79,83 @@ def test_blocks_flatten_to_named_nodes_with_their_inputs():
 
 
 def test_explicit_nodes_in_any_order_equal_the_composed_model(ref):
-    nodes = [Node("out", Dense(3), ("flat",)), Node("flat", Flatten(), ("join",)),
-             Node("join", Add(), ("b", "a")), Node("b", Conv2d(2, 1, bias=False), (INPUT,)),
-             Node("a", Conv2d(2, 3, padding=1), (INPUT,))]
+    nodes = [
+        Node("out", Dense(3), ("flat",)),
+        Node("flat", Flatten(), ("join",)),
+        Node("join", Add(), ("b", "a")),
+        Node("b", Conv2d(2, 1, bias=False), (INPUT,)),
+        Node("a", Conv2d(2, 3, padding=1), (INPUT,)),
+    ]
     m = Model.from_nodes(nodes, (1, 4, 4), output="out")
     assert [n.name for n in m.nodes] == ["b", "a", "join", "flat", "out"]  # stable topological order
-    composed = Model([Parallel([Conv2d(2, 1, bias=False, name="b"), Conv2d(2, 3, padding=1, name="a")],
-                               join="add", join_name="join"), Flatten(name="flat"), Dense(3, name="out")], (1, 4, 4))
+    composed = Model(
+        [
+            Parallel(
+                [Conv2d(2, 1, bias=False, name="b"), Conv2d(2, 3, padding=1, name="a")], join="add", join_name="join"
+            ),
+            Flatten(name="flat"),
+            Dense(3, name="out"),
+        ],
+        (1, 4, 4),
+    )
     assert [(n.name, n.inputs) for n in composed.nodes] == [(n.name, n.inputs) for n in m.nodes]
     assert m.param_shapes == composed.param_shapes
 
 
-@pytest.mark.parametrize("build, match", [
-    (lambda: Model(Residual([Conv2d(4, 3, stride=2, padding=1, name="conv")]), (2, 6, 6), "m"),
-     r"node 'add1' \(add, inputs 'conv' \(4, 3, 3\), 'input' \(2, 6, 6\)\): adds inputs of shapes .*1x1 convolution"),
-    (lambda: Model(Parallel([Conv2d(2, 3, name="a"), Conv2d(2, 1, name="b")]), (1, 5, 5), "m"),
-     r"node 'concat1' .*'a' \(2, 3, 3\), 'b' \(2, 5, 5\).*equal H and W"),
-    (lambda: Model.from_nodes([Node("a", ReLU(), ("b",)), Node("b", ReLU(), ("a",)), Node("c", ReLU(), ("b",))],
-                              (1, 2, 2), "m"), r"nodes .*'?a'? -> .*b.* form a cycle"),
-    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), ("x",))], (1, 2, 2), "m"),
-     r"node 'b' consumes 'x', which is neither a node nor 'input'"),
-    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), (INPUT,))], (1, 2, 2), "m"),
-     r"the output of node\(s\) \['a'\] is used by no node"),
-    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("a", ReLU(), ("a",))], (1, 2, 2), "m"),
-     r"two nodes are called 'a'"),
-    (lambda: Model([Chain([ReLU(name="r")], name="x"), Chain([ReLU(name="r")], name="x")], (1, 2, 2), "m"),
-     r"two nodes are called 'x.r'"),
-    (lambda: Model.from_nodes([Node(INPUT, ReLU(), (INPUT,))], (1, 2, 2), "m"), r"no node may be called 'input'"),
-    (lambda: Model.from_nodes([Node("j", Add(), (INPUT,))], (1, 2, 2), "m"), r"node 'j' \(add\) joins .*2 inputs"),
-    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), (INPUT, "a"))], (1, 2, 2), "m"),
-     r"node 'b' \(relu\) takes one input.*Add or Concat"),
-    (lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), ("a",))], (1, 2, 2), "m", output="a"),
-     r"node\(s\) \['b'\] do not lead to the output 'a'|used by no node"),
-    (lambda: Model(Parallel([Identity(), Identity()], join="add"), (1, 2, 2), "m"), "two identity branches"),
-    (lambda: Model([Dense(3)], (1, 4, 4), "m"), r"node 'dense1' .*add Flatten first"),
-    (lambda: Parallel([ReLU()]), "a join needs at least 2"),
-    (lambda: Parallel([ReLU(), ReLU()], join="mul"), "join='mul' is unknown"),
-    (lambda: BatchNorm2d(momentum=0.9 + 0.2), r"momentum=1.1.* \(0, 1\]"),
-    (lambda: BatchNorm2d(eps=0), r"eps=0 must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (
+            lambda: Model(Residual([Conv2d(4, 3, stride=2, padding=1, name="conv")]), (2, 6, 6), "m"),
+            r"node 'add1' \(add, inputs 'conv' \(4, 3, 3\), 'input' \(2, 6, 6\)\): "
+            r"adds inputs of shapes .*1x1 convolution",
+        ),
+        (
+            lambda: Model(Parallel([Conv2d(2, 3, name="a"), Conv2d(2, 1, name="b")]), (1, 5, 5), "m"),
+            r"node 'concat1' .*'a' \(2, 3, 3\), 'b' \(2, 5, 5\).*equal H and W",
+        ),
+        (
+            lambda: Model.from_nodes(
+                [Node("a", ReLU(), ("b",)), Node("b", ReLU(), ("a",)), Node("c", ReLU(), ("b",))], (1, 2, 2), "m"
+            ),
+            r"nodes .*'?a'? -> .*b.* form a cycle",
+        ),
+        (
+            lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), ("x",))], (1, 2, 2), "m"),
+            r"node 'b' consumes 'x', which is neither a node nor 'input'",
+        ),
+        (
+            lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), (INPUT,))], (1, 2, 2), "m"),
+            r"the output of node\(s\) \['a'\] is used by no node",
+        ),
+        (
+            lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("a", ReLU(), ("a",))], (1, 2, 2), "m"),
+            r"two nodes are called 'a'",
+        ),
+        (
+            lambda: Model([Chain([ReLU(name="r")], name="x"), Chain([ReLU(name="r")], name="x")], (1, 2, 2), "m"),
+            r"two nodes are called 'x.r'",
+        ),
+        (lambda: Model.from_nodes([Node(INPUT, ReLU(), (INPUT,))], (1, 2, 2), "m"), r"no node may be called 'input'"),
+        (lambda: Model.from_nodes([Node("j", Add(), (INPUT,))], (1, 2, 2), "m"), r"node 'j' \(add\) joins .*2 inputs"),
+        (
+            lambda: Model.from_nodes([Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), (INPUT, "a"))], (1, 2, 2), "m"),
+            r"node 'b' \(relu\) takes one input.*Add or Concat",
+        ),
+        (
+            lambda: Model.from_nodes(
+                [Node("a", ReLU(), (INPUT,)), Node("b", ReLU(), ("a",))], (1, 2, 2), "m", output="a"
+            ),
+            r"node\(s\) \['b'\] do not lead to the output 'a'|used by no node",
+        ),
+        (lambda: Model(Parallel([Identity(), Identity()], join="add"), (1, 2, 2), "m"), "two identity branches"),
+        (lambda: Model([Dense(3)], (1, 4, 4), "m"), r"node 'dense1' .*add Flatten first"),
+        (lambda: Parallel([ReLU()]), "a join needs at least 2"),
+        (lambda: Parallel([ReLU(), ReLU()], join="mul"), "join='mul' is unknown"),
+        (lambda: BatchNorm2d(momentum=0.9 + 0.2), r"momentum=1.1.* \(0, 1\]"),
+        (lambda: BatchNorm2d(eps=0), r"eps=0 must be a finite number > 0"),
+    ],
+)
 def test_bad_graphs_are_refused_naming_the_node(build, match):
     with pytest.raises(ModelError, match=match):
         build()
@@ -131,8 +195,11 @@ def test_forward_slices_chain_cuts_and_refuses_others(ref):
     names = [n.name for n in m.nodes]
     cut = names.index("layer2.0.conv1")  # between blocks: one tensor crosses
     mid = m.forward(ref, params, x, 0, cut, state=state)
-    np.testing.assert_allclose(ref.to_numpy(m.forward(ref, params, mid, cut, state=state)),
-                               ref.to_numpy(m.forward(ref, params, x, state=state)), rtol=1e-6)
+    np.testing.assert_allclose(
+        ref.to_numpy(m.forward(ref, params, mid, cut, state=state)),
+        ref.to_numpy(m.forward(ref, params, x, state=state)),
+        rtol=1e-6,
+    )
     with pytest.raises(ModelError, match="does not compute"):
         m.forward(ref, params, mid, names.index("layer2.0.bn1"), state=state)
 
@@ -144,8 +211,14 @@ def test_resnet18_is_torchvisions_layout():
     names = [n for n in m.param_names()]
     assert names[:6] == ["conv1.0", "bn1.0", "bn1.1", "layer1.0.conv1.0", "layer1.0.bn1.0", "layer1.0.bn1.1"]
     i = names.index("layer2.0.downsample.0.0")
-    assert names[i - 3:i + 3] == ["layer2.0.conv2.0", "layer2.0.bn2.0", "layer2.0.bn2.1", "layer2.0.downsample.0.0",
-                                  "layer2.0.downsample.1.0", "layer2.0.downsample.1.1"]
+    assert names[i - 3 : i + 3] == [
+        "layer2.0.conv2.0",
+        "layer2.0.bn2.0",
+        "layer2.0.bn2.1",
+        "layer2.0.downsample.0.0",
+        "layer2.0.downsample.1.0",
+        "layer2.0.downsample.1.1",
+    ]
     assert m.param_shapes[0] == (64, 3, 7, 7) and m.param_shapes[-2:] == [(512, 1000), (1000,)]
     by = {s.name: s for s in m.layer_stats(1)}
     assert by["maxpool"].output_shape == (64, 56, 56) and by["layer4.1.relu2"].output_shape == (512, 7, 7)
@@ -189,8 +262,11 @@ def test_weights_of_the_wrong_shape_name_the_node():
     m = tiny_resnet()
     params = m.init_params()
     params[m.param_names().index("layer2.0.downsample.1.0")] = np.ones(3)
-    with pytest.raises(ParamsError, match=r"params\[\d+\] has shape \(3,\); node 'layer2.0.downsample.1''s gamma "
-                                          r"of tiny needs \(8,\)"):
+    with pytest.raises(
+        ParamsError,
+        match=r"params\[\d+\] has shape \(3,\); node 'layer2.0.downsample.1''s gamma "
+        r"of tiny needs \(8,\)",
+    ):
         m.check_params(params)
     state = m.init_state()
     state[3] = -state[3]

@@ -10,6 +10,7 @@ Needs root (network namespaces, tc, cgroups): skipped, with that reason, elsewhe
 Long measurements (the predicted-against-measured table, the report's experiment, bus
 bandwidth) are in ``multigpu bench plans --lab`` and ``multigpu bench lab``.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,13 @@ from multigpu.partition import Constraints, autopartition, graph_from_model, loa
 from multigpu.partition.units import fmt_bytes
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root: it creates network namespaces, "
-                                                           "shapes links with tc and limits hosts with cgroups")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="the lab needs root: it creates network namespaces, shapes links with tc and limits hosts with cgroups",
+    ),
+]
 
 SCALE = 5.0
 CPU_SCALE = 0.5
@@ -42,12 +47,13 @@ PI2_MEMORY = 200e6
 #: report's lab. At batch 1 the same hops (14 KB, 3 KB) take 1-3 ms beside Ray's 10-20 ms per
 #: hop, and a 2-core machine's scheduling noise moved the end-to-end error from -42% to +43%.
 BATCH = 64
-FC = ["fc6", "relu6", "fc7", "relu7"]   # 218 MB of AlexNet's parameters: more than pi2 has
+FC = ["fc6", "relu6", "fc7", "relu7"]  # 218 MB of AlexNet's parameters: more than pi2 has
 
 
 def multigpu(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "multigpu", *args], check=False, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "multigpu", *args], check=False, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def machine_state() -> dict:
@@ -64,10 +70,16 @@ def machine_state() -> dict:
             continue
         if "mgl-" in cmd and ("raylet" in cmd or "gcs_server" in cmd or "ray" in cmd):
             ray.append(cmd[:120])
-    return {"netns": ns, "links": sorted(re.findall(r"^\d+: ([^:@]+)", links, re.MULTILINE)),
-            "cgroups": sorted(str(p) for p in find_lab_cgroups("mgl-")), "ray": sorted(ray),
-            "run": sorted(p.name for p in Path("/run/multigpu-lab").glob("*")) if Path("/run/multigpu-lab").exists()
-            else [], "tmp": sorted(p.name for p in Path("/tmp").glob("mgl-*"))}
+    return {
+        "netns": ns,
+        "links": sorted(re.findall(r"^\d+: ([^:@]+)", links, re.MULTILINE)),
+        "cgroups": sorted(str(p) for p in find_lab_cgroups("mgl-")),
+        "ray": sorted(ray),
+        "run": sorted(p.name for p in Path("/run/multigpu-lab").glob("*"))
+        if Path("/run/multigpu-lab").exists()
+        else [],
+        "tmp": sorted(p.name for p in Path("/tmp").glob("mgl-*")),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -86,15 +98,27 @@ def lab(before, tmp_path_factory):
     folder = tmp_path_factory.mktemp("lab")
     (folder / "lab.json").write_text(json.dumps(data))
     t0 = time.monotonic()
-    up = multigpu("lab", "up", str(folder / "lab.json"), "--backend", "numpy", "--device-backend", "imac=torch",
-                  "--cpu-scale", str(CPU_SCALE), "--bandwidth-scale", str(SCALE), "--json")
+    up = multigpu(
+        "lab",
+        "up",
+        str(folder / "lab.json"),
+        "--backend",
+        "numpy",
+        "--device-backend",
+        "imac=torch",
+        "--cpu-scale",
+        str(CPU_SCALE),
+        "--bandwidth-scale",
+        str(SCALE),
+        "--json",
+    )
     assert up.returncode == 0, up.stderr
     st = json.loads(up.stdout)
     lab = Lab.attach(st["id"])
     lab.up_seconds = time.monotonic() - t0
     lab.folder = folder
     yield lab
-    down_all(st["id"])   # the last test takes it down already; this is for a failed run
+    down_all(st["id"])  # the last test takes it down already; this is for a failed run
 
 
 def variant(lab, folder: Path, **changes) -> Path:
@@ -124,12 +148,13 @@ def test_every_host_is_a_namespace_with_its_address_name_share_and_limit(lab):
         assert int(quota) == plan.quota_us
         limit = h["memory"]["limit"]
         assert (limit >= 2**62) if plan.memory is None else abs(limit - plan.memory) < 8192
-        assert h["processes"] >= 2   # its Ray node
+        assert h["processes"] >= 2  # its Ray node
     # The Ray node of each host offers its device as a resource, with token authentication.
     assert Path(st["token"]).stat().st_mode & 0o077 == 0
     # Nothing leaves the lab: no route to the machine's own addresses.
-    code = ("import socket\ntry: socket.create_connection(('192.0.2.1', 9), timeout=1)\n"
-            "except OSError as e: print(e.errno)")
+    code = (
+        "import socket\ntry: socket.create_connection(('192.0.2.1', 9), timeout=1)\nexcept OSError as e: print(e.errno)"
+    )
     assert lab.run("pi1", [sys.executable, "-c", code]).stdout.strip() in ("101", "113")  # unreachable
 
 
@@ -144,8 +169,10 @@ def test_a_host_computes_at_its_cpu_share(lab):
     A busy loop on imac (0.91 cores) gets its share: with its period shorter than the kernel's
     tick (1098 us against 4 ms) it got 0.60 of a core here, at 4000 us 0.91.
     (How much slower it runs than another host depends on the machine's other load.)"""
-    code = ("import time\nw,c=time.perf_counter(),time.process_time()\nx=0\nfor i in range(4_000_000): x+=i\n"
-            "print((time.process_time()-c)/(time.perf_counter()-w))")
+    code = (
+        "import time\nw,c=time.perf_counter(),time.process_time()\nx=0\nfor i in range(4_000_000): x+=i\n"
+        "print((time.process_time()-c)/(time.perf_counter()-w))"
+    )
     before = {"pi1": _throttled(lab, "pi1")}
     share = float(lab.run("pi1", [sys.executable, "-c", code]).stdout)
     assert share <= CPU_SCALE * 1.15, share
@@ -159,8 +186,9 @@ def test_a_host_computes_at_its_cpu_share(lab):
 def one_stream(lab, src: str, dst: str, nbytes: float) -> float:
     """The payload rate (bytes/s) of one TCP stream of ``nbytes`` from ``src`` to ``dst``."""
     addr = lab.plan.host(dst).address
-    server = lab.popen(dst, [sys.executable, str(HERE / "lab_net.py"), "serve", addr, "5001"],
-                       stdout=subprocess.PIPE, text=True)
+    server = lab.popen(
+        dst, [sys.executable, str(HERE / "lab_net.py"), "serve", addr, "5001"], stdout=subprocess.PIPE, text=True
+    )
     assert server.stdout.readline().strip() == "ready"
     got = lab.run(src, [sys.executable, str(HERE / "lab_net.py"), "send", addr, "5001", str(nbytes)])
     server.wait(timeout=30)
@@ -189,8 +217,10 @@ SHAPED_BELOW, SHAPED_ABOVE = 0.15, 0.03
 
 def test_links_are_shaped_per_pair(lab):
     """A TCP stream carries the pair's rate: WiFi and LAN out of one host differ."""
-    rates = {(src, dst): stream_rate(lab, src, dst, nbytes)
-             for src, dst, nbytes in (("pi1", "pi2", 6e6), ("desk-cpu", "imac", 40e6), ("desk-cpu", "pi2", 6e6))}
+    rates = {
+        (src, dst): stream_rate(lab, src, dst, nbytes)
+        for src, dst, nbytes in (("pi1", "pi2", 6e6), ("desk-cpu", "imac", 40e6), ("desk-cpu", "pi2", 6e6))
+    }
     wifi, lan = 1e6 * SCALE, 1e7 * SCALE
     for pair, nominal in ((("pi1", "pi2"), wifi), (("desk-cpu", "pi2"), wifi), (("desk-cpu", "imac"), lan)):
         assert 1 - SHAPED_BELOW < rates[pair] / nominal < 1 + SHAPED_ABOVE, (pair, rates)
@@ -213,8 +243,11 @@ PROFILE_ATTEMPTS = 2
 def wifi_misses(result: dict, streams: dict) -> dict:
     """The WiFi pairs whose fitted bandwidth lies more than FIT_TOLERANCE from their stream."""
     fits = {frozenset(f["between"]): f["bandwidth"] for f in result["links"]}
-    return {pair: (fits[frozenset(pair)], streams[pair]) for pair in WIFI
-            if abs(fits[frozenset(pair)] / streams[pair] - 1) >= FIT_TOLERANCE}
+    return {
+        pair: (fits[frozenset(pair)], streams[pair])
+        for pair in WIFI
+        if abs(fits[frozenset(pair)] / streams[pair] - 1) >= FIT_TOLERANCE
+    }
 
 
 @pytest.fixture(scope="module")
@@ -240,20 +273,50 @@ def profiled(lab):
     attempts = []
     for _ in range(PROFILE_ATTEMPTS):
         t0 = time.monotonic()
-        got = run_in(lab, "desk-cpu", "profile", "--cluster", str(spec), "--address", lab.address, "--out", str(out),
-                     "--sizes", "256,4096,65536,524288,2097152", "--repeats", "3", "--warmup", "1",
-                     "--link-repeats", "5", "--cpu-items", "10", "--batch", str(BATCH), "--quiet", "--json")
+        got = run_in(
+            lab,
+            "desk-cpu",
+            "profile",
+            "--cluster",
+            str(spec),
+            "--address",
+            lab.address,
+            "--out",
+            str(out),
+            "--sizes",
+            "256,4096,65536,524288,2097152",
+            "--repeats",
+            "3",
+            "--warmup",
+            "1",
+            "--link-repeats",
+            "5",
+            "--cpu-items",
+            "10",
+            "--batch",
+            str(BATCH),
+            "--quiet",
+            "--json",
+        )
         assert got.returncode == 0, got.stderr[-3000:]
         seconds = time.monotonic() - t0
         result = json.loads(got.stdout)
         streams = {pair: stream_rate(lab, pair[0], pair[1], 6e6) for pair in WIFI}
-        attempts.append({"misses": wifi_misses(result, streams), "streams": streams,
-                         "fits": {tuple(f["between"]): f["bandwidth"] for f in result["links"]}})
+        attempts.append(
+            {
+                "misses": wifi_misses(result, streams),
+                "streams": streams,
+                "fits": {tuple(f["between"]): f["bandwidth"] for f in result["links"]},
+            }
+        )
         if not attempts[-1]["misses"]:
             break
     for earlier in attempts[:-1]:
-        warnings.warn(f"a lab profile's WiFi fits missed their streams by more than {FIT_TOLERANCE:.0%} and "
-                      f"it was taken again: {earlier}")
+        warnings.warn(
+            f"a lab profile's WiFi fits missed their streams by more than {FIT_TOLERANCE:.0%} and "
+            f"it was taken again: {earlier}",
+            stacklevel=2,
+        )
     return result, out, seconds, attempts
 
 
@@ -265,21 +328,38 @@ def test_profile_fits_the_shaped_links_and_measures_the_slowed_hosts(lab, profil
     assert not attempts[-1]["misses"], attempts
     for pair in WIFI:
         assert 1 - SHAPED_BELOW < fits[frozenset(pair)] / (1e6 * SCALE) < 1.10, (pair, fits)
-    assert fits[frozenset(("desk-cpu", "imac"))] > 3 * fits[frozenset(("desk-cpu", "pi1"))]   # the LAN pair
+    assert fits[frozenset(("desk-cpu", "imac"))] > 3 * fits[frozenset(("desk-cpu", "pi1"))]  # the LAN pair
     flops = {d["name"]: d["flops"] for d in result["cluster"]["devices"]}
-    assert all(f > 0 for f in flops.values())   # each host's effective speed, measured (see the benchmark)
+    assert all(f > 0 for f in flops.values())  # each host's effective speed, measured (see the benchmark)
     hosts = {d["name"]: d["host"] for d in result["cluster"]["devices"]}
-    assert hosts == {"desk-cpu": "desk-cpu", "imac": "imac", "pi1": "pi1"}   # each on its own host
-    assert result["hosts"]["pi1"] == pytest.approx(CPU_SCALE)   # the host's cores, from its quota
+    assert hosts == {"desk-cpu": "desk-cpu", "imac": "imac", "pi1": "pi1"}  # each on its own host
+    assert result["hosts"]["pi1"] == pytest.approx(CPU_SCALE)  # the host's cores, from its quota
 
 
 def test_a_plan_across_hosts_runs_and_its_transfers_are_predicted(lab, profiled):
     _, prof, *_ = profiled
     model = "lenet"
-    cut = ["desk-cpu"] * 3 + ["pi1"] * 3 + ["imac"] * 4   # over WiFi to pi1, over WiFi to imac, over LAN back
-    got = run_in(lab, "desk-cpu", "run", "--model", model, "--cluster", str(prof), "--address", lab.address,
-                 "--plan", ",".join(cut), "--random", str(12 * BATCH), "--batch", str(BATCH), "--json",
-                 "--timeout", "60")
+    cut = ["desk-cpu"] * 3 + ["pi1"] * 3 + ["imac"] * 4  # over WiFi to pi1, over WiFi to imac, over LAN back
+    got = run_in(
+        lab,
+        "desk-cpu",
+        "run",
+        "--model",
+        model,
+        "--cluster",
+        str(prof),
+        "--address",
+        lab.address,
+        "--plan",
+        ",".join(cut),
+        "--random",
+        str(12 * BATCH),
+        "--batch",
+        str(BATCH),
+        "--json",
+        "--timeout",
+        "60",
+    )
     assert got.returncode == 0, got.stderr[-3000:]
     out = json.loads(got.stdout)
     assert [w["host"] for w in out["workers"] if not w["local"]] == ["pi1", "imac"]
@@ -322,8 +402,11 @@ def test_objects_pulled_across_hosts_are_seen_when_they_arrive(lab):
     (``RAY_get_check_signal_interval_milliseconds``). Without the lab's setting this test
     saw hops of 1.03 and 2.03 s; the same stream over the shipped lab's 10 MB/s LAN had a hop
     over a second in 8 runs of 9 at Ray's second, and none over 0.32 s at 10 ms."""
-    got = lab.run("desk-cpu", [sys.executable, "-c", ROUND_TRIPS, str(variant(lab, lab.folder, source="desk-cpu")),
-                               lab.address], timeout=300)
+    got = lab.run(
+        "desk-cpu",
+        [sys.executable, "-c", ROUND_TRIPS, str(variant(lab, lab.folder, source="desk-cpu")), lab.address],
+        timeout=300,
+    )
     assert got.returncode == 0, got.stderr[-3000:]
     hops = json.loads(got.stdout.strip().splitlines()[-1])
     # 655 KB takes 13 ms at the LAN's 50 MB/s; Ray's look every second shows as hops of 1-2 s.
@@ -336,8 +419,10 @@ def _worker_up(lab, host: str, since: dict) -> bool:
     run's items then flow (``since`` remembers when it was first seen loaded)."""
     for pid in lab.pids(host):
         try:
-            if b"StageWorker" in Path(f"/proc/{pid}/cmdline").read_bytes() and \
-                    "libtorch" in Path(f"/proc/{pid}/maps").read_text():
+            if (
+                b"StageWorker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                and "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+            ):
                 since.setdefault(pid, time.monotonic())
                 return time.monotonic() - since[pid] > 4.0
         except OSError:
@@ -346,11 +431,30 @@ def _worker_up(lab, host: str, since: dict) -> bool:
 
 
 def _run_with_fault(lab, fault, timeout: str = "8"):
-    p = lab.popen("pi1", [sys.executable, "-m", "multigpu", "run", "--cluster", str(lab.cluster_file), "--address",
-                          lab.address, "--plan", "pi1*3,imac*4,desk-cpu*3", "--random", "5000", "--timeout", timeout],
-                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = lab.popen(
+        "pi1",
+        [
+            sys.executable,
+            "-m",
+            "multigpu",
+            "run",
+            "--cluster",
+            str(lab.cluster_file),
+            "--address",
+            lab.address,
+            "--plan",
+            "pi1*3,imac*4,desk-cpu*3",
+            "--random",
+            "5000",
+            "--timeout",
+            timeout,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline, since = time.monotonic() + 120, {}
-    while not _worker_up(lab, "imac", since) and p.poll() is None:   # the fault hits a running plan
+    while not _worker_up(lab, "imac", since) and p.poll() is None:  # the fault hits a running plan
         assert time.monotonic() < deadline, "imac's worker did not start within 120 s"
         time.sleep(0.2)
     assert p.poll() is None, p.communicate()[1][-2000:]
@@ -368,8 +472,7 @@ def logs(lab, host: str) -> str:
     lines = [x for x in found[-1].read_text(errors="replace").splitlines() if " W " in x or " E " in x]
     errs = sorted(found[-1].parent.glob("worker-*.err"), key=lambda f: f.stat().st_mtime)
     tail = errs[-1].read_text(errors="replace").strip().splitlines()[-8:] if errs else []
-    return ("\n[raylet of " + host + "] " + "\n".join(lines[-6:]) + "\n[newest worker's stderr] "
-            + "\n".join(tail))
+    return "\n[raylet of " + host + "] " + "\n".join(lines[-6:]) + "\n[newest worker's stderr] " + "\n".join(tail)
 
 
 def test_a_link_down_or_a_killed_host_ends_a_run_with_an_error_naming_it(lab):
@@ -384,8 +487,10 @@ def test_a_link_down_or_a_killed_host_ends_a_run_with_an_error_naming_it(lab):
     lab.restart("imac")
     time.sleep(1)
     assert lab.pids("pi1") <= before | lab.pids("pi1") and not any(
-        "multigpu" in Path(f"/proc/{p}/cmdline").read_text(errors="replace") for p in lab.pids("pi1")
-        if Path(f"/proc/{p}/cmdline").exists())   # the driver is gone, its workers too
+        "multigpu" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+        for p in lab.pids("pi1")
+        if Path(f"/proc/{p}/cmdline").exists()
+    )  # the driver is gone, its workers too
 
 
 def test_a_stage_that_does_not_fit_a_host_is_refused_and_a_forced_one_fails_naming_the_host(lab):
@@ -400,9 +505,23 @@ def test_a_stage_that_does_not_fit_a_host_is_refused_and_a_forced_one_fails_nami
         autopartition(g, cluster, constraints=Constraints(pinned=pins))
     plan = ["desk-cpu"] * (len(alex) - len(FC)) + ["pi2"] * len(FC)
     t0 = time.monotonic()
-    got = run_in(lab, "desk-cpu", "run", "--model", "alexnet", "--cluster",
-                 str(variant(lab, lab.folder, source="desk-cpu")), "--address", lab.address, "--plan", ",".join(plan),
-                 "--random", "1", "--timeout", "60")
+    got = run_in(
+        lab,
+        "desk-cpu",
+        "run",
+        "--model",
+        "alexnet",
+        "--cluster",
+        str(variant(lab, lab.folder, source="desk-cpu")),
+        "--address",
+        lab.address,
+        "--plan",
+        ",".join(plan),
+        "--random",
+        "1",
+        "--timeout",
+        "60",
+    )
     seconds = time.monotonic() - t0
     assert got.returncode == 1, got.stdout[-2000:]
     err = got.stderr.strip().splitlines()[-1]
@@ -412,14 +531,45 @@ def test_a_stage_that_does_not_fit_a_host_is_refused_and_a_forced_one_fails_nami
 
 
 # -- multi-host data parallel -------------------------------------------------------
-def _launch(lab, backend: str, out: Path, hosts=("desk-cpu", "imac"), script_args=("3",), port=29500,
-            timeout="30"):
+def _launch(lab, backend: str, out: Path, hosts=("desk-cpu", "imac"), script_args=("3",), port=29500, timeout="30"):
     addr = {h: lab.plan.host(h).address for h in hosts}
-    return [lab.popen(h, [sys.executable, "-m", "multigpu", "launch", "--nnodes", "2", "--node-rank", str(i),
-                          "--nproc", "1", "--master-addr", addr[hosts[0]], "--master-port", str(port),
-                          "--node-addr", addr[h], "--backend", backend, "--timeout", timeout, "--init-timeout", "90",
-                          "--", str(HERE / "lab_rank.py"), str(out), *script_args],
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i, h in enumerate(hosts)]
+    return [
+        lab.popen(
+            h,
+            [
+                sys.executable,
+                "-m",
+                "multigpu",
+                "launch",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(i),
+                "--nproc",
+                "1",
+                "--master-addr",
+                addr[hosts[0]],
+                "--master-port",
+                str(port),
+                "--node-addr",
+                addr[h],
+                "--backend",
+                backend,
+                "--timeout",
+                timeout,
+                "--init-timeout",
+                "90",
+                "--",
+                str(HERE / "lab_rank.py"),
+                str(out),
+                *script_args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, h in enumerate(hosts)
+    ]
 
 
 @pytest.mark.parametrize("backend", ["torch", "paddle", "mxnet"])
@@ -431,13 +581,20 @@ def test_launch_on_two_hosts_equals_one_process_and_listens_only_on_their_addres
     procs = _launch(lab, backend, tmp_path)
     while not (tmp_path / "listening.rank0").exists() and all(p.poll() is None for p in procs):
         time.sleep(0.1)
-    seen = {h: [row for row in lab.listening(h) if "ray" not in row[2] and "raylet" not in row[2]
-                and "gcs_server" not in row[2]] for h in ("desk-cpu", "imac")}
+    seen = {
+        h: [
+            row
+            for row in lab.listening(h)
+            if "ray" not in row[2] and "raylet" not in row[2] and "gcs_server" not in row[2]
+        ]
+        for h in ("desk-cpu", "imac")
+    }
     outs = [p.communicate(timeout=180) for p in procs]
     # A string, not a list: pytest shortens a list's repr to a few hundred characters (CI at
     # 363db8b showed only a c10d warning of each host's output when rank 0 exited 1).
     assert [p.returncode for p in procs] == [0, 0], "\n".join(
-        f"--- {h} (exit {p.returncode}) ---\n{o[1][-3000:]}" for h, p, o in zip(("desk-cpu", "imac"), procs, outs))
+        f"--- {h} (exit {p.returncode}) ---\n{o[1][-3000:]}" for h, p, o in zip(("desk-cpu", "imac"), procs, outs)
+    )
     r0, r1 = np.load(tmp_path / "rank0.npz"), np.load(tmp_path / "rank1.npz")
     for i in range(8):
         np.testing.assert_array_equal(r0[f"p{i}"], r1[f"p{i}"])
@@ -446,7 +603,7 @@ def test_launch_on_two_hosts_equals_one_process_and_listens_only_on_their_addres
         own = lab.plan.host(h).address
         for addr, port, _ in rows:
             if backend == "paddle" and h == "desk-cpu" and port == 29500:
-                assert addr in ("0.0.0.0", "*")   # Paddle's store: every interface (see docs/reference/ports.md)
+                assert addr in ("0.0.0.0", "*")  # Paddle's store: every interface (see docs/reference/ports.md)
             else:
                 assert addr == own, (h, rows)
     assert seen["desk-cpu"], "the job's master listened nowhere"
@@ -467,8 +624,12 @@ def test_a_link_down_during_launch_ends_both_hosts_with_an_error_naming_the_rank
     seconds = time.monotonic() - t0
     assert [p.returncode for p in procs] == [1, 1] and seconds < 20
     last = [o[1].strip().splitlines()[-1] for o in outs]
-    assert "rank 0 (pid" in last[0] and "on host desk-cpu" in last[0] and "timed out" in last[0] or \
-        "sent nothing" in last[0], last
+    assert (
+        "rank 0 (pid" in last[0]
+        and "on host desk-cpu" in last[0]
+        and "timed out" in last[0]
+        or "sent nothing" in last[0]
+    ), last
     assert "rank 1 (pid" in last[1] and "on host imac" in last[1], last
 
 
@@ -483,11 +644,22 @@ def test_single_host_jobs_cannot_be_reached_and_ray_refuses_a_node_without_the_t
     def join() -> None:
         bad = tmp_path / "wrong-token"
         bad.write_text("0" * 64)
-        intruder["run"] = lab.run("pi2", [str(Path(sys.executable).with_name("ray")), "start",
-                                          f"--address={lab.address}", f"--temp-dir={tmp_path / 'intruder'}",
-                                          "--node-ip-address", lab.plan.host("pi2").address, "--num-cpus", "1"],
-                                  env={**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(bad)},
-                                  lab_env=False, timeout=120)
+        intruder["run"] = lab.run(
+            "pi2",
+            [
+                str(Path(sys.executable).with_name("ray")),
+                "start",
+                f"--address={lab.address}",
+                f"--temp-dir={tmp_path / 'intruder'}",
+                "--node-ip-address",
+                lab.plan.host("pi2").address,
+                "--num-cpus",
+                "1",
+            ],
+            env={**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(bad)},
+            lab_env=False,
+            timeout=120,
+        )
 
     thread = threading.Thread(target=join)
     thread.start()
@@ -498,16 +670,63 @@ def test_single_host_jobs_cannot_be_reached_and_ray_refuses_a_node_without_the_t
     for b in engines:
         out = tmp_path / b
         out.mkdir()
-        jobs[b] = (out, lab.popen(host, [sys.executable, "-m", "multigpu", "launch", "--nproc", "2", "--backend", b,
-                                         "--", str(HERE / "lab_rank.py"), str(out), "4"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        jobs[b] = (
+            out,
+            lab.popen(
+                host,
+                [
+                    sys.executable,
+                    "-m",
+                    "multigpu",
+                    "launch",
+                    "--nproc",
+                    "2",
+                    "--backend",
+                    b,
+                    "--",
+                    str(HERE / "lab_rank.py"),
+                    str(out),
+                    "4",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
     local = tmp_path / "local.json"
-    local.write_text(json.dumps({"devices": [{"name": "d", "flops": 1e9, "power": 0, "backend": "numpy"},
-                                             {"name": "w", "flops": 1e9, "power": 0, "backend": "numpy"}],
-                                 "default_link": {"bandwidth": 1e8, "latency": 0}, "source": "d"}))
-    ray_run = lab.popen(host, [sys.executable, "-m", "multigpu", "run", "--cluster", str(local), "--plan",
-                               "d*3,w*7", "--random", "4000", "--timeout", "60"], lab_env=False,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    local.write_text(
+        json.dumps(
+            {
+                "devices": [
+                    {"name": "d", "flops": 1e9, "power": 0, "backend": "numpy"},
+                    {"name": "w", "flops": 1e9, "power": 0, "backend": "numpy"},
+                ],
+                "default_link": {"bandwidth": 1e8, "latency": 0},
+                "source": "d",
+            }
+        )
+    )
+    ray_run = lab.popen(
+        host,
+        [
+            sys.executable,
+            "-m",
+            "multigpu",
+            "run",
+            "--cluster",
+            str(local),
+            "--plan",
+            "d*3,w*7",
+            "--random",
+            "4000",
+            "--timeout",
+            "60",
+        ],
+        lab_env=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not all((o / "listening.rank0").exists() for o, _ in jobs.values()):
         assert time.monotonic() < deadline, {b: p.poll() for b, (_, p) in jobs.items()}
@@ -524,10 +743,11 @@ def test_single_host_jobs_cannot_be_reached_and_ray_refuses_a_node_without_the_t
     # The only socket open to other hosts is Paddle's store (its C++ server takes a port, no address).
     assert all(port in open_ports for _, port, _ in wide), (wide, tried)
     assert len(wide) <= (1 if "paddle" in engines else 0), (wide, rows)
-    assert len(rows) >= 6, rows   # the jobs and the local Ray instance did listen (on loopback)
+    assert len(rows) >= 6, rows  # the jobs and the local Ray instance did listen (on loopback)
     joined = intruder["run"]
-    assert joined.returncode != 0 and ("Authentication" in joined.stderr or "InvalidAuthToken" in joined.stderr), \
+    assert joined.returncode != 0 and ("Authentication" in joined.stderr or "InvalidAuthToken" in joined.stderr), (
         joined.stderr[-1500:]
+    )
 
 
 def test_down_leaves_the_machine_as_it_found_it(lab, before):

@@ -4,6 +4,7 @@ nothing. Small labs (two hosts, mostly without Ray) so each takes seconds.
 
 Needs root; skipped, with that reason, elsewhere.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,19 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root: it creates network namespaces, "
-                                                           "shapes links with tc and limits hosts with cgroups")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="the lab needs root: it creates network namespaces, shapes links with tc and limits hosts with cgroups",
+    ),
+]
 
-TWO = {"devices": [{"name": "a", "flops": 1e10, "power": 1, "memory": 4e8}, {"name": "b", "flops": 2e10, "power": 1}],
-       "links": [{"between": ["a", "b"], "bandwidth": 2e6, "latency": 0.001}], "source": "a"}
+TWO = {
+    "devices": [{"name": "a", "flops": 1e10, "power": 1, "memory": 4e8}, {"name": "b", "flops": 2e10, "power": 1}],
+    "links": [{"between": ["a", "b"], "bandwidth": 2e6, "latency": 0.001}],
+    "source": "a",
+}
 
 
 def _mine(lab_id: str) -> list[str]:
@@ -88,12 +96,16 @@ def test_ctrl_c_during_lab_up_takes_down_what_was_made(two):
     # Ctrl-C in a terminal reaches a process whose SIGINT has its default action. A runner that
     # started this suite in the background (a shell's `cmd &`) hands it down ignored, and a
     # Python started with SIGINT ignored keeps ignoring it, as a background job should.
-    p = subprocess.Popen([sys.executable, "-m", "multigpu", "lab", "up", str(two)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "multigpu", "lab", "up", str(two)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     lab_id = None
-    while lab_id is None and time.monotonic() < deadline:   # wait until its Ray nodes are starting
+    while lab_id is None and time.monotonic() < deadline:  # wait until its Ray nodes are starting
         for d in root.glob("*") if root.exists() else []:
             if d.name not in others and (d / "keeper.json").exists() and (d / "keeper.log").exists():
                 lab_id = d.name
@@ -102,7 +114,7 @@ def test_ctrl_c_during_lab_up_takes_down_what_was_made(two):
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
-    if p.returncode != 130:   # it came up in spite of the signal: take it down before failing
+    if p.returncode != 130:  # it came up in spite of the signal: take it down before failing
         from multigpu.lab import down_all
 
         down_all(lab_id)

@@ -2,6 +2,7 @@
 would build (hosts, addresses, shaped rates, CPU shares, memory limits, what it cannot
 emulate), the one-line refusals of a machine that cannot host it, and the lab benchmark's
 report built from the parts that ran (the committed run's raw data, parts removed)."""
+
 from __future__ import annotations
 
 import gzip
@@ -25,23 +26,29 @@ def test_the_shipped_lab_becomes_five_hosts_with_per_pair_rates_and_shares():
     assert [h.address for h in plan.hosts] == [f"198.18.0.{i}" for i in range(1, 6)]
     cores = {h.name: h.cores for h in plan.hosts}
     assert cores["pi1"] == pytest.approx(0.25) and cores["imac"] == pytest.approx(0.25 * 70 / 38.4, rel=1e-3)
-    assert cores["desk-gpu"] == plan.max_cores and plan.host("desk-gpu").capped   # a GPU: capped, said so
+    assert cores["desk-gpu"] == plan.max_cores and plan.host("desk-gpu").capped  # a GPU: capped, said so
     assert any("GPU's speed cannot be emulated" in n for n in plan.notes)
     assert any("latency is not emulated" in n for n in plan.notes)
     wifi, lan = plan.link("pi1", "desk-cpu"), plan.link("imac", "desk-cpu")
-    assert (wifi.bandwidth, lan.bandwidth) == (1e6, 1e7)   # WiFi and LAN out of one host differ
+    assert (wifi.bandwidth, lan.bandwidth) == (1e6, 1e7)  # WiFi and LAN out of one host differ
     assert wifi.rate_bits == round(1e6 * 8 * WIRE_OVERHEAD)
-    assert plan.link("desk-cpu", "desk-gpu").rate_bits is None   # PCIe: faster than the machine, unshaped
+    assert plan.link("desk-cpu", "desk-gpu").rate_bits is None  # PCIe: faster than the machine, unshaped
     assert plan.host("pi1").memory == 500_000_000 and plan.host("imac").memory is None
-    assert plan.head == "desk-cpu"   # the most memory (unlimited) first, then the source's host
+    assert plan.head == "desk-cpu"  # the most memory (unlimited) first, then the source's host
     assert plan.host("pi1").quota_us / plan.host("pi1").period_us == pytest.approx(0.25)
 
 
 def test_scales_devices_sharing_a_host_and_pairs_without_a_link():
-    c = Cluster(devices=(DeviceSpec("a", 1e9, 1, memory=1e8, host="box"),
-                         DeviceSpec("b", 4e9, 1, memory=2e8, host="box"), DeviceSpec("c", 2e9, 1)), source="a",
-                links=(Link(("a", "c"), 1e6, 0.0),),
-                hosts={"box": {"cores": 2}})
+    c = Cluster(
+        devices=(
+            DeviceSpec("a", 1e9, 1, memory=1e8, host="box"),
+            DeviceSpec("b", 4e9, 1, memory=2e8, host="box"),
+            DeviceSpec("c", 2e9, 1),
+        ),
+        source="a",
+        links=(Link(("a", "c"), 1e6, 0.0),),
+        hosts={"box": {"cores": 2}},
+    )
     plan = design(c, cpu_scale=0.1, bandwidth_scale=10, max_cores=1)
     assert [h.devices for h in plan.hosts] == [("a", "b"), ("c",)]
     box = plan.host("box")
@@ -49,9 +56,15 @@ def test_scales_devices_sharing_a_host_and_pairs_without_a_link():
     assert plan.link("box", "c").bandwidth == 1e7
     no_link = design(Cluster(devices=(DeviceSpec("a", 1, 0), DeviceSpec("b", 1, 0)), source="a"))
     assert no_link.link("a", "b").blocked and any("dropped" in n for n in no_link.notes)
-    tiny = design(Cluster(devices=(DeviceSpec("a", 1e9, 0), DeviceSpec("b", 1e12, 0)), source="a",
-                          default_link=LinkSpec(MAX_SHAPED * 2, 0.0)), cpu_scale=0.01)
-    assert tiny.host("a").quota_us >= 1000   # the kernel's shortest quota, with a longer period
+    tiny = design(
+        Cluster(
+            devices=(DeviceSpec("a", 1e9, 0), DeviceSpec("b", 1e12, 0)),
+            source="a",
+            default_link=LinkSpec(MAX_SHAPED * 2, 0.0),
+        ),
+        cpu_scale=0.01,
+    )
+    assert tiny.host("a").quota_us >= 1000  # the kernel's shortest quota, with a longer period
     assert tiny.host("a").quota_us / tiny.host("a").period_us == pytest.approx(0.01, rel=0.01)
 
 
@@ -74,8 +87,13 @@ def test_no_object_crosses_a_shaped_link_slower_than_rays_pull_is_repeated(tmp_p
             fits = min(object_store_bytes(plan.host(ln.src)), object_store_bytes(plan.host(ln.dst)))
             assert fits / (ln.rate_bits / 8) <= timeout / 2 * (1 + 1e-6)
     # Nothing shaped: Ray's own default stands.
-    fast = design(Cluster(devices=(DeviceSpec("a", 1e9, 0), DeviceSpec("b", 1e9, 0)), source="a",
-                          default_link=LinkSpec(MAX_SHAPED * 2, 0.0)))
+    fast = design(
+        Cluster(
+            devices=(DeviceSpec("a", 1e9, 0), DeviceSpec("b", 1e9, 0)),
+            source="a",
+            default_link=LinkSpec(MAX_SHAPED * 2, 0.0),
+        )
+    )
     assert ray_env(tmp_path / "token", fast)["RAY_object_manager_pull_timeout_ms"] == str(RAY_PULL_TIMEOUT_MS)
     assert env["RAY_AUTH_MODE"] == "token"
 
@@ -89,8 +107,9 @@ def test_cfs_periods_are_at_least_one_scheduler_tick_and_give_the_share():
     for h in at_250.hosts:
         assert h.period_us >= 4000 and h.quota_us >= 1000, h
         assert h.quota_us / h.period_us == pytest.approx(h.cores)
-        assert h.cores == pytest.approx(min(0.25 * max(lab.devices[lab.index(d)].flops for d in h.devices) / 38.4e9,
-                                            at_250.max_cores), rel=2e-3)
+        assert h.cores == pytest.approx(
+            min(0.25 * max(lab.devices[lab.index(d)].flops for d in h.devices) / 38.4e9, at_250.max_cores), rel=2e-3
+        )
     assert (at_250.host("imac").period_us, at_250.host("imac").quota_us) == (4000, 1823)
     at_1000 = design(lab, tick_us=1000)
     assert (at_1000.host("imac").period_us, at_1000.host("imac").quota_us) == (2195, 1000)
@@ -110,7 +129,7 @@ def test_the_scheduler_tick_is_read_from_the_kernel_configuration(tmp_path):
     assert scheduler_tick_us([other, tmp_path / "broken.gz"]) == DEFAULT_TICK_US
     (tmp_path / "broken.gz").write_bytes(b"not gzip")
     assert scheduler_tick_us([tmp_path / "broken.gz", gz]) == 1000
-    assert 1000 <= scheduler_tick_us() <= 10000   # this machine's (HZ from 100 to 1000)
+    assert 1000 <= scheduler_tick_us() <= 10000  # this machine's (HZ from 100 to 1000)
 
 
 def test_bad_scales_and_heads_are_refused_by_name():
@@ -151,7 +170,9 @@ def test_lab_commands_without_a_lab_and_with_bad_input(capsys, monkeypatch):
     assert "cannot emulate a link's latency" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("failed", [(), ("report",), ("reach", "allreduce"), ("report", "allreduce", "faults", "reach")])
+@pytest.mark.parametrize(
+    "failed", [(), ("report",), ("reach", "allreduce"), ("report", "allreduce", "faults", "reach")]
+)
 def test_the_lab_benchmark_reports_each_part_that_ran_and_names_each_that_did_not(failed):
     from multigpu.benchmarks import lab as bench_lab
 
@@ -160,9 +181,15 @@ def test_the_lab_benchmark_reports_each_part_that_ran_and_names_each_that_did_no
     if failed:
         data["failed"] = {failed[0]: "RuntimeError: the link went away"}
     result = bench_lab._result(data)
-    titles = {"report": "The report's experiment", "allreduce": "Multi-host data parallel", "faults": "Faults",
-              "reach": "Who can reach a job"}
+    titles = {
+        "report": "The report's experiment",
+        "allreduce": "Multi-host data parallel",
+        "faults": "Faults",
+        "reach": "Who can reach a job",
+    }
     assert [t.title.split(":")[0] for t in result.tables] == [v for k, v in titles.items() if k not in failed]
     assert [n for n in result.notes if n.startswith("The ") and " part failed: " in n] == [
         f"The {k} part failed: " + ("RuntimeError: the link went away" if k == failed[0] else "it did not run")
-        for k in titles if k in failed]
+        for k in titles
+        if k in failed
+    ]

@@ -4,6 +4,7 @@ A worker whose layers take known times (plus a stage overhead when a call starts
 that grows with the work timed, as a long prefix's median moves by more than a small layer
 takes): the whole pass keeps its time, and each layer's share comes from the layer alone.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +12,9 @@ import pytest
 
 from multigpu.execution.layer_timing import MIN_LAYER_TIME, split_pass, time_devices
 
-TIMES = [4e-3, 1e-4, 5e-3, 2e-4, 1e-4, 3e-3]   # seconds per layer: big and tiny ones
+TIMES = [4e-3, 1e-4, 5e-3, 2e-4, 1e-4, 3e-3]  # seconds per layer: big and tiny ones
 OVERHEAD = 2e-4
-CONVERT = 3e-5   # the driver's input onto the device and output back to numpy, in a local run
+CONVERT = 3e-5  # the driver's input onto the device and output back to numpy, in a local run
 
 
 class FakeWorker:
@@ -57,7 +58,7 @@ def test_each_layer_gets_its_own_time_and_the_pass_keeps_its_total():
     med, q1, q3, n, overhead, full, warm = got
     assert overhead == pytest.approx(OVERHEAD)
     assert med == pytest.approx(TIMES)
-    assert sum(med) + overhead == pytest.approx(full[1])          # a whole pass as one stage
+    assert sum(med) + overhead == pytest.approx(full[1])  # a whole pass as one stage
     # The driver's passes back to back, as it runs a local plan's items: with the conversions,
     # which the layers' times and the stage overhead leave out.
     assert warm == pytest.approx(CONVERT + OVERHEAD + sum(TIMES))
@@ -80,8 +81,11 @@ def test_split_pass_keeps_the_total_and_a_floor():
     assert all(a <= m <= b for a, m, b in zip(q1, med, q3))
 
 
-@pytest.mark.parametrize("make", [lambda m: m.lenet(), lambda m: m.resnet18(num_classes=10, input_shape=(3, 16, 16))],
-                         ids=["lenet", "resnet18"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda m: m.lenet(), lambda m: m.resnet18(num_classes=10, input_shape=(3, 16, 16))],
+    ids=["lenet", "resnet18"],
+)
 def test_a_local_pass_runs_a_whole_chain_or_graph_from_numpy_to_numpy(make):
     import multigpu.models
     from multigpu.execution.worker import StageWorker

@@ -6,6 +6,7 @@ take the wire. With ``message_bytes``, the throughput bottleneck charges a trans
 streams that fill a link. The oracle in ``test_partition_oracle.py`` draws
 ``message_bytes`` too; these are the format, fixed cases, and the fit.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,27 +14,31 @@ import json
 import pytest
 
 from multigpu.execution.link_fitting import LinkFit
-from multigpu.execution.stream_fitting import (
-    MAX_STREAM_PROBE,
-    StreamSample,
-    fit_message_bytes,
-    stream_probe_size,
-)
+from multigpu.execution.stream_fitting import MAX_STREAM_PROBE, StreamSample, fit_message_bytes, stream_probe_size
 from multigpu.partition import Cluster, ClusterError, Graph, autopartition, evaluate
 
-WIFI = 1e6   # bytes/s
+WIFI = 1e6  # bytes/s
 
 
 def graph(out_bytes: float) -> Graph:
-    return Graph.from_dict({"input_bytes": 100.0, "layers": [
-        {"name": "a", "flops": 2e7, "param_bytes": 0.0, "output_bytes": out_bytes},
-        {"name": "b", "flops": 2e7, "param_bytes": 0.0, "output_bytes": 40.0}]})
+    return Graph.from_dict(
+        {
+            "input_bytes": 100.0,
+            "layers": [
+                {"name": "a", "flops": 2e7, "param_bytes": 0.0, "output_bytes": out_bytes},
+                {"name": "b", "flops": 2e7, "param_bytes": 0.0, "output_bytes": 40.0},
+            ],
+        }
+    )
 
 
 def cluster(message_bytes: float | None = None) -> Cluster:
-    cd = {"devices": [{"name": "drv", "flops": 1e9, "power": 5.0}, {"name": "pi", "flops": 1e9, "power": 5.0}],
-          "links": [{"between": ["drv", "pi"], "bandwidth": WIFI, "latency": 16e-3, "inline_latency": 2e-3}],
-          "source": "drv", "inline_bytes": 1000}
+    cd = {
+        "devices": [{"name": "drv", "flops": 1e9, "power": 5.0}, {"name": "pi", "flops": 1e9, "power": 5.0}],
+        "links": [{"between": ["drv", "pi"], "bandwidth": WIFI, "latency": 16e-3, "inline_latency": 2e-3}],
+        "source": "drv",
+        "inline_bytes": 1000,
+    }
     if message_bytes is not None:
         cd["message_bytes"] = message_bytes
     return Cluster.from_dict(cd)
@@ -70,9 +75,15 @@ def test_a_stream_charges_the_payload_and_the_messages_not_the_latency():
 def test_the_throughput_planner_splits_once_the_link_is_priced_by_its_bytes():
     # Each layer takes 15 ms. Charged its latency, the link (34.2 ms an item) is worse than one device doing
     # both layers (30 ms); charged its bytes and messages (25.2 ms), the split is better.
-    g = Graph.from_dict({"input_bytes": 100.0, "layers": [
-        {"name": "a", "flops": 1.5e7, "param_bytes": 0.0, "output_bytes": 16200.0},
-        {"name": "b", "flops": 1.5e7, "param_bytes": 0.0, "output_bytes": 40.0}]})
+    g = Graph.from_dict(
+        {
+            "input_bytes": 100.0,
+            "layers": [
+                {"name": "a", "flops": 1.5e7, "param_bytes": 0.0, "output_bytes": 16200.0},
+                {"name": "b", "flops": 1.5e7, "param_bytes": 0.0, "output_bytes": 40.0},
+            ],
+        }
+    )
     old = autopartition(g, cluster(), objective="throughput", constraints={"memory": False})
     new = autopartition(g, cluster(4500.0), objective="throughput", constraints={"memory": False})
     assert old.assignment == ["drv", "drv"] and old.bottleneck == pytest.approx(30e-3)
@@ -90,12 +101,21 @@ def test_the_fit_solves_the_model_a_stream_is_priced_by():
     got, per_link = fit_message_bytes([StreamSample("pi", 65536, 24, per_item)], [fit()], "drv")
     assert got == pytest.approx(m) and per_link == {"pi": pytest.approx(m)}
     # A cluster with that figure prices the same stream at the time it took.
-    cd = {"devices": [{"name": "drv", "flops": 1e12, "power": 0.0}, {"name": "pi", "flops": 1e12, "power": 0.0}],
-          "links": [{"between": ["drv", "pi"], "bandwidth": WIFI, "latency": 16e-3}], "source": "drv",
-          "message_bytes": got}
-    g = Graph.from_dict({"input_bytes": 4.0, "layers": [
-        {"name": "echo", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 65536.0},
-        {"name": "reply", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 4.0}]})
+    cd = {
+        "devices": [{"name": "drv", "flops": 1e12, "power": 0.0}, {"name": "pi", "flops": 1e12, "power": 0.0}],
+        "links": [{"between": ["drv", "pi"], "bandwidth": WIFI, "latency": 16e-3}],
+        "source": "drv",
+        "message_bytes": got,
+    }
+    g = Graph.from_dict(
+        {
+            "input_bytes": 4.0,
+            "layers": [
+                {"name": "echo", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 65536.0},
+                {"name": "reply", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 4.0},
+            ],
+        }
+    )
     assert evaluate(g, Cluster.from_dict(cd), ["drv", "pi"]).bottleneck == pytest.approx(per_item)
 
 
@@ -108,13 +128,15 @@ def test_no_fit_where_the_hosts_not_the_link_set_the_rate():
     got, _ = fit_message_bytes([StreamSample("pi", 65536, 24, 0.1)], [fit()], "drv")
     assert got == pytest.approx(16e-3 * WIFI)
     # The median over the links a stream filled.
-    many = [StreamSample(w, 65536, 24, (65536 + 4 + 2 * m) / WIFI) for w, m in
-            (("p1", 3000.0), ("p2", 5000.0), ("p3", 7000.0))]
+    many = [
+        StreamSample(w, 65536, 24, (65536 + 4 + 2 * m) / WIFI)
+        for w, m in (("p1", 3000.0), ("p2", 5000.0), ("p3", 7000.0))
+    ]
     fits = [LinkFit(("drv", w), 16e-3, WIFI, [], 2e-3, 1000.0) for w in ("p1", "p2", "p3")]
     assert fit_message_bytes(many, fits, "drv")[0] == pytest.approx(5000.0)
 
 
 def test_the_streamed_payload_goes_through_the_object_store():
     assert stream_probe_size([64, 384, 4096, 65536, 655360], 1024) == 65536
-    assert stream_probe_size([256, 4096], 64 * 2**20) is None       # a local instance passes it all inline
+    assert stream_probe_size([256, 4096], 64 * 2**20) is None  # a local instance passes it all inline
     assert stream_probe_size([2 * MAX_STREAM_PROBE], 0) is None

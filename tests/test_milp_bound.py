@@ -1,6 +1,7 @@
 """A MILP stopped by its time limit says how far it got: the "not proven" message quotes the
 better of the planner's Lagrangian bound and the bound HiGHS proved (its root cuts lift it
 above the LP's), and a proven solve's HiGHS bound meets its optimum."""
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ def test_the_message_quotes_the_better_bound() -> None:
         _check_solved(stopped, "latency", 1.0)
     with pytest.raises(SolverError, match=r"the lower bound is 1\.75\)"):
         _check_solved(stopped, "latency", 1.75)
-    blind = MilpResult(1, "time limit reached", None, math.inf)   # HiGHS reported no bound
+    blind = MilpResult(1, "time limit reached", None, math.inf)  # HiGHS reported no bound
     with pytest.raises(SolverError, match=r"it found no plan; the lower bound is 1\)"):
         _check_solved(blind, "latency", 1.0)
 
@@ -31,9 +32,11 @@ def test_the_message_quotes_the_better_bound() -> None:
 def test_a_proven_solve_reports_its_bound() -> None:
     layers = tuple(LayerSpec(f"l{i}", flops=1e9 * (i + 1), param_bytes=4e6, output_bytes=1e5) for i in range(4))
     graph = Graph(layers, input_bytes=1e5)
-    cluster = Cluster((DeviceSpec("a", 1e12, 100.0, 9e6), DeviceSpec("b", 5e11, 50.0, 9e6),
-                       DeviceSpec("c", 2e11, 20.0, 9e6)), source="a",
-                      default_link=LinkSpec(1e9, 1e-4, 2.0))
+    cluster = Cluster(
+        (DeviceSpec("a", 1e12, 100.0, 9e6), DeviceSpec("b", 5e11, 50.0, 9e6), DeviceSpec("c", 2e11, 20.0, 9e6)),
+        source="a",
+        default_link=LinkSpec(1e9, 1e-4, 2.0),
+    )
     cons = Constraints().resolve(graph, cluster)
     res = solve_milp(CostTables.build(graph, cluster, False), cons, 1.0, 0.0, scale=1e3 / 0.01)
     assert res.status == 0 and res.a is not None

@@ -3,6 +3,7 @@ memory-feasible plan at its exact cost, and they tighten the LP relaxation where
 time-shares the source with another device. (The brute-force oracles in
 ``test_partition_dag_solvers.py`` and ``test_partition_constraints.py`` check the optima
 with them in place.)"""
+
 from __future__ import annotations
 
 import itertools
@@ -59,7 +60,7 @@ def test_every_memory_feasible_plan_keeps_its_cost(gd: dict, cd: dict, share: fl
             continue
         try:
             want = ref_sum(gd, cd, plan)[0]
-        except Unusable:    # a transfer over a pair without a link: no plan to keep
+        except Unusable:  # a transfer over a pair without a link: no plan to keep
             continue
         fix = np.ones((graph.n, len(names)), dtype=bool)
         fix[np.arange(graph.n), list(a)] = False
@@ -78,8 +79,11 @@ def test_cuts_tighten_a_time_shared_source() -> None:
     layers = tuple(LayerSpec(f"l{i}", 1e9, 1e6, 1e5) for i in range(6))
     graph = Graph(layers, input_bytes=1e5)
     mem = 0.6 * 6e6 + 1e5
-    cluster = Cluster((DeviceSpec("src", 1e9, 1.0, mem), DeviceSpec("fast", 1e12, 1.0, mem)), source="src",
-                      links=(Link(("src", "fast"), 1e5, 1e-3),))
+    cluster = Cluster(
+        (DeviceSpec("src", 1e9, 1.0, mem), DeviceSpec("fast", 1e12, 1.0, mem)),
+        source="src",
+        links=(Link(("src", "fast"), 1e5, 1e-3),),
+    )
     tables = CostTables.build(graph, cluster, False)
     cons = Constraints().resolve(graph, cluster)
     loose, _, _ = relax(build_model(tables, cons, 1.0, 0.0, cuts=False))
@@ -93,13 +97,22 @@ def test_cuts_tighten_a_time_shared_source() -> None:
 def test_milp_prices_a_small_edge_with_the_inline_latency() -> None:
     # A 100-byte edge between devices travels inline (inline_latency, not latency): the
     # MILP's column for it must say so, as the oracle does (it once missed 1e-4 s here).
-    gd = {"input_bytes": 100.0, "layers": [
-        {"name": "l0", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 100.0, "inputs": ["input"]},
-        {"name": "l1", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 100.0, "inputs": ["input", "l0"]}]}
-    cd = {"devices": [{"name": "d0", "flops": 1e9, "power": 0.0, "stage_overhead": 1e-5},
-                      {"name": "d1", "flops": 1e9, "power": 0.0}],
-          "links": [{"between": ["d0", "d1"], "bandwidth": 1e5, "latency": 0.0, "inline_latency": 1e-4}],
-          "source": "d0", "inline_bytes": 1000}
+    gd = {
+        "input_bytes": 100.0,
+        "layers": [
+            {"name": "l0", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 100.0, "inputs": ["input"]},
+            {"name": "l1", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 100.0, "inputs": ["input", "l0"]},
+        ],
+    }
+    cd = {
+        "devices": [
+            {"name": "d0", "flops": 1e9, "power": 0.0, "stage_overhead": 1e-5},
+            {"name": "d1", "flops": 1e9, "power": 0.0},
+        ],
+        "links": [{"between": ["d0", "d1"], "bandwidth": 1e5, "latency": 0.0, "inline_latency": 1e-4}],
+        "source": "d0",
+        "inline_bytes": 1000,
+    }
     graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
     tables = CostTables.build(graph, cluster, False)
     cons = Constraints(memory=False).resolve(graph, cluster)

@@ -3,6 +3,7 @@
 LP where it time-shares a device, and reduced-cost fixing never removes an optimal
 choice. (``test_partition_constraints.py`` checks the planner's optima, which go through
 these rounds, against brute force.)"""
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,7 +57,7 @@ def test_every_window_row_holds_for_every_plan_that_fits(gd: dict, cd: dict, sha
     diag = yi[:, np.arange(k), np.arange(k)]
     # An LP point that breaks every row (x everywhere, no edge with one end off a device): one row
     # per (window, device), for the layer the row is written for.
-    r, c, v, count = separate(graph, wins, room, np.ones((n, k)), np.ones((ne, k)), xi, diag, limit=10 ** 6)
+    r, c, v, count = separate(graph, wins, room, np.ones((n, k)), np.ones((ne, k)), xi, diag, limit=10**6)
     assert count == sum(int((room == w.room).sum()) for w in wins)
     rows = np.zeros((count, n * k + ne * k * k))
     np.add.at(rows, (r, c), v)
@@ -77,8 +78,11 @@ def _time_shared() -> tuple[Graph, Cluster]:
     graph = Graph(layers, input_bytes=1e3)
     mem = 0.6 * 6e6 + 1e6
     devs = (DeviceSpec("src", 1e6, 1.0), DeviceSpec("a", 1e12, 1.0, mem), DeviceSpec("b", 1e12, 1.0, mem))
-    cluster = Cluster(devs, source="src", links=(Link(("a", "b"), 1e8, 1e-3), Link(("src", "a"), 1e9, 0.0),
-                                                 Link(("src", "b"), 1e9, 0.0)))
+    cluster = Cluster(
+        devs,
+        source="src",
+        links=(Link(("a", "b"), 1e8, 1e-3), Link(("src", "a"), 1e9, 0.0), Link(("src", "b"), 1e9, 0.0)),
+    )
     return graph, cluster
 
 

@@ -1,4 +1,5 @@
 """Models as data: shapes, init and per-layer accounting."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -5,6 +5,7 @@ every host read of a tensor (``to_numpy``, ``float(t)``, ``t.item()``, ...). On 
 host read waits for the device, so one inside the step would run the replicas one
 after another instead of side by side.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,14 +43,14 @@ def check_step(events: list[str], devices: int, computations: int | None = None,
     done = [i for i, e in enumerate(events) if e in UPDATES]
     assert len(done) == (devices if updates is None else updates), events
     # The loss is the one host read, and it comes after the update on every replica.
-    assert [events[i] for i in reads] == ["to_numpy"] and reads[0] > done[-1], \
-        [events[i] for i in reads]
+    assert [events[i] for i in reads] == ["to_numpy"] and reads[0] > done[-1], [events[i] for i in reads]
 
 
 def _trainer(backend_name: str, devices: int, allreduce: str = "fused"):
     rec = Recording(multigpu.backend(backend_name))
-    tr = multigpu.DataParallel(models.lenet(), backend=rec, devices=f"cpu:{devices}", lr=0.2,
-                               allreduce=allreduce, seed=1)
+    tr = multigpu.DataParallel(
+        models.lenet(), backend=rec, devices=f"cpu:{devices}", lr=0.2, allreduce=allreduce, seed=1
+    )
     return rec, tr
 
 
@@ -64,8 +65,9 @@ def test_train_batch_reads_the_host_once_after_the_update(backend_name, devices)
         loss = tr.train_batch(X, y)
         check_step(list(rec.log), devices)
         # The wrapper is transparent: the plain adapter gives the same loss and parameters.
-        plain = multigpu.DataParallel(models.lenet(), backend=backend_name, devices=f"cpu:{devices}",
-                                      lr=0.2, allreduce=algorithm, seed=1)
+        plain = multigpu.DataParallel(
+            models.lenet(), backend=backend_name, devices=f"cpu:{devices}", lr=0.2, allreduce=algorithm, seed=1
+        )
         assert loss == pytest.approx(plain.train_batch(X, y), abs=1e-6), algorithm
         for a, b in zip(tr.get_params(), plain.get_params()):
             np.testing.assert_allclose(a, b, atol=1e-7, err_msg=algorithm)
@@ -120,15 +122,15 @@ def _tiny_resnet() -> models.Model:
 
 
 @pytest.mark.parametrize("sync_bn", [False, True], ids=["per-device", "synchronized"])
-@pytest.mark.parametrize("optimizer, per_replica", [
-    (SGD(momentum=0.9, weight_decay=5e-4), 3), (AdamW(), 4)], ids=["momentum", "adamw"])
+@pytest.mark.parametrize(
+    "optimizer, per_replica", [(SGD(momentum=0.9, weight_decay=5e-4), 3), (AdamW(), 4)], ids=["momentum", "adamw"]
+)
 def test_a_batchnorm_step_with_an_optimizer_reads_the_host_once(backend_name, sync_bn, optimizer, per_replica):
     """BatchNorm's statistics, the optimizer and the running-statistics update add no host read; with
     synchronized statistics the devices' forwards meet inside one computation."""
     m = _tiny_resnet()
     rec = Recording(multigpu.backend(backend_name))
-    tr = multigpu.DataParallel(m, backend=rec, devices="cpu:2", lr=0.1, optimizer=optimizer, sync_bn=sync_bn,
-                               seed=1)
+    tr = multigpu.DataParallel(m, backend=rec, devices="cpu:2", lr=0.1, optimizer=optimizer, sync_bn=sync_bn, seed=1)
     X, y = random_batches(m, 1, 10, seed=1)[0]
     rec.log.clear()
     loss = tr.train_batch(X, y)
@@ -136,8 +138,9 @@ def test_a_batchnorm_step_with_an_optimizer_reads_the_host_once(backend_name, sy
     check_step(list(rec.log), 2, computations=1 if sync_bn else 2, updates=2 * (per_replica + 1))
     if sync_bn:
         assert "batch_norm_sums" in rec.log and "batch_norm_train" in rec.log
-    plain = multigpu.DataParallel(m, backend=backend_name, devices="cpu:2", lr=0.1, optimizer=optimizer,
-                                  sync_bn=sync_bn, seed=1)
+    plain = multigpu.DataParallel(
+        m, backend=backend_name, devices="cpu:2", lr=0.1, optimizer=optimizer, sync_bn=sync_bn, seed=1
+    )
     assert loss == pytest.approx(plain.train_batch(X, y), abs=1e-6)
     for a, b in zip(tr.get_state(1), plain.get_state(1)):
         np.testing.assert_allclose(a, b, atol=1e-7)

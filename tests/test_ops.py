@@ -1,5 +1,6 @@
 """Each op against the NumPy reference (forward and gradients), and the reference's
 own backward rules against finite differences."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,18 @@ def conv_case(draw):
     stride = draw(st.integers(1, 3))
     h = draw(st.integers(max(1, k - 2 * pad), 9))
     w = draw(st.integers(max(1, k - 2 * pad), 9))
-    return dict(b=draw(st.integers(1, 3)), c=c, o=o, k=k, pad=pad, stride=stride, h=h, w=w,
-                groups=groups, seed=draw(st.integers(0, 2**16)))
+    return dict(
+        b=draw(st.integers(1, 3)),
+        c=c,
+        o=o,
+        k=k,
+        pad=pad,
+        stride=stride,
+        h=h,
+        w=w,
+        groups=groups,
+        seed=draw(st.integers(0, 2**16)),
+    )
 
 
 @st.composite
@@ -36,8 +47,17 @@ def pool_case(draw):
     stride = draw(st.integers(1, 3))
     h = draw(st.integers(k, 9))
     w = draw(st.integers(k, 9))
-    return dict(b=draw(st.integers(1, 3)), c=draw(st.integers(1, 3)), k=k, pad=pad, stride=stride,
-                h=h, w=w, kind=draw(st.sampled_from(["avg", "max"])), seed=draw(st.integers(0, 2**16)))
+    return dict(
+        b=draw(st.integers(1, 3)),
+        c=draw(st.integers(1, 3)),
+        k=k,
+        pad=pad,
+        stride=stride,
+        h=h,
+        w=w,
+        kind=draw(st.sampled_from(["avg", "max"])),
+        seed=draw(st.integers(0, 2**16)),
+    )
 
 
 def _through_loss(be, out, labels_np):
@@ -52,7 +72,7 @@ def _compare(be, ref, op, arrays, labels, atol):
     for b in (be, ref):
         ts = [b.from_numpy(a, CPU) for a in arrays]
         outs.append(b.to_numpy(op(b, *ts)))
-        flat = b.value_and_grad(lambda ps: _through_loss(b, op(b, *ps), labels), ts)
+        flat = b.value_and_grad(lambda ps: _through_loss(b, op(b, *ps), labels), ts)  # noqa: B023 (bound by an argument or called at once)
         grads.append([b.to_numpy(x) for x in b.unflatten(flat, [*(b.shape(t) for t in ts), (1,)])[:-1]])
     np.testing.assert_allclose(outs[0], outs[1], atol=atol, rtol=1e-4)
     for ga, gb in zip(*grads):
@@ -64,6 +84,7 @@ def _compare(be, ref, op, arrays, labels, atol):
 @given(case=conv_case())
 def test_conv2d_matches_reference(name, case):
     import multigpu
+
     be, ref = multigpu.backend(name), multigpu.backend("numpy")
     rng = np.random.default_rng(case["seed"])
     x = rng.standard_normal((case["b"], case["c"], case["h"], case["w"])).astype(np.float32)
@@ -81,6 +102,7 @@ def test_conv2d_matches_reference(name, case):
 @given(case=pool_case())
 def test_pooling_matches_reference(name, case):
     import multigpu
+
     be, ref = multigpu.backend(name), multigpu.backend("numpy")
     rng = np.random.default_rng(case["seed"])
     # Negative inputs make a wrong max-pool padding value (0 instead of -inf) visible.
@@ -98,6 +120,7 @@ def test_pooling_matches_reference(name, case):
 @given(b=st.integers(1, 5), fin=st.integers(1, 12), fout=st.integers(2, 12), seed=st.integers(0, 2**16))
 def test_dense_relu_cross_entropy_match_reference(name, b, fin, fout, seed):
     import multigpu
+
     be, ref = multigpu.backend(name), multigpu.backend("numpy")
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((b, fin)).astype(np.float32)
@@ -107,8 +130,9 @@ def test_dense_relu_cross_entropy_match_reference(name, b, fin, fout, seed):
     op = lambda bk, x, w, bias: bk.relu(bk.dense(x, w, bias))  # noqa: E731
     _compare(be, ref, op, [x, w, bias], labels, atol=1e-5)
     # The loss itself, per example, never reduced by a framework default.
-    per = [bk.to_numpy(bk.softmax_cross_entropy(bk.from_numpy(x @ w, CPU), bk.from_numpy(labels, CPU)))
-           for bk in (be, ref)]
+    per = [
+        bk.to_numpy(bk.softmax_cross_entropy(bk.from_numpy(x @ w, CPU), bk.from_numpy(labels, CPU))) for bk in (be, ref)
+    ]
     assert per[0].shape == (b,)
     np.testing.assert_allclose(per[0], per[1], atol=1e-5, rtol=1e-5)
 
@@ -116,6 +140,7 @@ def test_dense_relu_cross_entropy_match_reference(name, b, fin, fout, seed):
 @pytest.mark.parametrize("name", FRAMEWORKS)
 def test_argmax_reshape_and_math(name):
     import multigpu
+
     be = multigpu.backend(name)
     rng = np.random.default_rng(1)
     a = rng.standard_normal((5, 7)).astype(np.float32)
@@ -164,6 +189,7 @@ def test_copies_are_new_buffers(be):
 
 # -- the reference's own backward, by central finite differences in float64 ----------
 
+
 def _fd_check(op, arrays, labels, eps=1e-6, atol=1e-6):
     ref = numpy_backend()
     leaves = [NumpyVar(a.astype(np.float64), CPU) for a in arrays]
@@ -198,8 +224,9 @@ def test_reference_conv_backward_by_finite_differences(case):
     oh = (case["h"] + 2 * case["pad"] - case["k"]) // case["stride"] + 1
     ow = (case["w"] + 2 * case["pad"] - case["k"]) // case["stride"] + 1
     labels = rng.integers(0, case["o"] * oh * ow, case["b"])
-    _fd_check(lambda b, x, w, bias: b.conv2d(x, w, bias, case["stride"], case["pad"], case["groups"]),
-              [x, w, bias], labels)
+    _fd_check(
+        lambda b, x, w, bias: b.conv2d(x, w, bias, case["stride"], case["pad"], case["groups"]), [x, w, bias], labels
+    )
 
 
 @settings(max_examples=10)
@@ -234,11 +261,13 @@ def test_pool_conventions_are_explicit(be):
 
 # -- the ops ResNet-style models need (issue 15) ------------------------------------
 
+
 @pytest.mark.parametrize("name", FRAMEWORKS)
 @pytest.mark.parametrize("case", OP_CASES, ids=[c.name for c in OP_CASES])
 def test_every_op_case_matches_reference(name, case):
     """The cases ``multigpu check`` prints: forward and every gradient, the ResNet ops among them."""
     import multigpu
+
     be, ref = multigpu.backend(name), multigpu.backend("numpy")
     labels = case_labels(case, ref)
     (out, grads), (want, want_grads) = run_case(be, case, labels), run_case(ref, case, labels)
@@ -251,6 +280,7 @@ def test_every_op_case_matches_reference(name, case):
 def test_batch_norm_statistics_follow_torchs_convention(name):
     """Batch mean and the UNBIASED variance come back (torch's running_var); inference uses given statistics."""
     import multigpu
+
     be = multigpu.backend(name)
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((4, 3, 2, 5)) * 3 + 1).astype(np.float32)
@@ -260,13 +290,15 @@ def test_batch_norm_statistics_follow_torchs_convention(name):
     np.testing.assert_allclose(mean, x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(var, x.var(axis=(0, 2, 3), ddof=1), rtol=1e-5)
     biased = x.var(axis=(0, 2, 3)).reshape(1, 3, 1, 1)
-    want = (x - x.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(biased + 1e-5) * g.reshape(1, 3, 1, 1) \
-        + beta.reshape(1, 3, 1, 1)
+    want = (x - x.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(biased + 1e-5) * g.reshape(1, 3, 1, 1) + beta.reshape(
+        1, 3, 1, 1
+    )
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)  # normalized with the biased variance
     rm, rv = rng.standard_normal(3).astype(np.float32), rng.random(3).astype(np.float32) + 0.5
     inf = be.to_numpy(be.batch_norm(*t, be.from_numpy(rm, CPU), be.from_numpy(rv, CPU), 1e-5))
-    want = (x - rm.reshape(1, 3, 1, 1)) / np.sqrt(rv.reshape(1, 3, 1, 1) + 1e-5) * g.reshape(1, 3, 1, 1) \
-        + beta.reshape(1, 3, 1, 1)
+    want = (x - rm.reshape(1, 3, 1, 1)) / np.sqrt(rv.reshape(1, 3, 1, 1) + 1e-5) * g.reshape(1, 3, 1, 1) + beta.reshape(
+        1, 3, 1, 1
+    )
     np.testing.assert_allclose(inf, want, rtol=1e-4, atol=1e-5)
     sums = be.to_numpy(be.batch_norm_sums(t[0]))
     np.testing.assert_allclose(sums, [x.sum(axis=(0, 2, 3)), (x * x).sum(axis=(0, 2, 3))], rtol=1e-5)
@@ -275,6 +307,7 @@ def test_batch_norm_statistics_follow_torchs_convention(name):
 @pytest.mark.parametrize("name", FRAMEWORKS)
 def test_whole_buffer_math_matches_numpy(name):
     import multigpu
+
     be = multigpu.backend(name)
     rng = np.random.default_rng(4)
     y, x1, x2 = rng.standard_normal((3, 7)).astype(np.float32)

@@ -5,6 +5,7 @@ and the same gradient every step (as the gradient of ``sum(p * g)``); where a fr
 defines the rule differently the test feeds it what makes the two the same, as the
 NOTEs say.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,14 @@ def torch_own(opt) -> np.ndarray:
     if isinstance(opt, AdamW):
         o = torch.optim.AdamW([p], lr=LR, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
     else:
-        o = torch.optim.SGD([p], lr=LR, momentum=opt.momentum, dampening=opt.dampening,
-                            weight_decay=opt.weight_decay, nesterov=opt.nesterov)
+        o = torch.optim.SGD(
+            [p],
+            lr=LR,
+            momentum=opt.momentum,
+            dampening=opt.dampening,
+            weight_decay=opt.weight_decay,
+            nesterov=opt.nesterov,
+        )
     for g in grads:
         o.zero_grad()
         (p * torch.from_numpy(g)).sum().backward()
@@ -68,14 +75,24 @@ def paddle_own(opt) -> np.ndarray:
     p0, grads = _problem()
     p = paddle.create_parameter([SIZE], "float32", default_initializer=paddle.nn.initializer.Assign(p0))
     if isinstance(opt, AdamW):
-        o = paddle.optimizer.AdamW(learning_rate=LR, beta1=opt.betas[0], beta2=opt.betas[1], epsilon=opt.eps,
-                                   parameters=[p], weight_decay=opt.weight_decay)
+        o = paddle.optimizer.AdamW(
+            learning_rate=LR,
+            beta1=opt.betas[0],
+            beta2=opt.betas[1],
+            epsilon=opt.eps,
+            parameters=[p],
+            weight_decay=opt.weight_decay,
+        )
     else:
         # NOTE: Paddle's Momentum is velocity = mu * velocity + g (from zero, so its first step is torch's
         # buf = g), with L2Decay added to g first: torch's rule, without dampening.
-        o = paddle.optimizer.Momentum(learning_rate=LR, momentum=opt.momentum, parameters=[p],
-                                      use_nesterov=opt.nesterov, weight_decay=paddle.regularizer.L2Decay(
-                                          opt.weight_decay))
+        o = paddle.optimizer.Momentum(
+            learning_rate=LR,
+            momentum=opt.momentum,
+            parameters=[p],
+            use_nesterov=opt.nesterov,
+            weight_decay=paddle.regularizer.L2Decay(opt.weight_decay),
+        )
     for g in grads:
         (p * paddle.to_tensor(g)).sum().backward()
         o.step()
@@ -96,8 +113,20 @@ def mxnet_own(opt) -> np.ndarray:
             # eps) + wd * w). torch's step equals it with eta = lr, lr = sqrt(1 - b2^t) / (1 - b1^t) and eps
             # scaled by sqrt(1 - b2^t), set every step.
             c1, c2 = 1 - b1**t, math.sqrt(1 - b2**t)
-            mx.nd.contrib.adamw_update(w, mx.nd.array(g), m, v, rescale_grad=1.0, lr=c2 / c1, beta1=b1, beta2=b2,
-                                       epsilon=opt.eps * c2, wd=opt.weight_decay, eta=LR, out=w)
+            mx.nd.contrib.adamw_update(
+                w,
+                mx.nd.array(g),
+                m,
+                v,
+                rescale_grad=1.0,
+                lr=c2 / c1,
+                beta1=b1,
+                beta2=b2,
+                epsilon=opt.eps * c2,
+                wd=opt.weight_decay,
+                eta=LR,
+                out=w,
+            )
         return w.asnumpy()
     # NOTE: MXNet's sgd keeps mom = momentum * mom - lr * (g + wd * w) and adds it to w: torch's rule with
     # mom = -lr * buf, the same while lr is constant; it has no dampening or Nesterov.
@@ -113,8 +142,12 @@ OWN = {"torch": torch_own, "paddle": paddle_own, "mxnet": mxnet_own}
 
 def _cases(framework: str) -> list[tuple[str, object]]:
     """What each framework's own optimizer can express: Paddle has no dampening, MXNet's sgd no Nesterov either."""
-    out = [(k, v) for k, v in SGD_CASES.items()
-           if not v.dampening or framework == "torch" if not v.nesterov or framework != "mxnet"]
+    out = [
+        (k, v)
+        for k, v in SGD_CASES.items()
+        if not v.dampening or framework == "torch"
+        if not v.nesterov or framework != "mxnet"
+    ]
     return out + [("adamw", ADAMW)]
 
 

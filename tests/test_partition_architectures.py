@@ -1,5 +1,6 @@
 """The shipped graph files of published architectures: written by the generator (never by
 hand), the published parameter counts and FLOPs, fork-join, and loadable by name."""
+
 from __future__ import annotations
 
 import subprocess
@@ -18,8 +19,12 @@ PUBLISHED = {"resnet18": (11_689_512, 1.814e9), "resnet50": (25_557_032, 4.09e9)
 
 def test_the_shipped_files_are_what_the_generator_writes():
     assert write_shipped(_graphs_dir(), check=True) == []
-    proc = subprocess.run([sys.executable, "-m", "multigpu.partition.inputs.architectures", "--check"],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "multigpu.partition.inputs.architectures", "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -32,7 +37,7 @@ def test_published_parameters_and_multiply_accumulates(name):
     conv_and_dense = sum(x.flops for x in g.layers if x.param_bytes and x.flops != x.output_bytes / 2)
     assert conv_and_dense / 2 == pytest.approx(macs, rel=0.02)
     assert g.input_bytes == 4 * 3 * 224 * 224 and g.layers[-1].output_bytes == 4 * 1000
-    structure(g)                                          # residual and Inception blocks nest: fork-join
+    structure(g)  # residual and Inception blocks nest: fork-join
 
 
 def test_batch_scales_flops_and_activations_not_parameters():
@@ -50,5 +55,5 @@ def test_the_generated_resnet18_is_the_model_specs_graph():
     assert loaded == generated
     if "resnet18" in models.MODELS:
         assert loaded.name == "resnet18(batch=1)"
-    else:   # before the graph models: the shipped file
+    else:  # before the graph models: the shipped file
         assert loaded.name == "resnet18"

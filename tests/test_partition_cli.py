@@ -1,4 +1,5 @@
 """``multigpu partition``: report, --json keys, exit codes and one-line errors."""
+
 from __future__ import annotations
 
 import argparse
@@ -47,37 +48,100 @@ def test_json_output_matches_the_api(capsys):
 def test_report_has_every_section(capsys):
     assert run(["--graph", "alexnet", "--cluster", "lab", "--we", "0.1"]) == 0
     out = capsys.readouterr().out
-    for words in ("Per layer", "Per device", "memory / limit", "baselines", "best single device",
-                  "uniform contiguous split", "FLOPs-balanced split", "greedy", "conv1", "fc8", "pi1"):
+    for words in (
+        "Per layer",
+        "Per device",
+        "memory / limit",
+        "baselines",
+        "best single device",
+        "uniform contiguous split",
+        "FLOPs-balanced split",
+        "greedy",
+        "conv1",
+        "fc8",
+        "pi1",
+    ):
         assert words in out, words
 
 
 def test_throughput_and_constraint_flags(capsys, tmp_path):
     g = tmp_path / "g.json"
-    g.write_text(json.dumps({"input_bytes": 1000, "layers": [
-        {"name": f"l{i}", "flops": 1e9, "param_bytes": 1000, "output_bytes": 1000} for i in range(4)]}))
-    assert run(["--graph", str(g), "--cluster", "gpu-box", "--objective", "throughput", "--json",
-                "--pin", "l0=gpu1", "--exclude", "gpu3", "--busy-limit", "gpu2=1", "--ship-params"]) == 0
+    g.write_text(
+        json.dumps(
+            {
+                "input_bytes": 1000,
+                "layers": [
+                    {"name": f"l{i}", "flops": 1e9, "param_bytes": 1000, "output_bytes": 1000} for i in range(4)
+                ],
+            }
+        )
+    )
+    assert (
+        run(
+            [
+                "--graph",
+                str(g),
+                "--cluster",
+                "gpu-box",
+                "--objective",
+                "throughput",
+                "--json",
+                "--pin",
+                "l0=gpu1",
+                "--exclude",
+                "gpu3",
+                "--busy-limit",
+                "gpu2=1",
+                "--ship-params",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["objective"] == "throughput" and data["assignment"][0] == "gpu1"
     assert "gpu3" not in data["assignment"]
 
 
-@pytest.mark.parametrize("argv,code,words", [
-    (["--graph", "alexnet", "--cluster", "nowhere.json"], 2, ["no cluster file 'nowhere.json'"]),
-    (["--graph", "vgg", "--cluster", "lab"], 2, ["no graph file 'vgg'", "alexnet, lenet"]),
-    (["--graph", "alexnet", "--cluster", "lab", "--wt", "-1"], 2, ["wt=-1.0"]),
-    (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1"], 2, ["--pin 'conv1' must look like NAME=DEVICE"]),
-    (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=tpu"], 2, ["'tpu' is not a device"]),
-    (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1", "--pin", "conv1=pi2"], 2,
-     ["--pin names 'conv1' twice (conv1=pi1 and conv1=pi2)"]),
-    (["--graph", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=1", "--busy-limit", "pi1=2"], 2,
-     ["--busy-limit names 'pi1' twice"]),
-    (["--graph", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=soon"], 2, ["'soon' is not a number"]),
-    (["--graph", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"], 1, ["infeasible (energy budget)"]),
-    (["--graph", "alexnet", "--cluster", "lab", "--exclude", "desk-cpu", "--exclude", "desk-gpu",
-      "--exclude", "imac", "--batch", "512"], 1, ["infeasible (memory)", "layer 'conv1'", "--ignore-memory"]),
-])
+@pytest.mark.parametrize(
+    "argv,code,words",
+    [
+        (["--graph", "alexnet", "--cluster", "nowhere.json"], 2, ["no cluster file 'nowhere.json'"]),
+        (["--graph", "vgg", "--cluster", "lab"], 2, ["no graph file 'vgg'", "alexnet, lenet"]),
+        (["--graph", "alexnet", "--cluster", "lab", "--wt", "-1"], 2, ["wt=-1.0"]),
+        (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1"], 2, ["--pin 'conv1' must look like NAME=DEVICE"]),
+        (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=tpu"], 2, ["'tpu' is not a device"]),
+        (
+            ["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1", "--pin", "conv1=pi2"],
+            2,
+            ["--pin names 'conv1' twice (conv1=pi1 and conv1=pi2)"],
+        ),
+        (
+            ["--graph", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=1", "--busy-limit", "pi1=2"],
+            2,
+            ["--busy-limit names 'pi1' twice"],
+        ),
+        (["--graph", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=soon"], 2, ["'soon' is not a number"]),
+        (["--graph", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"], 1, ["infeasible (energy budget)"]),
+        (
+            [
+                "--graph",
+                "alexnet",
+                "--cluster",
+                "lab",
+                "--exclude",
+                "desk-cpu",
+                "--exclude",
+                "desk-gpu",
+                "--exclude",
+                "imac",
+                "--batch",
+                "512",
+            ],
+            1,
+            ["infeasible (memory)", "layer 'conv1'", "--ignore-memory"],
+        ),
+    ],
+)
 def test_errors_are_one_line_with_exit_code(capsys, argv, code, words):
     assert run(argv) == code
     captured = capsys.readouterr()
@@ -101,7 +165,7 @@ def test_a_graph_with_branches_reports_its_stages_as_a_graph_and_plots(capsys, t
 
     cluster = load_cluster("lab").to_dict()
     for d in cluster["devices"]:
-        d["memory"] = 22e6                  # about 40% of ResNet-18's parameters: the plan must spread them
+        d["memory"] = 22e6  # about 40% of ResNet-18's parameters: the plan must spread them
     (tmp_path / "small.json").write_text(json.dumps(cluster))
     png = tmp_path / "plan.png"
     argv = ["--graph", "resnet18", "--cluster", str(tmp_path / "small.json"), "--no-baselines"]
@@ -121,16 +185,39 @@ def test_a_graph_with_branches_reports_its_stages_as_a_graph_and_plots(capsys, t
 
 def test_makespan_objective_and_time_limit_flags(capsys, tmp_path):
     g = tmp_path / "towers.json"
-    g.write_text(json.dumps({"input_bytes": 1e6, "layers": [
-        {"name": "stem", "flops": 1e9, "param_bytes": 0, "output_bytes": 1e6},
-        {"name": "a", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
-        {"name": "b", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
-        {"name": "cat", "flops": 0, "param_bytes": 0, "output_bytes": 2e6, "inputs": ["a", "b"]}]}))
-    assert run(["--graph", str(g), "--cluster", "gpu-box", "--objective", "makespan", "--time-limit", "60",
-                "--json", "--no-baselines"]) == 0
+    g.write_text(
+        json.dumps(
+            {
+                "input_bytes": 1e6,
+                "layers": [
+                    {"name": "stem", "flops": 1e9, "param_bytes": 0, "output_bytes": 1e6},
+                    {"name": "a", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
+                    {"name": "b", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
+                    {"name": "cat", "flops": 0, "param_bytes": 0, "output_bytes": 2e6, "inputs": ["a", "b"]},
+                ],
+            }
+        )
+    )
+    assert (
+        run(
+            [
+                "--graph",
+                str(g),
+                "--cluster",
+                "gpu-box",
+                "--objective",
+                "makespan",
+                "--time-limit",
+                "60",
+                "--json",
+                "--no-baselines",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["objective"] == "makespan" and data["solver"] == "milp"
-    assert data["assignment"][1] != data["assignment"][2]          # the towers run at once on two GPUs
+    assert data["assignment"][1] != data["assignment"][2]  # the towers run at once on two GPUs
     assert data["makespan"] < data["time"]
     assert run(["--graph", str(g), "--cluster", "gpu-box", "--objective", "makespan", "--ship-params"]) == 2
     assert "ship_params is priced by the latency objective" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Constrained AutoPartition: the MILP optimum equals brute force over the feasible
 assignments, and an infeasible problem names its binding constraint."""
+
 from __future__ import annotations
 
 import copy
@@ -37,8 +38,14 @@ def _row(assignment: list[str], names: list[str]) -> int:
 
 
 @settings(max_examples=70, **SETTINGS)
-@given(instances(max_n=6, max_k=4), weights, st.booleans(), st.sampled_from(["latency", "throughput"]),
-       st.sampled_from(["auto", "milp"]), st.data())
+@given(
+    instances(max_n=6, max_k=4),
+    weights,
+    st.booleans(),
+    st.sampled_from(["latency", "throughput"]),
+    st.sampled_from(["auto", "milp"]),
+    st.data(),
+)
 def test_constrained_optimum_equals_bruteforce(inst, w, ship, objective, solver, data):
     gd, cd = inst
     cd = copy.deepcopy(cd)
@@ -70,8 +77,9 @@ def test_constrained_optimum_equals_bruteforce(inst, w, ship, objective, solver,
     excluded = []
     if k > 1 and data.draw(st.integers(0, 3)) == 0:
         excluded = [data.draw(st.sampled_from(names))]
-    cons = Constraints(busy_time=busy_map or None, energy_budget=None if math.isinf(budget) else budget,
-                       pinned=pins, excluded=excluded)
+    cons = Constraints(
+        busy_time=busy_map or None, energy_budget=None if math.isinf(budget) else budget, pinned=pins, excluded=excluded
+    )
 
     A = bf0.A
     fixed = bf0.valid.copy()
@@ -82,20 +90,17 @@ def test_constrained_optimum_equals_bruteforce(inst, w, ship, objective, solver,
 
     def feasible(f: float) -> np.ndarray:
         with np.errstate(invalid="ignore"):
-            return (fixed & (bf0.memory <= mem * f).all(1) & (bf0.busy <= busy * f).all(1)
-                    & (bf0.E <= budget * f))
+            return fixed & (bf0.memory <= mem * f).all(1) & (bf0.busy <= busy * f).all(1) & (bf0.E <= budget * f)
 
     strict, loose = feasible(1 - TOL), feasible(1 + TOL)
     graph, cluster = build(gd, cd)
     if not loose.any():
         event("infeasible")
         with pytest.raises(InfeasibleError, match="infeasible|excluded|pinned"):
-            autopartition(graph, cluster, *w, objective=objective, constraints=cons,
-                          ship_params=ship, solver=solver)
+            autopartition(graph, cluster, *w, objective=objective, constraints=cons, ship_params=ship, solver=solver)
         return
     assume(strict.any())  # a limit sitting within 1e-6 of every candidate is a tie, not a test
-    plan = autopartition(graph, cluster, *w, objective=objective, constraints=cons, ship_params=ship,
-                         solver=solver)
+    plan = autopartition(graph, cluster, *w, objective=objective, constraints=cons, ship_params=ship, solver=solver)
     event(f"{objective} solved by {plan.solver}")
     row = _row(plan.assignment, names)
     assert loose[row], "the plan breaks a constraint"
@@ -116,8 +121,11 @@ def test_constrained_optimum_equals_bruteforce(inst, w, ship, objective, solver,
 
 # -- hand-built cases -------------------------------------------------------------------------
 def two_device_cluster(mem_slow=None, mem_fast=None, power_fast=100.0) -> Cluster:
-    return Cluster(devices=(DeviceSpec("slow", 1e9, 2.0, mem_slow), DeviceSpec("fast", 1e11, power_fast, mem_fast)),
-                   links=(Link(("slow", "fast"), 1e9, 0.0),), source="slow")
+    return Cluster(
+        devices=(DeviceSpec("slow", 1e9, 2.0, mem_slow), DeviceSpec("fast", 1e11, power_fast, mem_fast)),
+        links=(Link(("slow", "fast"), 1e9, 0.0),),
+        source="slow",
+    )
 
 
 def chain(n=4, params=100.0, flops=1e9, out=10.0) -> Graph:
@@ -200,8 +208,11 @@ def test_pins_and_exclusions():
 
 def test_missing_link_is_avoided_and_evaluate_raises():
     # src -- mid -- gpu, no src--gpu link and no default link.
-    c = Cluster(devices=(DeviceSpec("src", 1e9, 1.0), DeviceSpec("mid", 1e9, 1.0), DeviceSpec("gpu", 1e13, 1.0)),
-                links=(Link(("src", "mid"), 1e9, 0.0), Link(("mid", "gpu"), 1e9, 0.0)), source="src")
+    c = Cluster(
+        devices=(DeviceSpec("src", 1e9, 1.0), DeviceSpec("mid", 1e9, 1.0), DeviceSpec("gpu", 1e13, 1.0)),
+        links=(Link(("src", "mid"), 1e9, 0.0), Link(("mid", "gpu"), 1e9, 0.0)),
+        source="src",
+    )
     g = chain(3, flops=1e10)
     with pytest.raises(UnusableLinkError, match="no link joins 'src' and 'gpu'.*default_link"):
         evaluate(g, c, ["gpu", "gpu", "gpu"])
@@ -241,7 +252,8 @@ def test_solver_and_objective_arguments():
 
 
 def test_default_link_covers_unlisted_pairs():
-    c = Cluster(devices=(DeviceSpec("a", 1e9, 1.0), DeviceSpec("b", 2e9, 1.0)), source="a",
-                default_link=LinkSpec(1e6, 0.001))
+    c = Cluster(
+        devices=(DeviceSpec("a", 1e9, 1.0), DeviceSpec("b", 2e9, 1.0)), source="a", default_link=LinkSpec(1e6, 0.001)
+    )
     bd = evaluate(chain(1, flops=1e9, out=1000.0), c, ["b"])
     assert close(bd.time, 10.0 / 1e6 + 0.001 + 0.5 + 1000.0 / 1e6 + 0.001)

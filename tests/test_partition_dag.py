@@ -2,6 +2,7 @@
 cost model, the makespan and the throughput bottleneck over DAGs against the independent
 oracle (``dag_oracle``), the matrix form with one transition matrix per edge, and the
 stages a plan forms (a DAG)."""
+
 from __future__ import annotations
 
 import json
@@ -27,13 +28,16 @@ from multigpu.partition import (
 )
 from multigpu.partition.stages import split_stages
 
-RESIDUAL = {"input_bytes": 4000, "layers": [
-    {"name": "stem", "flops": 2e8, "param_bytes": 1e4, "output_bytes": 8000},
-    {"name": "conv1", "flops": 4e8, "param_bytes": 4e4, "output_bytes": 8000},
-    {"name": "conv2", "flops": 4e8, "param_bytes": 4e4, "output_bytes": 8000},
-    {"name": "add", "flops": 2e3, "param_bytes": 0, "output_bytes": 8000, "inputs": ["conv2", "stem"]},
-    {"name": "fc", "flops": 1e6, "param_bytes": 4e3, "output_bytes": 40},
-]}
+RESIDUAL = {
+    "input_bytes": 4000,
+    "layers": [
+        {"name": "stem", "flops": 2e8, "param_bytes": 1e4, "output_bytes": 8000},
+        {"name": "conv1", "flops": 4e8, "param_bytes": 4e4, "output_bytes": 8000},
+        {"name": "conv2", "flops": 4e8, "param_bytes": 4e4, "output_bytes": 8000},
+        {"name": "add", "flops": 2e3, "param_bytes": 0, "output_bytes": 8000, "inputs": ["conv2", "stem"]},
+        {"name": "fc", "flops": 1e6, "param_bytes": 4e3, "output_bytes": 40},
+    ],
+}
 
 
 def write(tmp_path: Path, data: dict, name: str = "g.json") -> Path:
@@ -49,14 +53,18 @@ def test_a_residual_graph_file_loads_with_its_edges(tmp_path):
     assert g.producers == ((-1,), (0,), (1,), (2, 0), (3,))
     assert g.consumers[0] == (1, 3)
     assert list(g.edge_src) == [0, 1, 2, 0, 3] and list(g.edge_dst) == [1, 2, 3, 3, 4]
-    assert g.input_bytes_per_layer[3] == 16000                 # the add holds both of its inputs
+    assert g.input_bytes_per_layer[3] == 16000  # the add holds both of its inputs
     assert Graph.from_dict(g.to_dict()) == g
-    assert "inputs" not in g.to_dict()["layers"][1]            # the default is not written out
+    assert "inputs" not in g.to_dict()["layers"][1]  # the default is not written out
 
 
 def test_a_chain_with_inputs_spelt_out_is_the_chain(tmp_path):
-    chain = {"input_bytes": 100, "layers": [{"name": f"l{i}", "flops": 1e6 * (i + 1), "param_bytes": 10,
-                                             "output_bytes": 50 + i} for i in range(4)]}
+    chain = {
+        "input_bytes": 100,
+        "layers": [
+            {"name": f"l{i}", "flops": 1e6 * (i + 1), "param_bytes": 10, "output_bytes": 50 + i} for i in range(4)
+        ],
+    }
     spelt = json.loads(json.dumps(chain))
     for i, layer in enumerate(spelt["layers"]):
         layer["inputs"] = ["input"] if i == 0 else [f"l{i - 1}"]
@@ -69,8 +77,10 @@ def test_a_chain_with_inputs_spelt_out_is_the_chain(tmp_path):
 
 def test_a_toml_graph_file_loads(tmp_path):
     p = tmp_path / "g.toml"
-    p.write_text('input_bytes = 10\n[[layers]]\nname = "a"\nflops = 1e6\nparam_bytes = 0\noutput_bytes = 5\n'
-                 '[[layers]]\nname = "b"\nflops = 1e6\nparam_bytes = 0\noutput_bytes = 5\ninputs = ["a", "input"]\n')
+    p.write_text(
+        'input_bytes = 10\n[[layers]]\nname = "a"\nflops = 1e6\nparam_bytes = 0\noutput_bytes = 5\n'
+        '[[layers]]\nname = "b"\nflops = 1e6\nparam_bytes = 0\noutput_bytes = 5\ninputs = ["a", "input"]\n'
+    )
     assert load_graph(p).producers == ((-1,), (0, -1))
 
 
@@ -85,17 +95,20 @@ def _with(**changes):
     return data
 
 
-@pytest.mark.parametrize("data, words", [
-    (_with(add=["conv2", "stme"]), r"layer 'add' lists input 'stme', which is no layer of the graph.*'stem'"),
-    (_with(conv1=["conv2"]), r"cycle: 'conv1' -> 'conv2' -> 'conv1'.*remove one of these inputs"),
-    (_with(conv1=["add"]), r"cycle: .*'conv1'"),
-    (_with(stem=["fc"]), r"cycle"),
-    (_with(conv1=[]), r"layer 'conv1': inputs is empty, so no path from the input reaches layer 'conv1'"),
-    (_with(add=["conv2", "conv2"]), r"layer 'add': inputs lists 'conv2' twice"),
-    (_with(add=["add"]), r"lists the layer itself"),
-    (_with(add="conv2"), r"layer 'add': inputs must be a list of layer names"),
-    (_with(fc=["conv2"]), r"the output of layer 'add' goes to no layer.*only the last layer \('fc'\)"),
-])
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (_with(add=["conv2", "stme"]), r"layer 'add' lists input 'stme', which is no layer of the graph.*'stem'"),
+        (_with(conv1=["conv2"]), r"cycle: 'conv1' -> 'conv2' -> 'conv1'.*remove one of these inputs"),
+        (_with(conv1=["add"]), r"cycle: .*'conv1'"),
+        (_with(stem=["fc"]), r"cycle"),
+        (_with(conv1=[]), r"layer 'conv1': inputs is empty, so no path from the input reaches layer 'conv1'"),
+        (_with(add=["conv2", "conv2"]), r"layer 'add': inputs lists 'conv2' twice"),
+        (_with(add=["add"]), r"lists the layer itself"),
+        (_with(add="conv2"), r"layer 'add': inputs must be a list of layer names"),
+        (_with(fc=["conv2"]), r"the output of layer 'add' goes to no layer.*only the last layer \('fc'\)"),
+    ],
+)
 def test_bad_graph_files_are_refused_by_name(tmp_path, data, words):
     with pytest.raises(ClusterError, match=words):
         load_graph(write(tmp_path, data))
@@ -147,7 +160,7 @@ def test_evaluate_over_dags_equals_the_definition(gd, cd, ship, data):
     assert close(bd.time, T) and close(bd.energy, E) and close(bd.cost, T + 0.5 * E)
     assert close(bd.bottleneck, ref_bottleneck(gd, cd, a))
     assert close(bd.makespan, ref_makespan(gd, cd, a))
-    assert bd.makespan <= bd.time - bd.param_time + 1e-12     # overlapping never takes longer than in turn
+    assert bd.makespan <= bd.time - bd.param_time + 1e-12  # overlapping never takes longer than in turn
     m = bd.matrix
     assert close(m.time(), T) and close(m.energy(), E, 1e-8)
     assert m.L.shape[0] == len(graph.edge_src) + len(graph.input_consumers) + 1
@@ -163,17 +176,17 @@ def test_stages_form_a_dag_and_start_where_the_cost_model_charges_them(gd, k, da
     a = data.draw(st.lists(st.sampled_from([f"d{i}" for i in range(k)]), min_size=graph.n, max_size=graph.n))
     stages = split_stages(a, graph.names, graph.producers)
     seen = sorted(i for s in stages for i in s.members)
-    assert seen == list(range(graph.n))                        # every layer in exactly one stage
+    assert seen == list(range(graph.n))  # every layer in exactly one stage
     ref = starts(gd, dict(zip(graph.names, a)))
-    assert sum(ref.values()) == len(stages)                    # one stage per stage start
+    assert sum(ref.values()) == len(stages)  # one stage per stage start
     stage_of = {i: s.index for s in stages for i in s.members}
     for s in stages:
-        assert all(t < s.index for t in s.after)               # a DAG, in index order
+        assert all(t < s.index for t in s.after)  # a DAG, in index order
         assert len({a[i] for i in s.members}) == 1 and s.device == a[s.members[0]]
-        assert ref[graph.names[s.members[0]]]                  # it opens at a stage start
+        assert ref[graph.names[s.members[0]]]  # it opens at a stage start
         for i in s.members[1:]:
             assert not ref[graph.names[i]]
-            assert any(stage_of[p] == s.index for p in graph.producers[i])   # connected
+            assert any(stage_of[p] == s.index for p in graph.producers[i])  # connected
         for p, t in s.inputs:
             assert (p == -1 and t == -1) or stage_of[p] == t != s.index
 
@@ -182,12 +195,17 @@ def test_stages_of_a_residual_block_split_across_devices():
     g = Graph.from_dict(RESIDUAL)
     a = ["pi1", "imac", "imac", "pi1", "pi1"]
     stages = split_stages(a, g.names, g.producers)
-    assert [(s.device, s.span, s.after) for s in stages] == [("pi1", "stem", ()), ("imac", "conv1..conv2", (0,)),
-                                                             ("pi1", "add..fc", (0, 1))]
-    assert stages[2].inputs == ((0, 0), (2, 1))                 # the shortcut from stage 1, conv2 from stage 2
+    assert [(s.device, s.span, s.after) for s in stages] == [
+        ("pi1", "stem", ()),
+        ("imac", "conv1..conv2", (0,)),
+        ("pi1", "add..fc", (0, 1)),
+    ]
+    assert stages[2].inputs == ((0, 0), (2, 1))  # the shortcut from stage 1, conv2 from stage 2
     bd = evaluate(g, load_cluster("lab"), a)
-    assert [(t.producer, t.to, t.between) for t in bd.transfers] == [("stem", "conv1", ("pi1", "imac")),
-                                                                    ("conv2", "add", ("imac", "pi1"))]
+    assert [(t.producer, t.to, t.between) for t in bd.transfers] == [
+        ("stem", "conv1", ("pi1", "imac")),
+        ("conv2", "add", ("imac", "pi1")),
+    ]
     assert bd.stages == stages
 
 
@@ -201,18 +219,22 @@ def test_an_activation_goes_once_to_a_device_however_many_layers_there_consume_i
 
 
 def test_the_makespan_overlaps_branches_and_equals_t_on_a_chain():
-    towers = {"input_bytes": 1e6, "layers": [
-        {"name": "stem", "flops": 1e9, "param_bytes": 0, "output_bytes": 1e6},
-        {"name": "a", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
-        {"name": "b", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
-        {"name": "cat", "flops": 0, "param_bytes": 0, "output_bytes": 2e6, "inputs": ["a", "b"]}]}
+    towers = {
+        "input_bytes": 1e6,
+        "layers": [
+            {"name": "stem", "flops": 1e9, "param_bytes": 0, "output_bytes": 1e6},
+            {"name": "a", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
+            {"name": "b", "flops": 1e12, "param_bytes": 0, "output_bytes": 1e6, "inputs": ["stem"]},
+            {"name": "cat", "flops": 0, "param_bytes": 0, "output_bytes": 2e6, "inputs": ["a", "b"]},
+        ],
+    }
     g, c = Graph.from_dict(towers), load_cluster("gpu-box")
     bd = evaluate(g, c, ["gpu0", "gpu0", "gpu1", "gpu0"])
     s = bd.schedule
-    assert s.start[2] == s.arrive[1] > s.finish[0]              # b starts once stem's output is on gpu1
+    assert s.start[2] == s.arrive[1] > s.finish[0]  # b starts once stem's output is on gpu1
     assert s.start[1] == s.finish[0] and s.start[3] == max(s.finish[1], s.arrive[2])
-    assert bd.makespan == s.arrive[-1] < bd.time                # the towers overlap
-    assert math.isclose(bd.time - bd.makespan, 1e12 / 15.7e12, rel_tol=1e-3)   # by one tower
+    assert bd.makespan == s.arrive[-1] < bd.time  # the towers overlap
+    assert math.isclose(bd.time - bd.makespan, 1e12 / 15.7e12, rel_tol=1e-3)  # by one tower
     chain, c = load_graph("alexnet"), load_cluster("lab")
     bd = evaluate(chain, c, ["pi1"] * 3 + ["desk-gpu"] * (chain.n - 3))
     assert bd.makespan == bd.time
@@ -233,9 +255,16 @@ def test_graph_from_model_takes_each_nodes_inputs():
 
     from multigpu.partition import graph_from_model
 
-    stats = [SimpleNamespace(name=x["name"], flops=x["flops"] * 2, param_bytes=x["param_bytes"],
-                             output_bytes=x["output_bytes"] * 2, inputs=tuple(x.get("inputs", ())))
-             for x in RESIDUAL["layers"]]
+    stats = [
+        SimpleNamespace(
+            name=x["name"],
+            flops=x["flops"] * 2,
+            param_bytes=x["param_bytes"],
+            output_bytes=x["output_bytes"] * 2,
+            inputs=tuple(x.get("inputs", ())),
+        )
+        for x in RESIDUAL["layers"]
+    ]
     for s, prev in zip(stats, ["input"] + [x.name for x in stats]):
         s.inputs = s.inputs or (prev,)
     model = SimpleNamespace(name="toy", layer_stats=lambda batch: stats, input_bytes=lambda batch: 8000)

@@ -2,6 +2,7 @@
 with and without constraints: the fork-join DP, the MILP for any DAG, the makespan
 MILP; which method proved the optimum; and what a solver refuses because it cannot
 prove it."""
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,9 @@ def _solve(gd: dict, cd: dict, limits: dict, **kw):
 
 def _check(gd: dict, cd: dict, limits: dict, objective: str, w: tuple[float, float], ship: bool = False) -> None:
     mem = {d["name"]: limits["memory"] for d in cd["devices"]} if "memory" in limits else None
-    best = brute(gd, cd, *w, ship=ship, memory=mem, busy=limits.get("busy"), energy=limits.get("energy"),
-                 pins=limits.get("pins"))
+    best = brute(
+        gd, cd, *w, ship=ship, memory=mem, busy=limits.get("busy"), energy=limits.get("energy"), pins=limits.get("pins")
+    )
     key = {"latency": "cost", "throughput": "bottleneck", "makespan": "makespan"}[objective]
     try:
         plan = _solve(gd, cd, limits, wt=w[0], we=w[1], objective=objective, ship_params=ship)
@@ -87,7 +89,7 @@ def test_makespan_reaches_the_brute_force_minimum(gd, cd, data):
 @given(fork_joins(7), clusters(), weights)
 def test_the_fork_join_dp_is_exact_and_says_so(gd, cd, w):
     graph = Graph.from_dict(gd)
-    structure(graph)                                   # every drawn graph is fork-join
+    structure(graph)  # every drawn graph is fork-join
     best = brute(gd, cd, *w)["cost"]
     try:
         plan = autopartition(graph, Cluster.from_dict(cd), *w, constraints={"memory": False}, solver="dp")
@@ -101,16 +103,25 @@ def test_the_fork_join_dp_is_exact_and_says_so(gd, cd, w):
 def test_methods_and_refusals_name_what_cannot_be_proven():
     # A DenseNet-like block: b and c consume a, c and d consume b, d consumes a, b, c: not fork-join
     # (the branches from b end at d, the join of the fork at a).
-    dense = Graph.from_dict({"input_bytes": 1e4, "layers": [
-        {"name": "a", "flops": 1e9, "param_bytes": 1e5, "output_bytes": 1e4},
-        {"name": "b", "flops": 1e9, "param_bytes": 1e5, "output_bytes": 1e4},
-        {"name": "c", "flops": 1e9, "param_bytes": 1e5, "output_bytes": 1e4, "inputs": ["a", "b"]},
-        {"name": "d", "flops": 1e9, "param_bytes": 1e5, "output_bytes": 1e4, "inputs": ["a", "b", "c"]}]})
+    dense = Graph.from_dict(
+        {
+            "input_bytes": 1e4,
+            "layers": [
+                {"name": "a", "flops": 1e9, "param_bytes": 1e5, "output_bytes": 1e4},
+                {"name": "b", "flops": 1e9, "param_bytes": 1e5, "output_bytes": 1e4},
+                {"name": "c", "flops": 1e9, "param_bytes": 1e5, "output_bytes": 1e4, "inputs": ["a", "b"]},
+                {"name": "d", "flops": 1e9, "param_bytes": 1e5, "output_bytes": 1e4, "inputs": ["a", "b", "c"]},
+            ],
+        }
+    )
     with pytest.raises(NotForkJoin, match="the branches from layer 'b' end at the join of an enclosing fork"):
         structure(dense)
     lab = load_cluster("lab")
-    with pytest.raises(PartitionInputError, match=r"solver='dp' covers chains and fork-join.*graph 'graph' is "
-                                                   r"neither: .*layer 'b'.*use solver='milp'"):
+    with pytest.raises(
+        PartitionInputError,
+        match=r"solver='dp' covers chains and fork-join.*graph 'graph' is "
+        r"neither: .*layer 'b'.*use solver='milp'",
+    ):
         autopartition(dense, lab, constraints={"memory": False}, solver="dp")
     assert autopartition(dense, lab).solver in ("milp", "bound")
     with pytest.raises(PartitionInputError, match="cannot prove the makespan objective on graph 'graph'.*overlap"):

@@ -1,12 +1,12 @@
 """Hosts, transfer CPU and the relay: the cluster-file fields, checked on load, and the
 host term of the throughput bottleneck on hand-computed examples. (The exact optimum
 against brute force is in test_partition_oracle.py.)"""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
-
 import pytest
 
 from multigpu.partition import (
@@ -36,12 +36,18 @@ def cluster(cores=None, relay=True, driver_flops=1e8) -> Cluster:
     costs 1 ms of CPU at each end and 0.5 ms in the driver when it relays it."""
     host = "box" if cores is not None else None
     cpu = TransferCpu(fixed=1 * MS)
-    devices = (DeviceSpec("d", driver_flops, 0.0, host=host, transfer_cpu=cpu),
-               DeviceSpec("a", 1e9, 0.0, host=host, transfer_cpu=cpu),
-               DeviceSpec("b", 1e9, 0.0, host=host, transfer_cpu=cpu))
-    return Cluster(devices=devices, source="d", default_link=LinkSpec(1e9, 1e-5),
-                   hosts=(HostSpec("box", cores),) if cores is not None else (),
-                   relay=Relay("d", 0.5 * MS) if relay else None)
+    devices = (
+        DeviceSpec("d", driver_flops, 0.0, host=host, transfer_cpu=cpu),
+        DeviceSpec("a", 1e9, 0.0, host=host, transfer_cpu=cpu),
+        DeviceSpec("b", 1e9, 0.0, host=host, transfer_cpu=cpu),
+    )
+    return Cluster(
+        devices=devices,
+        source="d",
+        default_link=LinkSpec(1e9, 1e-5),
+        hosts=(HostSpec("box", cores),) if cores is not None else (),
+        relay=Relay("d", 0.5 * MS) if relay else None,
+    )
 
 
 def test_loads_by_hand():
@@ -61,9 +67,15 @@ def test_loads_by_hand():
     bd_nr = evaluate(graph(), cluster(cores=2, relay=False), ["a", "b"])
     assert bd_nr.device("d").load == pytest.approx(2 * MS) and bd_nr.hosts[0].load == pytest.approx(13 * MS)
     # Transfer CPU is in the bottleneck only: T is compute + link times, as before.
-    plain = evaluate(graph(), Cluster(devices=tuple(DeviceSpec(n, f, 0.0) for n, f in (("d", 1e8), ("a", 1e9),
-                                                                                     ("b", 1e9))),
-                                      source="d", default_link=LinkSpec(1e9, 1e-5)), ["a", "b"])
+    plain = evaluate(
+        graph(),
+        Cluster(
+            devices=tuple(DeviceSpec(n, f, 0.0) for n, f in (("d", 1e8), ("a", 1e9), ("b", 1e9))),
+            source="d",
+            default_link=LinkSpec(1e9, 1e-5),
+        ),
+        ["a", "b"],
+    )
     assert bd.time == pytest.approx(plain.time) and plain.bottleneck == pytest.approx(4 * MS)
 
 
@@ -107,49 +119,67 @@ def test_fields_round_trip_through_the_file(tmp_path):
     back = load_cluster(f)
     assert back == cl
     data = json.loads(f.read_text())
-    assert data["hosts"] == {"box": {"cores": 2.0}} and data["relay"] == {"device": "d", "fixed": 0.5 * MS,
-                                                                          "per_byte": 0.0}
+    assert data["hosts"] == {"box": {"cores": 2.0}} and data["relay"] == {
+        "device": "d",
+        "fixed": 0.5 * MS,
+        "per_byte": 0.0,
+    }
     assert data["devices"][1]["host"] == "box" and data["devices"][1]["transfer_cpu"] == {"fixed": MS, "per_byte": 0.0}
 
 
 def base() -> dict:
-    return {"devices": [{"name": "d", "flops": 1e9, "power": 0, "host": "box"},
-                        {"name": "a", "flops": 1e9, "power": 0, "host": "box",
-                         "transfer_cpu": {"fixed": 1e-4, "per_byte": 1e-9}}],
-            "hosts": {"box": {"cores": 2}}, "relay": {"device": "d", "fixed": 1e-4}, "source": "d"}
+    return {
+        "devices": [
+            {"name": "d", "flops": 1e9, "power": 0, "host": "box"},
+            {"name": "a", "flops": 1e9, "power": 0, "host": "box", "transfer_cpu": {"fixed": 1e-4, "per_byte": 1e-9}},
+        ],
+        "hosts": {"box": {"cores": 2}},
+        "relay": {"device": "d", "fixed": 1e-4},
+        "source": "d",
+    }
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda c: c["devices"][0].update(host="bx"),
-     "device 'd': host 'bx' is not in the cluster's \"hosts\" \\(hosts: box\\); add"),
-    (lambda c: c.pop("hosts"), "host 'box' is not in the cluster's \"hosts\" \\(hosts: none"),
-    (lambda c: c["hosts"].update(spare={"cores": 4}), "host 'spare' in \"hosts\" has no device"),
-    (lambda c: c["hosts"]["box"].update(cores=0), "host 'box': cores=0 must be greater than 0"),
-    (lambda c: c["hosts"]["box"].update(cores=float("inf")), "host 'box': cores=inf must be a finite number"),
-    (lambda c: c["hosts"]["box"].update(cores="two"), "host 'box': cores='two' must be a number"),
-    (lambda c: c["hosts"]["box"].update(threads=2), "hosts\\['box'\\] has unknown key 'threads'"),
-    (lambda c: c["hosts"].update(box={}), "hosts\\['box'\\] is missing the key 'cores'"),
-    (lambda c: c.update(hosts={}), "\"hosts\" must be a non-empty object"),
-    (lambda c: c.update(hosts=[{"cores": 2}]), "\"hosts\" must be a non-empty object"),
-    (lambda c: c["devices"][0].update(host=""), "device 'd': host must be a non-empty string"),
-    (lambda c: c["devices"][1]["transfer_cpu"].update(fixed=-1e-4),
-     "device 'a': transfer_cpu: fixed=-0.0001 must be at least 0"),
-    (lambda c: c["devices"][1]["transfer_cpu"].update(per_byte=float("nan")),
-     "device 'a': transfer_cpu: per_byte=nan must be a finite number"),
-    (lambda c: c["devices"][1]["transfer_cpu"].update(latency=1e-4),
-     "device 'a': transfer_cpu has unknown key 'latency'"),
-    (lambda c: c["devices"][1].update(transfer_cpu=1e-4), "device 'a': transfer_cpu must be an object"),
-    (lambda c: c["devices"][1]["transfer_cpu"].pop("fixed"), "transfer_cpu is missing the key 'fixed'"),
-    (lambda c: c["relay"].update(device="driver"),
-     "relay device 'driver' is not a device; choose one of: d, a"),
-    (lambda c: c["relay"].update(fixed=-1.0), "relay: fixed=-1.0 must be at least 0"),
-    (lambda c: c["relay"].pop("device"), "relay is missing the key 'device'"),
-    (lambda c: c["relay"].update(cores=1), "relay has unknown key 'cores'"),
-    (lambda c: c.update(host={"box": 2}), "cluster has unknown key 'host'"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (
+            lambda c: c["devices"][0].update(host="bx"),
+            "device 'd': host 'bx' is not in the cluster's \"hosts\" \\(hosts: box\\); add",
+        ),
+        (lambda c: c.pop("hosts"), "host 'box' is not in the cluster's \"hosts\" \\(hosts: none"),
+        (lambda c: c["hosts"].update(spare={"cores": 4}), "host 'spare' in \"hosts\" has no device"),
+        (lambda c: c["hosts"]["box"].update(cores=0), "host 'box': cores=0 must be greater than 0"),
+        (lambda c: c["hosts"]["box"].update(cores=float("inf")), "host 'box': cores=inf must be a finite number"),
+        (lambda c: c["hosts"]["box"].update(cores="two"), "host 'box': cores='two' must be a number"),
+        (lambda c: c["hosts"]["box"].update(threads=2), "hosts\\['box'\\] has unknown key 'threads'"),
+        (lambda c: c["hosts"].update(box={}), "hosts\\['box'\\] is missing the key 'cores'"),
+        (lambda c: c.update(hosts={}), '"hosts" must be a non-empty object'),
+        (lambda c: c.update(hosts=[{"cores": 2}]), '"hosts" must be a non-empty object'),
+        (lambda c: c["devices"][0].update(host=""), "device 'd': host must be a non-empty string"),
+        (
+            lambda c: c["devices"][1]["transfer_cpu"].update(fixed=-1e-4),
+            "device 'a': transfer_cpu: fixed=-0.0001 must be at least 0",
+        ),
+        (
+            lambda c: c["devices"][1]["transfer_cpu"].update(per_byte=float("nan")),
+            "device 'a': transfer_cpu: per_byte=nan must be a finite number",
+        ),
+        (
+            lambda c: c["devices"][1]["transfer_cpu"].update(latency=1e-4),
+            "device 'a': transfer_cpu has unknown key 'latency'",
+        ),
+        (lambda c: c["devices"][1].update(transfer_cpu=1e-4), "device 'a': transfer_cpu must be an object"),
+        (lambda c: c["devices"][1]["transfer_cpu"].pop("fixed"), "transfer_cpu is missing the key 'fixed'"),
+        (lambda c: c["relay"].update(device="driver"), "relay device 'driver' is not a device; choose one of: d, a"),
+        (lambda c: c["relay"].update(fixed=-1.0), "relay: fixed=-1.0 must be at least 0"),
+        (lambda c: c["relay"].pop("device"), "relay is missing the key 'device'"),
+        (lambda c: c["relay"].update(cores=1), "relay has unknown key 'cores'"),
+        (lambda c: c.update(host={"box": 2}), "cluster has unknown key 'host'"),
+    ],
+)
 def test_bad_host_and_cpu_fields_are_rejected_on_load(edit, match, tmp_path):
     data = base()
-    load_cluster(_write(tmp_path, data))            # the base file is fine
+    load_cluster(_write(tmp_path, data))  # the base file is fine
     edit(data)
     with pytest.raises(ClusterError, match=match):
         load_cluster(_write(tmp_path, data))
@@ -174,12 +204,18 @@ def test_a_link_inside_one_host_with_transfer_cpu_is_no_resource():
     processes of one host that both have transfer CPU, that time is their CPU work
     (already in their loads) plus waiting, so only the loads count: a = 7 + 0.2 ms.
     With a device on another host, or without transfer_cpu, the link's 10 ms binds."""
+
     def two(host_a, cpu_a, d_flops=1e9):
-        return Cluster(devices=(DeviceSpec("d", d_flops, 0.0, host="box", transfer_cpu=TransferCpu(0.1 * MS)),
-                                DeviceSpec("a", 1e9, 0.0, host=host_a,
-                                           transfer_cpu=TransferCpu(0.1 * MS) if cpu_a else None)),
-                       source="d", default_link=LinkSpec(1e9, 5 * MS),
-                       hosts=(HostSpec("box", 4),) + ((HostSpec("other", 4),) if host_a == "other" else ()))
+        return Cluster(
+            devices=(
+                DeviceSpec("d", d_flops, 0.0, host="box", transfer_cpu=TransferCpu(0.1 * MS)),
+                DeviceSpec("a", 1e9, 0.0, host=host_a, transfer_cpu=TransferCpu(0.1 * MS) if cpu_a else None),
+            ),
+            source="d",
+            default_link=LinkSpec(1e9, 5 * MS),
+            hosts=(HostSpec("box", 4),) + ((HostSpec("other", 4),) if host_a == "other" else ()),
+        )
+
     g = graph()
     inside = evaluate(g, two("box", True), ["a", "a"])
     assert inside.bottleneck == pytest.approx(7.2 * MS) and inside.bottleneck_at == "device 'a'"
@@ -203,10 +239,17 @@ def test_a_host_of_one_device_counts_the_cpu_off_its_computing_thread():
     10 MB output back costs d1 1 us + 0.1 s of CPU, so the optimum keeps the last layer
     on d1 (10 ms) instead."""
     g = Graph(layers=(LayerSpec("l0", 0.0, 0.0, 100.0), LayerSpec("l1", 1e7, 0.0, 1e7)), input_bytes=0.0, name="g2")
-    cl = Cluster(devices=(DeviceSpec("d0", 1e12, 0.0),
-                          DeviceSpec("d1", 1e9, 0.0, host="h0",
-                                     transfer_cpu=TransferCpu(0.0, 1e-8, serial_fixed=0.0, serial_per_byte=0.0))),
-                 source="d1", default_link=LinkSpec(1e10, 0.0), hosts=(HostSpec("h0", 1),))
+    cl = Cluster(
+        devices=(
+            DeviceSpec("d0", 1e12, 0.0),
+            DeviceSpec(
+                "d1", 1e9, 0.0, host="h0", transfer_cpu=TransferCpu(0.0, 1e-8, serial_fixed=0.0, serial_per_byte=0.0)
+            ),
+        ),
+        source="d1",
+        default_link=LinkSpec(1e10, 0.0),
+        hosts=(HostSpec("h0", 1),),
+    )
     away = evaluate(g, cl, ["d1", "d0"])
     assert away.device("d1").load == 0.0 and away.device("d1").transfer_cpu == pytest.approx(0.100001)
     assert away.bottleneck == pytest.approx(0.100001) and away.bottleneck_at == "host 'h0' (1 cores)"
@@ -222,10 +265,12 @@ def test_serial_part_round_trips_and_is_checked(tmp_path):
     a = cl.devices[1].transfer_cpu
     assert (a.serial_fixed, a.serial_per_byte) == (5e-5, 5e-10) and cl.relay.serial_cost(0) == 2e-5
     assert load_cluster(_write(tmp_path, cl.to_dict())) == cl
-    for serial, match in (({"fixed": 2e-4}, "serial: fixed = 0.0002 is more than the whole fixed = 0.0001"),
-                          ({"per_byte": 1e-10}, "serial is missing the key 'fixed'"),
-                          ({"fixed": 1e-5, "share": 1}, "serial has unknown key 'share'"),
-                          ({"fixed": -1e-5}, "serial: fixed=-1e-05 must be at least 0")):
+    for serial, match in (
+        ({"fixed": 2e-4}, "serial: fixed = 0.0002 is more than the whole fixed = 0.0001"),
+        ({"per_byte": 1e-10}, "serial is missing the key 'fixed'"),
+        ({"fixed": 1e-5, "share": 1}, "serial has unknown key 'share'"),
+        ({"fixed": -1e-5}, "serial: fixed=-1e-05 must be at least 0"),
+    ):
         data["devices"][1]["transfer_cpu"]["serial"] = serial
         with pytest.raises(ClusterError, match=match):
             load_cluster(_write(tmp_path, data))
@@ -236,29 +281,49 @@ def test_a_receive_figure_prices_what_a_device_receives_and_round_trips(tmp_path
     of 1e-8 s/B it spends 10 ms + 2 fixed on the receive, with per_byte 1e-10 only 0.1 ms on
     the send; d0's figures (no receive_per_byte) price both directions at its per_byte."""
     g = Graph(layers=(LayerSpec("l0", 0.0, 0.0, 1e6), LayerSpec("l1", 0.0, 0.0, 100.0)), input_bytes=0.0, name="g2")
-    cl = Cluster(devices=(DeviceSpec("d0", 1e12, 0.0, transfer_cpu=TransferCpu(1e-4, 2e-9)),
-                          DeviceSpec("d1", 1e9, 0.0, transfer_cpu=TransferCpu(1e-4, 1e-10, receive_per_byte=1e-8))),
-                 source="d0", default_link=LinkSpec(1e10, 0.0))
+    cl = Cluster(
+        devices=(
+            DeviceSpec("d0", 1e12, 0.0, transfer_cpu=TransferCpu(1e-4, 2e-9)),
+            DeviceSpec("d1", 1e9, 0.0, transfer_cpu=TransferCpu(1e-4, 1e-10, receive_per_byte=1e-8)),
+        ),
+        source="d0",
+        default_link=LinkSpec(1e10, 0.0),
+    )
     r = evaluate(g, cl, ["d0", "d1"])
     assert r.device("d1").transfer_cpu == pytest.approx((1e-4 + 1e-8 * 1e6) + (1e-4 + 1e-10 * 100))
     assert r.device("d0").transfer_cpu == pytest.approx((1e-4 + 2e-9 * 1e6) + (1e-4 + 2e-9 * 100))
     # The file form: the key, its serial part, and what is refused.
     data = base()
-    data["devices"][1]["transfer_cpu"].update(receive_per_byte=4e-9,
-                                               serial={"fixed": 5e-5, "per_byte": 5e-10, "receive_per_byte": 1e-9})
+    data["devices"][1]["transfer_cpu"].update(
+        receive_per_byte=4e-9, serial={"fixed": 5e-5, "per_byte": 5e-10, "receive_per_byte": 1e-9}
+    )
     back = load_cluster(_write(tmp_path, data))
     a = back.devices[1].transfer_cpu
     assert (a.receive_per_byte, a.serial_receive_per_byte) == (4e-9, 1e-9)
-    assert a.receive_cost(1000) == pytest.approx(1e-4 + 4e-6) and a.serial_receive_cost(1000) == pytest.approx(5e-5 + 1e-6)
+    assert a.receive_cost(1000) == pytest.approx(1e-4 + 4e-6) and a.serial_receive_cost(1000) == pytest.approx(
+        5e-5 + 1e-6
+    )
     assert load_cluster(_write(tmp_path, back.to_dict())) == back
-    _refused(tmp_path, data, (({"receive_per_byte": -1.0}, "transfer_cpu: receive_per_byte=-1.0 must be at least 0"),
-                      ({"receive_per_byte": 4e-9, "serial": {"fixed": 0.0}},
-                       "serial is missing the key 'receive_per_byte' \\(the whole has one\\)"),
-                      ({"serial": {"fixed": 0.0, "receive_per_byte": 2e-9}},
-                       "serial: receive_per_byte = 2e-09 is more than the whole per_byte \\(it has no "
-                       "receive_per_byte\\) = 1e-09"),
-                      ({"receive_per_byte": 4e-9, "serial": {"fixed": 0.0, "receive_per_byte": 5e-9}},
-                       "serial: receive_per_byte = 5e-09 is more than the whole receive_per_byte = 4e-09")))
+    _refused(
+        tmp_path,
+        data,
+        (
+            ({"receive_per_byte": -1.0}, "transfer_cpu: receive_per_byte=-1.0 must be at least 0"),
+            (
+                {"receive_per_byte": 4e-9, "serial": {"fixed": 0.0}},
+                "serial is missing the key 'receive_per_byte' \\(the whole has one\\)",
+            ),
+            (
+                {"serial": {"fixed": 0.0, "receive_per_byte": 2e-9}},
+                "serial: receive_per_byte = 2e-09 is more than the whole per_byte \\(it has no "
+                "receive_per_byte\\) = 1e-09",
+            ),
+            (
+                {"receive_per_byte": 4e-9, "serial": {"fixed": 0.0, "receive_per_byte": 5e-9}},
+                "serial: receive_per_byte = 5e-09 is more than the whole receive_per_byte = 4e-09",
+            ),
+        ),
+    )
     data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9}
     data["relay"]["receive_per_byte"] = 1e-9
     with pytest.raises(ClusterError, match="relay has unknown key 'receive_per_byte'"):
@@ -271,11 +336,18 @@ def test_an_inline_figure_prices_the_transfers_inside_the_engines_message_and_ro
     relay prices each hop the same way. The file form round-trips; what is refused names
     the key and the fix."""
     g = Graph(layers=(LayerSpec("l0", 0.0, 0.0, 1e6), LayerSpec("l1", 0.0, 0.0, 100.0)), input_bytes=0.0, name="g2")
-    cl = Cluster(devices=(DeviceSpec("d0", 1e12, 0.0, transfer_cpu=TransferCpu(3e-3, 1e-9, inline_fixed=4e-4)),
-                          DeviceSpec("d1", 1e9, 0.0, transfer_cpu=TransferCpu(2e-3, 1e-9)),
-                          DeviceSpec("d2", 1e9, 0.0)),
-                 source="d0", sink="d2", default_link=LinkSpec(1e10, 0.0), inline_bytes=1000,
-                 relay=Relay("d0", 1e-3, 0.0, inline_fixed=1e-4))
+    cl = Cluster(
+        devices=(
+            DeviceSpec("d0", 1e12, 0.0, transfer_cpu=TransferCpu(3e-3, 1e-9, inline_fixed=4e-4)),
+            DeviceSpec("d1", 1e9, 0.0, transfer_cpu=TransferCpu(2e-3, 1e-9)),
+            DeviceSpec("d2", 1e9, 0.0),
+        ),
+        source="d0",
+        sink="d2",
+        default_link=LinkSpec(1e10, 0.0),
+        inline_bytes=1000,
+        relay=Relay("d0", 1e-3, 0.0, inline_fixed=1e-4),
+    )
     r = evaluate(g, cl, ["d0", "d1"])
     # d0 sends the 1 MB (store); d1 receives it and sends 100 B to d2 (inline: d1 has no
     # inline figure, so its fixed); d0 relays that hop at its inline figure.
@@ -284,8 +356,9 @@ def test_an_inline_figure_prices_the_transfers_inside_the_engines_message_and_ro
     assert load_cluster(_write(tmp_path, cl.to_dict())) == cl
     data = base()
     data["inline_bytes"] = 1000
-    data["devices"][1]["transfer_cpu"].update(inline_fixed=2e-5, serial={"fixed": 5e-5, "per_byte": 0.0,
-                                                                          "inline_fixed": 1e-5})
+    data["devices"][1]["transfer_cpu"].update(
+        inline_fixed=2e-5, serial={"fixed": 5e-5, "per_byte": 0.0, "inline_fixed": 1e-5}
+    )
     data["relay"].update(inline_fixed=3e-5, serial={"fixed": 1e-5, "inline_fixed": 1e-5})
     back = load_cluster(_write(tmp_path, data))
     a = back.devices[1].transfer_cpu
@@ -293,19 +366,34 @@ def test_an_inline_figure_prices_the_transfers_inside_the_engines_message_and_ro
     assert a.cost(1000, 1000) == pytest.approx(2e-5 + 1e-6) and a.cost(1001, 1000) == pytest.approx(1e-4 + 1.001e-6)
     assert a.serial_cost(10, 1000) == pytest.approx(1e-5) and a.cost(10) == pytest.approx(1e-4 + 1e-8)
     assert load_cluster(_write(tmp_path, back.to_dict())) == back
-    _refused(tmp_path, data, (({"inline_fixed": -1.0}, "transfer_cpu: inline_fixed=-1.0 must be at least 0"),
-                      ({"inline_fixed": 2e-5, "serial": {"fixed": 0.0}},
-                       "serial is missing the key 'inline_fixed' \\(the whole has one\\)"),
-                      ({"serial": {"fixed": 0.0, "inline_fixed": 1e-5}},
-                       "serial: inline_fixed = 1e-05 needs 'inline_fixed' as well"),
-                      ({"inline_fixed": 2e-5, "serial": {"fixed": 0.0, "inline_fixed": 3e-5}},
-                       "serial: inline_fixed = 3e-05 is more than the whole inline_fixed = 2e-05")))
+    _refused(
+        tmp_path,
+        data,
+        (
+            ({"inline_fixed": -1.0}, "transfer_cpu: inline_fixed=-1.0 must be at least 0"),
+            (
+                {"inline_fixed": 2e-5, "serial": {"fixed": 0.0}},
+                "serial is missing the key 'inline_fixed' \\(the whole has one\\)",
+            ),
+            (
+                {"serial": {"fixed": 0.0, "inline_fixed": 1e-5}},
+                "serial: inline_fixed = 1e-05 needs 'inline_fixed' as well",
+            ),
+            (
+                {"inline_fixed": 2e-5, "serial": {"fixed": 0.0, "inline_fixed": 3e-5}},
+                "serial: inline_fixed = 3e-05 is more than the whole inline_fixed = 2e-05",
+            ),
+        ),
+    )
     data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "inline_fixed": 2e-5}
     data.pop("inline_bytes")
     data["relay"] = {"device": "d", "fixed": 1e-4}
-    with pytest.raises(ClusterError, match="device 'a': transfer_cpu: inline_fixed = 2e-05 prices a transfer of at "
-                                           "most the cluster's inline_bytes, which is 0 \\(not given\\); give "
-                                           "\"inline_bytes\""):
+    with pytest.raises(
+        ClusterError,
+        match="device 'a': transfer_cpu: inline_fixed = 2e-05 prices a transfer of at "
+        "most the cluster's inline_bytes, which is 0 \\(not given\\); give "
+        '"inline_bytes"',
+    ):
         load_cluster(_write(tmp_path, data))
 
 

@@ -1,5 +1,6 @@
 """Cluster and graph files: shipped examples load, and every bad input gets a clear
 error naming the bad value and the fix."""
+
 from __future__ import annotations
 
 import copy
@@ -16,21 +17,27 @@ from multigpu.errors import ClusterError
 from multigpu.partition import Cluster, DeviceSpec, Graph, LayerSpec, Link, load_cluster, load_graph, shipped_clusters
 
 GOOD_CLUSTER: dict[str, Any] = {
-    "devices": [{"name": "pi1", "flops": 38.4e9, "power": 4.0, "memory": 1e9},
-                {"name": "desk", "flops": 289e9, "power": 140.0}],
+    "devices": [
+        {"name": "pi1", "flops": 38.4e9, "power": 4.0, "memory": 1e9},
+        {"name": "desk", "flops": 289e9, "power": 140.0},
+    ],
     "links": [{"between": ["pi1", "desk"], "bandwidth": 1e6, "latency": 0.002, "power": 1.0}],
     "default_link": {"bandwidth": 1e7, "latency": 0.0, "power": 0.0},
-    "source": "desk", "sink": "desk",
+    "source": "desk",
+    "sink": "desk",
 }
 GOOD_GRAPH: dict[str, Any] = {
     "input_bytes": 618348,
-    "layers": [{"name": "conv1", "flops": 2.1e8, "param_bytes": 139776, "output_bytes": 1161600},
-               {"name": "fc", "flops": 1e6, "param_bytes": 4000, "output_bytes": 4000}],
+    "layers": [
+        {"name": "conv1", "flops": 2.1e8, "param_bytes": 139776, "output_bytes": 1161600},
+        {"name": "fc", "flops": 1e6, "param_bytes": 4000, "output_bytes": 4000},
+    ],
 }
 
 
 def to_toml(d: dict) -> str:
     """A tiny TOML writer for cluster dicts (scalars, [[devices]], [[links]], [default_link])."""
+
     def val(v: Any) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
@@ -42,8 +49,11 @@ def to_toml(d: dict) -> str:
             return "[" + ", ".join(val(x) for x in v) + "]"
         return json.dumps(v)
 
-    lines = [f"{k} = {val(v)}" for k, v in d.items() if not isinstance(v, (list, dict)) or
-             (isinstance(v, list) and not (v and isinstance(v[0], dict)))]
+    lines = [
+        f"{k} = {val(v)}"
+        for k, v in d.items()
+        if not isinstance(v, (list, dict)) or (isinstance(v, list) and not (v and isinstance(v[0], dict)))
+    ]
     for key in ("devices", "links"):
         for item in d.get(key, []):
             lines.append(f"[[{key}]]")
@@ -122,7 +132,7 @@ BAD_CLUSTERS = [
     ("devices.0.name", "", ["device name must be a non-empty string"]),
     ("source", "gpu", ["source 'gpu' is not a device", "pi1, desk"]),
     ("sink", "gpu", ["sink 'gpu' is not a device"]),
-    ("devices", [], ["\"devices\" is empty"]),
+    ("devices", [], ['"devices" is empty']),
     ("devices.0.flop", 1e9, ["unknown key 'flop'", "check the spelling"]),
     ("devices.0.power", DELETE, ["missing the key 'power'"]),
     ("links.0.latency", DELETE, ["missing the key 'latency'"]),
@@ -210,21 +220,34 @@ def test_graph_file_and_builtin_models(tmp_path):
     assert load_graph("lenet").n == 10
 
 
-@pytest.mark.parametrize("data,words", [
-    ({"input_bytes": 10, "layers": []}, ["\"layers\" is empty"]),
-    ({"input_bytes": 10}, ["missing the key 'layers'"]),
-    ({"input_bytes": -1, "layers": GOOD_GRAPH["layers"]}, ["input_bytes=-1", "at least 0"]),
-    ({"input_bytes": 10, "layers": [{"name": "a", "flops": float("nan"), "param_bytes": 0, "output_bytes": 1}]},
-     ["layer 'a': flops=nan must be a finite number"]),
-    ({"input_bytes": 10, "layers": [{"name": "a", "flops": -3, "param_bytes": 0, "output_bytes": 1}]},
-     ["layer 'a': flops=-3"]),
-    ({"input_bytes": 10, "layers": [{"name": "a", "flops": 1, "param_bytes": 0, "output_bytes": 1}] * 2},
-     ["duplicate layer name 'a'"]),
-    ({"input_bytes": 10, "layers": [{"name": "a", "flops": 1, "param_bytes": 0}]},
-     ["missing the key 'output_bytes'"]),
-    ({"input_bytes": 10, "layers": [{"name": "a", "flops": 1, "param_bytes": 0, "output_bytes": 1, "x": 1}]},
-     ["unknown key 'x'"]),
-])
+@pytest.mark.parametrize(
+    "data,words",
+    [
+        ({"input_bytes": 10, "layers": []}, ['"layers" is empty']),
+        ({"input_bytes": 10}, ["missing the key 'layers'"]),
+        ({"input_bytes": -1, "layers": GOOD_GRAPH["layers"]}, ["input_bytes=-1", "at least 0"]),
+        (
+            {"input_bytes": 10, "layers": [{"name": "a", "flops": float("nan"), "param_bytes": 0, "output_bytes": 1}]},
+            ["layer 'a': flops=nan must be a finite number"],
+        ),
+        (
+            {"input_bytes": 10, "layers": [{"name": "a", "flops": -3, "param_bytes": 0, "output_bytes": 1}]},
+            ["layer 'a': flops=-3"],
+        ),
+        (
+            {"input_bytes": 10, "layers": [{"name": "a", "flops": 1, "param_bytes": 0, "output_bytes": 1}] * 2},
+            ["duplicate layer name 'a'"],
+        ),
+        (
+            {"input_bytes": 10, "layers": [{"name": "a", "flops": 1, "param_bytes": 0}]},
+            ["missing the key 'output_bytes'"],
+        ),
+        (
+            {"input_bytes": 10, "layers": [{"name": "a", "flops": 1, "param_bytes": 0, "output_bytes": 1, "x": 1}]},
+            ["unknown key 'x'"],
+        ),
+    ],
+)
 def test_bad_graph_names_the_value(tmp_path, data, words):
     with pytest.raises(ClusterError) as exc:
         load_graph(write_graph(tmp_path, data))
@@ -252,11 +275,11 @@ def test_shipped_clusters_load_and_lab_matches_the_document():
         load_cluster(name)
     lab = load_cluster("lab")
     pis = [d for d in lab.devices if d.name.startswith("pi")]
-    assert pis and all(d.flops == 38.4e9 for d in pis)         # 8 FLOPs/cycle x 1.2 GHz x 4 cores
+    assert pis and all(d.flops == 38.4e9 for d in pis)  # 8 FLOPs/cycle x 1.2 GHz x 4 cores
     assert all(d.power > 0 for d in lab.devices)
-    assert lab.link("pi1", "desk-cpu").bandwidth == 1e6        # WiFi ~1 MB/s
-    assert lab.link("desk-cpu", "imac").bandwidth == 1e7       # LAN ~10 MB/s
-    assert {d.flops for d in lab.devices} >= {289e9, 70e9}     # i7-5930K and i7-2600K figures
+    assert lab.link("pi1", "desk-cpu").bandwidth == 1e6  # WiFi ~1 MB/s
+    assert lab.link("desk-cpu", "imac").bandwidth == 1e7  # LAN ~10 MB/s
+    assert {d.flops for d in lab.devices} >= {289e9, 70e9}  # i7-5930K and i7-2600K figures
     readme = Path(__file__).resolve().parents[1] / "multigpu" / "partition" / "inputs" / "clusters" / "README.md"
     text = readme.read_text()
     for d in lab.devices + load_cluster("gpu-box").devices:
@@ -264,8 +287,10 @@ def test_shipped_clusters_load_and_lab_matches_the_document():
 
 
 def test_core_imports_without_scipy_highspy_or_frameworks():
-    code = ("import sys, multigpu.partition, multigpu.cli.commands.partition; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('scipy', 'highspy', 'torch', 'mxnet', 'paddle', 'tensorflow', 'jax')]; print(bad); sys.exit(bool(bad))")
+    code = (
+        "import sys, multigpu.partition, multigpu.cli.commands.partition; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('scipy', 'highspy', 'torch', 'mxnet', 'paddle', 'tensorflow', 'jax')]; print(bad); sys.exit(bool(bad))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

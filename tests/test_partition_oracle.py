@@ -8,11 +8,12 @@ Hypothesis draws instances with n <= 8 layers and k <= 4 devices, random links
 sometimes what a pipelined run shares: stage overheads, each device's transfer CPU,
 a relay, and hosts (with fractional or whole cores) that some devices share.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,19 +26,25 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
 
 
 # -- the oracle --------------------------------------------------------------------------
-def ref_link(cd: dict, u: str, v: str, b: Optional[float] = None) -> Optional[tuple[float, float, float]]:
+def ref_link(cd: dict, u: str, v: str, b: float | None = None) -> tuple[float, float, float] | None:
     """(bandwidth, latency, power) between u != v for a transfer of ``b`` bytes (the
     inline latency when b <= the cluster's inline_bytes; None: a parameter shipment,
     always the plain latency), or None when the pair is unusable."""
     inline = b is not None and b <= cd.get("inline_bytes", 0)
     for ln in cd.get("links", []):
         if set(ln["between"]) == {u, v}:
-            return ln["bandwidth"], ln.get("inline_latency", ln["latency"]) if inline else ln["latency"], \
-                ln.get("power", 0.0)
+            return (
+                ln["bandwidth"],
+                ln.get("inline_latency", ln["latency"]) if inline else ln["latency"],
+                ln.get("power", 0.0),
+            )
     dl = cd.get("default_link")
     if dl is not None:
-        return dl["bandwidth"], dl.get("inline_latency", dl["latency"]) if inline else dl["latency"], \
-            dl.get("power", 0.0)
+        return (
+            dl["bandwidth"],
+            dl.get("inline_latency", dl["latency"]) if inline else dl["latency"],
+            dl.get("power", 0.0),
+        )
     return None
 
 
@@ -64,26 +71,31 @@ def ref_local_scale(gd: dict, cd: dict, assignment: list[str], compute: float) -
     source = cd["source"]
     only = assignment[0]
     warm = next(d for d in cd["devices"] if d["name"] == only).get("warm_pass", {}).get(GRAPH_NAME)
-    if (warm is None or any(a != only for a in assignment) or compute <= 0
-            or (only == source and cd.get("sink", source) != source)):
+    if (
+        warm is None
+        or any(a != only for a in assignment)
+        or compute <= 0
+        or (only == source and cd.get("sink", source) != source)
+    ):
         return 1.0
     return min(1.0, warm / compute)
 
 
-def ref_evaluate(gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we: float = 0.0,
-                 ship: bool = False) -> tuple[float, float, float]:
+def ref_evaluate(
+    gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we: float = 0.0, ship: bool = False
+) -> tuple[float, float, float]:
     """(T, E, cost) of one assignment, straight from the issue's definition."""
     dev = {d["name"]: d for d in cd["devices"]}
     source = cd["source"]
     sink = cd.get("sink", source)
     layers = gd["layers"]
     T = E = 0.0
-    Tc = Ec = 0.0    # compute and stage overheads (what a warm pass scales)
+    Tc = Ec = 0.0  # compute and stage overheads (what a warm pass scales)
     prev, nbytes = source, gd["input_bytes"]
     for i, (layer, a) in enumerate(zip(layers, assignment)):
         t, e = ref_transfer(cd, nbytes, prev, a)
         T, E = T + t, E + e
-        if i == 0 or assignment[i - 1] != a:          # a stage starts
+        if i == 0 or assignment[i - 1] != a:  # a stage starts
             oh = dev[a].get("stage_overhead", 0.0)
             Tc, Ec = Tc + oh, Ec + oh * dev[a]["power"]
         if ship and layer["param_bytes"] > 0:
@@ -98,10 +110,10 @@ def ref_evaluate(gd: dict, cd: dict, assignment: list[str], wt: float = 1.0, we:
     return T, E, wt * T + we * E
 
 
-GRAPH_NAME = "graph"   # what Graph.from_dict names a graph
+GRAPH_NAME = "graph"  # what Graph.from_dict names a graph
 
 
-def ref_figures(fig: Optional[dict], b: float, receive: bool = False, inline_bytes: float = 0) -> tuple[float, float]:
+def ref_figures(fig: dict | None, b: float, receive: bool = False, inline_bytes: float = 0) -> tuple[float, float]:
     """(all, serial) CPU seconds of a transfer_cpu or relay entry for b bytes (with
     ``receive``, received: its receive_per_byte where it has one); a transfer of at most
     the cluster's ``inline_bytes`` (when not 0) costs its inline_fixed where it has one."""
@@ -113,6 +125,7 @@ def ref_figures(fig: Optional[dict], b: float, receive: bool = False, inline_byt
 
     def fixed(f: dict) -> float:
         return f["inline_fixed"] if "inline_fixed" in f and inline_bytes and b <= inline_bytes else f["fixed"]
+
     total = fixed(fig) + per(fig) * b
     ser = fig.get("serial")
     return total, total if ser is None else fixed(ser) + per(ser) * b
@@ -121,16 +134,21 @@ def ref_figures(fig: Optional[dict], b: float, receive: bool = False, inline_byt
 def ref_cpu(cd: dict, name: str, b: float, receive: bool) -> tuple[float, float]:
     """(all, serial) CPU seconds device ``name`` spends on one transfer of b bytes it
     sends (or, with ``receive``, receives)."""
-    return ref_figures(next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu"), b, receive,
-                       cd.get("inline_bytes", 0))
+    return ref_figures(
+        next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu"), b, receive, cd.get("inline_bytes", 0)
+    )
 
 
 def ref_cpu_link(cd: dict, u: str, v: str) -> bool:
     """True when u and v are on one host and both have transfer_cpu: their transfers are
     CPU work of that host, not a load on the link."""
     du, dv = (next(d for d in cd["devices"] if d["name"] == x) for x in (u, v))
-    return (du.get("host") is not None and du.get("host") == dv.get("host")
-            and "transfer_cpu" in du and "transfer_cpu" in dv)
+    return (
+        du.get("host") is not None
+        and du.get("host") == dv.get("host")
+        and "transfer_cpu" in du
+        and "transfer_cpu" in dv
+    )
 
 
 def ref_compute_cores(cd: dict, device: dict) -> float:
@@ -157,8 +175,8 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
     dev = {d["name"]: d for d in cd["devices"]}
     source = cd["source"]
     sink = cd.get("sink", source)
-    busy: dict[str, float] = {}       # a device's own load (serial transfer CPU)
-    work: dict[str, float] = {}       # what it puts on its host (all its transfer CPU)
+    busy: dict[str, float] = {}  # a device's own load (serial transfer CPU)
+    work: dict[str, float] = {}  # what it puts on its host (all its transfer CPU)
     load: dict[frozenset, float] = {}
 
     def add(name: str, own: float, host: float) -> None:
@@ -181,8 +199,10 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
         prev, nbytes = a, layer["output_bytes"]
     hops.append((prev, sink, nbytes))
     ref_transfer_loads(cd, [(u, v, b) for u, v, b in hops if u != v], add, load)
-    shares = [sum(work.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
-              for h, spec in cd.get("hosts", {}).items()]
+    shares = [
+        sum(work.get(d["name"], 0.0) for d in cd["devices"] if d.get("host") == h) / spec["cores"]
+        for h, spec in cd.get("hosts", {}).items()
+    ]
     return max(list(busy.values()) + list(load.values()) + shares)
 
 
@@ -234,6 +254,7 @@ class Brute:
 
         def lat_of(b: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
             return np.where(b <= small, lat_small[u, v], lat[u, v])
+
         F = np.array([d["flops"] for d in cd["devices"]], float)
         P = np.array([d["power"] for d in cd["devices"]], float)
         OH = np.array([d.get("stage_overhead", 0.0) for d in cd["devices"]], float)
@@ -245,8 +266,9 @@ class Brute:
         SF = np.array([t.get("serial", t)["fixed"] for t in tc], float)
         SI = np.array([t.get("serial", t).get("inline_fixed", t.get("serial", t)["fixed"]) for t in tc], float)
         SB = np.array([t.get("serial", t).get("per_byte", 0.0) for t in tc], float)
-        SR = np.array([t.get("serial", t).get("receive_per_byte", t.get("serial", t).get("per_byte", 0.0))
-                       for t in tc], float)
+        SR = np.array(
+            [t.get("serial", t).get("receive_per_byte", t.get("serial", t).get("per_byte", 0.0)) for t in tc], float
+        )
         flops = np.array([x["flops"] for x in gd["layers"]], float)
         params = np.array([x["param_bytes"] for x in gd["layers"]], float)
         out = np.array([x["output_bytes"] for x in gd["layers"]], float)
@@ -280,19 +302,27 @@ class Brute:
         starts = np.concatenate([np.ones((len(A), 1), bool), A[:, 1:] != A[:, :-1]], axis=1)
         stage = np.where(starts, OH[A], 0.0)
         self.T = comp.sum(1) + stage.sum(1) + t_in.sum(1) + t_par.sum(1) + t_out
-        self.E = ((P[A] * (comp + stage)).sum(1) + (t_in * pw[prev, A]).sum(1) + e_par
-                  + t_out * pw[last, sink])
+        self.E = (P[A] * (comp + stage)).sum(1) + (t_in * pw[prev, A]).sum(1) + e_par + t_out * pw[last, sink]
         # Per-device compute and memory; per-pair activation load.
         self.busy = np.stack([np.where(A == d, comp, 0.0).sum(1) for d in range(k)], axis=1)
         # Per-device load when pipelined: compute, stage overheads, transfer CPU.
         out_moved = last != sink
         relay = cd.get("relay")
         r = names.index(relay["device"]) if relay is not None else -1
-        def device_load(d: int, fixed: float, inline_fixed: float, per_byte: float, receive: float,
-                        rel: Optional[dict], cores: float) -> np.ndarray:
+
+        def device_load(
+            d: int,
+            fixed: float,
+            inline_fixed: float,
+            per_byte: float,
+            receive: float,
+            rel: dict | None,
+            cores: float,
+        ) -> np.ndarray:
             # A transfer of at most inline_bytes (when set) pays the inline fixed figure.
             def fx(b: Any, big: float, little: float) -> Any:
                 return np.where((small > 0) & (b <= small), little, big)
+
             f_in, f_out = fx(b_in[None, :], fixed, inline_fixed), fx(out[-1], fixed, inline_fixed)
             l_ = cores * np.where(A == d, comp + stage, 0.0).sum(1)
             l_ += np.where(moved & (prev == d), f_in + per_byte * b_in[None, :], 0.0).sum(1)
@@ -311,16 +341,30 @@ class Brute:
         # A device's own load counts the serial part of its transfer CPU; its host all of it,
         # and its compute in CPU-seconds.
         # ... and its compute at its busy rate (``ref_busy_ratio``), its host at the layer times.
-        self.load = np.stack([device_load(d, SF[d], SI[d], SB[d], SR[d], rser, ref_busy_ratio(gd, cd, names[d]))
-                              for d in range(k)], axis=1)
-        work = np.stack([device_load(d, CF[d], CI[d], CB[d], CR[d], relay, ref_compute_cores(cd, cd["devices"][d]))
-                         for d in range(k)], axis=1)
+        self.load = np.stack(
+            [device_load(d, SF[d], SI[d], SB[d], SR[d], rser, ref_busy_ratio(gd, cd, names[d])) for d in range(k)],
+            axis=1,
+        )
+        work = np.stack(
+            [
+                device_load(d, CF[d], CI[d], CB[d], CR[d], relay, ref_compute_cores(cd, cd["devices"][d]))
+                for d in range(k)
+            ],
+            axis=1,
+        )
         host_of = [d.get("host") for d in cd["devices"]]
-        shares = [work[:, [d for d in range(k) if host_of[d] == h]].sum(1) / spec["cores"]
-                  for h, spec in cd.get("hosts", {}).items()]
+        shares = [
+            work[:, [d for d in range(k) if host_of[d] == h]].sum(1) / spec["cores"]
+            for h, spec in cd.get("hosts", {}).items()
+        ]
         act = np.maximum(b_in, out)
-        self.memory = np.stack([np.where(A == d, params[None, :], 0.0).sum(1)
-                                + np.where(A == d, act[None, :], 0.0).max(1) for d in range(k)], axis=1)
+        self.memory = np.stack(
+            [
+                np.where(A == d, params[None, :], 0.0).sum(1) + np.where(A == d, act[None, :], 0.0).max(1)
+                for d in range(k)
+            ],
+            axis=1,
+        )
         loads = []
         for u, v in itertools.combinations(range(k), 2):
             if ref_cpu_link(cd, names[u], names[v]):
@@ -353,7 +397,10 @@ def draw_serial(draw: Any, fig: dict) -> None:
     """Sometimes say which share of a CPU figure is on the computing thread."""
     if draw(st.booleans()):
         share = draw(st.sampled_from([0.0, 0.4, 1.0]))
-        fig["serial"] = {"fixed": share * fig["fixed"], "per_byte": draw(st.sampled_from([0.0, share])) * fig["per_byte"]}
+        fig["serial"] = {
+            "fixed": share * fig["fixed"],
+            "per_byte": draw(st.sampled_from([0.0, share])) * fig["per_byte"],
+        }
         if "receive_per_byte" in fig:
             fig["serial"]["receive_per_byte"] = draw(st.sampled_from([0.0, share])) * fig["receive_per_byte"]
         if "inline_fixed" in fig:
@@ -378,13 +425,16 @@ def draw_shared(draw: Any, cd: dict) -> None:
             d["stage_overhead"] = draw(st.sampled_from([1e-5, 3e-4, 3e-3]))
         if draw(st.booleans()):
             d["transfer_cpu"] = {"fixed": draw(cpu), "per_byte": draw(st.sampled_from([0.0, 1e-10, 1e-8]))}
-            if draw(st.booleans()):      # receiving priced apart from sending
+            if draw(st.booleans()):  # receiving priced apart from sending
                 d["transfer_cpu"]["receive_per_byte"] = draw(st.sampled_from([0.0, 1e-9, 3e-8]))
             draw_inline_cpu(draw, cd, d["transfer_cpu"])
             draw_serial(draw, d["transfer_cpu"])
     if draw(st.integers(0, 2)) == 0:
-        cd["relay"] = {"device": draw(st.sampled_from(names)), "fixed": draw(cpu),
-                       "per_byte": draw(st.sampled_from([0.0, 1e-9]))}
+        cd["relay"] = {
+            "device": draw(st.sampled_from(names)),
+            "fixed": draw(cpu),
+            "per_byte": draw(st.sampled_from([0.0, 1e-9])),
+        }
         draw_inline_cpu(draw, cd, cd["relay"])
         draw_serial(draw, cd["relay"])
     if draw(st.booleans()):
@@ -424,36 +474,49 @@ def draw_warm(draw: Any, gd: dict, cd: dict) -> None:
 
 
 @st.composite
-def instances(draw: Any, max_n: int = 8, max_k: int = 4, shared: bool = True,
-              always_shared: bool = False) -> tuple[dict, dict]:
+def instances(
+    draw: Any, max_n: int = 8, max_k: int = 4, shared: bool = True, always_shared: bool = False
+) -> tuple[dict, dict]:
     """(graph dict, cluster dict) with random sizes, speeds, links and endpoints (and,
     with ``shared``, sometimes hosts, transfer CPU, a relay and stage overheads)."""
     k = draw(st.integers(1, max_k))
     n = draw(st.integers(1, max_n))
     names = [f"d{i}" for i in range(k)]
     mag = st.floats(0.0, 1.0)
-    devices = [{"name": nm, "flops": 10 ** (9 + 3 * draw(mag)), "power": draw(st.floats(0, 300))}
-               for nm in names]
+    devices = [{"name": nm, "flops": 10 ** (9 + 3 * draw(mag)), "power": draw(st.floats(0, 300))} for nm in names]
     pairs = list(itertools.combinations(names, 2))
     links = []
     for u, v in pairs:
         if draw(st.booleans()):
-            links.append({"between": [u, v], "bandwidth": 10 ** (5 + 5 * draw(mag)),
-                          "latency": draw(st.sampled_from([0.0, 1e-4, 5e-3])) * draw(mag),
-                          "power": draw(st.sampled_from([0.0, 2.0, 20.0]))})
+            links.append(
+                {
+                    "between": [u, v],
+                    "bandwidth": 10 ** (5 + 5 * draw(mag)),
+                    "latency": draw(st.sampled_from([0.0, 1e-4, 5e-3])) * draw(mag),
+                    "power": draw(st.sampled_from([0.0, 2.0, 20.0])),
+                }
+            )
     cd: dict[str, Any] = {"devices": devices, "links": links, "source": draw(st.sampled_from(names))}
     if draw(st.booleans()):
-        cd["default_link"] = {"bandwidth": 10 ** (5 + 5 * draw(mag)), "latency": 1e-3 * draw(mag),
-                              "power": draw(st.sampled_from([0.0, 5.0]))}
+        cd["default_link"] = {
+            "bandwidth": 10 ** (5 + 5 * draw(mag)),
+            "latency": 1e-3 * draw(mag),
+            "power": draw(st.sampled_from([0.0, 5.0])),
+        }
     if draw(st.booleans()):
         cd["sink"] = draw(st.sampled_from(names))
     draw_inline(draw, cd)
-    if draw(st.integers(0, 2)) == 0:   # sometimes: the engine's message bytes per object-store transfer
+    if draw(st.integers(0, 2)) == 0:  # sometimes: the engine's message bytes per object-store transfer
         cd["message_bytes"] = draw(st.sampled_from([0.0, 300.0, 5000.0]))
-    layers = [{"name": f"l{i}",
-               "flops": draw(st.sampled_from([0.0, 1.0])) * 10 ** (7 + 3 * draw(mag)),
-               "param_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (3 + 4 * draw(mag)),
-               "output_bytes": 10 ** (2 + 5 * draw(mag))} for i in range(n)]
+    layers = [
+        {
+            "name": f"l{i}",
+            "flops": draw(st.sampled_from([0.0, 1.0])) * 10 ** (7 + 3 * draw(mag)),
+            "param_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (3 + 4 * draw(mag)),
+            "output_bytes": 10 ** (2 + 5 * draw(mag)),
+        }
+        for i in range(n)
+    ]
     gd = {"input_bytes": draw(st.sampled_from([0.0, 1.0])) * 10 ** (2 + 5 * draw(mag)), "layers": layers}
     if always_shared or (shared and draw(st.booleans())):
         draw_shared(draw, cd)
@@ -584,6 +647,7 @@ def test_throughput_with_hosts_transfer_cpu_and_relay_reaches_bruteforce(inst, w
 
 def test_matrix_form_on_alexnet_lab():
     from multigpu.partition import load_cluster, load_graph
+
     graph, cluster = load_graph("alexnet"), load_cluster("lab")
     split = ["pi1"] * 6 + ["pi2"] * 7 + ["desk-gpu"] * 6
     for ship in (False, True):

@@ -1,5 +1,6 @@
 """``multigpu.procfs.stat``: the stat fields of a process, from a real /proc and from a fake
 one whose command name holds spaces and parentheses."""
+
 from __future__ import annotations
 
 import os

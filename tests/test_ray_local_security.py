@@ -1,6 +1,7 @@
 """A Ray instance the project starts on its own (``multigpu run``/``profile``/``Session``
 without ``--address``) listens on loopback only and uses token authentication with a fresh
 token only its user can read; both are undone when it stops."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Backend lookup, and the proof that importing multigpu loads no framework."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,8 +43,9 @@ def test_unknown_backend_lists_the_available_ones():
 
 def test_missing_framework_names_the_extra(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(registry.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "paddle" else real(name, *a))
+    monkeypatch.setattr(
+        registry.importlib.util, "find_spec", lambda name, *a: None if name == "paddle" else real(name, *a)
+    )
     registry.backend.cache_clear()
     try:
         with pytest.raises(multigpu.BackendNotInstalledError, match=r"pip install 'multigpu\[paddle\]'"):

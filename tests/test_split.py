@@ -1,4 +1,5 @@
 """split_batch never loses a row and splits uneven batches as documented."""
+
 from __future__ import annotations
 
 import numpy as np

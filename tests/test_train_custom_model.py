@@ -1,4 +1,5 @@
 """train(model=...) with a model of the user's own: every feature a built-in model has."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,11 +15,16 @@ from multigpu.training.checkpoint import load_checkpoint
 
 def three_layers(width: int = 32) -> multigpu.Sequential:
     """A 3-layer custom model, as the README shows it."""
-    return multigpu.Sequential([
-        multigpu.Flatten(),
-        multigpu.Dense(out_features=width), multigpu.ReLU(),
-        multigpu.Dense(out_features=10),
-    ], input_shape=(1, 28, 28), name="mlp")
+    return multigpu.Sequential(
+        [
+            multigpu.Flatten(),
+            multigpu.Dense(out_features=width),
+            multigpu.ReLU(),
+            multigpu.Dense(out_features=10),
+        ],
+        input_shape=(1, 28, 28),
+        name="mlp",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +37,9 @@ def data(tmp_path_factory):
 def test_a_custom_model_trains_with_checkpoints_and_a_plot(data, tmp_path, backend):
     pytest.importorskip("matplotlib")
     ckpt, plot = tmp_path / "ckpt", tmp_path / "acc.png"
-    kw = dict(backend=backend, num_gpus="cpu:2", batch_size=64, lr=0.5, data=data, progress=False,
-              checkpoint=ckpt, plot=plot)
+    kw = dict(
+        backend=backend, num_gpus="cpu:2", batch_size=64, lr=0.5, data=data, progress=False, checkpoint=ckpt, plot=plot
+    )
     first = multigpu.train(model=three_layers(), num_epochs=1, **kw)
     assert first.model == "mlp" and plot.stat().st_size > 0
     params, state = load_checkpoint(ckpt)
@@ -47,8 +54,7 @@ def test_a_custom_model_trains_with_checkpoints_and_a_plot(data, tmp_path, backe
 
 
 def test_a_checkpoint_of_another_model_is_refused(data, tmp_path):
-    kw = dict(backend="numpy", num_gpus="cpu:2", batch_size=64, lr=0.5, data=data, progress=False,
-              checkpoint=tmp_path)
+    kw = dict(backend="numpy", num_gpus="cpu:2", batch_size=64, lr=0.5, data=data, progress=False, checkpoint=tmp_path)
     multigpu.train(model=three_layers(32), num_epochs=1, **kw)
     with pytest.raises(CheckpointError, match="different run.*param_shapes"):
         multigpu.train(model=three_layers(16), num_epochs=2, **kw)
@@ -56,12 +62,14 @@ def test_a_checkpoint_of_another_model_is_refused(data, tmp_path):
 
 def test_a_model_that_does_not_fit_the_data_is_refused_by_name(data):
     kw = dict(backend="numpy", batch_size=64, data=data, progress=False, num_epochs=1)
-    wrong_input = multigpu.Sequential([multigpu.Flatten(), multigpu.Dense(out_features=10)],
-                                      input_shape=(3, 32, 32), name="cifar_mlp")
+    wrong_input = multigpu.Sequential(
+        [multigpu.Flatten(), multigpu.Dense(out_features=10)], input_shape=(3, 32, 32), name="cifar_mlp"
+    )
     with pytest.raises(ModelError, match=r"'cifar_mlp' takes inputs of shape \(3, 32, 32\).*\(1, 28, 28\)"):
         multigpu.train(model=wrong_input, **kw)
-    too_few = multigpu.Sequential([multigpu.Flatten(), multigpu.Dense(out_features=4)], input_shape=(1, 28, 28),
-                                  name="four")
+    too_few = multigpu.Sequential(
+        [multigpu.Flatten(), multigpu.Dense(out_features=4)], input_shape=(1, 28, 28), name="four"
+    )
     with pytest.raises(ModelError, match=r"'four' has 4 outputs.*Dense\(out_features=10\)"):
         multigpu.train(model=too_few, **kw)
     with pytest.raises(ModelError, match="neither a built-in model name"):

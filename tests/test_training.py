@@ -1,4 +1,5 @@
 """multigpu.train: determinism, JSON, schedules, checkpoints, plots, errors and real data."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def small_data(tmp_path_factory):
 
 
 def _train(data, **kw):
-    args = dict(backend="numpy", num_gpus="cpu:2", batch_size=64, lr=0.3, num_epochs=2,
-                progress=False, data=data, seed=0)
+    args = dict(
+        backend="numpy", num_gpus="cpu:2", batch_size=64, lr=0.3, num_epochs=2, progress=False, data=data, seed=0
+    )
     args.update(kw)
     return multigpu.train(**args)
 
@@ -96,27 +98,32 @@ def test_a_diverging_run_stops_naming_epoch_and_step(small_data, backend_name):
     with pytest.raises(TrainingDivergedError) as e:
         _train(small_data[1], backend=backend_name, lr=1e9)
     assert (e.value.epoch, e.value.step) == (1, 3) and np.isnan(e.value.loss)
-    assert str(e.value).startswith("training diverged: the loss is nan at epoch 1, step 3 (lr 1e+09); "
-                                   "lower the learning rate, e.g. to 1e+08")
+    assert str(e.value).startswith(
+        "training diverged: the loss is nan at epoch 1, step 3 (lr 1e+09); lower the learning rate, e.g. to 1e+08"
+    )
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_parameters_gone_bad_in_the_last_step_are_caught_at_the_epoch_end(small_data):
     """The loss is read after the update but computed before it: a NaN born in an epoch's last
     update shows in the parameters first, and the epoch's end checks them (no checkpoint of them)."""
-    with pytest.raises(TrainingDivergedError, match="the parameters hold NaN or infinity after epoch 1 "
-                                                    "although every loss was finite"):
+    with pytest.raises(
+        TrainingDivergedError, match="the parameters hold NaN or infinity after epoch 1 although every loss was finite"
+    ):
         _train(small_data[1], backend="numpy", lr=1e6)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(find_fashion_mnist() is None or "torch" not in multigpu.available_backends(),
-                    reason="needs real Fashion-MNIST and torch")
+@pytest.mark.skipif(
+    find_fashion_mnist() is None or "torch" not in multigpu.available_backends(),
+    reason="needs real Fashion-MNIST and torch",
+)
 def test_the_issues_diverging_torch_run_on_real_data():
     """The issue's case: train(backend="torch", lr=1e6) ended with train_loss [nan]."""
     with pytest.raises(TrainingDivergedError, match="the loss is nan at epoch 1, step"):
-        multigpu.train(backend="torch", num_gpus=1, lr=1e6, num_epochs=1, train_limit=5120, test_limit=500,
-                       progress=False)
+        multigpu.train(
+            backend="torch", num_gpus=1, lr=1e6, num_epochs=1, train_limit=5120, test_limit=500, progress=False
+        )
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -125,27 +132,32 @@ def test_divergence_leaves_the_last_good_checkpoint(small_data, tmp_path):
     _train(data, num_epochs=1, checkpoint=tmp_path)
     good = (tmp_path / FILENAME).read_bytes()
     # Same run resumed on images scaled by 1e30: the first update overflows the parameters.
-    huge = FashionMNIST(data.train_images * np.float32(1e30), data.train_labels, data.test_images,
-                        data.test_labels, data.source)
-    with pytest.raises(TrainingDivergedError, match=f"epoch 2, step .*the checkpoint in {tmp_path} still "
-                                                   "holds epoch 1"):
+    huge = FashionMNIST(
+        data.train_images * np.float32(1e30), data.train_labels, data.test_images, data.test_labels, data.source
+    )
+    with pytest.raises(
+        TrainingDivergedError, match=f"epoch 2, step .*the checkpoint in {tmp_path} still holds epoch 1"
+    ):
         _train(huge, num_epochs=3, checkpoint=tmp_path)
     assert (tmp_path / FILENAME).read_bytes() == good
     assert sorted(os.listdir(tmp_path)) == [FILENAME]
 
 
-@pytest.mark.parametrize("kw, error, match", [
-    (dict(allreduce="foo"), UnknownAlgorithmError, "'foo'"),
-    (dict(backend="jax"), UnknownBackendError, "'jax'"),
-    (dict(num_gpus="tpu:1"), DeviceError, "'tpu:1'"),
-    (dict(lr=float("nan")), InputError, "lr=nan"),
-    (dict(lr=float("inf")), InputError, "lr=inf"),
-    (dict(model="vgg"), ModelError, "'vgg'"),
-    (dict(plot="/nonexistent-folder/acc.png"), InputError, "plot /nonexistent-folder/acc.png"),
-    (dict(train_limit=-1), InputError, "train_limit=-1"),
-    (dict(bucket_mb=0), InputError, "bucket_mb=0 must be greater than 0"),
-    (dict(batch_size=1), InputError, "batch_size=1 .*one row per device"),
-])
+@pytest.mark.parametrize(
+    "kw, error, match",
+    [
+        (dict(allreduce="foo"), UnknownAlgorithmError, "'foo'"),
+        (dict(backend="jax"), UnknownBackendError, "'jax'"),
+        (dict(num_gpus="tpu:1"), DeviceError, "'tpu:1'"),
+        (dict(lr=float("nan")), InputError, "lr=nan"),
+        (dict(lr=float("inf")), InputError, "lr=inf"),
+        (dict(model="vgg"), ModelError, "'vgg'"),
+        (dict(plot="/nonexistent-folder/acc.png"), InputError, "plot /nonexistent-folder/acc.png"),
+        (dict(train_limit=-1), InputError, "train_limit=-1"),
+        (dict(bucket_mb=0), InputError, "bucket_mb=0 must be greater than 0"),
+        (dict(batch_size=1), InputError, "batch_size=1 .*one row per device"),
+    ],
+)
 def test_arguments_are_checked_before_the_data_loads(tmp_path, kw, error, match):
     args = dict(backend="numpy", num_gpus="cpu:2", progress=False, data_dir=tmp_path / "no-data-here")
     args.update(kw)
@@ -168,6 +180,7 @@ def test_a_checkpoint_missing_its_state_is_refused(tmp_path):
 
 def test_every_example_is_used_each_epoch(small_data):
     from multigpu.training.trainer import _batches
+
     chunks = _batches(601, 64, 3, np.random.default_rng(0))
     assert sorted(np.concatenate(chunks).tolist()) == list(range(601))
     assert min(len(c) for c in chunks) >= 3
@@ -188,15 +201,18 @@ def test_plot_without_matplotlib_names_the_extra(small_data, monkeypatch, tmp_pa
         _train(small_data[1], plot=tmp_path / "x.png")
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(batch_size=0), "batch_size=0"),
-    (dict(num_epochs=0), "num_epochs=0"),
-    (dict(lr_scaling="sqrt"), "lr_scaling='sqrt'"),
-    (dict(warmup_epochs=2), "warmup_epochs only applies"),
-    (dict(batch_size=1), "batch_size=1"),
-    (dict(model="vgg"), "unknown model 'vgg'"),
-    (dict(train_limit=0), "train_limit=0"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(batch_size=0), "batch_size=0"),
+        (dict(num_epochs=0), "num_epochs=0"),
+        (dict(lr_scaling="sqrt"), "lr_scaling='sqrt'"),
+        (dict(warmup_epochs=2), "warmup_epochs only applies"),
+        (dict(batch_size=1), "batch_size=1"),
+        (dict(model="vgg"), "unknown model 'vgg'"),
+        (dict(train_limit=0), "train_limit=0"),
+    ],
+)
 def test_bad_arguments(small_data, kw, match):
     with pytest.raises(multigpu.MultigpuError, match=match):
         _train(small_data[1], **kw)
@@ -209,18 +225,44 @@ def test_checkpoint_of_another_run_is_refused(small_data, tmp_path):
 
 
 def _cli(folder, ck, out, epochs=4):
-    return [sys.executable, "-m", "multigpu", "train", "--backend", "numpy", "--gpus", "cpu:2",
-            "--batch-size", "32", "--lr", "0.3", "--epochs", str(epochs), "--data-dir", str(folder),
-            "--checkpoint", str(ck), "--json", str(out), "--quiet", "--no-verify-data"]
+    return [
+        sys.executable,
+        "-m",
+        "multigpu",
+        "train",
+        "--backend",
+        "numpy",
+        "--gpus",
+        "cpu:2",
+        "--batch-size",
+        "32",
+        "--lr",
+        "0.3",
+        "--epochs",
+        str(epochs),
+        "--data-dir",
+        str(folder),
+        "--checkpoint",
+        str(ck),
+        "--json",
+        str(out),
+        "--quiet",
+        "--no-verify-data",
+    ]
 
 
 def test_killed_run_resumes_to_the_uninterrupted_result(small_data, tmp_path):
     folder, _ = small_data
-    full = subprocess.run(_cli(folder, tmp_path / "ck_full", tmp_path / "full.json"), cwd=tmp_path,
-                          capture_output=True, text=True)
+    full = subprocess.run(
+        _cli(folder, tmp_path / "ck_full", tmp_path / "full.json"), cwd=tmp_path, capture_output=True, text=True
+    )
     assert full.returncode == 0, full.stderr
-    proc = subprocess.Popen(_cli(folder, tmp_path / "ck", tmp_path / "part.json"), cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _cli(folder, tmp_path / "ck", tmp_path / "part.json"),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not (tmp_path / "ck" / FILENAME).exists():
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
@@ -230,8 +272,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(small_data, tmp_path):
     saved = load_checkpoint(tmp_path / "ck")
     assert saved is not None and 1 <= saved[1]["epoch"] < 4, "the kill must land partway through"
     assert not (tmp_path / "part.json").exists()
-    resumed = subprocess.run(_cli(folder, tmp_path / "ck", tmp_path / "part.json"), cwd=tmp_path,
-                             capture_output=True, text=True)
+    resumed = subprocess.run(
+        _cli(folder, tmp_path / "ck", tmp_path / "part.json"), cwd=tmp_path, capture_output=True, text=True
+    )
     assert resumed.returncode == 0, resumed.stderr
     a, b = json.loads((tmp_path / "full.json").read_text()), json.loads((tmp_path / "part.json").read_text())
     assert a["test_acc"] == b["test_acc"] and a["train_loss"] == b["train_loss"]
@@ -242,31 +285,66 @@ def test_killed_run_resumes_to_the_uninterrupted_result(small_data, tmp_path):
 
 def test_cli_train_prints_a_line_per_epoch_and_fails_cleanly(small_data, tmp_path):
     folder, _ = small_data
-    ok = subprocess.run([sys.executable, "-m", "multigpu", "train", "--backend", "numpy", "--gpus", "cpu:2",
-                         "--epochs", "2", "--batch-size", "64", "--data-dir", str(folder), "--no-verify-data"],
-                        cwd=tmp_path, capture_output=True, text=True)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "multigpu",
+            "train",
+            "--backend",
+            "numpy",
+            "--gpus",
+            "cpu:2",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "64",
+            "--data-dir",
+            str(folder),
+            "--no-verify-data",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     epoch_lines = [line for line in ok.stdout.splitlines() if line.startswith("epoch ")]
     assert len(epoch_lines) == 2 and all("sec/epoch" in line and "cpu:1" in line for line in epoch_lines)
-    bad = subprocess.run([sys.executable, "-m", "multigpu", "train", "--data-dir", str(tmp_path / "none")],
-                         cwd=tmp_path, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "multigpu", "train", "--data-dir", str(tmp_path / "none")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "none" in bad.stderr  # bad input
     assert bad.stderr.strip().splitlines()[-1].startswith("multigpu train: error: data_dir ")
     assert "Traceback" not in bad.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(find_fashion_mnist() is None, reason="real Fashion-MNIST not installed "
-                    "(apt-get install dataset-fashion-mnist)")
+@pytest.mark.skipif(
+    find_fashion_mnist() is None, reason="real Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"
+)
 def test_short_real_data_run_agrees_across_backends():
     """Ten steps on real Fashion-MNIST with every backend from one seed: the same numbers.
 
     LeNet's 0.01 init sits on a loss plateau for a few hundred steps, so a short run
     cannot show accuracy; `multigpu bench accuracy` measures the full run.
     """
-    results = {b: multigpu.train(backend=b, num_gpus="cpu:2", batch_size=256, lr=0.2, num_epochs=1,
-                                 train_limit=2560, test_limit=1000, progress=False, seed=0)
-               for b in multigpu.available_backends()}
+    results = {
+        b: multigpu.train(
+            backend=b,
+            num_gpus="cpu:2",
+            batch_size=256,
+            lr=0.2,
+            num_epochs=1,
+            train_limit=2560,
+            test_limit=1000,
+            progress=False,
+            seed=0,
+        )
+        for b in multigpu.available_backends()
+    }
     ref = results["numpy"]
     for name, r in results.items():
         assert r.devices == ["cpu:0", "cpu:1"]

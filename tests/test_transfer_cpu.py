@@ -1,5 +1,6 @@
 """Transfer CPU and cores, without Ray: the fit recovers known figures, the cores honour
 a cgroup quota, and the fitted figures price a streamed plan as the definition says."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,6 +19,7 @@ def synthetic(routes, sizes, figs, relay, share=0.6, sent=None, inline=0):
     receive_per_byte[, inline_fixed]]) and ``relay`` (fixed, per_byte[, inline_fixed]), where
     fixed(x) is inline_fixed for x <= ``inline`` (when it is not 0); each worker sends on
     ``sent`` bytes (None: the payload)."""
+
     def fixed_of(f, x):
         return f[3] if len(f) > 3 and inline and x <= inline else f[0]
 
@@ -29,16 +31,21 @@ def synthetic(routes, sizes, figs, relay, share=0.6, sent=None, inline=0):
             def fig(d):
                 f = figs[d]
                 return f[1], f[2] if len(f) > 2 and f[2] is not None else f[1]
+
             cpu = {}
             for w in set(route):
                 c, r = fig(w)
                 cpu[w] = route.count(w) * (fixed_of(figs[w], b) + fixed_of(figs[w], o) + r * b + c * o)
             c, r = fig(DRIVER)
             hop = relay[2] if len(relay) > 2 and inline and b <= inline else relay[0]
-            cpu[DRIVER] = (fixed_of(figs[DRIVER], b) + fixed_of(figs[DRIVER], o) + c * b + r * o
-                           + (len(route) - 1) * (hop + relay[1] * b))
-            out.append(CpuSample(tuple(route), b, 60, cpu, {d: share * t for d, t in cpu.items()},
-                                 out_bytes=sent))
+            cpu[DRIVER] = (
+                fixed_of(figs[DRIVER], b)
+                + fixed_of(figs[DRIVER], o)
+                + c * b
+                + r * o
+                + (len(route) - 1) * (hop + relay[1] * b)
+            )
+            out.append(CpuSample(tuple(route), b, 60, cpu, {d: share * t for d, t in cpu.items()}, out_bytes=sent))
     return out
 
 
@@ -49,8 +56,9 @@ def test_one_way_probes_tell_a_byte_received_from_a_byte_sent():
     figs = {"a": (1.5e-3, 3e-9, 1.2e-8), "b": (2e-3, 1e-9, 4e-9), DRIVER: (1e-3, 2e-9, 5e-9)}
     relay = (3e-4, 1e-9)
     sizes = [4096, 173056, 655360]
-    samples = (synthetic([["a"], ["b"], ["a", "b", "a"]], sizes, figs, relay)
-               + synthetic([["a"], ["b"]], sizes, figs, relay, sent=4))
+    samples = synthetic([["a"], ["b"], ["a", "b", "a"]], sizes, figs, relay) + synthetic(
+        [["a"], ["b"]], sizes, figs, relay, sent=4
+    )
     fit = fit_transfer_cpu(samples, ["a", "b"], DRIVER)
     for name, (fixed, per_byte, receive) in figs.items():
         got = fit.devices[name]
@@ -75,13 +83,15 @@ def test_payloads_inside_the_engines_message_get_a_fixed_figure_of_their_own():
     figs = {"a": (2.8e-3, 8e-9, 1.3e-8, 4e-4), "b": (1e-3, 1e-9, 4e-9, 2e-4), DRIVER: (9e-4, 2e-9, 5e-9, 3e-4)}
     relay = (6e-4, 1e-9, 1e-4)
     sizes, inline = [64, 4096, 655360], 1000
-    samples = (synthetic([["a"], ["b"], ["a", "b", "a"]], sizes, figs, relay, inline=inline)
-               + synthetic([["a"], ["b"]], sizes, figs, relay, sent=4, inline=inline))
+    samples = synthetic([["a"], ["b"], ["a", "b", "a"]], sizes, figs, relay, inline=inline) + synthetic(
+        [["a"], ["b"]], sizes, figs, relay, sent=4, inline=inline
+    )
     fit = fit_transfer_cpu(samples, ["a", "b"], DRIVER, inline)
     for name, (fixed, per_byte, receive, small) in figs.items():
         got = fit.devices[name]
         assert (got.fixed, got.per_byte, got.receive_per_byte, got.inline_fixed) == pytest.approx(
-            (fixed, per_byte, receive, small), rel=1e-5)
+            (fixed, per_byte, receive, small), rel=1e-5
+        )
         assert got.serial_inline_fixed == pytest.approx(0.6 * small, rel=1e-5)
     assert (fit.relay.fixed, fit.relay.per_byte, fit.relay.inline_fixed) == pytest.approx(relay, rel=1e-5)
     assert fit.worst_error(DRIVER) < 1e-6
@@ -93,8 +103,7 @@ def test_payloads_inside_the_engines_message_get_a_fixed_figure_of_their_own():
     assert one.devices["a"].inline_fixed is None and one.relay.inline_fixed is None
     assert one.predict("a", ["a"], 173056, DRIVER, 4096) < 0.8 * want
     # A threshold that no sample is under gives no inline figure (nothing to fit it to).
-    above = fit_transfer_cpu([s for s in samples if s.nbytes > inline and s.sent > inline], ["a", "b"], DRIVER,
-                             inline)
+    above = fit_transfer_cpu([s for s in samples if s.nbytes > inline and s.sent > inline], ["a", "b"], DRIVER, inline)
     assert above.devices["a"].inline_fixed is None
     assert above.devices["a"].fixed == pytest.approx(2.8e-3, rel=1e-5)
 
@@ -120,7 +129,7 @@ def test_the_fit_recovers_each_process_and_the_relay():
 def test_a_serial_fit_above_the_whole_is_capped():
     figs = {"a": (2e-4, 1e-9), DRIVER: (1e-4, 1e-9)}
     samples = synthetic([["a"]], [40, 4000, 400000], figs, (0.0, 0.0), share=1.0)
-    samples[0].serial["a"] *= 1.5      # a noisy thread reading above its process
+    samples[0].serial["a"] *= 1.5  # a noisy thread reading above its process
     fit = fit_transfer_cpu(samples, ["a"], DRIVER)
     a = fit.devices["a"]
     assert a.serial_fixed <= a.fixed and a.serial_per_byte <= a.per_byte
@@ -142,13 +151,16 @@ def test_cpu_sizes_take_the_ends_and_the_middle():
     assert cpu_sizes([64]) == [64]
 
 
-@pytest.mark.parametrize("files, quota", [
-    ({"cpu.max": "150000 100000\n"}, 1.5),
-    ({"cpu.max": "max 100000\n"}, None),
-    ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),
-    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "files, quota",
+    [
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),
+    ],
+)
 def test_cgroup_quota(tmp_path, files, quota):
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -171,7 +183,7 @@ class _Clocks:
     process CPU (0.4 on its calling thread) and its node daemon 3 ms."""
 
     def __init__(self, daemons):
-        self.daemons = daemons                       # worker -> daemon pid
+        self.daemons = daemons  # worker -> daemon pid
         self.proc = {w: 0.0 for w in daemons}
         self.thread = {w: 0.0 for w in daemons}
         self.daemon_cpu = {p: 0.0 for p in daemons.values()}
@@ -206,7 +218,7 @@ def test_a_workers_own_node_daemon_counts_in_its_transfer_cpu_and_a_shared_one_d
     samples = time_transfer_cpu(fake, fake, ["a", "b", "c"], DRIVER, [400], items=5, warmup=0, progress=False)
     alone = next(s for s in samples if s.route == ("a",))
     assert alone.cpu["a"] == pytest.approx(4e-3) and alone.daemon == {"a": pytest.approx(3e-3)}
-    assert alone.serial["a"] == pytest.approx(0.4e-3)          # the daemon is not the worker's calling thread
+    assert alone.serial["a"] == pytest.approx(0.4e-3)  # the daemon is not the worker's calling thread
     shared = next(s for s in samples if s.route == ("b",))
     assert shared.cpu["b"] == pytest.approx(1e-3) and shared.daemon == {}
 
@@ -224,6 +236,7 @@ def test_process_cpu_seconds_reads_threads_then_stat_and_says_none_without_proc(
     fields = ["S"] + ["0"] * 10 + ["300", "100"] + ["0"] * 10
     (tmp_path / "9" / "stat").write_text("9 (ray::a) b) " + " ".join(fields) + "\n")
     import os
+
     assert process_cpu_seconds(9, proc=tmp_path) == pytest.approx(400 / os.sysconf("SC_CLK_TCK"))
     assert process_cpu_seconds(12345, proc=tmp_path) is None
 

@@ -10,6 +10,7 @@ only the hops in between (ResNet-18 at 64 x 64 on a torch worker of an Intel Xeo
 ``test_partition_oracle.py`` draws ``warm_pass`` too; these are the file format, the
 cost model's special case and the planner's choice, on fixed cases.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,12 @@ import pytest
 
 from multigpu.partition import Cluster, ClusterError, Graph, autopartition, evaluate
 
-G = Graph.from_dict({"input_bytes": 100.0, "layers": [
-    {"name": f"l{i}", "flops": 4e6, "param_bytes": 1e3, "output_bytes": 1e3} for i in range(4)]})
+G = Graph.from_dict(
+    {
+        "input_bytes": 100.0,
+        "layers": [{"name": f"l{i}", "flops": 4e6, "param_bytes": 1e3, "output_bytes": 1e3} for i in range(4)],
+    }
+)
 
 
 def cluster_dict(warm: float | None = None, sink: str | None = None) -> dict:
@@ -28,24 +33,30 @@ def cluster_dict(warm: float | None = None, sink: str | None = None) -> dict:
     drv = {"name": "drv", "flops": 1e9, "power": 10.0, "stage_overhead": 1e-3}
     if warm is not None:
         drv["warm_pass"] = {G.name: warm}
-    cd = {"devices": [drv, {"name": "gpu", "flops": 1e10, "power": 50.0, "stage_overhead": 1e-3}],
-          "links": [{"between": ["drv", "gpu"], "bandwidth": 1e9, "latency": 1e-4}], "source": "drv"}
+    cd = {
+        "devices": [drv, {"name": "gpu", "flops": 1e10, "power": 50.0, "stage_overhead": 1e-3}],
+        "links": [{"between": ["drv", "gpu"], "bandwidth": 1e9, "latency": 1e-4}],
+        "source": "drv",
+    }
     if sink is not None:
         cd["sink"] = sink
     return cd
 
 
 LOCAL = ["drv"] * 4
-COLD_LOCAL = 4 * 4e6 / 1e9 + 1e-3   # 17 ms: four layers and one stage overhead
+COLD_LOCAL = 4 * 4e6 / 1e9 + 1e-3  # 17 ms: four layers and one stage overhead
 
 
-@pytest.mark.parametrize("value, match", [
-    ([0.1], r"device 'drv': warm_pass must be a non-empty object mapping a graph name"),
-    ({}, r"warm_pass must be a non-empty object"),
-    ({"graph": -1.0}, r"device 'drv': warm_pass\['graph'\]"),
-    ({"graph": float("inf")}, r"warm_pass\['graph'\]"),
-    ({"": 0.1}, r"warm_pass graph name must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ([0.1], r"device 'drv': warm_pass must be a non-empty object mapping a graph name"),
+        ({}, r"warm_pass must be a non-empty object"),
+        ({"graph": -1.0}, r"device 'drv': warm_pass\['graph'\]"),
+        ({"graph": float("inf")}, r"warm_pass\['graph'\]"),
+        ({"": 0.1}, r"warm_pass graph name must be a non-empty string"),
+    ],
+)
 def test_a_bad_warm_pass_names_the_device_and_the_fix(value, match):
     cd = cluster_dict()
     cd["devices"][0]["warm_pass"] = value
@@ -82,9 +93,9 @@ def test_only_the_plan_that_never_leaves_the_source_is_priced_warm():
 
 
 def test_a_warm_pass_never_prices_a_plan_up_and_needs_the_source_to_be_the_sink():
-    slower = Cluster.from_dict(cluster_dict(warm=1.0))   # above the layers' sum: no effect
+    slower = Cluster.from_dict(cluster_dict(warm=1.0))  # above the layers' sum: no effect
     assert evaluate(G, slower, LOCAL).time == pytest.approx(COLD_LOCAL)
-    away = Cluster.from_dict(cluster_dict(warm=4e-3, sink="gpu"))   # the output leaves: the driver waits
+    away = Cluster.from_dict(cluster_dict(warm=4e-3, sink="gpu"))  # the output leaves: the driver waits
     bd = evaluate(G, away, LOCAL)
     assert bd.compute_time + bd.stage_time == pytest.approx(COLD_LOCAL)
 
@@ -103,7 +114,7 @@ def test_the_planner_compares_its_optimum_with_the_warm_local_plan(objective):
 
 def test_the_warm_local_plan_still_meets_the_constraints():
     cd = cluster_dict(warm=1e-3)
-    cd["devices"][0]["memory"] = 2.5e3   # the driver holds two layers' parameters, not four
+    cd["devices"][0]["memory"] = 2.5e3  # the driver holds two layers' parameters, not four
     plan = autopartition(G, Cluster.from_dict(cd))
     assert plan.assignment != LOCAL
     # Pinned elsewhere: the local plan is not a candidate.
@@ -118,7 +129,7 @@ def test_a_workers_warm_pass_prices_the_plan_with_every_layer_on_it():
     cl = Cluster.from_dict(cd)
     cold = Cluster.from_dict(cluster_dict())
     on_gpu = evaluate(G, cl, ["gpu"] * 4, wt=1.0, we=0.5)
-    assert on_gpu.compute_time + on_gpu.stage_time == pytest.approx(1e-3)           # 2.6 ms cold
+    assert on_gpu.compute_time + on_gpu.stage_time == pytest.approx(1e-3)  # 2.6 ms cold
     assert on_gpu.energy == pytest.approx(1e-3 * 50.0 + sum(t.energy for t in on_gpu.transfers))
     assert on_gpu.matrix.time() == pytest.approx(on_gpu.time) and on_gpu.bottleneck == pytest.approx(1e-3)
     # The hops to and from it stay as they are; every other plan is priced from the layer times.

@@ -7,10 +7,11 @@ the work is done, and errors surface at the next blocking read (``asnumpy``,
 ``asscalar``, ``waitall``). Arguments arrive already checked by ``multigpu.contract.checked``
 (shapes, dtypes, sizes, labels, devices), so nothing here validates them again.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -38,7 +39,7 @@ class MXNetBackend:
     tensor_type = mx.nd.NDArray
 
     def __init__(self) -> None:
-        self._token: Optional[NDArray] = None  # the last group sum's token inside value_and_grad
+        self._token: NDArray | None = None  # the last group sum's token inside value_and_grad
 
     # -- devices ---------------------------------------------------------
     def gpu_count(self) -> int:
@@ -79,8 +80,7 @@ class MXNetBackend:
         return np.dtype(tensor.dtype)
 
     # -- ops (differentiable inside value_and_grad) ----------------------
-    def conv2d(self, x: NDArray, w: NDArray, b: NDArray | None, stride: int, padding: int,
-               groups: int) -> NDArray:
+    def conv2d(self, x: NDArray, w: NDArray, b: NDArray | None, stride: int, padding: int, groups: int) -> NDArray:
         """NCHW cross-correlation with OIHW weights, bias (or None), zero padding and groups."""
         out_channels, _, kh, kw = w.shape
         # NOTE: outside training mode MKL-DNN reorders a convolution's weight into its own layout IN
@@ -89,9 +89,17 @@ class MXNetBackend:
         # md.get_size()"). Training mode computes the same output and leaves the weight as it is.
         with mx.autograd.train_mode():
             return mx.nd.Convolution(
-                data=x, weight=w, bias=b, kernel=(kh, kw), stride=(stride, stride),
-                dilate=(1, 1), pad=(padding, padding), num_filter=out_channels,
-                num_group=groups, no_bias=b is None, layout="NCHW",
+                data=x,
+                weight=w,
+                bias=b,
+                kernel=(kh, kw),
+                stride=(stride, stride),
+                dilate=(1, 1),
+                pad=(padding, padding),
+                num_filter=out_channels,
+                num_group=groups,
+                no_bias=b is None,
+                layout="NCHW",
             )
 
     def avg_pool2d(self, x: NDArray, kernel: int, stride: int, padding: int) -> NDArray:
@@ -99,17 +107,28 @@ class MXNetBackend:
         # NOTE: MXNet's 'valid' convention is floor rounding ('full' is ceil), and
         # count_include_pad=True matches the protocol's divisor of kernel*kernel.
         return mx.nd.Pooling(
-            data=x, kernel=(kernel, kernel), pool_type="avg", stride=(stride, stride),
-            pad=(padding, padding), pooling_convention="valid", count_include_pad=True,
-            global_pool=False, layout="NCHW",
+            data=x,
+            kernel=(kernel, kernel),
+            pool_type="avg",
+            stride=(stride, stride),
+            pad=(padding, padding),
+            pooling_convention="valid",
+            count_include_pad=True,
+            global_pool=False,
+            layout="NCHW",
         )
 
     def max_pool2d(self, x: NDArray, kernel: int, stride: int, padding: int) -> NDArray:
         """Max pooling over windows; padding never wins; floor output size."""
         # NOTE: 'valid' means floor here; MXNet pads max pooling with -inf, not zeros.
         return mx.nd.Pooling(
-            data=x, kernel=(kernel, kernel), pool_type="max", stride=(stride, stride),
-            pad=(padding, padding), pooling_convention="valid", global_pool=False,
+            data=x,
+            kernel=(kernel, kernel),
+            pool_type="max",
+            stride=(stride, stride),
+            pad=(padding, padding),
+            pooling_convention="valid",
+            global_pool=False,
             layout="NCHW",
         )
 
@@ -123,16 +142,34 @@ class MXNetBackend:
         """Mean over each (H, W) plane, as (B, C, 1, 1)."""
         return mx.nd.Pooling(data=x, kernel=(1, 1), pool_type="avg", global_pool=True, layout="NCHW")
 
-    def batch_norm(self, x: NDArray, gamma: NDArray, beta: NDArray, mean: NDArray, var: NDArray,
-                   eps: float) -> NDArray:
+    def batch_norm(self, x: NDArray, gamma: NDArray, beta: NDArray, mean: NDArray, var: NDArray, eps: float) -> NDArray:
         """Normalize with the given statistics (no gradient into them)."""
         # NOTE: use_global_stats=True normalizes with the arrays given as moving statistics in
         # training mode too; fix_gamma defaults to True in MXNet (gamma ignored), so False is passed.
-        return mx.nd.BatchNorm(x, gamma, beta, mean, var, eps=eps, momentum=0.9, fix_gamma=False,
-                               use_global_stats=True, output_mean_var=False, axis=1, cudnn_off=False)
+        return mx.nd.BatchNorm(
+            x,
+            gamma,
+            beta,
+            mean,
+            var,
+            eps=eps,
+            momentum=0.9,
+            fix_gamma=False,
+            use_global_stats=True,
+            output_mean_var=False,
+            axis=1,
+            cudnn_off=False,
+        )
 
-    def batch_norm_train(self, x: NDArray, gamma: NDArray, beta: NDArray, eps: float,
-                         sums: NDArray | None = None, count: int | None = None) -> tuple[NDArray, ...]:
+    def batch_norm_train(
+        self,
+        x: NDArray,
+        gamma: NDArray,
+        beta: NDArray,
+        eps: float,
+        sums: NDArray | None = None,
+        count: int | None = None,
+    ) -> tuple[NDArray, ...]:
         """Batch statistics (fused kernel), or those of the given sums; also return mean, unbiased var."""
         if sums is None:
             n = x.shape[0] * x.shape[2] * x.shape[3]
@@ -142,16 +179,29 @@ class MXNetBackend:
             # 1/sqrt(var + eps) (not the variance): the biased variance is recovered from it.
             with mx.autograd.train_mode():
                 y, mean, invstd = mx.nd.BatchNorm(
-                    x, gamma, beta, mx.nd.zeros_like(gamma), mx.nd.ones_like(gamma), eps=eps, momentum=0.9,
-                    fix_gamma=False, use_global_stats=False, output_mean_var=True, axis=1, cudnn_off=False)
+                    x,
+                    gamma,
+                    beta,
+                    mx.nd.zeros_like(gamma),
+                    mx.nd.ones_like(gamma),
+                    eps=eps,
+                    momentum=0.9,
+                    fix_gamma=False,
+                    use_global_stats=False,
+                    output_mean_var=True,
+                    axis=1,
+                    cudnn_off=False,
+                )
             var = (mx.nd.reciprocal(mx.nd.square(invstd.detach())) - eps) * (n / (n - 1))
             return y, mean.detach(), var
         n = float(count)  # type: ignore[arg-type]
         mean = sums[0] / n
         biased = mx.nd.relu(sums[1] / n - mean * mean)  # rounding can dip below 0
         scale = gamma * mx.nd.rsqrt(biased + eps)
-        y = mx.nd.broadcast_add(mx.nd.broadcast_mul(mx.nd.broadcast_sub(x, mean.reshape((1, -1, 1, 1))),
-                                                    scale.reshape((1, -1, 1, 1))), beta.reshape((1, -1, 1, 1)))
+        y = mx.nd.broadcast_add(
+            mx.nd.broadcast_mul(mx.nd.broadcast_sub(x, mean.reshape((1, -1, 1, 1))), scale.reshape((1, -1, 1, 1))),
+            beta.reshape((1, -1, 1, 1)),
+        )
         return y, mean.detach(), (biased * (n / (n - 1))).detach()
 
     def batch_norm_sums(self, x: NDArray) -> NDArray:
@@ -185,8 +235,9 @@ class MXNetBackend:
         # NOTE: FullyConnected wants (out, in), hence the transpose; it is still about twice as
         # fast forward and backward as dot + broadcast_add (one MKL-DNN op, bias fused), see
         # benchmarks/step. flatten=False: x is already (batch, in).
-        return mx.nd.FullyConnected(data=x, weight=mx.nd.transpose(w), bias=b, num_hidden=int(w.shape[1]),
-                                    no_bias=False, flatten=False)
+        return mx.nd.FullyConnected(
+            data=x, weight=mx.nd.transpose(w), bias=b, num_hidden=int(w.shape[1]), no_bias=False, flatten=False
+        )
 
     def reshape(self, x: NDArray, shape: Sequence[int]) -> NDArray:
         """Return ``x`` reshaped to ``shape`` (fully resolved by the contract: no -1, no 0)."""
@@ -256,10 +307,16 @@ class MXNetBackend:
         return out
 
     # -- gradients and update -------------------------------------------
-    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[NDArray],
-                       *inputs: Any, aux: bool = False, out: Optional[NDArray | Sequence[NDArray]] = None,
-                       buckets: Sequence[tuple[int, int]] | None = None,
-                       on_bucket: Callable[[int], None] | None = None) -> Any:
+    def value_and_grad(
+        self,
+        fn: Callable[..., Any],
+        params: Sequence[NDArray],
+        *inputs: Any,
+        aux: bool = False,
+        out: NDArray | Sequence[NDArray] | None = None,
+        buckets: Sequence[tuple[int, int]] | None = None,
+        on_bucket: Callable[[int], None] | None = None,
+    ) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer, or in
         the bucket buffers ``out`` (and the aux outputs raveled in a second one with ``aux=True``)."""
         shapes = [p.shape for p in params]
@@ -320,8 +377,14 @@ class MXNetBackend:
         """In place ``p -= lr * g`` for every pair."""
         for p, g in zip(params, grads, strict=True):
             mx.nd.sgd_update(
-                weight=p, grad=_on(g, p.context), lr=float(lr), wd=0.0,
-                rescale_grad=1.0, clip_gradient=-1.0, lazy_update=False, out=p,
+                weight=p,
+                grad=_on(g, p.context),
+                lr=float(lr),
+                wd=0.0,
+                rescale_grad=1.0,
+                clip_gradient=-1.0,
+                lazy_update=False,
+                out=p,
             )
 
     # -- whole-buffer math (outside autograd) -----------------------------
@@ -334,8 +397,16 @@ class MXNetBackend:
         # NOTE: MXNet has no axpby kernel; y *= a; y += b * x would take three passes and a temporary
         # of y's size. sgd_update computes (1 - lr * wd) * w - lr * rescale_grad * g in one pass,
         # which is a * y + b * x with lr = 1, wd = 1 - a and rescale_grad = -b.
-        mx.nd.sgd_update(weight=y, grad=_on(x, y.context), lr=1.0, wd=1.0 - a, rescale_grad=-b,
-                         clip_gradient=-1.0, lazy_update=False, out=y)
+        mx.nd.sgd_update(
+            weight=y,
+            grad=_on(x, y.context),
+            lr=1.0,
+            wd=1.0 - a,
+            rescale_grad=-b,
+            clip_gradient=-1.0,
+            lazy_update=False,
+            out=y,
+        )
 
     def addcmul_(self, y: NDArray, a: float, x1: NDArray, x2: NDArray, b: float) -> None:
         """In place ``y = a * y + b * x1 * x2``."""
@@ -343,8 +414,7 @@ class MXNetBackend:
             y *= a
         y += _on(x1, y.context) * _on(x2, y.context) * b
 
-    def addcdiv_sqrt_(self, y: NDArray, x1: NDArray, x2: NDArray, value: float, divisor: float,
-                      eps: float) -> None:
+    def addcdiv_sqrt_(self, y: NDArray, x1: NDArray, x2: NDArray, value: float, divisor: float, eps: float) -> None:
         """In place ``y += value * x1 / (sqrt(x2) / divisor + eps)``."""
         y += _on(x1, y.context) / (mx.nd.sqrt(_on(x2, y.context)) / divisor + eps) * value
 

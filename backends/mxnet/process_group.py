@@ -7,11 +7,13 @@ sync mode, and a pull of the sum. Service processes only ``import mxnet``: MXNet
 runs the scheduler or server loop on import when ``DMLC_ROLE`` says so. MXNet is
 imported only in those processes and in the ranks, never by the launcher.
 """
+
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from multigpu.contract.protocol import Device
 from multigpu.distributed.job import ENV_RANK, Job, LaunchPlan, Service
@@ -21,21 +23,27 @@ KEY_BASE = 1 << 30  # far above the integer keys a Gluon Trainer uses on the sam
 
 def launch_plan(job: Job) -> LaunchPlan:
     """Workers for the ranks; the scheduler on node 0 and ``job.servers`` servers per node."""
-    common = {"DMLC_PS_ROOT_URI": job.master_addr, "DMLC_PS_ROOT_PORT": str(job.master_port),
-              "DMLC_NUM_WORKER": str(job.world_size), "DMLC_NUM_SERVER": str(job.servers * job.nnodes)}
+    common = {
+        "DMLC_PS_ROOT_URI": job.master_addr,
+        "DMLC_PS_ROOT_PORT": str(job.master_port),
+        "DMLC_NUM_WORKER": str(job.world_size),
+        "DMLC_NUM_SERVER": str(job.servers * job.nnodes),
+    }
     # ps-lite binds and announces this address (without it, its host's first interface).
     common["DMLC_NODE_HOST"] = job.host
     argv = [sys.executable, "-c", "import mxnet"]
     services = [Service("scheduler", argv, {**common, "DMLC_ROLE": "scheduler"})] if job.node_rank == 0 else []
-    services += [Service(f"server {job.node_rank * job.servers + i}", argv, {**common, "DMLC_ROLE": "server"})
-                 for i in range(job.servers)]
+    services += [
+        Service(f"server {job.node_rank * job.servers + i}", argv, {**common, "DMLC_ROLE": "server"})
+        for i in range(job.servers)
+    ]
     return LaunchPlan([{**common, "DMLC_ROLE": "worker"} for _ in range(job.nproc)], services)
 
 
 class MXNetGroup:
     """Sum-allreduce, broadcast and barrier on one ``dist_sync`` kvstore."""
 
-    def __init__(self, device: Device, timeout: float, init_timeout: float, kvstore: Optional[Any] = None):
+    def __init__(self, device: Device, timeout: float, init_timeout: float, kvstore: Any | None = None):
         import mxnet as mx
 
         self._mx = mx

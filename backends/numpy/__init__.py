@@ -3,7 +3,13 @@
 The package itself is framework-free: the registry reads ``BACKEND`` without importing
 the framework.
 """
+
 from multigpu.contract.declaration import BackendDeclaration
 
-BACKEND = BackendDeclaration(name="numpy", adapter="multigpu.backends.numpy.adapter:NumpyBackend",
-                             framework=None, extra=None, engine="multigpu.backends.numpy.process_group")
+BACKEND = BackendDeclaration(
+    name="numpy",
+    adapter="multigpu.backends.numpy.adapter:NumpyBackend",
+    framework=None,
+    extra=None,
+    engine="multigpu.backends.numpy.process_group",
+)

@@ -9,10 +9,11 @@ It is the strictest adapter: besides the contract (``multigpu.contract.checked``
 every label on every call and that an op's operands share one logical device, so a
 core bug that mixes CPU replicas fails on the oracle although the frameworks run it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -30,8 +31,9 @@ class Var:
 
     __slots__ = ("backward", "data", "device", "parents")
 
-    def __init__(self, data: np.ndarray, device: Device, parents: tuple[Var, ...] = (),
-                 backward: Backward | None = None):
+    def __init__(
+        self, data: np.ndarray, device: Device, parents: tuple[Var, ...] = (), backward: Backward | None = None
+    ):
         self.data, self.device, self.parents, self.backward = data, device, parents, backward
 
     def __repr__(self) -> str:
@@ -125,8 +127,9 @@ class NumpyBackend:
         cols = _windows(xp, k, stride, oh, ow)
         out = np.empty((bsz, o, oh, ow), xd.dtype)
         for g in range(groups):
-            part = np.tensordot(cols[:, g * cg : (g + 1) * cg], wd[g * og : (g + 1) * og],
-                                axes=([1, 2, 3], [1, 2, 3]))  # (B, OH, OW, Og)
+            part = np.tensordot(
+                cols[:, g * cg : (g + 1) * cg], wd[g * og : (g + 1) * og], axes=([1, 2, 3], [1, 2, 3])
+            )  # (B, OH, OW, Og)
             out[:, g * og : (g + 1) * og] = part.transpose(0, 3, 1, 2)
         if b is not None:
             out += b.data[None, :, None, None]
@@ -137,7 +140,8 @@ class NumpyBackend:
             for g in range(groups):
                 go = gout[:, g * og : (g + 1) * og]
                 dw[g * og : (g + 1) * og] = np.tensordot(
-                    go, cols[:, g * cg : (g + 1) * cg], axes=([0, 2, 3], [0, 4, 5]))
+                    go, cols[:, g * cg : (g + 1) * cg], axes=([0, 2, 3], [0, 4, 5])
+                )
                 dc = np.tensordot(go, wd[g * og : (g + 1) * og], axes=([1], [0]))  # (B,OH,OW,Cg,k,k)
                 dcols[:, g * cg : (g + 1) * cg] = dc.transpose(0, 3, 4, 5, 1, 2)
             dx = _unpad(_scatter_windows(dcols, xp.shape, k, stride), padding)
@@ -153,8 +157,10 @@ class NumpyBackend:
         out = _windows(xp, kernel, stride, oh, ow).mean(axis=(2, 3), dtype=xd.dtype)
 
         def backward(gout: np.ndarray) -> tuple[np.ndarray]:
-            dcols = np.broadcast_to((gout / gout.dtype.type(kernel * kernel))[:, :, None, None],
-                                    gout.shape[:2] + (kernel, kernel) + gout.shape[2:])
+            dcols = np.broadcast_to(
+                (gout / gout.dtype.type(kernel * kernel))[:, :, None, None],
+                gout.shape[:2] + (kernel, kernel) + gout.shape[2:],
+            )
             return (_unpad(_scatter_windows(dcols, xp.shape, kernel, stride), padding),)
 
         return self._node(out.astype(xd.dtype), (x,), backward)
@@ -190,13 +196,19 @@ class NumpyBackend:
         out = xhat * _per_channel(gamma.data) + _per_channel(beta.data)
 
         def backward(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, None, None]:
-            return (g * _per_channel(gamma.data * inv), (g * xhat).sum(axis=(0, 2, 3)), g.sum(axis=(0, 2, 3)),
-                    None, None)
+            return (
+                g * _per_channel(gamma.data * inv),
+                (g * xhat).sum(axis=(0, 2, 3)),
+                g.sum(axis=(0, 2, 3)),
+                None,
+                None,
+            )
 
         return self._node(out, (x, gamma, beta, mean, var), backward)
 
-    def batch_norm_train(self, x: Var, gamma: Var, beta: Var, eps: float, sums: Var | None = None,
-                         count: int | None = None) -> tuple[Var, Var, Var]:
+    def batch_norm_train(
+        self, x: Var, gamma: Var, beta: Var, eps: float, sums: Var | None = None, count: int | None = None
+    ) -> tuple[Var, Var, Var]:
         """Batch statistics of x (two-pass), or of the given sums; the backward by hand."""
         xd = x.data
         t = xd.dtype.type
@@ -218,12 +230,15 @@ class NumpyBackend:
             dgamma, dbeta = (g * xhat).sum(axis=(0, 2, 3)), g.sum(axis=(0, 2, 3))
             dxhat = g * _per_channel(gamma.data)
             if sums is None:  # mean and variance are x's own: the classic closed form
-                dx = _per_channel(inv / t(n)) * (t(n) * dxhat - _per_channel(dxhat.sum(axis=(0, 2, 3)))
-                                                 - xhat * _per_channel((dxhat * xhat).sum(axis=(0, 2, 3))))
+                dx = _per_channel(inv / t(n)) * (
+                    t(n) * dxhat
+                    - _per_channel(dxhat.sum(axis=(0, 2, 3)))
+                    - xhat * _per_channel((dxhat * xhat).sum(axis=(0, 2, 3)))
+                )
                 return dx, dgamma, dbeta
             # x enters directly; mean and variance come from the sums (whose op passes the rest to x)
             dinv = (dxhat * centered).sum(axis=(0, 2, 3))
-            dvar = dinv * t(-0.5) * inv ** 3 * (raw > 0)
+            dvar = dinv * t(-0.5) * inv**3 * (raw > 0)
             dmean = -(dxhat * _per_channel(inv)).sum(axis=(0, 2, 3)) - t(2) * mean * dvar
             return dxhat * _per_channel(inv), dgamma, dbeta, np.stack([dmean / t(n), dvar / t(n)])
 
@@ -244,11 +259,15 @@ class NumpyBackend:
     def concat_channels(self, xs: Sequence[Var]) -> Var:
         """Join along axis 1; the gradient is split back."""
         bounds = np.cumsum([0, *(v.data.shape[1] for v in xs)])
-        return self._node(np.concatenate([v.data for v in xs], axis=1), tuple(xs),
-                          lambda g: tuple(g[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])))
+        return self._node(
+            np.concatenate([v.data for v in xs], axis=1),
+            tuple(xs),
+            lambda g: tuple(g[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])),
+        )
 
     def group_sum(self, x: Var, group: Any) -> Var:
         """Sum over the group's ranks; backward sums the gradient the same way."""
+
         def summed(data: np.ndarray) -> np.ndarray:
             out = Var(data.copy(), x.device)
             group.allreduce_(out)
@@ -292,8 +311,11 @@ class NumpyBackend:
     def sum(self, x: Var) -> Var:
         """Sum of all elements (0-d)."""
         shape = x.data.shape
-        return self._node(np.asarray(x.data.sum(dtype=x.data.dtype)), (x,),
-                          lambda g: (np.broadcast_to(g, shape).astype(x.data.dtype),))
+        return self._node(
+            np.asarray(x.data.sum(dtype=x.data.dtype)),
+            (x,),
+            lambda g: (np.broadcast_to(g, shape).astype(x.data.dtype),),
+        )
 
     def argmax(self, x: Var, axis: int) -> Var:
         """Index of the maximum along ``axis`` (not differentiable)."""
@@ -331,10 +353,16 @@ class NumpyBackend:
         return out
 
     # -- gradients and update -------------------------------------------
-    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Var],
-                       *inputs: Any, aux: bool = False, out: Optional[Var] = None,
-                       buckets: Sequence[tuple[int, int]] | None = None,
-                       on_bucket: Callable[[int], None] | None = None) -> Any:
+    def value_and_grad(
+        self,
+        fn: Callable[..., Any],
+        params: Sequence[Var],
+        *inputs: Any,
+        aux: bool = False,
+        out: Var | None = None,
+        buckets: Sequence[tuple[int, int]] | None = None,
+        on_bucket: Callable[[int], None] | None = None,
+    ) -> Any:
         """Evaluate ``fn`` and backpropagate through the recorded closures (signalling each bucket
         once its last gradient is final)."""
         leaves = [Var(p.data, p.device) for p in params]
@@ -377,8 +405,10 @@ class NumpyBackend:
             ready.rest(grads)
             flat = out
         else:
-            parts = [np.asarray(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype).reshape(-1)
-                     for leaf in leaves]
+            parts = [
+                np.asarray(grads.get(id(leaf), np.zeros_like(leaf.data)), leaf.data.dtype).reshape(-1)
+                for leaf in leaves
+            ]
             pieces = [*parts, np.asarray(value.data, first.data.dtype).reshape(1)]
             flat = Var(np.concatenate(pieces), first.device) if out is None else out
             if out is not None:
@@ -421,11 +451,19 @@ class _Buckets:
     that holds for all of its parameters: the reference signals as early as it can.
     """
 
-    def __init__(self, adapter: NumpyBackend, leaves: Sequence[Var], order: Sequence[Var], out: Var | Sequence[Var],
-                 buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
+    def __init__(
+        self,
+        adapter: NumpyBackend,
+        leaves: Sequence[Var],
+        order: Sequence[Var],
+        out: Var | Sequence[Var],
+        buckets: Sequence[tuple[int, int]],
+        on_bucket: Callable[[int], None],
+    ):
         self.leaves = leaves
-        self.views = [v.data.reshape(-1) for v in gradient_views(adapter, out, [lf.data.shape for lf in leaves],
-                                                                 buckets)]
+        self.views = [
+            v.data.reshape(-1) for v in gradient_views(adapter, out, [lf.data.shape for lf in leaves], buckets)
+        ]
         self.signals = BucketSignals(buckets, on_bucket)
         where = {id(lf): i for i, lf in enumerate(leaves)}
         last_use = [len(order) - 1] * len(leaves)  # unused leaves: at the end

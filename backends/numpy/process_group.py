@@ -6,6 +6,7 @@ the same order) and sends the sum back. It exists so that the default backend ru
 multi-process too, and so that the core's multi-process logic can be tested without
 a framework. Each wait has the group's timeout and names the rank it waited for.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,6 @@ import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
 import numpy as np
 
@@ -38,20 +38,28 @@ class ReferenceGroup:
     ``MULTIGPU_*`` variables.
     """
 
-    def __init__(self, device: Device, timeout: float, init_timeout: float, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, master: Optional[tuple[str, int]] = None):
+    def __init__(
+        self,
+        device: Device,
+        timeout: float,
+        init_timeout: float,
+        rank: int | None = None,
+        world_size: int | None = None,
+        master: tuple[str, int] | None = None,
+    ):
         self.device = device
         self.timeout = float(timeout)
         try:
             self.rank = int(os.environ[ENV_RANK]) if rank is None else rank
             self.world_size = int(os.environ[ENV_WORLD_SIZE]) if world_size is None else world_size
-            addr, port = (os.environ[ENV_MASTER_ADDR], int(os.environ[ENV_MASTER_PORT])) if master is None \
-                else master
+            addr, port = (os.environ[ENV_MASTER_ADDR], int(os.environ[ENV_MASTER_PORT])) if master is None else master
         except (KeyError, ValueError) as exc:
-            raise CollectiveError(f"the reference group needs {ENV_RANK}, {ENV_WORLD_SIZE}, {ENV_MASTER_ADDR} "
-                                  f"and {ENV_MASTER_PORT}; start the ranks with 'multigpu launch'") from exc
+            raise CollectiveError(
+                f"the reference group needs {ENV_RANK}, {ENV_WORLD_SIZE}, {ENV_MASTER_ADDR} "
+                f"and {ENV_MASTER_PORT}; start the ranks with 'multigpu launch'"
+            ) from exc
         self._peers: dict[int, socket.socket] = {}
-        self._listener: Optional[socket.socket] = None
+        self._listener: socket.socket | None = None
         self._sums: ThreadPoolExecutor | None = None  # one thread: the sums keep their order on the sockets
         if self.rank == 0:
             self._accept(addr, port, init_timeout)
@@ -62,7 +70,7 @@ class ReferenceGroup:
     def _accept(self, addr: str, port: int, limit: float) -> None:
         srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind((addr, port))   # the master's address only: loopback on one host
+        srv.bind((addr, port))  # the master's address only: loopback on one host
         srv.listen(self.world_size)
         self._listener = srv
         deadline = time.monotonic() + limit
@@ -70,7 +78,7 @@ class ReferenceGroup:
             srv.settimeout(max(deadline - time.monotonic(), 1e-3))
             try:
                 conn, _ = srv.accept()
-            except socket.timeout:
+            except TimeoutError:
                 missing = sorted(set(range(1, self.world_size)) - set(self._peers))
                 raise CollectiveTimeoutError(f"rank(s) {missing} did not connect within {limit:g} s") from None
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -86,8 +94,7 @@ class ReferenceGroup:
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise CollectiveTimeoutError(f"rank 0 at {addr}:{port} did not accept within {limit:g} s") \
-                        from None
+                    raise CollectiveTimeoutError(f"rank 0 at {addr}:{port} did not accept within {limit:g} s") from None
                 time.sleep(0.05)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.sendall(struct.pack("!q", self.rank))
@@ -99,7 +106,7 @@ class ReferenceGroup:
         while got < n:
             try:
                 chunk = conn.recv(min(n - got, 1 << 20))
-            except socket.timeout:
+            except TimeoutError:
                 raise CollectiveTimeoutError(f"rank {peer} sent nothing for {conn.gettimeout():g} s") from None
             except OSError as exc:
                 raise CollectiveError(f"connection to rank {peer} failed: {exc}") from exc

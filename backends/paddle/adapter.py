@@ -6,11 +6,12 @@ protocol's conventions in several places, each marked with a ``NOTE:``. Argument
 arrive already checked by ``multigpu.contract.checked`` (shapes, dtypes, sizes, labels,
 devices), so nothing here validates them again.
 """
+
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +26,12 @@ with warnings.catch_warnings():
     import paddle.nn.functional as F
 
 Tensor = paddle.Tensor
-_NUMPY_DTYPES = {paddle.float32: np.dtype(np.float32), paddle.int64: np.dtype(np.int64),
-                 paddle.float64: np.dtype(np.float64), paddle.int32: np.dtype(np.int32)}
+_NUMPY_DTYPES = {
+    paddle.float32: np.dtype(np.float32),
+    paddle.int64: np.dtype(np.int64),
+    paddle.float64: np.dtype(np.float64),
+    paddle.int32: np.dtype(np.int32),
+}
 
 
 def _same_place(a: Any, b: Any) -> bool:
@@ -110,24 +115,36 @@ class PaddleBackend:
         return _NUMPY_DTYPES[tensor.dtype]
 
     # -- ops (differentiable inside value_and_grad) ----------------------
-    def conv2d(self, x: Tensor, w: Tensor, b: Tensor | None, stride: int, padding: int,
-               groups: int) -> Tensor:
+    def conv2d(self, x: Tensor, w: Tensor, b: Tensor | None, stride: int, padding: int, groups: int) -> Tensor:
         """NCHW cross-correlation with OIHW weights, bias (or None), zero padding and groups."""
-        return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=1,
-                        groups=groups, data_format="NCHW")
+        return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=1, groups=groups, data_format="NCHW")
 
     def avg_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
         """Average pooling; padded zeros count in the divisor; floor output size."""
         # NOTE: Paddle defaults to exclusive=True (padding left out of the divisor);
         # the protocol counts it, so exclusive=False.
-        return F.avg_pool2d(x, kernel_size=kernel, stride=stride, padding=padding,
-                            ceil_mode=False, exclusive=False, divisor_override=None,
-                            data_format="NCHW")
+        return F.avg_pool2d(
+            x,
+            kernel_size=kernel,
+            stride=stride,
+            padding=padding,
+            ceil_mode=False,
+            exclusive=False,
+            divisor_override=None,
+            data_format="NCHW",
+        )
 
     def max_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
         """Max pooling (padding is -inf, so it never wins); floor output size."""
-        return F.max_pool2d(x, kernel_size=kernel, stride=stride, padding=padding,
-                            return_mask=False, ceil_mode=False, data_format="NCHW")
+        return F.max_pool2d(
+            x,
+            kernel_size=kernel,
+            stride=stride,
+            padding=padding,
+            return_mask=False,
+            ceil_mode=False,
+            data_format="NCHW",
+        )
 
     def relu(self, x: Tensor) -> Tensor:
         """Return max(x, 0)."""
@@ -141,11 +158,22 @@ class PaddleBackend:
         """Normalize with the given statistics (no gradient into them)."""
         # NOTE: training=False normalizes with the tensors given as running statistics and
         # leaves them as they are; momentum is unused then.
-        return F.batch_norm(x, mean, var, gamma, beta, training=False, momentum=0.9, epsilon=eps,
-                            data_format="NCHW", use_global_stats=True)
+        return F.batch_norm(
+            x,
+            mean,
+            var,
+            gamma,
+            beta,
+            training=False,
+            momentum=0.9,
+            epsilon=eps,
+            data_format="NCHW",
+            use_global_stats=True,
+        )
 
-    def batch_norm_train(self, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, sums: Tensor | None = None,
-                         count: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def batch_norm_train(
+        self, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, sums: Tensor | None = None, count: int | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Batch statistics (fused kernel), or those of the given sums; also return mean, unbiased var."""
         if sums is None:
             n = x.shape[0] * x.shape[2] * x.shape[3]
@@ -153,8 +181,18 @@ class PaddleBackend:
             # biased one. momentum=0 on fresh buffers leaves exactly the batch mean and biased
             # variance in them; the core's convention (torch's) wants the unbiased one.
             mean, var = paddle.zeros_like(gamma), paddle.zeros_like(gamma)
-            y = F.batch_norm(x, mean, var, gamma, beta, training=True, momentum=0.0, epsilon=eps,
-                             data_format="NCHW", use_global_stats=False)
+            y = F.batch_norm(
+                x,
+                mean,
+                var,
+                gamma,
+                beta,
+                training=True,
+                momentum=0.0,
+                epsilon=eps,
+                data_format="NCHW",
+                use_global_stats=False,
+            )
             return y, mean, var * (n / (n - 1))
         n = float(count)  # type: ignore[arg-type]
         mean = sums[0] / n
@@ -190,9 +228,17 @@ class PaddleBackend:
     def softmax_cross_entropy(self, logits: Tensor, labels: Tensor) -> Tensor:
         """Return the per-example loss -log softmax(logits)[label], shape (B,)."""
         # NOTE: ignore_index=-100 gives label -100 a loss of 0; the contract refuses it first.
-        loss = F.cross_entropy(logits, labels, weight=None, ignore_index=-100,
-                               reduction="none", soft_label=False, axis=-1,
-                               use_softmax=True, label_smoothing=0.0)
+        loss = F.cross_entropy(
+            logits,
+            labels,
+            weight=None,
+            ignore_index=-100,
+            reduction="none",
+            soft_label=False,
+            axis=-1,
+            use_softmax=True,
+            label_smoothing=0.0,
+        )
         # NOTE: older Paddle returns (B, 1) with reduction="none"; the protocol wants (B,).
         return paddle.reshape(loss, [-1])
 
@@ -255,10 +301,16 @@ class PaddleBackend:
             paddle.assign(_move(total, t.place), output=t)
 
     # -- gradients and update -------------------------------------------
-    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Tensor],
-                       *inputs: Any, aux: bool = False, out: Optional[Tensor] = None,
-                       buckets: Sequence[tuple[int, int]] | None = None,
-                       on_bucket: Callable[[int], None] | None = None) -> Any:
+    def value_and_grad(
+        self,
+        fn: Callable[..., Any],
+        params: Sequence[Tensor],
+        *inputs: Any,
+        aux: bool = False,
+        out: Tensor | None = None,
+        buckets: Sequence[tuple[int, int]] | None = None,
+        on_bucket: Callable[[int], None] | None = None,
+    ) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
         (and the aux outputs raveled in a second one with ``aux=True``); with ``buckets`` each bucket is
         signalled from Paddle's tensor hooks while backward runs."""
@@ -273,8 +325,11 @@ class PaddleBackend:
         # NOTE: under the caller's paddle.no_grad() the forward records no graph, and
         # the zero-fill below would turn every missing gradient into a silent zero.
         outputs: list[Tensor] = []
-        hooks = _BucketHooks(self, leaves, out, buckets, on_bucket) \
-            if buckets is not None and out is not None and on_bucket is not None else None
+        hooks = (
+            _BucketHooks(self, leaves, out, buckets, on_bucket)
+            if buckets is not None and out is not None and on_bucket is not None
+            else None
+        )
         with paddle.enable_grad():
             value = fn(leaves, *inputs)
             if aux:
@@ -333,8 +388,11 @@ class PaddleBackend:
     @paddle.no_grad()
     def addcdiv_sqrt_(self, y: Tensor, x1: Tensor, x2: Tensor, value: float, divisor: float, eps: float) -> None:
         """In place ``y += value * x1 / (sqrt(x2) / divisor + eps)``."""
-        denom = paddle.sqrt(_move(x2, y.place)).divide_(paddle.full([], divisor, y.dtype)).add_(
-            paddle.full([], eps, y.dtype))
+        denom = (
+            paddle.sqrt(_move(x2, y.place))
+            .divide_(paddle.full([], divisor, y.dtype))
+            .add_(paddle.full([], eps, y.dtype))
+        )
         y.add_(paddle.divide(_move(x1, y.place), denom).scale_(value))
 
 
@@ -387,8 +445,14 @@ class _BucketHooks:
     """Copies each leaf's gradient into its view of ``out`` from a Paddle tensor hook and signals
     a bucket once all of its gradients are there."""
 
-    def __init__(self, backend: PaddleBackend, leaves: Sequence[Tensor], out: Tensor,
-                 buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
+    def __init__(
+        self,
+        backend: PaddleBackend,
+        leaves: Sequence[Tensor],
+        out: Tensor,
+        buckets: Sequence[tuple[int, int]],
+        on_bucket: Callable[[int], None],
+    ):
         self.views = gradient_views(backend, out, [tuple(p.shape) for p in leaves], buckets)
         self.signals = BucketSignals(buckets, on_bucket)
         for i, leaf in enumerate(leaves):

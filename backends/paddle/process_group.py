@@ -10,13 +10,15 @@ without DNS for itself cannot). Paddle's store cannot be bound to one address: i
 C++ server takes only a port and listens on every interface. Paddle is imported only
 when a group is created.
 """
+
 from __future__ import annotations
 
 import contextlib
 import io
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from multigpu.contract.protocol import Device
 from multigpu.distributed.job import Job, LaunchPlan, interface_env
@@ -30,14 +32,22 @@ def launch_plan(job: Job) -> LaunchPlan:
     envs = []
     for i in range(job.nproc):
         rank = job.rank(i)
-        envs.append({"PADDLE_MASTER": master, "PADDLE_TRAINER_ID": str(rank),
-                     "PADDLE_TRAINERS_NUM": str(job.world_size), "PADDLE_RANK_IN_NODE": str(i),
-                     "PADDLE_LOCAL_SIZE": str(job.nproc), "PADDLE_NNODES": str(job.nnodes),
-                     # NOTE: Paddle requires this variable; its process-group path only names
-                     # the trainer with it (Gloo and the store pick their own ports).
-                     "PADDLE_CURRENT_ENDPOINT": f"{host}:{min(job.master_port + 1 + rank, 65535)}",
-                     # Paddle logs every store connection at INFO; keep warnings and errors.
-                     "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1"), **gloo})
+        envs.append(
+            {
+                "PADDLE_MASTER": master,
+                "PADDLE_TRAINER_ID": str(rank),
+                "PADDLE_TRAINERS_NUM": str(job.world_size),
+                "PADDLE_RANK_IN_NODE": str(i),
+                "PADDLE_LOCAL_SIZE": str(job.nproc),
+                "PADDLE_NNODES": str(job.nnodes),
+                # NOTE: Paddle requires this variable; its process-group path only names
+                # the trainer with it (Gloo and the store pick their own ports).
+                "PADDLE_CURRENT_ENDPOINT": f"{host}:{min(job.master_port + 1 + rank, 65535)}",
+                # Paddle logs every store connection at INFO; keep warnings and errors.
+                "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1"),
+                **gloo,
+            }
+        )
     return LaunchPlan(envs)
 
 

@@ -3,7 +3,13 @@
 The package itself is framework-free: the registry reads ``BACKEND`` without importing
 the framework.
 """
+
 from multigpu.contract.declaration import BackendDeclaration
 
-BACKEND = BackendDeclaration(name="torch", adapter="multigpu.backends.torch.adapter:TorchBackend",
-                             framework='torch', extra='torch', engine="multigpu.backends.torch.process_group")
+BACKEND = BackendDeclaration(
+    name="torch",
+    adapter="multigpu.backends.torch.adapter:TorchBackend",
+    framework="torch",
+    extra="torch",
+    engine="multigpu.backends.torch.process_group",
+)

@@ -5,10 +5,11 @@ PyTorch's own behaviour differs from the protocol convention carries a ``NOTE:``
 Arguments arrive already checked by ``multigpu.contract.checked`` (shapes, dtypes, sizes,
 labels, devices), so nothing here validates them again.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,8 +19,12 @@ from multigpu.contract.bucket_signals import BucketSignals, gradient_views
 from multigpu.contract.protocol import Device
 
 Tensor = torch.Tensor
-_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.int64: np.dtype(np.int64),
-                 torch.float64: np.dtype(np.float64), torch.int32: np.dtype(np.int32)}
+_NUMPY_DTYPES = {
+    torch.float32: np.dtype(np.float32),
+    torch.int64: np.dtype(np.int64),
+    torch.float64: np.dtype(np.float64),
+    torch.int32: np.dtype(np.int32),
+}
 
 
 class TorchBackend:
@@ -81,14 +86,22 @@ class TorchBackend:
         """Average pooling; padded zeros count in the divisor; floor output size."""
         # NOTE: count_include_pad and ceil_mode are passed although they equal torch's
         # defaults today, and stride is always given (torch's None means "= kernel").
-        return F.avg_pool2d(x, kernel_size=kernel, stride=stride, padding=padding,
-                            ceil_mode=False, count_include_pad=True, divisor_override=None)
+        return F.avg_pool2d(
+            x,
+            kernel_size=kernel,
+            stride=stride,
+            padding=padding,
+            ceil_mode=False,
+            count_include_pad=True,
+            divisor_override=None,
+        )
 
     def max_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
         """Max pooling; padding never wins; floor output size."""
         # NOTE: torch pads max pooling with -inf, so a padded cell never wins.
-        return F.max_pool2d(x, kernel_size=kernel, stride=stride, padding=padding,
-                            dilation=1, ceil_mode=False, return_indices=False)
+        return F.max_pool2d(
+            x, kernel_size=kernel, stride=stride, padding=padding, dilation=1, ceil_mode=False, return_indices=False
+        )
 
     def relu(self, x: Tensor) -> Tensor:
         """Return max(x, 0)."""
@@ -104,8 +117,9 @@ class TorchBackend:
         # leaves them untouched; momentum is unused then, and passed so no default counts.
         return F.batch_norm(x, mean, var, gamma, beta, training=False, momentum=0.0, eps=eps)
 
-    def batch_norm_train(self, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, sums: Tensor | None = None,
-                         count: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def batch_norm_train(
+        self, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, sums: Tensor | None = None, count: int | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Batch statistics (fused kernel), or those of the given sums; also return mean, unbiased var."""
         if sums is None:
             # NOTE: torch keeps running statistics itself. Fresh zero buffers with momentum=1.0
@@ -211,9 +225,14 @@ class TorchBackend:
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(
-        self, fn: Callable[..., Any], params: Sequence[Tensor], *inputs: Any, aux: bool = False,
-        out: Optional[Tensor] = None, buckets: Sequence[tuple[int, int]] | None = None,
-        on_bucket: Callable[[int], None] | None = None
+        self,
+        fn: Callable[..., Any],
+        params: Sequence[Tensor],
+        *inputs: Any,
+        aux: bool = False,
+        out: Tensor | None = None,
+        buckets: Sequence[tuple[int, int]] | None = None,
+        on_bucket: Callable[[int], None] | None = None,
     ) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar); return [grads raveled..., value] in one buffer
         (and the aux outputs raveled in a second one with ``aux=True``)."""
@@ -240,8 +259,16 @@ class TorchBackend:
                 return flat
             return flat, torch.cat([o.detach().reshape(-1).to(flat.device) for o in outputs])
 
-    def _bucketed(self, fn: Callable[..., Any], params: Sequence[Tensor], inputs: Sequence[Any], aux: bool,
-                  out: Tensor, buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]) -> Any:
+    def _bucketed(
+        self,
+        fn: Callable[..., Any],
+        params: Sequence[Tensor],
+        inputs: Sequence[Any],
+        aux: bool,
+        out: Tensor,
+        buckets: Sequence[tuple[int, int]],
+        on_bucket: Callable[[int], None],
+    ) -> Any:
         """value_and_grad with each gradient accumulated into its view of ``out`` and buckets signalled
         from torch's post-accumulate-grad hooks, while backward still runs."""
         leaves = [p.detach().requires_grad_(True) for p in params]
@@ -301,8 +328,9 @@ class TorchBackend:
         y.addcdiv_(x1.to(y.device), denom, value=value)
 
 
-def _forward(fn: Callable[..., Any], leaves: Sequence[Tensor], inputs: Sequence[Any],
-             aux: bool) -> tuple[Tensor, list[Tensor]]:
+def _forward(
+    fn: Callable[..., Any], leaves: Sequence[Tensor], inputs: Sequence[Any], aux: bool
+) -> tuple[Tensor, list[Tensor]]:
     """``fn``'s value as a 0-d tensor and its aux outputs (none without ``aux``)."""
     value = fn(leaves, *inputs)
     outputs: list[Tensor] = []

@@ -7,13 +7,15 @@ and Gloo is told the interface of this node's address (``GLOO_SOCKET_IFNAME``): 
 one host listens on loopback only, a job on several only on the addresses it is given.
 torch is imported only when a group is created, never by the launcher.
 """
+
 from __future__ import annotations
 
 import atexit
 import os
 import socket
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from multigpu.contract.protocol import Device
 from multigpu.distributed.job import ENV_JOB_ID, Job, LaunchPlan, interface_env
@@ -23,10 +25,21 @@ def launch_plan(job: Job) -> LaunchPlan:
     """torchrun's variables for every local rank, and Gloo's interface (unless the caller set
     ``GLOO_SOCKET_IFNAME``); torch needs no service process."""
     extra = interface_env(job, "GLOO_SOCKET_IFNAME")
-    return LaunchPlan([{"MASTER_ADDR": job.master_addr, "MASTER_PORT": str(job.master_port),
-                        "RANK": str(job.rank(i)), "WORLD_SIZE": str(job.world_size),
-                        "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(job.nproc),
-                        "GROUP_RANK": str(job.node_rank), **extra} for i in range(job.nproc)])
+    return LaunchPlan(
+        [
+            {
+                "MASTER_ADDR": job.master_addr,
+                "MASTER_PORT": str(job.master_port),
+                "RANK": str(job.rank(i)),
+                "WORLD_SIZE": str(job.world_size),
+                "LOCAL_RANK": str(i),
+                "LOCAL_WORLD_SIZE": str(job.nproc),
+                "GROUP_RANK": str(job.node_rank),
+                **extra,
+            }
+            for i in range(job.nproc)
+        ]
+    )
 
 
 def _store(timeout: timedelta) -> Any:
@@ -40,8 +53,9 @@ def _store(timeout: timedelta) -> Any:
         return dist.TCPStore(addr, port, world, False, timeout)
     # NOTE: TCPStore binds every interface when it opens its own socket; given a listening
     # socket (master_listen_fd, as torchrun's elastic agent passes one) it serves on that.
-    sock = socket.create_server((addr, port), family=socket.AF_INET6 if ":" in addr else socket.AF_INET,
-                                backlog=max(128, world))
+    sock = socket.create_server(
+        (addr, port), family=socket.AF_INET6 if ":" in addr else socket.AF_INET, backlog=max(128, world)
+    )
     return dist.TCPStore(addr, port, world, True, timeout, wait_for_workers=False, master_listen_fd=sock.detach())
 
 
@@ -64,10 +78,15 @@ class TorchGroup:
             # NOTE: one timeout covers torch's rendezvous and its collectives; join with the
             # longer one, then lower it for collectives where torch allows that.
             join_timeout = timedelta(seconds=max(timeout, init_timeout))
-            if ENV_JOB_ID in os.environ:   # started by multigpu launch: the store on MASTER_ADDR only
-                dist.init_process_group(self.engine, store=_store(join_timeout), rank=int(os.environ["RANK"]),
-                                        world_size=int(os.environ["WORLD_SIZE"]), timeout=join_timeout)
-            else:   # torchrun or a user's own set-up
+            if ENV_JOB_ID in os.environ:  # started by multigpu launch: the store on MASTER_ADDR only
+                dist.init_process_group(
+                    self.engine,
+                    store=_store(join_timeout),
+                    rank=int(os.environ["RANK"]),
+                    world_size=int(os.environ["WORLD_SIZE"]),
+                    timeout=join_timeout,
+                )
+            else:  # torchrun or a user's own set-up
                 dist.init_process_group(self.engine, init_method="env://", timeout=join_timeout)
             # NOTE: a process that exits with its Gloo group alive can die of SIGABRT ("terminate
             # called without an active exception"): the group's threads outlive the interpreter

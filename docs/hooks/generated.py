@@ -17,6 +17,7 @@ A page asks for a part with a marker on a line of its own:
 
 An unknown marker fails the build.
 """
+
 from __future__ import annotations
 
 import ast
@@ -40,8 +41,13 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 def _part(kind: str, name: str, where: str) -> str:
     if kind == "include":
         return include(name)
-    parts = {"cli": cli_reference, "exit-status": exit_status_table, "errors": errors_table, "layers": layers_table,
-             "api-index": api_index}
+    parts = {
+        "cli": cli_reference,
+        "exit-status": exit_status_table,
+        "errors": errors_table,
+        "layers": layers_table,
+        "api-index": api_index,
+    }
     if name not in parts:
         raise ValueError(f"{where}: unknown generated part {name!r}; one of {sorted(parts)}")
     return parts[name]()
@@ -80,8 +86,11 @@ def _error_classes() -> list[type[BaseException]]:
     import multigpu.errors
     import multigpu.partition
 
-    found = [c for c in vars(multigpu.errors).values()
-             if isinstance(c, type) and issubclass(c, BaseException) and c.__module__ == "multigpu.errors"]
+    found = [
+        c
+        for c in vars(multigpu.errors).values()
+        if isinstance(c, type) and issubclass(c, BaseException) and c.__module__ == "multigpu.errors"
+    ]
     for name in multigpu.partition.__all__:  # the partition inputs' own subclasses
         c = getattr(multigpu.partition, name)
         if isinstance(c, type) and issubclass(c, BaseException) and c not in found:
@@ -106,14 +115,20 @@ def exit_status_table() -> str:
     by_status: dict[int, list[str]] = {EXIT_FAILURE: [], EXIT_BAD_INPUT: []}
     for cls in _error_classes():
         by_status[_status(cls)].append(f"`{cls.__name__}`")
-    rows = [(EXIT_OK, "success", ""),
-            (EXIT_FAILURE, "a failure at run time (and `OSError`: a disk full, a file that vanished)",
-             ", ".join(by_status[EXIT_FAILURE])),
-            (EXIT_BAD_INPUT, "bad input or usage (and argparse's own usage errors)",
-             ", ".join(by_status[EXIT_BAD_INPUT])),
-            (EXIT_INTERRUPTED, "interrupted (Ctrl-C)", "`KeyboardInterrupt`")]
-    return "\n".join(["| status | meaning | raised as |", "|---|---|---|"]
-                     + [f"| {code} | {meaning} | {classes} |" for code, meaning, classes in rows])
+    rows = [
+        (EXIT_OK, "success", ""),
+        (
+            EXIT_FAILURE,
+            "a failure at run time (and `OSError`: a disk full, a file that vanished)",
+            ", ".join(by_status[EXIT_FAILURE]),
+        ),
+        (EXIT_BAD_INPUT, "bad input or usage (and argparse's own usage errors)", ", ".join(by_status[EXIT_BAD_INPUT])),
+        (EXIT_INTERRUPTED, "interrupted (Ctrl-C)", "`KeyboardInterrupt`"),
+    ]
+    return "\n".join(
+        ["| status | meaning | raised as |", "|---|---|---|"]
+        + [f"| {code} | {meaning} | {classes} |" for code, meaning, classes in rows]
+    )
 
 
 def errors_table() -> str:
@@ -146,8 +161,10 @@ def api_index() -> str:
         if inspect.ismodule(obj):
             page, anchor = obj.__name__.split(".")[1], obj.__name__
         else:
-            page = next((sub for sub in API_PAGES if getattr(importlib.import_module(f"multigpu.{sub}"), name, None)
-                         is obj), None)
+            page = next(
+                (sub for sub in API_PAGES if getattr(importlib.import_module(f"multigpu.{sub}"), name, None) is obj),
+                None,
+            )
             if page is None:
                 raise LookupError(f"multigpu.{name} is exported by none of the API pages' packages {API_PAGES}")
             anchor = f"multigpu.{page}.{name}"
@@ -168,8 +185,11 @@ def _docstring_paragraph(path: Path) -> str:
 def layers_table() -> str:
     """The layers of ``tests/test_architecture.py``, bottom to top, with each package's docstring."""
     tree = ast.parse((ROOT / "tests" / "test_architecture.py").read_text())
-    layers = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-                  and [getattr(t, "id", None) for t in node.targets] == ["LAYERS"])
+    layers = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["LAYERS"]
+    )
     rows = ["| # | layer | what it holds |", "|---|---|---|"]
     for i, name in enumerate(layers, 1):
         package, module = ROOT / "multigpu" / name / "__init__.py", ROOT / "multigpu" / f"{name}.py"

@@ -18,12 +18,13 @@ negative result such as ``check``'s disagreement, and raises on every error):
 
 The error itself is one line on stderr: ``multigpu COMMAND: error: MESSAGE``.
 """
+
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from multigpu.errors import InfeasibleError, MultigpuError, RankFailedError
 
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="multigpu",
         description="Data-parallel training, cost model and partitioner for PyTorch, MXNet and PaddlePaddle.",
         epilog="Exit status: 0 ok, 1 failure at run time (infeasible, disagreement, divergence), "
-               "2 bad input or usage, 130 interrupted.")
+        "2 bad input or usage, 130 interrupted.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -67,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code (0 ok, 1 failure, 2 bad input, 130 interrupted)."""
     args = build_parser().parse_args(argv)
     try:

@@ -1,13 +1,22 @@
 """How a sub-command adds its parser: one call names it, documents it and binds its ``run``."""
+
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 
-def add_command(sub: Any, name: str, run: Callable[[argparse.Namespace], int], *, help: str,
-                description: str, epilog: Optional[str] = None,
-                raw: bool = False) -> argparse.ArgumentParser:
+def add_command(
+    sub: Any,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    *,
+    help: str,
+    description: str,
+    epilog: str | None = None,
+    raw: bool = False,
+) -> argparse.ArgumentParser:
     """Add the sub-command ``name`` to argparse's subparsers ``sub``; return its parser.
 
     ``help`` is its line in ``multigpu --help``, ``description`` (and ``epilog``)

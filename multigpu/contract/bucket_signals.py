@@ -6,6 +6,7 @@ they learn that one parameter's gradient is final (a torch hook, a Paddle hook, 
 walk); what follows from it is the same everywhere and lives here once, as does cutting the
 caller's ``out`` (one buffer, or one buffer per bucket) into per-parameter views.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -23,8 +24,7 @@ class BucketSignals:
     def __init__(self, buckets: Sequence[tuple[int, int]], on_bucket: Callable[[int], None]):
         self.on_bucket = on_bucket
         self.missing = [b - a for a, b in buckets]
-        self.bucket_of = [k for k, (a, b) in sorted(enumerate(buckets), key=lambda kb: kb[1][0])
-                          for _ in range(a, b)]
+        self.bucket_of = [k for k, (a, b) in sorted(enumerate(buckets), key=lambda kb: kb[1][0]) for _ in range(a, b)]
         self.marked = [False] * len(self.bucket_of)
 
     def done(self, i: int) -> None:
@@ -64,15 +64,16 @@ class KeptBuffers(list):
 
     def views(self, key: Hashable, cut: Callable[[], Any]) -> Any:
         """``cut()``'s result for ``key``, cut on the first call for these buffers and remembered."""
-        full = (key, tuple(map(id, self)))   # the list holds its buffers, so their ids are theirs
+        full = (key, tuple(map(id, self)))  # the list holds its buffers, so their ids are theirs
         got = self._memo.get(full)
         if got is None:
             got = self._memo[full] = cut()
         return got
 
 
-def gradient_views(backend: Any, out: Any, shapes: Sequence[Sequence[int]],
-                   buckets: Sequence[tuple[int, int]] | None = None) -> list[Any]:
+def gradient_views(
+    backend: Any, out: Any, shapes: Sequence[Sequence[int]], buckets: Sequence[tuple[int, int]] | None = None
+) -> list[Any]:
     """Return a view of ``out`` per parameter gradient, then the value's one-element view.
 
     ``out`` is the protocol's one buffer ``[grads..., value]``, or (with ``buckets``) a list of
@@ -90,8 +91,9 @@ def gradient_views(backend: Any, out: Any, shapes: Sequence[Sequence[int]],
     return _bucket_views(backend, out, shapes, buckets)
 
 
-def _bucket_views(backend: Any, out: Sequence[Any], shapes: Sequence[Sequence[int]],
-                  buckets: Sequence[tuple[int, int]]) -> list[Any]:
+def _bucket_views(
+    backend: Any, out: Sequence[Any], shapes: Sequence[Sequence[int]], buckets: Sequence[tuple[int, int]]
+) -> list[Any]:
     views: list[Any] = [None] * (len(shapes) + 1)
     for k, ((first, stop), buffer) in enumerate(zip(buckets, out)):
         pieces = backend.unflatten(buffer, [*shapes[first:stop], *([(1,)] if k == 0 else [])])

@@ -7,13 +7,15 @@ them. The checks read shapes, dtypes and Python arguments only (a few attribute
 reads per call, no device read and no per-element pass on the step's fast path);
 ``benchmarks/contract_overhead.py`` measures what they cost per step.
 """
+
 from __future__ import annotations
 
 import inspect
 import math
 import threading
+from collections.abc import Callable, Sequence
 from math import prod
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,8 +40,10 @@ def _int(value: Any, op: str, name: str, low: int) -> int:
 def check_label_range(low: int, high: int, classes: int) -> None:
     """Raise InputError unless every label in ``low..high`` is a class of ``0..classes-1``."""
     if low < 0 or high >= classes:
-        raise InputError(f"label {low if low < 0 else high} is out of range: {classes} classes need labels "
-                         f"0..{classes - 1} (no label is ignored, wrapped or clipped)")
+        raise InputError(
+            f"label {low if low < 0 else high} is out of range: {classes} classes need labels "
+            f"0..{classes - 1} (no label is ignored, wrapped or clipped)"
+        )
 
 
 class CheckedBackend:
@@ -73,8 +77,10 @@ class CheckedBackend:
     # -- argument checks ---------------------------------------------------
     def _shape(self, t: Any, what: str) -> Shape:
         if not isinstance(t, self.tensor_type):
-            raise InputError(f"{what} must be a {self.name} tensor ({self.tensor_type.__name__}), "
-                             f"got {type(t).__name__}; make one with from_numpy")
+            raise InputError(
+                f"{what} must be a {self.name} tensor ({self.tensor_type.__name__}), "
+                f"got {type(t).__name__}; make one with from_numpy"
+            )
         return self.adapter.shape(t)
 
     def _float(self, t: Any, what: str) -> Shape:
@@ -96,15 +102,22 @@ class CheckedBackend:
         return shape
 
     def _device(self, device: Any) -> None:
-        if (not isinstance(device, Device) or device.kind not in ("cpu", "gpu")
-                or isinstance(device.index, bool) or not isinstance(device.index, int) or device.index < 0):
+        if (
+            not isinstance(device, Device)
+            or device.kind not in ("cpu", "gpu")
+            or isinstance(device.index, bool)
+            or not isinstance(device.index, int)
+            or device.index < 0
+        ):
             raise DeviceError(f"{device!r} is not a device; use Device('cpu', i) or Device('gpu', i), i >= 0")
         if device.kind == "gpu":
             if self._gpus is None:
                 self._gpus = int(self.adapter.gpu_count())
             if device.index >= self._gpus:
-                raise DeviceError(f"device {device} does not exist: {self.name} sees {self._gpus} GPU(s); "
-                                  "use a smaller index or CPU devices")
+                raise DeviceError(
+                    f"device {device} does not exist: {self.name} sees {self._gpus} GPU(s); "
+                    "use a smaller index or CPU devices"
+                )
 
     def _same(self, dst: Any, src: Any, op: str) -> Shape:
         a, b = self._shape(dst, f"{op} dst"), self._shape(src, f"{op} src")
@@ -156,8 +169,10 @@ class CheckedBackend:
         if kind == "f":
             return self.adapter.from_numpy(a.astype(np.float32, order="C", copy=False), device)
         if kind not in "iu":
-            raise InputError(f"from_numpy takes floating or integer arrays, got dtype {a.dtype}; "
-                             "cast it first, e.g. mask.astype('float32') or flags.astype('int64')")
+            raise InputError(
+                f"from_numpy takes floating or integer arrays, got dtype {a.dtype}; "
+                "cast it first, e.g. mask.astype('float32') or flags.astype('int64')"
+            )
         a = a.astype(np.int64, order="C", copy=False)
         t = self.adapter.from_numpy(a, device)
         if a.ndim == 1 and a.size:  # a label vector: its range is known here, for free
@@ -189,30 +204,32 @@ class CheckedBackend:
         return self.adapter.dtype(tensor)
 
     # -- ops -------------------------------------------------------------------
-    def conv2d(self, x: Any, w: Any, b: Optional[Any], stride: int, padding: int, groups: int) -> Any:
+    def conv2d(self, x: Any, w: Any, b: Any | None, stride: int, padding: int, groups: int) -> Any:
         """Checked NCHW convolution; ``b=None`` is a convolution without bias."""
         xs, ws = self._input(x, "conv2d", 4), self._float(w, "conv2d w")
         bs = ws[:1] if b is None else self._float(b, "conv2d b")
         stride, padding = _int(stride, "conv2d", "stride", 1), _int(padding, "conv2d", "padding", 0)
         groups = _int(groups, "conv2d", "groups", 1)
-        if (len(ws) != 4 or bs != ws[:1] or 0 in ws or ws[0] % groups
-                or xs[1] != ws[1] * groups):
-            raise InputError(f"conv2d needs x (B, C, H, W), w (O, C/groups, kH, kW) and b (O,) or None with O "
-                             f"divisible by groups; got x {xs}, w {ws}, b {bs}, groups={groups}")
+        if len(ws) != 4 or bs != ws[:1] or 0 in ws or ws[0] % groups or xs[1] != ws[1] * groups:
+            raise InputError(
+                f"conv2d needs x (B, C, H, W), w (O, C/groups, kH, kW) and b (O,) or None with O "
+                f"divisible by groups; got x {xs}, w {ws}, b {bs}, groups={groups}"
+            )
         if xs[2] + 2 * padding < ws[2] or xs[3] + 2 * padding < ws[3]:
-            raise InputError(f"conv2d kernel {ws[2:]} is larger than the padded input "
-                             f"{(xs[2] + 2 * padding, xs[3] + 2 * padding)}")
+            raise InputError(
+                f"conv2d kernel {ws[2:]} is larger than the padded input {(xs[2] + 2 * padding, xs[3] + 2 * padding)}"
+            )
         return self.adapter.conv2d(x, w, b, stride, padding, groups)
 
     def _pool(self, op: str, x: Any, kernel: int, stride: int, padding: int) -> None:
         xs = self._input(x, op, 4)
         kernel, stride = _int(kernel, op, "kernel", 1), _int(stride, op, "stride", 1)
         if _int(padding, op, "padding", 0) > kernel // 2:
-            raise InputError(f"{op} padding={padding} is more than half the kernel {kernel}; "
-                             f"use at most {kernel // 2}")
+            raise InputError(f"{op} padding={padding} is more than half the kernel {kernel}; use at most {kernel // 2}")
         if min(xs[2], xs[3]) + 2 * padding < kernel:
-            raise InputError(f"{op} kernel {kernel} is larger than the padded input "
-                             f"{(xs[2] + 2 * padding, xs[3] + 2 * padding)}")
+            raise InputError(
+                f"{op} kernel {kernel} is larger than the padded input {(xs[2] + 2 * padding, xs[3] + 2 * padding)}"
+            )
 
     def avg_pool2d(self, x: Any, kernel: int, stride: int, padding: int) -> Any:
         """Checked average pooling."""
@@ -240,8 +257,7 @@ class CheckedBackend:
         for what, v in vectors.items():
             vs = self._float(v, f"{op} {what}")
             if vs != xs[1:2]:
-                raise InputError(f"{op} needs {what} of shape ({xs[1]},) for x {xs} (one value per channel), "
-                                 f"got {vs}")
+                raise InputError(f"{op} needs {what} of shape ({xs[1]},) for x {xs} (one value per channel), got {vs}")
         check_number(eps, f"{op} eps", minimum=0.0, strict=True, example=1e-5)
         return xs
 
@@ -250,8 +266,9 @@ class CheckedBackend:
         self._channels("batch_norm", x, {"gamma": gamma, "beta": beta, "mean": mean, "var": var}, eps)
         return self.adapter.batch_norm(x, gamma, beta, mean, var, float(eps))
 
-    def batch_norm_train(self, x: Any, gamma: Any, beta: Any, eps: float, sums: Optional[Any] = None,
-                         count: Optional[int] = None) -> tuple[Any, Any, Any]:
+    def batch_norm_train(
+        self, x: Any, gamma: Any, beta: Any, eps: float, sums: Any | None = None, count: int | None = None
+    ) -> tuple[Any, Any, Any]:
         """Checked training-mode BatchNorm: x's own statistics, or those of the given sums."""
         xs = self._channels("batch_norm_train", x, {"gamma": gamma, "beta": beta}, eps)
         if sums is None:
@@ -261,15 +278,19 @@ class CheckedBackend:
         else:
             ss = self._float(sums, "batch_norm_train sums")
             if ss != (2, xs[1]):
-                raise InputError(f"batch_norm_train needs sums of shape (2, {xs[1]}) (per-channel sum and sum "
-                                 f"of squares) for x {xs}, got {ss}")
+                raise InputError(
+                    f"batch_norm_train needs sums of shape (2, {xs[1]}) (per-channel sum and sum "
+                    f"of squares) for x {xs}, got {ss}"
+                )
             if count is None:
                 raise InputError("batch_norm_train with sums needs count, the N*H*W of the batch they sum")
             values = _int(count, "batch_norm_train", "count", 1)
         if values < 2:
-            raise InputError(f"batch_norm_train sees {values} value per channel (x {xs}); the batch variance "
-                             "of one value is undefined: give every BatchNorm at least 2 values per channel "
-                             "(a larger batch per device, or synchronized statistics)")
+            raise InputError(
+                f"batch_norm_train sees {values} value per channel (x {xs}); the batch variance "
+                "of one value is undefined: give every BatchNorm at least 2 values per channel "
+                "(a larger batch per device, or synchronized statistics)"
+            )
         return self.adapter.batch_norm_train(x, gamma, beta, float(eps), sums, None if sums is None else values)
 
     def batch_norm_sums(self, x: Any) -> Any:
@@ -297,8 +318,10 @@ class CheckedBackend:
         """Checked differentiable sum over the ranks of ``group``."""
         xs = self._input(x, "group_sum", 1)
         if not callable(getattr(group, "allreduce_", None)):
-            raise InputError(f"group_sum needs a process group (with allreduce_), got {type(group).__name__}; "
-                             "e.g. multigpu.distributed.rank.init_process_group()")
+            raise InputError(
+                f"group_sum needs a process group (with allreduce_), got {type(group).__name__}; "
+                "e.g. multigpu.distributed.rank.init_process_group()"
+            )
         out = self.adapter.group_sum(x, group)
         if self.adapter.shape(out) != xs:
             raise AdapterError(f"{self.name} adapter's group_sum returned shape {self.adapter.shape(out)} for {xs}")
@@ -378,8 +401,10 @@ class CheckedBackend:
             raise InputError(f"split sizes must be a non-empty list of integers, got {sizes!r}")
         parts = [_int(s, "split", "size", 1) for s in sizes]
         if not xs or sum(parts) != xs[0]:
-            raise InputError(f"split sizes {parts} add up to {sum(parts)}, but the tensor has "
-                             f"{xs[0] if xs else 'no'} rows (shape {xs}); they must match")
+            raise InputError(
+                f"split sizes {parts} add up to {sum(parts)}, but the tensor has "
+                f"{xs[0] if xs else 'no'} rows (shape {xs}); they must match"
+            )
         out = self.adapter.split(x, parts)
         for part in out:
             self._pass_range(x, part)
@@ -439,9 +464,16 @@ class CheckedBackend:
             self.adapter.native_allreduce(tensors)
 
     # -- gradients and update ----------------------------------------------------
-    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], *inputs: Any, aux: bool = False,
-                       out: Optional[Any] = None, buckets: Sequence[tuple[int, int]] | None = None,
-                       on_bucket: Callable[[int], None] | None = None) -> Any:
+    def value_and_grad(
+        self,
+        fn: Callable[..., Any],
+        params: Sequence[Any],
+        *inputs: Any,
+        aux: bool = False,
+        out: Any | None = None,
+        buckets: Sequence[tuple[int, int]] | None = None,
+        on_bucket: Callable[[int], None] | None = None,
+    ) -> Any:
         """Checked ``[grads..., value]`` in one flat buffer, ``out`` when given (and ``aux_flat`` with ``aux=True``);
         with ``buckets``, ``on_bucket(k)`` once per bucket, before the call returns, and ``out`` may be one
         buffer per bucket."""
@@ -455,11 +487,15 @@ class CheckedBackend:
         size = sum(sizes)
         per_bucket = isinstance(out, (list, tuple))
         if per_bucket and buckets is None:
-            raise InputError(f"value_and_grad got out= as a list of {len(out)} buffers without buckets=; a list "
-                             "holds one buffer per bucket (pass buckets= and on_bucket=), else pass one buffer")
+            raise InputError(
+                f"value_and_grad got out= as a list of {len(out)} buffers without buckets=; a list "
+                "holds one buffer per bucket (pass buckets= and on_bucket=), else pass one buffer"
+            )
         if out is not None and not per_bucket and self._float(out, "value_and_grad out") != (size + 1,):
-            raise InputError(f"value_and_grad out has shape {self.adapter.shape(out)}; it must be ({size + 1},): "
-                             "every gradient, then the value")
+            raise InputError(
+                f"value_and_grad out has shape {self.adapter.shape(out)}; it must be ({size + 1},): "
+                "every gradient, then the value"
+            )
         extra: dict[str, Any] = {} if out is None else {"out": out}
         signalled: list[int] = []
         if buckets is not None or on_bucket is not None:
@@ -469,8 +505,10 @@ class CheckedBackend:
 
             def signal(k: int) -> None:
                 if type(k) is not int or not 0 <= k < len(layout) or k in signalled:
-                    raise AdapterError(f"{self.name} adapter's value_and_grad signalled bucket {k!r} after "
-                                       f"{signalled}; the contract says each of 0..{len(layout) - 1} once")
+                    raise AdapterError(
+                        f"{self.name} adapter's value_and_grad signalled bucket {k!r} after "
+                        f"{signalled}; the contract says each of 0..{len(layout) - 1} once"
+                    )
                 signalled.append(k)
                 assert on_bucket is not None
                 on_bucket(k)
@@ -482,11 +520,16 @@ class CheckedBackend:
         aux_size = [0]
 
         def check_value(out: Any) -> Any:
-            if (not isinstance(out, self.tensor_type) or prod(self.adapter.shape(out)) != 1
-                    or self.adapter.dtype(out).kind != "f"):
+            if (
+                not isinstance(out, self.tensor_type)
+                or prod(self.adapter.shape(out)) != 1
+                or self.adapter.dtype(out).kind != "f"
+            ):
                 what = f"shape {self.adapter.shape(out)}" if isinstance(out, self.tensor_type) else type(out).__name__
-                raise InputError(f"value_and_grad needs fn to return a one-element float tensor "
-                                 f"(the loss), got {what}; reduce it with sum")
+                raise InputError(
+                    f"value_and_grad needs fn to return a one-element float tensor "
+                    f"(the loss), got {what}; reduce it with sum"
+                )
             return out
 
         def scalar_fn(leaves: Sequence[Any], *args: Any) -> Any:
@@ -495,13 +538,16 @@ class CheckedBackend:
         def aux_fn(leaves: Sequence[Any], *args: Any) -> Any:
             out = fn(leaves, *args)
             if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], (list, tuple)):
-                raise InputError("value_and_grad(aux=True) needs fn to return (value, [tensors...]), "
-                                 f"got {type(out).__name__}")
+                raise InputError(
+                    f"value_and_grad(aux=True) needs fn to return (value, [tensors...]), got {type(out).__name__}"
+                )
             value, outputs = out
             aux_size[0] = sum(prod(self._float(t, "value_and_grad aux output")) for t in outputs)
             if not outputs or not aux_size[0]:
-                raise InputError("value_and_grad(aux=True) got no aux outputs; return at least one non-empty "
-                                 "tensor or call it with aux=False")
+                raise InputError(
+                    "value_and_grad(aux=True) got no aux outputs; return at least one non-empty "
+                    "tensor or call it with aux=False"
+                )
             return check_value(value), list(outputs)
 
         if aux:
@@ -511,46 +557,62 @@ class CheckedBackend:
         if per_bucket and "out" not in extra:
             flat = self._copy_into_buckets(flat, out, layout, sizes)
         if out is not None and flat is not out:
-            raise AdapterError(f"{self.name} adapter's value_and_grad(out=...) returned another buffer; the "
-                               "contract says it writes into out and returns it")
+            raise AdapterError(
+                f"{self.name} adapter's value_and_grad(out=...) returned another buffer; the "
+                "contract says it writes into out and returns it"
+            )
         if buckets is not None and "on_bucket" not in extra:
             for k in range(len(buckets)):  # an adapter without bucket signals: every bucket is ready now
                 signal(k)
         if buckets is not None and len(signalled) != len(buckets):
-            raise AdapterError(f"{self.name} adapter's value_and_grad returned having signalled buckets "
-                               f"{sorted(signalled)} of {len(buckets)}; the contract says every bucket, once")
+            raise AdapterError(
+                f"{self.name} adapter's value_and_grad returned having signalled buckets "
+                f"{sorted(signalled)} of {len(buckets)}; the contract says every bucket, once"
+            )
         if not per_bucket:
             got = self._shape(flat, "value_and_grad result")
             if got != (size + 1,):
-                raise AdapterError(f"{self.name} adapter's value_and_grad returned shape {got}; "
-                                   f"the contract says ({size + 1},): every gradient, then the value")
+                raise AdapterError(
+                    f"{self.name} adapter's value_and_grad returned shape {got}; "
+                    f"the contract says ({size + 1},): every gradient, then the value"
+                )
         if not aux:
             return flat
         got = self._shape(aux_flat, "value_and_grad aux result")
         if got != (aux_size[0],):
-            raise AdapterError(f"{self.name} adapter's value_and_grad returned aux of shape {got}; "
-                               f"the contract says ({aux_size[0]},): every aux output raveled")
+            raise AdapterError(
+                f"{self.name} adapter's value_and_grad returned aux of shape {got}; "
+                f"the contract says ({aux_size[0]},): every aux output raveled"
+            )
         return flat, aux_flat
 
-    def _check_bucket_buffers(self, out: Sequence[Any], layout: Sequence[tuple[int, int]],
-                              sizes: Sequence[int]) -> None:
+    def _check_bucket_buffers(
+        self, out: Sequence[Any], layout: Sequence[tuple[int, int]], sizes: Sequence[int]
+    ) -> None:
         """Raise InputError unless ``out`` holds one buffer per bucket, each of its bucket's length."""
         want = [sum(sizes[a:b]) + (1 if k == 0 else 0) for k, (a, b) in enumerate(layout)]
         if len(out) != len(layout):
-            raise InputError(f"value_and_grad got {len(out)} out= buffers for {len(layout)} buckets; pass one per "
-                             f"bucket, of {want} floats")
+            raise InputError(
+                f"value_and_grad got {len(out)} out= buffers for {len(layout)} buckets; pass one per "
+                f"bucket, of {want} floats"
+            )
         for k, (t, n) in enumerate(zip(out, want)):
             if self._float(t, f"value_and_grad out[{k}]") != (n,):
-                raise InputError(f"value_and_grad out[{k}] has shape {self.adapter.shape(t)}; it must be ({n},): "
-                                 f"bucket {k}'s gradients{', then the value' if k == 0 else ''} (all: {want})")
+                raise InputError(
+                    f"value_and_grad out[{k}] has shape {self.adapter.shape(t)}; it must be ({n},): "
+                    f"bucket {k}'s gradients{', then the value' if k == 0 else ''} (all: {want})"
+                )
 
-    def _copy_into_buckets(self, flat: Any, out: Sequence[Any], layout: Sequence[tuple[int, int]],
-                           sizes: Sequence[int]) -> Sequence[Any]:
+    def _copy_into_buckets(
+        self, flat: Any, out: Sequence[Any], layout: Sequence[tuple[int, int]], sizes: Sequence[int]
+    ) -> Sequence[Any]:
         """Copy an adapter's one ``[grads..., value]`` buffer into the caller's bucket buffers; return them."""
         got = self._shape(flat, "value_and_grad result")
         if got != (sum(sizes) + 1,):
-            raise AdapterError(f"{self.name} adapter's value_and_grad returned shape {got}; "
-                               f"the contract says ({sum(sizes) + 1},): every gradient, then the value")
+            raise AdapterError(
+                f"{self.name} adapter's value_and_grad returned shape {got}; "
+                f"the contract says ({sum(sizes) + 1},): every gradient, then the value"
+            )
         offsets = [sum(sizes[:a]) for a, _ in layout]
         stops = [sum(sizes[:b]) + (1 if k == 0 else 0) for k, (_, b) in enumerate(layout)]
         pieces = self.adapter.unflatten(flat, [(b - a,) for a, b in zip(reversed(offsets), reversed(stops))])
@@ -584,7 +646,6 @@ class CheckedBackend:
             params, grads = [p for p, _ in pairs], [g for _, g in pairs]
         self.adapter.sgd_(params, grads, float(lr))
 
-
     # -- whole-buffer math --------------------------------------------------------
     def _math(self, op: str, y: Any, xs: Sequence[Any], scalars: dict[str, Any]) -> bool:
         """Check the operands of an in-place whole-buffer op; False when there is nothing to do."""
@@ -617,8 +678,7 @@ class CheckedBackend:
         """Checked in-place ``y += value * x1 / (sqrt(x2) / divisor + eps)``."""
         if self._math("addcdiv_sqrt_", y, (x1, x2), {"value": value, "divisor": divisor, "eps": eps}):
             if not float(divisor) > 0 or not float(eps) >= 0:
-                raise InputError(f"addcdiv_sqrt_ needs divisor > 0 and eps >= 0, got divisor={divisor!r}, "
-                                 f"eps={eps!r}")
+                raise InputError(f"addcdiv_sqrt_ needs divisor > 0 and eps >= 0, got divisor={divisor!r}, eps={eps!r}")
             self.adapter.addcdiv_sqrt_(y, x1, x2, float(value), float(divisor), float(eps))
 
 
@@ -636,19 +696,25 @@ def _check_buckets(buckets: Any, on_bucket: Any, count: int, out: Any) -> list[t
     """Return ``buckets`` as a list of (first, stop) pairs if they cut ``count`` parameters into runs
     from the last backwards; raise InputError otherwise (or without ``on_bucket`` and ``out``)."""
     if buckets is None or on_bucket is None or not callable(on_bucket):
-        raise InputError(f"value_and_grad buckets={buckets!r:.60} and on_bucket={on_bucket!r:.60} go together: "
-                         "pass the layout and a callable that takes a bucket number, or neither")
+        raise InputError(
+            f"value_and_grad buckets={buckets!r:.60} and on_bucket={on_bucket!r:.60} go together: "
+            "pass the layout and a callable that takes a bucket number, or neither"
+        )
     if out is None:
-        raise InputError("value_and_grad(buckets=...) needs out=, the buffer whose slices the buckets are "
-                         "(or one buffer per bucket)")
+        raise InputError(
+            "value_and_grad(buckets=...) needs out=, the buffer whose slices the buckets are (or one buffer per bucket)"
+        )
     example = f"e.g. [({count // 2}, {count}), (0, {count // 2})]"
 
     def whole(v: Any) -> bool:
         return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
     try:
-        pairs = [(int(a), int(b)) for a, b in buckets if whole(a) and whole(b)] \
-            if not isinstance(buckets, (str, bytes)) else None
+        pairs = (
+            [(int(a), int(b)) for a, b in buckets if whole(a) and whole(b)]
+            if not isinstance(buckets, (str, bytes))
+            else None
+        )
         if pairs is not None and len(pairs) != len(buckets):
             pairs = None
     except (TypeError, ValueError):
@@ -660,6 +726,8 @@ def _check_buckets(buckets: Any, on_bucket: Any, count: int, out: Any) -> list[t
             break
         stop = a
     if not pairs or stop != 0:
-        raise InputError(f"value_and_grad buckets={buckets!r:.80} must cut the {count} parameters into "
-                         f"(first, stop) runs from the last parameter backwards, {example}")
+        raise InputError(
+            f"value_and_grad buckets={buckets!r:.80} must cut the {count} parameters into "
+            f"(first, stop) runs from the last parameter backwards, {example}"
+        )
     return pairs

@@ -7,11 +7,12 @@ reads it without importing the framework; ``load()`` imports the adapter module 
 so the framework) on first use, and the engine functions import the engine module only
 inside a rank. A third-party backend (JAX, say) declares itself the same way.
 """
+
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 
 def _resolve(path: str) -> Any:
@@ -33,9 +34,9 @@ class BackendDeclaration:
 
     name: str
     adapter: str
-    framework: Optional[str] = None
-    extra: Optional[str] = None
-    engine: Optional[str] = None
+    framework: str | None = None
+    extra: str | None = None
+    engine: str | None = None
 
     def load(self) -> Any:
         """Return a new adapter instance (imports the framework)."""

@@ -1,14 +1,16 @@
 """Turn a user's device request into a list of logical devices for a backend."""
+
 from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Sequence, Union
+from collections.abc import Sequence
+from typing import Any
 
 from multigpu.contract.protocol import Device
 from multigpu.errors import DeviceError
 
-DeviceSpec = Union[int, str, Sequence[Device]]
+DeviceSpec = int | str | Sequence[Device]
 
 
 class CPUFallbackWarning(UserWarning):
@@ -43,7 +45,9 @@ def resolve_devices(backend: Any, spec: DeviceSpec) -> list[Device]:
         warnings.warn(
             f"{backend.name} sees {gpus} GPU(s), fewer than devices={spec}; "
             f"training on {spec} CPU replicas instead (pass devices='cpu:{spec}' to silence this)",
-            CPUFallbackWarning, stacklevel=3)
+            CPUFallbackWarning,
+            stacklevel=3,
+        )
         return [Device("cpu", i) for i in range(spec)]
     if isinstance(spec, str):
         text = spec.strip().lower()
@@ -62,7 +66,8 @@ def resolve_devices(backend: Any, spec: DeviceSpec) -> list[Device]:
             if bad:
                 raise DeviceError(
                     f"{backend.name} sees {seen} GPU(s), so GPU index(es) {bad} in {spec!r} do not exist; "
-                    f"use devices={len(ids)} to fall back to CPU replicas or 'cpu:{len(ids)}'")
+                    f"use devices={len(ids)} to fall back to CPU replicas or 'cpu:{len(ids)}'"
+                )
             return [Device("gpu", i) for i in ids]
         raise DeviceError(f"cannot parse devices={spec!r}; use an int N, 'cpu:N' or 'gpu:0,1'")
     if isinstance(spec, (list, tuple)) and spec and all(isinstance(d, Device) for d in spec):

@@ -7,10 +7,12 @@ and on the reference, each through the same scalar (cross-entropy of the flatten
 output), and returns the worst differences of the outputs and of every gradient.
 ``multigpu check`` prints them; ``tests/test_ops.py`` asserts them.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,17 +65,23 @@ def _inference(b: Any, x: Any, g: Any, beta: Any) -> Any:
 
 OP_CASES = [
     OpCase("conv2d", lambda b, x, w, c: b.conv2d(x, w, c, 1, 1, 1), [(2, 3, 5, 5), (4, 3, 3, 3), (4,)]),
-    OpCase("conv2d without bias, stride 2", lambda b, x, w: b.conv2d(x, w, None, 2, 1, 1), [(2, 3, 5, 5), (4, 3, 3, 3)]),
+    OpCase(
+        "conv2d without bias, stride 2", lambda b, x, w: b.conv2d(x, w, None, 2, 1, 1), [(2, 3, 5, 5), (4, 3, 3, 3)]
+    ),
     OpCase("max_pool2d 3/2 with padding 1", lambda b, x: b.max_pool2d(x, 3, 2, 1), [(2, 2, 6, 6)]),
     OpCase("avg_pool2d with padding", lambda b, x: b.avg_pool2d(x, 2, 2, 1), [(2, 2, 5, 5)]),
     OpCase("global_avg_pool2d", lambda b, x: b.global_avg_pool2d(x), [(2, 3, 4, 5)]),
     OpCase("batch_norm (inference)", _inference, [(2, 3, 3, 3), (3,), (3,)]),
-    OpCase("batch_norm_train", lambda b, x, g, beta: b.batch_norm_train(x, g, beta, 1e-5)[0],
-           [(3, 4, 3, 3), (4,), (4,)]),
+    OpCase(
+        "batch_norm_train", lambda b, x, g, beta: b.batch_norm_train(x, g, beta, 1e-5)[0], [(3, 4, 3, 3), (4,), (4,)]
+    ),
     OpCase("batch_norm_train with sums", _sync, [(2, 3, 2, 3), (3,), (3,), (2, 3, 2, 3)]),
     OpCase("group_sum of BatchNorm sums", _group, [(2, 3, 2, 2), (3,), (3,)]),
-    OpCase("add and concat_channels", lambda b, x, y: b.concat_channels([b.add(x, y), x, b.relu(y)]),
-           [(2, 2, 3, 3), (2, 2, 3, 3)]),
+    OpCase(
+        "add and concat_channels",
+        lambda b, x, y: b.concat_channels([b.add(x, y), x, b.relu(y)]),
+        [(2, 2, 3, 3), (2, 2, 3, 3)],
+    ),
     OpCase("dense and relu", lambda b, x, w, c: b.relu(b.dense(x, w, c)), [(3, 5), (5, 4), (4,)]),
     OpCase("copy_to there and back", lambda b, x: b.copy_to(b.relu(b.copy_to(x, CPU1)), CPU), [(2, 6)]),
 ]
@@ -127,8 +135,12 @@ def op_agreement(backend: Any, reference: Any) -> list[OpAgreement]:
     for case in OP_CASES:
         labels = case_labels(case, reference)
         (out, grads), (ref_out, ref_grads) = run_case(backend, case, labels), run_case(reference, case, labels)
-        rows.append(OpAgreement(
-            op=case.name, forward=float(np.abs(out - ref_out).max()),
-            gradient=max(float(np.abs(a - r).max()) for a, r in zip(grads, ref_grads)),
-            scale=max([float(np.abs(ref_out).max()), *(float(np.abs(g).max()) for g in ref_grads)])))
+        rows.append(
+            OpAgreement(
+                op=case.name,
+                forward=float(np.abs(out - ref_out).max()),
+                gradient=max(float(np.abs(a - r).max()) for a, r in zip(grads, ref_grads)),
+                scale=max([float(np.abs(ref_out).max()), *(float(np.abs(g).max()) for g in ref_grads)]),
+            )
+        )
     return rows

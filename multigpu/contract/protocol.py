@@ -65,10 +65,12 @@ pass runs on the step's fast path. The one exception is the label range, which
   the list above says so. An adapter result that breaks the contract (a
   ``value_and_grad`` buffer of the wrong length) raises ``AdapterError``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -142,7 +144,7 @@ class Backend(Protocol[T]):
     # -- ops (differentiable inside value_and_grad) ----------------------
     # Every op raises InputError for an empty input, a non-float32 input (argmax also
     # takes int64), or ranks and dimensions that do not agree, naming the shapes.
-    def conv2d(self, x: T, w: T, b: Optional[T], stride: int, padding: int, groups: int) -> T:
+    def conv2d(self, x: T, w: T, b: T | None, stride: int, padding: int, groups: int) -> T:
         """NCHW cross-correlation with OIHW weights, bias, zero padding and groups.
 
         Needs x (B, C, H, W), w (O, C/groups, kH, kW), b (O,) or None (no bias), O
@@ -185,8 +187,9 @@ class Backend(Protocol[T]):
         constants here: no gradient flows into them.
         """
 
-    def batch_norm_train(self, x: T, gamma: T, beta: T, eps: float, sums: Optional[T] = None,
-                         count: Optional[int] = None) -> tuple[T, T, T]:
+    def batch_norm_train(
+        self, x: T, gamma: T, beta: T, eps: float, sums: T | None = None, count: int | None = None
+    ) -> tuple[T, T, T]:
         """Training-mode BatchNorm with batch statistics; return ``(y, mean, var)``.
 
         Without ``sums`` the statistics are x's own, over (N, H, W). With ``sums`` (the
@@ -293,8 +296,14 @@ class Backend(Protocol[T]):
 
     # -- gradients and update -------------------------------------------
     def value_and_grad(
-        self, fn: Callable[..., T], params: Sequence[T], *inputs: Any, aux: bool = False, out: Optional[T] = None,
-        buckets: Sequence[tuple[int, int]] | None = None, on_bucket: Callable[[int], None] | None = None
+        self,
+        fn: Callable[..., T],
+        params: Sequence[T],
+        *inputs: Any,
+        aux: bool = False,
+        out: T | None = None,
+        buckets: Sequence[tuple[int, int]] | None = None,
+        on_bucket: Callable[[int], None] | None = None,
     ) -> Any:
         """Evaluate ``fn(params, *inputs)`` (a scalar) and its gradients w.r.t. ``params``.
 

@@ -4,10 +4,11 @@ Each entry point names a ``BackendDeclaration`` (``multigpu.contract.declaration
 the framework it needs, the pip extra that installs it, its adapter class and its
 engine. Listing backends never imports a framework; ``backend(name)`` does, on first use.
 """
+
 from __future__ import annotations
 
 import importlib.util
-from functools import lru_cache
+from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
 from multigpu.contract.checked import CheckedBackend, checked
@@ -48,16 +49,18 @@ def declaration(name: str) -> BackendDeclaration:
     if name not in eps:
         raise UnknownBackendError(
             f"unknown backend {name!r}; available backends: {', '.join(available_backends()) or 'none'}"
-            f" (registered: {', '.join(sorted(eps)) or 'none'})")
+            f" (registered: {', '.join(sorted(eps)) or 'none'})"
+        )
     found = eps[name].load()
     if not isinstance(found, BackendDeclaration):
         raise UnknownBackendError(
             f"the entry point {name!r} = {eps[name].value!r} is not a BackendDeclaration; point it at the "
-            "package's BACKEND, e.g. 'mypkg:BACKEND' (see multigpu.contract.declaration)")
+            "package's BACKEND, e.g. 'mypkg:BACKEND' (see multigpu.contract.declaration)"
+        )
     return found
 
 
-@lru_cache(maxsize=None)
+@cache
 def backend(name: str) -> CheckedBackend:
     """Return the adapter called ``name`` behind the contract (one shared instance per name).
 
@@ -78,7 +81,8 @@ def require_installed(name: str) -> BackendDeclaration:
     if decl.framework is not None and importlib.util.find_spec(decl.framework) is None:
         raise BackendNotInstalledError(
             f"backend {name!r} needs the {decl.framework!r} package, which is not installed; "
-            f"install it with: pip install 'multigpu[{decl.extra or name}]'")
+            f"install it with: pip install 'multigpu[{decl.extra or name}]'"
+        )
     return decl
 
 

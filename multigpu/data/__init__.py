@@ -5,6 +5,7 @@ for an image classification set); the generic modules find, download, verify and
 read it: ``search``, ``download``, ``verify``, ``idx``, ``image_sets``.
 ``fashion_mnist`` is the one shipped description.
 """
+
 from __future__ import annotations
 
 from multigpu.data.fashion_mnist import FashionMNIST, download_fashion_mnist, find_fashion_mnist, load_fashion_mnist
@@ -12,5 +13,14 @@ from multigpu.data.idx import read_idx
 from multigpu.data.image_sets import ImageSetSpec, LabelledImages, load_image_set
 from multigpu.data.source import DataSource
 
-__all__ = ["DataSource", "FashionMNIST", "ImageSetSpec", "LabelledImages", "download_fashion_mnist",
-           "find_fashion_mnist", "load_fashion_mnist", "load_image_set", "read_idx"]
+__all__ = [
+    "DataSource",
+    "FashionMNIST",
+    "ImageSetSpec",
+    "LabelledImages",
+    "download_fashion_mnist",
+    "find_fashion_mnist",
+    "load_fashion_mnist",
+    "load_image_set",
+    "read_idx",
+]

@@ -8,15 +8,17 @@ umask's normal mode), so the folder holds a complete, verified file or none, eve
 after a Ctrl-C or a power cut. pooch downloads into a private staging folder inside
 the target folder, removed whatever happens.
 """
+
 from __future__ import annotations
 
 import logging
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from multigpu.data.files import PathLike, atomic_write
 from multigpu.data.search import ENV_VAR, cache_dir, find, locate, searched
@@ -36,7 +38,7 @@ def _downloader(progress: bool) -> Callable[..., Any]:
     return pooch.HTTPDownloader(progressbar=progress, timeout=TIMEOUT_S)
 
 
-def fetch(source: DataSource, folder: Optional[PathLike] = None, *, progress: bool = False) -> Path:
+def fetch(source: DataSource, folder: PathLike | None = None, *, progress: bool = False) -> Path:
     """Download the files of ``source`` missing from ``folder`` (default: its cache folder).
 
     Each file is tried from every mirror in turn and must match the published
@@ -61,13 +63,16 @@ def fetch(source: DataSource, folder: Optional[PathLike] = None, *, progress: bo
                 errors.append(f"{url}: {_describe(e)}")
         else:
             tried = "; ".join(errors) if errors else f"{source.title} has no download address"
-            raise DataError(f"could not download {gz_name} into {folder}: {tried}. Put the published file "
-                            f"there by hand ({source.origin(name)}), or try again later")
+            raise DataError(
+                f"could not download {gz_name} into {folder}: {tried}. Put the published file "
+                f"there by hand ({source.origin(name)}), or try again later"
+            )
     return folder
 
 
-def obtain(source: DataSource, data_dir: Optional[PathLike] = None, *, download: bool = True,
-           progress: bool = False) -> Path:
+def obtain(
+    source: DataSource, data_dir: PathLike | None = None, *, download: bool = True, progress: bool = False
+) -> Path:
     """Return the folder holding ``source``'s files: found by the search order, else downloaded.
 
     Raises :class:`DataNotFoundError` for an explicit folder lacking the files,
@@ -94,8 +99,14 @@ def _retrieve(url: str, md5: str, dest: Path, progress: bool) -> None:
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".download"))
     try:
         with _quiet(pooch.get_logger()):
-            got = pooch.retrieve(url, known_hash=f"md5:{md5}", fname=dest.name, path=staging,
-                                 downloader=_downloader(progress), progressbar=progress)
+            got = pooch.retrieve(
+                url,
+                known_hash=f"md5:{md5}",
+                fname=dest.name,
+                path=staging,
+                downloader=_downloader(progress),
+                progressbar=progress,
+            )
         with open(got, "rb") as src, atomic_write(dest) as out:
             shutil.copyfileobj(src, out, 1 << 20)
     finally:
@@ -125,15 +136,20 @@ def _describe(e: Exception) -> str:
 def _not_found_message(source: DataSource, reason: str) -> str:
     names = ", ".join(f"{n}.gz" for n in source.files.values())
     places = searched(source)
-    ways = [f"pass data_dir=FOLDER, or set the environment variable {ENV_VAR}=FOLDER;",
-            f"put them in the cache folder {places[0]};"]
+    ways = [
+        f"pass data_dir=FOLDER, or set the environment variable {ENV_VAR}=FOLDER;",
+        f"put them in the cache folder {places[0]};",
+    ]
     if source.package and source.system_dir is not None:
-        ways.append(f"install the Debian/Ubuntu package: sudo apt-get install {source.package}\n"
-                    f"     (it puts them in {source.system_dir}).")
+        ways.append(
+            f"install the Debian/Ubuntu package: sudo apt-get install {source.package}\n"
+            f"     (it puts them in {source.system_dir})."
+        )
     listed = "".join(f"  {i}. {way}\n" for i, way in enumerate(ways, 1))
     return (
         f"{source.title} was not found and could not be downloaded.\n"
         f"No data_dir was given and {ENV_VAR} is unset; searched {' and '.join(map(str, places))}.\n"
         f"Provide the {len(source.files)} files ({names}; gzip or unpacked) in one of these "
         f"{len(ways)} ways:\n{listed}"
-        f"Download error: {reason}")
+        f"Download error: {reason}"
+    )

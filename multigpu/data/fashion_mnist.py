@@ -8,10 +8,11 @@ checked against :data:`GZ_MD5`), :mod:`multigpu.data.verify` (the MD5 check of
 local files on first use, against :data:`GZ_MD5` or :data:`RAW_MD5`) and
 :mod:`multigpu.data.image_sets` (reading and checking the files).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 from multigpu.data.download import fetch
 from multigpu.data.files import PathLike
@@ -19,8 +20,19 @@ from multigpu.data.image_sets import ImageSetSpec, LabelledImages, load_image_se
 from multigpu.data.search import find
 from multigpu.data.source import DataSource
 
-__all__ = ["CLASSES", "FILES", "GZ_MD5", "MIRRORS", "RAW_MD5", "SPEC", "SYSTEM_DIR",
-           "FashionMNIST", "download_fashion_mnist", "find_fashion_mnist", "load_fashion_mnist"]
+__all__ = [
+    "CLASSES",
+    "FILES",
+    "GZ_MD5",
+    "MIRRORS",
+    "RAW_MD5",
+    "SPEC",
+    "SYSTEM_DIR",
+    "FashionMNIST",
+    "download_fashion_mnist",
+    "find_fashion_mnist",
+    "load_fashion_mnist",
+]
 
 #: Where ``apt-get install dataset-fashion-mnist`` puts the four ``.gz`` files
 #: (``dpkg -L dataset-fashion-mnist``).
@@ -63,8 +75,16 @@ MIRRORS: tuple[str, ...] = (
 
 #: Label names, index = class.
 CLASSES: tuple[str, ...] = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 )
 
 
@@ -76,13 +96,23 @@ class FashionMNIST(LabelledImages):
 
 #: The whole description; the functions below read it at call time (tests replace it).
 SPEC: ImageSetSpec[FashionMNIST] = ImageSetSpec(
-    source=DataSource(name="fashion-mnist", title="Fashion-MNIST", files=FILES, gz_md5=GZ_MD5,
-                      raw_md5=RAW_MD5, mirrors=MIRRORS, system_dir=SYSTEM_DIR,
-                      package="dataset-fashion-mnist", note="MNIST digits use the same file names."),
-    kind=FashionMNIST, image_shape=(28, 28))
+    source=DataSource(
+        name="fashion-mnist",
+        title="Fashion-MNIST",
+        files=FILES,
+        gz_md5=GZ_MD5,
+        raw_md5=RAW_MD5,
+        mirrors=MIRRORS,
+        system_dir=SYSTEM_DIR,
+        package="dataset-fashion-mnist",
+        note="MNIST digits use the same file names.",
+    ),
+    kind=FashionMNIST,
+    image_shape=(28, 28),
+)
 
 
-def find_fashion_mnist(data_dir: Optional[PathLike] = None) -> Optional[Path]:
+def find_fashion_mnist(data_dir: PathLike | None = None) -> Path | None:
     """Return the folder that holds the four files, or None; never downloads.
 
     The search order is :func:`multigpu.data.search.find`'s. Raises
@@ -92,7 +122,7 @@ def find_fashion_mnist(data_dir: Optional[PathLike] = None) -> Optional[Path]:
     return find(SPEC.source, data_dir)
 
 
-def download_fashion_mnist(folder: Optional[PathLike] = None, *, progress: bool = False) -> Path:
+def download_fashion_mnist(folder: PathLike | None = None, *, progress: bool = False) -> Path:
     """Download the files missing from ``folder`` (default: the cache folder); return the folder.
 
     Raises :class:`~multigpu.errors.DataError` naming the file when no mirror
@@ -101,8 +131,9 @@ def download_fashion_mnist(folder: Optional[PathLike] = None, *, progress: bool 
     return fetch(SPEC.source, folder, progress=progress)
 
 
-def load_fashion_mnist(data_dir: Optional[PathLike] = None, *, download: bool = True, progress: bool = False,
-                       verify: bool = True) -> FashionMNIST:
+def load_fashion_mnist(
+    data_dir: PathLike | None = None, *, download: bool = True, progress: bool = False, verify: bool = True
+) -> FashionMNIST:
     """Find (or download) and load Fashion-MNIST; see :func:`multigpu.data.image_sets.load_image_set`.
 
     ``verify=False`` skips the MD5 check (for IDX files of your own). Raises

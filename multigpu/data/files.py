@@ -7,14 +7,16 @@ flushed too, so a crash leaves the old file or the new one, never a torn one. Th
 temporary file is created with mode 0666 minus the umask, like any new file (not
 mkstemp's 0600), so a shared folder stays readable to the group.
 """
+
 from __future__ import annotations
 
 import os
 import secrets
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator, Union
+from typing import BinaryIO, Union
 
 from multigpu.errors import InputError
 
@@ -59,8 +61,9 @@ def _probe(folder: Path, what: str, target: Path) -> None:
         os.close(fd)
         os.unlink(name)
     except OSError as exc:
-        raise InputError(f"{what} {target} cannot be written ({exc.strerror} in {folder}); "
-                         "choose a writable path") from exc
+        raise InputError(
+            f"{what} {target} cannot be written ({exc.strerror} in {folder}); choose a writable path"
+        ) from exc
 
 
 @contextmanager

@@ -7,6 +7,7 @@ naming it; nothing is guessed or padded.
 
 This module imports only numpy and the standard library.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -22,8 +23,12 @@ __all__ = ["DTYPES", "decompress", "parse_idx", "read_bytes", "read_idx"]
 
 #: IDX type codes -> big-endian numpy dtypes.
 DTYPES: dict[int, np.dtype] = {
-    0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8"),
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
 }
 
 _GZIP_MAGIC = b"\x1f\x8b"  # an IDX file always starts with 0x00, so the two never mix
@@ -76,27 +81,31 @@ def parse_idx(data: bytes, path: Path) -> np.ndarray:
         raise DataError(f"IDX file {path} is truncated: {len(data)} bytes, no complete header")
     zero0, zero1, code, ndim = data[0], data[1], data[2], data[3]
     if zero0 != 0 or zero1 != 0:
-        raise DataError(f"IDX file {path} has a wrong magic number "
-                        f"0x{data[:4].hex()} (an IDX file starts with two zero bytes)")
+        raise DataError(
+            f"IDX file {path} has a wrong magic number 0x{data[:4].hex()} (an IDX file starts with two zero bytes)"
+        )
     if code not in DTYPES:
-        raise DataError(f"IDX file {path} has an unknown type code 0x{code:02x} "
-                        f"(known: {', '.join(f'0x{c:02x}' for c in DTYPES)})")
+        raise DataError(
+            f"IDX file {path} has an unknown type code 0x{code:02x} (known: {', '.join(f'0x{c:02x}' for c in DTYPES)})"
+        )
     if ndim == 0:
         raise DataError(f"IDX file {path} declares 0 dimensions")
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise DataError(f"IDX file {path} is truncated: header needs {header} bytes, "
-                        f"file has {len(data)}")
+        raise DataError(f"IDX file {path} is truncated: header needs {header} bytes, file has {len(data)}")
     shape = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     dtype = DTYPES[code]
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     actual = len(data) - header
     if actual < expected:
-        raise DataError(f"IDX file {path} is truncated: shape {shape} needs {expected} "
-                        f"bytes of data, file has {actual}")
+        raise DataError(
+            f"IDX file {path} is truncated: shape {shape} needs {expected} bytes of data, file has {actual}"
+        )
     if actual > expected:
-        raise DataError(f"IDX file {path} has {actual - expected} trailing bytes after "
-                        f"the {expected} bytes that shape {shape} needs")
+        raise DataError(
+            f"IDX file {path} has {actual - expected} trailing bytes after "
+            f"the {expected} bytes that shape {shape} needs"
+        )
     arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
     # astype copies: the result is writable, native-endian and owns its memory.
     return arr.astype(dtype.newbyteorder("="))

@@ -7,12 +7,13 @@ finds or downloads the files (:func:`multigpu.data.download.obtain`), checks
 their MD5s on first use (:class:`multigpu.data.verify.VerifiedFiles`), reads them
 (:mod:`multigpu.data.idx`) and checks their shapes, counts and labels.
 """
+
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Generic, Optional, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -46,8 +47,10 @@ class LabelledImages:
     classes: ClassVar[tuple[str, ...]] = ()
 
     def __repr__(self) -> str:  # the default would print the arrays
-        return (f"{type(self).__name__}(train={self.train_images.shape[0]}, "
-                f"test={self.test_images.shape[0]}, source={str(self.source)!r})")
+        return (
+            f"{type(self).__name__}(train={self.train_images.shape[0]}, "
+            f"test={self.test_images.shape[0]}, source={str(self.source)!r})"
+        )
 
 
 T = TypeVar("T", bound=LabelledImages)
@@ -69,15 +72,25 @@ class ImageSetSpec(Generic[T]):
 
     def __post_init__(self) -> None:
         if sorted(self.source.files) != sorted(ROLES):
-            raise DataError(f"ImageSetSpec {self.source.name!r}: files has roles {sorted(self.source.files)}; "
-                            f"an image set needs exactly {list(ROLES)}")
+            raise DataError(
+                f"ImageSetSpec {self.source.name!r}: files has roles {sorted(self.source.files)}; "
+                f"an image set needs exactly {list(ROLES)}"
+            )
         if not self.kind.classes:
-            raise DataError(f"ImageSetSpec {self.source.name!r}: {self.kind.__name__}.classes is empty; "
-                            "name the classes, e.g. classes = ('cat', 'dog')")
+            raise DataError(
+                f"ImageSetSpec {self.source.name!r}: {self.kind.__name__}.classes is empty; "
+                "name the classes, e.g. classes = ('cat', 'dog')"
+            )
 
 
-def load_image_set(spec: ImageSetSpec[T], data_dir: Optional[PathLike] = None, *, download: bool = True,
-                   progress: bool = False, verify: bool = True) -> T:
+def load_image_set(
+    spec: ImageSetSpec[T],
+    data_dir: PathLike | None = None,
+    *,
+    download: bool = True,
+    progress: bool = False,
+    verify: bool = True,
+) -> T:
     """Find (or download) and load the set ``spec`` describes, as a ``spec.kind``.
 
     Images come back as float32 arrays of shape (N, 1, H, W) in [0, 1], labels
@@ -99,7 +112,7 @@ def load_image_set(spec: ImageSetSpec[T], data_dir: Optional[PathLike] = None, *
     return spec.kind(train_x, train_y, test_x, test_y, Path(folder))
 
 
-def _read(path: Path, verified: Optional[VerifiedFiles]) -> np.ndarray:
+def _read(path: Path, verified: VerifiedFiles | None) -> np.ndarray:
     stat = os.stat(path) if verified is not None else None  # before reading: a later change re-verifies
     data = read_bytes(path)
     raw = decompress(data, path)
@@ -109,19 +122,25 @@ def _read(path: Path, verified: Optional[VerifiedFiles]) -> np.ndarray:
     return arr
 
 
-def _load_split(spec: ImageSetSpec[T], images_path: Path, labels_path: Path,
-                verified: Optional[VerifiedFiles]) -> tuple[np.ndarray, np.ndarray]:
+def _load_split(
+    spec: ImageSetSpec[T], images_path: Path, labels_path: Path, verified: VerifiedFiles | None
+) -> tuple[np.ndarray, np.ndarray]:
     images, labels = _read(images_path, verified), _read(labels_path, verified)
     title, (height, width), count = spec.source.title, spec.image_shape, len(spec.kind.classes)
     if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (height, width):
-        raise DataError(f"{images_path} is not a {title} image file: expected uint8 of shape "
-                        f"(N, {height}, {width}), found {images.dtype} of shape {images.shape}")
+        raise DataError(
+            f"{images_path} is not a {title} image file: expected uint8 of shape "
+            f"(N, {height}, {width}), found {images.dtype} of shape {images.shape}"
+        )
     if labels.dtype != np.uint8 or labels.ndim != 1:
-        raise DataError(f"{labels_path} is not a {title} label file: expected uint8 "
-                        f"of shape (N,), found {labels.dtype} of shape {labels.shape}")
+        raise DataError(
+            f"{labels_path} is not a {title} label file: expected uint8 "
+            f"of shape (N,), found {labels.dtype} of shape {labels.shape}"
+        )
     if images.shape[0] != labels.shape[0]:
-        raise DataError(f"{images_path} holds {images.shape[0]} images but {labels_path} "
-                        f"holds {labels.shape[0]} labels")
+        raise DataError(
+            f"{images_path} holds {images.shape[0]} images but {labels_path} holds {labels.shape[0]} labels"
+        )
     if labels.size and int(labels.max()) >= count:
         raise DataError(f"{labels_path} has label {int(labels.max())}; {title} labels are 0..{count - 1}")
     x = images.reshape(-1, 1, height, width).astype(np.float32)

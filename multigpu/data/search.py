@@ -13,11 +13,11 @@ In every folder each file may be gzip-compressed (``name.gz``, as published) or
 raw (``name``, as after ``gunzip``); a folder may also hold them in a ``NAME``
 subfolder, so ``MULTIGPU_DATA`` can point at a general data root.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 from multigpu.data.files import PathLike
 from multigpu.data.source import DataSource
@@ -62,7 +62,7 @@ def searched(source: DataSource) -> list[Path]:
     return [cache_dir(source)] + ([Path(source.system_dir)] if source.system_dir is not None else [])
 
 
-def find(source: DataSource, data_dir: Optional[PathLike] = None) -> Optional[Path]:
+def find(source: DataSource, data_dir: PathLike | None = None) -> Path | None:
     """Return the folder that holds every file of ``source``, or None; never downloads.
 
     Tries ``data_dir``, else ``$MULTIGPU_DATA``, then the cache folder, then the
@@ -82,7 +82,7 @@ def find(source: DataSource, data_dir: Optional[PathLike] = None) -> Optional[Pa
     return None
 
 
-def _complete_folder(folder: Path, source: DataSource) -> Optional[Path]:
+def _complete_folder(folder: Path, source: DataSource) -> Path | None:
     """``folder`` or its ``source.name`` subfolder if it holds every file."""
     for candidate in (folder, folder / source.name):
         if not locate(candidate, source)[1]:
@@ -102,4 +102,5 @@ def _explicit_folder(folder: Path, what: str, source: DataSource) -> Path:
     others = " and ".join(str(p) for p in searched(source)) + (" and download" if source.mirrors else "")
     raise DataNotFoundError(
         f"{what} {folder} {problem}. A folder given explicitly is never replaced by "
-        f"another copy; fix it, or leave it unset to search {others}.")
+        f"another copy; fix it, or leave it unset to search {others}."
+    )

@@ -5,11 +5,12 @@ the download (:mod:`multigpu.data.download`) and the check of local files
 (:mod:`multigpu.data.verify`) read everything they need from it, so a new data set
 is a new description, not new logic.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
 
 from multigpu.errors import DataError
 
@@ -41,8 +42,8 @@ class DataSource:
     gz_md5: Mapping[str, str]
     raw_md5: Mapping[str, str]
     mirrors: tuple[str, ...] = ()
-    system_dir: Optional[Path] = None
-    package: Optional[str] = None
+    system_dir: Path | None = None
+    package: str | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -52,15 +53,19 @@ class DataSource:
             raise DataError(f"DataSource {self.name!r} lists no files; give files={{role: file name}}")
         for file in self.files.values():
             if f"{file}.gz" not in self.gz_md5:
-                raise DataError(f"DataSource {self.name!r}: gz_md5 lacks {file}.gz; give the published MD5 of "
-                                "every archive")
+                raise DataError(
+                    f"DataSource {self.name!r}: gz_md5 lacks {file}.gz; give the published MD5 of every archive"
+                )
             if file not in self.raw_md5:
-                raise DataError(f"DataSource {self.name!r}: raw_md5 lacks {file}; give the MD5 of every "
-                                "decompressed file")
+                raise DataError(
+                    f"DataSource {self.name!r}: raw_md5 lacks {file}; give the MD5 of every decompressed file"
+                )
         for mirror in self.mirrors:
             if not mirror.startswith(("http://", "https://")) or not mirror.endswith("/"):
-                raise DataError(f"DataSource {self.name!r}: mirror {mirror!r} must be an http:// or https:// "
-                                "base address ending in '/'; e.g. 'https://example.org/data/'")
+                raise DataError(
+                    f"DataSource {self.name!r}: mirror {mirror!r} must be an http:// or https:// "
+                    "base address ending in '/'; e.g. 'https://example.org/data/'"
+                )
 
     def origin(self, file: str) -> str:
         """Where the real ``file`` comes from, in words: its first address and the system package."""

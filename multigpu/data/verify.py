@@ -11,6 +11,7 @@ in ``verified.json`` in multigpu's user cache folder, never in the data folder
 (which may be read-only or shared), so later loads read no extra byte. A file
 remembered under one data set's checksums does not pass as another's.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -75,7 +76,8 @@ class VerifiedFiles:
             raise DataError(
                 f"{path} is not {self.source.title}'s {name}: its content has MD5 {digest}, the published "
                 f"file's is {published[1]} ({self.source.origin(name)}).{note} Replace the file, or "
-                "pass verify_data=False (--no-verify-data) to train on IDX files of your own")
+                "pass verify_data=False (--no-verify-data) to train on IDX files of your own"
+            )
         self.known[key] = [*sig, digest]
         self.changed = True
 

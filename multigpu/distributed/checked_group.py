@@ -37,6 +37,7 @@ A steady-state data-parallel step makes its bucket sums and nothing else (see
 ``benchmarks/dist_step.py`` for the check's measured share of a step); ``check=False``
 drops the check.
 """
+
 from __future__ import annotations
 
 import os
@@ -214,7 +215,8 @@ class CheckedGroup:
             raise CollectiveMismatchError(
                 f"{self._where()}: {what}: this rank announced buckets of {sizes} floats and then started "
                 f"one of {size:,} floats as bucket {index}; the other ranks checked the announced sizes, so "
-                "the job cannot continue; start exactly the announced buckets, in order")
+                "the job cannot continue; start exactly the announced buckets, in order"
+            )
         call: Call = ("buckets", sum(sizes), len(sizes), code)
         fast = self._fast
         if index == 0 and fast:  # predicted by every rank: no header, the flag says whether all called it
@@ -282,9 +284,11 @@ class CheckedGroup:
         """
         sizes = [int(n) for n in sizes]
         if not sizes or self._expect or sizes[0] <= self.reserved_floats:
-            raise InputError(f"announce_buckets({sizes}) needs at least one size, bucket 0 larger than the "
-                             f"{self.reserved_floats} float(s) reserved for the check (reserved_floats), and the "
-                             f"buckets announced before ({self._expect} left) must all have started")
+            raise InputError(
+                f"announce_buckets({sizes}) needs at least one size, bucket 0 larger than the "
+                f"{self.reserved_floats} float(s) reserved for the check (reserved_floats), and the "
+                f"buckets announced before ({self._expect} left) must all have started"
+            )
         if not self.check:
             return
         code = split_code(sizes)
@@ -354,14 +358,16 @@ class CheckedGroup:
         if self._closed:
             raise CollectiveError(f"{self._where()}: {op} on a closed process group; create a new one")
         if self._failed is not None:
-            raise CollectiveError(f"{self._where()}: {op} on a group whose earlier call failed "
-                                  f"({self._failed}); the job cannot continue")
+            raise CollectiveError(
+                f"{self._where()}: {op} on a group whose earlier call failed ({self._failed}); the job cannot continue"
+            )
         if self._expect and op != "buckets":
             self._failed = "announced buckets, then another collective"
             raise CollectiveMismatchError(
                 f"{self._where()}: {_describe(op, size, src, self.calls + 1)}: this rank announced "
                 f"{len(self._expect)} more bucket(s) of {self._expect} floats first; the other ranks checked the "
-                "announced buckets, so the job cannot continue; start every announced bucket first")
+                "announced buckets, so the job cannot continue; start every announced bucket first"
+            )
         if self.check and self._begun is None:
             self._begin((op, size, src, code))  # a plain collective never runs on the fast path
         self._begun = None
@@ -402,8 +408,10 @@ class CheckedGroup:
         if predicted == call:
             return True
         sizes = self._sizes[predicted]
-        what = (f"call #{self.calls + 1} ({call[0]}), the predicted {_describe(*predicted[:3], split=predicted[3])} "
-                "run with zeros and the flag raised")
+        what = (
+            f"call #{self.calls + 1} ({call[0]}), the predicted {_describe(*predicted[:3], split=predicted[3])} "
+            "run with zeros and the flag raised"
+        )
         self._run_zeros(sizes, what, flag=True)
         return False
 
@@ -435,7 +443,8 @@ class CheckedGroup:
         self._last = None
         raise CollectiveMismatchError(
             f"{self._where()}: {what}: {raised:g} rank(s) flagged a different collective in bucket 0, yet every "
-            "header names this one: a rank wrote into the float reserved for the check (reserved_floats)")
+            "header names this one: a rank wrote into the float reserved for the check (reserved_floats)"
+        )
 
     def _validated(self, call: Call) -> None:
         """Every rank called ``call``: it becomes the last validated collective, what follows it is counted."""
@@ -473,7 +482,8 @@ class CheckedGroup:
             raise CollectiveMismatchError(
                 f"{self._where()}: {what}: this rank announced {_describe(*announced)} and then called "
                 f"{_describe(op, size, src)}; the other ranks saw the announced header, so the job cannot "
-                "continue; announce exactly the next collective")
+                "continue; announce exactly the next collective"
+            )
         if np.array_equal(rows, np.broadcast_to(mine, rows.shape)):
             self._validated((op, size, src, code))
             return
@@ -483,7 +493,8 @@ class CheckedGroup:
             raise CollectiveMismatchError(
                 f"{self._where()}: {what}: the header rows of rank(s) {bad} hold {rows[bad, 0].tolist()} "
                 "entries instead of 1: two processes use the same rank or the ranks disagree on the "
-                "world size; start every rank with the same world size and a distinct rank")
+                "world size; start every rank with the same world size and a distinct rank"
+            )
         sides: dict[tuple[float, ...], list[int]] = {}
         for r in range(self.world_size):
             sides.setdefault(tuple(rows[r, 1:].tolist()), []).append(r)
@@ -491,11 +502,14 @@ class CheckedGroup:
         for key, ranks in sides.items():
             op_code, seq, hi, lo, src1, split = (int(v) for v in key)
             desc = _describe(OPS[op_code - 1], hi * _LOW + lo, src1 - 1, seq, split)
-            parts.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
-                         f"{'are' if len(ranks) > 1 else 'is'} at {desc}")
+            parts.append(
+                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+                f"{'are' if len(ranks) > 1 else 'is'} at {desc}"
+            )
         raise CollectiveMismatchError(
             f"{self._where()}: collective mismatch: {'; '.join(parts)}. Every rank must call the same "
-            "collectives in the same order with buffers of the same size")
+            "collectives in the same order with buffers of the same size"
+        )
 
     def _flag_view(self, flat: Any, size: int) -> Any:
         """The view of the flag, the last float of bucket 0's buffer ``flat``: cut once for the buffer a
@@ -505,12 +519,16 @@ class CheckedGroup:
         return self._flag[1]
 
     def _guarded(self, what: str, fn: Callable[[], R]) -> R:
-        self._watchdog.arm(self.timeout, (
-            f"multigpu.errors.CollectiveTimeoutError: {self._where()}: {what} timed out after "
-            f"{self.timeout:g} s: another rank died, hangs, or stopped calling collectives; this "
-            f"process exits with status {TIMEOUT_EXIT_STATUS} because a blocked engine call cannot be "
-            "interrupted (raise the limit with --timeout or MULTIGPU_TIMEOUT if the work between "
-            "collectives is that long)"))
+        self._watchdog.arm(
+            self.timeout,
+            (
+                f"multigpu.errors.CollectiveTimeoutError: {self._where()}: {what} timed out after "
+                f"{self.timeout:g} s: another rank died, hangs, or stopped calling collectives; this "
+                f"process exits with status {TIMEOUT_EXIT_STATUS} because a blocked engine call cannot be "
+                "interrupted (raise the limit with --timeout or MULTIGPU_TIMEOUT if the work between "
+                "collectives is that long)"
+            ),
+        )
         try:
             return fn()
         except CollectiveError as exc:

@@ -6,13 +6,13 @@ processes, such as MXNet's scheduler and servers); the ``ENV_*`` names are the
 ``MULTIGPU_*`` variables every rank receives. Adapters' process groups import this
 module only, never the supervisor that starts the processes.
 """
+
 from __future__ import annotations
 
 import os
 import socket
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Optional
 
 from multigpu.checks import check_count, check_positive
 from multigpu.contract.registry import declaration
@@ -46,7 +46,7 @@ class Job:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0: pick a free port (single node only)
-    node_addr: Optional[str] = None  # this node's address as the other nodes reach it
+    node_addr: str | None = None  # this node's address as the other nodes reach it
     timeout: float = DEFAULT_TIMEOUT
     init_timeout: float = DEFAULT_INIT_TIMEOUT
     servers: int = 1  # MXNet parameter servers per node
@@ -97,11 +97,13 @@ def route_address(destination: str) -> str:
             s.connect((destination, 9))
             return str(s.getsockname()[0])
     except OSError as e:
-        raise InputError(f"--master-addr {destination!r}: this host has no route to it ({e.strerror or e}); "
-                         f"check the address, or give this host's own with --node-addr") from None
+        raise InputError(
+            f"--master-addr {destination!r}: this host has no route to it ({e.strerror or e}); "
+            f"check the address, or give this host's own with --node-addr"
+        ) from None
 
 
-def interface_of(address: str) -> Optional[str]:
+def interface_of(address: str) -> str | None:
     """The name of this host's network interface that holds ``address`` ("lo" for
     127.0.0.1), or None when no interface does (Linux; None elsewhere)."""
     import fcntl
@@ -144,15 +146,13 @@ def check_job(job: Job) -> Job:
     """Return ``job`` with a port picked and a job id; raise InputError for a bad setting."""
     check_count(job.nproc, "nproc", example="--nproc 2")
     nnodes = check_count(job.nnodes, "nnodes", example="--nnodes 2")
-    check_count(job.node_rank, "node_rank", minimum=0, maximum=nnodes - 1,
-                example="one distinct value per node")
+    check_count(job.node_rank, "node_rank", minimum=0, maximum=nnodes - 1, example="one distinct value per node")
     check_count(job.master_port, "master_port", minimum=0, maximum=65535, example="29500 (0 picks a free port)")
     for name in ("timeout", "init_timeout"):
         check_positive(getattr(job, name), name, unit="seconds", example=60)
     check_count(job.servers, "servers", example="1 parameter server per node")
     if not declaration(job.backend).has_engine:
-        raise InputError(f"backend {job.backend!r} has no multi-process engine; "
-                         "use numpy, torch, paddle or mxnet")
+        raise InputError(f"backend {job.backend!r} has no multi-process engine; use numpy, torch, paddle or mxnet")
     port = job.master_port
     if port == 0:
         if job.nnodes > 1:
@@ -164,9 +164,16 @@ def check_job(job: Job) -> Job:
 
 def rank_env(job: Job, local_rank: int) -> dict[str, str]:
     """The ``MULTIGPU_*`` variables of one local rank."""
-    return {ENV_BACKEND: job.backend, ENV_RANK: str(job.rank(local_rank)),
-            ENV_WORLD_SIZE: str(job.world_size), ENV_LOCAL_RANK: str(local_rank),
-            ENV_LOCAL_WORLD_SIZE: str(job.nproc), ENV_MASTER_ADDR: job.master_addr,
-            ENV_MASTER_PORT: str(job.master_port), ENV_TIMEOUT: repr(float(job.timeout)),
-            ENV_INIT_TIMEOUT: repr(float(job.init_timeout)), ENV_JOB_ID: job.job_id,
-            ENV_CHECK: "1" if job.check else "0"}
+    return {
+        ENV_BACKEND: job.backend,
+        ENV_RANK: str(job.rank(local_rank)),
+        ENV_WORLD_SIZE: str(job.world_size),
+        ENV_LOCAL_RANK: str(local_rank),
+        ENV_LOCAL_WORLD_SIZE: str(job.nproc),
+        ENV_MASTER_ADDR: job.master_addr,
+        ENV_MASTER_PORT: str(job.master_port),
+        ENV_TIMEOUT: repr(float(job.timeout)),
+        ENV_INIT_TIMEOUT: repr(float(job.init_timeout)),
+        ENV_JOB_ID: job.job_id,
+        ENV_CHECK: "1" if job.check else "0",
+    }

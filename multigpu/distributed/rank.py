@@ -5,12 +5,13 @@ A rank started by ``multigpu launch`` (or ``multigpu.train(processes=N)``) finds
 ``init_process_group()`` joins the job with the adapter's engine and returns a
 ``CheckedGroup``; nothing here imports a framework before a backend is asked for.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def launched_rank() -> int:
     return int(os.environ.get(ENV_RANK, "0"))
 
 
-def launched_backend() -> Optional[str]:
+def launched_backend() -> str | None:
     """The backend the launcher started this rank for, or None outside a launched job."""
     return os.environ.get(ENV_BACKEND) if launched() else None
 
@@ -78,14 +79,20 @@ def local_devices(backend: Any, spec: DeviceSpec) -> list[Device]:
         warnings.warn(
             f"{backend.name} sees {gpus} GPU(s), fewer than {spec} per rank for {local_world} ranks on this "
             f"node; each rank trains on {spec} CPU replica(s) instead (pass 'cpu:{spec}' to silence this)",
-            CPUFallbackWarning, stacklevel=2)
+            CPUFallbackWarning,
+            stacklevel=2,
+        )
         return [Device("cpu", i) for i in range(spec)]
     return resolve_devices(backend, spec)
 
 
-def init_process_group(backend: Optional[str] = None, device: Optional[Device] = None,
-                       timeout: Optional[float] = None, init_timeout: Optional[float] = None,
-                       check: Optional[bool] = None) -> CheckedGroup:
+def init_process_group(
+    backend: str | None = None,
+    device: Device | None = None,
+    timeout: float | None = None,
+    init_timeout: float | None = None,
+    check: bool | None = None,
+) -> CheckedGroup:
     """Join the job this process was launched into; return its checked process group.
 
     ``backend`` defaults to the launcher's (``MULTIGPU_BACKEND``); ``device`` is where
@@ -100,25 +107,31 @@ def init_process_group(backend: Optional[str] = None, device: Optional[Device] =
     env_backend = os.environ.get(ENV_BACKEND)
     name = backend or env_backend
     if name is None:
-        raise InputError("no backend for the process group: pass backend= or start the rank with "
-                         "'multigpu launch --backend NAME'")
+        raise InputError(
+            "no backend for the process group: pass backend= or start the rank with 'multigpu launch --backend NAME'"
+        )
     if env_backend is not None and name != env_backend:
-        raise InputError(f"this rank was launched for backend {env_backend!r} but asks for {name!r}; "
-                         f"use --backend {env_backend} (or launch with --backend {name})")
+        raise InputError(
+            f"this rank was launched for backend {env_backend!r} but asks for {name!r}; "
+            f"use --backend {env_backend} (or launch with --backend {name})"
+        )
     decl = declaration(name)
     if not decl.has_engine:
         raise InputError(f"backend {name!r} has no multi-process engine; use numpy, torch, paddle or mxnet")
     be = get_backend(name)
     device = Device("cpu", 0) if device is None else device
     timeout = env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT) if timeout is None else float(timeout)
-    init_timeout = (env_seconds(ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT) if init_timeout is None
-                    else float(init_timeout))
+    init_timeout = env_seconds(ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT) if init_timeout is None else float(init_timeout)
     where = f"rank {os.environ.get(ENV_RANK, '?')} ({name})"
     watchdog = Watchdog()
-    watchdog.arm(init_timeout, (
-        f"multigpu.errors.CollectiveTimeoutError: {where}: joining the job timed out after {init_timeout:g} s: "
-        "not every rank reached the rendezvous (check that every node runs the launcher with the same "
-        "--nnodes, --master-addr and --master-port, and that the port is reachable)"))
+    watchdog.arm(
+        init_timeout,
+        (
+            f"multigpu.errors.CollectiveTimeoutError: {where}: joining the job timed out after {init_timeout:g} s: "
+            "not every rank reached the rendezvous (check that every node runs the launcher with the same "
+            "--nnodes, --master-addr and --master-port, and that the port is reachable)"
+        ),
+    )
     try:
         engine = decl.join(device, timeout, init_timeout)
     except CollectiveError:

@@ -17,6 +17,7 @@ parameter servers). The supervision is one for all engines:
 This module imports no framework: adapters' package ``__init__`` files are
 framework-free, and every framework is loaded only inside the child processes.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,7 +30,8 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Optional, Sequence, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from multigpu.contract.registry import declaration
 from multigpu.distributed.job import Job, LaunchPlan, check_job, rank_env
@@ -54,22 +56,26 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
 class _Child:
     """One supervised process: its output is forwarded and its tail kept for error messages."""
 
-    def __init__(self, label: str, argv: list[str], env: dict[str, str], out: Optional[TextIO],
-                 prefix: bool):
+    def __init__(self, label: str, argv: list[str], env: dict[str, str], out: TextIO | None, prefix: bool):
         self.label = label
         self.tail: deque[str] = deque(maxlen=64)
-        self.ended_at: Optional[float] = None
+        self.ended_at: float | None = None
         try:
-            self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                          start_new_session=True, preexec_fn=_set_pdeathsig)
+            self.popen = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_set_pdeathsig,
+            )
         except OSError as exc:
             raise InputError(f"cannot start {label}: {argv[0]!r}: {exc.strerror}") from exc
         self.pid = self.popen.pid
-        self._reader = threading.Thread(target=self._read, args=(out, prefix), daemon=True,
-                                        name=f"multigpu-{label}")
+        self._reader = threading.Thread(target=self._read, args=(out, prefix), daemon=True, name=f"multigpu-{label}")
         self._reader.start()
 
-    def _read(self, out: Optional[TextIO], prefix: bool) -> None:
+    def _read(self, out: TextIO | None, prefix: bool) -> None:
         assert self.popen.stderr is not None
         fd, pending = self.popen.stderr.fileno(), ""
         while True:
@@ -98,7 +104,7 @@ class _Child:
         if line:
             self.tail.append(line)
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         rc = self.popen.poll()
         if rc is not None and self.ended_at is None:
             self.ended_at = time.monotonic()
@@ -182,8 +188,13 @@ def stop(children: Sequence[_Child], grace: float = GRACE) -> None:
 
 
 # -- the supervisor --------------------------------------------------------------
-def run(job: Job, command: Sequence[str], env: Optional[dict[str, str]] = None,
-        out: Optional[TextIO] = None, on_start: Optional[Callable[[list[int]], None]] = None) -> Job:
+def run(
+    job: Job,
+    command: Sequence[str],
+    env: dict[str, str] | None = None,
+    out: TextIO | None = None,
+    on_start: Callable[[list[int]], None] | None = None,
+) -> Job:
     """Run the argv ``command`` as ``job.nproc`` ranks of ``job`` on this node; return when all succeed.
 
     ``out`` receives every child's stderr (rank 0 unchanged, the others prefixed with
@@ -231,8 +242,15 @@ class _DeferredInterrupt:
             signal.signal(signal.SIGINT, self.old)
 
 
-def _supervise(job: Job, plan: LaunchPlan, argv: list[str], base: dict[str, str], sink: TextIO,
-               on_start: Optional[Callable[[list[int]], None]], interrupted: threading.Event) -> None:
+def _supervise(
+    job: Job,
+    plan: LaunchPlan,
+    argv: list[str],
+    base: dict[str, str],
+    sink: TextIO,
+    on_start: Callable[[list[int]], None] | None,
+    interrupted: threading.Event,
+) -> None:
     services: list[_Child] = []
     ranks: list[_Child] = []
     try:
@@ -288,8 +306,9 @@ def _failure_message(job: Job, failed: list[_Child], running: list[str]) -> str:
     err = first.last_error()
     # On several hosts, say which one: the other nodes' launchers report their own ranks.
     on = f" on host {socket.gethostname()}" if job.nnodes > 1 else ""
-    msg = f"{first.label} (pid {first.pid}{on}) {first.how()}" + (f": {err}" if err and first.popen.returncode and
-                                                              first.popen.returncode > 0 else "")
+    msg = f"{first.label} (pid {first.pid}{on}) {first.how()}" + (
+        f": {err}" if err and first.popen.returncode and first.popen.returncode > 0 else ""
+    )
     others = [f"{c.label} {c.how()}" + (f" ({c.last_error()})" if c.last_error() else "") for c in failed[1:]]
     if others:
         msg += "; then " + "; ".join(others)

@@ -1,11 +1,11 @@
 """How many CPU cores this process may use: its CPU affinity, capped by a cgroup quota
 (a container limited to 1.5 CPUs of a 64-core machine has 1.5 cores, not 64; a host of
 the emulated lab limited to a quarter of a core has 0.25)."""
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["usable_cores"]
 
@@ -25,7 +25,7 @@ def _own_dir(root: Path, controller: str) -> Path:
     return root / controller
 
 
-def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> Optional[float]:
+def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """CPUs the cgroup quota allows, or None without one (v2 ``cpu.max``, v1 ``cfs_quota_us``
     of this process's own cgroup and every one above it: the smallest counts)."""
     try:
@@ -35,7 +35,7 @@ def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> Optional[float]:
         pass
     base = root / "cpu"
     d = _own_dir(root, "cpu")
-    found: Optional[float] = None
+    found: float | None = None
     while True:
         try:
             quota_us = int((d / "cpu.cfs_quota_us").read_text())
@@ -54,7 +54,7 @@ def usable_cores() -> float:
     the cgroup's CPU quota."""
     try:
         n = float(len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):   # pragma: no cover - macOS has no sched_getaffinity
+    except (AttributeError, OSError):  # pragma: no cover - macOS has no sched_getaffinity
         n = float(os.cpu_count() or 1)
     quota = _cgroup_quota()
     return min(n, quota) if quota is not None and quota > 0 else n

@@ -10,18 +10,18 @@ Read from ``/proc`` (Linux): each thread's ``schedstat`` (nanoseconds on a CPU),
 the process's ``stat`` (clock ticks) where that is missing; None where neither can
 be read.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 from multigpu.procfs.stat import STIME, UTIME, stat_fields
 
 __all__ = ["node_daemon", "process_cpu_seconds"]
 
 
-def process_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> Optional[float]:
+def process_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float | None:
     """CPU seconds so far of process ``pid``, every thread; None if /proc cannot say."""
     base = proc / str(pid)
     try:
@@ -38,7 +38,7 @@ def process_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> Optional[float]
         return None
 
 
-def node_daemon(pid: Optional[int] = None, proc: Path = Path("/proc")) -> tuple[Optional[int], Optional[float]]:
+def node_daemon(pid: int | None = None, proc: Path = Path("/proc")) -> tuple[int | None, float | None]:
     """(pid, CPU seconds so far) of the Ray worker's raylet: ``pid`` (default: this
     process's parent) when that process is a raylet; (None, None) where it is not, or
     cannot be read, so no other parent's CPU is ever counted as the daemon's."""

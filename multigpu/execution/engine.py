@@ -19,6 +19,7 @@ the start and end of its computation, and the driver stamps the arrival of the
 result. A hop's time is the receiver's start minus the sender's end: measured at
 both ends, and it includes converting to and from numpy on either side.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,9 +30,10 @@ import socket
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -53,8 +55,8 @@ try:
     from ray import exceptions as ray_exceptions
 except ImportError as _exc:  # pragma: no cover - exercised through a subprocess test
     raise MissingDependencyError(
-        "running a plan needs Ray, which is not installed; install it with: "
-        "pip install 'multigpu[cluster]'") from _exc
+        "running a plan needs Ray, which is not installed; install it with: pip install 'multigpu[cluster]'"
+    ) from _exc
 
 __all__ = ["ChainResult", "DagResult", "RaySession", "Workers", "run_chain", "run_dag"]
 
@@ -82,7 +84,7 @@ RAY_DEFAULT_INLINE = 100 * 1024
 MESSAGE_FRAMING = 256
 
 
-def inline_payload_bytes(address: Optional[str]) -> int:
+def inline_payload_bytes(address: str | None) -> int:
     """The largest activation (bytes) Ray passes inside its own messages rather than
     through the object store, for the instance a run at ``address`` uses (None: the
     local one this module starts): ``max_direct_call_object_size`` less a message's
@@ -94,6 +96,7 @@ def inline_payload_bytes(address: Optional[str]) -> int:
     else:
         limit = INLINE_LIMIT if address is None else RAY_DEFAULT_INLINE
     return max(limit - MESSAGE_FRAMING, 0)
+
 
 Link = tuple[str, int]  # (device, stage id on that device's worker)
 
@@ -109,12 +112,12 @@ class RaySession:
     ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) with ``RAY_AUTH_MODE=token``.
     """
 
-    def __init__(self, address: Optional[str] = None, num_cpus: Optional[int] = None):
+    def __init__(self, address: str | None = None, num_cpus: int | None = None):
         self.address = address
         self.num_cpus = num_cpus
         self.started = False
-        self._saved_env: dict[str, Optional[str]] = {}
-        self._token_dir: Optional[str] = None
+        self._saved_env: dict[str, str | None] = {}
+        self._token_dir: str | None = None
 
     def _set_env(self, **values: str) -> None:
         for k, v in values.items():
@@ -132,10 +135,9 @@ class RaySession:
             shutil.rmtree(self._token_dir, ignore_errors=True)
             self._token_dir = None
 
-    def __enter__(self) -> "RaySession":
+    def __enter__(self) -> RaySession:
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
-                                          logging_level=logging.ERROR)
+            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
             if self.address is None:
                 kwargs["num_cpus"] = self.num_cpus or os.cpu_count() or 1
                 kwargs["_system_config"] = LOCAL_SYSTEM_CONFIG
@@ -160,11 +162,15 @@ class RaySession:
                 while cause is not None:
                     chain, cause = chain + " " + str(cause), cause.__cause__
                 if "AuthToken" in chain or "Authentication" in chain:
-                    raise PlanError(f"cannot join {where}: it asks for an authentication token; copy the head's "
-                                    f"~/.ray/auth_token to this machine (or point RAY_AUTH_TOKEN_PATH at it) and "
-                                    f"set RAY_AUTH_MODE=token") from None
-                raise PlanError(f"cannot start or join {where}: {e}; check the address "
-                                f"(`ray start --head` prints it) or leave --address out") from None
+                    raise PlanError(
+                        f"cannot join {where}: it asks for an authentication token; copy the head's "
+                        f"~/.ray/auth_token to this machine (or point RAY_AUTH_TOKEN_PATH at it) and "
+                        f"set RAY_AUTH_MODE=token"
+                    ) from None
+                raise PlanError(
+                    f"cannot start or join {where}: {e}; check the address "
+                    f"(`ray start --head` prints it) or leave --address out"
+                ) from None
             except BaseException:
                 self._restore_env()
                 raise
@@ -180,7 +186,7 @@ class RaySession:
             _reload_auth()
 
 
-def _driver_address(address: str) -> Optional[str]:
+def _driver_address(address: str) -> str | None:
     """This host's address toward the cluster at ``HOST:PORT``, or None (``auto``, ``ray://``)."""
     # NOTE: a driver joining a cluster attaches to a raylet it finds among this machine's
     # processes, preferring the head's; on one machine holding several nodes (the lab, or
@@ -197,7 +203,7 @@ def _driver_address(address: str) -> Optional[str]:
 
 def private_token() -> tuple[str, str]:
     """A fresh random Ray token in a new folder only this user can read: (folder, file)."""
-    folder = tempfile.mkdtemp(prefix="multigpu-ray-")   # mode 0700
+    folder = tempfile.mkdtemp(prefix="multigpu-ray-")  # mode 0700
     path = os.path.join(folder, "auth_token")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -251,8 +257,12 @@ def _actor_options(spec: DeviceSpec) -> dict[str, Any]:
     # answers, though the next item's first stage is ready: streamed, that plan delivered
     # 21.4 items/s against the 41.1 its bottleneck allows. A call's order within one item on
     # one worker is kept by run_dag's tokens; a chain's calls each wait for the one before.
-    opts: dict[str, Any] = {"num_cpus": res.pop("CPU", 0), "max_restarts": 0, "max_task_retries": 0,
-                            "allow_out_of_order_execution": True}
+    opts: dict[str, Any] = {
+        "num_cpus": res.pop("CPU", 0),
+        "max_restarts": 0,
+        "max_task_retries": 0,
+        "allow_out_of_order_execution": True,
+    }
     if "GPU" in res:
         opts["num_gpus"] = res.pop("GPU")
     if res:
@@ -276,7 +286,8 @@ def _check_resources(specs: Sequence[DeviceSpec]) -> None:
                     f"device {spec.name!r} asks for Ray resource {key}={amount:g}, but the Ray cluster "
                     f"offers {have:g} (its resources: {offered}); start the node that should host it with "
                     f"`ray start --address=HEAD:6379 --resources='{{\"{key}\": {amount:g}}}'`, or change "
-                    f"\"resources\" in the cluster file")
+                    f'"resources" in the cluster file'
+                )
 
 
 @dataclass
@@ -288,9 +299,9 @@ class WorkerInfo:
     pid: int
     host: str
     local: bool
-    threads: Optional[int]
-    clock_offset: float = 0.0   # worker clock minus driver clock, seconds
-    cores: Optional[float] = None   # CPU cores its process may use on its host
+    threads: int | None
+    clock_offset: float = 0.0  # worker clock minus driver clock, seconds
+    cores: float | None = None  # CPU cores its process may use on its host
 
 
 class Workers:
@@ -298,21 +309,20 @@ class Workers:
     worker for the driver's device. Use as a context manager: leaving it kills the
     actors (and tears down a compiled graph)."""
 
-    def __init__(self, specs: Sequence[DeviceSpec], driver: Optional[DeviceSpec], timeout: float,
-                 startup_timeout: float):
+    def __init__(self, specs: Sequence[DeviceSpec], driver: DeviceSpec | None, timeout: float, startup_timeout: float):
         self.specs = {s.name: s for s in specs}
         self.driver = driver
         self.timeout = timeout
         self.startup_timeout = startup_timeout
         self.actors: dict[str, Any] = {}
-        self.local: Optional[StageWorker] = None
+        self.local: StageWorker | None = None
         self.info: dict[str, WorkerInfo] = {}
         self.compiled: Any = None
         self.compiled_chain: list[Link] = []
         self._actor_ids: dict[str, str] = {}
 
     # -- life cycle ------------------------------------------------------------
-    def __enter__(self) -> "Workers":
+    def __enter__(self) -> Workers:
         try:
             self._start()
         except BaseException:
@@ -329,19 +339,31 @@ class Workers:
             d = self.driver
             self.local = StageWorker(d.name, d.backend, d.device, d.threads)  # type: ignore[arg-type]
             got = self.local.setup()
-            self.info[d.name] = WorkerInfo(d.name, d.backend, os.getpid(), host, True, d.threads,  # type: ignore[arg-type]
-                                           cores=usable_cores())
+            self.info[d.name] = WorkerInfo(
+                d.name,
+                d.backend,
+                os.getpid(),
+                host,
+                True,
+                d.threads,  # type: ignore[arg-type]
+                cores=usable_cores(),
+            )
             if not got["threads_applied"]:
                 import warnings
 
-                warnings.warn(f"threads={d.threads} of the driver device {d.name!r} is not applied: its "
-                              f"framework was imported before the run started", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"threads={d.threads} of the driver device {d.name!r} is not applied: its "
+                    f"framework was imported before the run started",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         remote_specs = [s for s in self.specs.values()]
         _check_resources(remote_specs)
         actor_cls = ray.remote(StageWorker)
         for spec in remote_specs:
             handle = actor_cls.options(**_actor_options(spec)).remote(
-                spec.name, spec.backend, spec.device, spec.threads)
+                spec.name, spec.backend, spec.device, spec.threads
+            )
             self.actors[spec.name] = handle
             self._actor_ids[handle._actor_id.hex()] = spec.name
         # Where each worker runs is asked first (no framework import): a worker dying while it
@@ -357,17 +379,20 @@ class Workers:
                     raise WorkerTimeoutError(
                         f"the worker on device {name!r}{at} did not start within {self.startup_timeout:g} s "
                         f"(no node can host it, or its framework takes longer to import); check its "
-                        f"\"resources\" and the Ray cluster, or raise the startup timeout") from None
+                        f'"resources" and the Ray cluster, or raise the startup timeout'
+                    ) from None
                 except ray_exceptions.RayTaskError as e:
                     raise _cause(e, f"device {name!r}: ") from None
                 except ray_exceptions.RayActorError as e:
-                    raise WorkerDiedError(f"the worker on device {name!r}{at} died while starting: "
-                                          f"{_first_line(e)}") from None
+                    raise WorkerDiedError(
+                        f"the worker on device {name!r}{at} died while starting: {_first_line(e)}"
+                    ) from None
                 if step == "where":
                     where[name] = got
                 else:
-                    self.info[name] = WorkerInfo(name, got["backend"], got["pid"], got["host"], False,
-                                                 got["threads"], cores=got.get("cores"))
+                    self.info[name] = WorkerInfo(
+                        name, got["backend"], got["pid"], got["host"], False, got["threads"], cores=got.get("cores")
+                    )
         for name, info in self.info.items():
             if not info.local and info.host != host:
                 info.clock_offset = self._clock_offset(name)
@@ -378,26 +403,38 @@ class Workers:
         best = (float("inf"), 0.0)
         for _ in range(pings):
             t0 = time.time()
-            remote = self._get(self.actors[name].clock.remote(), lambda: f"the worker on device {name!r}",
-                               what="answering a clock ping", device=name, timeout=PING_TIMEOUT)
+            remote = self._get(
+                self.actors[name].clock.remote(),
+                lambda: f"the worker on device {name!r}",
+                what="answering a clock ping",
+                device=name,
+                timeout=PING_TIMEOUT,
+            )
             t1 = time.time()
             best = min(best, (t1 - t0, remote - (t0 + t1) / 2))
         return best[1]
 
-    def load(self, model: Any, stages: dict[str, list[Any]], params: dict[str, dict[int, np.ndarray]],
-             state: Sequence[np.ndarray] | None = None, sends: Sequence[Any] | None = None
-             ) -> tuple[int, float]:
+    def load(
+        self,
+        model: Any,
+        stages: dict[str, list[Any]],
+        params: dict[str, dict[int, np.ndarray]],
+        state: Sequence[np.ndarray] | None = None,
+        sends: Sequence[Any] | None = None,
+    ) -> tuple[int, float]:
         """Send each worker its stages, parameters and BatchNorm ``state`` (and a graph
         plan's ``sends``); return (bytes shipped to the actors, seconds until every actor
         had them on its device)."""
         shipped = sum(int(a.nbytes) for name, p in params.items() if name in self.actors for a in p.values())
         t0 = time.perf_counter()
         # ray.put: parameters travel through the object store, whatever INLINE_LIMIT says.
-        extra: tuple[Any, ...] = () if state is None and sends is None else (
-            None if state is None else ray.put(list(state)), sends)
-        refs = {name: self.actors[name].load.remote(model, stages.get(name, []), ray.put(params.get(name, {})),
-                                                    *extra)
-                for name in self.actors}
+        extra: tuple[Any, ...] = (
+            () if state is None and sends is None else (None if state is None else ray.put(list(state)), sends)
+        )
+        refs = {
+            name: self.actors[name].load.remote(model, stages.get(name, []), ray.put(params.get(name, {})), *extra)
+            for name in self.actors
+        }
         for name, ref in refs.items():
             self._get(ref, lambda n=name: f"the worker of device {n!r}", what="receiving its parameters", device=name)
         seconds = time.perf_counter() - t0
@@ -425,48 +462,56 @@ class Workers:
         self.actors.clear()
 
     # -- errors --------------------------------------------------------------
-    def _get(self, ref: Any, who: Callable[[], str], what: str, device: Optional[str] = None,
-             timeout: Optional[float] = None) -> Any:
+    def _get(
+        self, ref: Any, who: Callable[[], str], what: str, device: str | None = None, timeout: float | None = None
+    ) -> Any:
         timeout = self.timeout if timeout is None else timeout
         try:
             return ray.get(ref, timeout=timeout)
         except ray_exceptions.GetTimeoutError:
             info = self.info.get(device) if device is not None else None
             where = f" (pid {info.pid} on host {info.host})" if info is not None else ""
-            raise WorkerTimeoutError(f"{who()}{where} did not finish {what} within {timeout:g} s; the run "
-                                     f"was stopped and its workers shut down (raise the timeout if it is "
-                                     f"only slow)") from None
+            raise WorkerTimeoutError(
+                f"{who()}{where} did not finish {what} within {timeout:g} s; the run "
+                f"was stopped and its workers shut down (raise the timeout if it is "
+                f"only slow)"
+            ) from None
         except ray_exceptions.RayActorError as e:
             raise self.died(e, who) from None
         except (ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError):
-            raise WorkerDiedError(f"{who()}: a result was lost with its worker's host (its processes died or its "
-                                  f"node left the Ray cluster) while {what}; the run was stopped") from None
+            raise WorkerDiedError(
+                f"{who()}: a result was lost with its worker's host (its processes died or its "
+                f"node left the Ray cluster) while {what}; the run was stopped"
+            ) from None
         except ray_exceptions.RayTaskError as e:
             raise _cause(e, f"{who()}: ") from None
 
-    def died(self, e: Exception, who: Callable[[], str], device: Optional[str] = None) -> WorkerDiedError:
+    def died(self, e: Exception, who: Callable[[], str], device: str | None = None) -> WorkerDiedError:
         """A WorkerDiedError naming the worker whose actor ``e`` reports dead (``device`` where
         ``e`` names no actor of ours)."""
         name = self.device_of(e) or device
         info = self.info.get(name) if name else None
         where = f" (pid {info.pid} on host {info.host})" if info else ""
-        return WorkerDiedError(f"{who()}: its worker process{where} died ({_first_line(e)}); the run "
-                               f"was stopped and its workers shut down")
+        return WorkerDiedError(
+            f"{who()}: its worker process{where} died ({_first_line(e)}); the run was stopped and its workers shut down"
+        )
 
     def lost(self, device: str, label: str, index: int) -> WorkerDiedError:
         """A WorkerDiedError for a result of ``device`` that Ray lost with its host's node."""
         info = self.info.get(device)
         where = f" (pid {info.pid} on host {info.host})" if info else ""
-        return WorkerDiedError(f"{label}: the output of item {index} was lost with its worker{where}: that host's "
-                               f"processes died or its node left the Ray cluster; the run was stopped and its "
-                               f"workers shut down")
+        return WorkerDiedError(
+            f"{label}: the output of item {index} was lost with its worker{where}: that host's "
+            f"processes died or its node left the Ray cluster; the run was stopped and its "
+            f"workers shut down"
+        )
 
-    def device_of(self, e: Exception) -> Optional[str]:
+    def device_of(self, e: Exception) -> str | None:
         """The device whose actor the Ray error ``e`` is about, if it names one."""
         return self._actor_ids.get(_actor_id_hex(e) or "")
 
 
-def _actor_id_hex(e: Exception) -> Optional[str]:
+def _actor_id_hex(e: Exception) -> str | None:
     aid = getattr(e, "actor_id", None)
     if aid is None:
         return None
@@ -498,7 +543,7 @@ class ChainResult:
 
     outputs: list[np.ndarray]
     traces: list[tuple[float, ...]]
-    done: list[float] = field(default_factory=list)   # driver clock at each item's arrival
+    done: list[float] = field(default_factory=list)  # driver clock at each item's arrival
 
 
 @dataclass
@@ -509,8 +554,14 @@ class _Item:
     refs: list[tuple[int, Any]] = field(default_factory=list)
 
 
-def run_chain(workers: Workers, chain: Sequence[Link], labels: Sequence[str], inputs: Sequence[np.ndarray],
-              window: int = 1, engine: str = "tasks") -> ChainResult:
+def run_chain(
+    workers: Workers,
+    chain: Sequence[Link],
+    labels: Sequence[str],
+    inputs: Sequence[np.ndarray],
+    window: int = 1,
+    engine: str = "tasks",
+) -> ChainResult:
     """Push every input through ``chain`` (``(device, stage id)`` per link) and return
     the outputs and their traces in input order.
 
@@ -581,17 +632,23 @@ def _wait_item(workers: Workers, item: _Item, labels: Sequence[str], chain: Sequ
         raise WorkerTimeoutError(
             f"{labels[stuck]}{where} did not finish item {item.index} within {workers.timeout:g} s; the run was "
             f"stopped and its workers shut down (raise the timeout if the stage is only slow, or check that "
-            f"host and its link)") from None
+            f"host and its link)"
+        ) from None
     except _STAGE_ERRORS as e:
         _raise_stage_error(workers, item, labels, chain, e)
 
 
-_STAGE_ERRORS = (ray_exceptions.RayActorError, ray_exceptions.ObjectLostError, ray_exceptions.NodeDiedError,
-                 ray_exceptions.RayTaskError)
+_STAGE_ERRORS = (
+    ray_exceptions.RayActorError,
+    ray_exceptions.ObjectLostError,
+    ray_exceptions.NodeDiedError,
+    ray_exceptions.RayTaskError,
+)
 
 
-def _raise_stage_error(workers: Workers, item: _Item, labels: Sequence[str], chain: Sequence[Link],
-                       e: Exception, at: Optional[int] = None) -> NoReturn:
+def _raise_stage_error(
+    workers: Workers, item: _Item, labels: Sequence[str], chain: Sequence[Link], e: Exception, at: int | None = None
+) -> NoReturn:
     """Raise the error naming the stage (and its worker's host) that Ray error ``e`` (one of
     ``_STAGE_ERRORS``) is about; ``at`` is the position of the stage whose result raised it, when
     known."""
@@ -605,23 +662,28 @@ def _raise_stage_error(workers: Workers, item: _Item, labels: Sequence[str], cha
         lost = getattr(e, "object_ref_hex", None)
         pos = next((p for p, r in item.refs if r.hex() == lost), fallback)
         raise workers.lost(chain[pos][0], labels[pos], item.index) from None
-    raise _cause(e, "") from None   # a RayTaskError: the stage's own exception
+    raise _cause(e, "") from None  # a RayTaskError: the stage's own exception
 
 
-def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str],
-                  inputs: Sequence[np.ndarray], window: int) -> ChainResult:
+def _run_compiled(
+    workers: Workers, chain: Sequence[Link], labels: Sequence[str], inputs: Sequence[np.ndarray], window: int
+) -> ChainResult:
     from ray.dag import InputNode
 
     driver = workers.local.name if workers.local is not None else None
     remote = [i for i, (dev, _) in enumerate(chain) if dev != driver]
     if remote and remote != list(range(remote[0], remote[-1] + 1)):
-        raise PlanError("the compiled engine needs the driver's stages at the start or the end of the "
-                        "plan (a compiled graph cannot call back into the driver); use engine='tasks'")
+        raise PlanError(
+            "the compiled engine needs the driver's stages at the start or the end of the "
+            "plan (a compiled graph cannot call back into the driver); use engine='tasks'"
+        )
     head = [chain[i] for i in range(0, remote[0] if remote else len(chain))]
     tail = [chain[i] for i in range(remote[-1] + 1, len(chain))] if remote else []
     if workers.compiled is not None and workers.compiled_chain != list(chain):
-        raise PlanError("this set of workers already runs a compiled graph for another chain; a compiled "
-                        "graph is compiled once per set of workers (run_partitioned starts fresh ones)")
+        raise PlanError(
+            "this set of workers already runs a compiled graph for another chain; a compiled "
+            "graph is compiled once per set of workers (run_partitioned starts fresh ones)"
+        )
     if workers.compiled is None and remote:
         workers.compiled_chain = list(chain)
         with InputNode() as node:
@@ -631,7 +693,7 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
                 dag = workers.actors[dev].run.bind(sid, dag)
         try:
             workers.compiled = dag.experimental_compile(_max_inflight_executions=CGRAPH_MAX_INFLIGHT)
-        except ray_exceptions.RayActorError as e:   # a worker died while the graph was being compiled
+        except ray_exceptions.RayActorError as e:  # a worker died while the graph was being compiled
             dev = workers.device_of(e)
             raise workers.died(e, lambda: f"a worker of the compiled graph (device {dev!r})") from None
     cdag = workers.compiled
@@ -651,10 +713,11 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
         except ray_exceptions.GetTimeoutError:
             raise WorkerTimeoutError(
                 f"item {idx} did not come out of the compiled graph ({', '.join(labels[i] for i in remote)}) "
-                f"within {workers.timeout:g} s; the run was stopped and its workers shut down") from None
+                f"within {workers.timeout:g} s; the run was stopped and its workers shut down"
+            ) from None
         except ray_exceptions.RayActorError as e:
             dev = workers.device_of(e)
-            if dev is None:   # Ray's error names no actor: say which stages could be the one
+            if dev is None:  # Ray's error names no actor: say which stages could be the one
                 who = "a worker of the compiled graph (" + "; ".join(labels[i] for i in remote) + ")"
                 raise workers.died(e, lambda: who) from None
             pos = next((i for i in remote if chain[i][0] == dev), remote[0])
@@ -668,7 +731,7 @@ def _run_compiled(workers: Workers, chain: Sequence[Link], labels: Sequence[str]
 
     for idx, x in enumerate(inputs):
         msg = local(head, (x, (time.time(),)))
-        if not remote:   # every stage on the driver: nothing to compile
+        if not remote:  # every stage on the driver: nothing to compile
             arrival = time.time()
             out.outputs[idx], out.traces[idx], out.done[idx] = msg[0], msg[1] + (arrival,), arrival
             continue
@@ -698,13 +761,19 @@ class _DagItem:
     index: int
     msgs: dict[int, Any]
     next: int = 0
-    refs: list[tuple[int, Any]] = field(default_factory=list)     # (stage index, ref) of every remote call
-    tokens: list[Any] = field(default_factory=list)               # results of stages that send nothing
-    after: dict[str, Any] = field(default_factory=dict)           # device -> its latest stage's order token
+    refs: list[tuple[int, Any]] = field(default_factory=list)  # (stage index, ref) of every remote call
+    tokens: list[Any] = field(default_factory=list)  # results of stages that send nothing
+    after: dict[str, Any] = field(default_factory=dict)  # device -> its latest stage's order token
 
 
-def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], labels: Sequence[str],
-            inputs: Sequence[np.ndarray], window: int = 1) -> DagResult:
+def run_dag(
+    workers: Workers,
+    routes: Sequence[Any],
+    sends: Sequence[Any],
+    labels: Sequence[str],
+    inputs: Sequence[np.ndarray],
+    window: int = 1,
+) -> DagResult:
     """Push every input through a DAG plan's stages (``plan.routes``) and return the
     outputs and traces in input order.
 
@@ -724,8 +793,12 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
 
     driver = workers.local.name if workers.local is not None else None
     sink = next(j for j, m in enumerate(sends) if m.stage == SINK)
-    out = DagResult([None] * len(inputs), [{} for _ in inputs], [0.0] * len(inputs),  # type: ignore[list-item]
-                    [0.0] * len(inputs))
+    out = DagResult(
+        [None] * len(inputs),
+        [{} for _ in inputs],
+        [0.0] * len(inputs),  # type: ignore[list-item]
+        [0.0] * len(inputs),
+    )
     active: deque[_DagItem] = deque()
     nxt = 0
     finished = 0
@@ -751,10 +824,19 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
                 # stage's later parts run (the stage's inputs all go to its first part).
                 for p, part in enumerate(r.parts):
                     count = max(1, len(part.sends))
-                    token = not (r.last and p == len(r.parts) - 1)   # the device's next call of the item waits for it
-                    got = workers.actors[r.device].run_stage.options(num_returns=count + token).remote(
-                        r.index, item.index, *(args if p == 0 else ()), after=item.after.get(r.device), token=token,
-                        part=p)
+                    token = not (r.last and p == len(r.parts) - 1)  # the device's next call of the item waits for it
+                    got = (
+                        workers.actors[r.device]
+                        .run_stage.options(num_returns=count + token)
+                        .remote(
+                            r.index,
+                            item.index,
+                            *(args if p == 0 else ()),
+                            after=item.after.get(r.device),
+                            token=token,
+                            part=p,
+                        )
+                    )
                     refs = [got] if count + token == 1 else list(got)
                     if token:
                         item.after[r.device] = refs.pop()
@@ -789,7 +871,8 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
         merged: dict[int, tuple[float, float]] = {}
         pending = [t for t in item.tokens if isinstance(t, ray.ObjectRef)]
         for tok in _get_dag(workers, item, pending, labels, routes) + [
-                t for t in item.tokens if not isinstance(t, ray.ObjectRef)]:
+            t for t in item.tokens if not isinstance(t, ray.ObjectRef)
+        ]:
             merge_trace(merged, tok[1])
         merge_trace(merged, trace)
         out.outputs[item.index] = tensors[sends[sink].names[0]]
@@ -800,8 +883,9 @@ def run_dag(workers: Workers, routes: Sequence[Any], sends: Sequence[Any], label
     return out
 
 
-def _get_dag(workers: Workers, item: _DagItem, refs: Sequence[Any], labels: Sequence[str],
-             routes: Sequence[Any]) -> list[Any]:
+def _get_dag(
+    workers: Workers, item: _DagItem, refs: Sequence[Any], labels: Sequence[str], routes: Sequence[Any]
+) -> list[Any]:
     """``ray.get`` some of an item's results; name the failing stage on an error (as a
     chain's item does: its calls' refs are by stage index, the labels' positions)."""
     if not refs:

@@ -1,21 +1,22 @@
 """Layer timing: each layer's forward time on each device, without per-layer timers.
 
 The whole pass runs the way a stage runs (one call of the slice, one synchronize) in
-one call into the worker after it waited, the devices taking turns; each layer also runs alone, as the first work of a call. The
+one call into the worker after it waited, the devices taking turns; each layer also runs
+alone, as the first work of a call. The
 stage overhead is how much longer the layers take alone than in one pass, per extra
 call; the layers' times split the whole pass less that overhead in proportion to each layer's
 time alone less the overhead (``split_pass``).
 """
+
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
-
-__all__ = ["LayerProfile", "MIN_LAYER_TIME", "PassProfile", "probe_layers", "split_pass",
-           "time_devices"]
+__all__ = ["LayerProfile", "MIN_LAYER_TIME", "PassProfile", "probe_layers", "split_pass", "time_devices"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class PassProfile:
     q1: float
     q3: float
     n: int
-    warm: Optional[float] = None
+    warm: float | None = None
 
 
 MIN_LAYER_TIME = 1e-7  # seconds; floor for the first layer once its stage overhead is taken out
@@ -63,8 +64,9 @@ def probe_layers(medians: Sequence[float], budget: float) -> int:
     return max(k, 1)
 
 
-def split_pass(total: float, alone: Sequence[Sequence[float]], overhead: float
-               ) -> tuple[list[float], list[float], list[float]]:
+def split_pass(
+    total: float, alone: Sequence[Sequence[float]], overhead: float
+) -> tuple[list[float], list[float], list[float]]:
     """Per layer (median, q1, q3): ``total`` seconds split in proportion to each layer's
     median time alone (``alone[k]``: its samples) less ``overhead``, each at least
     MIN_LAYER_TIME; the quartiles of its samples scaled the same way."""
@@ -79,14 +81,15 @@ def split_pass(total: float, alone: Sequence[Sequence[float]], overhead: float
     return med, q1, q3
 
 
-def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats: int, warmup: int, seed: int
-                  ) -> dict[str, tuple[list[float], list[float], list[float], int, float, tuple[float, ...],
-                                   Optional[float]]]:
+def time_devices(
+    ws: Any, names: Sequence[str], model: Any, batch: int, repeats: int, warmup: int, seed: int
+) -> dict[str, tuple[list[float], list[float], list[float], int, float, tuple[float, ...], float | None]]:
     """Per device: per-layer median and quartiles, sample count, stage overhead, the
     quartiles of a whole pass and the median whole pass called one after another.
 
     The whole pass is run the way a stage runs (one call of the slice, one
-    synchronize) in one call into the worker after it waited (an actor call; for the driver, after a Ray round trip), the devices taking
+    synchronize) in one call into the worker after it waited (an actor call; for the driver,
+    after a Ray round trip), the devices taking
     turns so each finds its caches as the others left them. Each layer is also run
     alone, as the first work of a call. The stage overhead is how much longer the
     layers take alone than in one pass, per extra call: (the sum of the layers' medians
@@ -112,21 +115,22 @@ def time_devices(ws: Any, names: Sequence[str], model: Any, batch: int, repeats:
 
     def call(name: str, method: str, *args: Any) -> Any:
         if ws.local is not None and ws.local.name == name:
-            if echo_to is not None:   # wait in Ray as the driver does between items
+            if echo_to is not None:  # wait in Ray as the driver does between items
                 ray.get(echo_to.clock.remote(), timeout=ws.timeout)
             return getattr(ws.local, method)(*args)
-        return ws._get(getattr(ws.actors[name], method).remote(*args), lambda: f"device {name!r}",
-                       what="profiling its layers")
+        return ws._get(
+            getattr(ws.actors[name], method).remote(*args), lambda: f"device {name!r}", what="profiling its layers"
+        )
 
     n = len(model)
-    for name in names:   # each worker makes the parameters from the seed (nothing shipped)
+    for name in names:  # each worker makes the parameters from the seed (nothing shipped)
         call(name, "prepare_profile", model, None, batch, seed)
     for _ in range(warmup):
         for name in names:
             call(name, "time_pass")
     passes: dict[str, list[float]] = {name: [] for name in names}
     firsts: dict[str, list[list[float]]] = {name: [[] for _ in range(n)] for name in names}
-    for _ in range(repeats):   # a round: every device's whole pass, then each layer alone on each device
+    for _ in range(repeats):  # a round: every device's whole pass, then each layer alone on each device
         for name in names:
             passes[name].append(call(name, "time_prefix", n))
         for k in range(n):

@@ -7,12 +7,14 @@ messages and a larger one through the object store (a put, a location lookup and
 pull), so one latency cannot fit both: where the probes straddle that threshold, each
 side gets its own latency over one bandwidth (``inline_latency`` below it).
 """
+
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,10 +22,22 @@ from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.worker import PROBE, PROBE_IDLE
 from multigpu.partition.inputs.cluster import transfer_latency
 
-__all__ = ["HopSamples", "HopVsBare", "LINK_PROBE_WAIT", "LinkFit", "PROBE_WORK", "fit_link", "fit_link_regimes",
-           "fit_links", "hop_vs_bare", "link_sizes", "pair_walk", "time_links"]
+__all__ = [
+    "HopSamples",
+    "HopVsBare",
+    "LINK_PROBE_WAIT",
+    "LinkFit",
+    "PROBE_WORK",
+    "fit_link",
+    "fit_link_regimes",
+    "fit_links",
+    "hop_vs_bare",
+    "link_sizes",
+    "pair_walk",
+    "time_links",
+]
 
-PROBE_WORK = 3e-4      # seconds of real layers a probe computes on each worker (see worker.PROBE)
+PROBE_WORK = 3e-4  # seconds of real layers a probe computes on each worker (see worker.PROBE)
 # Seconds a link probe's worker sleeps before those layers. A hop costs more after its
 # processes waited: on the 2-core machine (a local Ray, 48 KB between two actors, alternating
 # rounds) a hop after 0.3 ms of work took 1.46 ms (median), after 3 ms 1.88, after 10 ms 2.40
@@ -35,7 +49,7 @@ PROBE_WORK = 3e-4      # seconds of real layers a probe computes on each worker 
 # transfer-CPU probes do not wait, and neither does a worker held below one core by a CPU
 # quota (``profiler``: a sleep would refill the quota a stage spends before it sends).
 LINK_PROBE_WAIT = 1e-2
-MIN_INV_BANDWIDTH = 1e-15   # a fit with no measurable per-byte cost: 1 PB/s, never a 0 or inf
+MIN_INV_BANDWIDTH = 1e-15  # a fit with no measurable per-byte cost: 1 PB/s, never a 0 or inf
 
 
 @dataclass(frozen=True)
@@ -49,13 +63,15 @@ class LinkFit:
     latency: float
     bandwidth: float
     samples: list[tuple[int, float, int]]
-    inline_latency: Optional[float] = None
+    inline_latency: float | None = None
     inline_bytes: float = 0.0
 
     def predict(self, nbytes: float) -> float:
         """Fitted seconds for ``nbytes``."""
-        return float(transfer_latency(nbytes, self.latency, self.inline_latency, self.inline_bytes)) \
+        return (
+            float(transfer_latency(nbytes, self.latency, self.inline_latency, self.inline_bytes))
             + nbytes / self.bandwidth
+        )
 
     @property
     def worst_error(self) -> float:
@@ -85,13 +101,13 @@ def fit_link(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
     t = np.array([s[1] for s in samples], dtype=float)
     if len(b) == 0 or np.any(t <= 0):
         raise ValueError("fit_link needs positive times")
-    a = np.stack([1.0 / t, b / t], axis=1)          # [lat, inv_bw] . row = 1
+    a = np.stack([1.0 / t, b / t], axis=1)  # [lat, inv_bw] . row = 1
     coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
     lat, inv = float(coef[0]), float(coef[1])
-    if inv < MIN_INV_BANDWIDTH:       # no measurable per-byte cost: latency only
+    if inv < MIN_INV_BANDWIDTH:  # no measurable per-byte cost: latency only
         inv = MIN_INV_BANDWIDTH
         lat = _latency_only(t)
-    if lat < 0:                       # per-byte cost only
+    if lat < 0:  # per-byte cost only
         lat = 0.0
         inv = max(float(np.sum(b / t) / np.sum((b / t) ** 2)), MIN_INV_BANDWIDTH)
     return lat, 1.0 / inv
@@ -99,11 +115,10 @@ def fit_link(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
 
 def _latency_only(t: np.ndarray) -> float:
     """The constant that fits times ``t`` best in relative error (a link with no per-byte cost)."""
-    return float(np.sum(1.0 / t) / np.sum(1.0 / t ** 2))
+    return float(np.sum(1.0 / t) / np.sum(1.0 / t**2))
 
 
-def fit_link_regimes(samples: Sequence[tuple[float, float]], inline_bytes: float
-                     ) -> tuple[float, float, Optional[float]]:
+def fit_link_regimes(samples: Sequence[tuple[float, float]], inline_bytes: float) -> tuple[float, float, float | None]:
     """Fit ``t = latency + bytes / bandwidth`` above ``inline_bytes`` and ``t =
     inline_latency + bytes / bandwidth`` at or below it (one bandwidth), least squares on
     relative error, every term >= 0; return (latency, bandwidth, inline_latency), the last
@@ -117,15 +132,15 @@ def fit_link_regimes(samples: Sequence[tuple[float, float]], inline_bytes: float
     t = np.array([s[1] for s in samples], dtype=float)
     if np.any(t <= 0):
         raise ValueError("fit_link_regimes needs positive times")
-    a = np.stack([~small / t, small / t, b / t], axis=1)      # [lat, inline_lat, inv_bw] . row = 1
+    a = np.stack([~small / t, small / t, b / t], axis=1)  # [lat, inline_lat, inv_bw] . row = 1
     (lat, inline, inv), _ = nnls(a, np.ones_like(t))
-    if inv < MIN_INV_BANDWIDTH:       # no measurable per-byte cost: latencies only
+    if inv < MIN_INV_BANDWIDTH:  # no measurable per-byte cost: latencies only
         inv = MIN_INV_BANDWIDTH
         lat, inline = _latency_only(t[~small]), _latency_only(t[small])
     return float(lat), 1.0 / float(inv), float(inline)
 
 
-def link_sizes(models: Sequence[Any], batch: int, count: int = 5, inline_bytes: Optional[int] = None) -> list[int]:
+def link_sizes(models: Sequence[Any], batch: int, count: int = 5, inline_bytes: int | None = None) -> list[int]:
     """``count`` payload sizes (bytes, multiples of 4) log-spaced over every activation
     the models pass between layers, including the input and the output; with
     ``inline_bytes`` inside that span, half and twice it too, so that each side of the
@@ -147,7 +162,7 @@ def pair_walk(workers: Sequence[str]) -> list[str]:
     """A walk over the workers that crosses every unordered pair at least once."""
     walk: list[str] = []
     for i, a in enumerate(workers):
-        for b in workers[i + 1:]:
+        for b in workers[i + 1 :]:
             if walk and walk[-1] == a:
                 walk.append(b)
             elif walk and walk[-1] == b:
@@ -160,9 +175,18 @@ def pair_walk(workers: Sequence[str]) -> list[str]:
 HopSamples = dict[tuple[str, str, int], list[float]]
 
 
-def time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes: Sequence[int],
-                repeats: int, warmup: int, engine: str, progress: bool,
-                notes: list[str]) -> tuple[HopSamples, HopSamples, dict[tuple[str, int], list[float]]]:
+def time_links(
+    ws: Any,
+    ray_engine: Any,
+    workers: list[str],
+    driver: str,
+    sizes: Sequence[int],
+    repeats: int,
+    warmup: int,
+    engine: str,
+    progress: bool,
+    notes: list[str],
+) -> tuple[HopSamples, HopSamples, dict[tuple[str, int], list[float]]]:
     """Hops for the link fits (probes between computing workers), and, timed
     alternately, bare hops (nothing computed) beside bare actor calls."""
     import ray
@@ -170,11 +194,13 @@ def time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes:
     walk = pair_walk(workers)
     if engine == "tasks":
         routes = [[w] for w in workers] + ([walk] if walk else [])
-    else:   # one compiled graph: its actors take no other calls while it exists
+    else:  # one compiled graph: its actors take no other calls while it exists
         routes = [walk or workers[:1]] if workers else []
         if len(workers) > 2:
-            notes.append("compiled engine: one graph crosses every worker pair; the driver's links to "
-                         "workers other than the first and last of it are the mean of the measured ones")
+            notes.append(
+                "compiled engine: one graph crosses every worker pair; the driver's links to "
+                "workers other than the first and last of it are the mean of the measured ones"
+            )
     hops: HopSamples = {}
     idle: HopSamples = {}
     bare: dict[tuple[str, int], list[float]] = {}
@@ -187,8 +213,9 @@ def time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes:
 
     def probe(route: list[str], stage: int, x: np.ndarray, into: HopSamples) -> None:
         chain = [(d, stage) for d in route]
-        res = ray_engine.run_chain(ws, chain, [f"link probe on device {d!r}" for d in route], [x], window=1,
-                                   engine=engine)
+        res = ray_engine.run_chain(
+            ws, chain, [f"link probe on device {d!r}" for d in route], [x], window=1, engine=engine
+        )
         tr = res.traces[0]
         full = [driver] + route + [driver]
         off = [0.0] + [ws.info[d].clock_offset for d in route] + [0.0]
@@ -208,7 +235,7 @@ def time_links(ws: Any, ray_engine: Any, workers: list[str], driver: str, sizes:
                     bare_call(route[-1], x)
             for _ in range(repeats):
                 probe(route, PROBE, x, hops)
-                if compare:   # alternately: a bare hop into each worker, and a bare call to the last
+                if compare:  # alternately: a bare hop into each worker, and a bare call to the last
                     probe(route, PROBE_IDLE, x, idle)
                     for dev in set(route):
                         bare.setdefault((dev, size), []).append(bare_call(dev, x))
@@ -231,8 +258,9 @@ def fit_links(hops: HopSamples, inline_bytes: float = 0.0) -> list[LinkFit]:
         by_pair.setdefault(key, {}).setdefault(size, []).append((statistics.median(ts), len(ts)))
     fits = []
     for key, per_size in by_pair.items():
-        samples = [(size, statistics.mean(t for t, _ in v), sum(n for _, n in v))
-                   for size, v in sorted(per_size.items())]
+        samples = [
+            (size, statistics.mean(t for t, _ in v), sum(n for _, n in v)) for size, v in sorted(per_size.items())
+        ]
         lat, bw, inline = fit_link_regimes([(b, t) for b, t, _ in samples], inline_bytes)
         fits.append(LinkFit(order[key], lat, bw, samples, inline, float(inline_bytes)))
     return fits

@@ -14,13 +14,15 @@ holds the input and receives the output, so ``sink`` must equal ``source``. Stag
 on the source device run inside the driver; every other device gets one worker
 process (a Ray actor) hosting all of its stages.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Union
 
 from multigpu.errors import PlanError
 from multigpu.partition.cost.evaluate import resolve_assignment
@@ -29,12 +31,22 @@ from multigpu.partition.inputs.cluster import Cluster, DeviceSpec
 from multigpu.partition.inputs.graph import graph_from_model
 from multigpu.partition.stages import Stage, split_stages
 
-__all__ = ["ExecutionPlan", "Send", "Stage", "StagePart", "StageRoute", "check_plan", "read_plan", "routes",
-           "split_stages", "worker_params"]
+__all__ = [
+    "ExecutionPlan",
+    "Send",
+    "Stage",
+    "StagePart",
+    "StageRoute",
+    "check_plan",
+    "read_plan",
+    "routes",
+    "split_stages",
+    "worker_params",
+]
 
-INPUT = "input"   # the model's input, as nodes name it
-SINK = -1         # Send.stage of the message that carries the model's output to the driver
-SOURCE = -1       # Send.source of a message carrying the input from the driver
+INPUT = "input"  # the model's input, as nodes name it
+SINK = -1  # Send.stage of the message that carries the model's output to the driver
+SOURCE = -1  # Send.source of a message carrying the input from the driver
 
 PlanLike = Union[Sequence[str], Mapping[str, Any], str, "os.PathLike[str]"]
 
@@ -47,7 +59,7 @@ class ExecutionPlan:
     cluster: Cluster
     assignment: tuple[str, ...]
     stages: tuple[Stage, ...]
-    producers: tuple[tuple[int, ...], ...] | None = None   # per layer (-1: the input); None: a chain
+    producers: tuple[tuple[int, ...], ...] | None = None  # per layer (-1: the input); None: a chain
 
     @property
     def chain(self) -> bool:
@@ -87,17 +99,23 @@ def read_plan(plan: PlanLike) -> list[Any]:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as e:
-            raise PlanError(f"cannot read {source}: {e.strerror or e}; give the JSON that "
-                            f"`multigpu partition --json` prints, or a JSON list of device names") from None
+            raise PlanError(
+                f"cannot read {source}: {e.strerror or e}; give the JSON that "
+                f"`multigpu partition --json` prints, or a JSON list of device names"
+            ) from None
         try:
             plan = json.loads(text)
         except json.JSONDecodeError as e:
-            raise PlanError(f"{source} is not JSON (line {e.lineno} column {e.colno}: {e.msg}); give the "
-                            f"output of `multigpu partition --json` or a list such as [\"a\", \"a\", \"b\"]") from None
+            raise PlanError(
+                f"{source} is not JSON (line {e.lineno} column {e.colno}: {e.msg}); give the "
+                f'output of `multigpu partition --json` or a list such as ["a", "a", "b"]'
+            ) from None
     if isinstance(plan, Mapping):
         if "assignment" not in plan:
-            raise PlanError(f"{source} is an object without an \"assignment\" key; give the output of "
-                            f"`multigpu partition --json` or a plain list of device names")
+            raise PlanError(
+                f'{source} is an object without an "assignment" key; give the output of '
+                f"`multigpu partition --json` or a plain list of device names"
+            )
         plan = plan["assignment"]
     if isinstance(plan, (str, bytes)) or not isinstance(plan, Sequence):
         raise PlanError(f"{source} must list one device name per layer, got {type(plan).__name__}")
@@ -125,34 +143,43 @@ def check_plan(model: Any, cluster: Cluster, plan: PlanLike) -> ExecutionPlan:
     assignment = read_plan(plan)
     graph = graph_from_model(model, 1)
     if isinstance(assignment[0], tuple):
-        try:   # the planner's own reading of (layer, device) pairs: a layer placed twice, one left out
+        try:  # the planner's own reading of (layer, device) pairs: a layer placed twice, one left out
             assignment = [cluster.names[d] for d in resolve_assignment(graph, cluster, assignment)]
         except PartitionInputError as e:
             raise PlanError(f"the plan's [layer, device] pairs: {e}") from None
     if len(assignment) != len(names):
-        raise PlanError(f"the plan has {len(assignment)} entries but {model.name} has {len(names)} layers "
-                        f"({', '.join(names[:12])}{', ...' if len(names) > 12 else ''}); give one device "
-                        f"per layer, e.g. the \"assignment\" of `multigpu partition --graph {model.name} --json`")
+        raise PlanError(
+            f"the plan has {len(assignment)} entries but {model.name} has {len(names)} layers "
+            f"({', '.join(names[:12])}{', ...' if len(names) > 12 else ''}); give one device "
+            f'per layer, e.g. the "assignment" of `multigpu partition --graph {model.name} --json`'
+        )
     known = set(cluster.names)
     for i, dev in enumerate(assignment):
         if dev not in known:
-            raise PlanError(f"the plan puts layer {names[i]!r} on device {dev!r}, which cluster "
-                            f"{cluster.name!r} lacks; its devices are: {', '.join(cluster.names)}")
+            raise PlanError(
+                f"the plan puts layer {names[i]!r} on device {dev!r}, which cluster "
+                f"{cluster.name!r} lacks; its devices are: {', '.join(cluster.names)}"
+            )
     if cluster.sink != cluster.source:
-        raise PlanError(f"cluster {cluster.name!r} has sink {cluster.sink!r} but source {cluster.source!r}; "
-                        f"a run returns its output to the driver, which is the source: set \"sink\" to "
-                        f"{cluster.source!r} or leave it out")
+        raise PlanError(
+            f"cluster {cluster.name!r} has sink {cluster.sink!r} but source {cluster.source!r}; "
+            f'a run returns its output to the driver, which is the source: set "sink" to '
+            f"{cluster.source!r} or leave it out"
+        )
     producers = None if graph.is_chain else tuple(tuple(p) for p in graph.producers)
     stages = split_stages(assignment, names, producers)
     for s in stages:
         spec = cluster.devices[cluster.index(s.device)]
         if spec.backend is None:
             role = " (the driver: the process that starts the run)" if s.device == cluster.source else ""
-            raise PlanError(f"{s.label()} cannot run: device {s.device!r}{role} has no \"backend\" in "
-                            f"cluster {cluster.name!r}; add e.g. \"backend\": \"torch\" to it "
-                            f"(multigpu profile writes one)")
-    return ExecutionPlan(model=model, cluster=cluster, assignment=tuple(assignment), stages=tuple(stages),
-                         producers=producers)
+            raise PlanError(
+                f'{s.label()} cannot run: device {s.device!r}{role} has no "backend" in '
+                f'cluster {cluster.name!r}; add e.g. "backend": "torch" to it '
+                f"(multigpu profile writes one)"
+            )
+    return ExecutionPlan(
+        model=model, cluster=cluster, assignment=tuple(assignment), stages=tuple(stages), producers=producers
+    )
 
 
 def worker_params(xplan: ExecutionPlan, device: str, params: Sequence[Any]) -> dict[int, Any]:
@@ -244,7 +271,7 @@ def routes(xplan: ExecutionPlan) -> tuple[list[StageRoute], list[Send]]:
             name = INPUT if layer < 0 else names[layer]
             mine.append(name)
             if src >= 0 and stages[src].device == s.device:
-                continue   # kept by the device's worker from an earlier stage there
+                continue  # kept by the device's worker from an earlier stage there
             wanted.setdefault((SOURCE if layer < 0 else stage_of[layer], s.device), {}).setdefault(name, s.index)
         feeds.append(mine)
     sends: list[Send] = []
@@ -256,14 +283,24 @@ def routes(xplan: ExecutionPlan) -> tuple[list[StageRoute], list[Send]]:
     out = []
     for s in stages:
         mine = tuple(j for j, m in enumerate(sends) if m.source == s.index)
-        out.append(StageRoute(s.index, s.device, tuple(names[m] for m in s.members), tuple(feeds[s.index]),
-                              tuple(j for j, m in enumerate(sends) if m.stage == s.index), mine,
-                              last[s.device] == s.index, _parts(s, names, xplan.producers, sends, mine)))
+        out.append(
+            StageRoute(
+                s.index,
+                s.device,
+                tuple(names[m] for m in s.members),
+                tuple(feeds[s.index]),
+                tuple(j for j, m in enumerate(sends) if m.stage == s.index),
+                mine,
+                last[s.device] == s.index,
+                _parts(s, names, xplan.producers, sends, mine),
+            )
+        )
     return out, sends
 
 
-def _parts(stage: Stage, names: Sequence[str], producers: Sequence[Sequence[int]], sends: Sequence[Send],
-           mine: Sequence[int]) -> tuple[StagePart, ...]:
+def _parts(
+    stage: Stage, names: Sequence[str], producers: Sequence[Sequence[int]], sends: Sequence[Send], mine: Sequence[int]
+) -> tuple[StagePart, ...]:
     """``stage`` cut after each member whose output completes one of its messages (``mine``)."""
     position = {names[m]: k for k, m in enumerate(stage.members)}
     # A message can leave once the last of its tensors is computed.
@@ -271,10 +308,13 @@ def _parts(stage: Stage, names: Sequence[str], producers: Sequence[Sequence[int]
     cuts = sorted({k for k in ready.values()} | {len(stage.members) - 1})
     parts, begin = [], 0
     for end in cuts:
-        members = stage.members[begin:end + 1]
+        members = stage.members[begin : end + 1]
         inside = set(members)
         feeds = sorted({INPUT if p < 0 else names[p] for c in members for p in producers[c] if p not in inside})
-        parts.append(StagePart(tuple(names[m] for m in members), tuple(feeds),
-                               tuple(j for j in mine if begin <= ready[j] <= end)))
+        parts.append(
+            StagePart(
+                tuple(names[m] for m in members), tuple(feeds), tuple(j for j in mine if begin <= ready[j] <= end)
+            )
+        )
         begin = end + 1
     return tuple(parts)

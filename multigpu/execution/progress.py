@@ -1,4 +1,5 @@
 """Progress bars of the profiler (tqdm on stderr, off when quiet)."""
+
 from __future__ import annotations
 
 import sys

@@ -1,10 +1,12 @@
 """``run_partitioned``: run a plan's stages on their devices and time every part."""
+
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -27,12 +29,14 @@ def resolve_model(model: Any) -> Any:
     if isinstance(model, str):
         return models.get(model)
     if not hasattr(model, "forward") or not hasattr(model, "layers"):
-        raise PlanError(f"model must be a multigpu Sequential or a built-in name "
-                        f"({', '.join(sorted(models.MODELS))}), got {type(model).__name__}")
+        raise PlanError(
+            f"model must be a multigpu Sequential or a built-in name "
+            f"({', '.join(sorted(models.MODELS))}), got {type(model).__name__}"
+        )
     return model
 
 
-def resolve_cluster(cluster: Union[Cluster, str, "os.PathLike[str]"]) -> Cluster:
+def resolve_cluster(cluster: Cluster | str | os.PathLike[str]) -> Cluster:
     """A ``Cluster``, or a path/shipped name for ``load_cluster``."""
     return cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
 
@@ -46,9 +50,11 @@ def split_inputs(model: Any, inputs: Any, batch: int) -> list[np.ndarray]:
         # Every figure is priced and compared per item of ``batch`` rows: with fewer
         # inputs no such item runs, and the comparison would set a smaller item's times
         # beside a full one's prediction.
-        raise InputError(f"{len(x)} inputs are fewer than one item of batch {batch}: give at least {batch} inputs "
-                         f"(e.g. --random {batch}) or a batch of at most {len(x)}")
-    return [np.ascontiguousarray(x[i:i + batch]) for i in range(0, len(x), batch)]
+        raise InputError(
+            f"{len(x)} inputs are fewer than one item of batch {batch}: give at least {batch} inputs "
+            f"(e.g. --random {batch}) or a batch of at most {len(x)}"
+        )
+    return [np.ascontiguousarray(x[i : i + batch]) for i in range(0, len(x), batch)]
 
 
 def _time_full_items(result: RunResult, items: Sequence[np.ndarray], batch: int) -> RunResult:
@@ -67,8 +73,10 @@ def _time_full_items(result: RunResult, items: Sequence[np.ndarray], batch: int)
         result.stage_starts = result.stage_starts[keep]
     if result.sent_at is not None:
         result.sent_at = result.sent_at[keep]
-    result.notes.append(f"the last item has {short} of {batch} rows: its outputs are reported, its times are not "
-                        f"(the figures are per item of {batch}); the streaming rate counts it")
+    result.notes.append(
+        f"the last item has {short} of {batch} rows: its outputs are reported, its times are not "
+        f"(the figures are per item of {batch}); the streaming rate counts it"
+    )
     return result
 
 
@@ -90,33 +98,45 @@ class _Prepared:
     xplan: ExecutionPlan
     items: list[np.ndarray]
     prediction: Any
-    why: Optional[str]
+    why: str | None
     state: list[np.ndarray] | None = None
 
 
-def _prepare(model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs: Any, cluster: Any, batch: int,
-             engine: str, warmup: int, window: Optional[int], local: bool,
-             state: Sequence[Any] | None = None) -> _Prepared:
+def _prepare(
+    model: Any,
+    params: Sequence[Any] | None,
+    plan: PlanLike,
+    inputs: Any,
+    cluster: Any,
+    batch: int,
+    engine: str,
+    warmup: int,
+    window: int | None,
+    local: bool,
+    state: Sequence[Any] | None = None,
+) -> _Prepared:
     """Check every argument (and price the plan) before any worker starts."""
     model = resolve_model(model)
     params = model.init_params(0) if params is None else model.check_params(params)
     if getattr(model, "batch_norms", None):
         state = model.init_state() if state is None else model.check_state(state)
     elif state is not None:
-        raise PlanError(f"state= was given but {model.name} has no BatchNorm (nothing keeps running statistics); "
-                        f"leave it out")
+        raise PlanError(
+            f"state= was given but {model.name} has no BatchNorm (nothing keeps running statistics); leave it out"
+        )
     cluster = resolve_cluster(cluster)
     xplan = check_plan(model, cluster, plan)
     if not xplan.chain and engine == "compiled":
-        raise PlanError(f"engine='compiled' runs chains of stages; {model.name} is a graph with branches: "
-                        f"use engine='tasks'")
+        raise PlanError(
+            f"engine='compiled' runs chains of stages; {model.name} is a graph with branches: use engine='tasks'"
+        )
     items = split_inputs(model, inputs, batch)
     if engine not in ENGINES:
         raise PlanError(f"engine={engine!r} is unknown; choose one of {', '.join(ENGINES)}")
     check_count(warmup, "warmup", minimum=0)
     if window is not None:
         check_count(window, "window", example=4)
-    prediction, why = try_predict(xplan, batch)   # a bad layer_times entry fails here, before Ray
+    prediction, why = try_predict(xplan, batch)  # a bad layer_times entry fails here, before Ray
     if local:
         check_installed(xplan)
     return _Prepared(model, params, xplan, items, prediction, why, state)
@@ -138,18 +158,29 @@ class Session:
     ``run_partitioned`` is one ``Session.run`` in a session of the plan's own devices.
     """
 
-    def __init__(self, cluster: Union[Cluster, str, "os.PathLike[str]"], devices: Optional[Sequence[str]] = None, *,
-                 address: Optional[str] = None, timeout: float = 60.0, startup_timeout: float = 180.0,
-                 on_workers: Optional[Callable[[list[dict[str, Any]]], None]] = None, driver: bool = True):
+    def __init__(
+        self,
+        cluster: Cluster | str | os.PathLike[str],
+        devices: Sequence[str] | None = None,
+        *,
+        address: str | None = None,
+        timeout: float = 60.0,
+        startup_timeout: float = 180.0,
+        on_workers: Callable[[list[dict[str, Any]]], None] | None = None,
+        driver: bool = True,
+    ):
         _check_timeouts(timeout, startup_timeout)
         self.use_driver = driver
         self.cluster = resolve_cluster(cluster)
-        names = list(devices) if devices is not None else [
-            d.name for d in self.cluster.devices if d.backend is not None and d.name != self.cluster.source]
+        names = (
+            list(devices)
+            if devices is not None
+            else [d.name for d in self.cluster.devices if d.backend is not None and d.name != self.cluster.source]
+        )
         for name in names:
             spec = self.cluster.devices[self.cluster.index(name)]
             if spec.backend is None:
-                raise PlanError(f"device {name!r} has no \"backend\" in cluster {self.cluster.name!r}; add one")
+                raise PlanError(f'device {name!r} has no "backend" in cluster {self.cluster.name!r}; add one')
         self.devices = [n for n in names if n != self.cluster.source]
         self.address = address
         self.timeout = float(timeout)
@@ -159,7 +190,7 @@ class Session:
         self.workers: Any = None
         self.startup_seconds = 0.0
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         from contextlib import ExitStack
 
         from multigpu.execution import engine as ray_engine  # the one place Ray is imported
@@ -168,10 +199,14 @@ class Session:
         t0 = time.perf_counter()
         with ExitStack() as stack:
             stack.enter_context(ray_engine.RaySession(self.address))
-            self.workers = stack.enter_context(ray_engine.Workers(
-                [self.cluster.devices[self.cluster.index(d)] for d in self.devices],
-                driver if driver.backend is not None and self.use_driver else None, self.timeout,
-                self.startup_timeout))
+            self.workers = stack.enter_context(
+                ray_engine.Workers(
+                    [self.cluster.devices[self.cluster.index(d)] for d in self.devices],
+                    driver if driver.backend is not None and self.use_driver else None,
+                    self.timeout,
+                    self.startup_timeout,
+                )
+            )
             self._stack = stack.pop_all()
         self.startup_seconds = time.perf_counter() - t0
         if self.on_workers is not None:
@@ -188,35 +223,82 @@ class Session:
             self.workers = None
             stack.close()
 
-    def run(self, model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs: Any, *, batch: int = 1,
-            stream: bool = False, engine: str = "tasks", warmup: int = 1, window: Optional[int] = None,
-            cluster: Optional[Cluster] = None, state: Sequence[Any] | None = None) -> RunResult:
+    def run(
+        self,
+        model: Any,
+        params: Sequence[Any] | None,
+        plan: PlanLike,
+        inputs: Any,
+        *,
+        batch: int = 1,
+        stream: bool = False,
+        engine: str = "tasks",
+        warmup: int = 1,
+        window: int | None = None,
+        cluster: Cluster | None = None,
+        state: Sequence[Any] | None = None,
+    ) -> RunResult:
         """Run ``plan`` over this session's workers; see ``run_partitioned``. ``cluster``
         prices the plan instead of the session's (e.g. a profile of the same devices)."""
         if self.workers is None:
             raise PlanError("the session is not open; use it as `with Session(...) as s: s.run(...)`")
-        prep = _prepare(model, params, plan, inputs, cluster or self.cluster, batch, engine, warmup, window,
-                        local=self.address is None, state=state)
+        prep = _prepare(
+            model,
+            params,
+            plan,
+            inputs,
+            cluster or self.cluster,
+            batch,
+            engine,
+            warmup,
+            window,
+            local=self.address is None,
+            state=state,
+        )
         missing = [d for d in prep.xplan.workers if d not in self.workers.actors]
         if missing:
-            raise PlanError(f"the plan uses device(s) {missing} that this session has no worker for; "
-                            f"its workers: {', '.join(self.workers.actors) or 'none'}")
+            raise PlanError(
+                f"the plan uses device(s) {missing} that this session has no worker for; "
+                f"its workers: {', '.join(self.workers.actors) or 'none'}"
+            )
         if engine == "compiled":
             # A compiled graph's teardown kills its actors, so it gets workers of its own.
-            return run_partitioned(prep.model, prep.params, prep.xplan.assignment, inputs, prep.xplan.cluster,
-                                   batch=batch, stream=stream, engine=engine, address=self.address,
-                                   timeout=self.timeout, startup_timeout=self.startup_timeout, warmup=warmup,
-                                   window=window)
+            return run_partitioned(
+                prep.model,
+                prep.params,
+                prep.xplan.assignment,
+                inputs,
+                prep.xplan.cluster,
+                batch=batch,
+                stream=stream,
+                engine=engine,
+                address=self.address,
+                timeout=self.timeout,
+                startup_timeout=self.startup_timeout,
+                warmup=warmup,
+                window=window,
+            )
         return _run(self.workers, prep, batch, stream, engine, warmup, window, self.startup_seconds)
 
 
-def run_partitioned(model: Any, params: Optional[Sequence[Any]], plan: PlanLike, inputs: Any,
-                    cluster: Union[Cluster, str, "os.PathLike[str]"], *, batch: int = 1,
-                    stream: bool = False, engine: str = "tasks", address: Optional[str] = None,
-                    timeout: float = 60.0, startup_timeout: float = 180.0, warmup: int = 1,
-                    window: Optional[int] = None,
-                    on_workers: Optional[Callable[[list[dict[str, Any]]], None]] = None,
-                    state: Sequence[Any] | None = None) -> RunResult:
+def run_partitioned(
+    model: Any,
+    params: Sequence[Any] | None,
+    plan: PlanLike,
+    inputs: Any,
+    cluster: Cluster | str | os.PathLike[str],
+    *,
+    batch: int = 1,
+    stream: bool = False,
+    engine: str = "tasks",
+    address: str | None = None,
+    timeout: float = 60.0,
+    startup_timeout: float = 180.0,
+    warmup: int = 1,
+    window: int | None = None,
+    on_workers: Callable[[list[dict[str, Any]]], None] | None = None,
+    state: Sequence[Any] | None = None,
+) -> RunResult:
     """Run each stage of ``plan`` on its device and return the outputs and timings.
 
     ``model`` is a ``Sequential`` or a graph ``Model`` (or a built-in name); ``params``
@@ -245,16 +327,32 @@ def run_partitioned(model: Any, params: Optional[Sequence[Any]], plan: PlanLike,
     WorkerDiedError / WorkerTimeoutError naming the stage and device.
     """
     _check_timeouts(timeout, startup_timeout)
-    prep = _prepare(model, params, plan, inputs, cluster, batch, engine, warmup, window, local=address is None,
-                    state=state)
+    prep = _prepare(
+        model, params, plan, inputs, cluster, batch, engine, warmup, window, local=address is None, state=state
+    )
     xplan = prep.xplan
-    with Session(xplan.cluster, xplan.workers, address=address, timeout=timeout, startup_timeout=startup_timeout,
-                 on_workers=on_workers, driver=any(s.device == xplan.driver for s in xplan.stages)) as session:
+    with Session(
+        xplan.cluster,
+        xplan.workers,
+        address=address,
+        timeout=timeout,
+        startup_timeout=startup_timeout,
+        on_workers=on_workers,
+        driver=any(s.device == xplan.driver for s in xplan.stages),
+    ) as session:
         return _run(session.workers, prep, batch, stream, engine, warmup, window, session.startup_seconds)
 
 
-def _run(workers: Any, prep: _Prepared, batch: int, stream: bool, engine: str, warmup: int,
-         window: Optional[int], startup: float) -> RunResult:
+def _run(
+    workers: Any,
+    prep: _Prepared,
+    batch: int,
+    stream: bool,
+    engine: str,
+    warmup: int,
+    window: int | None,
+    startup: float,
+) -> RunResult:
     from multigpu.execution import engine as ray_engine
 
     xplan, items = prep.xplan, prep.items
@@ -280,13 +378,30 @@ def _run(workers: Any, prep: _Prepared, batch: int, stream: bool, engine: str, w
     wall = time.perf_counter() - t0
     offsets = {d: workers.info[d].clock_offset for d in devices}
     used = set(xplan.workers) | ({driver} if any(s.device == driver for s in xplan.stages) else set())
-    return _time_full_items(_result(xplan, out, offsets, batch, stream, engine, shipped, ship_seconds, startup,
-                                    wall, [w for w in info if w["device"] in used], prep.prediction, prep.why),
-                            items, batch)
+    return _time_full_items(
+        _result(
+            xplan,
+            out,
+            offsets,
+            batch,
+            stream,
+            engine,
+            shipped,
+            ship_seconds,
+            startup,
+            wall,
+            [w for w in info if w["device"] in used],
+            prep.prediction,
+            prep.why,
+        ),
+        items,
+        batch,
+    )
 
 
-def _run_dag(workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: int, window: int | None,
-             startup: float) -> RunResult:
+def _run_dag(
+    workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: int, window: int | None, startup: float
+) -> RunResult:
     """``_run`` for a graph model: the stages as a DAG (``engine.run_dag``)."""
     from multigpu.execution import engine as ray_engine
 
@@ -316,7 +431,7 @@ def _run_dag(workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: in
     compute, hops, e2e, begins = np.empty((n, m)), np.empty((n, len(sends))), np.empty(n), np.empty((n, m))
     for j, trace in enumerate(out.traces):
         start = {i: trace[i][0] - offsets[s.device] for i, s in enumerate(stages)}
-        compute[j] = [trace[i][2] for i in range(m)]   # the seconds its parts computed
+        compute[j] = [trace[i][2] for i in range(m)]  # the seconds its parts computed
         begins[j] = [start[i] - out.sent[j] for i in range(m)]
         for h, msg in enumerate(sends):
             # A message leaves when the part of its stage that computes it ends.
@@ -324,27 +439,58 @@ def _run_dag(workers: Any, prep: _Prepared, batch: int, stream: bool, warmup: in
             hops[j, h] = (out.done[j] if msg.stage == SINK else start[msg.stage]) - left
         e2e[j] = out.done[j] - out.sent[j]
     stats = {x.name: x for x in xplan.model.layer_stats(batch)}
-    sizes = [sum(xplan.model.input_bytes(batch) if name == "input" else stats[name].output_bytes
-                 for name in msg.names) for msg in sends]
+    sizes = [
+        sum(xplan.model.input_bytes(batch) if name == "input" else stats[name].output_bytes for name in msg.names)
+        for msg in sends
+    ]
     hop_routes = [(driver if msg.source == SOURCE else stages[msg.source].device, msg.device) for msg in sends]
     rate = None
     if stream and n >= 2 and out.done[-1] > out.done[0]:
         rate = (n - 1) / (out.done[-1] - out.done[0])
     outputs = np.concatenate([np.asarray(y).reshape(len(y), -1) for y in out.outputs])
-    return RunResult(outputs=outputs, assignment=list(xplan.assignment), stages=stages, hop_routes=hop_routes,
-                     hop_bytes=sizes, stage_times=compute, hop_times=hops, end_to_end=e2e, param_bytes=shipped,
-                     param_seconds=ship_seconds, startup_seconds=startup, wall_seconds=wall, engine="tasks",
-                     batch=batch, stream=stream, items_per_second=rate,
-                     workers=[w for w in info if w["device"] in used], prediction=prep.prediction,
-                     prediction_note=prep.why, driver=driver,
-                     hop_names=[msg.names for msg in sends],
-                     hop_stages=[(msg.source, msg.stage) for msg in sends], stage_starts=begins,
-                     sent_at=np.asarray(out.sent) - out.sent[0])
+    return RunResult(
+        outputs=outputs,
+        assignment=list(xplan.assignment),
+        stages=stages,
+        hop_routes=hop_routes,
+        hop_bytes=sizes,
+        stage_times=compute,
+        hop_times=hops,
+        end_to_end=e2e,
+        param_bytes=shipped,
+        param_seconds=ship_seconds,
+        startup_seconds=startup,
+        wall_seconds=wall,
+        engine="tasks",
+        batch=batch,
+        stream=stream,
+        items_per_second=rate,
+        workers=[w for w in info if w["device"] in used],
+        prediction=prep.prediction,
+        prediction_note=prep.why,
+        driver=driver,
+        hop_names=[msg.names for msg in sends],
+        hop_stages=[(msg.source, msg.stage) for msg in sends],
+        stage_starts=begins,
+        sent_at=np.asarray(out.sent) - out.sent[0],
+    )
 
 
-def _result(xplan: ExecutionPlan, out: Any, offsets: dict[str, float], batch: int, stream: bool,
-            engine: str, shipped: int, ship_seconds: float, startup: float, wall: float,
-            info: list[dict[str, Any]], prediction: Any, why: Optional[str]) -> RunResult:
+def _result(
+    xplan: ExecutionPlan,
+    out: Any,
+    offsets: dict[str, float],
+    batch: int,
+    stream: bool,
+    engine: str,
+    shipped: int,
+    ship_seconds: float,
+    startup: float,
+    wall: float,
+    info: list[dict[str, Any]],
+    prediction: Any,
+    why: str | None,
+) -> RunResult:
     stages = list(xplan.stages)
     m = len(stages)
     n = len(out.traces)
@@ -368,9 +514,25 @@ def _result(xplan: ExecutionPlan, out: Any, offsets: dict[str, float], batch: in
     if stream and n >= 2 and out.done[-1] > out.done[0]:
         rate = (n - 1) / (out.done[-1] - out.done[0])
     outputs = np.concatenate([np.asarray(y).reshape(len(y), -1) for y in out.outputs])
-    return RunResult(outputs=outputs, assignment=list(xplan.assignment), stages=stages,
-                     hop_routes=list(zip(route[:-1], route[1:])), hop_bytes=sizes, stage_times=compute,
-                     hop_times=hops, end_to_end=e2e, param_bytes=shipped, param_seconds=ship_seconds,
-                     startup_seconds=startup, wall_seconds=wall, engine=engine, batch=batch, stream=stream,
-                     items_per_second=rate, workers=info, prediction=prediction, prediction_note=why,
-                     driver=driver)
+    return RunResult(
+        outputs=outputs,
+        assignment=list(xplan.assignment),
+        stages=stages,
+        hop_routes=list(zip(route[:-1], route[1:])),
+        hop_bytes=sizes,
+        stage_times=compute,
+        hop_times=hops,
+        end_to_end=e2e,
+        param_bytes=shipped,
+        param_seconds=ship_seconds,
+        startup_seconds=startup,
+        wall_seconds=wall,
+        engine=engine,
+        batch=batch,
+        stream=stream,
+        items_per_second=rate,
+        workers=info,
+        prediction=prediction,
+        prediction_note=why,
+        driver=driver,
+    )

@@ -16,11 +16,13 @@ such links. On links
 no stream can fill (loopback, a LAN faster than the hosts) nothing is fitted, and the
 bottleneck keeps charging the whole hop time there.
 """
+
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,13 +30,20 @@ from multigpu.execution.link_fitting import LinkFit
 from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.worker import PROBE_SEND
 
-__all__ = ["LINK_BOUND", "MAX_STREAM_PROBE", "REPLY_BYTES", "StreamSample", "fit_message_bytes",
-           "stream_probe_size", "time_streams"]
+__all__ = [
+    "LINK_BOUND",
+    "MAX_STREAM_PROBE",
+    "REPLY_BYTES",
+    "StreamSample",
+    "fit_message_bytes",
+    "stream_probe_size",
+    "time_streams",
+]
 
-LINK_BOUND = 0.5             # the payload's wire time over the time per item above which the link sets the rate
-MAX_STREAM_PROBE = 256 * 1024   # bytes: the largest payload streamed (a slow link takes it 0.25 s an item)
-REPLY_BYTES = 4              # the probe's reply: one float32
-SKIP = 2                     # items at the start of a stream left out of its rate (the window filling)
+LINK_BOUND = 0.5  # the payload's wire time over the time per item above which the link sets the rate
+MAX_STREAM_PROBE = 256 * 1024  # bytes: the largest payload streamed (a slow link takes it 0.25 s an item)
+REPLY_BYTES = 4  # the probe's reply: one float32
+SKIP = 2  # items at the start of a stream left out of its rate (the window filling)
 
 
 @dataclass(frozen=True)
@@ -48,15 +57,16 @@ class StreamSample:
     seconds: float
 
 
-def stream_probe_size(sizes: Sequence[int], inline_bytes: float) -> Optional[int]:
+def stream_probe_size(sizes: Sequence[int], inline_bytes: float) -> int | None:
     """The payload to stream: the largest of ``sizes`` that goes through the object store
     (above ``inline_bytes``) and is at most MAX_STREAM_PROBE; None if there is none."""
     big = [s for s in sizes if inline_bytes < s <= MAX_STREAM_PROBE]
     return max(big) if big else None
 
 
-def time_streams(ws: Any, ray_engine: Any, workers: Sequence[str], nbytes: int, items: int, warmup: int,
-                 progress: bool) -> list[StreamSample]:
+def time_streams(
+    ws: Any, ray_engine: Any, workers: Sequence[str], nbytes: int, items: int, warmup: int, progress: bool
+) -> list[StreamSample]:
     """Stream ``items`` payloads of ``nbytes`` to each worker in turn (a window of 3, as a
     run of one remote stage has in flight); return the seconds per item of each."""
     out = []
@@ -76,8 +86,9 @@ def time_streams(ws: Any, ray_engine: Any, workers: Sequence[str], nbytes: int, 
     return out
 
 
-def fit_message_bytes(samples: Sequence[StreamSample], fits: Sequence[LinkFit], driver: str
-                      ) -> tuple[Optional[float], dict[str, Optional[float]]]:
+def fit_message_bytes(
+    samples: Sequence[StreamSample], fits: Sequence[LinkFit], driver: str
+) -> tuple[float | None, dict[str, float | None]]:
     """(the cluster's ``message_bytes``, the bytes solved per worker's link or None where the
     link did not set the rate).
 

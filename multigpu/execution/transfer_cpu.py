@@ -47,12 +47,14 @@ Routes: each worker alone, one way and in and back, and a walk crossing every pa
 workers; a few payload sizes. The figures are fitted by non-negative least squares on
 relative error.
 """
+
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -78,7 +80,7 @@ class CpuSample:
     cpu: dict[str, float]
     serial: dict[str, float] = field(default_factory=dict)
     daemon: dict[str, float] = field(default_factory=dict)
-    out_bytes: Optional[int] = None
+    out_bytes: int | None = None
 
     @property
     def sent(self) -> int:
@@ -92,12 +94,13 @@ class TransferCpuFit:
     could not be measured: fewer than two workers), and the samples behind them."""
 
     devices: dict[str, TransferCpu]
-    relay: Optional[Relay]
+    relay: Relay | None
     samples: list[CpuSample]
     inline_bytes: float = 0.0
 
-    def predict(self, device: str, route: Sequence[str], nbytes: float, driver: str,
-                out_bytes: Optional[float] = None) -> float:
+    def predict(
+        self, device: str, route: Sequence[str], nbytes: float, driver: str, out_bytes: float | None = None
+    ) -> float:
         """The fit's CPU seconds per item of ``device`` on a probe ``route`` of ``nbytes`` in,
         each worker sending ``out_bytes`` on (None: ``nbytes``)."""
         f, ib = self.devices[device], self.inline_bytes
@@ -111,8 +114,12 @@ class TransferCpuFit:
 
     def worst_error(self, driver: str) -> float:
         """Largest relative miss of the fit on its own samples."""
-        errs = [abs(self.predict(d, s.route, s.nbytes, driver, s.out_bytes) - t) / t
-                for s in self.samples for d, t in s.cpu.items() if t > 0 and d in self.devices]
+        errs = [
+            abs(self.predict(d, s.route, s.nbytes, driver, s.out_bytes) - t) / t
+            for s in self.samples
+            for d, t in s.cpu.items()
+            if t > 0 and d in self.devices
+        ]
         return max(errs, default=0.0)
 
 
@@ -122,14 +129,25 @@ def cpu_sizes(link_payloads: Sequence[int]) -> list[int]:
     return sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})
 
 
-def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: str, sizes: Sequence[int],
-                      items: int, warmup: int, progress: bool) -> list[CpuSample]:
+def time_transfer_cpu(
+    ws: Any,
+    ray_engine: Any,
+    workers: Sequence[str],
+    driver: str,
+    sizes: Sequence[int],
+    items: int,
+    warmup: int,
+    progress: bool,
+) -> list[CpuSample]:
     """Stream ``items`` payloads of each size through each route (each worker alone, one
     way and in and back, and a walk over every pair) and read every process's CPU time
     around them."""
     walk = pair_walk(list(workers))
-    routes = ([([w], PROBE) for w in workers] + [([w], PROBE_SEND) for w in workers]
-              + ([(walk, PROBE)] if len(workers) > 1 else []))
+    routes = (
+        [([w], PROBE) for w in workers]
+        + [([w], PROBE_SEND) for w in workers]
+        + ([(walk, PROBE)] if len(workers) > 1 else [])
+    )
     bar = progress_bar(progress, len(routes) * len(sizes), "profiling transfer CPU")
     out: list[CpuSample] = []
 
@@ -168,11 +186,18 @@ def time_transfer_cpu(ws: Any, ray_engine: Any, workers: Sequence[str], driver: 
             ray_engine.run_chain(ws, chain, labels, [x] * items, window=window)
             c1 = read(route)
             per = {d: [max(c1[d][i] - c0[d][i] - base[d][i], 0.0) / items for i in range(3)] for d in c0}
-            out.append(CpuSample(tuple(route), int(x.nbytes), items, {d: v[0] for d, v in per.items()},
-                                 {d: min(v[1], v[0]) for d, v in per.items()},
-                                 {d: min(v[2], v[0]) for d, v in per.items() if d in own},
-                                 # PROBE_SEND replies with the payload's first element.
-                                 x.itemsize if stage == PROBE_SEND else None))
+            out.append(
+                CpuSample(
+                    tuple(route),
+                    int(x.nbytes),
+                    items,
+                    {d: v[0] for d, v in per.items()},
+                    {d: min(v[1], v[0]) for d, v in per.items()},
+                    {d: min(v[2], v[0]) for d, v in per.items() if d in own},
+                    # PROBE_SEND replies with the payload's first element.
+                    x.itemsize if stage == PROBE_SEND else None,
+                )
+            )
             bar.update(1)
     bar.close()
     return out
@@ -201,17 +226,19 @@ def _counts(sizes: Sequence[int], inline_bytes: float) -> tuple[int, int]:
     return small, len(sizes) - small
 
 
-Figures = tuple[float, float, Optional[float], Optional[float]]
+Figures = tuple[float, float, float | None, float | None]
 
 
-def _fit(samples: Sequence[CpuSample], workers: Sequence[str], driver: str, serial: bool, inline_bytes: float
-         ) -> tuple[dict[str, Figures], Optional[tuple[float, float, Optional[float]]]]:
+def _fit(
+    samples: Sequence[CpuSample], workers: Sequence[str], driver: str, serial: bool, inline_bytes: float
+) -> tuple[dict[str, Figures], tuple[float, float, float | None] | None]:
     """(fixed, per_byte, receive_per_byte, inline_fixed) per process and the relay's
     (fixed, per_byte, inline_fixed), from the process CPU or, with ``serial``, the calling
     thread's. receive_per_byte is None unless some sample sends on other than it takes in
     (only then can the two differ in the fit); inline_fixed is None unless the samples hold
     transfers both at most ``inline_bytes`` and above it (only then can the two fixed
     figures differ in the fit)."""
+
     def y(s: CpuSample, d: str) -> float:
         return (s.serial if serial else s.cpu)[d]
 
@@ -266,8 +293,9 @@ def _fit(samples: Sequence[CpuSample], workers: Sequence[str], driver: str, seri
     return out, relay
 
 
-def fit_transfer_cpu(samples: Sequence[CpuSample], workers: Sequence[str], driver: str,
-                     inline_bytes: float = 0.0) -> TransferCpuFit:
+def fit_transfer_cpu(
+    samples: Sequence[CpuSample], workers: Sequence[str], driver: str, inline_bytes: float = 0.0
+) -> TransferCpuFit:
     """Fit each worker's and the driver's ``transfer_cpu`` and the driver's relay figure,
     with their serial parts (each at most the whole, which the fits of the two clocks
     on their own need not respect). ``inline_bytes`` is the cluster's: transfers of at
@@ -277,8 +305,7 @@ def fit_transfer_cpu(samples: Sequence[CpuSample], workers: Sequence[str], drive
     have_serial = all(s.serial for s in samples)
     part, relay_part = _fit(samples, workers, driver, True, inline_bytes) if have_serial else ({}, None)
 
-    def serial_of(whole: tuple[Optional[float], ...], p: Optional[tuple[Optional[float], ...]]
-                  ) -> tuple[Optional[float], ...]:
+    def serial_of(whole: tuple[float | None, ...], p: tuple[float | None, ...] | None) -> tuple[float | None, ...]:
         if p is None:
             return (None,) * len(whole)
         return tuple(None if w is None or q is None else min(q, w) for w, q in zip(whole, p))

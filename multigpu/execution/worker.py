@@ -10,12 +10,14 @@ framework-specific model code exists anywhere.
 Timestamps use ``time.time()``: one clock for every process on a host, so a hop's
 two ends can be subtracted (the engine corrects for another host's clock offset).
 """
+
 from __future__ import annotations
 
 import os
 import sys
 import time
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,8 +25,16 @@ from multigpu.contract.protocol import Device
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.daemon_cpu import node_daemon
 
-__all__ = ["PROBE", "PROBE_IDLE", "PROBE_SEND", "StageWorker", "merge_trace",
-           "THREAD_ENV_VARS", "parse_framework_device", "thread_env"]
+__all__ = [
+    "PROBE",
+    "PROBE_IDLE",
+    "PROBE_SEND",
+    "StageWorker",
+    "merge_trace",
+    "THREAD_ENV_VARS",
+    "parse_framework_device",
+    "thread_env",
+]
 
 # Stage id of a link probe: the message passes through unchanged while the worker
 # computes some layers of the profiled model, so a hop is timed between two workers
@@ -43,12 +53,12 @@ PROBE_SEND = -3
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def thread_env(threads: Optional[int]) -> dict[str, str]:
+def thread_env(threads: int | None) -> dict[str, str]:
     """Environment variables that give a fresh worker process ``threads`` math threads."""
     return {} if threads is None else {k: str(threads) for k in THREAD_ENV_VARS}
 
 
-def parse_framework_device(text: Optional[str]) -> Device:
+def parse_framework_device(text: str | None) -> Device:
     """``"cpu"`` -> Device("cpu", 0); ``"gpu:1"`` -> Device("gpu", 1) (the cluster file has
     already checked the syntax)."""
     if text is None or text == "cpu":
@@ -74,7 +84,7 @@ class StageWorker:
     timestamps that every stage extends with the start and end of its computation.
     """
 
-    def __init__(self, name: str, backend: str, device: Optional[str], threads: Optional[int]):
+    def __init__(self, name: str, backend: str, device: str | None, threads: int | None):
         self.name = name
         self.backend_name = backend
         self.device = parse_framework_device(device)
@@ -83,9 +93,9 @@ class StageWorker:
         self.model: Any = None
         self.params: list[Any] = []
         self.stages: dict[int, tuple[int, int]] = {}
-        self.routes: dict[int, Any] = {}            # a graph model's stages (plan.StageRoute)
-        self.send_names: dict[int, tuple[str, ...]] = {}   # message index -> the tensors it carries
-        self.state: list[Any] | None = None      # BatchNorm running statistics, on the device
+        self.routes: dict[int, Any] = {}  # a graph model's stages (plan.StageRoute)
+        self.send_names: dict[int, tuple[str, ...]] = {}  # message index -> the tensors it carries
+        self.state: list[Any] | None = None  # BatchNorm running statistics, on the device
         self._store: dict[int, dict[str, Any]] = {}  # per item: tensors later stages here consume
         self._traces: dict[int, dict[int, tuple[float, float]]] = {}
 
@@ -110,9 +120,17 @@ class StageWorker:
         applied = not framework_loaded or all(os.environ.get(k) == v for k, v in wanted.items())
         self.be = registry.backend(self.backend_name)
         self.be.from_numpy(np.zeros(1, np.float32), self.device)  # fail now on a bad device
-        return {"name": self.name, "pid": os.getpid(), "host": os.uname().nodename,
-                "backend": self.backend_name, "device": str(self.device), "threads": self.threads,
-                "threads_applied": applied, "time": time.time(), "cores": usable_cores()}
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "host": os.uname().nodename,
+            "backend": self.backend_name,
+            "device": str(self.device),
+            "threads": self.threads,
+            "threads_applied": applied,
+            "time": time.time(),
+            "cores": usable_cores(),
+        }
 
     def _framework_loaded(self) -> bool:
         from multigpu.contract import registry
@@ -123,8 +141,14 @@ class StageWorker:
             return False  # setup's registry.backend call raises the precise error
         return framework is not None and framework in sys.modules
 
-    def load(self, model: Any, stages: Sequence[Any], params: dict[int, np.ndarray],
-             state: Sequence[np.ndarray] | None = None, sends: Sequence[Any] | None = None) -> float:
+    def load(
+        self,
+        model: Any,
+        stages: Sequence[Any],
+        params: dict[int, np.ndarray],
+        state: Sequence[np.ndarray] | None = None,
+        sends: Sequence[Any] | None = None,
+    ) -> float:
         """Receive the model spec, this device's stages (a chain's ``(index, start, stop)``;
         a graph model's ``StageRoute``s with the plan's ``sends``), the parameters they use
         (by index into the model's parameter list) and the BatchNorm ``state``; return the
@@ -151,7 +175,7 @@ class StageWorker:
         """This worker's ``time.time()`` (for clock-offset estimates across hosts)."""
         return time.time()
 
-    def cpu_time(self) -> tuple[float, float, float, float, Optional[int], Optional[float]]:
+    def cpu_time(self) -> tuple[float, float, float, float, int | None, float | None]:
         """CPU seconds so far: (this worker's process, every thread (Ray's included); the
         thread that runs its calls (and stages); of the first, spent computing link
         probes' layers; of the second, likewise; the pid of its node daemon (the raylet,
@@ -168,8 +192,8 @@ class StageWorker:
         be, dev = self.be, self.device
         t = be.from_numpy(x, dev)
         t0 = time.time()
-        if stage in (PROBE, PROBE_IDLE, PROBE_SEND):   # a link probe: the payload passes unchanged
-            if stage != PROBE_IDLE:                      # ... while the worker computes, as a stage would
+        if stage in (PROBE, PROBE_IDLE, PROBE_SEND):  # a link probe: the payload passes unchanged
+            if stage != PROBE_IDLE:  # ... while the worker computes, as a stage would
                 c0, h0 = time.process_time(), time.thread_time()
                 self._busy()
                 be.synchronize(dev)
@@ -184,8 +208,15 @@ class StageWorker:
         out = be.to_numpy(y)
         return (out.reshape(-1)[:1].copy() if stage == PROBE_SEND else out), trace + (t0, t1)
 
-    def run_stage(self, stage: int, item: int, *messages: tuple[dict[str, np.ndarray], dict[Any, Any]],
-                  after: Any = None, token: bool = False, part: Optional[int] = None) -> Any:
+    def run_stage(
+        self,
+        stage: int,
+        item: int,
+        *messages: tuple[dict[str, np.ndarray], dict[Any, Any]],
+        after: Any = None,
+        token: bool = False,
+        part: int | None = None,
+    ) -> Any:
         """Run stage ``stage`` of a graph model for item ``item``: its part ``part``
         (``StageRoute.parts``; None: every part, one after another).
 
@@ -227,11 +258,11 @@ class StageWorker:
             self._traces.pop(item, None)
         results = replies or [({}, dict(trace))]
         if token:
-            results.append(None)     # what the device's next call of this item waits for
+            results.append(None)  # what the device's next call of this item waits for
         return results[0] if len(results) == 1 else tuple(results)
 
     # -- profiling ---------------------------------------------------------
-    def prepare_profile(self, model: Any, params: Optional[Sequence[np.ndarray]], batch: int, seed: int = 0) -> None:
+    def prepare_profile(self, model: Any, params: Sequence[np.ndarray] | None, batch: int, seed: int = 0) -> None:
         """Place ``params`` (None: the model's own initial parameters from ``seed``, made
         here) and a graph model's initial BatchNorm state and a random input batch on
         the device, and keep every layer's inputs of one pass, for ``time_pass`` and
@@ -243,15 +274,15 @@ class StageWorker:
         # report's 1 MB/s WiFi.
         params = model.init_params(seed) if params is None else params
         self._prof_params = [be.from_numpy(p, dev) for p in params]
-        self._prof_state = ([be.from_numpy(a, dev) for a in model.init_state()]
-                            if getattr(model, "batch_norms", None) else None)
+        self._prof_state = (
+            [be.from_numpy(a, dev) for a in model.init_state()] if getattr(model, "batch_norms", None) else None
+        )
         rng = np.random.default_rng(seed)
         self._prof_input = rng.random((batch, *model.input_shape), dtype=np.float32)
         x = be.from_numpy(self._prof_input, dev)
         names = [name for name, _ in model.layers]
         # Every node's output of one pass (a graph model's layer may consume any earlier one).
-        self._prof_env = model.run(be, self._prof_params, {"input": x}, names, state=self._prof_state,
-                                   outputs=names)
+        self._prof_env = model.run(be, self._prof_params, {"input": x}, names, state=self._prof_state, outputs=names)
         self._prof_env["input"] = x
         self._prof_feeds = [{n: self._prof_env[n] for n in node.inputs} for node in model.nodes]
         be.synchronize(dev)
@@ -270,14 +301,19 @@ class StageWorker:
             # bandwidth).
             time.sleep(self._probe_wait)
         model = self._prof_model
-        model.forward(self.be, self._prof_params, self._prof_feeds[0]["input"], 0, getattr(self, "_probe_layers", 0),
-                      state=self._prof_state)
+        model.forward(
+            self.be,
+            self._prof_params,
+            self._prof_feeds[0]["input"],
+            0,
+            getattr(self, "_probe_layers", 0),
+            state=self._prof_state,
+        )
 
     def _layer(self, i: int) -> Any:
         """Run layer ``i`` alone on its inputs of the prepared pass."""
         model = self._prof_model
-        return model.run(self.be, self._prof_params, self._prof_feeds[i], [model.nodes[i].name],
-                         state=self._prof_state)
+        return model.run(self.be, self._prof_params, self._prof_feeds[i], [model.nodes[i].name], state=self._prof_state)
 
     def time_pass(self) -> list[float]:
         """Seconds of each layer in one forward pass, the device synchronized after each
@@ -307,8 +343,9 @@ class StageWorker:
         numpy (what ``run`` does with a stage that holds every layer)."""
         be, dev, model = self.be, self.device, self._prof_model
         t0 = time.perf_counter()
-        y = model.forward(be, self._prof_params, be.from_numpy(self._prof_input, dev), 0, len(model),
-                          state=self._prof_state)
+        y = model.forward(
+            be, self._prof_params, be.from_numpy(self._prof_input, dev), 0, len(model), state=self._prof_state
+        )
         be.synchronize(dev)
         be.to_numpy(y)
         return time.perf_counter() - t0

@@ -7,6 +7,7 @@ and it always takes down what it made. The profiler, the executor and ``launch``
 over it unchanged: a lab host is just a host at an address (``multigpu lab exec HOST
 -- CMD`` runs a command there).
 """
+
 from __future__ import annotations
 
 from multigpu.lab.lab import LAB_ROOT, PREFIX, Lab, down_all, labs, leftovers

@@ -9,6 +9,7 @@ re-parented, and a lab brought up from inside nests its hosts' cgroups below it,
 process's descendants and sums the CPU time each was last seen with (it misses what a
 process used after the last poll and processes that lived less than a poll).
 """
+
 from __future__ import annotations
 
 import os
@@ -41,7 +42,7 @@ def clean_dead() -> list[str]:
     """Remove the accounting cgroups of runs that died (their pid is gone); return them."""
     removed = []
     for d in list(find_lab_cgroups(ACCT_PREFIX)):
-        pid = d.name[len(ACCT_PREFIX):]
+        pid = d.name[len(ACCT_PREFIX) :]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             for p in tree_pids(d):
                 try:

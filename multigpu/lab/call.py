@@ -2,6 +2,7 @@
 ``python -m multigpu.lab.call IN OUT`` loads ``(target, args, kwargs)`` from the pickle
 IN, calls ``target`` ("module:function"), and pickles the result (or the exception) to OUT.
 ``Lab.call`` runs it in a host."""
+
 from __future__ import annotations
 
 import importlib

@@ -6,6 +6,7 @@ that accounts for that process keeps accounting for the lab). Every process star
 in the host joins all three before it runs anything (``Lab`` does it for the Ray node
 and for ``exec``), and its children inherit them.
 """
+
 from __future__ import annotations
 
 import os
@@ -128,8 +129,13 @@ class HostCgroups:
             kills = int(m.group(1)) if m else None
         except OSError:
             pass
-        return {"usage": read("memory.usage_in_bytes"), "peak": read("memory.max_usage_in_bytes"),
-                "limit": read("memory.limit_in_bytes"), "failcnt": read("memory.failcnt"), "oom_kills": kills}
+        return {
+            "usage": read("memory.usage_in_bytes"),
+            "peak": read("memory.max_usage_in_bytes"),
+            "limit": read("memory.limit_in_bytes"),
+            "failcnt": read("memory.failcnt"),
+            "oom_kills": kills,
+        }
 
     def remove(self) -> list[str]:
         """Remove the directories (and the lab's, once empty); return the ones still busy."""
@@ -142,8 +148,11 @@ class HostCgroups:
             except OSError:
                 busy.append(d)
             try:
-                if p.parent.name.startswith("mgl-") and p.parent.exists() and not any(
-                        x.is_dir() for x in p.parent.iterdir()):
+                if (
+                    p.parent.name.startswith("mgl-")
+                    and p.parent.exists()
+                    and not any(x.is_dir() for x in p.parent.iterdir())
+                ):
                     p.parent.rmdir()
             except OSError:
                 pass

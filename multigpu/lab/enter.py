@@ -6,6 +6,7 @@ instruction already runs there.
 ``/sys`` for the namespace: that hides ``/sys/fs/cgroup``, and a process then cannot
 read its own CPU quota (``multigpu.execution.cores`` does, to report a host's cores).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -46,8 +47,10 @@ class HostEntry:
             net_fd = os.open(self.netns, os.O_RDONLY | os.O_CLOEXEC)
             uts_fd = os.open(self.uts, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            raise LabError(f"host {self.host!r} is not up ({e.filename}: {e.strerror}); bring the lab up first "
-                           f"(multigpu lab up CLUSTER)") from None
+            raise LabError(
+                f"host {self.host!r} is not up ({e.filename}: {e.strerror}); bring the lab up first "
+                f"(multigpu lab up CLUSTER)"
+            ) from None
         libc = _libc()
         setns = libc.setns
         files = [f.encode() for f in self.procs_files]

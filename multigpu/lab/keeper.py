@@ -13,6 +13,7 @@ owner: when the owner dies without taking the lab down (killed, crashed), the ke
 takes it down itself. A lab from ``multigpu lab up`` has no owner and stays up until
 ``multigpu lab down``.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -40,11 +41,17 @@ def _start(item: dict[str, Any], logs: Path) -> tuple[subprocess.Popen, Any]:
     entry = HostEntry(**{**item["entry"], "procs_files": tuple(item["entry"]["procs_files"])})
     fn = entry.preexec()
     try:
-        with open(logs / f"{item['host']}.log", "ab") as log:   # the child keeps its own copy of the descriptor
+        with open(logs / f"{item['host']}.log", "ab") as log:  # the child keeps its own copy of the descriptor
             # preexec_fn enters the host's namespaces and cgroups between fork and exec; the keeper runs no threads
-            p = subprocess.Popen(item["argv"], env={**os.environ, **item["env"]}, stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=fn,  # noqa: PLW1509
-                                 cwd=item.get("cwd") or "/")
+            p = subprocess.Popen(
+                item["argv"],
+                env={**os.environ, **item["env"]},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=fn,  # noqa: PLW1509
+                cwd=item.get("cwd") or "/",
+            )
     finally:
         HostEntry.release(fn)
     return p, item
@@ -93,14 +100,14 @@ def main(argv: list[str]) -> int:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C in the terminal is the lab's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is the lab's to handle
     plan = json.loads((state / KEEPER_FILE).read_text())
     logs = state / "logs"
     logs.mkdir(exist_ok=True)
     fifo = state / REQUESTS
     if not fifo.exists():
         os.mkfifo(fifo, 0o600)
-    requests = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)   # RDWR: no EOF while no writer is connected
+    requests = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # RDWR: no EOF while no writer is connected
     _answer(state / STATUS_FILE, _run_groups(plan.get("groups", []), logs))
     owner = plan.get("owner")
     checked = time.monotonic()
@@ -108,7 +115,7 @@ def main(argv: list[str]) -> int:
     while not stop["now"]:
         if owner and time.monotonic() - checked > OWNER_POLL:
             checked = time.monotonic()
-            if process_start(owner["pid"]) != owner["start"]:   # it died without taking the lab down
+            if process_start(owner["pid"]) != owner["start"]:  # it died without taking the lab down
                 from multigpu.lab.lab import teardown
 
                 teardown(state.name)

@@ -16,6 +16,7 @@ Teardown always happens: ``__exit__`` (an exception or Ctrl-C included), ``down`
 SIGTERM while the ``with`` block runs, and, after a crash, the next ``Lab`` or
 ``multigpu lab up``, which removes every lab whose keeper is gone before it builds.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,7 +114,7 @@ def _kill_lab_processes(lab_id: str, grace: float = KILL_GRACE) -> set[int]:
     while pids and time.monotonic() < deadline:
         time.sleep(0.05)
         pids = _live_pids(pids | _lab_pids(lab_id))
-    for _ in range(3):   # a dying daemon may still fork; kill until the lab is empty
+    for _ in range(3):  # a dying daemon may still fork; kill until the lab is empty
         pids = _live_pids(pids | _lab_pids(lab_id))
         if not pids:
             break
@@ -143,7 +144,7 @@ def teardown(lab_id: str) -> list[str]:
     killed = _lab_pids(lab_id)
     left = _kill_lab_processes(lab_id)
     keeper = state.get("keeper")
-    if keeper and keeper != os.getpid() and _alive(keeper, lab_id):   # (the keeper may be the one tearing down)
+    if keeper and keeper != os.getpid() and _alive(keeper, lab_id):  # (the keeper may be the one tearing down)
         _signal_all({keeper}, signal.SIGTERM)
         deadline = time.monotonic() + 5.0
         while _alive(keeper, lab_id) and time.monotonic() < deadline:
@@ -175,14 +176,14 @@ def _ids_on_machine() -> set[str]:
         if m:
             ids.add(m.group(1))
     for d in cg.find_lab_cgroups(PREFIX):
-        m = ID.fullmatch(d.name[len(PREFIX):])
+        m = ID.fullmatch(d.name[len(PREFIX) :])
         if m:
             ids.add(m.group(0))
     if LAB_ROOT.exists():
         ids |= {p.name for p in LAB_ROOT.iterdir() if ID.fullmatch(p.name)}
     for p in TMP_ROOT.glob(f"{PREFIX}*"):
-        if ID.fullmatch(p.name[len(PREFIX):]):
-            ids.add(p.name[len(PREFIX):])
+        if ID.fullmatch(p.name[len(PREFIX) :]):
+            ids.add(p.name[len(PREFIX) :])
     return ids
 
 
@@ -215,7 +216,7 @@ def down_all(lab_id: str | None = None) -> dict[str, list[str]]:
 
     ids = sorted(_ids_on_machine()) if lab_id is None else [lab_id]
     out = {i: teardown(i) for i in ids}
-    clean_dead()   # and what a killed benchmark's CPU accounting left
+    clean_dead()  # and what a killed benchmark's CPU accounting left
     return out
 
 
@@ -235,8 +236,10 @@ def _backend_map(cluster: Cluster, backend: None | str | Mapping[str, str]) -> d
         return {d.name: d.backend or backend for d in cluster.devices}
     unknown = [k for k in backend if k not in cluster.names]
     if unknown:
-        raise InputError(f"backend for device {unknown[0]!r}: cluster {cluster.name!r} has no such device; "
-                         f"its devices are {', '.join(cluster.names)}")
+        raise InputError(
+            f"backend for device {unknown[0]!r}: cluster {cluster.name!r} has no such device; "
+            f"its devices are {', '.join(cluster.names)}"
+        )
     return {d.name: backend.get(d.name, d.backend) for d in cluster.devices}
 
 
@@ -256,13 +259,29 @@ class Lab:
     anything is made, and LabError when building fails (after taking down what was made).
     """
 
-    def __init__(self, cluster: Cluster | str | os.PathLike[str], *, cpu_scale: float = 0.25,
-                 bandwidth_scale: float = 1.0, max_cores: float | None = None, head: str | None = None,
-                 backend: None | str | Mapping[str, str] = None, threads: int | None = 1, ray: bool = True,
-                 keep_up: bool = False, echo: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        cluster: Cluster | str | os.PathLike[str],
+        *,
+        cpu_scale: float = 0.25,
+        bandwidth_scale: float = 1.0,
+        max_cores: float | None = None,
+        head: str | None = None,
+        backend: None | str | Mapping[str, str] = None,
+        threads: int | None = 1,
+        ray: bool = True,
+        keep_up: bool = False,
+        echo: Callable[[str], None] | None = None,
+    ):
         self.source_cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
-        self.plan: LabPlan = design(self.source_cluster, cpu_scale=cpu_scale, bandwidth_scale=bandwidth_scale,
-                                    max_cores=max_cores, head=head, tick_us=scheduler_tick_us())
+        self.plan: LabPlan = design(
+            self.source_cluster,
+            cpu_scale=cpu_scale,
+            bandwidth_scale=bandwidth_scale,
+            max_cores=max_cores,
+            head=head,
+            tick_us=scheduler_tick_us(),
+        )
         self.backends = _backend_map(self.source_cluster, backend)
         self.threads = threads
         self.ray = ray
@@ -295,7 +314,11 @@ class Lab:
 
     def env(self) -> dict[str, str]:
         """The variables every process in the lab gets (token authentication, Ray settings)."""
-        return {**raynodes.ray_env(self.token, self.plan), "MULTIGPU_LAB": self.id, "MULTIGPU_LAB_RAY_ADDRESS": self.address}
+        return {
+            **raynodes.ray_env(self.token, self.plan),
+            "MULTIGPU_LAB": self.id,
+            "MULTIGPU_LAB_RAY_ADDRESS": self.address,
+        }
 
     def emulated_cluster(self) -> Cluster:
         """The cluster as the lab emulates it: each device with its backend, ``threads`` and
@@ -306,23 +329,37 @@ class Lab:
         devices = []
         for d in src.devices:
             res = dict(d.resources or {})
-            res.pop("GPU", None)   # the lab has no GPU; the host's share stands in for it
+            res.pop("GPU", None)  # the lab has no GPU; the host's share stands in for it
             res[d.name] = 1.0
-            devices.append(replace(d, backend=self.backends[d.name], device="cpu" if self.backends[d.name] else None,
-                                   threads=self.threads if self.backends[d.name] else None, resources=res,
-                                   host=None, transfer_cpu=None))
+            devices.append(
+                replace(
+                    d,
+                    backend=self.backends[d.name],
+                    device="cpu" if self.backends[d.name] else None,
+                    threads=self.threads if self.backends[d.name] else None,
+                    resources=res,
+                    host=None,
+                    transfer_cpu=None,
+                )
+            )
         links = []
         names = src.names
         for i, a in enumerate(names):
-            for b in names[i + 1:]:
+            for b in names[i + 1 :]:
                 ha, hb = self.plan.host_of(a).name, self.plan.host_of(b).name
                 if ha == hb:
                     continue
                 ln = self.plan.link(ha, hb)
                 if not ln.blocked:
                     links.append(Link((a, b), ln.bandwidth, 0.0))
-        return Cluster(devices=tuple(devices), source=src.source, links=tuple(links), default_link=None,
-                       sink=src.sink, name=f"{src.name}-lab")
+        return Cluster(
+            devices=tuple(devices),
+            source=src.source,
+            links=tuple(links),
+            default_link=None,
+            sink=src.sink,
+            name=f"{src.name}-lab",
+        )
 
     # -- life cycle ---------------------------------------------------------------
     def __enter__(self) -> Lab:
@@ -377,8 +414,15 @@ class Lab:
         tmp = TMP_ROOT / f"{PREFIX}{self.id}"
         tmp.mkdir(mode=0o700)
         parents = {c: str(cg.own_cgroup(c)) for c in CONTROLLERS}
-        self.hosts = {h.name: _Host(h.name, _netns(self.id, h.name), str(self.state_dir / f"{h.name}.uts"),
-                                    cg.HostCgroups.at(f"{PREFIX}{self.id}", h.name, parents)) for h in plan.hosts}
+        self.hosts = {
+            h.name: _Host(
+                h.name,
+                _netns(self.id, h.name),
+                str(self.state_dir / f"{h.name}.uts"),
+                cg.HostCgroups.at(f"{PREFIX}{self.id}", h.name, parents),
+            )
+            for h in plan.hosts
+        }
         self._write_state(keeper=None)
         t0 = time.perf_counter()
         self.echo(f"lab {self.id}: {len(plan.hosts)} hosts of cluster {plan.cluster.name!r}")
@@ -393,8 +437,10 @@ class Lab:
         self._write_state(keeper=keeper)
         if self.ray:
             self._wait_keeper(keeper)
-        self.echo(f"lab {self.id}: up in {time.perf_counter() - t0:.1f} s"
-                  + (f"; Ray head at {self.address}" if self.ray else ""))
+        self.echo(
+            f"lab {self.id}: up in {time.perf_counter() - t0:.1f} s"
+            + (f"; Ray head at {self.address}" if self.ray else "")
+        )
 
     def emulated_cluster_write(self) -> Path:
         """Write ``emulated_cluster()`` to ``cluster_file`` (and the cluster it emulates beside
@@ -407,10 +453,13 @@ class Lab:
         """What the keeper needs to start ``host``'s Ray node."""
         h = self.plan.host(host)
         entry = self.hosts[host].entry()
-        return {"host": host, "argv": raynodes.node_command(self.plan, h, TMP_ROOT / f"{PREFIX}{self.id}" / host,
-                                                            head=head),
-                "env": self.env(), "timeout": START_TIMEOUT,
-                "entry": {**vars(entry), "procs_files": list(entry.procs_files)}}
+        return {
+            "host": host,
+            "argv": raynodes.node_command(self.plan, h, TMP_ROOT / f"{PREFIX}{self.id}" / host, head=head),
+            "env": self.env(),
+            "timeout": START_TIMEOUT,
+            "entry": {**vars(entry), "procs_files": list(entry.procs_files)},
+        }
 
     def _start_keeper(self, tmp: Path) -> int:
         groups: list[list[dict[str, Any]]] = []
@@ -421,10 +470,15 @@ class Lab:
                 groups.append([self._node_item(h, head=False) for h in others])
         owner = None if self.keep_up else {"pid": os.getpid(), "start": process_start(os.getpid())}
         (self.state_dir / KEEPER_FILE).write_text(json.dumps({"groups": groups, "owner": owner}))
-        with open(self.state_dir / "keeper.log", "ab") as log:   # the keeper keeps its own copy of the descriptor
-            p = subprocess.Popen([sys.executable, "-m", "multigpu.lab.keeper", str(self.state_dir)],
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True, cwd="/")
+        with open(self.state_dir / "keeper.log", "ab") as log:  # the keeper keeps its own copy of the descriptor
+            p = subprocess.Popen(
+                [sys.executable, "-m", "multigpu.lab.keeper", str(self.state_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd="/",
+            )
         self._keeper = p
         if self.ray:
             self.echo(f"lab {self.id}: starting Ray: head on {self.plan.head}, a node on each other host")
@@ -434,13 +488,15 @@ class Lab:
         status_file = self.state_dir / STATUS_FILE
         deadline = time.monotonic() + START_TIMEOUT * 2
         while not status_file.exists():
-            if self._keeper.poll() is not None:   # (its cmdline is the parent's until it has exec'd)
+            if self._keeper.poll() is not None:  # (its cmdline is the parent's until it has exec'd)
                 try:
                     log = (self.state_dir / "keeper.log").read_text(errors="replace").strip().splitlines()
                 except OSError:
                     log = []
-                raise LabError(f"lab {self.id}: its keeper died while starting the Ray nodes: "
-                               f"{' | '.join(log[-3:]) or 'it wrote nothing'}")
+                raise LabError(
+                    f"lab {self.id}: its keeper died while starting the Ray nodes: "
+                    f"{' | '.join(log[-3:]) or 'it wrote nothing'}"
+                )
             if time.monotonic() > deadline:
                 raise LabError(f"lab {self.id}: the Ray nodes did not start within {START_TIMEOUT * 2:g} s")
             time.sleep(0.1)
@@ -450,17 +506,28 @@ class Lab:
             mem = self.hosts[host.name].cgroups.memory()
             hint = ""
             if mem.get("oom_kills"):
-                hint = (f"; the kernel killed {mem['oom_kills']} process(es) there for memory: its limit of "
-                        f"{host.memory / 1e6:.0f} MB is below what a Ray node needs (raise the device's memory)")
-            raise LabError(f"lab {self.id}: the Ray node of host {host.name!r} did not start "
-                           f"({status['status']}): {status.get('tail', '')}{hint}")
+                hint = (
+                    f"; the kernel killed {mem['oom_kills']} process(es) there for memory: its limit of "
+                    f"{host.memory / 1e6:.0f} MB is below what a Ray node needs (raise the device's memory)"
+                )
+            raise LabError(
+                f"lab {self.id}: the Ray node of host {host.name!r} did not start "
+                f"({status['status']}): {status.get('tail', '')}{hint}"
+            )
 
     def _write_state(self, keeper: int | None) -> None:
-        state = {"id": self.id, "keeper": keeper, "cluster": self.plan.cluster.name, "ray": self.ray,
-                 "address": self.address if self.ray else None, "token": str(self.token),
-                 "cluster_file": str(self.cluster_file), "plan": self.plan.to_dict(),
-                 "hosts": {n: {"netns": h.netns, "uts": h.uts, "cgroups": h.cgroups.dirs}
-                           for n, h in self.hosts.items()}, "created": time.time()}
+        state = {
+            "id": self.id,
+            "keeper": keeper,
+            "cluster": self.plan.cluster.name,
+            "ray": self.ray,
+            "address": self.address if self.ray else None,
+            "token": str(self.token),
+            "cluster_file": str(self.cluster_file),
+            "plan": self.plan.to_dict(),
+            "hosts": {n: {"netns": h.netns, "uts": h.uts, "cgroups": h.cgroups.dirs} for n, h in self.hosts.items()},
+            "created": time.time(),
+        }
         tmp = self.state_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(self.state_dir / "state.json")
@@ -473,30 +540,40 @@ class Lab:
             raise InputError(f"the lab has no host {host!r}; its hosts are: {', '.join(self.hosts)}")
         return self.hosts[host]
 
-    def popen(self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None, lab_env: bool = True,
-              **kwargs: Any) -> subprocess.Popen:
+    def popen(
+        self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None, lab_env: bool = True, **kwargs: Any
+    ) -> subprocess.Popen:
         """Start ``argv`` inside ``host`` (its namespace, hostname and cgroups) with the lab's
         environment (``env()``, unless ``lab_env`` is False: a process without the token)
         added to ``env`` (default: this process's); return the Popen."""
         base = dict(os.environ if env is None else env)
         return start_in(self._host(host).entry(), argv, {**base, **self.env()} if lab_env else base, **kwargs)
 
-    def run(self, host: str, argv: Sequence[str], timeout: float = 300.0, check: bool = False,
-            env: Mapping[str, str] | None = None, lab_env: bool = True) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        host: str,
+        argv: Sequence[str],
+        timeout: float = 300.0,
+        check: bool = False,
+        env: Mapping[str, str] | None = None,
+        lab_env: bool = True,
+    ) -> subprocess.CompletedProcess:
         """Run ``argv`` inside ``host`` and wait (output captured as text); return it."""
-        p = self.popen(host, argv, env=env, lab_env=lab_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True)
+        p = self.popen(host, argv, env=env, lab_env=lab_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
-            raise LabError(f"host {host!r}: `{' '.join(argv)}` did not finish within {timeout:g} s; it was killed "
-                           f"(last output: {(err or out).strip()[-300:]})") from None
+            raise LabError(
+                f"host {host!r}: `{' '.join(argv)}` did not finish within {timeout:g} s; it was killed "
+                f"(last output: {(err or out).strip()[-300:]})"
+            ) from None
         done = subprocess.CompletedProcess(list(argv), p.returncode, out, err)
         if check and p.returncode != 0:
-            raise LabError(f"host {host!r}: `{' '.join(argv)}` exited with status {p.returncode}: "
-                           f"{(err or out).strip()[-500:]}")
+            raise LabError(
+                f"host {host!r}: `{' '.join(argv)}` exited with status {p.returncode}: {(err or out).strip()[-500:]}"
+            )
         return done
 
     def call(self, host: str, target: str, *args: Any, timeout: float = 3600.0, **kwargs: Any) -> Any:
@@ -517,8 +594,10 @@ class Lab:
                 p.wait()
                 raise LabError(f"host {host!r}: {target} did not return within {timeout:g} s; it was killed") from None
             if not dst.exists():
-                raise LabError(f"host {host!r}: {target} ended (status {p.returncode}) without a result "
-                               f"(killed, perhaps for memory: {self.hosts[host].cgroups.memory()})")
+                raise LabError(
+                    f"host {host!r}: {target} ended (status {p.returncode}) without a result "
+                    f"(killed, perhaps for memory: {self.hosts[host].cgroups.memory()})"
+                )
             status, value = pickle.loads(dst.read_bytes())
         if status == "error":
             name, message, trace = value
@@ -541,9 +620,11 @@ class Lab:
     def reach(self, src: str, address: str, ports: Sequence[int], timeout: float = 2.0) -> dict[int, str]:
         """From host ``src``, open a TCP connection to each port of ``address``: "open", or the
         error that refused it (ConnectionRefusedError, TimeoutError, ...)."""
-        code = ("import socket,sys\nfor p in sys.argv[3:]:\n s=socket.socket();s.settimeout(float(sys.argv[2]))\n"
-                " try: s.connect((sys.argv[1],int(p)));print(p,'open')\n"
-                " except OSError as e: print(p,type(e).__name__)\n s.close()")
+        code = (
+            "import socket,sys\nfor p in sys.argv[3:]:\n s=socket.socket();s.settimeout(float(sys.argv[2]))\n"
+            " try: s.connect((sys.argv[1],int(p)));print(p,'open')\n"
+            " except OSError as e: print(p,type(e).__name__)\n s.close()"
+        )
         out = self.run(src, [sys.executable, "-c", code, address, str(timeout), *map(str, ports)], lab_env=False).stdout
         return {int(p): what for p, what in (line.split() for line in out.splitlines() if line.strip())}
 
@@ -616,13 +697,29 @@ class Lab:
         for h in self.plan.hosts:
             host = self.hosts[h.name]
             stats = network.class_stats(host.netns)
-            hosts.append({"name": h.name, "address": h.address, "devices": list(h.devices), "cores": h.cores,
-                          "memory_limit": h.memory, "memory": host.cgroups.memory(),
-                          "cpu_seconds": host.cgroups.cpu_seconds(), "processes": len(self.pids(h.name)),
-                          "shaped_bytes": stats})
-        return {"id": self.id, "cluster": self.plan.cluster.name, "address": self.address if self.ray else None,
-                "token": str(self.token), "cluster_file": str(self.cluster_file), "hosts": hosts,
-                "links": self.plan.to_dict()["links"], "notes": list(self.plan.notes)}
+            hosts.append(
+                {
+                    "name": h.name,
+                    "address": h.address,
+                    "devices": list(h.devices),
+                    "cores": h.cores,
+                    "memory_limit": h.memory,
+                    "memory": host.cgroups.memory(),
+                    "cpu_seconds": host.cgroups.cpu_seconds(),
+                    "processes": len(self.pids(h.name)),
+                    "shaped_bytes": stats,
+                }
+            )
+        return {
+            "id": self.id,
+            "cluster": self.plan.cluster.name,
+            "address": self.address if self.ray else None,
+            "token": str(self.token),
+            "cluster_file": str(self.cluster_file),
+            "hosts": hosts,
+            "links": self.plan.to_dict()["links"],
+            "notes": list(self.plan.notes),
+        }
 
     @classmethod
     def attach(cls, lab_id: str | None = None) -> Lab:
@@ -639,13 +736,19 @@ class Lab:
             raise InputError(f"{len(up)} labs are up ({', '.join(s['id'] for s in up)}); choose one with --lab ID")
         st = up[0]
         lab = cls.__new__(cls)
-        lab.source_cluster = replace(load_cluster(Path(st["cluster_file"]).with_name("source.json")),
-                                     name=st["cluster"])
+        lab.source_cluster = replace(
+            load_cluster(Path(st["cluster_file"]).with_name("source.json")), name=st["cluster"]
+        )
         p = st["plan"]
-        lab.plan = design(lab.source_cluster, cpu_scale=p["cpu_scale"], bandwidth_scale=p["bandwidth_scale"],
-                          max_cores=p["max_cores"], head=p["head"],
-                          # A lab brought up before the period kept to the tick had periods from 1 ms.
-                          tick_us=p.get("tick_us", MIN_PERIOD_US))
+        lab.plan = design(
+            lab.source_cluster,
+            cpu_scale=p["cpu_scale"],
+            bandwidth_scale=p["bandwidth_scale"],
+            max_cores=p["max_cores"],
+            head=p["head"],
+            # A lab brought up before the period kept to the tick had periods from 1 ms.
+            tick_us=p.get("tick_us", MIN_PERIOD_US),
+        )
         emulated = load_cluster(st["cluster_file"])
         lab.backends = {d.name: d.backend for d in emulated.devices}
         lab.threads = next((d.threads for d in emulated.devices if d.threads), None)
@@ -668,4 +771,3 @@ def start_in(entry: HostEntry, argv: Sequence[str], env: Mapping[str, str], **kw
         raise InputError(f"host {entry.host!r}: no program {argv[0]!r}; give a path or a program on PATH") from None
     finally:
         HostEntry.release(fn)
-

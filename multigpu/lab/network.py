@@ -15,6 +15,7 @@ through when it has any tokens left, so a transfer of up to 64 KB would not be s
 at all. Unclassified traffic (ARP) passes unshaped; a pair with no link gets a filter
 that drops.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -74,19 +75,101 @@ def _shape(ns: str, links: Sequence[LinkPlan], address_of: dict[str, str]) -> No
         dst = address_of[ln.dst] + "/32"
         match = ["match", "ip", "dst", dst]
         if ln.blocked:
-            run(["tc", "-n", ns, "filter", "add", "dev", IFACE, "parent", "1:", "protocol", "ip", "prio", "1",
-                 "u32", *match, "action", "drop"], what)
+            run(
+                [
+                    "tc",
+                    "-n",
+                    ns,
+                    "filter",
+                    "add",
+                    "dev",
+                    IFACE,
+                    "parent",
+                    "1:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    "1",
+                    "u32",
+                    *match,
+                    "action",
+                    "drop",
+                ],
+                what,
+            )
             continue
         if ln.rate_bits is None:
             continue
         minor = f"{i + 10:x}"
         classid = f"1:{minor}"
-        run(["tc", "-n", ns, "class", "add", "dev", IFACE, "parent", "1:", "classid", classid, "htb", "rate",
-             SORT_RATE, "ceil", SORT_RATE, "quantum", "200000"], what)
-        run(["tc", "-n", ns, "qdisc", "add", "dev", IFACE, "parent", classid, "handle", f"{minor}:", "tbf", "rate",
-             f"{ln.rate_bits}bit", "burst", str(_burst(ln.rate_bits)), "latency", QUEUE_SECONDS], what)
-        run(["tc", "-n", ns, "filter", "add", "dev", IFACE, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-             *match, "flowid", classid], what)
+        run(
+            [
+                "tc",
+                "-n",
+                ns,
+                "class",
+                "add",
+                "dev",
+                IFACE,
+                "parent",
+                "1:",
+                "classid",
+                classid,
+                "htb",
+                "rate",
+                SORT_RATE,
+                "ceil",
+                SORT_RATE,
+                "quantum",
+                "200000",
+            ],
+            what,
+        )
+        run(
+            [
+                "tc",
+                "-n",
+                ns,
+                "qdisc",
+                "add",
+                "dev",
+                IFACE,
+                "parent",
+                classid,
+                "handle",
+                f"{minor}:",
+                "tbf",
+                "rate",
+                f"{ln.rate_bits}bit",
+                "burst",
+                str(_burst(ln.rate_bits)),
+                "latency",
+                QUEUE_SECONDS,
+            ],
+            what,
+        )
+        run(
+            [
+                "tc",
+                "-n",
+                ns,
+                "filter",
+                "add",
+                "dev",
+                IFACE,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                *match,
+                "flowid",
+                classid,
+            ],
+            what,
+        )
 
 
 def build_network(plan: LabPlan, netns: dict[str, str], switch: str, veth_prefix: str) -> None:
@@ -117,8 +200,10 @@ def build_network(plan: LabPlan, netns: dict[str, str], switch: str, veth_prefix
 
 def set_link(ns: str, up: bool) -> None:
     """Take a host's interface down (a cable pulled, a radio off) or bring it back up."""
-    run(["ip", "-n", ns, "link", "set", IFACE, "up" if up else "down"], f"setting {IFACE} of {ns} "
-        f"{'up' if up else 'down'}")
+    run(
+        ["ip", "-n", ns, "link", "set", IFACE, "up" if up else "down"],
+        f"setting {IFACE} of {ns} {'up' if up else 'down'}",
+    )
 
 
 def class_stats(ns: str) -> dict[str, int]:

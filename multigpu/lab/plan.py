@@ -30,6 +30,7 @@ build, and what it cannot emulate, before anything is built (and without root).
   has none). Everything on the host counts against it: the Ray node, the workers, the
   framework.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 
 from multigpu.checks import check_number
 from multigpu.errors import InputError
-from multigpu.lab.system import DEFAULT_TICK_US   # a constant: nothing here calls the system
+from multigpu.lab.system import DEFAULT_TICK_US  # a constant: nothing here calls the system
 from multigpu.partition.inputs.cluster import Cluster
 
 __all__ = ["MAX_SHAPED", "NETWORK", "WIRE_OVERHEAD", "HostPlan", "LabPlan", "LinkPlan", "design"]
@@ -127,8 +128,9 @@ class LabPlan:
         for h in self.hosts:
             if device in h.devices:
                 return h
-        raise InputError(f"the lab has no device {device!r}; its devices are: "
-                         f"{', '.join(d for h in self.hosts for d in h.devices)}")
+        raise InputError(
+            f"the lab has no device {device!r}; its devices are: {', '.join(d for h in self.hosts for d in h.devices)}"
+        )
 
     def link(self, src: str, dst: str) -> LinkPlan:
         """The plan of the direction ``src`` -> ``dst`` (host names)."""
@@ -139,15 +141,40 @@ class LabPlan:
 
     def to_dict(self) -> dict:
         """JSON-ready."""
-        return {"cluster": self.cluster.name, "head": self.head, "cpu_scale": self.cpu_scale,
-                "bandwidth_scale": self.bandwidth_scale, "max_cores": self.max_cores,
-                "tick_us": self.tick_us,
-                "hosts": [{"name": h.name, "devices": list(h.devices), "address": h.address, "cores": h.cores,
-                           "cfs_period_us": h.period_us, "cfs_quota_us": h.quota_us, "memory": h.memory,
-                           "flops": h.flops, "capped": h.capped} for h in self.hosts],
-                "links": [{"src": ln.src, "dst": ln.dst, "bandwidth": ln.bandwidth, "latency": ln.latency,
-                           "rate_bits": ln.rate_bits, "blocked": ln.blocked} for ln in self.links],
-                "notes": list(self.notes)}
+        return {
+            "cluster": self.cluster.name,
+            "head": self.head,
+            "cpu_scale": self.cpu_scale,
+            "bandwidth_scale": self.bandwidth_scale,
+            "max_cores": self.max_cores,
+            "tick_us": self.tick_us,
+            "hosts": [
+                {
+                    "name": h.name,
+                    "devices": list(h.devices),
+                    "address": h.address,
+                    "cores": h.cores,
+                    "cfs_period_us": h.period_us,
+                    "cfs_quota_us": h.quota_us,
+                    "memory": h.memory,
+                    "flops": h.flops,
+                    "capped": h.capped,
+                }
+                for h in self.hosts
+            ],
+            "links": [
+                {
+                    "src": ln.src,
+                    "dst": ln.dst,
+                    "bandwidth": ln.bandwidth,
+                    "latency": ln.latency,
+                    "rate_bits": ln.rate_bits,
+                    "blocked": ln.blocked,
+                }
+                for ln in self.links
+            ],
+            "notes": list(self.notes),
+        }
 
 
 def _quota(cores: float, tick_us: int) -> tuple[int, int]:
@@ -161,9 +188,15 @@ def _quota(cores: float, tick_us: int) -> tuple[int, int]:
     return period, max(MIN_QUOTA_US, round(cores * period))
 
 
-def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float = 1.0,
-           max_cores: float | None = None, head: str | None = None,
-           tick_us: int = DEFAULT_TICK_US) -> LabPlan:
+def design(
+    cluster: Cluster,
+    *,
+    cpu_scale: float = 0.25,
+    bandwidth_scale: float = 1.0,
+    max_cores: float | None = None,
+    head: str | None = None,
+    tick_us: int = DEFAULT_TICK_US,
+) -> LabPlan:
     """The lab that emulates ``cluster``: hosts, addresses, per-pair rates, CPU shares and
     memory limits (see the module docstring for the rules).
 
@@ -174,15 +207,27 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
     source's); ``tick_us``: the kernel's scheduler tick (``system.scheduler_tick_us()``), the
     shortest CFS period used. Raises InputError for a bad number or an unknown head.
     """
-    cpu_scale = check_number(cpu_scale, "cpu_scale", minimum=0.0, strict=True,
-                             unit="cores the slowest device gets, e.g. 0.25")
-    bandwidth_scale = check_number(bandwidth_scale, "bandwidth_scale", minimum=0.0, strict=True,
-                                   unit="factor on every link's bandwidth, e.g. 10")
-    tick_us = int(check_number(tick_us, "tick_us", minimum=0.0, strict=True,
-                               unit="microseconds of the kernel's scheduler tick, e.g. 4000 (HZ=250)"))
+    cpu_scale = check_number(
+        cpu_scale, "cpu_scale", minimum=0.0, strict=True, unit="cores the slowest device gets, e.g. 0.25"
+    )
+    bandwidth_scale = check_number(
+        bandwidth_scale, "bandwidth_scale", minimum=0.0, strict=True, unit="factor on every link's bandwidth, e.g. 10"
+    )
+    tick_us = int(
+        check_number(
+            tick_us,
+            "tick_us",
+            minimum=0.0,
+            strict=True,
+            unit="microseconds of the kernel's scheduler tick, e.g. 4000 (HZ=250)",
+        )
+    )
     machine = float(os.cpu_count() or 1)
-    max_cores = machine if max_cores is None else check_number(
-        max_cores, "max_cores", minimum=0.0, strict=True, unit="cores, e.g. 2")
+    max_cores = (
+        machine
+        if max_cores is None
+        else check_number(max_cores, "max_cores", minimum=0.0, strict=True, unit="cores, e.g. 2")
+    )
     # Hosts: devices naming one host share it; the others are hosts of their own.
     groups: dict[str, list[str]] = {}
     for d in cluster.devices:
@@ -199,20 +244,40 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
         cores = min(want, max_cores)
         period, quota = _quota(cores, tick_us)
         memory = None if any(s.memory is None for s in specs) else int(sum(s.memory for s in specs))  # type: ignore[misc]
-        hosts.append(HostPlan(name, tuple(devs), str(NETWORK.network_address + i + 1), quota / period, period,
-                              quota, memory, flops, capped=want > max_cores))
+        hosts.append(
+            HostPlan(
+                name,
+                tuple(devs),
+                str(NETWORK.network_address + i + 1),
+                quota / period,
+                period,
+                quota,
+                memory,
+                flops,
+                capped=want > max_cores,
+            )
+        )
         if want > max_cores:
-            notes.append(f"host {name!r}: its {flops / 1e9:.4g} GFLOP/s would need {want:.3g} cores at this scale; "
-                         f"it gets {max_cores:g}, so it runs {want / max_cores:.3g}x slower relative to the others "
-                         f"than the file says" + (" (a GPU's speed cannot be emulated on CPU cores)"
-                                                  if any((s.device or "cpu").startswith("gpu") or
-                                                         "gpu" in s.name.lower() for s in specs) else ""))
+            notes.append(
+                f"host {name!r}: its {flops / 1e9:.4g} GFLOP/s would need {want:.3g} cores at this scale; "
+                f"it gets {max_cores:g}, so it runs {want / max_cores:.3g}x slower relative to the others "
+                f"than the file says"
+                + (
+                    " (a GPU's speed cannot be emulated on CPU cores)"
+                    if any((s.device or "cpu").startswith("gpu") or "gpu" in s.name.lower() for s in specs)
+                    else ""
+                )
+            )
     total = sum(h.cores for h in hosts)
     if total > machine:
-        notes.append(f"the hosts' shares add up to {total:.3g} cores on this {machine:g}-core machine: hosts that "
-                     f"compute at the same time (a streamed plan's stages) slow each other beyond their shares")
-    notes.append("link latency is not emulated (that takes the netem qdisc, which this kernel lacks): a transfer "
-                 "costs the machine's own tens of microseconds plus the engine's work, whatever the file's latency")
+        notes.append(
+            f"the hosts' shares add up to {total:.3g} cores on this {machine:g}-core machine: hosts that "
+            f"compute at the same time (a streamed plan's stages) slow each other beyond their shares"
+        )
+    notes.append(
+        "link latency is not emulated (that takes the netem qdisc, which this kernel lacks): a transfer "
+        "costs the machine's own tens of microseconds plus the engine's work, whatever the file's latency"
+    )
     links: list[LinkPlan] = []
     host_of = {d: h.name for h in hosts for d in h.devices}
     fast: set[frozenset[str]] = set()
@@ -232,18 +297,30 @@ def design(cluster: Cluster, *, cpu_scale: float = 0.25, bandwidth_scale: float 
     for pair in sorted(fast, key=sorted):
         x, y = sorted(pair)
         rate = next(ln.bandwidth for ln in links if {ln.src, ln.dst} == {x, y})
-        notes.append(f"link {x} <-> {y}: {rate / 1e6:.4g} MB/s is more than this machine carries between "
-                     f"namespaces; left unshaped")
+        notes.append(
+            f"link {x} <-> {y}: {rate / 1e6:.4g} MB/s is more than this machine carries between "
+            f"namespaces; left unshaped"
+        )
     blocked = sorted({frozenset((ln.src, ln.dst)) for ln in links if ln.blocked}, key=sorted)
     for pair in blocked:
         x, y = sorted(pair)
-        notes.append(f"hosts {x} and {y} have no link in the cluster (and it has no default link): "
-                     f"traffic between them is dropped")
+        notes.append(
+            f"hosts {x} and {y} have no link in the cluster (and it has no default link): "
+            f"traffic between them is dropped"
+        )
     names = [h.name for h in hosts]
     if head is None:
-        head = min(hosts, key=lambda h: (h.memory is not None, -(h.memory or 0),
-                                         h.name != host_of[cluster.source], names.index(h.name))).name
+        head = min(
+            hosts,
+            key=lambda h: (
+                h.memory is not None,
+                -(h.memory or 0),
+                h.name != host_of[cluster.source],
+                names.index(h.name),
+            ),
+        ).name
     elif head not in names:
         raise InputError(f"head={head!r} is not a host of the lab; choose one of: {', '.join(names)}")
-    return LabPlan(cluster, tuple(hosts), tuple(links), head, cpu_scale, bandwidth_scale, max_cores, tuple(notes),
-                   tick_us)
+    return LabPlan(
+        cluster, tuple(hosts), tuple(links), head, cpu_scale, bandwidth_scale, max_cores, tuple(notes), tick_us
+    )

@@ -10,6 +10,7 @@ Token authentication: the lab writes a fresh random token to a file only root ca
 read, and every process it starts gets ``RAY_AUTH_MODE=token`` and
 ``RAY_AUTH_TOKEN_PATH`` to that file. A node or a driver without the token is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,17 @@ __all__ = ["PORTS", "RAY_ENV", "head_address", "node_command", "pull_timeout_ms"
 
 #: Every port a lab Ray node listens on (each host has its own network namespace, so
 #: every host uses the same numbers). The GCS listens on the head only.
-PORTS = {"gcs": 6379, "node_manager": 6380, "object_manager": 6381, "runtime_env_agent": 6382,
-         "dashboard_agent_grpc": 6383, "dashboard_agent_http": 6384, "metrics_export": 6385,
-         "workers_min": 6400, "workers_max": 6499}
+PORTS = {
+    "gcs": 6379,
+    "node_manager": 6380,
+    "object_manager": 6381,
+    "runtime_env_agent": 6382,
+    "dashboard_agent_grpc": 6383,
+    "dashboard_agent_http": 6384,
+    "metrics_export": 6385,
+    "workers_min": 6400,
+    "workers_max": 6499,
+}
 
 #: Ray settings for every process of the lab (Ray reads ``RAY_<setting>`` from the environment).
 RAY_ENV = {
@@ -89,8 +98,12 @@ def pull_timeout_ms(plan: LabPlan) -> int:
 def ray_env(token: Path, plan: LabPlan) -> dict[str, str]:
     """The environment every process of the lab of ``plan`` gets: token authentication,
     ``RAY_ENV`` and a pull timeout its slowest link can meet (``pull_timeout_ms``)."""
-    return {**RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-            "RAY_object_manager_pull_timeout_ms": str(pull_timeout_ms(plan))}
+    return {
+        **RAY_ENV,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token),
+        "RAY_object_manager_pull_timeout_ms": str(pull_timeout_ms(plan)),
+    }
 
 
 def ray_program() -> str:
@@ -98,8 +111,10 @@ def ray_program() -> str:
     here = Path(sys.executable).with_name("ray")
     found = str(here) if here.exists() else shutil.which("ray")
     if found is None:
-        raise MissingDependencyError("the lab's Ray nodes need Ray, which is not installed; install it with: "
-                                     "pip install 'multigpu[cluster]' (or bring the lab up with --no-ray)")
+        raise MissingDependencyError(
+            "the lab's Ray nodes need Ray, which is not installed; install it with: "
+            "pip install 'multigpu[cluster]' (or bring the lab up with --no-ray)"
+        )
     return found
 
 
@@ -129,17 +144,28 @@ def object_store_bytes(host: HostPlan) -> int:
 
 def node_command(plan: LabPlan, host: HostPlan, temp_dir: Path, head: bool, cpus: int | None = None) -> list[str]:
     """The ``ray start`` command of ``host``'s node (the head's when ``head``)."""
-    argv = [ray_program(), "start", f"--node-ip-address={host.address}", f"--temp-dir={temp_dir}",
-            f"--num-cpus={cpus if cpus is not None else max(1, math.ceil(host.cores))}", "--num-gpus=0",
-            f"--resources={json.dumps(_resources(plan, host))}",
-            f"--object-store-memory={object_store_bytes(host)}",
-            f"--node-manager-port={PORTS['node_manager']}", f"--object-manager-port={PORTS['object_manager']}",
-            f"--runtime-env-agent-port={PORTS['runtime_env_agent']}",
-            f"--dashboard-agent-grpc-port={PORTS['dashboard_agent_grpc']}",
-            f"--dashboard-agent-listen-port={PORTS['dashboard_agent_http']}",
-            f"--metrics-export-port={PORTS['metrics_export']}",
-            f"--min-worker-port={PORTS['workers_min']}", f"--max-worker-port={PORTS['workers_max']}",
-            "--include-log-monitor=false", "--disable-usage-stats", "--log-style=record", "--log-color=false"]
+    argv = [
+        ray_program(),
+        "start",
+        f"--node-ip-address={host.address}",
+        f"--temp-dir={temp_dir}",
+        f"--num-cpus={cpus if cpus is not None else max(1, math.ceil(host.cores))}",
+        "--num-gpus=0",
+        f"--resources={json.dumps(_resources(plan, host))}",
+        f"--object-store-memory={object_store_bytes(host)}",
+        f"--node-manager-port={PORTS['node_manager']}",
+        f"--object-manager-port={PORTS['object_manager']}",
+        f"--runtime-env-agent-port={PORTS['runtime_env_agent']}",
+        f"--dashboard-agent-grpc-port={PORTS['dashboard_agent_grpc']}",
+        f"--dashboard-agent-listen-port={PORTS['dashboard_agent_http']}",
+        f"--metrics-export-port={PORTS['metrics_export']}",
+        f"--min-worker-port={PORTS['workers_min']}",
+        f"--max-worker-port={PORTS['workers_max']}",
+        "--include-log-monitor=false",
+        "--disable-usage-stats",
+        "--log-style=record",
+        "--log-color=false",
+    ]
     if head:
         argv += ["--head", f"--port={PORTS['gcs']}", "--include-dashboard=false"]
     else:

@@ -1,5 +1,6 @@
 """The files in a lab's state folder (``/run/multigpu-lab/<id>``) that the lab and its keeper
 share; neither imports the other."""
+
 from __future__ import annotations
 
 __all__ = ["KEEPER_FILE", "REQUESTS", "STATUS_FILE"]

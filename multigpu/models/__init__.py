@@ -7,6 +7,7 @@ branches) or from explicit ``Node``s; ``Sequential`` is the chain case.
 ``get(name)`` looks one up by name. A model spec never imports a framework: a backend
 walks it.
 """
+
 from __future__ import annotations
 
 from multigpu.models.batchnorm import BatchNormMode, BatchStatistics, RunningStatistics
@@ -30,7 +31,36 @@ from multigpu.models.node import INPUT, Node
 from multigpu.models.sequential import Sequential
 from multigpu.models.zoo import MODELS, alexnet, basic_block, get, lenet, resnet, resnet18, resnet18_textbook
 
-__all__ = ["INPUT", "MODELS", "Add", "AvgPool2d", "BatchNorm2d", "BatchNormMode", "BatchStatistics", "Chain",
-           "Concat", "Conv2d", "Dense", "Flatten", "GlobalAvgPool2d", "Identity", "Layer", "LayerStats", "MaxPool2d",
-           "Model", "Node", "Parallel", "ReLU", "Residual", "RunningStatistics", "Sequential", "alexnet",
-           "basic_block", "get", "lenet", "resnet", "resnet18", "resnet18_textbook"]
+__all__ = [
+    "INPUT",
+    "MODELS",
+    "Add",
+    "AvgPool2d",
+    "BatchNorm2d",
+    "BatchNormMode",
+    "BatchStatistics",
+    "Chain",
+    "Concat",
+    "Conv2d",
+    "Dense",
+    "Flatten",
+    "GlobalAvgPool2d",
+    "Identity",
+    "Layer",
+    "LayerStats",
+    "MaxPool2d",
+    "Model",
+    "Node",
+    "Parallel",
+    "ReLU",
+    "Residual",
+    "RunningStatistics",
+    "Sequential",
+    "alexnet",
+    "basic_block",
+    "get",
+    "lenet",
+    "resnet",
+    "resnet18",
+    "resnet18_textbook",
+]

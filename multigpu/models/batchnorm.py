@@ -13,6 +13,7 @@ which returns the outputs. The modes:
 * ``multigpu.parallel.sync_batchnorm.SynchronizedStatistics``: training with the
   statistics of the whole batch across devices and processes (torch's SyncBatchNorm).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,8 +29,9 @@ class BatchNormMode(Protocol):
     #: True when the mode uses batch statistics (a training step).
     training: bool
 
-    def __call__(self, backend: Any, index: int, layer: BatchNorm2d, xs: Sequence[Any],
-                 params: Sequence[Sequence[Any]]) -> list[Any]:
+    def __call__(
+        self, backend: Any, index: int, layer: BatchNorm2d, xs: Sequence[Any], params: Sequence[Sequence[Any]]
+    ) -> list[Any]:
         """Return the outputs of BatchNorm node number ``index`` (in state order) for every replica.
 
         ``xs[r]`` is replica r's input, ``params[r]`` its (gamma, beta).
@@ -48,11 +50,14 @@ class RunningStatistics:
     def __init__(self, states: Sequence[Sequence[Any]]):
         self.states = states
 
-    def __call__(self, backend: Any, index: int, layer: BatchNorm2d, xs: Sequence[Any],
-                 params: Sequence[Sequence[Any]]) -> list[Any]:
+    def __call__(
+        self, backend: Any, index: int, layer: BatchNorm2d, xs: Sequence[Any], params: Sequence[Sequence[Any]]
+    ) -> list[Any]:
         """Normalize each replica's input with its own running mean and variance."""
-        return [backend.batch_norm(x, p[0], p[1], state[2 * index], state[2 * index + 1], layer.eps)
-                for x, p, state in zip(xs, params, self.states)]
+        return [
+            backend.batch_norm(x, p[0], p[1], state[2 * index], state[2 * index + 1], layer.eps)
+            for x, p, state in zip(xs, params, self.states)
+        ]
 
 
 class BatchStatistics:
@@ -67,8 +72,9 @@ class BatchStatistics:
     def __init__(self, replicas: int = 1):
         self.stats: list[list[Any]] = [[] for _ in range(replicas)]
 
-    def __call__(self, backend: Any, index: int, layer: BatchNorm2d, xs: Sequence[Any],
-                 params: Sequence[Sequence[Any]]) -> list[Any]:
+    def __call__(
+        self, backend: Any, index: int, layer: BatchNorm2d, xs: Sequence[Any], params: Sequence[Sequence[Any]]
+    ) -> list[Any]:
         """Normalize each replica's input with its own batch statistics; keep them."""
         out = []
         for x, p, stats in zip(xs, params, self.stats):

@@ -13,11 +13,12 @@ unnamed layer gets its kind and a count within its block (``conv2d1``, ``relu2``
 plain list of layers is named as ``Sequential`` names it. A join is named ``add`` or
 ``concat`` (with a count) inside its block, unless the block is given ``join_name``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from multigpu.errors import ModelError
 from multigpu.models.layers import Add, Concat, Identity, Layer
@@ -53,20 +54,21 @@ class Parallel:
         if self.join not in JOINS:
             raise ModelError(f"Parallel {self.name!r}: join={self.join!r} is unknown; use 'add' or 'concat'")
         if len(self.branches) < 2:
-            raise ModelError(f"Parallel {self.name!r} has {len(self.branches)} branch(es); a join needs at least 2 "
-                             "(use a Chain for one path)")
+            raise ModelError(
+                f"Parallel {self.name!r} has {len(self.branches)} branch(es); a join needs at least 2 "
+                "(use a Chain for one path)"
+            )
 
 
 class Residual(Parallel):
     """``main(x) + shortcut(x)``; the shortcut is the identity when None (ResNet's basic block
     without projection)."""
 
-    def __init__(self, main: Any, shortcut: Any = None, name: str | None = None,
-                 join_name: str | None = None):
+    def __init__(self, main: Any, shortcut: Any = None, name: str | None = None, join_name: str | None = None):
         Parallel.__init__(self, (main, Identity() if shortcut is None else shortcut), "add", name, join_name)
 
 
-Block = Union[Layer, Chain, Parallel, Sequence[Any]]
+Block = Layer | Chain | Parallel | Sequence[Any]
 
 
 class _Builder:
@@ -98,13 +100,17 @@ class _Builder:
             inner = f"{prefix}{item.name}." if item.name else prefix
             outs = [self.add(branch, inner, source) for branch in item.branches]
             if len(set(outs)) < len(outs):
-                raise ModelError(f"model {self.model!r}: block {inner or item.join!r} has two identity branches; "
-                                 "a join needs distinct inputs")
+                raise ModelError(
+                    f"model {self.model!r}: block {inner or item.join!r} has two identity branches; "
+                    "a join needs distinct inputs"
+                )
             name = inner + item.join_name if item.join_name else self._auto(inner, item.join)
             self.nodes.append(Node(name, JOINS[item.join](name=name), tuple(outs)))
             return name
-        raise ModelError(f"model {self.model!r}: {item!r} is neither a layer nor a block (Chain, Parallel, Residual "
-                         "or a list of them)")
+        raise ModelError(
+            f"model {self.model!r}: {item!r} is neither a layer nor a block (Chain, Parallel, Residual "
+            "or a list of them)"
+        )
 
 
 def flatten(body: Block, model: str = "model") -> list[Node]:

@@ -18,6 +18,7 @@ model's input). Either way it becomes one list of nodes in one topological order
 
 A model never imports a framework: a backend walks it.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -65,8 +66,9 @@ def _check_names(nodes: Sequence[Node], model: str) -> None:
         if not isinstance(node.name, str) or not node.name:
             raise ModelError(f"model {model!r}: a node has the name {node.name!r}; give every node a non-empty name")
         if node.name == INPUT:
-            raise ModelError(f"model {model!r}: no node may be called {INPUT!r}, the name of the model's input; "
-                             "rename it")
+            raise ModelError(
+                f"model {model!r}: no node may be called {INPUT!r}, the name of the model's input; rename it"
+            )
         if node.name in seen:
             raise ModelError(f"model {model!r}: two nodes are called {node.name!r}; give each node its own name")
         seen.add(node.name)
@@ -74,15 +76,21 @@ def _check_names(nodes: Sequence[Node], model: str) -> None:
             raise ModelError(f"model {model!r}: node {node.name!r} holds {node.layer!r}, which is not a layer spec")
         inputs = node.inputs
         if isinstance(inputs, str) or not isinstance(inputs, (tuple, list)) or not inputs:
-            raise ModelError(f"model {model!r}: node {node.name!r} has inputs {inputs!r}; give a tuple of node "
-                             f"names, e.g. ({INPUT!r},)")
+            raise ModelError(
+                f"model {model!r}: node {node.name!r} has inputs {inputs!r}; give a tuple of node "
+                f"names, e.g. ({INPUT!r},)"
+            )
         join = isinstance(node.layer, JoinLayer)
         if join and len(inputs) < 2:
-            raise ModelError(f"model {model!r}: node {node.name!r} ({node.layer.kind}) joins branches and needs at "
-                             f"least 2 inputs, got {list(inputs)}")
+            raise ModelError(
+                f"model {model!r}: node {node.name!r} ({node.layer.kind}) joins branches and needs at "
+                f"least 2 inputs, got {list(inputs)}"
+            )
         if not join and len(inputs) != 1:
-            raise ModelError(f"model {model!r}: node {node.name!r} ({node.layer.kind}) takes one input, got "
-                             f"{list(inputs)}; join branches first with an Add or Concat node")
+            raise ModelError(
+                f"model {model!r}: node {node.name!r} ({node.layer.kind}) takes one input, got "
+                f"{list(inputs)}; join branches first with an Add or Concat node"
+            )
         if len(set(inputs)) != len(inputs):
             raise ModelError(f"model {model!r}: node {node.name!r} lists an input twice: {list(inputs)}")
 
@@ -94,7 +102,7 @@ def _find_cycle(pending: dict[str, Node]) -> list[str]:
     while True:
         nxt = next(n for n in pending[path[-1]].inputs if n in pending)
         if nxt in where:
-            return path[where[nxt]:] + [nxt]
+            return path[where[nxt] :] + [nxt]
         where[nxt] = len(path)
         path.append(nxt)
 
@@ -105,8 +113,10 @@ def _topological(nodes: Sequence[Node], model: str) -> list[Node]:
     for node in nodes:
         for inp in node.inputs:
             if inp != INPUT and inp not in names:
-                raise ModelError(f"model {model!r}: node {node.name!r} consumes {inp!r}, which is neither a node "
-                                 f"nor {INPUT!r}; check the spelling or add that node")
+                raise ModelError(
+                    f"model {model!r}: node {node.name!r} consumes {inp!r}, which is neither a node "
+                    f"nor {INPUT!r}; check the spelling or add that node"
+                )
     position = {node.name: i for i, node in enumerate(nodes)}
     waiting = {node.name: sum(inp != INPUT for inp in node.inputs) for node in nodes}
     consumers: dict[str, list[str]] = {}
@@ -126,8 +136,10 @@ def _topological(nodes: Sequence[Node], model: str) -> list[Node]:
     if len(order) < len(nodes):
         placed = {n.name for n in order}
         cycle = _find_cycle({n.name: n for n in nodes if n.name not in placed})
-        raise ModelError(f"model {model!r}: nodes {' -> '.join(reversed(cycle))} form a cycle; a model is a DAG: "
-                         "make one of them consume an earlier node instead")
+        raise ModelError(
+            f"model {model!r}: nodes {' -> '.join(reversed(cycle))} form a cycle; a model is a DAG: "
+            "make one of them consume an earlier node instead"
+        )
     return order
 
 
@@ -146,8 +158,14 @@ class Model:
         self._setup(flatten(body, name), input_shape, name, init, None)
 
     @classmethod
-    def from_nodes(cls, nodes: Sequence[Node | tuple], input_shape: Sequence[int], name: str = "model",
-                   output: str | None = None, init: str = "he") -> Model:
+    def from_nodes(
+        cls,
+        nodes: Sequence[Node | tuple],
+        input_shape: Sequence[int],
+        name: str = "model",
+        output: str | None = None,
+        init: str = "he",
+    ) -> Model:
         """A model from explicit nodes (``Node`` or ``(name, layer, inputs)`` tuples) in any order.
 
         ``output`` names the node whose output is the model's (default: the last one
@@ -160,8 +178,9 @@ class Model:
         return model
 
     # -- construction ----------------------------------------------------------
-    def _setup(self, nodes: Sequence[Node], input_shape: Sequence[int], name: str, init: str,
-               output: str | None) -> None:
+    def _setup(
+        self, nodes: Sequence[Node], input_shape: Sequence[int], name: str, init: str, output: str | None
+    ) -> None:
         if init not in INIT_SCHEMES:
             raise ModelError(f"init={init!r} is unknown; use one of {list(INIT_SCHEMES)}")
         if not nodes:
@@ -169,8 +188,9 @@ class Model:
         self.name, self.init = name, init
         self.input_shape: Shape = tuple(int(s) for s in input_shape)
         if not self.input_shape or min(self.input_shape) < 1:
-            raise ModelError(f"model {name!r}: input_shape={tuple(input_shape)} must be positive dims, "
-                             "e.g. (1, 28, 28)")
+            raise ModelError(
+                f"model {name!r}: input_shape={tuple(input_shape)} must be positive dims, e.g. (1, 28, 28)"
+            )
         _check_names(nodes, name)
         self.output = nodes[-1].name if output is None else output
         order = _topological(nodes, name)
@@ -185,12 +205,14 @@ class Model:
                 self.consumers[inp].append(node.name)
         unused = [n.name for n in order if not self.consumers[n.name] and n.name != self.output]
         if unused:
-            raise ModelError(f"model {name!r}: the output of node(s) {unused} is used by no node and is not the "
-                             f"model's output ({self.output!r}); connect them or remove them")
+            raise ModelError(
+                f"model {name!r}: the output of node(s) {unused} is used by no node and is not the "
+                f"model's output ({self.output!r}); connect them or remove them"
+            )
         if not self.consumers[INPUT]:
             raise ModelError(f"model {name!r}: no node consumes {INPUT!r}; the first node's inputs must name it")
         if self.index[self.output] != len(order) - 1:  # nodes after the output feed nothing that counts
-            later = [n.name for n in order[self.index[self.output] + 1:]]
+            later = [n.name for n in order[self.index[self.output] + 1 :]]
             raise ModelError(f"model {name!r}: node(s) {later} do not lead to the output {self.output!r}; remove them")
         self._infer_shapes()
 
@@ -209,8 +231,9 @@ class Model:
                     pshapes, sshapes = node.layer.param_shapes(ins[0]), node.layer.state_shapes(ins[0])
             except ModelError as exc:
                 sources = ", ".join(f"{n!r} {shapes[n]}" for n in node.inputs)
-                raise ModelError(f"model {self.name!r}: node {node.name!r} ({node.layer.kind}, inputs {sources}): "
-                                 f"{exc}") from None
+                raise ModelError(
+                    f"model {self.name!r}: node {node.name!r} ({node.layer.kind}, inputs {sources}): {exc}"
+                ) from None
             shapes[node.name] = out
             self._param_shapes.append(pshapes)
             self._state_shapes.append(sshapes)
@@ -268,8 +291,10 @@ class Model:
     def min_training_examples(self) -> dict[str, int]:
         """Per BatchNorm node, the fewest examples one batch needs in training mode (2 when
         its input is 1x1: one value per channel has no variance)."""
-        return {self.nodes[i].name: 2 if prod(self.shapes[self.nodes[i].inputs[0]][1:]) == 1 else 1
-                for i in self.batch_norms}
+        return {
+            self.nodes[i].name: 2 if prod(self.shapes[self.nodes[i].inputs[0]][1:]) == 1 else 1
+            for i in self.batch_norms
+        }
 
     def layer_stats(self, batch: int = 1) -> list[LayerStats]:
         """Per-node FLOPs, parameter bytes, output-activation bytes and inputs for ``batch``."""
@@ -285,10 +310,20 @@ class Model:
             else:
                 macs, flops = layer.macs(ins[0]), layer.flops(ins[0])
             n = sum(prod(s) for s in pshapes)
-            stats.append(LayerStats(
-                name=node.name, kind=layer.kind, input_shape=ins[0], output_shape=out,
-                params=n, param_bytes=n * BYTES_PER_VALUE, macs=batch * macs, flops=batch * flops,
-                output_bytes=batch * prod(out) * BYTES_PER_VALUE, inputs=tuple(node.inputs)))
+            stats.append(
+                LayerStats(
+                    name=node.name,
+                    kind=layer.kind,
+                    input_shape=ins[0],
+                    output_shape=out,
+                    params=n,
+                    param_bytes=n * BYTES_PER_VALUE,
+                    macs=batch * macs,
+                    flops=batch * flops,
+                    output_bytes=batch * prod(out) * BYTES_PER_VALUE,
+                    inputs=tuple(node.inputs),
+                )
+            )
         return stats
 
     # -- parameters and state ----------------------------------------------------
@@ -322,8 +357,9 @@ class Model:
         if not isinstance(arrays, (list, tuple)):
             raise ParamsError(f"{what} must be a list of numpy arrays, got {type(arrays).__name__}")
         if len(arrays) != len(expected):
-            raise ParamsError(f"{what} has {len(arrays)} arrays but {self.name} needs {len(expected)} "
-                              f"with shapes {expected}")
+            raise ParamsError(
+                f"{what} has {len(arrays)} arrays but {self.name} needs {len(expected)} with shapes {expected}"
+            )
         out = []
         for i, (p, shape) in enumerate(zip(arrays, expected)):
             arr = np.asarray(p)
@@ -342,6 +378,7 @@ class Model:
 
     def check_state(self, state: Sequence[Any]) -> list[np.ndarray]:
         """Return the BatchNorm state as float32 arrays; raise ParamsError naming the node on a mismatch."""
+
         def describe(i: int) -> str:
             return f"node {self.nodes[self.batch_norms[i // 2]].name!r}'s running {('mean', 'variance')[i % 2]}"
 
@@ -358,8 +395,9 @@ class Model:
     layer_params = node_params  # the name the chain-era callers use
 
     # -- running -----------------------------------------------------------------
-    def apply(self, backend: Any, params: Sequence[Sequence[Any]], xs: Sequence[Any],
-              bn: BatchNormMode | None = None) -> list[Any]:
+    def apply(
+        self, backend: Any, params: Sequence[Sequence[Any]], xs: Sequence[Any], bn: BatchNormMode | None = None
+    ) -> list[Any]:
         """Run the whole model on every replica in lockstep; return each replica's output.
 
         ``params[r]`` and ``xs[r]`` are replica r's parameter list and input batch.
@@ -370,9 +408,17 @@ class Model:
         self._execute(backend, params, envs, range(len(self.nodes)), bn, keep={self.output})
         return [env[self.output] for env in envs]
 
-    def run(self, backend: Any, params: Sequence[Any], feeds: Mapping[str, Any], nodes: Sequence[str] | None = None,
-            *, state: Sequence[Any] | None = None, bn: BatchNormMode | None = None,
-            outputs: Sequence[str] | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        backend: Any,
+        params: Sequence[Any],
+        feeds: Mapping[str, Any],
+        nodes: Sequence[str] | None = None,
+        *,
+        state: Sequence[Any] | None = None,
+        bn: BatchNormMode | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
         """Run a stage: the nodes named in ``nodes`` (default: every node), given ``feeds``,
         the tensors of the nodes outside it that it consumes (``"input"`` for the model's).
 
@@ -387,15 +433,18 @@ class Model:
         else:
             unknown = [n for n in nodes if n not in self.index]
             if unknown:
-                raise ModelError(f"model {self.name!r} has no node(s) {unknown}; its nodes are "
-                                 f"{list(self.index)[:8]}...")
+                raise ModelError(
+                    f"model {self.name!r} has no node(s) {unknown}; its nodes are {list(self.index)[:8]}..."
+                )
             stage = sorted({self.index[n] for n in nodes})
         inside = {self.nodes[i].name for i in stage}
         needed = sorted({inp for i in stage for inp in self.nodes[i].inputs if inp not in inside})
         missing = [n for n in needed if n not in feeds]
         if missing:
-            raise ModelError(f"model {self.name!r}: the stage consumes {missing}, which it does not compute; "
-                             f"pass their tensors in feeds (it needs {needed})")
+            raise ModelError(
+                f"model {self.name!r}: the stage consumes {missing}, which it does not compute; "
+                f"pass their tensors in feeds (it needs {needed})"
+            )
         if outputs is None:
             outputs = [n for n in inside if n == self.output or any(c not in inside for c in self.consumers[n])]
         else:
@@ -404,15 +453,25 @@ class Model:
                 raise ModelError(f"model {self.name!r}: outputs {absent} are not computed by the stage")
         if bn is None and any(i in self._bn_number for i in stage):
             if state is None:
-                raise ModelError(f"model {self.name!r} has BatchNorm: pass state= (its running statistics, "
-                                 "e.g. model.init_state() or DataParallel.get_state()) or a BatchNorm mode")
+                raise ModelError(
+                    f"model {self.name!r} has BatchNorm: pass state= (its running statistics, "
+                    "e.g. model.init_state() or DataParallel.get_state()) or a BatchNorm mode"
+                )
             bn = RunningStatistics([state])
         env = {k: feeds[k] for k in needed}
         self._execute(backend, [params], [env], stage, bn, keep=set(outputs))
         return {n: env[n] if n in env else feeds[n] for n in outputs}
 
-    def forward(self, backend: Any, params: Sequence[Any], x: Any, start: int = 0, stop: int | None = None,
-                *, state: Sequence[Any] | None = None) -> Any:
+    def forward(
+        self,
+        backend: Any,
+        params: Sequence[Any],
+        x: Any,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        state: Sequence[Any] | None = None,
+    ) -> Any:
         """Run nodes ``start..stop-1`` on ``x`` (inference) and return the last one's output.
 
         The slice must be a chain cut: it consumes only ``x`` (the output of node
@@ -427,8 +486,15 @@ class Model:
         result = self.run(backend, params, {before: x}, names, state=state, outputs=[names[-1]])
         return result[names[-1]]
 
-    def _execute(self, backend: Any, params: Sequence[Sequence[Any]], envs: list[dict[str, Any]],
-                 stage: Sequence[int], bn: BatchNormMode | None, keep: set[str]) -> None:
+    def _execute(
+        self,
+        backend: Any,
+        params: Sequence[Sequence[Any]],
+        envs: list[dict[str, Any]],
+        stage: Sequence[int],
+        bn: BatchNormMode | None,
+        keep: set[str],
+    ) -> None:
         """Run the nodes ``stage`` (ascending) on every replica's environment; drop each tensor
         after its last use (unless kept), so inference holds few activations at a time."""
         for i in stage:
@@ -436,15 +502,23 @@ class Model:
             layer = node.layer
             if isinstance(layer, BatchNorm2d):
                 if bn is None:
-                    raise ModelError(f"model {self.name!r} has BatchNorm (node {node.name!r}): pass a BatchNorm "
-                                     "mode (running statistics for inference, batch statistics for training)")
-                ys = bn(backend, self._bn_number[i], layer, [env[node.inputs[0]] for env in envs],
-                        [self.node_params(p, i) for p in params])
+                    raise ModelError(
+                        f"model {self.name!r} has BatchNorm (node {node.name!r}): pass a BatchNorm "
+                        "mode (running statistics for inference, batch statistics for training)"
+                    )
+                ys = bn(
+                    backend,
+                    self._bn_number[i],
+                    layer,
+                    [env[node.inputs[0]] for env in envs],
+                    [self.node_params(p, i) for p in params],
+                )
             elif isinstance(layer, JoinLayer):
                 ys = [layer.join(backend, [env[n] for n in node.inputs]) for env in envs]
             else:
-                ys = [layer.forward(backend, self.node_params(p, i), env[node.inputs[0]])
-                      for p, env in zip(params, envs)]
+                ys = [
+                    layer.forward(backend, self.node_params(p, i), env[node.inputs[0]]) for p, env in zip(params, envs)
+                ]
             for env, y in zip(envs, ys):
                 env[node.name] = y
                 for inp in node.inputs:

@@ -1,4 +1,5 @@
 """Checks of the arrays a user feeds a model: images shaped for it, integer labels in range."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,7 +24,9 @@ def check_images(model: Any, X: Any, what: str = "X") -> np.ndarray:
     if len(X) == 0:
         raise InputError(f"{what} is empty; pass at least one example")
     if not np.issubdtype(X.dtype, np.floating):
-        raise InputError(f"{what} has dtype {X.dtype}; pass floating-point images (float32), e.g. X.astype('float32') / 255")
+        raise InputError(
+            f"{what} has dtype {X.dtype}; pass floating-point images (float32), e.g. X.astype('float32') / 255"
+        )
     with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
         X = X.astype(np.float32, copy=False)
     if not np.isfinite(X).all():

@@ -10,6 +10,7 @@ Most layers take one input. ``Add`` and ``Concat`` are joins: they take two or m
 variance); how it computes its statistics is up to the caller's BatchNorm mode
 (``multigpu.models.batchnorm``).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,10 +31,7 @@ INIT_SCHEMES = ("textbook", "he")
 
 def _need_chw(layer: Layer, in_shape: Shape) -> tuple[int, int, int]:
     if len(in_shape) != 3:
-        raise ModelError(
-            f"{layer.kind} needs a (C, H, W) input but receives {in_shape}; "
-            "put it before Flatten"
-        )
+        raise ModelError(f"{layer.kind} needs a (C, H, W) input but receives {in_shape}; put it before Flatten")
     return in_shape  # type: ignore[return-value]
 
 
@@ -128,9 +126,7 @@ class Conv2d(Layer):
         if self.padding < 0:
             raise ModelError(f"Conv2d padding={self.padding} must be >= 0")
         if self.out_channels % self.groups:
-            raise ModelError(
-                f"Conv2d out_channels={self.out_channels} is not divisible by groups={self.groups}"
-            )
+            raise ModelError(f"Conv2d out_channels={self.out_channels} is not divisible by groups={self.groups}")
 
     def param_shapes(self, in_shape: Shape) -> list[Shape]:
         c, _, _ = _need_chw(self, in_shape)
@@ -167,9 +163,7 @@ class _Pool2d(Layer):
         if self.kernel < 1 or (self.stride is not None and self.stride < 1):
             raise ModelError(f"{self.kind} kernel and stride must be >= 1")
         if not 0 <= self.padding <= self.kernel // 2:
-            raise ModelError(
-                f"{self.kind} padding={self.padding} must be between 0 and kernel//2={self.kernel // 2}"
-            )
+            raise ModelError(f"{self.kind} padding={self.padding} must be between 0 and kernel//2={self.kernel // 2}")
 
     @property
     def step(self) -> int:
@@ -237,8 +231,10 @@ class BatchNorm2d(Layer):
         if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0):
             raise ModelError(f"BatchNorm2d eps={self.eps!r} must be a finite number > 0, e.g. 1e-5")
         if not (isinstance(self.momentum, (int, float)) and 0 < self.momentum <= 1):
-            raise ModelError(f"BatchNorm2d momentum={self.momentum!r} must be in (0, 1] (the new batch's "
-                             "weight, torch's convention), e.g. 0.1")
+            raise ModelError(
+                f"BatchNorm2d momentum={self.momentum!r} must be in (0, 1] (the new batch's "
+                "weight, torch's convention), e.g. 0.1"
+            )
 
     def param_shapes(self, in_shape: Shape) -> list[Shape]:
         c = _need_chw(self, in_shape)[0]
@@ -259,8 +255,10 @@ class BatchNorm2d(Layer):
         return [np.zeros(c, np.float32), np.ones(c, np.float32)]  # running mean 0, running variance 1
 
     def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
-        raise ModelError(f"BatchNorm2d {self.name!r} needs statistics: run the model through Model.run or "
-                         "Model.apply with a BatchNorm mode (running statistics for inference)")
+        raise ModelError(
+            f"BatchNorm2d {self.name!r} needs statistics: run the model through Model.run or "
+            "Model.apply with a BatchNorm mode (running statistics for inference)"
+        )
 
 
 @dataclass(frozen=True)
@@ -347,8 +345,10 @@ class Add(JoinLayer):
 
     def join_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         if any(s != in_shapes[0] for s in in_shapes):
-            raise ModelError(f"adds inputs of shapes {list(in_shapes)}; they must be equal (give the shortcut a "
-                             "1x1 convolution with the main path's stride and channels)")
+            raise ModelError(
+                f"adds inputs of shapes {list(in_shapes)}; they must be equal (give the shortcut a "
+                "1x1 convolution with the main path's stride and channels)"
+            )
         return in_shapes[0]
 
     def join_flops(self, in_shapes: Sequence[Shape]) -> int:
@@ -369,8 +369,10 @@ class Concat(JoinLayer):
 
     def join_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         if any(len(s) != 3 for s in in_shapes) or any(s[1:] != in_shapes[0][1:] for s in in_shapes):
-            raise ModelError(f"concatenates inputs of shapes {list(in_shapes)} along channels; they need (C, H, W) "
-                             "with equal H and W (pad or stride the branches alike)")
+            raise ModelError(
+                f"concatenates inputs of shapes {list(in_shapes)} along channels; they need (C, H, W) "
+                "with equal H and W (pad or stride the branches alike)"
+            )
         return (sum(s[0] for s in in_shapes), *in_shapes[0][1:])
 
     def join(self, backend: Any, xs: Sequence[Any]) -> Any:

@@ -1,4 +1,5 @@
 """A model's node: a layer and the names of the nodes it consumes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

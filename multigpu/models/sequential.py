@@ -1,4 +1,5 @@
 """``Sequential``: the chain case of ``Model`` (each layer consumes the previous one)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,15 +19,20 @@ class Sequential(Model):
     results assume. Blocks with branches (``Residual``, ``Parallel``) need ``Model``.
     """
 
-    def __init__(self, layers: Sequence[Layer], input_shape: Sequence[int], name: str = "sequential",
-                 init: str = "textbook"):
+    def __init__(
+        self, layers: Sequence[Layer], input_shape: Sequence[int], name: str = "sequential", init: str = "textbook"
+    ):
         if not isinstance(layers, (list, tuple)) or not layers:
             raise ModelError("Sequential needs at least one layer")
         for layer in layers:
             if not isinstance(layer, Layer):
-                raise ModelError(f"Sequential layers must be Layer specs, got {layer!r}; blocks with branches "
-                                 "(Residual, Parallel, Chain) go into multigpu.models.Model")
+                raise ModelError(
+                    f"Sequential layers must be Layer specs, got {layer!r}; blocks with branches "
+                    "(Residual, Parallel, Chain) go into multigpu.models.Model"
+                )
             if isinstance(layer, JoinLayer):
-                raise ModelError(f"Sequential is a chain, so {layer.kind} has nothing to join; build branches "
-                                 "with multigpu.models.Model and Residual or Parallel")
+                raise ModelError(
+                    f"Sequential is a chain, so {layer.kind} has nothing to join; build branches "
+                    "with multigpu.models.Model and Residual or Parallel"
+                )
         super().__init__(list(layers), input_shape, name=name, init=init)

@@ -3,6 +3,7 @@ every framework: SGD with momentum, Nesterov and weight decay, and AdamW, each e
 ``torch.optim`` defines it. Their state (momentum buffers, Adam's moments) lives per
 replica as flat buffers, beside the flat parameters and gradients.
 """
+
 from __future__ import annotations
 
 from multigpu.optim.adamw import AdamW

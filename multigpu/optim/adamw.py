@@ -8,6 +8,7 @@ With the mean loss's gradient ``d = scale * g`` and step t (from 1):
 
 Four whole-buffer calls per replica; ``g`` is only read.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,14 @@ class AdamW(Optimizer):
     def __post_init__(self) -> None:
         if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
             raise InputError(f"betas={self.betas!r} must be two numbers, e.g. (0.9, 0.999)")
-        object.__setattr__(self, "betas", tuple(float(check_number(beta, f"betas[{i}]", minimum=0.0, maximum=1.0,
-                                                                    example=0.9)) for i, beta in enumerate(self.betas)))
+        object.__setattr__(
+            self,
+            "betas",
+            tuple(
+                float(check_number(beta, f"betas[{i}]", minimum=0.0, maximum=1.0, example=0.9))
+                for i, beta in enumerate(self.betas)
+            ),
+        )
         if max(self.betas) >= 1.0:
             raise InputError(f"betas={self.betas} must each be below 1 (a beta of 1 never moves), e.g. (0.9, 0.999)")
         check_number(self.eps, "eps", minimum=0.0, strict=True, example=1e-8)

@@ -1,4 +1,5 @@
 """The optimizer interface the data-parallel step calls, and optimizers by name."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,4 +1,5 @@
 """Optimizers by name (``multigpu train --optimizer``)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,5 +22,7 @@ def make_optimizer(spec: Any) -> Optimizer:
         return SGD()
     if spec == "adamw":
         return AdamW()
-    raise InputError(f"optimizer={spec!r} is unknown; use one of {list(OPTIMIZERS)} or an optimizer object, "
-                     "e.g. multigpu.optim.SGD(momentum=0.9, weight_decay=5e-4)")
+    raise InputError(
+        f"optimizer={spec!r} is unknown; use one of {list(OPTIMIZERS)} or an optimizer object, "
+        "e.g. multigpu.optim.SGD(momentum=0.9, weight_decay=5e-4)"
+    )

@@ -9,6 +9,7 @@ With ``d = scale * g + weight_decay * p`` (the mean loss's gradient plus L2 deca
 Written so that ``g`` is only read (it may be shared by replicas) and ``d`` is never
 materialized: two to four whole-buffer calls per replica.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,8 +38,10 @@ class SGD(Optimizer):
         if not isinstance(self.nesterov, bool):
             raise InputError(f"nesterov={self.nesterov!r} must be True or False")
         if self.nesterov and (self.momentum == 0 or self.dampening != 0):
-            raise InputError(f"nesterov=True needs momentum > 0 and dampening = 0 (torch's rule), got "
-                             f"momentum={self.momentum}, dampening={self.dampening}")
+            raise InputError(
+                f"nesterov=True needs momentum > 0 and dampening = 0 (torch's rule), got "
+                f"momentum={self.momentum}, dampening={self.dampening}"
+            )
 
     @property
     def buffers(self) -> int:  # type: ignore[override]

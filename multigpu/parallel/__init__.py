@@ -4,6 +4,7 @@ Stands on the backend contract and the model spec. A process group, when given,
 extends the sum across processes through the interface in
 ``multigpu.parallel.process_group``; this package never imports the multi-process side.
 """
+
 from __future__ import annotations
 
 from multigpu.parallel.allreduce import ALGORITHMS, allreduce_grads

@@ -5,11 +5,13 @@ running statistics and optimizer state with the NumPy reference; ``step_agreemen
 takes one step and compares each part of it: the forward (training-mode logits), the
 gradients, the running statistics and the optimizer's update.
 """
+
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -62,28 +64,64 @@ class Run:
     devices: list[str]
 
 
-def _trainer(model: Model, backend: str, params: Sequence[np.ndarray], devices: object, lr: float,
-             allreduce: str, optimizer: Union[str, Optimizer], sync_bn: bool) -> DataParallel:
+def _trainer(
+    model: Model,
+    backend: str,
+    params: Sequence[np.ndarray],
+    devices: object,
+    lr: float,
+    allreduce: str,
+    optimizer: str | Optimizer,
+    sync_bn: bool,
+) -> DataParallel:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)
-        return DataParallel(model, backend=backend, devices=devices, lr=lr, params=list(params),
-                            allreduce=allreduce, optimizer=optimizer, sync_bn=sync_bn)
+        return DataParallel(
+            model,
+            backend=backend,
+            devices=devices,
+            lr=lr,
+            params=list(params),
+            allreduce=allreduce,
+            optimizer=optimizer,
+            sync_bn=sync_bn,
+        )
 
 
-def train_run(model: Model, backend: str, params: Sequence[np.ndarray],
-              batches: Sequence[tuple[np.ndarray, np.ndarray]], devices: object = 2, lr: float = 0.2,
-              allreduce: str = "fused", optimizer: Union[str, Optimizer] = "sgd", sync_bn: bool = False) -> Run:
+def train_run(
+    model: Model,
+    backend: str,
+    params: Sequence[np.ndarray],
+    batches: Sequence[tuple[np.ndarray, np.ndarray]],
+    devices: object = 2,
+    lr: float = 0.2,
+    allreduce: str = "fused",
+    optimizer: str | Optimizer = "sgd",
+    sync_bn: bool = False,
+) -> Run:
     """Run ``batches`` through DataParallel; return what it ended with."""
     tr = _trainer(model, backend, params, devices, lr, allreduce, optimizer, sync_bn)
     losses = [tr.train_batch(X, y) for X, y in batches]
-    return Run(losses, tr.get_params(), [tr.get_state(r) for r in range(len(tr.devices))],
-               tr.get_optimizer_state(), [str(d) for d in tr.devices])
+    return Run(
+        losses,
+        tr.get_params(),
+        [tr.get_state(r) for r in range(len(tr.devices))],
+        tr.get_optimizer_state(),
+        [str(d) for d in tr.devices],
+    )
 
 
-def train_steps(model: Model, backend: str, params: Sequence[np.ndarray],
-                batches: Sequence[tuple[np.ndarray, np.ndarray]], devices: object = 2,
-                lr: float = 0.2, allreduce: str = "fused", optimizer: Union[str, Optimizer] = "sgd",
-                sync_bn: bool = False) -> tuple[list[float], list[np.ndarray], list[str]]:
+def train_steps(
+    model: Model,
+    backend: str,
+    params: Sequence[np.ndarray],
+    batches: Sequence[tuple[np.ndarray, np.ndarray]],
+    devices: object = 2,
+    lr: float = 0.2,
+    allreduce: str = "fused",
+    optimizer: str | Optimizer = "sgd",
+    sync_bn: bool = False,
+) -> tuple[list[float], list[np.ndarray], list[str]]:
     """Run ``batches`` through DataParallel; return (losses, final params, device names)."""
     run = train_run(model, backend, params, batches, devices, lr, allreduce, optimizer, sync_bn)
     return run.losses, run.params, run.devices
@@ -92,19 +130,30 @@ def train_steps(model: Model, backend: str, params: Sequence[np.ndarray],
 def random_batches(model: Model, steps: int, batch: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Return ``steps`` seeded random (X, y) batches shaped for ``model``."""
     rng = np.random.default_rng(seed)
-    return [(rng.random((batch, *model.input_shape), dtype=np.float32),
-             rng.integers(0, model.num_classes, batch)) for _ in range(steps)]
+    return [
+        (rng.random((batch, *model.input_shape), dtype=np.float32), rng.integers(0, model.num_classes, batch))
+        for _ in range(steps)
+    ]
 
 
 def _worst(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
     return max((float(np.abs(x - y).max()) for x, y in zip(a, b) if np.size(x)), default=0.0)
 
 
-def agreement(model: Model, backends: Sequence[str], steps: int = 10, batch: int = 32,
-              devices: object = 2, lr: float = 0.2, seed: int = 0,
-              allreduce: str = "fused", reference: str = "numpy",
-              params: Optional[Sequence[np.ndarray]] = None, optimizer: Union[str, Optimizer] = "sgd",
-              sync_bn: bool = False) -> list[Agreement]:
+def agreement(
+    model: Model,
+    backends: Sequence[str],
+    steps: int = 10,
+    batch: int = 32,
+    devices: object = 2,
+    lr: float = 0.2,
+    seed: int = 0,
+    allreduce: str = "fused",
+    reference: str = "numpy",
+    params: Sequence[np.ndarray] | None = None,
+    optimizer: str | Optimizer = "sgd",
+    sync_bn: bool = False,
+) -> list[Agreement]:
     """Compare each backend with ``reference`` after ``steps`` identical steps.
 
     Raises InputError for fewer than one step or an empty batch.
@@ -116,22 +165,36 @@ def agreement(model: Model, backends: Sequence[str], steps: int = 10, batch: int
     # The reference always uses the textbook's naive allreduce: it may offer no native one,
     # and the sum it defines does not depend on the algorithm.
     ref = train_run(model, reference, start, batches, devices, lr, "naive", optimizer, sync_bn)
-    return [_compare(name, train_run(model, name, start, batches, devices, lr, allreduce, optimizer, sync_bn), ref)
-            for name in backends]
+    return [
+        _compare(name, train_run(model, name, start, batches, devices, lr, allreduce, optimizer, sync_bn), ref)
+        for name in backends
+    ]
 
 
 def _compare(name: str, got: Run, ref: Run) -> Agreement:
     """Worst differences of ``got`` against ``ref``; every replica of ``got`` against ``ref``'s
     replica of the same index, or its only one."""
     states = [(s, ref.states[min(r, len(ref.states) - 1)]) for r, s in enumerate(got.states)]
-    return Agreement(backend=name, devices=got.devices, max_param_diff=_worst(got.params, ref.params),
-                     max_loss_diff=max(abs(a - b) for a, b in zip(got.losses, ref.losses)),
-                     max_state_diff=max((_worst(s, r) for s, r in states), default=0.0),
-                     max_opt_diff=_worst(got.opt_state, ref.opt_state))
+    return Agreement(
+        backend=name,
+        devices=got.devices,
+        max_param_diff=_worst(got.params, ref.params),
+        max_loss_diff=max(abs(a - b) for a, b in zip(got.losses, ref.losses)),
+        max_state_diff=max((_worst(s, r) for s, r in states), default=0.0),
+        max_opt_diff=_worst(got.opt_state, ref.opt_state),
+    )
 
 
-def sync_bn_agreement(model: Model, backends: Sequence[str], devices: object = 2, steps: int = 5, batch: int = 13,
-                      lr: float = 0.1, seed: int = 0, optimizer: Union[str, Optimizer] = "sgd") -> list[Agreement]:
+def sync_bn_agreement(
+    model: Model,
+    backends: Sequence[str],
+    devices: object = 2,
+    steps: int = 5,
+    batch: int = 13,
+    lr: float = 0.1,
+    seed: int = 0,
+    optimizer: str | Optimizer = "sgd",
+) -> list[Agreement]:
     """Synchronized BatchNorm on ``devices`` against 1 device on the full batch, on each backend
     (its own 1-device run, not the reference's), after ``steps`` steps from the same start;
     every replica's running statistics against the one device's. ``batch`` rows split unevenly
@@ -145,14 +208,24 @@ def sync_bn_agreement(model: Model, backends: Sequence[str], devices: object = 2
     for name in backends:
         many = train_run(model, name, start, batches, devices, lr, optimizer=optimizer, sync_bn=True)
         first = many.devices[0]  # the one device: the first of the k ("cpu:0" or "gpu:0")
-        one = train_run(model, name, start, batches, "cpu" if first.startswith("cpu") else first, lr,
-                        optimizer=optimizer)
+        one = train_run(
+            model, name, start, batches, "cpu" if first.startswith("cpu") else first, lr, optimizer=optimizer
+        )
         out.append(_compare(name, many, one))
     return out
 
 
-def _one_step(model: Model, backend: str, start: Sequence[np.ndarray], X: np.ndarray, y: np.ndarray,
-              devices: object, lr: float, optimizer: Union[str, Optimizer], sync_bn: bool) -> dict[str, Any]:
+def _one_step(
+    model: Model,
+    backend: str,
+    start: Sequence[np.ndarray],
+    X: np.ndarray,
+    y: np.ndarray,
+    devices: object,
+    lr: float,
+    optimizer: str | Optimizer,
+    sync_bn: bool,
+) -> dict[str, Any]:
     tr = _trainer(model, backend, start, devices, lr, "fused", optimizer, sync_bn)
     b = tr.backend
     shard = tr.local_shards(X, y)[0][0]
@@ -160,9 +233,14 @@ def _one_step(model: Model, backend: str, start: Sequence[np.ndarray], X: np.nda
     mode = BatchStatistics() if model.batch_norms else None
     logits = b.to_numpy(model.apply(b, [params], [b.from_numpy(shard, tr.devices[0])], mode)[0])
     loss = tr.train_batch(X, y)
-    return {"forward": logits, "loss": loss, "params": tr.get_params(), "devices": [str(d) for d in tr.devices],
-            "states": [a for r in range(len(tr.devices)) for a in tr.get_state(r)],
-            "opt": tr.get_optimizer_state()}
+    return {
+        "forward": logits,
+        "loss": loss,
+        "params": tr.get_params(),
+        "devices": [str(d) for d in tr.devices],
+        "states": [a for r in range(len(tr.devices)) for a in tr.get_state(r)],
+        "opt": tr.get_optimizer_state(),
+    }
 
 
 def decisions(model: Model, backend: str, params: Sequence[np.ndarray], shards: Sequence[np.ndarray]) -> np.ndarray:
@@ -199,9 +277,18 @@ def decisions(model: Model, backend: str, params: Sequence[np.ndarray], shards: 
     return np.concatenate(out)
 
 
-def step_agreement(model: Model, backends: Sequence[str], batch: int = 8, devices: object = 2, lr: float = 0.1,
-                   seed: int = 0, optimizer: Union[str, Optimizer] = "sgd", sync_bn: bool = False,
-                   reference: str = "numpy", tries: int = 1) -> list[StepAgreement]:
+def step_agreement(
+    model: Model,
+    backends: Sequence[str],
+    batch: int = 8,
+    devices: object = 2,
+    lr: float = 0.1,
+    seed: int = 0,
+    optimizer: str | Optimizer = "sgd",
+    sync_bn: bool = False,
+    reference: str = "numpy",
+    tries: int = 1,
+) -> list[StepAgreement]:
     """One step of ``optimizer`` from the same start on the same batch: each backend against ``reference``.
 
     The gradient is compared as the one optimizer buffer that holds it after a first
@@ -222,8 +309,10 @@ def step_agreement(model: Model, backends: Sequence[str], batch: int = 8, device
         differ = {name: int((decisions(model, name, start, shards) != want).sum()) for name in backends}
         if not any(differ.values()):
             break
-    runs = {name: _one_step(model, name, start, X, y, devices, lr, optimizer, sync_bn)
-            for name in dict.fromkeys([reference, *backends])}
+    runs = {
+        name: _one_step(model, name, start, X, y, devices, lr, optimizer, sync_bn)
+        for name in dict.fromkeys([reference, *backends])
+    }
 
     def gradient(r: dict[str, Any]) -> list[np.ndarray]:
         if r["opt"]:
@@ -234,13 +323,22 @@ def step_agreement(model: Model, backends: Sequence[str], batch: int = 8, device
     rows = []
     for name in backends:
         got = runs[name]
-        rows.append(StepAgreement(
-            backend=name, devices=got["devices"], forward=_worst([got["forward"]], [ref["forward"]]),
-            gradients=_worst(gradient(got), gradient(ref)), running_stats=_worst(got["states"], ref["states"]),
-            update=_worst(got["params"], ref["params"]), loss=abs(got["loss"] - ref["loss"]),
-            seed=s, decisions_differ=differ[name],
-            scale={"forward": float(np.abs(ref["forward"]).max()),
-                   "gradients": max(float(np.abs(g).max()) for g in gradient(ref)),
-                   "running_stats": max((float(np.abs(s).max()) for s in ref["states"]), default=0.0)}))
+        rows.append(
+            StepAgreement(
+                backend=name,
+                devices=got["devices"],
+                forward=_worst([got["forward"]], [ref["forward"]]),
+                gradients=_worst(gradient(got), gradient(ref)),
+                running_stats=_worst(got["states"], ref["states"]),
+                update=_worst(got["params"], ref["params"]),
+                loss=abs(got["loss"] - ref["loss"]),
+                seed=s,
+                decisions_differ=differ[name],
+                scale={
+                    "forward": float(np.abs(ref["forward"]).max()),
+                    "gradients": max(float(np.abs(g).max()) for g in gradient(ref)),
+                    "running_stats": max((float(np.abs(s).max()) for s in ref["states"]), default=0.0),
+                },
+            )
+        )
     return rows
-

@@ -11,10 +11,12 @@ place, in its own buffer.
   parameter; ``flat_schedule`` picks a reduce or the ring by device kind.
 * ``native``: the adapter's own collective, where it offers ``native_allreduce``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from math import prod
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from multigpu.contract.protocol import Device
 from multigpu.errors import InputError, UnknownAlgorithmError
@@ -42,10 +44,10 @@ def ring_allreduce(backend: Any, tensors: Sequence[Any], devices: Sequence[Devic
     # Fewer elements than devices: one element per chunk, and the rest carry nothing.
     sizes = shard_sizes(numel, n) if numel >= n else [1] * numel + [0] * (n - numel)
     present = [c for c, s in enumerate(sizes) if s]  # zero-length chunks carry nothing
-    chunks: list[list[Optional[Any]]] = []
+    chunks: list[list[Any | None]] = []
     for t in tensors:
         parts = backend.split(backend.reshape(t, (-1,)), [sizes[c] for c in present])
-        row: list[Optional[Any]] = [None] * n
+        row: list[Any | None] = [None] * n
         for c, p in zip(present, parts):
             row[c] = p
         chunks.append(row)
@@ -78,7 +80,7 @@ def broadcast_from_first(backend: Any, tensors: Sequence[Any]) -> None:
         backend.assign_(t, tensors[0])
 
 
-def flat_schedule(devices: Sequence[Device], group: Optional[Any] = None) -> str:
+def flat_schedule(devices: Sequence[Device], group: Any | None = None) -> str:
     """Return how one flat buffer per device is summed: ``"ring"``, ``"reduce"`` or ``"shared"``.
 
     * ``"shared"`` (CPU replicas): the replicas share host memory, so one reduce into
@@ -100,8 +102,9 @@ def flat_schedule(devices: Sequence[Device], group: Optional[Any] = None) -> str
     return "reduce"
 
 
-def allreduce_flat(backend: Any, flats: Sequence[Any], devices: Sequence[Device],
-                   group: Optional[Any] = None) -> list[Any]:
+def allreduce_flat(
+    backend: Any, flats: Sequence[Any], devices: Sequence[Device], group: Any | None = None
+) -> list[Any]:
     """Sum one flat buffer per local device, and across processes when ``group``.
 
     Returns, per device, the buffer that holds the sum for it: the device's own
@@ -147,16 +150,17 @@ def views_per_buffer(backend: Any, flats: Sequence[Any], shapes: Sequence[Sequen
 def check_algorithm(backend: Any, algorithm: str) -> str:
     """Return ``algorithm`` if ``backend`` supports it; raise UnknownAlgorithmError otherwise."""
     if algorithm not in ALGORITHMS:
-        raise UnknownAlgorithmError(
-            f"unknown allreduce algorithm {algorithm!r}; choose one of {list(ALGORITHMS)}")
+        raise UnknownAlgorithmError(f"unknown allreduce algorithm {algorithm!r}; choose one of {list(ALGORITHMS)}")
     if algorithm == "native" and not hasattr(backend, "native_allreduce"):
         raise UnknownAlgorithmError(
-            f"backend {backend.name!r} offers no native allreduce; use 'naive', 'ring' or 'fused'")
+            f"backend {backend.name!r} offers no native allreduce; use 'naive', 'ring' or 'fused'"
+        )
     return algorithm
 
 
-def allreduce_grads(backend: Any, grads: Sequence[Sequence[Any]], devices: Sequence[Device],
-                    algorithm: str = "fused") -> None:
+def allreduce_grads(
+    backend: Any, grads: Sequence[Sequence[Any]], devices: Sequence[Device], algorithm: str = "fused"
+) -> None:
     """Allreduce per-device gradient lists (``grads[device][param]``) in place."""
     check_algorithm(backend, algorithm)
     if len(grads) != len(devices):
@@ -167,7 +171,8 @@ def allreduce_grads(backend: Any, grads: Sequence[Sequence[Any]], devices: Seque
         fused_allreduce(backend, grads, devices)
         return
     one: Callable[[Any, Sequence[Any], Sequence[Device]], None] = {
-        "naive": naive_allreduce, "ring": ring_allreduce,
+        "naive": naive_allreduce,
+        "ring": ring_allreduce,
         "native": lambda b, ts, ds: b.native_allreduce(list(ts)),
     }[algorithm]
     for i in range(len(grads[0])):

@@ -23,6 +23,7 @@ group's flag, which tells every rank whether all of them called this step's sums
 buffer is that much longer, ``value_and_grad`` writes into the view before them, and the
 group's sum carries them with the gradients, in the same exchange.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -73,8 +74,9 @@ class BucketLayout:
         return list(reversed(backend.unflatten(flat, pieces))) if len(pieces) > 1 else [flat]
 
 
-def plan_buckets(shapes: Sequence[Sequence[int]], bucket_mb: float = DEFAULT_BUCKET_MB,
-                 first_mb: float = FIRST_BUCKET_MB) -> BucketLayout:
+def plan_buckets(
+    shapes: Sequence[Sequence[int]], bucket_mb: float = DEFAULT_BUCKET_MB, first_mb: float = FIRST_BUCKET_MB
+) -> BucketLayout:
     """Return the buckets for parameters of ``shapes``, filled from the last parameter backwards.
 
     A bucket closes once it holds at least its cap (the smaller of ``first_mb`` and ``bucket_mb``
@@ -124,14 +126,22 @@ class BucketedSum:
     from step to step) have their views cut once, not every step.
     """
 
-    def __init__(self, backend: Any, group: Any, buffers: Sequence[Sequence[Any]], devices: Sequence[Device],
-                 layout: BucketLayout, reserved: int = 0):
+    def __init__(
+        self,
+        backend: Any,
+        group: Any,
+        buffers: Sequence[Sequence[Any]],
+        devices: Sequence[Device],
+        layout: BucketLayout,
+        reserved: int = 0,
+    ):
         self.backend, self.group, self.devices, self.layout = backend, group, devices, layout
         self.reserved = reserved
         self.buffers = [b if isinstance(b, KeptBuffers) else KeptBuffers(b) for b in buffers]
         size = layout.sizes[0]
-        self.outputs = [b.views(("outputs", size, reserved), lambda b=b: _outputs(backend, b, size, reserved))
-                        for b in self.buffers]
+        self.outputs = [
+            b.views(("outputs", size, reserved), lambda b=b: _outputs(backend, b, size, reserved)) for b in self.buffers
+        ]
         self.schedule = flat_schedule(devices, group)
         self._ready = [False] * len(layout.params)
         self._started = 0

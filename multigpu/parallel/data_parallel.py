@@ -19,6 +19,7 @@ the step then runs every local replica in one ``value_and_grad``, in lockstep, f
 the first replica's parameters copied to each device (copies are differentiable, so
 backward sums the devices' gradients on the first one).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -84,15 +85,27 @@ class DataParallel:
     backward instead.
     """
 
-    def __init__(self, model: Model, backend: str | Any = "numpy",
-                 devices: DeviceSpec = 1, lr: float = 0.1,
-                 params: Sequence[np.ndarray] | None = None, allreduce: str = "fused",
-                 seed: int = 0, process_group: ProcessGroup | None = None, *,
-                 optimizer: str | Optimizer = "sgd", sync_bn: bool = False,
-                 state: Sequence[np.ndarray] | None = None, bucket_mb: float | None = DEFAULT_BUCKET_MB):
+    def __init__(
+        self,
+        model: Model,
+        backend: str | Any = "numpy",
+        devices: DeviceSpec = 1,
+        lr: float = 0.1,
+        params: Sequence[np.ndarray] | None = None,
+        allreduce: str = "fused",
+        seed: int = 0,
+        process_group: ProcessGroup | None = None,
+        *,
+        optimizer: str | Optimizer = "sgd",
+        sync_bn: bool = False,
+        state: Sequence[np.ndarray] | None = None,
+        bucket_mb: float | None = DEFAULT_BUCKET_MB,
+    ):
         if not isinstance(model, Model):
-            raise ModelError(f"model must be a multigpu model (Model or Sequential), got {type(model).__name__}; "
-                             "e.g. multigpu.models.lenet()")
+            raise ModelError(
+                f"model must be a multigpu model (Model or Sequential), got {type(model).__name__}; "
+                "e.g. multigpu.models.lenet()"
+            )
         if not isinstance(sync_bn, bool):
             raise InputError(f"sync_bn={sync_bn!r} must be True or False")
         self.model = model
@@ -112,8 +125,10 @@ class DataParallel:
         self._layout = None if bucket_mb is None else plan_buckets(model.param_shapes, bucket_mb)
         host = model.init_params(seed) if params is None else model.check_params(params)
         self._place_params(host)
-        self.opt_state = [[self.backend.from_numpy(np.zeros(self._param_size, np.float32), d)
-                           for _ in range(self.optimizer.buffers)] for d in self.devices]
+        self.opt_state = [
+            [self.backend.from_numpy(np.zeros(self._param_size, np.float32), d) for _ in range(self.optimizer.buffers)]
+            for d in self.devices
+        ]
         self.has_bn = bool(model.batch_norms)
         momenta = {model.nodes[i].layer.momentum for i in model.batch_norms}
         self._bn_momentum = momenta.pop() if len(momenta) == 1 else None  # one whole-buffer update when equal
@@ -156,7 +171,8 @@ class DataParallel:
         if total != n * self.world_size:
             raise DeviceError(
                 f"rank {self.rank} drives {n} device(s) but the {self.world_size} ranks drive {int(total)} in "
-                "all; give every rank the same device count (e.g. the same --gpus)")
+                "all; give every rank the same device count (e.g. the same --gpus)"
+            )
 
     # -- parameters and state -------------------------------------------------------
     def _place_params(self, host: Sequence[np.ndarray]) -> None:
@@ -236,11 +252,14 @@ class DataParallel:
         if self.rank == 0:
             rows = np.asarray(rows, np.float32)
             if rows.shape != (total, size):
-                raise ParamsError(f"running statistics of shape {rows.shape}, but this job has {total} replicas of "
-                                  f"{size} values; resume with the same model, devices and processes")
+                raise ParamsError(
+                    f"running statistics of shape {rows.shape}, but this job has {total} replicas of "
+                    f"{size} values; resume with the same model, devices and processes"
+                )
         if self.process_group is not None:
-            flat = b.from_numpy(rows.reshape(-1) if self.rank == 0 else np.zeros(total * size, np.float32),
-                                self.process_group.device)
+            flat = b.from_numpy(
+                rows.reshape(-1) if self.rank == 0 else np.zeros(total * size, np.float32), self.process_group.device
+            )
             self.process_group.broadcast_(flat, 0)
             rows = b.to_numpy(flat).reshape(total, size)
         assert rows is not None
@@ -254,8 +273,10 @@ class DataParallel:
     def set_optimizer_state(self, buffers: Sequence[np.ndarray], steps: int) -> None:
         """Overwrite every replica's optimizer buffers and the step count (e.g. from a checkpoint)."""
         if len(buffers) != self.optimizer.buffers or any(np.shape(a) != (self._param_size,) for a in buffers):
-            raise ParamsError(f"{self.optimizer.name} keeps {self.optimizer.buffers} buffer(s) of "
-                              f"{self._param_size} values, got shapes {[np.shape(a) for a in buffers]}")
+            raise ParamsError(
+                f"{self.optimizer.name} keeps {self.optimizer.buffers} buffer(s) of "
+                f"{self._param_size} values, got shapes {[np.shape(a) for a in buffers]}"
+            )
         self.steps = check_count(steps, "steps", minimum=0)
         for per, d in zip(self.opt_state, self.devices):
             for dst, src in zip(per, buffers):
@@ -303,8 +324,10 @@ class DataParallel:
         node = next(k for k, v in need.items() if v >= 2)
         if self.synchronized:
             if batch < 2:
-                raise InputError(f"BatchNorm node {node!r} of {self.model.name} normalizes 1x1 planes, so in training "
-                                 f"the batch needs at least 2 examples, got {batch}")
+                raise InputError(
+                    f"BatchNorm node {node!r} of {self.model.name} normalizes 1x1 planes, so in training "
+                    f"the batch needs at least 2 examples, got {batch}"
+                )
             return
         for d, (xs, _) in zip(self.devices, shards):
             if len(xs) < 2:
@@ -312,7 +335,8 @@ class DataParallel:
                     f"BatchNorm node {node!r} of {self.model.name} normalizes 1x1 planes, so in training each "
                     f"device's shard needs at least 2 examples, but device {d} gets {len(xs)} of the batch of "
                     f"{batch} (its batch variance would be undefined); use a batch of at least "
-                    f"{2 * len(self.devices) * self.world_size}, or sync_bn=True")
+                    f"{2 * len(self.devices) * self.world_size}, or sync_bn=True"
+                )
 
     def train_batch(self, X: np.ndarray, y: np.ndarray) -> float:
         """Run one optimizer step on the (global) minibatch; return its mean per-example loss.
@@ -332,8 +356,9 @@ class DataParallel:
             self._global_batch = len(X)
             inputs = [b.from_numpy(xs, d) for d, (xs, _) in zip(self.devices, shards)]
             inputs += [b.from_numpy(ys, d) for d, (_, ys) in zip(self.devices, shards)]
-            flat, aux = b.value_and_grad(self._sync_loss, self.replicas[0], *inputs, aux=True,
-                                         out=self._gradient_buffer(0))
+            flat, aux = b.value_and_grad(
+                self._sync_loss, self.replicas[0], *inputs, aux=True, out=self._gradient_buffer(0)
+            )
             if self.process_group is not None:
                 self.process_group.allreduce_(flat)  # the local sum, loss included, crosses processes once
             grad, loss = b.unflatten(flat, [(self._param_size,), (1,)])
@@ -353,11 +378,20 @@ class DataParallel:
             for r, (d, params, (xs, ys)) in enumerate(zip(self.devices, self.replicas, shards)):
                 # with buckets each replica's gradients go to its bucket buffers, and the last device's
                 # signals start the sums: the others' backward is queued by then
-                where = {"out": self._gradient_buffer(r)} if bucketed is None else \
-                    {"out": bucketed.outputs[r], "buckets": bucketed.layout.params,
-                     "on_bucket": bucketed.ready if r == n - 1 else _queued}
-                outs.append(b.value_and_grad(self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d),
-                                             aux=self.has_bn, **where))
+                where = (
+                    {"out": self._gradient_buffer(r)}
+                    if bucketed is None
+                    else {
+                        "out": bucketed.outputs[r],
+                        "buckets": bucketed.layout.params,
+                        "on_bucket": bucketed.ready if r == n - 1 else _queued,
+                    }
+                )
+                outs.append(
+                    b.value_and_grad(
+                        self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d), aux=self.has_bn, **where
+                    )
+                )
             flats = [o[0] for o in outs] if self.has_bn else outs
             auxes = [o[1] for o in outs] if self.has_bn else []
             if bucketed is None:
@@ -377,8 +411,12 @@ class DataParallel:
         """This step's bucketed sum across processes, or None where one buffer is summed after backward
         (no group, a group without ``allreduce_async_``, bucket_mb=None, or another allreduce)."""
         group = self.process_group
-        if group is None or self._layout is None or self.allreduce != "fused" \
-                or not callable(getattr(group, "allreduce_async_", None)):
+        if (
+            group is None
+            or self._layout is None
+            or self.allreduce != "fused"
+            or not callable(getattr(group, "allreduce_async_", None))
+        ):
             return None
         reserved = int(getattr(group, "reserved_floats", 0))  # the checked group's flag, after the loss
         buffers = [self._bucket_buffers(r, reserved) for r in range(len(self.devices))]
@@ -396,7 +434,7 @@ class DataParallel:
             params, states = self._bucket_views(r)
             for k, (p, g) in enumerate(zip(params, grads)):
                 updates.append((p, g, [st[k] for st in states]))
-        return updates, losses[0]   # the summed loss, read from the first device
+        return updates, losses[0]  # the summed loss, read from the first device
 
     def _bucket_views(self, replica: int) -> tuple[list[Any], list[list[Any]]]:
         """Replica ``replica``'s parameters and optimizer buffers cut into buckets (views, cut once: both
@@ -405,8 +443,10 @@ class DataParallel:
         kept = self._update_views.get(replica)
         if kept is None:
             views = self._layout.param_views
-            kept = self._update_views[replica] = (views(self.backend, self.flat_params[replica]),
-                                                  [views(self.backend, t) for t in self.opt_state[replica]])
+            kept = self._update_views[replica] = (
+                views(self.backend, self.flat_params[replica]),
+                [views(self.backend, t) for t in self.opt_state[replica]],
+            )
         return kept
 
     def _bucket_buffers(self, replica: int, reserved: int) -> KeptBuffers:
@@ -417,16 +457,18 @@ class DataParallel:
         sizes = [self._layout.sizes[0] + reserved, *self._layout.sizes[1:]]
         kept = self._bucket_bufs.get(replica)
         if kept is None or int(np.prod(self.backend.shape(kept[0]))) != sizes[0]:
-            self._bucket_bufs[replica] = KeptBuffers(self.backend.from_numpy(np.zeros(n, np.float32),
-                                                                             self.devices[replica]) for n in sizes)
+            self._bucket_bufs[replica] = KeptBuffers(
+                self.backend.from_numpy(np.zeros(n, np.float32), self.devices[replica]) for n in sizes
+            )
         return self._bucket_bufs[replica]
 
     def _gradient_buffer(self, replica: int) -> Any:
         """Replica ``replica``'s buffer for [gradients..., loss], kept from step to step (as a framework
         keeps ``.grad``): a new one of a ResNet-18's size each step cost about 5% of the step."""
         if replica not in self._grad_buffers:
-            self._grad_buffers[replica] = self.backend.from_numpy(np.zeros(self._param_size + 1, np.float32),
-                                                                  self.devices[replica])
+            self._grad_buffers[replica] = self.backend.from_numpy(
+                np.zeros(self._param_size + 1, np.float32), self.devices[replica]
+            )
         return self._grad_buffers[replica]
 
     def _fold_statistics(self, replica: int, batch_stats: Any) -> None:

@@ -21,6 +21,7 @@ Two layers implement this protocol:
   ``multigpu.distributed.rank.init_process_group`` returns one. It reserves
   ``reserved_floats`` floats at the end of an announced bucket set's bucket 0 for its flag.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol, TypeVar, runtime_checkable

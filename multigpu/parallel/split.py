@@ -1,4 +1,5 @@
 """Split a minibatch across devices without losing a row."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,7 +17,8 @@ def shard_sizes(total: int, parts: int) -> list[int]:
     if total < parts:
         raise InputError(
             f"a batch of {total} example(s) cannot be split across {parts} devices; "
-            f"use a batch of at least {parts} or fewer devices")
+            f"use a batch of at least {parts} or fewer devices"
+        )
     base, extra = divmod(total, parts)
     return [base + 1 if i < extra else base for i in range(parts)]
 

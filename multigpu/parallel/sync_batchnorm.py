@@ -12,6 +12,7 @@ SyncBatchNorm, derived by each framework's own autograd.
 This needs every device's forward to meet at each BatchNorm node, so the step runs all
 local replicas in one ``value_and_grad`` (``Model.apply`` walks them in lockstep).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -36,8 +37,9 @@ class SynchronizedStatistics:
         self.devices, self.group, self.batch = list(devices), group, int(batch)
         self.stats: list[list[Any]] = [[]]
 
-    def __call__(self, backend: Any, index: int, layer: BatchNorm2d, xs: Sequence[Any],
-                 params: Sequence[Sequence[Any]]) -> list[Any]:
+    def __call__(
+        self, backend: Any, index: int, layer: BatchNorm2d, xs: Sequence[Any], params: Sequence[Sequence[Any]]
+    ) -> list[Any]:
         """Normalize every replica's input with the sums of all of them (and of every process)."""
         b, first = backend, self.devices[0]
         total = b.batch_norm_sums(xs[0])

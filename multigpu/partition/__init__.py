@@ -11,6 +11,7 @@ coupling constraints, a HiGHS MILP with memory / busy-time / energy constraints 
 for the throughput objective. Imports numpy and the standard library only; scipy is
 loaded on the first MILP solve.
 """
+
 from __future__ import annotations
 
 from multigpu.partition.cost.evaluate import evaluate
@@ -34,9 +35,36 @@ from multigpu.partition.solvers.planner import OBJECTIVES, Plan, autopartition
 from multigpu.partition.stages import Stage
 
 __all__ = [
-    "BASELINES", "BaselineResult", "Breakdown", "Cluster", "ClusterError", "Constraints",
-    "DeviceCost", "DeviceSpec", "Graph", "InfeasibleError", "LayerCost", "LayerSpec", "Link",
-    "LinkCost", "LinkSpec", "LinkTables", "MatrixForm", "OBJECTIVES", "PartitionInputError", "Plan",
-    "Stage", "UnusableLinkError", "autopartition", "baselines", "evaluate", "format_report",
-    "TransferCost", "graph_from_model", "load_cluster", "load_graph", "shipped_clusters", "shipped_graphs",
+    "BASELINES",
+    "BaselineResult",
+    "Breakdown",
+    "Cluster",
+    "ClusterError",
+    "Constraints",
+    "DeviceCost",
+    "DeviceSpec",
+    "Graph",
+    "InfeasibleError",
+    "LayerCost",
+    "LayerSpec",
+    "Link",
+    "LinkCost",
+    "LinkSpec",
+    "LinkTables",
+    "MatrixForm",
+    "OBJECTIVES",
+    "PartitionInputError",
+    "Plan",
+    "Stage",
+    "UnusableLinkError",
+    "autopartition",
+    "baselines",
+    "evaluate",
+    "format_report",
+    "TransferCost",
+    "graph_from_model",
+    "load_cluster",
+    "load_graph",
+    "shipped_clusters",
+    "shipped_graphs",
 ]

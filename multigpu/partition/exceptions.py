@@ -4,6 +4,7 @@ Everything derives from the project's ``ClusterError`` (bad input) or
 ``InfeasibleError`` (no assignment satisfies the constraints), so callers can catch
 those two, or ``MultigpuError``, without knowing about this module.
 """
+
 from __future__ import annotations
 
 from multigpu.errors import ClusterError, InfeasibleError

@@ -4,10 +4,10 @@ the input and the sink as squares on their devices' colours. Long graphs wrap in
 
 matplotlib is the optional ``plot`` extra, imported only here and only when drawing.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Union
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from multigpu.training.plotting import require_matplotlib
 
 __all__ = ["layout", "plot_plan"]
 
-ROW = 60            # layer columns (depths) per row before the drawing wraps
+ROW = 60  # layer columns (depths) per row before the drawing wraps
 
 
 def layout(graph: Graph, row: int = ROW) -> np.ndarray:
@@ -37,12 +37,12 @@ def layout(graph: Graph, row: int = ROW) -> np.ndarray:
         members = np.flatnonzero(depth_all == d)
         lane[members] = np.arange(len(members)) - (len(members) - 1) / 2
     columns = depth_all.max() + 1
-    row = -(-columns // -(-columns // row))          # as many columns in each row as it takes
+    row = -(-columns // -(-columns // row))  # as many columns in each row as it takes
     col, band = depth_all % row, depth_all // row
     return np.column_stack([col.astype(float), -band * (width + 1.5) - lane])
 
 
-def plot_plan(plan: Plan, graph: Graph, cluster: Cluster, path: Union[str, "os.PathLike[str]"]) -> None:
+def plot_plan(plan: Plan, graph: Graph, cluster: Cluster, path: str | os.PathLike[str]) -> None:
     """Write a PNG of ``plan`` (see the module docstring); MissingDependencyError without matplotlib."""
     require_matplotlib()
     import matplotlib
@@ -63,8 +63,9 @@ def plot_plan(plan: Plan, graph: Graph, cluster: Cluster, path: Union[str, "os.P
     edges = [(p + 1, c + 1) for c, prods in enumerate(graph.producers) for p in prods] + [(n, n + 1)]
     for a, b in edges:
         cut = node_dev[a] != node_dev[b]
-        style = dict(color="crimson" if cut else "0.55", lw=1.8 if cut else 0.8, ls="--" if cut else "-",
-                     zorder=2 if cut else 1)
+        style = dict(
+            color="crimson" if cut else "0.55", lw=1.8 if cut else 0.8, ls="--" if cut else "-", zorder=2 if cut else 1
+        )
         (xa, ya), (xb, yb) = pos[a], pos[b]
         if ya != yb and xb < xa:
             # The edge wraps to the next row: along the row's end, down, and in from the left.
@@ -72,31 +73,58 @@ def plot_plan(plan: Plan, graph: Graph, cluster: Cluster, path: Union[str, "os.P
             ax.plot([xa, right, right, left, left, xb], [ya, ya, (ya + yb) / 2, (ya + yb) / 2, yb, yb], **style)
         elif xb - xa > 1.5 and ya == yb:
             # A skip over several layers of one row (a shortcut): an arc above the row, not along it.
-            ax.add_patch(FancyArrowPatch((xa, ya), (xb, yb), arrowstyle="-", connectionstyle="arc3,rad=-0.25",
-                                         color=style["color"], lw=style["lw"], ls=style["ls"],
-                                         zorder=style["zorder"]))
+            ax.add_patch(
+                FancyArrowPatch(
+                    (xa, ya),
+                    (xb, yb),
+                    arrowstyle="-",
+                    connectionstyle="arc3,rad=-0.25",
+                    color=style["color"],
+                    lw=style["lw"],
+                    ls=style["ls"],
+                    zorder=style["zorder"],
+                )
+            )
         else:
             ax.plot([xa, xb], [ya, yb], **style)
-    ax.scatter(pos[1:-1, 0], pos[1:-1, 1], s=46, c=[colors(d % colors.N) for d in dev], edgecolors="k",
-               linewidths=0.4, zorder=3)
+    ax.scatter(
+        pos[1:-1, 0],
+        pos[1:-1, 1],
+        s=46,
+        c=[colors(d % colors.N) for d in dev],
+        edgecolors="k",
+        linewidths=0.4,
+        zorder=3,
+    )
     for i, label in ((0, "input"), (n + 1, "sink")):
         ax.scatter(*pos[i], s=70, marker="s", color=colors(node_dev[i] % colors.N), edgecolors="k", zorder=3)
         ax.annotate(label, pos[i], textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
     if n <= 40:
         for i, name in enumerate(graph.names):
             ax.annotate(name, pos[i + 1], textcoords="offset points", xytext=(0, -11), ha="center", fontsize=6)
-    else:   # label where each stage starts
+    else:  # label where each stage starts
         for s in plan.stages:
-            ax.annotate(graph.names[s.start], pos[s.start + 1], textcoords="offset points", xytext=(0, -11),
-                        ha="center", fontsize=5.5)
+            ax.annotate(
+                graph.names[s.start],
+                pos[s.start + 1],
+                textcoords="offset points",
+                xytext=(0, -11),
+                ha="center",
+                fontsize=5.5,
+            )
     used = sorted(set(dev.tolist()) | {cluster.source_index, cluster.sink_index})
-    handles = [Line2D([], [], marker="o", ls="", color=colors(d % colors.N), markeredgecolor="k",
-                      label=cluster.names[d]) for d in used]
+    handles = [
+        Line2D([], [], marker="o", ls="", color=colors(d % colors.N), markeredgecolor="k", label=cluster.names[d])
+        for d in used
+    ]
     handles.append(Line2D([], [], color="crimson", ls="--", lw=1.8, label="cut edge (crosses devices)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    ax.set_title(f"{graph.name} on {cluster.name}: {plan.objective} plan ({plan.solver}), {len(plan.stages)} stages, "
-                 f"{len(plan.breakdown.transfers)} transfers; time {fmt_time(plan.time)}, makespan "
-                 f"{fmt_time(plan.makespan)}, bottleneck {fmt_time(plan.bottleneck)}", fontsize=9)
+    ax.set_title(
+        f"{graph.name} on {cluster.name}: {plan.objective} plan ({plan.solver}), {len(plan.stages)} stages, "
+        f"{len(plan.breakdown.transfers)} transfers; time {fmt_time(plan.time)}, makespan "
+        f"{fmt_time(plan.makespan)}, bottleneck {fmt_time(plan.bottleneck)}",
+        fontsize=9,
+    )
     ax.set_axis_off()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

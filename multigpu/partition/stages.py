@@ -18,10 +18,11 @@ activation as soon as its layer is done (the Ray executor runs a stage in parts 
 that: ``execution.plan.StageRoute``); an activation crosses to a device once, however
 many layers there consume it (see ``Breakdown.transfers``).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 __all__ = ["Stage", "split_stages", "stage_starts", "stages_summary"]
 
@@ -78,8 +79,11 @@ def stage_starts(assignment: Sequence[object], producers: Sequence[Sequence[int]
     return [any(p < 0 or assignment[p] != assignment[c] for p in prods) for c, prods in enumerate(producers)]
 
 
-def split_stages(assignment: Sequence[str], layer_names: Optional[Sequence[str]] = None,
-                 producers: Optional[Sequence[Sequence[int]]] = None) -> list[Stage]:
+def split_stages(
+    assignment: Sequence[str],
+    layer_names: Sequence[str] | None = None,
+    producers: Sequence[Sequence[int]] | None = None,
+) -> list[Stage]:
     """Group ``assignment`` (one device name per layer) into stages by the module's rule.
     ``layer_names`` name the layers (default: their 1-based positions); ``producers`` are
     each layer's inputs as in ``Graph.producers`` (default: a chain, which cuts the
@@ -99,11 +103,13 @@ def split_stages(assignment: Sequence[str], layer_names: Optional[Sequence[str]]
             members[stage_of[c]].append(c)
     out = []
     for s, mem in enumerate(members):
-        ins = sorted({(p, stage_of[p] if p >= 0 else -1) for c in mem for p in prods[c]
-                      if p < 0 or stage_of[p] != s})
+        ins = sorted({(p, stage_of[p] if p >= 0 else -1) for c in mem for p in prods[c] if p < 0 or stage_of[p] != s})
         after = tuple(sorted({t for _, t in ins if t >= 0}))
-        out.append(Stage(s, assignment[mem[0]], mem[0], mem[-1] + 1, names[mem[0]], names[mem[-1]],
-                         tuple(mem), tuple(ins), after))
+        out.append(
+            Stage(
+                s, assignment[mem[0]], mem[0], mem[-1] + 1, names[mem[0]], names[mem[-1]], tuple(mem), tuple(ins), after
+            )
+        )
     return out
 
 

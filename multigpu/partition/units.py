@@ -1,4 +1,5 @@
 """Figures with readable units, for reports and messages: seconds, bytes, joules."""
+
 from __future__ import annotations
 
 import math

@@ -1,9 +1,9 @@
 """The fields of ``/proc/PID/stat``: one reader for every layer that needs a process's
 parent, state, start time or CPU time."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["PPID", "START", "STATE", "STIME", "UTIME", "stat_fields"]
 
@@ -11,7 +11,7 @@ __all__ = ["PPID", "START", "STATE", "STIME", "UTIME", "stat_fields"]
 STATE, PPID, UTIME, STIME, START = 0, 1, 11, 12, 19
 
 
-def stat_fields(pid: int, proc: Path = Path("/proc")) -> Optional[list[str]]:
+def stat_fields(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
     """The fields of process ``pid``'s stat line after its command name, state first
     (``STATE``, ``PPID``, ``UTIME``, ``STIME`` and ``START`` index them); None when the
     process is gone or its entry cannot be read. The command name sits in parentheses and

@@ -1,12 +1,14 @@
 """Atomic training checkpoints: parameters, optimizer state, BatchNorm statistics, epoch, history and
 random state in one file."""
+
 from __future__ import annotations
 
 import json
 import os
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,8 +20,12 @@ FILENAME = "checkpoint.npz"
 STATE_KEYS = ("config", "epoch", "rng", "test_acc", "train_loss", "sec_per_epoch")
 
 
-def save_checkpoint(folder: str | os.PathLike[str], params: Sequence[np.ndarray], state: dict[str, Any],
-                    arrays: Optional[dict[str, np.ndarray]] = None) -> Path:
+def save_checkpoint(
+    folder: str | os.PathLike[str],
+    params: Sequence[np.ndarray],
+    state: dict[str, Any],
+    arrays: dict[str, np.ndarray] | None = None,
+) -> Path:
     """Write ``params``, the JSON-able ``state`` and named ``arrays`` (optimizer buffers,
     BatchNorm running statistics) to ``folder/checkpoint.npz`` atomically.
 
@@ -35,7 +41,7 @@ def save_checkpoint(folder: str | os.PathLike[str], params: Sequence[np.ndarray]
     return folder / FILENAME
 
 
-def load_checkpoint(folder: str | os.PathLike[str]) -> Optional[tuple[list[np.ndarray], dict[str, Any]]]:
+def load_checkpoint(folder: str | os.PathLike[str]) -> tuple[list[np.ndarray], dict[str, Any]] | None:
     """Return ``(params, state)`` from ``folder``, or None when it holds no checkpoint.
 
     The named arrays saved with it are in ``state["arrays"]`` (a dict of numpy arrays).

@@ -1,9 +1,11 @@
 """Plots of training curves (matplotlib is the optional ``plot`` extra)."""
+
 from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from multigpu.errors import MissingDependencyError
 
@@ -12,7 +14,8 @@ def require_matplotlib() -> None:
     """Raise MissingDependencyError naming the extra when matplotlib is absent."""
     if importlib.util.find_spec("matplotlib") is None:
         raise MissingDependencyError(
-            "plotting needs matplotlib, which is not installed; install it with: pip install 'multigpu[plot]'")
+            "plotting needs matplotlib, which is not installed; install it with: pip install 'multigpu[plot]'"
+        )
 
 
 def plot_curves(results: Sequence[Any], path: str | os.PathLike[str], title: str = "") -> None:

@@ -7,13 +7,14 @@ which joins the job from the environment. Rank 0 writes its ``TrainResult`` to O
 a rank that raises writes its exception beside it, so the caller gets the same
 ``InputError`` (say) as from a single-process run, not just "rank 0 failed".
 """
+
 from __future__ import annotations
 
 import pickle
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -33,16 +34,22 @@ def train_processes(processes: int, kwargs: dict[str, Any]) -> Any:
     """
     check_count(processes, "processes", example=2)
     if launched():
-        raise InputError("processes=N starts its own job, but this process is already a rank of one; "
-                         "call train() without processes inside a launched job")
+        raise InputError(
+            "processes=N starts its own job, but this process is already a rank of one; "
+            "call train() without processes inside a launched job"
+        )
     try:
         pickled = pickle.dumps(kwargs)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise InputError(f"train(processes={processes}) passes its arguments to new processes, and one of "
-                         f"them cannot be pickled ({exc}); pass module-level functions and plain data") from exc
+        raise InputError(
+            f"train(processes={processes}) passes its arguments to new processes, and one of "
+            f"them cannot be pickled ({exc}); pass module-level functions and plain data"
+        ) from exc
     if b"__main__" in pickled:
-        raise InputError(f"train(processes={processes}) passes its arguments to new processes, which cannot "
-                         "load a function or class defined in __main__; move it into an importable module")
+        raise InputError(
+            f"train(processes={processes}) passes its arguments to new processes, which cannot "
+            "load a function or class defined in __main__; move it into an importable module"
+        )
     # The ranks import what the arguments need from the same places as this process.
     spec = pickle.dumps({"sys_path": list(sys.path), "kwargs": pickled})
     timeout = env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT)
@@ -61,7 +68,7 @@ def train_processes(processes: int, kwargs: dict[str, Any]) -> Any:
             return pickle.load(f)
 
 
-def _own_error(folder: Path, processes: int) -> Optional[BaseException]:
+def _own_error(folder: Path, processes: int) -> BaseException | None:
     """The lowest rank's exception that is not a consequence of another rank's failure."""
     for rank in range(processes):
         path = folder / f"error.rank{rank}.pkl"
@@ -81,7 +88,7 @@ def join_job(backend: str, num_gpus: Any) -> tuple[Any, list[Any]]:
     return init_process_group(backend, device=devices[0]), devices
 
 
-def share_checkpoint(tr: Any, saved: Optional[tuple[list[np.ndarray], dict[str, Any]]]) -> Any:
+def share_checkpoint(tr: Any, saved: tuple[list[np.ndarray], dict[str, Any]] | None) -> Any:
     """Give every rank rank 0's checkpoint state (``saved`` is read on rank 0 only).
 
     Returns ``(params, state)``, params on rank 0 only (None elsewhere: the caller sets

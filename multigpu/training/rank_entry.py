@@ -5,19 +5,20 @@ calls ``train()`` (which joins the job from the environment) and, on rank 0, wri
 ``TrainResult`` to OUT. A rank that raises a ``MultigpuError`` writes it beside OUT, so
 the caller re-raises the rank's own error.
 """
+
 from __future__ import annotations
 
 import pickle
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from multigpu.distributed.rank import launched_rank
 from multigpu.errors import MultigpuError
 from multigpu.training.trainer import train
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """A rank of ``train(processes=N)``: run train() from SPEC, write rank 0's result to OUT."""
     spec, out = sys.argv[1:] if argv is None else argv
     rank = launched_rank()

@@ -1,4 +1,5 @@
 """``multigpu.train``: the textbook's experiments (LeNet, then ResNet-18, on Fashion-MNIST) on any backend."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,9 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 import numpy as np
 
@@ -63,14 +65,15 @@ class TrainResult:
         d["state"] = [p.tolist() for p in self.state] if include_params else None
         return d
 
-    def save_json(self, path: Union[str, os.PathLike[str]], include_params: bool = False) -> None:
+    def save_json(self, path: str | os.PathLike[str], include_params: bool = False) -> None:
         """Write the result as JSON to ``path`` (atomically: the old file or the whole new one)."""
         with atomic_write(path) as f:
             f.write(json.dumps(self.to_dict(include_params), indent=2).encode())
 
 
-def learning_rate(lr: float, scale: int, step: int, steps_per_epoch: int, lr_scaling: Optional[str],
-                  warmup_epochs: float) -> float:
+def learning_rate(
+    lr: float, scale: int, step: int, steps_per_epoch: int, lr_scaling: str | None, warmup_epochs: float
+) -> float:
     """Return the learning rate for global step ``step``.
 
     ``lr_scaling="linear"`` multiplies ``lr`` by ``scale``, the global-batch
@@ -99,7 +102,7 @@ def _batches(n: int, batch_size: int, fewest: int, rng: np.random.Generator) -> 
     return chunks
 
 
-def resolve_model(model: Union[str, Model], data: Any = None) -> Model:
+def resolve_model(model: str | Model, data: Any = None) -> Model:
     """Return the model to train: a built-in one by name, or the model object itself.
 
     A built-in model is built for the data (``data``, or Fashion-MNIST when None): its
@@ -116,33 +119,56 @@ def resolve_model(model: Union[str, Model], data: Any = None) -> Model:
         return models.get(model, num_classes=classes, input_shape=shape)
     if isinstance(model, Model):
         return model
-    raise ModelError(f"model={model!r} is neither a built-in model name ({', '.join(sorted(models.MODELS))}) "
-                     "nor a multigpu model; pass a name or e.g. multigpu.Sequential([...], input_shape=(1, 28, 28))")
+    raise ModelError(
+        f"model={model!r} is neither a built-in model name ({', '.join(sorted(models.MODELS))}) "
+        "nor a multigpu model; pass a name or e.g. multigpu.Sequential([...], input_shape=(1, 28, 28))"
+    )
 
 
 def _check_fits(net: Model, data: Any) -> None:
     """Raise ModelError unless ``net`` takes the data's images and has a class per label."""
     image = tuple(data.train_images.shape[1:])
     if net.input_shape != image:
-        raise ModelError(f"model {net.name!r} takes inputs of shape {net.input_shape} but the images are {image}; "
-                         f"build it with input_shape={image}")
+        raise ModelError(
+            f"model {net.name!r} takes inputs of shape {net.input_shape} but the images are {image}; "
+            f"build it with input_shape={image}"
+        )
     classes = int(max(data.train_labels.max(), data.test_labels.max())) + 1
     if net.num_classes < classes:
-        raise ModelError(f"model {net.name!r} has {net.num_classes} outputs but the labels run to {classes - 1}; "
-                         f"end it with Dense(out_features={classes})")
+        raise ModelError(
+            f"model {net.name!r} has {net.num_classes} outputs but the labels run to {classes - 1}; "
+            f"end it with Dense(out_features={classes})"
+        )
 
 
-def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int = 256, lr: float = 0.2,
-          num_epochs: int = 10, model: Union[str, Model] = "lenet", allreduce: str = "fused",
-          data_dir: Optional[Union[str, os.PathLike[str]]] = None, seed: int = 0, progress: bool = True,
-          plot: Optional[Union[str, os.PathLike[str]]] = None,
-          checkpoint: Optional[Union[str, os.PathLike[str]]] = None, *, scale_batch: bool = False,
-          lr_scaling: Optional[str] = None, warmup_epochs: float = 0.0,
-          train_limit: Optional[int] = None, test_limit: Optional[int] = None, data: Any = None,
-          on_epoch: Optional[Callable[[int, "TrainResult"], None]] = None, processes: int = 1,
-          process_group: Optional[ProcessGroup] = None, verify_data: bool = True,
-          optimizer: Union[str, Optimizer] = "sgd", sync_bn: bool = False,
-          bucket_mb: Optional[float] = DEFAULT_BUCKET_MB) -> TrainResult:
+def train(
+    backend: str = "numpy",
+    num_gpus: int | str = 1,
+    batch_size: int = 256,
+    lr: float = 0.2,
+    num_epochs: int = 10,
+    model: str | Model = "lenet",
+    allreduce: str = "fused",
+    data_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    plot: str | os.PathLike[str] | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    *,
+    scale_batch: bool = False,
+    lr_scaling: str | None = None,
+    warmup_epochs: float = 0.0,
+    train_limit: int | None = None,
+    test_limit: int | None = None,
+    data: Any = None,
+    on_epoch: Callable[[int, TrainResult], None] | None = None,
+    processes: int = 1,
+    process_group: ProcessGroup | None = None,
+    verify_data: bool = True,
+    optimizer: str | Optimizer = "sgd",
+    sync_bn: bool = False,
+    bucket_mb: float | None = DEFAULT_BUCKET_MB,
+) -> TrainResult:
     """Train ``model`` on Fashion-MNIST with data-parallel SGD; return a TrainResult.
 
     ``optimizer`` is ``"sgd"`` (plain SGD, the textbook's), ``"adamw"`` or an optimizer
@@ -210,8 +236,18 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
         if group is None and launched():
             group, devices = join_job(backend, num_gpus)
             joined = True
-        tr = DataParallel(net, backend=backend, devices=devices, lr=lr, allreduce=allreduce, seed=seed,
-                          process_group=group, optimizer=opt, sync_bn=sync_bn, bucket_mb=bucket_mb)
+        tr = DataParallel(
+            net,
+            backend=backend,
+            devices=devices,
+            lr=lr,
+            allreduce=allreduce,
+            seed=seed,
+            process_group=group,
+            optimizer=opt,
+            sync_bn=sync_bn,
+            bucket_mb=bucket_mb,
+        )
     rank, world = tr.rank, tr.world_size
     progress = progress and rank == 0
     for w in caught:
@@ -235,16 +271,35 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     Xtr, ytr = Xtr[:train_limit], ytr[:train_limit]
     Xte, yte = Xte[:test_limit], yte[:test_limit]
 
-    result = TrainResult(backend=tr.backend.name, devices=[str(d) for d in tr.devices], model=net.name,
-                         batch_size=global_batch, lr=lr, allreduce=allreduce, seed=seed,
-                         processes=world, rank=rank, optimizer=opt.config(), sync_bn=sync_bn)
-    config = {"backend": result.backend, "devices": result.devices, "model": net.name,
-              "param_shapes": [list(shape) for shape in net.param_shapes], "batch_size": global_batch,
-              "lr": lr, "allreduce": allreduce, "seed": seed, "lr_scaling": lr_scaling,
-              "warmup_epochs": warmup_epochs, "train_size": len(Xtr), "test_size": len(Xte)}
+    result = TrainResult(
+        backend=tr.backend.name,
+        devices=[str(d) for d in tr.devices],
+        model=net.name,
+        batch_size=global_batch,
+        lr=lr,
+        allreduce=allreduce,
+        seed=seed,
+        processes=world,
+        rank=rank,
+        optimizer=opt.config(),
+        sync_bn=sync_bn,
+    )
+    config = {
+        "backend": result.backend,
+        "devices": result.devices,
+        "model": net.name,
+        "param_shapes": [list(shape) for shape in net.param_shapes],
+        "batch_size": global_batch,
+        "lr": lr,
+        "allreduce": allreduce,
+        "seed": seed,
+        "lr_scaling": lr_scaling,
+        "warmup_epochs": warmup_epochs,
+        "train_size": len(Xtr),
+        "test_size": len(Xte),
+    }
     if opt.config() != SGD().config() or sync_bn or net.batch_norms:  # older checkpoints stay valid
-        config.update(optimizer=opt.config(), sync_bn=sync_bn,
-                      state_shapes=[list(shape) for shape in net.state_shapes])
+        config.update(optimizer=opt.config(), sync_bn=sync_bn, state_shapes=[list(shape) for shape in net.state_shapes])
     if world > 1:
         config["processes"] = world
     rng = np.random.default_rng(seed)
@@ -258,7 +313,8 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
         if diff:
             raise CheckpointError(
                 f"checkpoint in {checkpoint} belongs to a different run (saved vs now: {diff}); "
-                "use another folder or the same settings")
+                "use another folder or the same settings"
+            )
         try:
             if params is not None:  # None on ranks other than 0: broadcast below
                 tr.set_params(params)
@@ -272,8 +328,9 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
             try:  # every replica's own running statistics, rank 0's file to every rank
                 tr.scatter_states(arrays.get("bn") if arrays is not None else None)
             except (ParamsError, AttributeError) as exc:
-                raise CheckpointError(f"checkpoint in {checkpoint} is damaged ({exc}); delete it to start "
-                                      "afresh") from exc
+                raise CheckpointError(
+                    f"checkpoint in {checkpoint} is damaged ({exc}); delete it to start afresh"
+                ) from exc
         start_epoch = state["epoch"]
         for key in ("test_acc", "train_loss", "sec_per_epoch"):
             getattr(result, key).extend(state[key])
@@ -287,23 +344,43 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
         with bar(total=len(chunks), desc=f"epoch {epoch + 1}/{num_epochs}", unit="batch", leave=False) as pbar:
             t0 = time.perf_counter()
             for i, idx in enumerate(chunks):
-                tr.lr = learning_rate(lr, multiplier, epoch * steps_per_epoch + i, steps_per_epoch,
-                                      lr_scaling, warmup_epochs)
+                tr.lr = learning_rate(
+                    lr, multiplier, epoch * steps_per_epoch + i, steps_per_epoch, lr_scaling, warmup_epochs
+                )
                 loss = tr.train_batch(Xtr[idx], ytr[idx])  # read after the update: no extra device wait
                 if not math.isfinite(loss):  # Keras's TerminateOnNaN: stop, keep the last checkpoint
-                    raise _diverged(f"the loss is {loss} at epoch {epoch + 1}, step {i + 1}", epoch, i + 1,
-                                    loss, tr.lr, checkpoint, len(result.test_acc))
+                    raise _diverged(
+                        f"the loss is {loss} at epoch {epoch + 1}, step {i + 1}",
+                        epoch,
+                        i + 1,
+                        loss,
+                        tr.lr,
+                        checkpoint,
+                        len(result.test_acc),
+                    )
                 total += loss * len(idx)
                 pbar.update(1)
             tr.synchronize()  # queued device work belongs to this epoch's time
             seconds = time.perf_counter() - t0
         params = tr.get_params()  # one read per epoch, after the device work is done
         stats = tr.gather_states() if net.batch_norms else np.zeros((0,), np.float32)  # every rank takes part
-        bad = ("parameters" if not all(np.isfinite(p).all() for p in params) else
-               "BatchNorm running statistics" if not np.isfinite(stats).all() else None)
+        bad = (
+            "parameters"
+            if not all(np.isfinite(p).all() for p in params)
+            else "BatchNorm running statistics"
+            if not np.isfinite(stats).all()
+            else None
+        )
         if bad is not None:  # a ReLU may have hidden NaN from the loss
-            raise _diverged(f"the {bad} hold NaN or infinity after epoch {epoch + 1} although every loss was "
-                            "finite", epoch, len(chunks), math.nan, tr.lr, checkpoint, len(result.test_acc))
+            raise _diverged(
+                f"the {bad} hold NaN or infinity after epoch {epoch + 1} although every loss was finite",
+                epoch,
+                len(chunks),
+                math.nan,
+                tr.lr,
+                checkpoint,
+                len(result.test_acc),
+            )
         result.sec_per_epoch.append(seconds)
         result.train_loss.append(total / len(Xtr))
         result.test_acc.append(tr.evaluate(Xte, yte))
@@ -311,14 +388,27 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
             extra = {f"opt{j}": a for j, a in enumerate(tr.get_optimizer_state())}
             if net.batch_norms:
                 extra["bn"] = stats
-            save_checkpoint(checkpoint, params, {
-                "config": config, "epoch": epoch + 1, "rng": rng.bit_generator.state,
-                "test_acc": result.test_acc, "train_loss": result.train_loss,
-                "sec_per_epoch": result.sec_per_epoch, "steps": tr.steps}, extra)
+            save_checkpoint(
+                checkpoint,
+                params,
+                {
+                    "config": config,
+                    "epoch": epoch + 1,
+                    "rng": rng.bit_generator.state,
+                    "test_acc": result.test_acc,
+                    "train_loss": result.train_loss,
+                    "sec_per_epoch": result.sec_per_epoch,
+                    "steps": tr.steps,
+                },
+                extra,
+            )
         if progress:
-            print(f"epoch {epoch + 1}/{num_epochs}: test acc {result.test_acc[-1]:.3f}, "
-                  f"train loss {result.train_loss[-1]:.3f}, {seconds:.1f} sec/epoch "
-                  f"on {result.devices} ({result.backend})", flush=True)
+            print(
+                f"epoch {epoch + 1}/{num_epochs}: test acc {result.test_acc[-1]:.3f}, "
+                f"train loss {result.train_loss[-1]:.3f}, {seconds:.1f} sec/epoch "
+                f"on {result.devices} ({result.backend})",
+                flush=True,
+            )
         if on_epoch is not None and rank == 0:
             on_epoch(epoch, result)
     result.params = tr.get_params()  # after a resume that had nothing left to do, too
@@ -331,16 +421,21 @@ def train(backend: str = "numpy", num_gpus: Union[int, str] = 1, batch_size: int
     return result
 
 
-def _diverged(what: str, epoch: int, step: int, loss: float, lr: float, checkpoint: Any,
-              done: int) -> TrainingDivergedError:
+def _diverged(
+    what: str, epoch: int, step: int, loss: float, lr: float, checkpoint: Any, done: int
+) -> TrainingDivergedError:
     if checkpoint is None:
         kept = "no checkpoint was asked for (--checkpoint DIR keeps one per epoch)"
     elif done:
         kept = f"the checkpoint in {checkpoint} still holds epoch {done}"
     else:
         kept = f"no epoch finished, so {checkpoint} holds no checkpoint"
-    return TrainingDivergedError(f"training diverged: {what} (lr {lr:g}); lower the learning rate, "
-                                 f"e.g. to {lr / 10:g}; {kept}", epoch=epoch + 1, step=step, loss=loss)
+    return TrainingDivergedError(
+        f"training diverged: {what} (lr {lr:g}); lower the learning rate, e.g. to {lr / 10:g}; {kept}",
+        epoch=epoch + 1,
+        step=step,
+        loss=loss,
+    )
 
 
 def _progress_bar(enabled: bool) -> Callable[..., Any]:

@@ -1,4 +1,5 @@
 """``multigpu bench``: run the comparative benchmarks through one harness."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,22 +18,33 @@ runs every benchmark (--quick: the quick ones, with fewer repeats).
 
 def register(sub: Any) -> None:
     """Add the ``bench`` sub-command."""
-    p = add_command(sub, "bench", run, help="run the comparative benchmarks (tables, JSON, plots)",
-                    description=DESCRIPTION)
+    p = add_command(
+        sub, "bench", run, help="run the comparative benchmarks (tables, JSON, plots)", description=DESCRIPTION
+    )
     p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all; see --list)")
     p.add_argument("--quick", action="store_true", help="fewer repeats and sizes; skips the long benchmarks")
     p.add_argument("--out", default="benchmarks/out", metavar="DIR", help="output folder (default benchmarks/out)")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
-    p.add_argument("--backends", metavar="LIST",
-                   help="comma-separated frameworks to measure, e.g. torch,mxnet (default: every installed one)")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="CPU threads per framework process (sets OMP_NUM_THREADS and friends; default: the "
-                        "frameworks' own choice). On a machine shared with other jobs, 1 keeps a busy core "
-                        "from stalling every parallel op")
-    p.add_argument("--lab", action="store_true",
-                   help="run across the hosts of the emulated lab (needs root): `plans --lab` predicts and measures "
-                        "plans over shaped links; `lab` runs the report's experiment, multi-host allreduces, faults "
-                        "and who can reach each job")
+    p.add_argument(
+        "--backends",
+        metavar="LIST",
+        help="comma-separated frameworks to measure, e.g. torch,mxnet (default: every installed one)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads per framework process (sets OMP_NUM_THREADS and friends; default: the "
+        "frameworks' own choice). On a machine shared with other jobs, 1 keeps a busy core "
+        "from stalling every parallel op",
+    )
+    p.add_argument(
+        "--lab",
+        action="store_true",
+        help="run across the hosts of the emulated lab (needs root): `plans --lab` predicts and measures "
+        "plans over shaped links; `lab` runs the report's experiment, multi-host allreduces, faults "
+        "and who can reach each job",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -50,13 +62,17 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         raise InputError(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)} (see --list)")
+
     def wanted(module: str) -> bool:
         mod = importlib.import_module(f"multigpu.benchmarks.{module}")
         return (not args.quick or mod.IN_QUICK) and (args.lab or not getattr(mod, "NEEDS_LAB", False))
 
     names = args.names or [n for n, m in BENCHMARKS.items() if wanted(m)]
-    needs = [n for n in names if getattr(importlib.import_module(f"multigpu.benchmarks.{BENCHMARKS[n]}"),
-                                         "NEEDS_LAB", False) and not args.lab]
+    needs = [
+        n
+        for n in names
+        if getattr(importlib.import_module(f"multigpu.benchmarks.{BENCHMARKS[n]}"), "NEEDS_LAB", False) and not args.lab
+    ]
     if needs:
         raise InputError(f"benchmark(s) {needs} run in the emulated lab; add --lab (as root)")
     backends = None
@@ -66,12 +82,16 @@ def run(args: argparse.Namespace) -> int:
         backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
         bad = [b for b in backends if b not in registered_backends() or b == "numpy"]
         if bad or not backends:
-            raise InputError(f"--backends {args.backends!r}: {bad or 'empty'} is not a framework backend; "
-                             f"choose from {[b for b in registered_backends() if b != 'numpy']}")
+            raise InputError(
+                f"--backends {args.backends!r}: {bad or 'empty'} is not a framework backend; "
+                f"choose from {[b for b in registered_backends() if b != 'numpy']}"
+            )
         missing = [b for b in backends if b not in available_backends()]
         if missing:
-            raise InputError(f"--backends {args.backends!r}: {missing} not installed here; "
-                             f"installed: {[b for b in available_backends() if b != 'numpy']}")
+            raise InputError(
+                f"--backends {args.backends!r}: {missing} not installed here; "
+                f"installed: {[b for b in available_backends() if b != 'numpy']}"
+            )
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads {args.threads} must be at least 1")
     out = Path(args.out)
@@ -79,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out {out} cannot be created ({exc.strerror}); pass a writable folder") from exc
-    run_benchmarks(names, Options(quick=args.quick, out=out, progress=not args.quiet, backends=backends,
-                                       threads=args.threads, lab=args.lab),
-                   echo=(lambda s: None) if args.quiet else print)
+    run_benchmarks(
+        names,
+        Options(
+            quick=args.quick, out=out, progress=not args.quiet, backends=backends, threads=args.threads, lab=args.lab
+        ),
+        echo=(lambda s: None) if args.quiet else print,
+    )
     return 0

@@ -1,4 +1,5 @@
 """``multigpu lab``: bring a cluster file up as an emulated lab on this machine, use it, take it down."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,35 +35,61 @@ that cannot host a lab (not root, no namespaces, no htb, no cgroup v1)."""
 
 def register(sub: Any) -> None:
     """Add the ``lab`` sub-command and its actions."""
-    p = add_command(sub, "lab", run, help="emulate a cluster on this machine: namespaces, shaped links, CPU/memory "
-                    "limits", description=DESCRIPTION, raw=True)
+    p = add_command(
+        sub,
+        "lab",
+        run,
+        help="emulate a cluster on this machine: namespaces, shaped links, CPU/memory limits",
+        description=DESCRIPTION,
+        raw=True,
+    )
     acts = p.add_subparsers(dest="action", metavar="ACTION")
     acts.required = True
     up = acts.add_parser("up", help="bring a cluster file up as a lab", description="Bring CLUSTER up as a lab.")
     up.add_argument("cluster", metavar="CLUSTER", help="a cluster file or a shipped name (lab, gpu-box)")
-    up.add_argument("--cpu-scale", type=float, default=0.25,
-                    help="cores the slowest device gets; the others in proportion to FLOP/s (default 0.25)")
+    up.add_argument(
+        "--cpu-scale",
+        type=float,
+        default=0.25,
+        help="cores the slowest device gets; the others in proportion to FLOP/s (default 0.25)",
+    )
     up.add_argument("--max-cores", type=float, default=None, help="most cores one host gets (default: all)")
-    up.add_argument("--bandwidth-scale", type=float, default=1.0,
-                    help="factor on every link's bandwidth, e.g. 10 to run transfers 10x faster (default 1)")
+    up.add_argument(
+        "--bandwidth-scale",
+        type=float,
+        default=1.0,
+        help="factor on every link's bandwidth, e.g. 10 to run transfers 10x faster (default 1)",
+    )
     up.add_argument("--head", default=None, help="host of the Ray head (default: the one with the most memory)")
     up.add_argument("--backend", default=None, help="backend of every device that names none (e.g. torch)")
-    up.add_argument("--device-backend", action="append", default=[], metavar="DEVICE=BACKEND",
-                    help="backend of one device (repeatable), e.g. imac=paddle")
-    up.add_argument("--threads", type=int, default=1,
-                    help="math threads per worker in the emulated cluster (default 1)")
+    up.add_argument(
+        "--device-backend",
+        action="append",
+        default=[],
+        metavar="DEVICE=BACKEND",
+        help="backend of one device (repeatable), e.g. imac=paddle",
+    )
+    up.add_argument(
+        "--threads", type=int, default=1, help="math threads per worker in the emulated cluster (default 1)"
+    )
     up.add_argument("--no-ray", action="store_true", help="no Ray nodes (namespaces, links and limits only)")
     up.add_argument("--json", action="store_true", help="print the lab's status as JSON")
     up.add_argument("--quiet", action="store_true", help="no progress lines")
-    down = acts.add_parser("down", help="take labs down", description="Take down every lab (or --lab ID), "
-                           "leftovers of crashed ones included.")
+    down = acts.add_parser(
+        "down",
+        help="take labs down",
+        description="Take down every lab (or --lab ID), leftovers of crashed ones included.",
+    )
     down.add_argument("--lab", default=None, metavar="ID", help="only this lab")
     st = acts.add_parser("status", help="show what is up", description="Show every lab that is up.")
     st.add_argument("--json", action="store_true", help="print JSON")
-    ex = acts.add_parser("exec", help="run a command inside a lab host",
-                         description="Run COMMAND inside HOST: its network namespace, hostname, CPU and memory "
-                                     "limits, with the lab's Ray token (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH) "
-                                     "and MULTIGPU_LAB_RAY_ADDRESS set. Exits with COMMAND's status.")
+    ex = acts.add_parser(
+        "exec",
+        help="run a command inside a lab host",
+        description="Run COMMAND inside HOST: its network namespace, hostname, CPU and memory "
+        "limits, with the lab's Ray token (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH) "
+        "and MULTIGPU_LAB_RAY_ADDRESS set. Exits with COMMAND's status.",
+    )
     ex.add_argument("host", metavar="HOST", help="a host of the lab")
     ex.add_argument("--lab", default=None, metavar="ID", help="the lab (needed when several are up)")
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what to run, after '--'")
@@ -98,12 +125,19 @@ def _print_status(st: dict[str, Any]) -> None:
         limit = "unlimited" if h["memory_limit"] is None else f"{h['memory_limit'] / 1e6:.0f} MB"
         used = "-" if mem.get("usage") is None else f"{mem['usage'] / 1e6:.0f} MB"
         oom = f", {mem['oom_kills']} OOM kill(s)" if mem.get("oom_kills") else ""
-        print(f"  {h['name']:<12} {h['address']:<12} {', '.join(h['devices']):<16} {h['cores']:.3g} cores  memory "
-              f"{used} of {limit}{oom}  {h['processes']} process(es)")
+        print(
+            f"  {h['name']:<12} {h['address']:<12} {', '.join(h['devices']):<16} {h['cores']:.3g} cores  memory "
+            f"{used} of {limit}{oom}  {h['processes']} process(es)"
+        )
     by_src: dict[str, list[str]] = {}
     for ln in st["links"]:
-        rate = ("dropped" if ln["blocked"] else "unshaped" if ln["rate_bits"] is None
-                else f"{ln['bandwidth'] / 1e6:.3g} MB/s")
+        rate = (
+            "dropped"
+            if ln["blocked"]
+            else "unshaped"
+            if ln["rate_bits"] is None
+            else f"{ln['bandwidth'] / 1e6:.3g} MB/s"
+        )
         by_src.setdefault(ln["src"], []).append(f"{ln['dst']} {rate}")
     for src, outs in by_src.items():
         print(f"  {src} -> " + ", ".join(outs))
@@ -115,18 +149,29 @@ def run_up(args: argparse.Namespace) -> int:
     """Bring the lab up and leave it up; return 0."""
     from multigpu.lab import Lab
 
-    lab = Lab(args.cluster, cpu_scale=args.cpu_scale, bandwidth_scale=args.bandwidth_scale, max_cores=args.max_cores,
-              head=args.head, backend=_backends(args), threads=args.threads, ray=not args.no_ray, keep_up=True,
-              echo=(lambda s: None) if args.quiet or args.json else (lambda s: print(s, file=sys.stderr)))
-    lab.up()   # on Ctrl-C or an error, up() has already taken down what it made
+    lab = Lab(
+        args.cluster,
+        cpu_scale=args.cpu_scale,
+        bandwidth_scale=args.bandwidth_scale,
+        max_cores=args.max_cores,
+        head=args.head,
+        backend=_backends(args),
+        threads=args.threads,
+        ray=not args.no_ray,
+        keep_up=True,
+        echo=(lambda s: None) if args.quiet or args.json else (lambda s: print(s, file=sys.stderr)),
+    )
+    lab.up()  # on Ctrl-C or an error, up() has already taken down what it made
     st = lab.status()
     if args.json:
         print(json.dumps(st))
     else:
         _print_status(st)
         first = lab.plan.cluster.source
-        print(f"  next: multigpu lab exec {lab.plan.host_of(first).name} -- multigpu run --address {lab.address} "
-              f"--cluster {lab.cluster_file} --plan ... ; then: multigpu lab down")
+        print(
+            f"  next: multigpu lab exec {lab.plan.host_of(first).name} -- multigpu run --address {lab.address} "
+            f"--cluster {lab.cluster_file} --plan ... ; then: multigpu lab down"
+        )
     return 0
 
 

@@ -1,10 +1,11 @@
 """``multigpu partition``: the cheapest placement of a network's layers on a cluster."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
-from typing import Any, Optional
+from typing import Any
 
 from multigpu.cli.parsers import add_command
 
@@ -25,49 +26,95 @@ reached before the optimum was proven), 2 bad input, 130 interrupted."""
 
 def register(subparsers: Any) -> None:
     """Add the ``partition`` sub-command to an argparse subparsers object."""
-    p = add_command(subparsers, "partition", run,
-                    help="place a network's layers on heterogeneous devices at minimal time/energy cost",
-                    description=DESCRIPTION, raw=True)
-    p.add_argument("--graph", required=True, metavar="FILE|NAME",
-                   help="layer graph: a JSON/TOML file, a built-in model (lenet, alexnet, ...) or a shipped "
-                        "graph (resnet50, inception, ...)")
-    p.add_argument("--cluster", required=True, metavar="FILE|NAME",
-                   help="cluster: a JSON/TOML file, or a shipped one (lab, gpu-box)")
+    p = add_command(
+        subparsers,
+        "partition",
+        run,
+        help="place a network's layers on heterogeneous devices at minimal time/energy cost",
+        description=DESCRIPTION,
+        raw=True,
+    )
+    p.add_argument(
+        "--graph",
+        required=True,
+        metavar="FILE|NAME",
+        help="layer graph: a JSON/TOML file, a built-in model (lenet, alexnet, ...) or a shipped "
+        "graph (resnet50, inception, ...)",
+    )
+    p.add_argument(
+        "--cluster",
+        required=True,
+        metavar="FILE|NAME",
+        help="cluster: a JSON/TOML file, or a shipped one (lab, gpu-box)",
+    )
     p.add_argument("--batch", type=int, default=1, help="batch size for a built-in model (default 1)")
     p.add_argument("--wt", type=float, default=1.0, help="weight of time T in seconds (default 1)")
     p.add_argument("--we", type=float, default=0.0, help="weight of energy E in joules (default 0)")
-    p.add_argument("--objective", choices=("latency", "makespan", "throughput"), default="latency",
-                   help="latency: minimise wt*T + we*E (default); makespan: minimise when the output reaches "
-                        "the sink, branches running at once; throughput: minimise the pipelined bottleneck "
-                        "(busiest device, link or host)")
-    p.add_argument("--energy-budget", type=float, default=None, metavar="J",
-                   help="the most energy E one inference may use, in joules")
-    p.add_argument("--busy-limit", action="append", default=[], metavar="DEVICE=SECONDS",
-                   help="the most compute seconds on DEVICE (repeatable)")
-    p.add_argument("--pin", action="append", default=[], metavar="LAYER=DEVICE",
-                   help="run LAYER on DEVICE (repeatable)")
-    p.add_argument("--exclude", action="append", default=[], metavar="DEVICE",
-                   help="run no layer on DEVICE (repeatable)")
-    p.add_argument("--ignore-memory", action="store_true",
-                   help="ignore the devices' declared memory (respected by default)")
-    p.add_argument("--ship-params", action="store_true",
-                   help="each layer's parameters travel from the source first (as in the source report)")
-    p.add_argument("--solver", choices=("auto", "dp", "milp"), default="auto",
-                   help="force the DP or the MILP (default auto)")
-    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                   help="the most seconds each MILP solve may take (default: no limit); reaching it before the "
-                        "optimum is proven is an error (exit 1)")
-    p.add_argument("--plot", default=None, metavar="PNG",
-                   help="draw the graph, each layer coloured by its device and the cut edges marked (needs "
-                        "matplotlib)")
+    p.add_argument(
+        "--objective",
+        choices=("latency", "makespan", "throughput"),
+        default="latency",
+        help="latency: minimise wt*T + we*E (default); makespan: minimise when the output reaches "
+        "the sink, branches running at once; throughput: minimise the pipelined bottleneck "
+        "(busiest device, link or host)",
+    )
+    p.add_argument(
+        "--energy-budget",
+        type=float,
+        default=None,
+        metavar="J",
+        help="the most energy E one inference may use, in joules",
+    )
+    p.add_argument(
+        "--busy-limit",
+        action="append",
+        default=[],
+        metavar="DEVICE=SECONDS",
+        help="the most compute seconds on DEVICE (repeatable)",
+    )
+    p.add_argument(
+        "--pin", action="append", default=[], metavar="LAYER=DEVICE", help="run LAYER on DEVICE (repeatable)"
+    )
+    p.add_argument(
+        "--exclude", action="append", default=[], metavar="DEVICE", help="run no layer on DEVICE (repeatable)"
+    )
+    p.add_argument(
+        "--ignore-memory", action="store_true", help="ignore the devices' declared memory (respected by default)"
+    )
+    p.add_argument(
+        "--ship-params",
+        action="store_true",
+        help="each layer's parameters travel from the source first (as in the source report)",
+    )
+    p.add_argument(
+        "--solver", choices=("auto", "dp", "milp"), default="auto", help="force the DP or the MILP (default auto)"
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the most seconds each MILP solve may take (default: no limit); reaching it before the "
+        "optimum is proven is an error (exit 1)",
+    )
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="draw the graph, each layer coloured by its device and the cut edges marked (needs matplotlib)",
+    )
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object (assignment, time, energy, cost, ...) instead of the report")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (assignment, time, energy, cost, ...) instead of the report",
+    )
     p.add_argument("--verbose", action="store_true", help="print the MILP solver's log")
 
 
 def _bad_input(message: str) -> Exception:
     from multigpu.partition import PartitionInputError
+
     return PartitionInputError(message)
 
 
@@ -78,13 +125,12 @@ def _pairs(items: list[str], flag: str, value_kind: str) -> dict[str, str]:
         if not sep or not key or not value:
             raise _bad_input(f"{flag} {item!r} must look like NAME={value_kind}")
         if key in out:
-            raise _bad_input(f"{flag} names {key!r} twice ({key}={out[key]} and {key}={value}); "
-                             "give each once")
+            raise _bad_input(f"{flag} names {key!r} twice ({key}={out[key]} and {key}={value}); give each once")
         out[key] = value
     return out
 
 
-def _busy(items: list[str]) -> Optional[dict[str, float]]:
+def _busy(items: list[str]) -> dict[str, float] | None:
     if not items:
         return None
     out = {}
@@ -96,7 +142,7 @@ def _busy(items: list[str]) -> Optional[dict[str, float]]:
     return out
 
 
-def _json_number(x: float) -> Optional[float]:
+def _json_number(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
@@ -109,32 +155,56 @@ def run(args: argparse.Namespace) -> int:
     graph = load_graph(args.graph, batch=args.batch)
     cluster = load_cluster(args.cluster)
     pins: dict[Any, str] = dict(_pairs(args.pin, "--pin", "DEVICE"))
-    cons = Constraints(memory=not args.ignore_memory, busy_time=_busy(args.busy_limit),
-                       energy_budget=args.energy_budget, pinned=pins, excluded=list(args.exclude))
-    if args.plot is not None:   # before a long solve, not after it
+    cons = Constraints(
+        memory=not args.ignore_memory,
+        busy_time=_busy(args.busy_limit),
+        energy_budget=args.energy_budget,
+        pinned=pins,
+        excluded=list(args.exclude),
+    )
+    if args.plot is not None:  # before a long solve, not after it
         from pathlib import Path
 
         from multigpu.training.plotting import require_matplotlib
+
         require_matplotlib()
         if not Path(args.plot).resolve().parent.is_dir():
             raise _bad_input(f"--plot {args.plot!r}: its folder does not exist; give a path in an existing folder")
-    plan = autopartition(graph, cluster, wt=args.wt, we=args.we, objective=args.objective,
-                         constraints=cons, ship_params=args.ship_params, solver=args.solver,
-                         verbose=args.verbose, time_limit=args.time_limit)
+    plan = autopartition(
+        graph,
+        cluster,
+        wt=args.wt,
+        we=args.we,
+        objective=args.objective,
+        constraints=cons,
+        ship_params=args.ship_params,
+        solver=args.solver,
+        verbose=args.verbose,
+        time_limit=args.time_limit,
+    )
     base = [] if args.no_baselines else baselines(graph, cluster, args.wt, args.we, args.ship_params, cons)
     if args.json:
         out = plan.to_dict()
         out["baselines"] = {
-            b.name: None if b.breakdown is None else {
-                "assignment": b.assignment, "time": b.breakdown.time, "energy": b.breakdown.energy,
-                "cost": b.breakdown.cost, "makespan": b.breakdown.makespan, "bottleneck": b.breakdown.bottleneck,
+            b.name: None
+            if b.breakdown is None
+            else {
+                "assignment": b.assignment,
+                "time": b.breakdown.time,
+                "energy": b.breakdown.energy,
+                "cost": b.breakdown.cost,
+                "makespan": b.breakdown.makespan,
+                "bottleneck": b.breakdown.bottleneck,
                 "gap": _json_number(baseline_gap(plan, b)),
-                "violations": b.violations}
-            for b in base}
+                "violations": b.violations,
+            }
+            for b in base
+        }
         print(json.dumps(out))
     else:
         print(format_report(plan, graph, cluster, base))
     if args.plot is not None:
         from multigpu.partition.plot import plot_plan
+
         plot_plan(plan, graph, cluster, args.plot)
     return 0

@@ -1,9 +1,10 @@
 """``multigpu profile``: measure layers and links on real workers and write a cluster file."""
+
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Optional
+from typing import Any
 
 from multigpu.cli.parsers import add_command
 from multigpu.errors import PlanError
@@ -34,35 +35,75 @@ Exit status: 0 ok, 1 a worker died or timed out, 2 bad input."""
 
 def register(sub: Any) -> None:
     """Add the ``profile`` sub-command."""
-    p = add_command(sub, "profile", run, help="measure per-layer times and link costs; write a cluster file",
-                    description=DESCRIPTION, raw=True)
-    p.add_argument("--model", action="append", default=None, metavar="lenet|alexnet",
-                   help="model to profile (repeatable; default lenet)")
+    p = add_command(
+        sub,
+        "profile",
+        run,
+        help="measure per-layer times and link costs; write a cluster file",
+        description=DESCRIPTION,
+        raw=True,
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="lenet|alexnet",
+        help="model to profile (repeatable; default lenet)",
+    )
     p.add_argument("--backend", default=None, metavar="B[,B...]", help="worker backends, e.g. torch,paddle")
     p.add_argument("--device", default="cpu", help="framework device of those workers: cpu or gpu:N (default cpu)")
     p.add_argument("--threads", default=None, metavar="N[,N...]", help="math threads per worker, e.g. 1,2")
-    p.add_argument("--worker", action="append", default=[], metavar="BACKEND[:DEVICE][:THREADS]",
-                   help="one more worker (repeatable), e.g. mxnet:cpu:1")
-    p.add_argument("--cluster", default=None, metavar="FILE",
-                   help="profile the devices of this cluster file instead (its source is the driver)")
+    p.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="BACKEND[:DEVICE][:THREADS]",
+        help="one more worker (repeatable), e.g. mxnet:cpu:1",
+    )
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="FILE",
+        help="profile the devices of this cluster file instead (its source is the driver)",
+    )
     p.add_argument("--driver-name", default="driver", help="name of the driver device (default driver)")
-    p.add_argument("--driver-backend", default=None, metavar="B|none",
-                   help="backend of the driver's own stages (default: the first worker's; none: it runs none)")
+    p.add_argument(
+        "--driver-backend",
+        default=None,
+        metavar="B|none",
+        help="backend of the driver's own stages (default: the first worker's; none: it runs none)",
+    )
     p.add_argument("--driver-threads", type=int, default=None, metavar="N", help="math threads of the driver")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--repeats", type=int, default=20, help="timed passes per device and model (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed passes first (default 3)")
     p.add_argument("--link-repeats", type=int, default=15, help="timed transfers per size and route (default 15)")
-    p.add_argument("--sizes", default=None, metavar="BYTES[,BYTES...]",
-                   help="payload sizes of the link probes, e.g. 65536,1048576 (default: spanning the models' "
-                        "activations; larger ones resolve a fast link's bandwidth)")
-    p.add_argument("--cpu-items", type=int, default=60,
-                   help="payloads streamed per size and route to measure transfer CPU (default 60)")
-    p.add_argument("--stream-items", type=int, default=24,
-                   help="payloads streamed to each worker to measure what the engine's messages add to a "
-                        "transfer on a link a stream fills (default 24)")
-    p.add_argument("--engine", choices=("tasks", "compiled"), default="tasks",
-                   help="Ray engine whose hops to measure: tasks (actor calls, default) or compiled (a Compiled Graph)")
+    p.add_argument(
+        "--sizes",
+        default=None,
+        metavar="BYTES[,BYTES...]",
+        help="payload sizes of the link probes, e.g. 65536,1048576 (default: spanning the models' "
+        "activations; larger ones resolve a fast link's bandwidth)",
+    )
+    p.add_argument(
+        "--cpu-items",
+        type=int,
+        default=60,
+        help="payloads streamed per size and route to measure transfer CPU (default 60)",
+    )
+    p.add_argument(
+        "--stream-items",
+        type=int,
+        default=24,
+        help="payloads streamed to each worker to measure what the engine's messages add to a "
+        "transfer on a link a stream fills (default 24)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("tasks", "compiled"),
+        default="tasks",
+        help="Ray engine whose hops to measure: tasks (actor calls, default) or compiled (a Compiled Graph)",
+    )
     p.add_argument("--address", default=None, help="join this Ray cluster (default: start a local one)")
     p.add_argument("--out", required=True, metavar="FILE.json", help="where to write the cluster file")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
@@ -72,7 +113,7 @@ def register(sub: Any) -> None:
 def _workers(args: argparse.Namespace) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if args.backend:
-        threads: list[Optional[int]] = [None]
+        threads: list[int | None] = [None]
         if args.threads:
             try:
                 threads = [int(t) for t in args.threads.split(",") if t.strip()]
@@ -102,12 +143,13 @@ def _parse_worker(spec: str) -> dict[str, Any]:
     elif rest and rest[0] in ("gpu", "cuda") and len(rest) >= 2 and rest[1].isdigit():
         device, rest = f"gpu:{rest[1]}", rest[2:]
     if not backend or len(rest) > 1 or (rest and not rest[0].isdigit()):
-        raise PlanError(f"--worker {spec!r} is not BACKEND[:DEVICE][:THREADS]; e.g. torch, torch:cpu:1, "
-                        f"mxnet:2, torch:gpu:0")
+        raise PlanError(
+            f"--worker {spec!r} is not BACKEND[:DEVICE][:THREADS]; e.g. torch, torch:cpu:1, mxnet:2, torch:gpu:0"
+        )
     return _worker(backend, device, int(rest[0]) if rest else None)
 
 
-def _worker(backend: str, device: str, threads: Optional[int]) -> dict[str, Any]:
+def _worker(backend: str, device: str, threads: int | None) -> dict[str, Any]:
     name = backend + ("" if device == "cpu" else "-" + device.replace(":", "")) + (f"-{threads}t" if threads else "")
     return {"name": name, "backend": backend, "device": device, "threads": threads}
 
@@ -126,10 +168,18 @@ def run(args: argparse.Namespace) -> int:
             sizes = [int(float(x)) for x in args.sizes.split(",") if x.strip()]
         except ValueError:
             raise PlanError(f"--sizes {args.sizes!r} must list byte counts, e.g. 65536,1048576") from None
-    measure: dict[str, Any] = {"batch": args.batch, "repeats": args.repeats, "warmup": args.warmup,
-                               "link_repeats": args.link_repeats, "cpu_items": args.cpu_items,
-                               "stream_items": args.stream_items, "engine": args.engine, "address": args.address,
-                               "progress": not args.quiet, "sizes": sizes}
+    measure: dict[str, Any] = {
+        "batch": args.batch,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "link_repeats": args.link_repeats,
+        "cpu_items": args.cpu_items,
+        "stream_items": args.stream_items,
+        "engine": args.engine,
+        "address": args.address,
+        "progress": not args.quiet,
+        "sizes": sizes,
+    }
     if args.cluster:
         if args.backend or args.worker:
             raise PlanError("give the workers either with --cluster or with --backend/--worker, not both")
@@ -137,11 +187,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         workers = _workers(args)
         if not workers:
-            raise PlanError("no workers to profile; give --backend torch (and --threads 1,2), "
-                            "--worker BACKEND[:DEVICE][:THREADS], or --cluster FILE")
+            raise PlanError(
+                "no workers to profile; give --backend torch (and --threads 1,2), "
+                "--worker BACKEND[:DEVICE][:THREADS], or --cluster FILE"
+            )
         driver_backend = args.driver_backend or workers[0]["backend"]
-        driver: dict[str, Any] = {"name": args.driver_name,
-                                  "backend": None if driver_backend == "none" else driver_backend}
+        driver: dict[str, Any] = {
+            "name": args.driver_name,
+            "backend": None if driver_backend == "none" else driver_backend,
+        }
         if args.driver_threads is not None and driver["backend"] is not None:
             driver["threads"] = args.driver_threads
         result = profile(models, workers, driver=driver, **measure)

@@ -1,4 +1,5 @@
 """``multigpu run``: run a plan's stages on their devices, classify, time every part."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,7 +7,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -34,25 +35,44 @@ Exit status: 0 ok, 1 a worker died or timed out (or --check found a difference),
 
 def register(sub: Any) -> None:
     """Add the ``run`` sub-command."""
-    p = add_command(sub, "run", run, help="run a partition plan on Ray workers; time each stage and hop",
-                    description=DESCRIPTION, raw=True)
-    p.add_argument("--model", default="lenet", help="built-in model: lenet, alexnet, resnet18 or resnet18_textbook (default lenet)")
-    p.add_argument("--params", default=None, metavar="DIR|FILE",
-                   help="a `multigpu train --checkpoint` folder or .npz (default: the seeded random init)")
+    p = add_command(
+        sub,
+        "run",
+        run,
+        help="run a partition plan on Ray workers; time each stage and hop",
+        description=DESCRIPTION,
+        raw=True,
+    )
+    p.add_argument(
+        "--model", default="lenet", help="built-in model: lenet, alexnet, resnet18 or resnet18_textbook (default lenet)"
+    )
+    p.add_argument(
+        "--params",
+        default=None,
+        metavar="DIR|FILE",
+        help="a `multigpu train --checkpoint` folder or .npz (default: the seeded random init)",
+    )
     p.add_argument("--plan", required=True, metavar="FILE|DEV,DEV,...", help="one device per layer (see above)")
     p.add_argument("--cluster", required=True, metavar="FILE", help="cluster file whose devices name a backend")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--images", default=None, metavar="fashion-mnist:test:0-99",
-                     help="real images: split and inclusive row range")
+    src.add_argument(
+        "--images", default=None, metavar="fashion-mnist:test:0-99", help="real images: split and inclusive row range"
+    )
     src.add_argument("--random", type=int, default=None, metavar="N", help="N random inputs")
-    p.add_argument("--batch", type=int, default=1,
-                   help="inputs per item (default 1); a short last item is run but not timed")
+    p.add_argument(
+        "--batch", type=int, default=1, help="inputs per item (default 1); a short last item is run but not timed"
+    )
     p.add_argument("--stream", action="store_true", help="pipeline the items through the stages")
     p.add_argument("--compare", action="store_true", help="print predicted against measured time")
-    p.add_argument("--check", action="store_true",
-                   help="also run the model unpartitioned in this process and compare the outputs")
-    p.add_argument("--engine", choices=("tasks", "compiled"), default="tasks",
-                   help="tasks: actor calls (default); compiled: a Ray Compiled Graph")
+    p.add_argument(
+        "--check", action="store_true", help="also run the model unpartitioned in this process and compare the outputs"
+    )
+    p.add_argument(
+        "--engine",
+        choices=("tasks", "compiled"),
+        default="tasks",
+        help="tasks: actor calls (default); compiled: a Ray Compiled Graph",
+    )
     p.add_argument("--address", default=None, help="join this Ray cluster (default: start a local one)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a stage may take per item (default 60)")
     p.add_argument("--warmup", type=int, default=1, help="untimed items first (default 1)")
@@ -66,8 +86,10 @@ def parse_plan(text: str) -> Any:
     if Path(text).is_file():
         return text
     if not re.fullmatch(r"[^,*\s]+(\*\d+)?(,[^,*\s]+(\*\d+)?)*", text.strip()):
-        raise PlanError(f"--plan {text!r} is neither a file nor a list of device names; give the JSON "
-                        f"`multigpu partition --json` prints, or names such as t1*5,p1*5")
+        raise PlanError(
+            f"--plan {text!r} is neither a file nor a list of device names; give the JSON "
+            f"`multigpu partition --json` prints, or names such as t1*5,p1*5"
+        )
     out: list[str] = []
     for part in text.strip().split(","):
         name, _, count = part.partition("*")
@@ -88,21 +110,34 @@ def run(args: argparse.Namespace) -> int:
     if model.batch_norms and state is None:
         state = model.init_state()
         if args.params:
-            print(f"note: --params holds no BatchNorm statistics, so {model.name} normalizes with its initial "
-                  f"ones (mean 0, variance 1); give the `multigpu train --checkpoint` folder", file=sys.stderr)
+            print(
+                f"note: --params holds no BatchNorm statistics, so {model.name} normalizes with its initial "
+                f"ones (mean 0, variance 1); give the `multigpu train --checkpoint` folder",
+                file=sys.stderr,
+            )
     plan = parse_plan(args.plan)
     cluster = resolve_cluster(args.cluster)
     if args.images:
         images = load_images(args.images, model, args.data_dir)
     else:
         images = random_inputs(model, args.random if args.random is not None else 8, args.seed)
-    result = run_partitioned(model, params, plan, images.x, cluster, batch=args.batch, stream=args.stream,
-                             engine=args.engine, address=args.address, timeout=args.timeout,
-                             warmup=args.warmup, state=state)
+    result = run_partitioned(
+        model,
+        params,
+        plan,
+        images.x,
+        cluster,
+        batch=args.batch,
+        stream=args.stream,
+        engine=args.engine,
+        address=args.address,
+        timeout=args.timeout,
+        warmup=args.warmup,
+        state=state,
+    )
     check = _check(model, params, images.x, result.outputs, cluster, state) if args.check else None
     if not args.params:
-        print("note: no --params, so the seeded random init is used: the classes mean nothing",
-              file=sys.stderr)
+        print("note: no --params, so the seeded random init is used: the classes mean nothing", file=sys.stderr)
     pred = result.predictions()
     recog = _recognition(images, pred)
     if args.json:
@@ -112,25 +147,34 @@ def run(args: argparse.Namespace) -> int:
         out["check"] = check
         print(json.dumps(out))
     else:
-        print(f"{model.name}: {images.source} through {len(result.stages)} stage(s): "
-              + " | ".join(f"{s.first}..{s.last} on {s.device} ({_backend(cluster, s.device)})"
-                           for s in result.stages))
+        print(
+            f"{model.name}: {images.source} through {len(result.stages)} stage(s): "
+            + " | ".join(f"{s.first}..{s.last} on {s.device} ({_backend(cluster, s.device)})" for s in result.stages)
+        )
         if recog is not None:
             shown = recog["items"][:10]
-            print("recognition: " + ", ".join(
-                f"#{r['index']} {r['class']}" + ("" if r["correct"] else f" (true: {r['true']})") for r in shown)
-                + (" ..." if len(recog["items"]) > 10 else ""))
+            print(
+                "recognition: "
+                + ", ".join(
+                    f"#{r['index']} {r['class']}" + ("" if r["correct"] else f" (true: {r['true']})") for r in shown
+                )
+                + (" ..." if len(recog["items"]) > 10 else "")
+            )
             print(f"accuracy: {recog['accuracy']:.3f} ({recog['correct']}/{recog['total']})")
         print(result.format_timing())
         if args.compare:
             print(result.format_compare())
         if check is not None:
-            print(f"check against the unpartitioned model ({check['backend']}, in this process): "
-                  f"{check['same']}/{check['total']} predictions identical, largest output difference "
-                  f"{check['max_abs_diff']:.3g}")
+            print(
+                f"check against the unpartitioned model ({check['backend']}, in this process): "
+                f"{check['same']}/{check['total']} predictions identical, largest output difference "
+                f"{check['max_abs_diff']:.3g}"
+            )
     if check is not None and check["same"] != check["total"]:
-        print("multigpu run: error: the partitioned run's predictions differ from the unpartitioned model's",
-              file=sys.stderr)
+        print(
+            "multigpu run: error: the partitioned run's predictions differ from the unpartitioned model's",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     return EXIT_OK
 
@@ -139,18 +183,21 @@ def _backend(cluster: Any, device: str) -> str:
     return cluster.devices[cluster.index(device)].backend or "?"
 
 
-def _recognition(images: Any, pred: np.ndarray) -> Optional[dict[str, Any]]:
+def _recognition(images: Any, pred: np.ndarray) -> dict[str, Any] | None:
     if images.labels is None:
         return None
     names = images.classes
-    items = [{"index": i, "class": names[int(p)], "true": names[int(t)], "correct": bool(p == t)}
-             for i, (p, t) in enumerate(zip(pred, images.labels))]
+    items = [
+        {"index": i, "class": names[int(p)], "true": names[int(t)], "correct": bool(p == t)}
+        for i, (p, t) in enumerate(zip(pred, images.labels))
+    ]
     correct = sum(r["correct"] for r in items)
     return {"accuracy": correct / len(items), "correct": correct, "total": len(items), "items": items}
 
 
-def _check(model: Any, params: Any, x: np.ndarray, outputs: np.ndarray, cluster: Any,
-           state: Any = None) -> dict[str, Any]:
+def _check(
+    model: Any, params: Any, x: np.ndarray, outputs: np.ndarray, cluster: Any, state: Any = None
+) -> dict[str, Any]:
     """Run the model unpartitioned on the driver's backend here; compare."""
     from multigpu.contract.protocol import Device
     from multigpu.contract.registry import backend as get_backend
@@ -160,7 +207,13 @@ def _check(model: Any, params: Any, x: np.ndarray, outputs: np.ndarray, cluster:
     dev = Device("cpu", 0)
     ps = [be.from_numpy(p, dev) for p in params]
     st = None if state is None else [be.from_numpy(a, dev) for a in state]
-    ref = np.concatenate([be.to_numpy(model.forward(be, ps, be.from_numpy(x[i:i + 64], dev), state=st)).reshape(
-        len(x[i:i + 64]), -1) for i in range(0, len(x), 64)])
+    ref = np.concatenate(
+        [
+            be.to_numpy(model.forward(be, ps, be.from_numpy(x[i : i + 64], dev), state=st)).reshape(
+                len(x[i : i + 64]), -1
+            )
+            for i in range(0, len(x), 64)
+        ]
+    )
     same = int(np.sum(ref.argmax(1) == outputs.argmax(1)))
     return {"backend": name, "same": same, "total": len(ref), "max_abs_diff": float(np.abs(ref - outputs).max())}

@@ -5,11 +5,11 @@ use, and the pipelined loads the throughput bottleneck takes the largest of.
 Everything is O(n) numpy, so the solvers can price the assignments they try; the
 definition is in ``evaluate``'s module.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -19,10 +19,27 @@ from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 from multigpu.partition.inputs.hosts import is_inline
 
-__all__ = ["AssignmentArrays", "Sends", "assignment_arrays", "bottleneck_of", "busy_ratios", "busy_times",
-           "find_bottleneck", "link_loads", "loads", "memory_parts", "memory_use", "single_device",
-           "stage_overheads", "stage_starts", "transfer_cpu_loads", "transfer_cpu_terms",
-           "transfers", "warm_pass_of", "warm_scale"]
+__all__ = [
+    "AssignmentArrays",
+    "Sends",
+    "assignment_arrays",
+    "bottleneck_of",
+    "busy_ratios",
+    "busy_times",
+    "find_bottleneck",
+    "link_loads",
+    "loads",
+    "memory_parts",
+    "memory_use",
+    "single_device",
+    "stage_overheads",
+    "stage_starts",
+    "transfer_cpu_loads",
+    "transfer_cpu_terms",
+    "transfers",
+    "warm_pass_of",
+    "warm_scale",
+]
 
 
 @dataclass(frozen=True)
@@ -47,19 +64,19 @@ class AssignmentArrays:
     """Per-layer arrays of one assignment, and its transfers (no Python objects: cheap for
     n = 10,000)."""
 
-    a: np.ndarray            # device column per layer
-    comp: np.ndarray         # compute time
+    a: np.ndarray  # device column per layer
+    comp: np.ndarray  # compute time
     comp_energy: np.ndarray
-    t_param: np.ndarray      # parameter shipping time (0 unless ship_params)
+    t_param: np.ndarray  # parameter shipping time (0 unless ship_params)
     e_param: np.ndarray
-    t_stage: np.ndarray      # stage overhead, on the first layer of each stage
+    t_stage: np.ndarray  # stage overhead, on the first layer of each stage
     e_stage: np.ndarray
-    sends: Sends             # the activation transfers, the output to the sink included
-    t_in: np.ndarray         # per layer: the transfers it receives first (0 when local)
+    sends: Sends  # the activation transfers, the output to the sink included
+    t_in: np.ndarray  # per layer: the transfers it receives first (0 when local)
     e_in: np.ndarray
-    t_out: float             # the last layer -> the sink
+    t_out: float  # the last layer -> the sink
     e_out: float
-    warm: float = 1.0        # the factor applied to comp and t_stage (``warm_scale``; 1: none)
+    warm: float = 1.0  # the factor applied to comp and t_stage (``warm_scale``; 1: none)
 
     # fsum: the totals are compared against independent re-computations, so avoid
     # summation-order noise (fsum is exact, so the order of the terms does not matter).
@@ -72,15 +89,19 @@ class AssignmentArrays:
     @property
     def energy(self) -> float:
         """E: the energy of every term of ``time``."""
-        return (math.fsum(self.comp_energy) + math.fsum(self.e_stage) + math.fsum(self.sends.energy)
-                + math.fsum(self.e_param))
+        return (
+            math.fsum(self.comp_energy)
+            + math.fsum(self.e_stage)
+            + math.fsum(self.sends.energy)
+            + math.fsum(self.e_param)
+        )
 
 
 def _sends(graph: Graph, cluster: Cluster, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(producer, receiving layer, u, v) of every transfer of ``a``, one per producer and
     distinct device (u != v), the output to the sink last; not yet checked for links."""
     n, src, sink = graph.n, cluster.source_index, cluster.sink_index
-    if graph.is_chain:   # each layer has one producer: no duplicates to remove
+    if graph.is_chain:  # each layer has one producer: no duplicates to remove
         prod = np.arange(-1, n, dtype=np.intp)
         to = np.arange(n + 1, dtype=np.intp)
         u = np.concatenate([[src], a]).astype(np.intp)
@@ -104,8 +125,9 @@ def _sends(graph: Graph, cluster: Cluster, a: np.ndarray) -> tuple[np.ndarray, n
     return prod[moved], to[moved], u[moved], v[moved]
 
 
-def _check_links(graph: Graph, cluster: Cluster, prod: np.ndarray, to: np.ndarray, u: np.ndarray,
-                 v: np.ndarray) -> None:
+def _check_links(
+    graph: Graph, cluster: Cluster, prod: np.ndarray, to: np.ndarray, u: np.ndarray, v: np.ndarray
+) -> None:
     bad = ~cluster.tables.usable[u, v]
     if not bad.any():
         return
@@ -116,16 +138,19 @@ def _check_links(graph: Graph, cluster: Cluster, prod: np.ndarray, to: np.ndarra
         raise UnusableLinkError(
             f"the output of the last layer {graph.layers[-1].name!r} on {du!r} must "
             f"reach the sink {cluster.sink!r}, but no link joins them and the cluster has no "
-            f"default_link; add a link or a default_link, or assign the last layer differently")
+            f"default_link; add a link or a default_link, or assign the last layer differently"
+        )
     origin = "the source" if prod[j] < 0 else f"layer {graph.layers[prod[j]].name!r}"
     raise UnusableLinkError(
         f"layer {graph.layers[to[j]].name!r} on {dv!r} receives its input from {origin} on {du!r}, "
         f"but no link joins {du!r} and {dv!r} and the cluster has no default_link; add a link "
-        f"between them or a default_link, or assign the layers differently")
+        f"between them or a default_link, or assign the layers differently"
+    )
 
 
-def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool,
-                      warm: bool = True) -> AssignmentArrays:
+def assignment_arrays(
+    graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool, warm: bool = True
+) -> AssignmentArrays:
     """The per-layer arrays and the transfers of assignment ``a`` (device columns);
     UnusableLinkError when it moves data over a pair with no link. ``warm=False``
     leaves out ``warm_scale`` (the solvers' separable model, in which every plan is
@@ -134,7 +159,7 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
     n = graph.n
     prod, to, u, v = _sends(graph, cluster, a)
     _check_links(graph, cluster, prod, to, u, v)
-    out_bytes = np.concatenate([[graph.input_bytes], graph.output_bytes])   # index: producer + 1
+    out_bytes = np.concatenate([[graph.input_bytes], graph.output_bytes])  # index: producer + 1
     nb = out_bytes[prod + 1]
     t = tab.hop_seconds(nb, u, v)
     e = t * tab.power[u, v]
@@ -152,7 +177,8 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
             raise UnusableLinkError(
                 f"with ship_params, layer {graph.layers[i].name!r} on {cluster.names[a[i]]!r} receives "
                 f"its parameters from the source {cluster.source!r}, but no link joins them and the "
-                f"cluster has no default_link; add a link or a default_link, or place it elsewhere")
+                f"cluster has no default_link; add a link or a default_link, or place it elsewhere"
+            )
         e_param = param_energy(cluster, a, t_param)
     else:
         t_param = np.zeros(n)
@@ -171,11 +197,12 @@ def assignment_arrays(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params
             comp, t_stage = comp * scale, t_stage * scale
             comp_energy = comp * cluster.power[a]
     e_stage = t_stage * cluster.power[a]
-    return AssignmentArrays(a, comp, comp_energy, t_param, e_param, t_stage, e_stage, sends, t_in, e_in,
-                            t_out, e_out, scale)
+    return AssignmentArrays(
+        a, comp, comp_energy, t_param, e_param, t_stage, e_stage, sends, t_in, e_in, t_out, e_out, scale
+    )
 
 
-def warm_pass_of(graph: Graph, cluster: Cluster, device: Optional[int] = None) -> float | None:
+def warm_pass_of(graph: Graph, cluster: Cluster, device: int | None = None) -> float | None:
     """The seconds of a whole pass of ``graph`` on ``device`` (a column; default the
     source) when a plan with every layer there runs item after item: its ``warm_pass``.
     None when it has none for this graph, or for the source when the output goes to
@@ -187,14 +214,15 @@ def warm_pass_of(graph: Graph, cluster: Cluster, device: Optional[int] = None) -
     return warm.get(graph.name)
 
 
-def single_device(a: np.ndarray) -> Optional[int]:
+def single_device(a: np.ndarray) -> int | None:
     """The device column every layer of assignment ``a`` is on, or None when it uses several."""
     a = np.asarray(a)
     return int(a[0]) if len(a) and bool((a == a[0]).all()) else None
 
 
-def warm_scale(graph: Graph, cluster: Cluster, comp: np.ndarray, t_stage: np.ndarray,
-               device: Optional[int] = None) -> float:
+def warm_scale(
+    graph: Graph, cluster: Cluster, comp: np.ndarray, t_stage: np.ndarray, device: int | None = None
+) -> float:
     """The factor on the compute and stage overhead of the plan with every layer on
     ``device`` (default the source): ``warm_pass_of`` over the layers' sum, at most 1;
     1 without a warm pass.
@@ -282,8 +310,9 @@ def transfers(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.n
     return x.sends.u, x.sends.v, x.sends.nbytes
 
 
-def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def transfer_cpu_terms(
+    cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds,
     serial seconds) quadruples: ``transfer_cpu`` of the sender (its send figure) and of the
     receiver (its receive figure), and the relay's figure where the relay is neither; the
@@ -297,8 +326,10 @@ def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.nda
     inline = is_inline(b, cluster.inline_bytes)
 
     def fixed(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return (np.where(inline, cluster.cpu_inline_fixed[d], cluster.cpu_fixed[d]),
-                np.where(inline, cluster.cpu_serial_inline_fixed[d], cluster.cpu_serial_fixed[d]))
+        return (
+            np.where(inline, cluster.cpu_inline_fixed[d], cluster.cpu_fixed[d]),
+            np.where(inline, cluster.cpu_serial_inline_fixed[d], cluster.cpu_serial_fixed[d]),
+        )
 
     (fu, sfu), (fv, sfv) = fixed(u), fixed(v)
     c, cr = cluster.cpu_per_byte, cluster.cpu_receive_per_byte
@@ -315,17 +346,17 @@ def transfer_cpu_terms(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.nda
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
 
 
-def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(k,) CPU seconds each device spends per item on transfers (u[j] -> v[j], b[j]
     bytes), and (k,) the part on its computing thread; see ``transfer_cpu_terms``."""
     _, dev, val, serial = transfer_cpu_terms(cluster, u, v, b)
-    return (np.bincount(dev, weights=val, minlength=cluster.k).astype(float),
-            np.bincount(dev, weights=serial, minlength=cluster.k).astype(float))
+    return (
+        np.bincount(dev, weights=val, minlength=cluster.k).astype(float),
+        np.bincount(dev, weights=serial, minlength=cluster.k).astype(float),
+    )
 
 
-def loads(graph: Graph, cluster: Cluster, x: AssignmentArrays
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def loads(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per item when pipelined: (device loads (k,): compute and stage overheads at the
     busy rate (``busy_ratios``) and the serial part of their transfer CPU; transfer CPU
     (k,); its serial part (k,); host loads (h,): the CPU-seconds of their devices'

@@ -5,6 +5,7 @@ shipping its parameters from the source there takes (``ship_params``).
 ``evaluate``'s per-assignment arithmetic picks entries of these; the matrix form and the
 solvers' tables use whole columns. One definition of each, so they cannot disagree.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,13 +31,15 @@ def measured_devices(graph: Graph, cluster: Cluster) -> list[str]:
             raise ClusterError(
                 f"device {d.name!r}: layer_times[{graph.name!r}] has a time for layer {extra[0]!r}, which "
                 f"graph {graph.name!r} lacks (its layers: {', '.join(graph.names[:12])}"
-                f"{', ...' if graph.n > 12 else ''}); re-profile the device for this graph or remove the entry")
+                f"{', ...' if graph.n > 12 else ''}); re-profile the device for this graph or remove the entry"
+            )
         missing = [layer for layer in graph.names if layer not in times]
         if missing:
             raise ClusterError(
                 f"device {d.name!r}: layer_times[{graph.name!r}] has no time for layer {missing[0]!r}; a "
                 f"profile covers every layer of its graph (mixing measured times with nominal FLOP/s would "
-                f"compare unlike figures); re-profile the device for this graph or remove the entry")
+                f"compare unlike figures); re-profile the device for this graph or remove the entry"
+            )
         out.append(d.name)
     return out
 

@@ -47,10 +47,12 @@ Transfer CPU enters nothing but the bottleneck (a transfer's time already holds 
 A pair with no link and no default link cannot be used; ``evaluate`` raises
 UnusableLinkError for an assignment that needs one.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -71,17 +73,20 @@ from multigpu.partition.inputs.graph import INPUT, Graph
 
 __all__ = ["AssignmentLike", "check_weights", "evaluate", "resolve_assignment"]
 
-AssignmentLike = Union[Sequence[Union[str, int]], Mapping[str, Union[str, int]], Sequence[tuple[str, Union[str, int]]]]
+AssignmentLike = Sequence[str | int] | Mapping[str, str | int] | Sequence[tuple[str, str | int]]
 
 
 def check_weights(wt: Any, we: Any) -> tuple[float, float]:
     """Return (wt, we) as floats; PartitionInputError unless both are finite, >= 0 and not both 0."""
-    out = [check_number(v, label, minimum=0.0, example=f"1 (the weight of {kind} in the cost)",
-                        error=PartitionInputError)
-           for label, v, kind in (("wt", wt, "time"), ("we", we, "energy"))]
+    out = [
+        check_number(v, label, minimum=0.0, example=f"1 (the weight of {kind} in the cost)", error=PartitionInputError)
+        for label, v, kind in (("wt", wt, "time"), ("we", we, "energy"))
+    ]
     if out[0] == 0 and out[1] == 0:
-        raise PartitionInputError("wt=0 and we=0 make every assignment cost 0; give wt > 0 "
-                                  "(weight of time, seconds) or we > 0 (weight of energy, joules)")
+        raise PartitionInputError(
+            "wt=0 and we=0 make every assignment cost 0; give wt > 0 "
+            "(weight of time, seconds) or we > 0 (weight of energy, joules)"
+        )
     return out[0], out[1]
 
 
@@ -95,13 +100,17 @@ def _by_layer(graph: Graph, pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
         except ClusterError as e:
             raise PartitionInputError(f"assignment: {e}") from None
         if i in placed:
-            raise PartitionInputError(f"assignment places layer {graph.layers[i].name!r} on two devices, "
-                                      f"{placed[i]!r} and {dev!r}; a layer runs on one device: keep one")
+            raise PartitionInputError(
+                f"assignment places layer {graph.layers[i].name!r} on two devices, "
+                f"{placed[i]!r} and {dev!r}; a layer runs on one device: keep one"
+            )
         placed[i] = dev
     missing = [graph.layers[i].name for i in range(graph.n) if i not in placed]
     if missing:
-        raise PartitionInputError(f"assignment has {len(placed)} entries but the graph has {graph.n} layers; "
-                                  f"it places no device for layer {missing[0]!r}: give one device per layer")
+        raise PartitionInputError(
+            f"assignment has {len(placed)} entries but the graph has {graph.n} layers; "
+            f"it places no device for layer {missing[0]!r}: give one device per layer"
+        )
     return [placed[i] for i in range(graph.n)]
 
 
@@ -112,32 +121,47 @@ def resolve_assignment(graph: Graph, cluster: Cluster, assignment: AssignmentLik
     placed on two devices."""
     if isinstance(assignment, Mapping):
         assignment = _by_layer(graph, list(assignment.items()))
-    elif (isinstance(assignment, Sequence) and not isinstance(assignment, (str, bytes)) and len(assignment)
-          and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in assignment)):
+    elif (
+        isinstance(assignment, Sequence)
+        and not isinstance(assignment, (str, bytes))
+        and len(assignment)
+        and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in assignment)
+    ):
         assignment = _by_layer(graph, [tuple(x) for x in assignment])
     if isinstance(assignment, (str, bytes)) or not isinstance(assignment, (Sequence, np.ndarray)):
-        raise PartitionInputError(f"assignment must be a list with one device name per layer, got "
-                                  f"{type(assignment).__name__}")
+        raise PartitionInputError(
+            f"assignment must be a list with one device name per layer, got {type(assignment).__name__}"
+        )
     if len(assignment) != graph.n:
-        raise PartitionInputError(f"assignment has {len(assignment)} entries but the graph has "
-                                  f"{graph.n} layers; give one device per layer")
+        raise PartitionInputError(
+            f"assignment has {len(assignment)} entries but the graph has {graph.n} layers; give one device per layer"
+        )
     out = np.empty(graph.n, dtype=np.intp)
     for i, dev in enumerate(assignment):
         if isinstance(dev, (int, np.integer)) and not isinstance(dev, bool):
             if not 0 <= int(dev) < cluster.k:
-                raise PartitionInputError(f"assignment[{i}] (layer {graph.layers[i].name!r}) = {dev} "
-                                          f"is not a device index 0..{cluster.k - 1}")
+                raise PartitionInputError(
+                    f"assignment[{i}] (layer {graph.layers[i].name!r}) = {dev} is not a device index 0..{cluster.k - 1}"
+                )
             out[i] = int(dev)
         elif isinstance(dev, str) and dev in cluster._index:
             out[i] = cluster._index[dev]
         else:
-            raise PartitionInputError(f"assignment[{i}] (layer {graph.layers[i].name!r}) = {dev!r} "
-                                      f"is not a device; devices are: {', '.join(cluster.names)}")
+            raise PartitionInputError(
+                f"assignment[{i}] (layer {graph.layers[i].name!r}) = {dev!r} "
+                f"is not a device; devices are: {', '.join(cluster.names)}"
+            )
     return out
 
 
-def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: float = 1.0,
-             we: float = 0.0, ship_params: bool = False) -> Breakdown:
+def evaluate(
+    graph: Graph,
+    cluster: Cluster,
+    assignment: AssignmentLike,
+    wt: float = 1.0,
+    we: float = 0.0,
+    ship_params: bool = False,
+) -> Breakdown:
     """Time, energy and cost of ``assignment`` (one device name or index per layer),
     broken down per layer, per device and per link, with the matrix form.
 
@@ -158,54 +182,103 @@ def evaluate(graph: Graph, cluster: Cluster, assignment: AssignmentLike, wt: flo
     senders: list[list[str]] = [[] for _ in range(graph.n + 1)]
     for j in range(len(sd.to)):
         senders[sd.to[j]].append(names[sd.u[j]])
-    layers = [LayerCost(
-        name=spec.name, device=names[a[i]],
-        compute_time=float(x.comp[i]), compute_energy=float(x.comp_energy[i]),
-        transfer_from=senders[i][0] if senders[i] else None,
-        transfer_time=float(x.t_in[i]), transfer_energy=float(x.e_in[i]),
-        param_time=float(x.t_param[i]), param_energy=float(x.e_param[i]),
-        time=float(layer_time[i]), energy=float(layer_energy[i]),
-        cost=float(wt * layer_time[i] + we * layer_energy[i]), stage_overhead=float(x.t_stage[i]),
-        transfers_from=tuple(senders[i]),
-    ) for i, spec in enumerate(graph.layers)]
-    transfers = [TransferCost(
-        producer=INPUT if sd.producer[j] < 0 else graph.layers[sd.producer[j]].name,
-        to=SINK if sd.to[j] == graph.n else graph.layers[sd.to[j]].name,
-        between=(names[sd.u[j]], names[sd.v[j]]), bytes=float(sd.nbytes[j]), time=float(sd.time[j]),
-        energy=float(sd.energy[j])) for j in range(len(sd.to))]
+    layers = [
+        LayerCost(
+            name=spec.name,
+            device=names[a[i]],
+            compute_time=float(x.comp[i]),
+            compute_energy=float(x.comp_energy[i]),
+            transfer_from=senders[i][0] if senders[i] else None,
+            transfer_time=float(x.t_in[i]),
+            transfer_energy=float(x.e_in[i]),
+            param_time=float(x.t_param[i]),
+            param_energy=float(x.e_param[i]),
+            time=float(layer_time[i]),
+            energy=float(layer_energy[i]),
+            cost=float(wt * layer_time[i] + we * layer_energy[i]),
+            stage_overhead=float(x.t_stage[i]),
+            transfers_from=tuple(senders[i]),
+        )
+        for i, spec in enumerate(graph.layers)
+    ]
+    transfers = [
+        TransferCost(
+            producer=INPUT if sd.producer[j] < 0 else graph.layers[sd.producer[j]].name,
+            to=SINK if sd.to[j] == graph.n else graph.layers[sd.to[j]].name,
+            between=(names[sd.u[j]], names[sd.v[j]]),
+            bytes=float(sd.nbytes[j]),
+            time=float(sd.time[j]),
+            energy=float(sd.energy[j]),
+        )
+        for j in range(len(sd.to))
+    ]
 
     src = cluster.source_index
     busy = np.bincount(a, weights=x.comp, minlength=k)
     busy_e = np.bincount(a, weights=x.comp_energy + x.e_stage, minlength=k)
     overhead = np.bincount(a, weights=x.t_stage, minlength=k)
-    moving = np.bincount(a, weights=x.t_param, minlength=k)                # parameters received
-    moving += np.bincount(sd.v, weights=sd.time, minlength=k)              # received
-    moving += np.bincount(sd.u, weights=sd.time, minlength=k)              # sent
+    moving = np.bincount(a, weights=x.t_param, minlength=k)  # parameters received
+    moving += np.bincount(sd.v, weights=sd.time, minlength=k)  # received
+    moving += np.bincount(sd.u, weights=sd.time, minlength=k)  # sent
     moving[src] += x.t_param.sum()
     params, act = memory_parts(graph, cluster, a)
     counts = np.bincount(a, minlength=k)
     load, cpu, serial, host_load = loads(graph, cluster, x)
-    devices = [DeviceCost(
-        name=names[d], layers=int(counts[d]), compute_time=float(busy[d]),
-        compute_energy=float(busy_e[d]), transfer_time=float(moving[d]),
-        param_bytes=float(params[d]), activation_bytes=float(act[d]),
-        memory=float(params[d] + act[d]), memory_limit=cluster.devices[d].memory,
-        stage_overhead=float(overhead[d]), transfer_cpu=float(cpu[d]), load=float(load[d]),
-        transfer_cpu_serial=float(serial[d]),
-    ) for d in range(k)]
-    hosts = [HostCost(name=h.name, cores=h.cores, devices=[names[d] for d in np.flatnonzero(cluster.host_index == j)],
-                      load=float(host_load[j])) for j, h in enumerate(cluster.hosts)]
+    devices = [
+        DeviceCost(
+            name=names[d],
+            layers=int(counts[d]),
+            compute_time=float(busy[d]),
+            compute_energy=float(busy_e[d]),
+            transfer_time=float(moving[d]),
+            param_bytes=float(params[d]),
+            activation_bytes=float(act[d]),
+            memory=float(params[d] + act[d]),
+            memory_limit=cluster.devices[d].memory,
+            stage_overhead=float(overhead[d]),
+            transfer_cpu=float(cpu[d]),
+            load=float(load[d]),
+            transfer_cpu_serial=float(serial[d]),
+        )
+        for d in range(k)
+    ]
+    hosts = [
+        HostCost(
+            name=h.name,
+            cores=h.cores,
+            devices=[names[d] for d in np.flatnonzero(cluster.host_index == j)],
+            load=float(host_load[j]),
+        )
+        for j, h in enumerate(cluster.hosts)
+    ]
 
     links = _link_records(graph, cluster, x)
     bottleneck, bottleneck_at = find_bottleneck(cluster, load, link_loads(cluster, x), host_load)
     return Breakdown(
-        assignment=[names[d] for d in a], time=time, energy=energy, cost=cost, wt=wt, we=we,
-        ship_params=bool(ship_params), compute_time=math.fsum(x.comp), stage_time=math.fsum(x.t_stage),
+        assignment=[names[d] for d in a],
+        time=time,
+        energy=energy,
+        cost=cost,
+        wt=wt,
+        we=we,
+        ship_params=bool(ship_params),
+        compute_time=math.fsum(x.comp),
+        stage_time=math.fsum(x.t_stage),
         transfer_time=math.fsum(sd.time) + math.fsum(x.t_param),
-        param_time=math.fsum(x.t_param), output_time=x.t_out, output_energy=x.e_out,
-        bottleneck=bottleneck, layers=layers, devices=devices, links=links, hosts=hosts,
-        bottleneck_at=bottleneck_at, transfers=transfers, makespan=makespan_of(graph, cluster, x),
-        _graph=graph, _cluster=cluster, _columns=a,
+        param_time=math.fsum(x.t_param),
+        output_time=x.t_out,
+        output_energy=x.e_out,
+        bottleneck=bottleneck,
+        layers=layers,
+        devices=devices,
+        links=links,
+        hosts=hosts,
+        bottleneck_at=bottleneck_at,
+        transfers=transfers,
+        makespan=makespan_of(graph, cluster, x),
+        _graph=graph,
+        _cluster=cluster,
+        _columns=a,
     )
 
 
@@ -232,7 +305,14 @@ def _link_records(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> list[L
             t = load[u, v] + load[v, u]
             p = ptime[u, v] + ptime[v, u]
             if b > 0 or t > 0 or p > 0:
-                out.append(LinkCost(between=(names[u], names[v]), bytes=float(b), load=float(t),
-                                    param_time=float(p), energy=float(energy[u, v] + energy[v, u]),
-                                    cpu_work=bool(cluster.cpu_links[u, v])))
+                out.append(
+                    LinkCost(
+                        between=(names[u], names[v]),
+                        bytes=float(b),
+                        load=float(t),
+                        param_time=float(p),
+                        energy=float(energy[u, v] + energy[v, u]),
+                        cpu_work=bool(cluster.cpu_links[u, v]),
+                    )
+                )
     return out

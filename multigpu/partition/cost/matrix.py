@@ -1,5 +1,6 @@
 """The source report's matrix form of an assignment: a one-hot n x k matrix A and k x k
 transition matrices L, with the per-choice costs they select."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,8 +76,12 @@ class MatrixForm:
         """Total time T from the matrix form."""
         S = self.sends()
         moves = np.where(S > 0, self._per_producer(self.transfer_time), 0.0) * S
-        return float(self.warm * np.sum(self._chosen(self.compute_time)) + np.sum(self._chosen(self.param_time))
-                     + np.sum(moves) + self.warm * self._stages(self.stage_time))
+        return float(
+            self.warm * np.sum(self._chosen(self.compute_time))
+            + np.sum(self._chosen(self.param_time))
+            + np.sum(moves)
+            + self.warm * self._stages(self.stage_time)
+        )
 
     def energy(self) -> float:
         """Total energy E from the matrix form."""
@@ -106,7 +111,7 @@ def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool
     ic = graph.input_consumers
     frm = np.concatenate([graph.edge_src, np.full(len(ic), -1, dtype=np.intp), [n - 1]]).astype(np.intp)
     to = np.concatenate([graph.edge_dst, ic, [n]]).astype(np.intp)
-    order = np.lexsort((frm, to))               # by consumer, then producer
+    order = np.lexsort((frm, to))  # by consumer, then producer
     frm, to = frm[order], to[order]
     eye = np.eye(k)
     rows = np.where(frm[:, None] >= 0, A[np.maximum(frm, 0)], eye[src][None, :])
@@ -120,13 +125,24 @@ def matrix_form(graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool
     ptime = param_times(graph, cluster, np.arange(k)[None, :]) if ship_params else np.zeros((n, k))
     oh = cluster.stage_overhead
     S = np.zeros((len(frm), k, k))
-    S[frm < 0] = oh[None, :]                                   # the input always starts a stage
+    S[frm < 0] = oh[None, :]  # the input always starts a stage
     layer_edges = (frm >= 0) & (to < n)
     S[layer_edges] = np.where(np.eye(k, dtype=bool), 0.0, oh[None, :])[None]
     warm = 1.0
     only = single_device(a)
     if only is not None:
         warm = warm_scale(graph, cluster, comp[np.arange(n), a], stage_overheads(graph, cluster, a), only)
-    return MatrixForm(A=A, L=L, compute_time=comp, param_time=ptime, param_power=tab.power[src].copy(),
-                      transfer_time=T, device_power=cluster.power.copy(), link_power=tab.power.copy(),
-                      stage_time=S, edge_from=frm, edge_to=to, warm=warm)
+    return MatrixForm(
+        A=A,
+        L=L,
+        compute_time=comp,
+        param_time=ptime,
+        param_power=tab.power[src].copy(),
+        transfer_time=T,
+        device_power=cluster.power.copy(),
+        link_power=tab.power.copy(),
+        stage_time=S,
+        edge_from=frm,
+        edge_to=to,
+        warm=warm,
+    )

@@ -1,10 +1,11 @@
 """What ``evaluate`` returns: the cost of one assignment, per layer, per device, per link
 and per host, with the totals in a ``Breakdown``."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # the matrix form and the schedule are built on first access
 
 __all__ = ["SINK", "Breakdown", "DeviceCost", "HostCost", "LayerCost", "LinkCost", "TransferCost"]
 
-SINK = "(sink)"   # what a transfer of the last layer's output is for
+SINK = "(sink)"  # what a transfer of the last layer's output is for
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class LayerCost:
     device: str
     compute_time: float
     compute_energy: float
-    transfer_from: Optional[str]   # device the input came from; None when it was local
+    transfer_from: str | None  # device the input came from; None when it was local
     transfer_time: float
     transfer_energy: float
     param_time: float
@@ -43,8 +44,8 @@ class LayerCost:
     time: float
     energy: float
     cost: float
-    stage_overhead: float = 0.0   # > 0 on the first layer of a stage whose device has one
-    transfers_from: tuple[str, ...] = ()   # every device it receives a transfer from (first: transfer_from)
+    stage_overhead: float = 0.0  # > 0 on the first layer of a stage whose device has one
+    transfers_from: tuple[str, ...] = ()  # every device it receives a transfer from (first: transfer_from)
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,11 @@ class DeviceCost:
     param_bytes: float
     activation_bytes: float
     memory: float
-    memory_limit: Optional[float]
-    stage_overhead: float = 0.0   # the stage overheads of its stages (not in compute_time)
-    transfer_cpu: float = 0.0     # CPU of the transfers it sends, receives or relays, per item
-    load: float = 0.0             # per item when pipelined: compute + stage overhead + transfer_cpu_serial
-    transfer_cpu_serial: float = 0.0   # the part of transfer_cpu on its computing thread
+    memory_limit: float | None
+    stage_overhead: float = 0.0  # the stage overheads of its stages (not in compute_time)
+    transfer_cpu: float = 0.0  # CPU of the transfers it sends, receives or relays, per item
+    load: float = 0.0  # per item when pipelined: compute + stage overhead + transfer_cpu_serial
+    transfer_cpu_serial: float = 0.0  # the part of transfer_cpu on its computing thread
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ class Breakdown:
         return matrix_form(self._graph, self._cluster, self._columns, self.ship_params)
 
     @cached_property
-    def schedule(self) -> "Schedule":
+    def schedule(self) -> Schedule:
         """Each layer's start and finish and each transfer's start and arrival (seconds
         from the input's start), as the makespan objective models them."""
         from multigpu.partition.cost.schedule import simulate
@@ -182,5 +183,4 @@ class Breakdown:
         for d in self.devices:
             if d.name == name:
                 return d
-        raise PartitionInputError(f"unknown device {name!r}; devices are: "
-                                  f"{', '.join(d.name for d in self.devices)}")
+        raise PartitionInputError(f"unknown device {name!r}; devices are: {', '.join(d.name for d in self.devices)}")

@@ -21,6 +21,7 @@ out: parameter shipping (the makespan times one pass with the parameters in plac
 the CPU of transfers and the hosts' cores (those enter the throughput bottleneck), and
 any sharing of bandwidth between links.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,7 +68,7 @@ def simulate_arrays(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> Sche
     link_free = np.zeros((k, k))
     start, finish = np.zeros(n), np.zeros(n)
     send, arrive = np.zeros(len(sd.to)), np.zeros(len(sd.to))
-    by_producer = np.searchsorted(sd.producer, np.arange(-1, n + 1))   # sends of p: [by[p+1], by[p+2])
+    by_producer = np.searchsorted(sd.producer, np.arange(-1, n + 1))  # sends of p: [by[p+1], by[p+2])
 
     def ship(p: int) -> None:
         for j in range(by_producer[p + 1], by_producer[p + 2]):

@@ -1,9 +1,10 @@
 """The per-choice costs the solvers share (DP, MILP, Lagrangian bounds, throughput): each
 layer on each device, and each edge's cost on each pair, weighted by (wt, we)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ class CostTables:
     node_energy: np.ndarray
 
     @classmethod
-    def build(cls, graph: Graph, cluster: Cluster, ship_params: bool) -> "CostTables":
+    def build(cls, graph: Graph, cluster: Cluster, ship_params: bool) -> CostTables:
         """Compute the node tables (vectorized, O(n k))."""
         comp = compute_times(graph, cluster)
         node_time = comp.copy()
@@ -52,8 +53,7 @@ class CostTables:
             return we * self.node_energy
         return wt * self.node_time + we * self.node_energy
 
-    def edge(self, wt: float, we: float, nbytes: Optional[np.ndarray] = None
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def edge(self, wt: float, we: float, nbytes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(alpha, beta, blocked): edge cost is b * alpha + beta, and +inf where
         ``blocked`` (unusable pairs). alpha and beta are 0 on the diagonal; beta[u, v]
         includes the stage overhead of v (a change of device starts a stage). With
@@ -61,8 +61,9 @@ class CostTables:
         (``inline_bytes``), beta is (len(nbytes), k, k): one latency table per edge."""
         return self._edge(wt, we, True, nbytes)
 
-    def _edge(self, wt: float, we: float, stage: bool, nbytes: Optional[Any] = None
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _edge(
+        self, wt: float, we: float, stage: bool, nbytes: Any | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(alpha, beta, blocked); beta takes the latency by ``nbytes``'s size (one table per
         size) only on a cluster that prices small transfers apart, else it is k x k."""
         tab = self.cluster.tables
@@ -114,7 +115,7 @@ class CostTables:
         plus starting the first stage there (for a graph whose input has one consumer)."""
         row = self.edge_matrix(self.graph.input_bytes, wt, we)[self.cluster.source_index].copy()
         src = self.cluster.source_index
-        row[src] = self._stage(wt, we)[src]   # the diagonal of edge_matrix is 0, but a stage starts
+        row[src] = self._stage(wt, we)[src]  # the diagonal of edge_matrix is 0, but a stage starts
         return row
 
     def last_edge(self, wt: float, we: float) -> np.ndarray:

@@ -18,14 +18,15 @@ input for an add, none for a concatenation or a flatten; parameter bytes = 4 per
 weight, bias and BatchNorm scale and shift (the running statistics are state, not
 parameters); output bytes = 4 per output element (float32).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from multigpu.partition.inputs.graph import INPUT, Graph, LayerSpec
 
@@ -44,8 +45,15 @@ class _Builder:
         self.shape: dict[str, Shape] = {INPUT: (3, image, image)}
 
     def _add(self, name: str, inputs: Sequence[str], out: Shape, flops: float, params: int) -> str:
-        self.layers.append(LayerSpec(name=name, flops=float(self.batch * flops), param_bytes=float(params * BYTES),
-                                     output_bytes=float(self.batch * math.prod(out) * BYTES), inputs=tuple(inputs)))
+        self.layers.append(
+            LayerSpec(
+                name=name,
+                flops=float(self.batch * flops),
+                param_bytes=float(params * BYTES),
+                output_bytes=float(self.batch * math.prod(out) * BYTES),
+                inputs=tuple(inputs),
+            )
+        )
         self.shape[name] = out
         return name
 
@@ -94,8 +102,9 @@ class _Builder:
         return self._add(name, xs, (c, *self.shape[xs[0]][1:]), 0, 0)
 
     def graph(self, name: str) -> Graph:
-        return Graph(tuple(self.layers), input_bytes=float(self.batch * math.prod(self.shape[INPUT]) * BYTES),
-                     name=name)
+        return Graph(
+            tuple(self.layers), input_bytes=float(self.batch * math.prod(self.shape[INPUT]) * BYTES), name=name
+        )
 
 
 def _resnet_stem(b: _Builder) -> str:
@@ -150,11 +159,17 @@ def _basic(b: _Builder, p: str, x: str, cout: int, k: int, stride: int = 1, pad:
 
 
 # (1x1, 3x3 reduce, 3x3, 3x3 reduce, 3x3, pool projection) per module: torchvision's GoogLeNet.
-INCEPTION = {"3a": (64, 96, 128, 16, 32, 32), "3b": (128, 128, 192, 32, 96, 64),
-             "4a": (192, 96, 208, 16, 48, 64), "4b": (160, 112, 224, 24, 64, 64),
-             "4c": (128, 128, 256, 24, 64, 64), "4d": (112, 144, 288, 32, 64, 64),
-             "4e": (256, 160, 320, 32, 128, 128), "5a": (256, 160, 320, 32, 128, 128),
-             "5b": (384, 192, 384, 48, 128, 128)}
+INCEPTION = {
+    "3a": (64, 96, 128, 16, 32, 32),
+    "3b": (128, 128, 192, 32, 96, 64),
+    "4a": (192, 96, 208, 16, 48, 64),
+    "4b": (160, 112, 224, 24, 64, 64),
+    "4c": (128, 128, 256, 24, 64, 64),
+    "4d": (112, 144, 288, 32, 64, 64),
+    "4e": (256, 160, 320, 32, 128, 128),
+    "5a": (256, 160, 320, 32, 128, 128),
+    "5b": (384, 192, 384, 48, 128, 128),
+}
 
 
 def googlenet(batch: int = 1, image: int = 224, classes: int = 1000) -> Graph:
@@ -181,8 +196,7 @@ def googlenet(batch: int = 1, image: int = 224, classes: int = 1000) -> Graph:
     return b.graph("inception")
 
 
-ARCHITECTURES: dict[str, Callable[..., Graph]] = {"resnet18": resnet18, "resnet50": resnet50,
-                                                  "inception": googlenet}
+ARCHITECTURES: dict[str, Callable[..., Graph]] = {"resnet18": resnet18, "resnet50": resnet50, "inception": googlenet}
 #: The shipped files: batch 1 at 224 x 224 (an ImageNet inference), 1000 classes.
 SHIPPED = ARCHITECTURES
 
@@ -206,10 +220,12 @@ def write_shipped(folder: Path, check: bool = False) -> list[str]:
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Rewrite the shipped graph files, or with ``--check`` report whether they differ."""
-    p = argparse.ArgumentParser(prog="python -m multigpu.partition.inputs.architectures",
-                                description="Write the shipped graph files from the published architectures.")
+    p = argparse.ArgumentParser(
+        prog="python -m multigpu.partition.inputs.architectures",
+        description="Write the shipped graph files from the published architectures.",
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).with_name("graphs"), help="folder (default: shipped)")
     p.add_argument("--check", action="store_true", help="exit 1 if a file differs from what would be written")
     args = p.parse_args(argv)

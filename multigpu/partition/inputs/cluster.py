@@ -11,15 +11,17 @@ A device may also say how to run a stage on it (``backend``, ``device``,
 cost model, where a measured time overrides ``flops``). The CPU a pipelined run shares
 (``host``/``hosts``, ``transfer_cpu``, ``relay``) is described in ``hosts.py``.
 """
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -43,14 +45,35 @@ from multigpu.partition.inputs.validate import (
     check_number_map,
 )
 
-__all__ = ["Cluster", "DeviceSpec", "HostSpec", "Link", "LinkSpec", "LinkTables", "Relay", "TransferCpu",
-           "load_cluster", "shipped_clusters", "transfer_latency"]
+__all__ = [
+    "Cluster",
+    "DeviceSpec",
+    "HostSpec",
+    "Link",
+    "LinkSpec",
+    "LinkTables",
+    "Relay",
+    "TransferCpu",
+    "load_cluster",
+    "shipped_clusters",
+    "transfer_latency",
+]
 
 CLUSTER_KEYS_REQUIRED = ("devices", "source")
 CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay", "inline_bytes", "message_bytes")
 DEVICE_KEYS_REQUIRED = ("name", "flops", "power")
-DEVICE_KEYS_OPTIONAL = ("memory", "backend", "device", "threads", "resources", "layer_times",
-                        "stage_overhead", "warm_pass", "host", "transfer_cpu")
+DEVICE_KEYS_OPTIONAL = (
+    "memory",
+    "backend",
+    "device",
+    "threads",
+    "resources",
+    "layer_times",
+    "stage_overhead",
+    "warm_pass",
+    "host",
+    "transfer_cpu",
+)
 FRAMEWORK_DEVICE = re.compile(r"cpu|(?:gpu|cuda):\d+")
 LINK_KEYS_REQUIRED = ("between", "bandwidth", "latency")
 LINK_KEYS_OPTIONAL = ("power", "inline_latency")
@@ -92,89 +115,131 @@ class DeviceSpec:
     name: str
     flops: float
     power: float
-    memory: Optional[float] = None
-    backend: Optional[str] = None
-    device: Optional[str] = None
-    threads: Optional[int] = None
-    resources: Optional[Mapping[str, float]] = field(default=None, hash=False)
-    layer_times: Optional[Mapping[str, Mapping[str, float]]] = field(default=None, hash=False)
+    memory: float | None = None
+    backend: str | None = None
+    device: str | None = None
+    threads: int | None = None
+    resources: Mapping[str, float] | None = field(default=None, hash=False)
+    layer_times: Mapping[str, Mapping[str, float]] | None = field(default=None, hash=False)
     stage_overhead: float = 0.0
-    warm_pass: Optional[Mapping[str, float]] = field(default=None, hash=False)
-    host: Optional[str] = None
-    transfer_cpu: Optional[TransferCpu] = None
+    warm_pass: Mapping[str, float] | None = field(default=None, hash=False)
+    host: str | None = None
+    transfer_cpu: TransferCpu | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "device name")
         what = f"device {self.name!r}"
-        check_number_fields(self, what, flops={"strict": True, "unit": "FLOP/s, e.g. 38.4e9"},
-                            power={"unit": "W while computing; 0 if unknown"})
+        check_number_fields(
+            self,
+            what,
+            flops={"strict": True, "unit": "FLOP/s, e.g. 38.4e9"},
+            power={"unit": "W while computing; 0 if unknown"},
+        )
         if self.memory is not None:
-            object.__setattr__(self, "memory", check_number(
-                self.memory, f"{what}: memory", strict=True,
-                unit="bytes; leave the key out for unlimited memory"))
+            object.__setattr__(
+                self,
+                "memory",
+                check_number(
+                    self.memory, f"{what}: memory", strict=True, unit="bytes; leave the key out for unlimited memory"
+                ),
+            )
         if self.backend is not None:
             check_name(self.backend, f"{what}: backend")
         if self.device is not None:
             if not isinstance(self.device, str) or not FRAMEWORK_DEVICE.fullmatch(self.device.strip().lower()):
-                raise ClusterError(f"{what}: device={self.device!r} is not a framework device; "
-                                   f"write \"cpu\" or \"gpu:0\" (a GPU index)")
+                raise ClusterError(
+                    f'{what}: device={self.device!r} is not a framework device; write "cpu" or "gpu:0" (a GPU index)'
+                )
             object.__setattr__(self, "device", self.device.strip().lower().replace("cuda", "gpu"))
         if self.threads is not None:
-            check_count(self.threads, f"{what}: threads", example="1 (math threads of the worker process)",
-                        error=ClusterError)
+            check_count(
+                self.threads, f"{what}: threads", example="1 (math threads of the worker process)", error=ClusterError
+            )
         if self.resources is not None:
             object.__setattr__(self, "resources", _check_resources(self.resources, what))
         if self.layer_times is not None:
             object.__setattr__(self, "layer_times", _check_layer_times(self.layer_times, what))
-        object.__setattr__(self, "stage_overhead", check_number(
-            self.stage_overhead, f"{what}: stage_overhead", unit="seconds per stage; 0 if not measured"))
+        object.__setattr__(
+            self,
+            "stage_overhead",
+            check_number(self.stage_overhead, f"{what}: stage_overhead", unit="seconds per stage; 0 if not measured"),
+        )
         if self.warm_pass is not None:
-            object.__setattr__(self, "warm_pass", check_number_map(
-                self.warm_pass, what, "warm_pass", "a warm_pass graph name",
-                f"{what}: warm_pass must be a non-empty object mapping a graph name such as "
-                f"\"lenet(batch=1)\" to the seconds of a whole pass run one after another; re-profile with "
-                f"multigpu profile, or leave the key out", unit="seconds of a whole pass; measured times are "
-                "positive and finite"))
+            object.__setattr__(
+                self,
+                "warm_pass",
+                check_number_map(
+                    self.warm_pass,
+                    what,
+                    "warm_pass",
+                    "a warm_pass graph name",
+                    f"{what}: warm_pass must be a non-empty object mapping a graph name such as "
+                    f'"lenet(batch=1)" to the seconds of a whole pass run one after another; re-profile with '
+                    f"multigpu profile, or leave the key out",
+                    unit="seconds of a whole pass; measured times are positive and finite",
+                ),
+            )
         if self.host is not None:
             check_name(self.host, f"{what}: host")
         if self.transfer_cpu is not None:
             object.__setattr__(self, "transfer_cpu", transfer_cpu_from_dict(self.transfer_cpu, what))
 
-    def measured(self, graph_name: str) -> Optional[Mapping[str, float]]:
+    def measured(self, graph_name: str) -> Mapping[str, float] | None:
         """The measured per-layer times of graph ``graph_name`` on this device, or None."""
         return None if self.layer_times is None else self.layer_times.get(graph_name)
 
 
 def _check_resources(value: Any, what: str) -> dict[str, float]:
-    return check_number_map(value, what, "resources", "a resource name",
-                            f"{what}: resources must be a non-empty object of Ray resource amounts, "
-                            f"e.g. {{\"pi1\": 1}} or {{\"GPU\": 1}}; got {value!r:.80}",
-                            unit="an amount of the Ray resource, e.g. 1")
+    return check_number_map(
+        value,
+        what,
+        "resources",
+        "a resource name",
+        f"{what}: resources must be a non-empty object of Ray resource amounts, "
+        f'e.g. {{"pi1": 1}} or {{"GPU": 1}}; got {value!r:.80}',
+        unit="an amount of the Ray resource, e.g. 1",
+    )
 
 
 def _check_layer_times(value: Any, what: str) -> dict[str, dict[str, float]]:
-    fix = "re-profile with multigpu profile, or write {\"GRAPH\": {\"LAYER\": seconds}}"
+    fix = 're-profile with multigpu profile, or write {"GRAPH": {"LAYER": seconds}}'
     if not isinstance(value, Mapping) or not value:
-        raise ClusterError(f"{what}: layer_times must be a non-empty object mapping a graph name "
-                           f"such as \"lenet(batch=1)\" to per-layer seconds; {fix}")
+        raise ClusterError(
+            f"{what}: layer_times must be a non-empty object mapping a graph name "
+            f'such as "lenet(batch=1)" to per-layer seconds; {fix}'
+        )
     out: dict[str, dict[str, float]] = {}
     for graph, times in value.items():
         check_name(graph, f"{what}: a layer_times graph name")
         out[graph] = check_number_map(
-            times, what, f"layer_times[{graph!r}]", f"a layer name in layer_times[{graph!r}]",
+            times,
+            what,
+            f"layer_times[{graph!r}]",
+            f"a layer name in layer_times[{graph!r}]",
             f"{what}: layer_times[{graph!r}] must be a non-empty object mapping layer names to seconds; {fix}",
-            unit="seconds; measured times are positive and finite")
+            unit="seconds; measured times are positive and finite",
+        )
     return out
 
 
 def _check_link_numbers(obj: Any, what: str) -> None:
-    check_number_fields(obj, what, bandwidth={"strict": True, "unit": "bytes/s, e.g. 1e6 for 1 MB/s"},
-                        latency={"unit": "seconds per transfer; 0 if negligible"},
-                        power={"unit": "W while transferring; 0 if not modelled"})
+    check_number_fields(
+        obj,
+        what,
+        bandwidth={"strict": True, "unit": "bytes/s, e.g. 1e6 for 1 MB/s"},
+        latency={"unit": "seconds per transfer; 0 if negligible"},
+        power={"unit": "W while transferring; 0 if not modelled"},
+    )
     if obj.inline_latency is not None:
-        object.__setattr__(obj, "inline_latency", check_number(
-            obj.inline_latency, f"{what}: inline_latency",
-            unit="seconds per transfer of at most the cluster's inline_bytes; leave it out to use latency"))
+        object.__setattr__(
+            obj,
+            "inline_latency",
+            check_number(
+                obj.inline_latency,
+                f"{what}: inline_latency",
+                unit="seconds per transfer of at most the cluster's inline_bytes; leave it out to use latency",
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -186,7 +251,7 @@ class LinkSpec:
     bandwidth: float
     latency: float
     power: float = 0.0
-    inline_latency: Optional[float] = None
+    inline_latency: float | None = None
 
     def __post_init__(self) -> None:
         _check_link_numbers(self, "default_link")
@@ -202,18 +267,21 @@ class Link:
     bandwidth: float
     latency: float
     power: float = 0.0
-    inline_latency: Optional[float] = None
+    inline_latency: float | None = None
 
     def __post_init__(self) -> None:
         pair = self.between
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
-            raise ClusterError(f"link between={pair!r} must list exactly two device names, "
-                               f'e.g. "between": ["pi1", "desk"]')
+            raise ClusterError(
+                f'link between={pair!r} must list exactly two device names, e.g. "between": ["pi1", "desk"]'
+            )
         a = check_name(pair[0], f"link between={list(pair)!r}: first device")
         b = check_name(pair[1], f"link between={list(pair)!r}: second device")
         if a == b:
-            raise ClusterError(f"link between [{a!r}, {b!r}] joins a device to itself; "
-                               f"remove it: a device needs no link to itself (transfers on it cost 0)")
+            raise ClusterError(
+                f"link between [{a!r}, {b!r}] joins a device to itself; "
+                f"remove it: a device needs no link to itself (transfers on it cost 0)"
+            )
         object.__setattr__(self, "between", (a, b))
         _check_link_numbers(self, f"link between [{a!r}, {b!r}]")
 
@@ -244,16 +312,16 @@ class LinkTables:
     power: np.ndarray
     # Transfers of at most ``inline_bytes`` cost ``inline_latency`` instead of ``latency``
     # (Ray sends them inside its own reply rather than through the object store).
-    inline_latency: Optional[np.ndarray] = None
+    inline_latency: np.ndarray | None = None
     inline_bytes: float = 0.0
     # What the engine's messages add on the wire to a transfer (None: unknown; the
     # bottleneck then charges the whole hop time).
-    message_bytes: Optional[float] = None
+    message_bytes: float | None = None
 
     def latency_for(self, nbytes: Any) -> np.ndarray:
         """The latency of a transfer of ``nbytes``: k x k for a number, (m, k, k) for m sizes."""
         shape = np.shape(nbytes)
-        b = np.asarray(nbytes, dtype=float).reshape(shape + (1, 1))   # one k x k table per size
+        b = np.asarray(nbytes, dtype=float).reshape(shape + (1, 1))  # one k x k table per size
         got = transfer_latency(b, self.latency, self.inline_latency, self.inline_bytes)
         return np.broadcast_to(got, shape + self.latency.shape).copy()
 
@@ -308,18 +376,18 @@ class Cluster:
     devices: tuple[DeviceSpec, ...]
     source: str
     links: tuple[Link, ...] = ()
-    default_link: Optional[LinkSpec] = None
-    sink: Optional[str] = None
+    default_link: LinkSpec | None = None
+    sink: str | None = None
     hosts: tuple[HostSpec, ...] = ()
-    relay: Optional[Relay] = None
+    relay: Relay | None = None
     inline_bytes: int = 0
-    message_bytes: Optional[float] = None
+    message_bytes: float | None = None
     name: str = field(default="cluster", compare=False)
 
     def __post_init__(self) -> None:
         devices = tuple(self.devices)
         if not devices:
-            raise ClusterError("cluster has no devices; list at least one under \"devices\"")
+            raise ClusterError('cluster has no devices; list at least one under "devices"')
         for i, d in enumerate(devices):
             if not isinstance(d, DeviceSpec):
                 raise ClusterError(f"devices[{i}] must be a DeviceSpec, got {type(d).__name__}")
@@ -337,12 +405,16 @@ class Cluster:
                 raise ClusterError(f"links must hold Link objects, got {type(ln).__name__}")
             for end in ln.between:
                 if end not in seen:
-                    raise ClusterError(f"link between {list(ln.between)!r} names unknown device "
-                                       f"{end!r}; known devices: {', '.join(names)}")
+                    raise ClusterError(
+                        f"link between {list(ln.between)!r} names unknown device "
+                        f"{end!r}; known devices: {', '.join(names)}"
+                    )
             key = frozenset(ln.between)
             if key in pairs:
-                raise ClusterError(f"link between {list(ln.between)!r} is listed twice (links are "
-                                   f"symmetric, so [a, b] and [b, a] are the same link); keep one")
+                raise ClusterError(
+                    f"link between {list(ln.between)!r} is listed twice (links are "
+                    f"symmetric, so [a, b] and [b, a] are the same link); keep one"
+                )
             pairs.add(key)
         object.__setattr__(self, "links", links)
         if self.default_link is not None and not isinstance(self.default_link, LinkSpec):
@@ -353,22 +425,34 @@ class Cluster:
         sink = self.source if self.sink is None else self.sink
         check_name(sink, "sink")
         if sink not in seen:
-            raise ClusterError(f"sink {sink!r} is not a device; choose one of: {', '.join(names)} "
-                               f"(or leave it out to use the source)")
+            raise ClusterError(
+                f"sink {sink!r} is not a device; choose one of: {', '.join(names)} (or leave it out to use the source)"
+            )
         object.__setattr__(self, "sink", sink)
         self._check_hosts(names)
-        if isinstance(self.inline_bytes, bool) or not isinstance(self.inline_bytes, (int, np.integer)) \
-                or self.inline_bytes < 0:
-            raise ClusterError(f"inline_bytes={self.inline_bytes!r} must be a whole number of bytes >= 0 (the "
-                               f"largest transfer the engine sends inside its reply, e.g. 1024 for Ray's "
-                               f"max_direct_call_object_size=1024); leave it out for one latency per link")
+        if (
+            isinstance(self.inline_bytes, bool)
+            or not isinstance(self.inline_bytes, (int, np.integer))
+            or self.inline_bytes < 0
+        ):
+            raise ClusterError(
+                f"inline_bytes={self.inline_bytes!r} must be a whole number of bytes >= 0 (the "
+                f"largest transfer the engine sends inside its reply, e.g. 1024 for Ray's "
+                f"max_direct_call_object_size=1024); leave it out for one latency per link"
+            )
         object.__setattr__(self, "inline_bytes", int(self.inline_bytes))
         self._check_inline_cpu()
         if self.message_bytes is not None:
-            object.__setattr__(self, "message_bytes", check_number(
-                self.message_bytes, "message_bytes",
-                unit="bytes the engine's messages add to a transfer on the wire, e.g. 2300; "
-                     "leave it out to charge each transfer its hop time in the throughput bottleneck"))
+            object.__setattr__(
+                self,
+                "message_bytes",
+                check_number(
+                    self.message_bytes,
+                    "message_bytes",
+                    unit="bytes the engine's messages add to a transfer on the wire, e.g. 2300; "
+                    "leave it out to charge each transfer its hop time in the throughput bottleneck",
+                ),
+            )
 
     def _check_inline_cpu(self) -> None:
         """An ``inline_fixed`` transfer CPU figure needs the threshold it applies under."""
@@ -378,9 +462,11 @@ class Cluster:
         owners.append(("relay", self.relay))
         for what, fig in owners:
             if fig is not None and fig.inline_fixed is not None:
-                raise ClusterError(f"{what}: inline_fixed = {fig.inline_fixed!r} prices a transfer of at most the "
-                                   f"cluster's inline_bytes, which is 0 (not given); give \"inline_bytes\" (e.g. "
-                                   f"1024 for Ray's max_direct_call_object_size=1024) or leave inline_fixed out")
+                raise ClusterError(
+                    f"{what}: inline_fixed = {fig.inline_fixed!r} prices a transfer of at most the "
+                    f'cluster\'s inline_bytes, which is 0 (not given); give "inline_bytes" (e.g. '
+                    f"1024 for Ray's max_direct_call_object_size=1024) or leave inline_fixed out"
+                )
 
     def _check_hosts(self, names: list[str]) -> None:
         hosts = self.hosts
@@ -397,15 +483,19 @@ class Cluster:
         object.__setattr__(self, "hosts", hosts)
         for d in self.devices:
             if d.host is not None and d.host not in host_names:
-                listed = ", ".join(host_names) if host_names else "none (the cluster has no \"hosts\")"
-                raise ClusterError(f"device {d.name!r}: host {d.host!r} is not in the cluster's \"hosts\" "
-                                   f"(hosts: {listed}); add {{\"{d.host}\": {{\"cores\": N}}}} to \"hosts\" "
-                                   f"or fix the name")
+                listed = ", ".join(host_names) if host_names else 'none (the cluster has no "hosts")'
+                raise ClusterError(
+                    f'device {d.name!r}: host {d.host!r} is not in the cluster\'s "hosts" '
+                    f'(hosts: {listed}); add {{"{d.host}": {{"cores": N}}}} to "hosts" '
+                    f"or fix the name"
+                )
         used = {d.host for d in self.devices}
         idle = [h for h in host_names if h not in used]
         if idle:
-            raise ClusterError(f"host {idle[0]!r} in \"hosts\" has no device; set \"host\": \"{idle[0]}\" on "
-                               f"the devices it runs, or remove it")
+            raise ClusterError(
+                f'host {idle[0]!r} in "hosts" has no device; set "host": "{idle[0]}" on '
+                f"the devices it runs, or remove it"
+            )
         relay = self.relay
         if relay is not None:
             if isinstance(relay, Mapping):
@@ -414,8 +504,10 @@ class Cluster:
             if not isinstance(relay, Relay):
                 raise ClusterError(f"relay must be a Relay, got {type(relay).__name__}")
             if relay.device not in names:
-                raise ClusterError(f"relay device {relay.device!r} is not a device; choose one of: "
-                                   f"{', '.join(names)} (the driver, for Ray's actor calls)")
+                raise ClusterError(
+                    f"relay device {relay.device!r} is not a device; choose one of: "
+                    f"{', '.join(names)} (the driver, for Ray's actor calls)"
+                )
 
     # -- lookups ---------------------------------------------------------------
     @property
@@ -439,7 +531,7 @@ class Cluster:
         except (KeyError, TypeError):
             raise ClusterError(f"unknown device {name!r}; devices are: {', '.join(self.names)}") from None
 
-    def link(self, a: str, b: str) -> Union[Link, LinkSpec, None]:
+    def link(self, a: str, b: str) -> Link | LinkSpec | None:
         """The link used between devices ``a`` and ``b`` (the listed one, else the
         default link), or None when the pair cannot communicate. None also for a == b."""
         ia, ib = self.index(a), self.index(b)
@@ -494,7 +586,7 @@ class Cluster:
         layer's time is wall time on its host, so on a host held below one core by a CPU
         quota (the lab's, or a container's) it already holds the quota: a second there is
         ``cores`` CPU-seconds, not one, and counting one would charge the quota twice."""
-        cores = np.append(self.host_cores, 1.0)[self.host_index]   # index -1: no host, one core
+        cores = np.append(self.host_cores, 1.0)[self.host_index]  # index -1: no host, one core
         return np.minimum(cores, 1.0)
 
     @cached_property
@@ -511,8 +603,7 @@ class Cluster:
     @cached_property
     def cpu_serial_inline_fixed(self) -> np.ndarray:
         """The part of ``cpu_inline_fixed`` on each device's computing thread, shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_fixed_of(True)
-                         for d in self.devices])
+        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_fixed_of(True) for d in self.devices])
 
     @cached_property
     def cpu_per_byte(self) -> np.ndarray:
@@ -523,8 +614,12 @@ class Cluster:
     def cpu_receive_per_byte(self) -> np.ndarray:
         """CPU seconds per byte each device receives (``per_byte`` where it gives no
         ``receive_per_byte``; 0 where unset), shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.receive_cost(1.0) - d.transfer_cpu.fixed
-                         for d in self.devices])
+        return np.array(
+            [
+                0.0 if d.transfer_cpu is None else d.transfer_cpu.receive_cost(1.0) - d.transfer_cpu.fixed
+                for d in self.devices
+            ]
+        )
 
     @cached_property
     def cpu_serial_fixed(self) -> np.ndarray:
@@ -534,14 +629,24 @@ class Cluster:
     @cached_property
     def cpu_serial_per_byte(self) -> np.ndarray:
         """The part of ``cpu_per_byte`` on each device's computing thread, shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_cost(1.0)
-                         - d.transfer_cpu.serial_cost(0.0) for d in self.devices])
+        return np.array(
+            [
+                0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_cost(1.0) - d.transfer_cpu.serial_cost(0.0)
+                for d in self.devices
+            ]
+        )
 
     @cached_property
     def cpu_serial_receive_per_byte(self) -> np.ndarray:
         """The part of ``cpu_receive_per_byte`` on each device's computing thread, shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_receive_cost(1.0)
-                         - d.transfer_cpu.serial_receive_cost(0.0) for d in self.devices])
+        return np.array(
+            [
+                0.0
+                if d.transfer_cpu is None
+                else d.transfer_cpu.serial_receive_cost(1.0) - d.transfer_cpu.serial_receive_cost(0.0)
+                for d in self.devices
+            ]
+        )
 
     @cached_property
     def cpu_links(self) -> np.ndarray:
@@ -564,7 +669,8 @@ class Cluster:
     def has_transfer_cpu(self) -> bool:
         """True when some transfer costs CPU (a device's transfer_cpu or a relay)."""
         return bool(self.cpu_fixed.any() or self.cpu_per_byte.any() or self.cpu_receive_per_byte.any()) or (
-            self.relay is not None and (self.relay.fixed > 0 or self.relay.per_byte > 0))
+            self.relay is not None and (self.relay.fixed > 0 or self.relay.per_byte > 0)
+        )
 
     @cached_property
     def memory(self) -> np.ndarray:
@@ -599,52 +705,82 @@ class Cluster:
         two_regimes = self.inline_bytes > 0 and not np.array_equal(inline, lat)
         for arr in (usable, inv_bw, lat, pw, inline):
             arr.flags.writeable = False
-        return LinkTables(usable, inv_bw, lat, pw, inline if two_regimes else None, float(self.inline_bytes),
-                          self.message_bytes)
+        return LinkTables(
+            usable, inv_bw, lat, pw, inline if two_regimes else None, float(self.inline_bytes), self.message_bytes
+        )
 
     # -- (de)serialisation ------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: Any, name: str = "cluster") -> "Cluster":
+    def from_dict(cls, data: Any, name: str = "cluster") -> Cluster:
         """Build a cluster from the parsed file structure; ClusterError on any bad key or value."""
         check_keys(data, f"{name}: cluster", CLUSTER_KEYS_REQUIRED, CLUSTER_KEYS_OPTIONAL)
         raw_devices = data["devices"]
         if not isinstance(raw_devices, list):
-            raise ClusterError(f"{name}: \"devices\" must be a list of device objects, got "
-                               f"{type(raw_devices).__name__}")
+            raise ClusterError(f'{name}: "devices" must be a list of device objects, got {type(raw_devices).__name__}')
         if not raw_devices:
-            raise ClusterError(f"{name}: \"devices\" is empty; list at least one device")
+            raise ClusterError(f'{name}: "devices" is empty; list at least one device')
         devices = []
         for i, d in enumerate(raw_devices):
             check_keys(d, f"{name}: devices[{i}]", DEVICE_KEYS_REQUIRED, DEVICE_KEYS_OPTIONAL)
-            devices.append(DeviceSpec(name=d["name"], flops=d["flops"], power=d["power"],
-                                      memory=d.get("memory"), backend=d.get("backend"),
-                                      device=d.get("device"), threads=d.get("threads"),
-                                      resources=d.get("resources"), layer_times=d.get("layer_times"),
-                                      stage_overhead=d.get("stage_overhead", 0.0),
-                                      warm_pass=d.get("warm_pass"), host=d.get("host"),
-                                      transfer_cpu=None if d.get("transfer_cpu") is None else
-                                      transfer_cpu_from_dict(d["transfer_cpu"], f"device {d['name']!r}")))
+            devices.append(
+                DeviceSpec(
+                    name=d["name"],
+                    flops=d["flops"],
+                    power=d["power"],
+                    memory=d.get("memory"),
+                    backend=d.get("backend"),
+                    device=d.get("device"),
+                    threads=d.get("threads"),
+                    resources=d.get("resources"),
+                    layer_times=d.get("layer_times"),
+                    stage_overhead=d.get("stage_overhead", 0.0),
+                    warm_pass=d.get("warm_pass"),
+                    host=d.get("host"),
+                    transfer_cpu=None
+                    if d.get("transfer_cpu") is None
+                    else transfer_cpu_from_dict(d["transfer_cpu"], f"device {d['name']!r}"),
+                )
+            )
         raw_links = data.get("links", [])
         if not isinstance(raw_links, list):
-            raise ClusterError(f"{name}: \"links\" must be a list of link objects, got "
-                               f"{type(raw_links).__name__}")
+            raise ClusterError(f'{name}: "links" must be a list of link objects, got {type(raw_links).__name__}')
         links = []
         for i, ln in enumerate(raw_links):
             check_keys(ln, f"{name}: links[{i}]", LINK_KEYS_REQUIRED, LINK_KEYS_OPTIONAL)
-            links.append(Link(between=ln["between"], bandwidth=ln["bandwidth"],
-                              latency=ln["latency"], power=ln.get("power", 0.0),
-                              inline_latency=ln.get("inline_latency")))
+            links.append(
+                Link(
+                    between=ln["between"],
+                    bandwidth=ln["bandwidth"],
+                    latency=ln["latency"],
+                    power=ln.get("power", 0.0),
+                    inline_latency=ln.get("inline_latency"),
+                )
+            )
         default = None
         if "default_link" in data:
-            dl = check_keys(data["default_link"], f"{name}: default_link",
-                            DEFAULT_LINK_KEYS_REQUIRED, LINK_KEYS_OPTIONAL)
-            default = LinkSpec(bandwidth=dl["bandwidth"], latency=dl["latency"],
-                               power=dl.get("power", 0.0), inline_latency=dl.get("inline_latency"))
+            dl = check_keys(
+                data["default_link"], f"{name}: default_link", DEFAULT_LINK_KEYS_REQUIRED, LINK_KEYS_OPTIONAL
+            )
+            default = LinkSpec(
+                bandwidth=dl["bandwidth"],
+                latency=dl["latency"],
+                power=dl.get("power", 0.0),
+                inline_latency=dl.get("inline_latency"),
+            )
         hosts = hosts_from_dict(data["hosts"], name) if "hosts" in data else ()
         relay = relay_from_dict(data["relay"], name) if "relay" in data else None
-        return cls(devices=tuple(devices), links=tuple(links), default_link=default,
-                   source=data["source"], sink=data.get("sink"), hosts=hosts, relay=relay,
-                   inline_bytes=data.get("inline_bytes", 0), message_bytes=data.get("message_bytes"), name=name)
+        return cls(
+            devices=tuple(devices),
+            links=tuple(links),
+            default_link=default,
+            source=data["source"],
+            sink=data.get("sink"),
+            hosts=hosts,
+            relay=relay,
+            inline_bytes=data.get("inline_bytes", 0),
+            message_bytes=data.get("message_bytes"),
+            name=name,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The file structure of this cluster (round-trips through ``from_dict``)."""
@@ -670,8 +806,9 @@ class Cluster:
                 dev["transfer_cpu"] = d.transfer_cpu.to_dict()
             out["devices"].append(dev)
         for ln in self.links:
-            out["links"].append({"between": list(ln.between), "bandwidth": ln.bandwidth,
-                                 "latency": ln.latency, "power": ln.power})
+            out["links"].append(
+                {"between": list(ln.between), "bandwidth": ln.bandwidth, "latency": ln.latency, "power": ln.power}
+            )
             if ln.inline_latency is not None:
                 out["links"][-1]["inline_latency"] = ln.inline_latency
         if self.default_link is not None:
@@ -705,7 +842,7 @@ def shipped_clusters() -> list[str]:
     return sorted(p.stem for p in d.iterdir() if p.suffix in (".json", ".toml"))
 
 
-def load_cluster(path: Union[str, "os.PathLike[str]"]) -> Cluster:
+def load_cluster(path: str | os.PathLike[str]) -> Cluster:
     """Read a cluster from a ``.json``/``.toml`` file, or a shipped example by name
     (``shipped_clusters()``); an existing path wins over a shipped name.
 
@@ -719,8 +856,10 @@ def load_cluster(path: Union[str, "os.PathLike[str]"]) -> Cluster:
             d = _clusters_dir()
             p = next(d / f"{name}{ext}" for ext in (".json", ".toml") if (d / f"{name}{ext}").exists())
         else:
-            raise ClusterError(f"no cluster file {name!r}, and no shipped cluster of that name; "
-                               f"give a path to a .json/.toml file or one of: {', '.join(shipped) or 'none'}")
+            raise ClusterError(
+                f"no cluster file {name!r}, and no shipped cluster of that name; "
+                f"give a path to a .json/.toml file or one of: {', '.join(shipped) or 'none'}"
+            )
     if p.is_dir():
         raise ClusterError(f"cluster path {str(p)!r} is a directory; give a .json or .toml file")
     data = read_structured_file(p, "cluster")

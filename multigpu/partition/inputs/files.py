@@ -1,5 +1,6 @@
 """Reading the planner's input files: JSON (duplicate keys refused) or TOML, with one
 message style for a file that cannot be read or parsed."""
+
 from __future__ import annotations
 
 import json
@@ -32,32 +33,38 @@ def read_structured_file(path: Path, kind: str) -> Any:
         try:
             return json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
         except UnicodeDecodeError as e:
-            raise ClusterError(f"{kind} file {str(path)!r} is not UTF-8 text ({e.reason}); "
-                               f"save it as UTF-8 JSON") from None
+            raise ClusterError(
+                f"{kind} file {str(path)!r} is not UTF-8 text ({e.reason}); save it as UTF-8 JSON"
+            ) from None
         except json.JSONDecodeError as e:
-            raise ClusterError(f"malformed JSON in {kind} file {str(path)!r} at line {e.lineno} "
-                               f"column {e.colno}: {e.msg}; fix the syntax") from None
+            raise ClusterError(
+                f"malformed JSON in {kind} file {str(path)!r} at line {e.lineno} "
+                f"column {e.colno}: {e.msg}; fix the syntax"
+            ) from None
     if suffix == ".toml":
         toml = _toml_module()
         try:
             return toml.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise ClusterError(f"{kind} file {str(path)!r} is not UTF-8 text ({e.reason}); "
-                               f"save it as UTF-8 TOML") from None
+            raise ClusterError(
+                f"{kind} file {str(path)!r} is not UTF-8 text ({e.reason}); save it as UTF-8 TOML"
+            ) from None
         except toml.TOMLDecodeError as e:
             raise ClusterError(f"malformed TOML in {kind} file {str(path)!r}: {e}; fix the syntax") from None
-    raise ClusterError(f"{kind} file {str(path)!r} has suffix {suffix or '(none)'!r}; "
-                       f"name it .json or .toml")
+    raise ClusterError(f"{kind} file {str(path)!r} has suffix {suffix or '(none)'!r}; name it .json or .toml")
 
 
 def _toml_module() -> Any:
     try:
         import tomllib  # Python 3.11+
+
         return tomllib
     except ModuleNotFoundError:  # pragma: no cover - Python 3.10 only
         try:
             import tomli  # type: ignore[import-not-found]
+
             return tomli
         except ModuleNotFoundError:
-            raise ClusterError("reading TOML needs Python 3.11+ or the 'tomli' package; "
-                               "pip install tomli, or use a .json cluster file") from None
+            raise ClusterError(
+                "reading TOML needs Python 3.11+ or the 'tomli' package; pip install tomli, or use a .json cluster file"
+            ) from None

@@ -13,15 +13,17 @@ name and the fix: an unknown input, a cycle, a layer listed twice, a layer no pa
 the input reaches, a layer listed before one of its inputs, and a layer other than the
 last whose output no layer consumes.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +37,7 @@ __all__ = ["INPUT", "Graph", "LayerSpec", "graph_from_model", "load_graph", "shi
 GRAPH_KEYS = ("input_bytes", "layers")
 LAYER_KEYS = ("name", "flops", "param_bytes", "output_bytes")
 LAYER_KEYS_OPTIONAL = ("inputs",)
-INPUT = "input"   # the graph's input, in a layer's ``inputs``
+INPUT = "input"  # the graph's input, in a layer's ``inputs``
 
 
 @dataclass(frozen=True)
@@ -48,16 +50,21 @@ class LayerSpec:
     flops: float
     param_bytes: float
     output_bytes: float
-    inputs: Optional[tuple[str, ...]] = None
+    inputs: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "layer name")
         if self.name == INPUT:
-            raise ClusterError(f"a layer is named {INPUT!r}, which names the graph's input in \"inputs\"; "
-                               f"rename the layer")
-        check_number_fields(self, f"layer {self.name!r}", flops={"unit": "FLOPs"},
-                            param_bytes={"unit": "bytes; 0 for a layer without parameters"},
-                            output_bytes={"unit": "bytes"})
+            raise ClusterError(
+                f'a layer is named {INPUT!r}, which names the graph\'s input in "inputs"; rename the layer'
+            )
+        check_number_fields(
+            self,
+            f"layer {self.name!r}",
+            flops={"unit": "FLOPs"},
+            param_bytes={"unit": "bytes; 0 for a layer without parameters"},
+            output_bytes={"unit": "bytes"},
+        )
         if self.inputs is not None:
             object.__setattr__(self, "inputs", _check_inputs(self.name, self.inputs))
 
@@ -65,13 +72,16 @@ class LayerSpec:
 def _check_inputs(name: str, inputs: Any) -> tuple[str, ...]:
     what = f"layer {name!r}: inputs"
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
-        raise ClusterError(f"{what} must be a list of layer names (or \"input\"), e.g. [{str(inputs)!r}]; "
-                           f"got {type(inputs).__name__}")
+        raise ClusterError(
+            f'{what} must be a list of layer names (or "input"), e.g. [{str(inputs)!r}]; got {type(inputs).__name__}'
+        )
     out = tuple(check_name(x, f"{what}: an entry") for x in inputs)
     if not out:
-        raise ClusterError(f"{what} is empty, so no path from the input reaches layer {name!r}; list the "
-                           f"layers it consumes, or \"input\" for the graph's input (or leave \"inputs\" out: "
-                           f"the previous layer)")
+        raise ClusterError(
+            f"{what} is empty, so no path from the input reaches layer {name!r}; list the "
+            f'layers it consumes, or "input" for the graph\'s input (or leave "inputs" out: '
+            f"the previous layer)"
+        )
     twice = next((x for i, x in enumerate(out) if x in out[:i]), None)
     if twice is not None:
         raise ClusterError(f"{what} lists {twice!r} twice; list each input once")
@@ -98,22 +108,27 @@ class Graph:
     def __post_init__(self) -> None:
         layers = tuple(self.layers)
         if not layers:
-            raise ClusterError(f"graph {self.name!r} has no layers; list at least one under \"layers\"")
+            raise ClusterError(f'graph {self.name!r} has no layers; list at least one under "layers"')
         seen: dict[str, int] = {}
         for i, layer in enumerate(layers):
             if not isinstance(layer, LayerSpec):
                 raise ClusterError(f"layers[{i}] must be a LayerSpec, got {type(layer).__name__}")
             if layer.name in seen:
-                raise ClusterError(f"duplicate layer name {layer.name!r} (layers[{seen[layer.name]}] and "
-                                   f"layers[{i}]); layer names must be unique (inputs, pins and reports refer "
-                                   f"to layers by name): rename one")
+                raise ClusterError(
+                    f"duplicate layer name {layer.name!r} (layers[{seen[layer.name]}] and "
+                    f"layers[{i}]); layer names must be unique (inputs, pins and reports refer "
+                    f"to layers by name): rename one"
+                )
             seen[layer.name] = i
         # One form per graph: inputs that name the previous layer are the default.
-        layers = tuple(dataclasses.replace(x, inputs=None) if x.inputs == _default_inputs(layers, i) else x
-                       for i, x in enumerate(layers))
+        layers = tuple(
+            dataclasses.replace(x, inputs=None) if x.inputs == _default_inputs(layers, i) else x
+            for i, x in enumerate(layers)
+        )
         object.__setattr__(self, "layers", layers)
-        object.__setattr__(self, "input_bytes", check_number(
-            self.input_bytes, f"graph {self.name!r}: input_bytes", unit="bytes"))
+        object.__setattr__(
+            self, "input_bytes", check_number(self.input_bytes, f"graph {self.name!r}: input_bytes", unit="bytes")
+        )
         object.__setattr__(self, "producers", _resolve_producers(layers, seen, self.name))
 
     producers: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
@@ -132,7 +147,7 @@ class Graph:
     def _index(self) -> dict[str, int]:
         return {layer.name: i for i, layer in enumerate(self.layers)}
 
-    def index(self, name: Union[str, int]) -> int:
+    def index(self, name: str | int) -> int:
         """Position (0-based) of a layer given by name or index; ClusterError if unknown."""
         if isinstance(name, (int, np.integer)) and not isinstance(name, bool):
             if not 0 <= int(name) < self.n:
@@ -204,7 +219,7 @@ class Graph:
     def input_bytes_per_layer(self) -> np.ndarray:
         """Bytes each layer receives: the summed outputs of its inputs (``input_bytes`` for the
         graph's input); for a chain, ``input_bytes`` for layer 1, else the previous output."""
-        out = np.concatenate([[self.input_bytes], self.output_bytes])   # index p + 1
+        out = np.concatenate([[self.input_bytes], self.output_bytes])  # index p + 1
         if self.is_chain:
             arr = out[:-1].copy()
         else:
@@ -225,28 +240,39 @@ class Graph:
         return arr
 
     @classmethod
-    def from_dict(cls, data: Any, name: str = "graph") -> "Graph":
+    def from_dict(cls, data: Any, name: str = "graph") -> Graph:
         """Build a graph from the parsed JSON/TOML structure; ClusterError on a bad key or value."""
         check_keys(data, f"{name}: graph", GRAPH_KEYS)
         raw = data["layers"]
         if not isinstance(raw, list):
-            raise ClusterError(f"{name}: \"layers\" must be a list of layer objects, got {type(raw).__name__}")
+            raise ClusterError(f'{name}: "layers" must be a list of layer objects, got {type(raw).__name__}')
         if not raw:
-            raise ClusterError(f"{name}: \"layers\" is empty; a graph needs at least one layer")
+            raise ClusterError(f'{name}: "layers" is empty; a graph needs at least one layer')
         layers = []
         for i, layer in enumerate(raw):
             check_keys(layer, f"{name}: layers[{i}]", LAYER_KEYS, LAYER_KEYS_OPTIONAL)
-            layers.append(LayerSpec(name=layer["name"], flops=layer["flops"], param_bytes=layer["param_bytes"],
-                                    output_bytes=layer["output_bytes"], inputs=layer.get("inputs")))
+            layers.append(
+                LayerSpec(
+                    name=layer["name"],
+                    flops=layer["flops"],
+                    param_bytes=layer["param_bytes"],
+                    output_bytes=layer["output_bytes"],
+                    inputs=layer.get("inputs"),
+                )
+            )
         return cls(layers=tuple(layers), input_bytes=data["input_bytes"], name=name)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON structure of this graph (round-trips through ``from_dict``); ``inputs``
         only where a layer consumes something other than the previous layer."""
         out = []
-        for i, x in enumerate(self.layers):
-            d: dict[str, Any] = {"name": x.name, "flops": x.flops, "param_bytes": x.param_bytes,
-                                 "output_bytes": x.output_bytes}
+        for _i, x in enumerate(self.layers):
+            d: dict[str, Any] = {
+                "name": x.name,
+                "flops": x.flops,
+                "param_bytes": x.param_bytes,
+                "output_bytes": x.output_bytes,
+            }
             if x.inputs is not None:
                 d["inputs"] = list(x.inputs)
             out.append(d)
@@ -257,8 +283,7 @@ def _default_inputs(layers: Sequence[LayerSpec], i: int) -> tuple[str, ...]:
     return (layers[i - 1].name,) if i else (INPUT,)
 
 
-def _resolve_producers(layers: Sequence[LayerSpec], index: dict[str, int], graph: str
-                       ) -> tuple[tuple[int, ...], ...]:
+def _resolve_producers(layers: Sequence[LayerSpec], index: dict[str, int], graph: str) -> tuple[tuple[int, ...], ...]:
     """Each layer's producers (-1: the input), after checking that every input exists, the
     graph has no cycle, each layer comes after its inputs, and only the last layer's
     output goes unused. ClusterError naming the layer and the fix otherwise."""
@@ -268,33 +293,41 @@ def _resolve_producers(layers: Sequence[LayerSpec], index: dict[str, int], graph
         for nm in ins:
             if nm != INPUT and nm not in index:
                 shown = ", ".join(repr(x) for x in [INPUT, *names[:i]][-12:])
-                raise ClusterError(f"graph {graph!r}: layer {names[i]!r} lists input {nm!r}, which is no layer of "
-                                   f"the graph; name a layer listed before it or {INPUT!r} (the graph's input), "
-                                   f"e.g. one of {shown}")
+                raise ClusterError(
+                    f"graph {graph!r}: layer {names[i]!r} lists input {nm!r}, which is no layer of "
+                    f"the graph; name a layer listed before it or {INPUT!r} (the graph's input), "
+                    f"e.g. one of {shown}"
+                )
     producers = tuple(tuple(-1 if nm == INPUT else index[nm] for nm in ins) for ins in listed)
     cycle = _find_cycle(producers)
     if cycle:
         path = " -> ".join(repr(names[c]) for c in cycle)
-        raise ClusterError(f"graph {graph!r} has a cycle: {path} (each consumes the one before it); a graph is "
-                           f"a DAG: remove one of these inputs")
+        raise ClusterError(
+            f"graph {graph!r} has a cycle: {path} (each consumes the one before it); a graph is "
+            f"a DAG: remove one of these inputs"
+        )
     for i, prods in enumerate(producers):
         late = [p for p in prods if p > i]
         if late:
-            raise ClusterError(f"graph {graph!r}: layer {names[i]!r} consumes {names[late[0]]!r}, which is listed "
-                               f"after it; list the layers in an order where each comes after its inputs "
-                               f"(a topological order): move {names[late[0]]!r} before {names[i]!r}")
+            raise ClusterError(
+                f"graph {graph!r}: layer {names[i]!r} consumes {names[late[0]]!r}, which is listed "
+                f"after it; list the layers in an order where each comes after its inputs "
+                f"(a topological order): move {names[late[0]]!r} before {names[i]!r}"
+            )
     used = {p for prods in producers for p in prods}
     unused = [names[i] for i in range(len(layers) - 1) if i not in used]
     if unused:
-        raise ClusterError(f"graph {graph!r}: the output of layer {unused[0]!r} goes to no layer, and only the "
-                           f"last layer ({names[-1]!r}) sends its output to the sink; make a later layer consume "
-                           f"it, move it last, or remove it")
+        raise ClusterError(
+            f"graph {graph!r}: the output of layer {unused[0]!r} goes to no layer, and only the "
+            f"last layer ({names[-1]!r}) sends its output to the sink; make a later layer consume "
+            f"it, move it last, or remove it"
+        )
     return producers
 
 
 def _find_cycle(producers: Sequence[Sequence[int]]) -> list[int]:
     """A cycle (each layer consuming the one before it, first = last) or []."""
-    state = [0] * len(producers)          # 0 new, 1 on the current path, 2 done
+    state = [0] * len(producers)  # 0 new, 1 on the current path, 2 done
     for start in range(len(producers)):
         if state[start]:
             continue
@@ -306,8 +339,8 @@ def _find_cycle(producers: Sequence[Sequence[int]]) -> list[int]:
                 state[path.pop()] = 2
                 stack.pop()
             elif state[nxt] == 1:
-                cyc = path[path.index(nxt):] + [nxt]
-                return cyc[::-1]           # producer first
+                cyc = path[path.index(nxt) :] + [nxt]
+                return cyc[::-1]  # producer first
             else:
                 state[nxt] = 1
                 path.append(nxt)
@@ -320,11 +353,18 @@ def graph_from_model(model: Any, batch: int = 1) -> Graph:
     name each node's ``inputs``) for ``batch`` examples. Raises ClusterError for a bad batch
     or a model whose nodes do not form a graph (see ``Graph``)."""
     stats = model.layer_stats(check_count(batch, "batch", error=ClusterError))
-    layers = tuple(LayerSpec(name=s.name, flops=s.flops, param_bytes=s.param_bytes, output_bytes=s.output_bytes,
-                             inputs=tuple(getattr(s, "inputs", ()) or ()) or None) for s in stats)
+    layers = tuple(
+        LayerSpec(
+            name=s.name,
+            flops=s.flops,
+            param_bytes=s.param_bytes,
+            output_bytes=s.output_bytes,
+            inputs=tuple(getattr(s, "inputs", ()) or ()) or None,
+        )
+        for s in stats
+    )
     name = getattr(model, "name", "model")
-    return Graph(layers=layers, input_bytes=model.input_bytes(int(batch)),
-                 name=f"{name}(batch={int(batch)})")
+    return Graph(layers=layers, input_bytes=model.input_bytes(int(batch)), name=f"{name}(batch={int(batch)})")
 
 
 def _graphs_dir() -> Path:
@@ -337,7 +377,7 @@ def shipped_graphs() -> list[str]:
     return sorted(p.stem for p in d.iterdir() if p.suffix == ".json") if d.is_dir() else []
 
 
-def load_graph(path: Union[str, "os.PathLike[str]"], batch: int = 1) -> Graph:
+def load_graph(path: str | os.PathLike[str], batch: int = 1) -> Graph:
     """Read a graph from a ``.json``/``.toml`` file, or build it from a built-in model name,
     or read a shipped graph file by name (``shipped_graphs()``).
 
@@ -357,12 +397,16 @@ def load_graph(path: Union[str, "os.PathLike[str]"], batch: int = 1) -> Graph:
     if not p.exists() and text in shipped_graphs():
         p = _graphs_dir() / f"{text}.json"
     if not p.exists():
-        raise ClusterError(f"no graph file {text!r}; give a path to a .json/.toml graph file, a built-in "
-                           f"model name ({', '.join(sorted(models.MODELS))}) or a shipped graph "
-                           f"({', '.join(shipped_graphs()) or 'none'})")
+        raise ClusterError(
+            f"no graph file {text!r}; give a path to a .json/.toml graph file, a built-in "
+            f"model name ({', '.join(sorted(models.MODELS))}) or a shipped graph "
+            f"({', '.join(shipped_graphs()) or 'none'})"
+        )
     if p.is_dir():
         raise ClusterError(f"graph path {text!r} is a directory; give a .json or .toml file")
     if p.suffix.lower() not in (".json", ".toml"):
-        raise ClusterError(f"graph file {text!r} has suffix {p.suffix or '(none)'!r}; graphs are JSON or TOML "
-                           f"files named .json or .toml")
+        raise ClusterError(
+            f"graph file {text!r} has suffix {p.suffix or '(none)'!r}; graphs are JSON or TOML "
+            f"files named .json or .toml"
+        )
     return Graph.from_dict(read_structured_file(p, "graph"), name=p.stem)

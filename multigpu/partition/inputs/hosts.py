@@ -29,18 +29,27 @@ fields that describe it:
   load counts the serial part; its host's load counts all of it. Without ``serial``
   all of it is serial.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
 from multigpu.partition.exceptions import ClusterError
 from multigpu.partition.inputs.validate import check_keys, check_name, check_number, check_number_fields
 
-__all__ = ["HostSpec", "Relay", "TransferCpu", "hosts_from_dict", "is_inline", "relay_from_dict",
-           "transfer_cpu_from_dict"]
+__all__ = [
+    "HostSpec",
+    "Relay",
+    "TransferCpu",
+    "hosts_from_dict",
+    "is_inline",
+    "relay_from_dict",
+    "transfer_cpu_from_dict",
+]
 
 TRANSFER_CPU_KEYS_REQUIRED = ("fixed",)
 TRANSFER_CPU_KEYS_OPTIONAL = ("per_byte", "receive_per_byte", "inline_fixed", "serial")
@@ -61,25 +70,42 @@ def is_inline(nbytes: Any, inline_bytes: float) -> Any:
 def _check_cpu(obj: Any, what: str) -> None:
     """Check the figures a transfer CPU and a relay share: fixed, per_byte, inline_fixed and
     the serial part."""
-    check_number_fields(obj, what, fixed={"unit": "CPU seconds per transfer; 0 if negligible"},
-                        per_byte={"unit": "CPU seconds per byte moved; 0 if negligible"})
+    check_number_fields(
+        obj,
+        what,
+        fixed={"unit": "CPU seconds per transfer; 0 if negligible"},
+        per_byte={"unit": "CPU seconds per byte moved; 0 if negligible"},
+    )
     if obj.inline_fixed is not None:
-        object.__setattr__(obj, "inline_fixed", check_number(
-            obj.inline_fixed, f"{what}: inline_fixed",
-            unit="CPU seconds per transfer of at most the cluster's inline_bytes; leave it out to use fixed"))
+        object.__setattr__(
+            obj,
+            "inline_fixed",
+            check_number(
+                obj.inline_fixed,
+                f"{what}: inline_fixed",
+                unit="CPU seconds per transfer of at most the cluster's inline_bytes; leave it out to use fixed",
+            ),
+        )
     _check_serial_inline(obj, what)
     if obj.serial_fixed is None and obj.serial_per_byte is None:
         return
     if obj.serial_fixed is None:
-        raise ClusterError(f"{what}: serial is missing the key 'fixed'; give \"serial\": "
-                           f"{{\"fixed\": s, \"per_byte\": s}} or leave \"serial\" out (all of it serial)")
+        raise ClusterError(
+            f"{what}: serial is missing the key 'fixed'; give \"serial\": "
+            f'{{"fixed": s, "per_byte": s}} or leave "serial" out (all of it serial)'
+        )
     for key, total in (("fixed", obj.fixed), ("per_byte", obj.per_byte)):
         attr = f"serial_{key}"
-        value = check_number(0.0 if getattr(obj, attr) is None else getattr(obj, attr), f"{what}: serial: {key}",
-                             unit="CPU seconds on the computing thread; 0 if none")
+        value = check_number(
+            0.0 if getattr(obj, attr) is None else getattr(obj, attr),
+            f"{what}: serial: {key}",
+            unit="CPU seconds on the computing thread; 0 if none",
+        )
         if value > total:
-            raise ClusterError(f"{what}: serial: {key} = {value!r} is more than the whole {key} = {total!r}; the "
-                               f"serial part is the share of the CPU spent on the computing thread, at most all of it")
+            raise ClusterError(
+                f"{what}: serial: {key} = {value!r} is more than the whole {key} = {total!r}; the "
+                f"serial part is the share of the CPU spent on the computing thread, at most all of it"
+            )
         object.__setattr__(obj, attr, value)
 
 
@@ -97,10 +123,10 @@ class _CpuFigures:
 
     fixed: float
     per_byte: float
-    serial_fixed: Optional[float]
-    serial_per_byte: Optional[float]
-    inline_fixed: Optional[float]
-    serial_inline_fixed: Optional[float]
+    serial_fixed: float | None
+    serial_per_byte: float | None
+    inline_fixed: float | None
+    serial_inline_fixed: float | None
 
     def fixed_of(self, inline: bool) -> float:
         """The fixed figure of a transfer inside the engine's message (``inline``:
@@ -150,35 +176,45 @@ def _check_serial_inline(obj: Any, what: str) -> None:
     serial_inline = obj.serial_inline_fixed
     if obj.serial_fixed is None or obj.inline_fixed is None:
         if serial_inline is not None:
-            missing = "'inline_fixed'" if obj.inline_fixed is None else "\"serial\": {\"fixed\": ...}"
-            raise ClusterError(f"{what}: serial: inline_fixed = {serial_inline!r} needs {missing} as well; give "
-                               f"both or leave serial's inline_fixed out")
+            missing = "'inline_fixed'" if obj.inline_fixed is None else '"serial": {"fixed": ...}'
+            raise ClusterError(
+                f"{what}: serial: inline_fixed = {serial_inline!r} needs {missing} as well; give "
+                f"both or leave serial's inline_fixed out"
+            )
         return
     if serial_inline is None:
-        raise ClusterError(f"{what}: serial is missing the key 'inline_fixed' (the whole has one); give "
-                           f"\"serial\": {{\"fixed\": s, \"per_byte\": s, \"inline_fixed\": s}} or leave \"serial\" "
-                           f"out (all of it serial)")
-    value = check_number(serial_inline, f"{what}: serial: inline_fixed",
-                         unit="CPU seconds on the computing thread; 0 if none")
+        raise ClusterError(
+            f"{what}: serial is missing the key 'inline_fixed' (the whole has one); give "
+            f'"serial": {{"fixed": s, "per_byte": s, "inline_fixed": s}} or leave "serial" '
+            f"out (all of it serial)"
+        )
+    value = check_number(
+        serial_inline, f"{what}: serial: inline_fixed", unit="CPU seconds on the computing thread; 0 if none"
+    )
     if value > obj.inline_fixed:
-        raise ClusterError(f"{what}: serial: inline_fixed = {value!r} is more than the whole inline_fixed = "
-                           f"{obj.inline_fixed!r}; the serial part is the share of the CPU spent on the computing "
-                           f"thread, at most all of it")
+        raise ClusterError(
+            f"{what}: serial: inline_fixed = {value!r} is more than the whole inline_fixed = "
+            f"{obj.inline_fixed!r}; the serial part is the share of the CPU spent on the computing "
+            f"thread, at most all of it"
+        )
     object.__setattr__(obj, "serial_inline_fixed", value)
 
 
-def _serial_from(value: Any, what: str, receive: bool = False) -> dict[str, Optional[float]]:
+def _serial_from(value: Any, what: str, receive: bool = False) -> dict[str, float | None]:
     """The keyword arguments of ``value``'s serial part: serial_fixed, serial_per_byte,
     serial_inline_fixed and, with ``receive``, serial_receive_per_byte (None where absent)."""
-    out: dict[str, Optional[float]] = {"serial_fixed": None, "serial_per_byte": None, "serial_inline_fixed": None}
+    out: dict[str, float | None] = {"serial_fixed": None, "serial_per_byte": None, "serial_inline_fixed": None}
     if receive:
         out["serial_receive_per_byte"] = None
     if "serial" not in value:
         return out
     keys = SERIAL_KEYS_OPTIONAL if receive else RELAY_SERIAL_KEYS_OPTIONAL
     serial = check_keys(value["serial"], f"{what}: serial", TRANSFER_CPU_KEYS_REQUIRED, keys)
-    out.update(serial_fixed=serial["fixed"], serial_per_byte=serial.get("per_byte", 0.0),
-               serial_inline_fixed=serial.get("inline_fixed"))
+    out.update(
+        serial_fixed=serial["fixed"],
+        serial_per_byte=serial.get("per_byte", 0.0),
+        serial_inline_fixed=serial.get("inline_fixed"),
+    )
     if receive:
         out["serial_receive_per_byte"] = serial.get("receive_per_byte")
     return out
@@ -193,9 +229,16 @@ class HostSpec:
 
     def __post_init__(self) -> None:
         check_name(self.name, "host name")
-        object.__setattr__(self, "cores", check_number(
-            self.cores, f"host {self.name!r}: cores", strict=True,
-            unit="CPU cores the devices on this host may use, e.g. 2"))
+        object.__setattr__(
+            self,
+            "cores",
+            check_number(
+                self.cores,
+                f"host {self.name!r}: cores",
+                strict=True,
+                unit="CPU cores the devices on this host may use, e.g. 2",
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -208,41 +251,59 @@ class TransferCpu(_CpuFigures):
 
     fixed: float
     per_byte: float = 0.0
-    serial_fixed: Optional[float] = None
-    serial_per_byte: Optional[float] = None
-    receive_per_byte: Optional[float] = None
-    serial_receive_per_byte: Optional[float] = None
-    inline_fixed: Optional[float] = None
-    serial_inline_fixed: Optional[float] = None
+    serial_fixed: float | None = None
+    serial_per_byte: float | None = None
+    receive_per_byte: float | None = None
+    serial_receive_per_byte: float | None = None
+    inline_fixed: float | None = None
+    serial_inline_fixed: float | None = None
 
     def __post_init__(self) -> None:
         what = "transfer_cpu"
         _check_cpu(self, what)
         receive = self.receive_per_byte
         if receive is not None:
-            object.__setattr__(self, "receive_per_byte", check_number(
-                receive, f"{what}: receive_per_byte",
-                unit="CPU seconds per byte received; leave it out to use per_byte"))
+            object.__setattr__(
+                self,
+                "receive_per_byte",
+                check_number(
+                    receive,
+                    f"{what}: receive_per_byte",
+                    unit="CPU seconds per byte received; leave it out to use per_byte",
+                ),
+            )
         serial_receive = self.serial_receive_per_byte
         if self.serial_fixed is None:
             if serial_receive is not None:
-                raise ClusterError(f"{what}: serial: receive_per_byte needs serial's 'fixed'; give \"serial\": "
-                                   f"{{\"fixed\": s, \"per_byte\": s, \"receive_per_byte\": s}}")
+                raise ClusterError(
+                    f"{what}: serial: receive_per_byte needs serial's 'fixed'; give \"serial\": "
+                    f'{{"fixed": s, "per_byte": s, "receive_per_byte": s}}'
+                )
             return
         if serial_receive is None:
             if receive is not None:
-                raise ClusterError(f"{what}: serial is missing the key 'receive_per_byte' (the whole has one); give "
-                                   f"\"serial\": {{\"fixed\": s, \"per_byte\": s, \"receive_per_byte\": s}} or "
-                                   f"leave \"serial\" out (all of it serial)")
+                raise ClusterError(
+                    f"{what}: serial is missing the key 'receive_per_byte' (the whole has one); give "
+                    f'"serial": {{"fixed": s, "per_byte": s, "receive_per_byte": s}} or '
+                    f'leave "serial" out (all of it serial)'
+                )
             return
-        value = check_number(serial_receive, f"{what}: serial: receive_per_byte",
-                             unit="CPU seconds per byte received on the computing thread; 0 if none")
-        whole, name = (self.per_byte, "per_byte (it has no receive_per_byte)") if receive is None else (
-            self.receive_per_byte, "receive_per_byte")
+        value = check_number(
+            serial_receive,
+            f"{what}: serial: receive_per_byte",
+            unit="CPU seconds per byte received on the computing thread; 0 if none",
+        )
+        whole, name = (
+            (self.per_byte, "per_byte (it has no receive_per_byte)")
+            if receive is None
+            else (self.receive_per_byte, "receive_per_byte")
+        )
         if value > whole:
-            raise ClusterError(f"{what}: serial: receive_per_byte = {value!r} is more than the whole {name} "
-                               f"= {whole!r}; the serial part is the share of the CPU spent on the computing thread, "
-                               f"at most all of it")
+            raise ClusterError(
+                f"{what}: serial: receive_per_byte = {value!r} is more than the whole {name} "
+                f"= {whole!r}; the serial part is the share of the CPU spent on the computing thread, "
+                f"at most all of it"
+            )
         object.__setattr__(self, "serial_receive_per_byte", value)
 
     def receive_cost(self, nbytes: float, inline_bytes: float = 0.0) -> float:
@@ -276,10 +337,10 @@ class Relay(_CpuFigures):
     device: str
     fixed: float
     per_byte: float = 0.0
-    serial_fixed: Optional[float] = None
-    serial_per_byte: Optional[float] = None
-    inline_fixed: Optional[float] = None
-    serial_inline_fixed: Optional[float] = None
+    serial_fixed: float | None = None
+    serial_per_byte: float | None = None
+    inline_fixed: float | None = None
+    serial_inline_fixed: float | None = None
 
     def __post_init__(self) -> None:
         check_name(self.device, "relay: device")
@@ -296,8 +357,13 @@ def transfer_cpu_from_dict(value: Any, what: str) -> TransferCpu:
         return value
     check_keys(value, f"{what}: transfer_cpu", TRANSFER_CPU_KEYS_REQUIRED, TRANSFER_CPU_KEYS_OPTIONAL)
     try:
-        return TransferCpu(value["fixed"], value.get("per_byte", 0.0), receive_per_byte=value.get("receive_per_byte"),
-                           inline_fixed=value.get("inline_fixed"), **_serial_from(value, "transfer_cpu", receive=True))
+        return TransferCpu(
+            value["fixed"],
+            value.get("per_byte", 0.0),
+            receive_per_byte=value.get("receive_per_byte"),
+            inline_fixed=value.get("inline_fixed"),
+            **_serial_from(value, "transfer_cpu", receive=True),
+        )
     except ClusterError as e:
         raise ClusterError(f"{what}: {e}") from None
 
@@ -307,15 +373,22 @@ def relay_from_dict(value: Any, what: str) -> Relay:
     if isinstance(value, Relay):
         return value
     check_keys(value, f"{what}: relay", RELAY_KEYS_REQUIRED, RELAY_KEYS_OPTIONAL)
-    return Relay(value["device"], value["fixed"], value.get("per_byte", 0.0), inline_fixed=value.get("inline_fixed"),
-                 **_serial_from(value, "relay"))
+    return Relay(
+        value["device"],
+        value["fixed"],
+        value.get("per_byte", 0.0),
+        inline_fixed=value.get("inline_fixed"),
+        **_serial_from(value, "relay"),
+    )
 
 
 def hosts_from_dict(value: Any, what: str) -> tuple[HostSpec, ...]:
     """The cluster's ``hosts`` (an object mapping each host name to ``{"cores": N}``)."""
     if not isinstance(value, Mapping) or not value:
-        raise ClusterError(f"{what}: \"hosts\" must be a non-empty object mapping a host name to its "
-                           f"cores, e.g. {{\"box\": {{\"cores\": 8}}}}; got {value!r:.80}")
+        raise ClusterError(
+            f'{what}: "hosts" must be a non-empty object mapping a host name to its '
+            f'cores, e.g. {{"box": {{"cores": 8}}}}; got {value!r:.80}'
+        )
     out = []
     for name, entry in value.items():
         check_name(name, f"{what}: a host name")

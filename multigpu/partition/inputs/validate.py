@@ -4,9 +4,11 @@
 Every check raises ``ClusterError`` (or the class given) with a message that names
 the offending value and says how to fix it.
 """
+
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from multigpu import checks
 from multigpu.partition.exceptions import ClusterError
@@ -48,8 +50,13 @@ def check_name(value: Any, what: str, error: type[Exception] = ClusterError) -> 
     return value
 
 
-def check_keys(obj: Any, what: str, required: Collection[str], optional: Collection[str] = (),
-               error: type[Exception] = ClusterError) -> Mapping[str, Any]:
+def check_keys(
+    obj: Any,
+    what: str,
+    required: Collection[str],
+    optional: Collection[str] = (),
+    error: type[Exception] = ClusterError,
+) -> Mapping[str, Any]:
     """Check that ``obj`` is a mapping holding all ``required`` keys and nothing else
     beyond ``optional``; return it."""
     if not isinstance(obj, Mapping):
@@ -57,10 +64,13 @@ def check_keys(obj: Any, what: str, required: Collection[str], optional: Collect
     allowed = list(required) + list(optional)
     unknown = [k for k in obj if k not in allowed]
     if unknown:
-        raise error(f"{what} has unknown key {unknown[0]!r}; allowed keys are "
-                    f"{', '.join(repr(k) for k in allowed)} (check the spelling)")
+        raise error(
+            f"{what} has unknown key {unknown[0]!r}; allowed keys are "
+            f"{', '.join(repr(k) for k in allowed)} (check the spelling)"
+        )
     missing = [k for k in required if k not in obj]
     if missing:
-        raise error(f"{what} is missing the key {missing[0]!r}; required keys are "
-                    f"{', '.join(repr(k) for k in required)}")
+        raise error(
+            f"{what} is missing the key {missing[0]!r}; required keys are {', '.join(repr(k) for k in required)}"
+        )
     return obj

@@ -12,10 +12,12 @@ Excluded devices are left out of every baseline; greedy also honours pins. A
 baseline may break memory/busy/energy limits: ``violations`` lists what it breaks,
 and ``reason`` says why one is unusable (a missing link).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Union
+from typing import Any
 
 import numpy as np
 
@@ -45,9 +47,9 @@ class BaselineResult:
 
     name: str
     description: str
-    assignment: Optional[list[str]]
-    breakdown: Optional[Breakdown]
-    reason: Optional[str] = None
+    assignment: list[str] | None
+    breakdown: Breakdown | None
+    reason: str | None = None
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -68,9 +70,14 @@ def _contiguous(n: int, devices: list[int], shares: np.ndarray, weights: np.ndar
     return np.asarray(devices, dtype=np.intp)[stage]
 
 
-def baselines(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0.0,
-              ship_params: bool = False,
-              constraints: Union[None, Constraints, Mapping[str, Any]] = None) -> list[BaselineResult]:
+def baselines(
+    graph: Graph,
+    cluster: Cluster,
+    wt: float = 1.0,
+    we: float = 0.0,
+    ship_params: bool = False,
+    constraints: None | Constraints | Mapping[str, Any] = None,
+) -> list[BaselineResult]:
     """Evaluate the four baselines (see module docstring) under the same cost model."""
     wt, we = check_weights(wt, we)
     cons = Constraints.coerce(constraints).resolve(graph, cluster)

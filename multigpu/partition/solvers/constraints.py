@@ -5,11 +5,13 @@ and the energy budget couple layers together; they need the MILP, unless the
 unconstrained optimum already satisfies them (then it is optimal for the
 constrained problem too, since the feasible set is a subset).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Collection, Mapping, Optional, Union
+from typing import Any
 
 import numpy as np
 
@@ -40,13 +42,13 @@ class Constraints:
     """
 
     memory: bool = True
-    busy_time: Union[None, float, Mapping[str, float]] = None
-    energy_budget: Optional[float] = None
-    pinned: Mapping[Union[str, int], str] = field(default_factory=dict)
+    busy_time: None | float | Mapping[str, float] = None
+    energy_budget: float | None = None
+    pinned: Mapping[str | int, str] = field(default_factory=dict)
     excluded: Collection[str] = ()
 
     @classmethod
-    def coerce(cls, value: Union[None, "Constraints", Mapping[str, Any]]) -> "Constraints":
+    def coerce(cls, value: None | Constraints | Mapping[str, Any]) -> Constraints:
         """Accept None, a Constraints, or a dict of its fields."""
         if value is None:
             return cls()
@@ -60,7 +62,7 @@ class Constraints:
             return cls(**value)
         raise PartitionInputError(f"constraints must be a Constraints or a dict, got {type(value).__name__}")
 
-    def resolve(self, graph: Graph, cluster: Cluster) -> "ResolvedConstraints":
+    def resolve(self, graph: Graph, cluster: Cluster) -> ResolvedConstraints:
         """Check names and numbers against ``graph``/``cluster`` and return arrays.
 
         Raises PartitionInputError for unknown names or bad numbers and
@@ -86,13 +88,15 @@ class Constraints:
 
         allowed = np.ones((n, k), dtype=bool)
         if isinstance(self.excluded, (str, bytes)):
-            raise PartitionInputError(f"excluded={self.excluded!r} must be a list of device names, "
-                                      f"e.g. [{self.excluded!r}]")
+            raise PartitionInputError(
+                f"excluded={self.excluded!r} must be a list of device names, e.g. [{self.excluded!r}]"
+            )
         excluded = sorted({_device(cluster, dev, "excluded") for dev in self.excluded})
         allowed[:, excluded] = False
         if len(excluded) == k:
-            raise InfeasibleError(f"every device is excluded ({', '.join(cluster.names)}); "
-                                  f"leave at least one device free to run layers")
+            raise InfeasibleError(
+                f"every device is excluded ({', '.join(cluster.names)}); leave at least one device free to run layers"
+            )
         if not isinstance(self.pinned, Mapping):
             raise PartitionInputError(f"pinned must map layer -> device, got {type(self.pinned).__name__}")
         pins: dict[int, int] = {}
@@ -103,16 +107,21 @@ class Constraints:
                 raise PartitionInputError(f"pinned: {e}") from None
             d = _device(cluster, dev, f"pinned[{layer!r}]")
             if i in pins and pins[i] != d:
-                raise InfeasibleError(f"layer {graph.layers[i].name!r} is pinned to both "
-                                      f"{cluster.names[pins[i]]!r} and {dev!r}; keep one pin")
+                raise InfeasibleError(
+                    f"layer {graph.layers[i].name!r} is pinned to both "
+                    f"{cluster.names[pins[i]]!r} and {dev!r}; keep one pin"
+                )
             if d in excluded:
-                raise InfeasibleError(f"layer {graph.layers[i].name!r} is pinned to {dev!r}, which is "
-                                      f"excluded; unpin the layer or stop excluding {dev!r}")
+                raise InfeasibleError(
+                    f"layer {graph.layers[i].name!r} is pinned to {dev!r}, which is "
+                    f"excluded; unpin the layer or stop excluding {dev!r}"
+                )
             pins[i] = d
             allowed[i, :] = False
             allowed[i, d] = True
-        return ResolvedConstraints(memory=memory, busy=busy, energy_budget=budget, allowed=allowed,
-                                   pins=pins, excluded=tuple(excluded))
+        return ResolvedConstraints(
+            memory=memory, busy=busy, energy_budget=budget, allowed=allowed, pins=pins, excluded=tuple(excluded)
+        )
 
 
 def _device(cluster: Cluster, dev: Any, what: str) -> int:
@@ -129,10 +138,10 @@ def _number(value: Any, what: str, unit: str) -> float:
 class ResolvedConstraints:
     """Constraints as arrays in cluster order (+inf where a limit is absent)."""
 
-    memory: np.ndarray          # (k,) bytes
-    busy: np.ndarray            # (k,) seconds
+    memory: np.ndarray  # (k,) bytes
+    busy: np.ndarray  # (k,) seconds
     energy_budget: float
-    allowed: np.ndarray         # (n, k) bool: pins and exclusions
+    allowed: np.ndarray  # (n, k) bool: pins and exclusions
     pins: dict[int, int]
     excluded: tuple[int, ...]
 
@@ -156,8 +165,9 @@ class ResolvedConstraints:
         """True when a constraint couples layers (needs the MILP in general)."""
         return self.has_memory or self.has_busy or self.has_energy
 
-    def violations(self, cluster: Cluster, memory_used: np.ndarray, busy_used: np.ndarray,
-                   energy: float, a: np.ndarray) -> list[str]:
+    def violations(
+        self, cluster: Cluster, memory_used: np.ndarray, busy_used: np.ndarray, energy: float, a: np.ndarray
+    ) -> list[str]:
         """Human-readable list of the constraints an assignment breaks (empty if none)."""
         out = []
         tol = 1 + FEASIBILITY_RTOL

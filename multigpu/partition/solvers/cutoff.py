@@ -21,11 +21,13 @@ the MILP in rounds of rising cutoffs, each with the choices that cannot beat it 
 Every step removes only plans that cost more than a plan found or a cutoff proven
 empty, so the answer is exact.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -74,8 +76,9 @@ def rooms(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray:
     return np.where(np.isfinite(cons.memory), cons.memory * (1 + 1e-6) - floor, np.inf)
 
 
-def tighten(model: Model, tables: CostTables, cons: ResolvedConstraints,
-            max_rounds: int = SEPARATION_ROUNDS) -> Optional[Tightened]:
+def tighten(
+    model: Model, tables: CostTables, cons: ResolvedConstraints, max_rounds: int = SEPARATION_ROUNDS
+) -> Tightened | None:
     """The LP relaxation with the window rows it breaks, added round after round (each
     LP resumes from the last basis); None if the LP is infeasible (then so is the MILP)."""
     graph, lay = tables.graph, model.lay
@@ -89,7 +92,7 @@ def tighten(model: Model, tables: CostTables, cons: ResolvedConstraints,
     for _ in range(max_rounds):
         if lp is None or not wins:
             break
-        x = lp.x[:lay.nx].reshape(lay.n, k)
+        x = lp.x[: lay.nx].reshape(lay.n, k)
         r, c, v, count = separate(graph, wins, room, x, lp.x[diag], lay.xi, diag)
         if not count:
             break
@@ -113,15 +116,21 @@ def fixable(t: Tightened, cutoff: float) -> np.ndarray:
     return out
 
 
-def solve_in_rounds(base: Model, t: Tightened, known: float, known_plan: Optional[np.ndarray],
-                    cost_of: Callable[[np.ndarray], float], options: dict[str, Any], verbose: bool = False
-                    ) -> tuple[Optional[np.ndarray], Optional[MilpResult]]:
+def solve_in_rounds(
+    base: Model,
+    t: Tightened,
+    known: float,
+    known_plan: np.ndarray | None,
+    cost_of: Callable[[np.ndarray], float],
+    options: dict[str, Any],
+    verbose: bool = False,
+) -> tuple[np.ndarray | None, MilpResult | None]:
     """Solve ``base`` (the MILP ``t`` was tightened from) in rounds of rising
     cutoffs up to ``known``, the cost of ``known_plan`` (+inf and None if there is none).
     Returns (the optimal plan, None), or (None, the solve to report): a time limit, an
     error, or, with no plan known, an infeasible model."""
     best, best_cost = known_plan, known
-    proven = -math.inf                      # the optimum is above this (an empty round's cutoff)
+    proven = -math.inf  # the optimum is above this (an empty round's cutoff)
     factors = list(CUTOFF_FACTORS if t.bound > 0 else ())
     while True:
         # A round whose next one already reaches the best plan's cost is skipped: the
@@ -142,7 +151,7 @@ def solve_in_rounds(base: Model, t: Tightened, known: float, known_plan: Optiona
         if res.a is not None:
             cost = cost_of(res.a)
             if res.status == 0 and cost <= cutoff * (1 + 1e-6):
-                return res.a, None          # every plan left out costs more than the cutoff
+                return res.a, None  # every plan left out costs more than the cutoff
             if cost < best_cost:
                 best, best_cost = res.a, cost
         # HiGHS may stop at the optimum of what is left even when it is above the cutoff

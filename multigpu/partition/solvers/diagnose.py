@@ -5,6 +5,7 @@ Checks go from cheap and specific to expensive and general: unreachable devices
 least possible energy (exact, by DP), then one MILP feasibility solve per
 constraint family, then pairs.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -38,7 +39,8 @@ def explain_unreachable(tables: CostTables, cons: ResolvedConstraints) -> Infeas
             return InfeasibleError(
                 f"infeasible: layer {graph.layers[i].name!r} may only run on {_names(cluster, allowed)}, "
                 f"but with ship_params its parameters must come from the source {cluster.source!r} and "
-                f"no link joins them; add a link or a default_link, or change the pins/exclusions")
+                f"no link joins them; add a link or a default_link, or change the pins/exclusions"
+            )
     # Where each layer can run given where its inputs can (a necessary condition; exact on a chain).
     reach = np.zeros_like(ok)
     src_row = tab.usable[cluster.source_index]
@@ -52,23 +54,27 @@ def explain_unreachable(tables: CostTables, cons: ResolvedConstraints) -> Infeas
                     return InfeasibleError(
                         f"infeasible: {what} {graph.layers[i].name!r} may run on "
                         f"{_names(cluster, np.flatnonzero(cand))}, but none of them is linked to the source "
-                        f"{cluster.source!r}; add a link or a default_link, or change the pins/exclusions")
+                        f"{cluster.source!r}; add a link or a default_link, or change the pins/exclusions"
+                    )
                 return InfeasibleError(
                     f"infeasible: layer {graph.layers[i].name!r} may run on "
                     f"{_names(cluster, np.flatnonzero(cand))}, but none of them is linked to a device that "
                     f"can run layer {graph.layers[p].name!r} ({_names(cluster, np.flatnonzero(reach[p]))}); "
-                    f"add a link or a default_link, or change the pins/exclusions")
+                    f"add a link or a default_link, or change the pins/exclusions"
+                )
             cand &= fed
         reach[i] = cand
     if not tab.usable[reach[-1], cluster.sink_index].any():
         return InfeasibleError(
             f"infeasible: the last layer {graph.layers[-1].name!r} can only end on "
             f"{_names(cluster, np.flatnonzero(reach[-1]))}, and none of them is linked to the sink "
-            f"{cluster.sink!r}; add a link or a default_link, or change the sink, pins or exclusions")
+            f"{cluster.sink!r}; add a link or a default_link, or change the sink, pins or exclusions"
+        )
     return InfeasibleError(
         "infeasible: every placement the pins and exclusions leave moves an activation between two devices "
         "that no link joins (each layer can run somewhere its inputs can reach, but not all at once); "
-        "add links or a default_link, or change the pins/exclusions")
+        "add links or a default_link, or change the pins/exclusions"
+    )
 
 
 def layer_candidates(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray:
@@ -96,12 +102,14 @@ def _explain_layer(tables: CostTables, cons: ResolvedConstraints, i: int) -> Inf
             f"+ {fmt_bytes(graph.activation_bytes[i])} of activations = {fmt_bytes(need)}, more than "
             f"any device it may use can hold (largest: {cluster.names[best]!r} with "
             f"{fmt_bytes(cons.memory[best])}); raise a device's memory, allow a bigger device, or "
-            f"ignore declared memory (memory=False, --ignore-memory)")
+            f"ignore declared memory (memory=False, --ignore-memory)"
+        )
     best = min(fits_mem, key=lambda d: tables.comp[i, d] / cons.busy[d])
     return InfeasibleError(
         f"infeasible (busy time): layer {name!r} alone needs {tables.comp[i, best]:.6g} s of compute even "
         f"on {cluster.names[best]!r}, whose busy-time limit is {cons.busy[best]:.6g} s; raise the "
-        f"busy-time limits")
+        f"busy-time limits"
+    )
 
 
 def min_energy(tables: CostTables, cons: ResolvedConstraints) -> tuple[np.ndarray, float]:
@@ -119,8 +127,9 @@ def min_energy(tables: CostTables, cons: ResolvedConstraints) -> tuple[np.ndarra
     return res.a, float(assignment_arrays(tables.graph, tables.cluster, res.a, tables.ship_params, warm=False).energy)
 
 
-def explain_coupled(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
-                    verbose: bool = False) -> InfeasibleError:
+def explain_coupled(
+    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, verbose: bool = False
+) -> InfeasibleError:
     """Error for a MILP the solver found infeasible, naming the binding constraint(s)."""
     from multigpu.partition.solvers.milp import FAMILIES, solve_milp
 
@@ -135,7 +144,8 @@ def explain_coupled(tables: CostTables, cons: ResolvedConstraints, wt: float, we
             return InfeasibleError(
                 f"infeasible (energy budget): the budget of {cons.energy_budget:.6g} J is below the least "
                 f"energy any allowed assignment needs ({e_min:.6g} J); raise the budget "
-                f"(--energy-budget) to at least {e_min:.6g} J")
+                f"(--energy-budget) to at least {e_min:.6g} J"
+            )
     present = [f for f in FAMILIES if getattr(cons, f"has_{f}")]
 
     def infeasible(fams: tuple[str, ...]) -> bool:
@@ -150,21 +160,25 @@ def explain_coupled(tables: CostTables, cons: ResolvedConstraints, wt: float, we
             f"infeasible (memory): the layers cannot be spread over the devices' memory (parameters total "
             f"{fmt_bytes(total)}; the memory-limited devices {_names(cluster, np.flatnonzero(mem))} hold "
             f"{fmt_bytes(cap)} together, and each also needs room for its largest activation); raise "
-            f"memory, allow more devices, or ignore declared memory (memory=False, --ignore-memory)")
+            f"memory, allow more devices, or ignore declared memory (memory=False, --ignore-memory)"
+        )
     if "busy" in present and infeasible(("busy",)):
         lim = np.isfinite(cons.busy)
         return InfeasibleError(
             f"infeasible (busy time): the busy-time limits of {_names(cluster, np.flatnonzero(lim))} "
-            f"leave no way to place every layer; raise the limits or free more devices")
+            f"leave no way to place every layer; raise the limits or free more devices"
+        )
     for r in (2, 3):
         for fams in itertools.combinations(present, r):
             if infeasible(fams):
                 return InfeasibleError(
                     f"infeasible: the {' and '.join(_label(f) for f in fams)} constraints can each be met "
-                    f"alone but not together; relax one of them")
+                    f"alone but not together; relax one of them"
+                )
     return InfeasibleError(  # pragma: no cover - one of the checks above always fires
         "infeasible: the solver found no assignment that meets every constraint; "
-        "relax the memory, busy-time or energy limits")
+        "relax the memory, busy-time or energy limits"
+    )
 
 
 def _label(family: str) -> str:

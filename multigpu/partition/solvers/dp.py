@@ -7,6 +7,7 @@ answer = min_u [ V_n(u) + last(u) ]
 Each step is one k x k numpy operation, so n = 10,000 and k = 64 take a fraction of
 a second. Forbidden choices (pins, exclusions, missing links) are +inf and never win.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,15 @@ import numpy as np
 __all__ = ["solve_chain"]
 
 
-def solve_chain(node: np.ndarray, first: np.ndarray, last: np.ndarray, alpha: np.ndarray,
-                beta: np.ndarray, blocked: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, float]:
+def solve_chain(
+    node: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    blocked: np.ndarray,
+    nbytes: np.ndarray,
+) -> tuple[np.ndarray, float]:
     """Minimise sum_i node[i, a_i] + first[a_1] + last[a_n] + sum_i edge_i(a_i, a_{i+1}).
 
     ``nbytes[i]`` (length n-1) are the bytes between layer i and i+1, whose cost on

@@ -29,11 +29,11 @@ source), O(k^3) per layer inside a branch (an all-pairs table), and O(k^2 C(k, <
 per bundle of m branches: for ResNet (m <= 2) and Inception (m = 4) on 16 devices a few
 milliseconds per block. Ties go to the lowest device index.
 """
+
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class NotForkJoin(ValueError):
 class Bundle:
     """Branches from a fork to a join; None is the direct edge fork -> join."""
 
-    branches: list[Optional["Series"]]
+    branches: list[Series | None]
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Series:
     ``links[i]`` joins ``nodes[i]`` to ``nodes[i + 1]`` (None: one edge)."""
 
     nodes: list[int]
-    links: list[Optional[Bundle]] = field(default_factory=list)
+    links: list[Bundle | None] = field(default_factory=list)
 
 
 def _post_dominators(graph: Graph) -> dict[int, int]:
@@ -103,7 +103,7 @@ def structure(graph: Graph) -> Series:
     def name(v: int) -> str:
         return "the input" if v < 0 else f"layer {names[v]!r}"
 
-    def series(v: int, stop: Optional[int]) -> Series:
+    def series(v: int, stop: int | None) -> Series:
         out = Series([v])
         while True:
             cons = _consumers(graph, v)
@@ -124,7 +124,7 @@ def structure(graph: Graph) -> Series:
             t = ipdom[v]
             if t == stop or t >= n:
                 raise NotForkJoin(f"the branches from {name(v)} end at the join of an enclosing fork")
-            branches: list[Optional[Series]] = []
+            branches: list[Series | None] = []
             for c in cons:
                 if c == t:
                     branches.append(None)
@@ -145,8 +145,8 @@ def structure(graph: Graph) -> Series:
 # -- the DP --------------------------------------------------------------------------------
 @dataclass
 class _Solved:
-    P: np.ndarray                                   # (r, k): first node's device (row) -> last node's
-    back: list[np.ndarray]                          # per link: (r, k) argmin previous device
+    P: np.ndarray  # (r, k): first node's device (row) -> last node's
+    back: list[np.ndarray]  # per link: (r, k) argmin previous device
 
 
 class _DP:
@@ -180,7 +180,7 @@ class _DP:
         if c >= self.graph.n:
             return self.send(p)
         m = self.tables.edge_matrix(self.out_bytes(p), self.wt, self.we, stage=True)
-        if p < 0:                                     # consuming the input always starts a stage
+        if p < 0:  # consuming the input always starts a stage
             m = m + np.where(np.eye(self.k, dtype=bool), self.stage[None, :], 0.0)
         return m
 
@@ -195,7 +195,7 @@ class _DP:
         for i, link in enumerate(s.links):
             p, c = s.nodes[i], s.nodes[i + 1]
             L = self.edge(p, c) if link is None else self.bundle(p, c, link)
-            tmp = P[:, :, None] + L[None, :, :]          # (r, u, w)
+            tmp = P[:, :, None] + L[None, :, :]  # (r, u, w)
             arg = tmp.argmin(axis=1)
             P = np.take_along_axis(tmp, arg[:, None, :], axis=1)[:, 0, :] + self.node_cost(c)[None, :]
             back.append(arg)
@@ -210,33 +210,33 @@ class _DP:
         heads = [x for x in b.branches if x is not None]
         send = self.send(s)
         eye = np.eye(k, dtype=bool)
-        hs = np.where(eye & (s >= 0), 0.0, self.stage[None, :])            # [u, h]: head's stage start
+        hs = np.where(eye & (s >= 0), 0.0, self.stage[None, :])  # [u, h]: head's stage start
         any_, on = [], []
         for br in heads:
-            P = self.solve(br, k).P                                       # [h, l]
-            xfer = self.send(br.nodes[-1])                                # [l, w]
-            T = P[:, :, None] + xfer[None, :, :]                          # [h, l, w]
+            P = self.solve(br, k).P  # [h, l]
+            xfer = self.send(br.nodes[-1])  # [l, w]
+            T = P[:, :, None] + xfer[None, :, :]  # [h, l, w]
             any_.append(T.min(axis=1))
-            on.append(P)                                                  # the tail on w: no transfer
+            on.append(P)  # the tail on w: no transfer
         subsets = [()] + [c for r in range(1, len(heads) + 1) for c in itertools.combinations(range(k), r)]
-        S = np.full((len(subsets), max(len(heads), 1)), k, dtype=np.intp)   # k pads
+        S = np.full((len(subsets), max(len(heads), 1)), k, dtype=np.intp)  # k pads
         for i, c in enumerate(subsets):
-            S[i, :len(c)] = c
-        send_pad = np.concatenate([send, np.zeros((k, 1))], axis=1)      # [u, v], v = k pads
-        opened = send_pad[:, S].sum(axis=2).T                            # [S, u]
+            S[i, : len(c)] = c
+        send_pad = np.concatenate([send, np.zeros((k, 1))], axis=1)  # [u, v], v = k pads
+        opened = send_pad[:, S].sum(axis=2).T  # [S, u]
         in_s = np.zeros((len(subsets), k + 1), dtype=bool)
         np.put_along_axis(in_s, S, True, axis=1)
-        in_s = in_s[:, :k]                                               # [S, w]
-        total = opened[:, :, None] + np.zeros((1, 1, k))                 # [S, u, w]
+        in_s = in_s[:, :k]  # [S, w]
+        total = opened[:, :, None] + np.zeros((1, 1, k))  # [S, u, w]
         if direct:
-            extra = np.where(eye, 0.0, send)                             # send s -> the join on w
+            extra = np.where(eye, 0.0, send)  # send s -> the join on w
             total = total + np.where(in_s[:, None, :], 0.0, extra[None, :, :])
 
         def branch_min(B: np.ndarray) -> np.ndarray:
-            C = hs.T[:, :, None] + B[:, None, :]                         # [h, u, w]
+            C = hs.T[:, :, None] + B[:, None, :]  # [h, u, w]
             Cp = np.concatenate([C, np.full((1, k, k), np.inf)], axis=0)
-            best = Cp[S].min(axis=1)                                     # [S, u, w]
-            free = C[np.arange(k), np.arange(k), :]                      # h = u: [u, w]
+            best = Cp[S].min(axis=1)  # [S, u, w]
+            free = C[np.arange(k), np.arange(k), :]  # h = u: [u, w]
             best = np.minimum(best, free[None])
             if direct:
                 best = np.minimum(best, C[np.arange(k)[None, :], np.arange(k)[:, None], np.arange(k)[None, :]][None])
@@ -251,7 +251,7 @@ class _DP:
             for B in on:
                 local = local + branch_min(B)
             if direct:
-                local = np.where(eye[None], local, np.inf)               # the fork feeds the join: same device
+                local = np.where(eye[None], local, np.inf)  # the fork feeds the join: same device
             Q = np.minimum(Q, local.min(axis=0))
         self.bundles[id(b)] = (S, {"hs": hs, "any": any_, "on": on, "direct": direct, "heads": heads})
         return Q
@@ -291,7 +291,7 @@ class _DP:
             total = np.zeros(len(S))
             choice = np.zeros((len(S), len(tables)), dtype=np.intp)
             for j, B in enumerate(tables):
-                C = np.append(hs[u] + B[:, w], np.inf)                   # by head device; k pads
+                C = np.append(hs[u] + B[:, w], np.inf)  # by head device; k pads
                 cand = np.concatenate([S, np.broadcast_to(np.array(free), (len(S), len(free)))], axis=1)
                 vals = C[cand]
                 arg = vals.argmin(axis=1)
@@ -309,7 +309,7 @@ class _DP:
             r = int(np.argmin(total))
             if total[r] < best_val:
                 best_val, best = total[r], (choice[r], local)
-        if best is None:   # pragma: no cover - the forward pass found a finite value here
+        if best is None:  # pragma: no cover - the forward pass found a finite value here
             return
         chosen, local = best
         for br, h in zip(heads, chosen):
@@ -322,8 +322,9 @@ class _DP:
             self.trace(br, h, tail, out)
 
 
-def solve_fork_join(tables: CostTables, node: np.ndarray, wt: float, we: float,
-                    shape: Union[Series, None] = None) -> tuple[np.ndarray, float]:
+def solve_fork_join(
+    tables: CostTables, node: np.ndarray, wt: float, we: float, shape: Series | None = None
+) -> tuple[np.ndarray, float]:
     """Minimise wt*T + we*E over fork-join graph ``tables.graph`` with node costs ``node``
     (n x k, +inf where forbidden) and edges weighted by (wt, we). Returns (device column
     per layer, optimal value); the value is +inf when every assignment is forbidden.

@@ -6,10 +6,10 @@ Each takes node costs (n x k, +inf where forbidden: pins, exclusions, a Lagrangi
 penalties) and the weights of the edges, so the planner, the Lagrangian bounds and the
 diagnosis share one call.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -27,19 +27,26 @@ class FreeSolver:
     chain DP, "fork-join dp"); call it with (tables, node, wt, we)."""
 
     method: str
-    shape: Optional[Series]
+    shape: Series | None
 
     def __call__(self, tables: CostTables, node: np.ndarray, wt: float, we: float) -> tuple[np.ndarray, float]:
         """(device column per layer, optimal value): the minimum of sum node[i, a_i] plus every
         transfer and stage start weighted by (wt, we); +inf when every assignment is forbidden."""
         if self.shape is None:
             alpha, beta, blocked = tables.edge(wt, we, tables.graph.output_bytes[:-1])
-            return solve_chain(node, tables.first_edge(wt, we), tables.last_edge(wt, we), alpha, beta, blocked,
-                               tables.graph.output_bytes[:-1])
+            return solve_chain(
+                node,
+                tables.first_edge(wt, we),
+                tables.last_edge(wt, we),
+                alpha,
+                beta,
+                blocked,
+                tables.graph.output_bytes[:-1],
+            )
         return solve_fork_join(tables, node, wt, we, self.shape)
 
 
-def free_solver(graph: Graph) -> tuple[Optional[FreeSolver], str]:
+def free_solver(graph: Graph) -> tuple[FreeSolver | None, str]:
     """The DP for ``graph``, or None and the reason (which layer makes it neither a chain
     nor fork-join)."""
     if graph.is_chain:

@@ -8,13 +8,14 @@ basis, so each round of window cuts re-solved the LP from scratch (43 s of Incep
 16 devices). highspy is imported lazily, so the core imports numpy and the standard
 library only.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -32,11 +33,11 @@ class Outcome:
 
     status: int
     message: str
-    x: Optional[np.ndarray]
+    x: np.ndarray | None
     fun: float
     bound: float = -math.inf
-    row_dual: Optional[np.ndarray] = None
-    col_dual: Optional[np.ndarray] = None
+    row_dual: np.ndarray | None = None
+    col_dual: np.ndarray | None = None
 
 
 def _option_items(options: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -86,8 +87,16 @@ class Highs:
     MILP (or, with ``relax=True``, its LP relaxation); ``add_rows`` appends rows, and a
     later LP solve starts from the last basis."""
 
-    def __init__(self, c: np.ndarray, A: Any, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray, ub: np.ndarray,
-                 integrality: np.ndarray) -> None:
+    def __init__(
+        self,
+        c: np.ndarray,
+        A: Any,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        lb: np.ndarray,
+        ub: np.ndarray,
+        integrality: np.ndarray,
+    ) -> None:
         import highspy  # lazy: a compiled solver, needed only to plan under constraints
 
         self._hs = highspy
@@ -113,11 +122,17 @@ class Highs:
         """Append the rows of csr ``A`` with bounds lo <= row <= hi."""
         inf = self._hs.kHighsInf
         csr = A.tocsr()
-        self._h.addRows(int(csr.shape[0]), np.where(np.isfinite(lo), lo, -inf).astype(float),
-                        np.where(np.isfinite(hi), hi, inf).astype(float), int(csr.nnz),
-                        csr.indptr[:-1].astype(np.int32), csr.indices.astype(np.int32), csr.data.astype(float))
+        self._h.addRows(
+            int(csr.shape[0]),
+            np.where(np.isfinite(lo), lo, -inf).astype(float),
+            np.where(np.isfinite(hi), hi, inf).astype(float),
+            int(csr.nnz),
+            csr.indptr[:-1].astype(np.int32),
+            csr.indices.astype(np.int32),
+            csr.data.astype(float),
+        )
 
-    def solve(self, options: Optional[dict[str, Any]] = None, relax: bool = False) -> Outcome:
+    def solve(self, options: dict[str, Any] | None = None, relax: bool = False) -> Outcome:
         """Run HiGHS with ``options`` (scipy's names: disp, presolve, time_limit,
         mip_rel_gap, objective_bound, ...) on the MILP, or on its LP relaxation."""
         hs, h = self._hs, self._h
@@ -142,7 +157,7 @@ class Highs:
         else:
             code = OTHER
         sol = h.getSolution()
-        has_x = code in (OPTIMAL, LIMIT) and info.primal_solution_status >= 2   # kSolutionStatusFeasible
+        has_x = code in (OPTIMAL, LIMIT) and info.primal_solution_status >= 2  # kSolutionStatusFeasible
         x = np.asarray(sol.col_value, dtype=float) if has_x else None
         fun = float(info.objective_function_value) if has_x else math.inf
         bound = -math.inf

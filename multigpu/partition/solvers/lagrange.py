@@ -14,12 +14,12 @@ only the graph's DP (``free``), so they serve chains and fork-join graphs alike.
 (Fixing the choices that cannot be optimal is done on the LP tightened by window rows,
 in ``cutoff``: its bound is the stronger.)
 """
+
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -43,14 +43,16 @@ class Penalised:
     const: float
 
 
-def penalise(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
-             mult: Multipliers, m_ub: float = 1.0 + 1e-6) -> Penalised:
+def penalise(
+    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, mult: Multipliers, m_ub: float = 1.0 + 1e-6
+) -> Penalised:
     """Fold the multipliers into the chain's costs (rows divided by their limits)."""
     graph = tables.graph
     # Choices that break a limit on their own are infeasible: leaving them out only
     # strengthens the bound.
-    alone = ((graph.param_bytes + graph.activation_bytes)[:, None] > cons.memory[None, :] * (1 + 1e-9)) \
-        | (tables.comp > cons.busy[None, :] * (1 + 1e-9))
+    alone = ((graph.param_bytes + graph.activation_bytes)[:, None] > cons.memory[None, :] * (1 + 1e-9)) | (
+        tables.comp > cons.busy[None, :] * (1 + 1e-9)
+    )
     node = np.where(cons.allowed & ~alone, tables.node(wt, we), np.inf)
     mem_on = np.isfinite(cons.memory)
     if mem_on.any():
@@ -72,8 +74,9 @@ def penalise(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float
     return Penalised(node, we_eff, const)
 
 
-def _solve(tables: CostTables, free: FreeSolver, wt: float, pen: Penalised, forbid: Optional[np.ndarray] = None
-           ) -> tuple[np.ndarray, float]:
+def _solve(
+    tables: CostTables, free: FreeSolver, wt: float, pen: Penalised, forbid: np.ndarray | None = None
+) -> tuple[np.ndarray, float]:
     node = pen.node if forbid is None else np.where(forbid, np.inf, pen.node)
     return free(tables, node, wt, pen.we)
 
@@ -85,8 +88,9 @@ def lower_bound(tables: CostTables, free: FreeSolver, wt: float, pen: Penalised)
     return val - pen.const, a
 
 
-def cost_if_feasible(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
-                     a: np.ndarray) -> tuple[float, list[int], list[int], bool]:
+def cost_if_feasible(
+    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, a: np.ndarray
+) -> tuple[float, list[int], list[int], bool]:
     """(cost, over-full-memory devices, over-busy devices, over energy?) of ``a``."""
     graph, cluster = tables.graph, tables.cluster
     x = assignment_arrays(graph, cluster, a, tables.ship_params, warm=False)
@@ -97,8 +101,15 @@ def cost_if_feasible(tables: CostTables, cons: ResolvedConstraints, wt: float, w
     return wt * x.time + we * energy, over_mem, over_busy, energy > cons.energy_budget
 
 
-def repair(tables: CostTables, free: FreeSolver, cons: ResolvedConstraints, wt: float, we: float,
-           pen: Penalised, seconds: float = math.inf) -> tuple[float, Optional[np.ndarray]]:
+def repair(
+    tables: CostTables,
+    free: FreeSolver,
+    cons: ResolvedConstraints,
+    wt: float,
+    we: float,
+    pen: Penalised,
+    seconds: float = math.inf,
+) -> tuple[float, np.ndarray | None]:
     """A strictly feasible assignment near the penalised optimum, and its true cost
     (inf/None if the heuristic fails or runs past ``seconds``). Each round forbids the
     heaviest layer on every over-full device and raises the energy weight while over

@@ -4,11 +4,13 @@ relaxation, whose duals become Lagrange multipliers.
 
 HiGHS and scipy are imported lazily, so the core imports numpy and the standard library only.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, replace
-from typing import Any, Collection, Optional
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +18,20 @@ from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.milp_model import FAMILIES, Model, build_model
 
-__all__ = ["FAMILIES", "LpSession", "LpSolution", "MilpResult", "Model", "Multipliers", "build_model", "relax",
-           "solve_lp", "solve_milp", "solve_model", "with_fixed"]
+__all__ = [
+    "FAMILIES",
+    "LpSession",
+    "LpSolution",
+    "MilpResult",
+    "Model",
+    "Multipliers",
+    "build_model",
+    "relax",
+    "solve_lp",
+    "solve_milp",
+    "solve_model",
+    "with_fixed",
+]
 
 
 @dataclass(frozen=True)
@@ -29,23 +43,44 @@ class MilpResult:
 
     status: int
     message: str
-    a: Optional[np.ndarray]
+    a: np.ndarray | None
     value: float
     bound: float = -math.inf
 
 
-def solve_milp(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, *,
-               objective: str = "latency", scale: float = 1.0,
-               bottleneck_cap: Optional[float] = None, b_scale: Optional[float] = None,
-               b_upper: Optional[float] = None,
-               families: Collection[str] = FAMILIES, verbose: bool = False,
-               fix_x: Optional[np.ndarray] = None,
-               zero_load: bool = False, options: Optional[dict] = None) -> MilpResult:
+def solve_milp(
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    wt: float,
+    we: float,
+    *,
+    objective: str = "latency",
+    scale: float = 1.0,
+    bottleneck_cap: float | None = None,
+    b_scale: float | None = None,
+    b_upper: float | None = None,
+    families: Collection[str] = FAMILIES,
+    verbose: bool = False,
+    fix_x: np.ndarray | None = None,
+    zero_load: bool = False,
+    options: dict | None = None,
+) -> MilpResult:
     """Build and solve the placement MILP (see ``build_model`` for the arguments; its
     valid inequalities included); ``options`` are passed on to HiGHS (e.g. ``time_limit``)."""
-    model = build_model(tables, cons, wt, we, objective=objective, scale=scale,
-                        bottleneck_cap=bottleneck_cap, b_scale=b_scale, b_upper=b_upper, families=families,
-                        fix_x=fix_x, zero_load=zero_load)
+    model = build_model(
+        tables,
+        cons,
+        wt,
+        we,
+        objective=objective,
+        scale=scale,
+        bottleneck_cap=bottleneck_cap,
+        b_scale=b_scale,
+        b_upper=b_upper,
+        families=families,
+        fix_x=fix_x,
+        zero_load=zero_load,
+    )
     return solve_model(model, verbose=verbose, options=options)
 
 
@@ -55,7 +90,7 @@ def _highs(model: Model) -> Any:
     return Highs(model.c, model.A, model.lo, model.hi, model.lb, model.ub, model.integrality)
 
 
-def solve_model(model: Model, verbose: bool = False, options: Optional[dict] = None) -> MilpResult:
+def solve_model(model: Model, verbose: bool = False, options: dict | None = None) -> MilpResult:
     """Solve a built model with HiGHS, demanding a zero relative gap. ``options`` go
     to HiGHS, e.g. ``time_limit`` or ``objective_bound`` (in the model's scaled units)."""
     if model.empty_layer:
@@ -73,7 +108,7 @@ def solve_model(model: Model, verbose: bool = False, options: Optional[dict] = N
     if res.x is None:
         return MilpResult(int(res.status), res.message, None, math.inf, bound)
     n, k = model.n, model.k
-    xv = _full(model, res.x)[:model.nx].reshape(n, k)
+    xv = _full(model, res.x)[: model.nx].reshape(n, k)
     a = xv.argmax(axis=1).astype(np.intp)
     if np.any(xv[np.arange(n), a] < 0.5):  # pragma: no cover - HiGHS returns integral x
         return MilpResult(4, "solver returned a fractional assignment", None, math.inf)
@@ -105,7 +140,7 @@ class LpSolution:
     duals: np.ndarray
 
 
-def solve_lp(model: Model) -> Optional[LpSolution]:
+def solve_lp(model: Model) -> LpSolution | None:
     """Solve the LP relaxation with HiGHS; None if it is infeasible."""
     return LpSession(model).solve()
 
@@ -122,8 +157,7 @@ class LpSession:
         self._pos[model.cols] = np.arange(len(model.cols))
         self._le = (model.lo != model.hi) & np.isfinite(model.hi)
 
-    def add_rows(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, count: int, lo: float,
-                 hi: float) -> None:
+    def add_rows(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, count: int, lo: float, hi: float) -> None:
         """Append ``count`` rows (COO in the full model's columns) with lo <= row <= hi."""
         from scipy.sparse import csr_matrix
 
@@ -133,7 +167,7 @@ class LpSession:
         self._h.add_rows(extra, np.full(count, lo), np.full(count, hi))
         self._le = np.concatenate([self._le, np.full(count, lo != hi and math.isfinite(hi))])
 
-    def solve(self) -> Optional[LpSolution]:
+    def solve(self) -> LpSolution | None:
         """The LP optimum, or None if the LP is infeasible (a layer with no open choice
         included)."""
         if self.model.empty_layer:
@@ -147,7 +181,7 @@ class LpSession:
         return LpSolution(res.fun / model.scale, _full(model, res.x), _full(model, res.col_dual), dual)
 
 
-def relax(model: Model) -> tuple[Optional[float], Optional[Multipliers], Optional[np.ndarray]]:
+def relax(model: Model) -> tuple[float | None, Multipliers | None, np.ndarray | None]:
     """Solve the LP relaxation. Return its value (cost units), the duals of the
     coupling rows as Lagrange multipliers, and the fractional x (n x k); all None if
     the relaxation is infeasible."""
@@ -162,19 +196,19 @@ def relax(model: Model) -> tuple[Optional[float], Optional[Multipliers], Optiona
     mu = 0.0
     if model.mem_rows >= 0:
         m = len(model.mem_devs)
-        lam[model.mem_devs] = dual[model.mem_rows:model.mem_rows + m]
-        pi[:, model.mem_devs] = dual[model.act_rows:model.act_rows + m * n].reshape(m, n).T
+        lam[model.mem_devs] = dual[model.mem_rows : model.mem_rows + m]
+        pi[:, model.mem_devs] = dual[model.act_rows : model.act_rows + m * n].reshape(m, n).T
     if model.busy_rows >= 0:
-        nu[model.busy_devs] = dual[model.busy_rows:model.busy_rows + len(model.busy_devs)]
+        nu[model.busy_devs] = dual[model.busy_rows : model.busy_rows + len(model.busy_devs)]
     if model.energy_row >= 0:
         mu = float(dual[model.energy_row])
-    return lp.value, Multipliers(lam, pi, nu, mu), lp.x[:model.nx].reshape(n, k)
+    return lp.value, Multipliers(lam, pi, nu, mu), lp.x[: model.nx].reshape(n, k)
 
 
 def with_fixed(model: Model, fixed: np.ndarray) -> Model:
     """The model with the full columns marked in ``fixed`` fixed at 0."""
     ub = np.where(fixed[model.cols], 0.0, model.ub)
-    x_ub = _full(model, ub)[:model.nx].reshape(model.n, model.k)
+    x_ub = _full(model, ub)[: model.nx].reshape(model.n, model.k)
     return replace(model, ub=ub, empty_layer=model.empty_layer or bool((x_ub == 0).all(axis=1).any()))
 
 

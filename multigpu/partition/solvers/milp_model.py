@@ -21,11 +21,13 @@ on a chain make the LP relaxation of the unconstrained problem a shortest path
 (integral), so HiGHS spends its effort on the coupling rows only. scipy is imported
 lazily, so the core imports numpy and the standard library only.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, Collection, Optional
+from typing import Any
 
 import numpy as np
 
@@ -72,9 +74,9 @@ class Model:
 
     c: np.ndarray
     A: Any
-    cols: np.ndarray          # full-model index of each kept column
-    nvar: int                 # columns before fixed ones were dropped
-    empty_layer: bool         # some layer has no open choice: trivially infeasible
+    cols: np.ndarray  # full-model index of each kept column
+    nvar: int  # columns before fixed ones were dropped
+    empty_layer: bool  # some layer has no open choice: trivially infeasible
     lo: np.ndarray
     hi: np.ndarray
     lb: np.ndarray
@@ -103,8 +105,15 @@ def _clamp(scale: float, biggest: float) -> float:
     return scale if math.isfinite(scale) and scale > 0 else 1.0
 
 
-def _open_columns(tables: CostTables, cons: ResolvedConstraints, lay: Layout, use: dict[str, bool],
-                  time: np.ndarray, energy: np.ndarray, fix_x: Optional[np.ndarray]) -> np.ndarray:
+def _open_columns(
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    lay: Layout,
+    use: dict[str, bool],
+    time: np.ndarray,
+    energy: np.ndarray,
+    fix_x: np.ndarray | None,
+) -> np.ndarray:
     """(nvar,) bool: the columns not fixed to 0 up front. Impossible choices (pins,
     exclusions, unusable pairs) are closed instead of given huge costs; a choice that
     breaks a limit on its own can never be part of a feasible plan, and closing it keeps
@@ -120,9 +129,9 @@ def _open_columns(tables: CostTables, cons: ResolvedConstraints, lay: Layout, us
         forbid |= tables.comp > cons.busy[None, :] * SLACK
     if fix_x is not None:
         forbid |= fix_x
-    open_[:lay.nx] &= ~forbid.ravel()
+    open_[: lay.nx] &= ~forbid.ravel()
     diag = np.arange(k)
-    open_[lay.zi[:, diag, diag].ravel()] = False           # a send from a device to itself is no send
+    open_[lay.zi[:, diag, diag].ravel()] = False  # a send from a device to itself is no send
     if lay.wi is not None:
         open_[lay.wi[cluster.source_index]] = False
     if use["energy"]:
@@ -166,12 +175,22 @@ def _close_loaded(lt: LoadTerms, open_: np.ndarray) -> None:
     open_[lt.link_col[(lt.link_pair >= 0) & (lt.link_time > 0)]] = False
 
 
-def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, *,
-                objective: str = "latency", scale: float = 1.0,
-                bottleneck_cap: Optional[float] = None, b_scale: Optional[float] = None,
-                b_upper: Optional[float] = None, families: Collection[str] = FAMILIES,
-                fix_x: Optional[np.ndarray] = None,
-                zero_load: bool = False, cuts: bool = True) -> Model:
+def build_model(
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    wt: float,
+    we: float,
+    *,
+    objective: str = "latency",
+    scale: float = 1.0,
+    bottleneck_cap: float | None = None,
+    b_scale: float | None = None,
+    b_upper: float | None = None,
+    families: Collection[str] = FAMILIES,
+    fix_x: np.ndarray | None = None,
+    zero_load: bool = False,
+    cuts: bool = True,
+) -> Model:
     """Build the placement MILP.
 
     ``objective="latency"`` minimises wt*T + we*E; ``"bottleneck"`` minimises the
@@ -197,8 +216,11 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
 
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown MILP objective {objective!r}")
-    use = {"memory": "memory" in families and cons.has_memory, "busy": "busy" in families and cons.has_busy,
-           "energy": "energy" in families and cons.has_energy}
+    use = {
+        "memory": "memory" in families and cons.has_memory,
+        "busy": "busy" in families and cons.has_busy,
+        "energy": "energy" in families and cons.has_energy,
+    }
     need_b = objective == "bottleneck" or bottleneck_cap is not None or zero_load
     mem_devs = np.flatnonzero(np.isfinite(cons.memory)) if use["memory"] else np.array([], dtype=np.intp)
     timed = objective == "makespan"
@@ -209,9 +231,9 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     energy = column_costs(tables, lay, 0.0, 1.0)
     cost = time if (wt, we) == (1.0, 0.0) else column_costs(tables, lay, wt, we)
     open_ = _open_columns(tables, cons, lay, use, time, energy, fix_x)
-    open_[lay.m_off:] = True
+    open_[lay.m_off :] = True
     if timed:
-        open_[lay.timing.first:lay.timing.end] = True
+        open_[lay.timing.first : lay.timing.end] = True
     lt = load_terms(tables, ~open_[lay.xi], lay, tm) if need_b else None
     if lt is not None:
         upper = min(math.inf if b_upper is None else b_upper, math.inf if bottleneck_cap is None else bottleneck_cap)
@@ -220,7 +242,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
         if zero_load:
             _close_loaded(lt, open_)
     _propagate(tables, lay, open_)
-    open_[lay.m_off:] = True
+    open_[lay.m_off :] = True
 
     # Bounds.
     lb = np.zeros(lay.nvar)
@@ -228,9 +250,9 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     # m_d is the largest activation on d as a fraction of its memory: at most 1 once
     # over-sized layers are forbidden (the bound keeps the Lagrangian finite).
     m_ub = 1.0 + 1e-6
-    ub[lay.m_off:lay.m_off + len(mem_devs)] = m_ub
+    ub[lay.m_off : lay.m_off + len(mem_devs)] = m_ub
     if timed:
-        ub[lay.timing.first:lay.timing.end] = np.inf
+        ub[lay.timing.first : lay.timing.end] = np.inf
         # Times in thousandths of the horizon: the optimum lands in (0, 1000], well above
         # HiGHS's tolerances, and M = 1000 (a little more) bounds every time.
         unit = max(horizon(tables, lay, tm, open_), 1e-300) / 1e3
@@ -238,14 +260,16 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     if b_scale is None or objective == "bottleneck":
         b_scale = scale
     if objective == "latency":
-        vals = cost[open_[:lay.m_off].nonzero()[0]]
+        vals = cost[open_[: lay.m_off].nonzero()[0]]
         scale = _clamp(scale, float(np.max(vals[np.isfinite(vals)], initial=0.0)))
     if lt is not None:
         is_open = open_[lt.col]
         link_open = open_[lt.link_col] & (lt.link_pair >= 0)
-        biggest = max(float(np.max(lt.serial[is_open], initial=0.0)),
-                      float(np.max(lt.host_val[is_open[lt.host_of_term >= 0]], initial=0.0)),
-                      float(np.max(lt.link_time[link_open], initial=0.0)))
+        biggest = max(
+            float(np.max(lt.serial[is_open], initial=0.0)),
+            float(np.max(lt.host_val[is_open[lt.host_of_term >= 0]], initial=0.0)),
+            float(np.max(lt.link_time[link_open], initial=0.0)),
+        )
         b_scale = _clamp(b_scale, biggest)
         if objective == "bottleneck":
             scale = b_scale
@@ -258,7 +282,7 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     elif objective == "makespan":
         c[lay.timing.makespan] = 1.0
     elif objective == "latency":
-        c[:lay.m_off] = scale * np.where(open_[:lay.m_off], cost[:lay.m_off], 0.0)
+        c[: lay.m_off] = scale * np.where(open_[: lay.m_off], cost[: lay.m_off], 0.0)
 
     # Rows, family by family.
     rows = Rows()
@@ -283,8 +307,9 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
         host_load_rows(rows, lt, lay, b_scale)
         link_load_rows(rows, lt, lay, b_scale)
 
-    A = coo_matrix((np.concatenate(rows.v), (np.concatenate(rows.r), np.concatenate(rows.c))),
-                   shape=(rows.count, lay.nvar)).tocsr()
+    A = coo_matrix(
+        (np.concatenate(rows.v), (np.concatenate(rows.r), np.concatenate(rows.c))), shape=(rows.count, lay.nvar)
+    ).tocsr()
     # Variables fixed at 0 contribute nothing; dropping them keeps huge numbers (a
     # choice that is absurdly expensive) away from the solver.
     # Drop them from the model altogether: HiGHS's presolve would, but only after
@@ -293,9 +318,27 @@ def build_model(tables: CostTables, cons: ResolvedConstraints, wt: float, we: fl
     A = A.tocsc()[:, cols].tocsr()
     integrality = np.zeros(lay.nvar)
     integrality[:nx] = 1
-    return Model(c=c[cols], A=A, lo=np.concatenate(rows.lo), hi=np.concatenate(rows.hi), lb=lb[cols],
-                 ub=ub[cols], integrality=integrality[cols], cols=cols, nvar=lay.nvar,
-                 empty_layer=bool((~open_[lay.xi]).all(axis=1).any()),
-                 n=lay.n, k=lay.k, nx=nx, scale=scale, energy_row=energy_first,
-                 busy_devs=busy_devs, busy_rows=busy_first, mem_devs=mem_devs, mem_rows=mem_first,
-                 act_rows=act_first, m_ub=m_ub, lay=lay)
+    return Model(
+        c=c[cols],
+        A=A,
+        lo=np.concatenate(rows.lo),
+        hi=np.concatenate(rows.hi),
+        lb=lb[cols],
+        ub=ub[cols],
+        integrality=integrality[cols],
+        cols=cols,
+        nvar=lay.nvar,
+        empty_layer=bool((~open_[lay.xi]).all(axis=1).any()),
+        n=lay.n,
+        k=lay.k,
+        nx=nx,
+        scale=scale,
+        energy_row=energy_first,
+        busy_devs=busy_devs,
+        busy_rows=busy_first,
+        mem_devs=mem_devs,
+        mem_rows=mem_first,
+        act_rows=act_first,
+        m_ub=m_ub,
+        lay=lay,
+    )

@@ -21,10 +21,11 @@ sink) or w (the input's two or more consumers). A stage start likewise: y[e, u, 
 u != v (a layer with one input, a layer), x (a layer whose one input is the graph's),
 or s (a join). On a chain only x and y exist, and the model is the chain MILP.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -32,9 +33,27 @@ from multigpu.partition.cost.arithmetic import busy_ratios, transfer_cpu_terms
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 
-__all__ = ["Layout", "LoadTerms", "Rows", "Terms", "Timing", "assignment_rows", "busy_rows", "column_costs",
-           "device_load_rows", "endpoint_rows", "energy_row", "flow_rows", "host_load_rows", "link_load_rows",
-           "load_terms", "memory_rows", "send_rows", "start_rows", "terms"]
+__all__ = [
+    "Layout",
+    "LoadTerms",
+    "Rows",
+    "Terms",
+    "Timing",
+    "assignment_rows",
+    "busy_rows",
+    "column_costs",
+    "device_load_rows",
+    "endpoint_rows",
+    "energy_row",
+    "flow_rows",
+    "host_load_rows",
+    "link_load_rows",
+    "load_terms",
+    "memory_rows",
+    "send_rows",
+    "start_rows",
+    "terms",
+]
 
 
 class Rows:
@@ -48,8 +67,15 @@ class Rows:
         self.hi: list[np.ndarray] = []
         self.count = 0
 
-    def add(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, nrows: int,
-            lo: float | np.ndarray, hi: float | np.ndarray) -> int:
+    def add(
+        self,
+        rows: np.ndarray,
+        cols: np.ndarray,
+        vals: np.ndarray,
+        nrows: int,
+        lo: float | np.ndarray,
+        hi: float | np.ndarray,
+    ) -> int:
         """Append ``nrows`` rows (``rows`` counted from 0) with bounds lo <= A x <= hi; return
         the index of the first."""
         keep = vals != 0
@@ -77,7 +103,7 @@ class Timing:
     end: int
 
     @classmethod
-    def at(cls, col: int, n: int, k: int) -> "Timing":
+    def at(cls, col: int, n: int, k: int) -> Timing:
         """The columns from ``col`` on."""
         start = col + np.arange(n)
         finish = col + n + np.arange(n)
@@ -113,11 +139,11 @@ class Layout:
     need_b: bool
     b_idx: int
     nvar: int
-    single_in: np.ndarray      # (n,) the layer has one input (its stage start is on x or y)
-    timing: Optional["Timing"] = None   # the makespan's columns, or None
+    single_in: np.ndarray  # (n,) the layer has one input (its stage start is on x or y)
+    timing: Timing | None = None  # the makespan's columns, or None
 
     @classmethod
-    def of(cls, tables: CostTables, mem_devs: np.ndarray, need_b: bool, timing: bool = False) -> "Layout":
+    def of(cls, tables: CostTables, mem_devs: np.ndarray, need_b: bool, timing: bool = False) -> Layout:
         """The layout for ``tables``' graph and cluster."""
         graph, cluster = tables.graph, tables.cluster
         n, k = graph.n, cluster.k
@@ -137,7 +163,7 @@ class Layout:
             wi = col + np.arange(k)
             col += k
         single_in = np.array([len(p) == 1 for p in graph.producers])
-        jl = (np.flatnonzero(~single_in) if cluster.stage_overhead.any() else np.zeros(0, dtype=np.intp))
+        jl = np.flatnonzero(~single_in) if cluster.stage_overhead.any() else np.zeros(0, dtype=np.intp)
         s_of = -np.ones(n, dtype=np.intp)
         s_of[jl] = np.arange(len(jl))
         si = col + np.arange(len(jl) * k).reshape(len(jl), k)
@@ -148,9 +174,29 @@ class Layout:
             col = times.end
         m_off = col
         nvar = col + len(mem_devs) + (1 if need_b else 0)
-        return cls(n=n, k=k, nx=nx, xi=np.arange(nx).reshape(n, k), esrc=esrc, edst=edst, yi=yi, zp=zp,
-                   z_of=z_of, zi=zi, wi=wi, jl=jl, s_of=s_of, si=si, mem_devs=mem_devs, m_off=m_off,
-                   need_b=need_b, b_idx=nvar - 1, nvar=nvar, single_in=single_in, timing=times)
+        return cls(
+            n=n,
+            k=k,
+            nx=nx,
+            xi=np.arange(nx).reshape(n, k),
+            esrc=esrc,
+            edst=edst,
+            yi=yi,
+            zp=zp,
+            z_of=z_of,
+            zi=zi,
+            wi=wi,
+            jl=jl,
+            s_of=s_of,
+            si=si,
+            mem_devs=mem_devs,
+            m_off=m_off,
+            need_b=need_b,
+            b_idx=nvar - 1,
+            nvar=nvar,
+            single_in=single_in,
+            timing=times,
+        )
 
     @property
     def ne(self) -> int:
@@ -171,10 +217,10 @@ class Terms:
     t_u: np.ndarray
     t_v: np.ndarray
     t_bytes: np.ndarray
-    t_prod: np.ndarray          # the producer (-1: the graph's input)
+    t_prod: np.ndarray  # the producer (-1: the graph's input)
     s_col: np.ndarray
     s_dev: np.ndarray
-    s_layer: np.ndarray         # the layer that starts the stage
+    s_layer: np.ndarray  # the layer that starts the stage
 
 
 def terms(tables: CostTables, lay: Layout) -> Terms:
@@ -183,7 +229,7 @@ def terms(tables: CostTables, lay: Layout) -> Terms:
     n, k = lay.n, lay.k
     src, sink = cluster.source_index, cluster.sink_index
     ar = np.arange(k)
-    eu, ev = np.nonzero(~np.eye(k, dtype=bool))                 # every ordered pair u != v
+    eu, ev = np.nonzero(~np.eye(k, dtype=bool))  # every ordered pair u != v
     cols, us, vs, bs, ps = [], [], [], [], []
     ic = graph.input_consumers
     others = ar[ar != src]
@@ -198,7 +244,7 @@ def terms(tables: CostTables, lay: Layout) -> Terms:
     vs.append(np.full(len(others), sink))
     bs.append(np.full(len(others), float(graph.output_bytes[-1])))
     ps.append(np.full(len(others), n - 1))
-    single = np.flatnonzero(lay.z_of[lay.esrc] < 0)             # edges whose producer has one consumer
+    single = np.flatnonzero(lay.z_of[lay.esrc] < 0)  # edges whose producer has one consumer
     for rows, producers in ((lay.yi[single], lay.esrc[single]), (lay.zi, lay.zp)):
         m = len(producers)
         cols.append(rows[:, eu, ev].ravel())
@@ -219,9 +265,16 @@ def terms(tables: CostTables, lay: Layout) -> Terms:
     s_devs.append(np.tile(ar, len(lay.jl)))
     s_layers.append(np.repeat(lay.jl, k))
     cat = np.concatenate
-    return Terms(cat(cols).astype(np.int64), cat(us).astype(np.intp), cat(vs).astype(np.intp), cat(bs).astype(float),
-                 cat(ps).astype(np.intp), cat(s_cols).astype(np.int64), cat(s_devs).astype(np.intp),
-                 cat(s_layers).astype(np.intp))
+    return Terms(
+        cat(cols).astype(np.int64),
+        cat(us).astype(np.intp),
+        cat(vs).astype(np.intp),
+        cat(bs).astype(float),
+        cat(ps).astype(np.intp),
+        cat(s_cols).astype(np.int64),
+        cat(s_devs).astype(np.intp),
+        cat(s_layers).astype(np.intp),
+    )
 
 
 def column_costs(tables: CostTables, lay: Layout, wt: float, we: float) -> np.ndarray:
@@ -247,7 +300,7 @@ def column_costs(tables: CostTables, lay: Layout, wt: float, we: float) -> np.nd
         only_input = [x for x in ic if lay.single_in[x]]
         cx[only_input] += stage[None, :]
     cx[-1] += tables.last_edge(wt, we)
-    c[:lay.nx] = cx.ravel()
+    c[: lay.nx] = cx.ravel()
     if lay.ne:
         nb = graph.output_bytes[lay.esrc]
         with_stage, without = tables.edge_costs(nb, wt, we, True), tables.edge_costs(nb, wt, we, False)
@@ -282,13 +335,23 @@ def flow_rows(rows: Rows, lay: Layout) -> None:
     e_ar = np.arange(ne)
     node_rows = (e_ar[:, None] * k + np.arange(k)[None, :]).ravel()
     r_out = (e_ar[:, None, None] * k + np.arange(k)[None, :, None]) + np.zeros((1, 1, k), dtype=np.int64)
-    rows.add(np.concatenate([r_out.ravel(), node_rows]),
-             np.concatenate([lay.yi.ravel(), lay.xi[lay.esrc].ravel()]),
-             np.concatenate([np.ones(ny), -np.ones(ne * k)]), ne * k, 0.0, 0.0)
+    rows.add(
+        np.concatenate([r_out.ravel(), node_rows]),
+        np.concatenate([lay.yi.ravel(), lay.xi[lay.esrc].ravel()]),
+        np.concatenate([np.ones(ny), -np.ones(ne * k)]),
+        ne * k,
+        0.0,
+        0.0,
+    )
     r_in = (e_ar[:, None, None] * k + np.arange(k)[None, None, :]) + np.zeros((1, k, 1), dtype=np.int64)
-    rows.add(np.concatenate([r_in.ravel(), node_rows]),
-             np.concatenate([lay.yi.ravel(), lay.xi[lay.edst].ravel()]),
-             np.concatenate([np.ones(ny), -np.ones(ne * k)]), ne * k, 0.0, 0.0)
+    rows.add(
+        np.concatenate([r_in.ravel(), node_rows]),
+        np.concatenate([lay.yi.ravel(), lay.xi[lay.edst].ravel()]),
+        np.concatenate([np.ones(ny), -np.ones(ne * k)]),
+        ne * k,
+        0.0,
+        0.0,
+    )
 
 
 def send_rows(rows: Rows, tables: CostTables, lay: Layout) -> None:
@@ -302,18 +365,28 @@ def send_rows(rows: Rows, tables: CostTables, lay: Layout) -> None:
         q = lay.z_of[lay.esrc[edges]]
         m = len(edges) * len(eu)
         r = np.arange(m)
-        rows.add(np.concatenate([r, r]),
-                 np.concatenate([lay.zi[q][:, eu, ev].ravel(), lay.yi[edges][:, eu, ev].ravel()]),
-                 np.concatenate([np.ones(m), -np.ones(m)]), m, 0.0, np.inf)
+        rows.add(
+            np.concatenate([r, r]),
+            np.concatenate([lay.zi[q][:, eu, ev].ravel(), lay.yi[edges][:, eu, ev].ravel()]),
+            np.concatenate([np.ones(m), -np.ones(m)]),
+            m,
+            0.0,
+            np.inf,
+        )
     if lay.wi is not None:
         src = tables.cluster.source_index
         others = np.array([v for v in range(k) if v != src], dtype=np.intp)
         ic = tables.graph.input_consumers
         m = len(ic) * len(others)
         r = np.arange(m)
-        rows.add(np.concatenate([r, r]), np.concatenate([np.tile(lay.wi[others], len(ic)),
-                                                         lay.xi[ic][:, others].ravel()]),
-                 np.concatenate([np.ones(m), -np.ones(m)]), m, 0.0, np.inf)
+        rows.add(
+            np.concatenate([r, r]),
+            np.concatenate([np.tile(lay.wi[others], len(ic)), lay.xi[ic][:, others].ravel()]),
+            np.concatenate([np.ones(m), -np.ones(m)]),
+            m,
+            0.0,
+            np.inf,
+        )
 
 
 def start_rows(rows: Rows, tables: CostTables, lay: Layout) -> None:
@@ -329,17 +402,22 @@ def start_rows(rows: Rows, tables: CostTables, lay: Layout) -> None:
         j = lay.s_of[lay.edst[edges]]
         m = len(edges) * k
         r = np.repeat(np.arange(m), k)
-        vv, uu = np.nonzero(off.T)          # for each v, the u != v (v-major)
-        cols = np.concatenate([lay.si[j][:, :, None], lay.yi[edges][:, uu, vv].reshape(len(edges), k, k - 1)],
-                              axis=2)
+        vv, uu = np.nonzero(off.T)  # for each v, the u != v (v-major)
+        cols = np.concatenate([lay.si[j][:, :, None], lay.yi[edges][:, uu, vv].reshape(len(edges), k, k - 1)], axis=2)
         vals = np.concatenate([np.ones((len(edges), k, 1)), -np.ones((len(edges), k, k - 1))], axis=2)
         rows.add(r, cols.ravel(), vals.ravel(), m, 0.0, np.inf)
     ic = [c for c in tables.graph.input_consumers if lay.s_of[c] >= 0]
     if ic:
         m = len(ic) * k
         r = np.arange(m)
-        rows.add(np.concatenate([r, r]), np.concatenate([lay.si[lay.s_of[ic]].ravel(), lay.xi[ic].ravel()]),
-                 np.concatenate([np.ones(m), -np.ones(m)]), m, 0.0, np.inf)
+        rows.add(
+            np.concatenate([r, r]),
+            np.concatenate([lay.si[lay.s_of[ic]].ravel(), lay.xi[ic].ravel()]),
+            np.concatenate([np.ones(m), -np.ones(m)]),
+            m,
+            0.0,
+            np.inf,
+        )
 
 
 def energy_row(rows: Rows, energy: np.ndarray, open_cols: np.ndarray, budget: float) -> int:
@@ -353,9 +431,10 @@ def busy_rows(rows: Rows, tables: CostTables, cons: ResolvedConstraints, lay: La
     """sum_i comp[i,d] x[i,d] <= busy_d for each limited device, divided by the limit;
     return the first row and the devices."""
     devs = np.flatnonzero(np.isfinite(cons.busy))
-    vals = (tables.comp[:, devs] / cons.busy[devs][None, :]).T          # (len(devs), n)
-    first = rows.add(np.repeat(np.arange(len(devs)), lay.n), lay.xi[:, devs].T.ravel(), vals.ravel(),
-                     len(devs), -np.inf, 1.0)
+    vals = (tables.comp[:, devs] / cons.busy[devs][None, :]).T  # (len(devs), n)
+    first = rows.add(
+        np.repeat(np.arange(len(devs)), lay.n), lay.xi[:, devs].T.ravel(), vals.ravel(), len(devs), -np.inf, 1.0
+    )
     return first, devs
 
 
@@ -370,14 +449,23 @@ def memory_rows(rows: Rows, tables: CostTables, cons: ResolvedConstraints, lay: 
     mem = cons.memory[mem_devs]
     m_cols = lay.m_off + np.arange(n_m)
     xd = lay.xi[:, mem_devs].T.ravel()
-    mem_first = rows.add(np.concatenate([np.repeat(np.arange(n_m), n), np.arange(n_m)]),
-                         np.concatenate([xd, m_cols]),
-                         np.concatenate([(graph.param_bytes[None, :] / mem[:, None]).ravel(), np.ones(n_m)]),
-                         n_m, -np.inf, 1.0)
+    mem_first = rows.add(
+        np.concatenate([np.repeat(np.arange(n_m), n), np.arange(n_m)]),
+        np.concatenate([xd, m_cols]),
+        np.concatenate([(graph.param_bytes[None, :] / mem[:, None]).ravel(), np.ones(n_m)]),
+        n_m,
+        -np.inf,
+        1.0,
+    )
     r = np.arange(n_m * n)
-    act_first = rows.add(np.concatenate([r, r]), np.concatenate([xd, np.repeat(m_cols, n)]),
-                         np.concatenate([(graph.activation_bytes[None, :] / mem[:, None]).ravel(),
-                                         -np.ones(n_m * n)]), n_m * n, -np.inf, 0.0)
+    act_first = rows.add(
+        np.concatenate([r, r]),
+        np.concatenate([xd, np.repeat(m_cols, n)]),
+        np.concatenate([(graph.activation_bytes[None, :] / mem[:, None]).ravel(), -np.ones(n_m * n)]),
+        n_m * n,
+        -np.inf,
+        0.0,
+    )
     return mem_first, act_first
 
 
@@ -385,7 +473,7 @@ def _reaches_last(graph: Any) -> bool:
     """Whether every layer has a path to the last one (whose output goes to the sink)."""
     seen = np.zeros(graph.n, dtype=bool)
     seen[-1] = True
-    for i in range(graph.n - 2, -1, -1):        # consumers come later in the layer order
+    for i in range(graph.n - 2, -1, -1):  # consumers come later in the layer order
         seen[i] = any(seen[c] for c in graph.consumers[i])
     return bool(seen.all())
 
@@ -463,8 +551,9 @@ class LoadTerms:
     npairs: int
 
 
-def host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray, load_serial: np.ndarray,
-               host_scale: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+def host_terms(
+    cluster: Any, load_dev: np.ndarray, load_val: np.ndarray, load_serial: np.ndarray, host_scale: np.ndarray
+) -> tuple[int, np.ndarray, np.ndarray]:
     """Host rows: (how many, the host row of each load term or -1, the values of the
     terms on a host, times ``host_scale`` (the CPU-seconds per second of each term:
     ``Cluster.compute_cores`` for wall time computing, 1 for transfer CPU), divided by
@@ -476,7 +565,7 @@ def host_terms(cluster: Any, load_dev: np.ndarray, load_val: np.ndarray, load_se
     h_term = cluster.host_index[load_dev]
     partly = np.bincount(h_term[(h_term >= 0) & (load_val > load_serial)], minlength=nh) > 0
     hosts = np.flatnonzero((members >= 2) | ((members == 1) & ((cluster.host_cores < 1) | partly)))
-    row_of_host = -np.ones(nh + 1, dtype=np.int64)   # index -1: no host
+    row_of_host = -np.ones(nh + 1, dtype=np.int64)  # index -1: no host
     row_of_host[hosts] = np.arange(len(hosts))
     term_row = row_of_host[cluster.host_index[load_dev]]
     on = term_row >= 0
@@ -514,23 +603,39 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
         vals.append(val)
         serial.append(ser)
         scale.append(np.ones(len(val)))
-    dev, col, val, ser = (np.concatenate(devs), np.concatenate(cols), np.concatenate(vals),
-                          np.concatenate(serial))
+    dev, col, val, ser = (np.concatenate(devs), np.concatenate(cols), np.concatenate(vals), np.concatenate(serial))
     host_rows, host_of_term, host_val = host_terms(cluster, dev, val, ser, np.concatenate(scale))
     pu, pv = np.nonzero(np.triu(tab.usable & ~cluster.cpu_links, 1))
     pair_of = -np.ones((k, k), dtype=np.int64)
     pair_of[pu, pv] = pair_of[pv, pu] = np.arange(len(pu))
     usable = tab.usable[tm.t_u, tm.t_v]
     t = np.where(usable, tab.occupancy_seconds(tm.t_bytes, tm.t_u, tm.t_v), 0.0)
-    return LoadTerms(dev, col, val, ser, host_rows, host_of_term, host_val, tm.t_col,
-                     np.where(usable, pair_of[tm.t_u, tm.t_v], -1), t, len(pu))
+    return LoadTerms(
+        dev,
+        col,
+        val,
+        ser,
+        host_rows,
+        host_of_term,
+        host_val,
+        tm.t_col,
+        np.where(usable, pair_of[tm.t_u, tm.t_v], -1),
+        t,
+        len(pu),
+    )
 
 
 def device_load_rows(rows: Rows, lt: LoadTerms, lay: Layout, b_scale: float) -> None:
     """b_scale * load of d (its serial transfer CPU) - B <= 0, for every device."""
     k = lay.k
-    rows.add(np.concatenate([lt.dev, np.arange(k)]), np.concatenate([lt.col, np.full(k, lay.b_idx)]),
-             np.concatenate([b_scale * lt.serial, -np.ones(k)]), k, -np.inf, 0.0)
+    rows.add(
+        np.concatenate([lt.dev, np.arange(k)]),
+        np.concatenate([lt.col, np.full(k, lay.b_idx)]),
+        np.concatenate([b_scale * lt.serial, -np.ones(k)]),
+        k,
+        -np.inf,
+        0.0,
+    )
 
 
 def host_load_rows(rows: Rows, lt: LoadTerms, lay: Layout, b_scale: float) -> None:
@@ -539,9 +644,14 @@ def host_load_rows(rows: Rows, lt: LoadTerms, lay: Layout, b_scale: float) -> No
     if not nh:
         return
     sel = lt.host_of_term >= 0
-    rows.add(np.concatenate([lt.host_of_term[sel], np.arange(nh)]),
-             np.concatenate([lt.col[sel], np.full(nh, lay.b_idx)]),
-             np.concatenate([b_scale * lt.host_val, -np.ones(nh)]), nh, -np.inf, 0.0)
+    rows.add(
+        np.concatenate([lt.host_of_term[sel], np.arange(nh)]),
+        np.concatenate([lt.col[sel], np.full(nh, lay.b_idx)]),
+        np.concatenate([b_scale * lt.host_val, -np.ones(nh)]),
+        nh,
+        -np.inf,
+        0.0,
+    )
 
 
 def link_load_rows(rows: Rows, lt: LoadTerms, lay: Layout, b_scale: float) -> None:
@@ -550,6 +660,11 @@ def link_load_rows(rows: Rows, lt: LoadTerms, lay: Layout, b_scale: float) -> No
     if not lt.npairs:
         return
     on = lt.link_pair >= 0
-    rows.add(np.concatenate([lt.link_pair[on], np.arange(lt.npairs)]),
-             np.concatenate([lt.link_col[on], np.full(lt.npairs, lay.b_idx)]),
-             np.concatenate([b_scale * lt.link_time[on], -np.ones(lt.npairs)]), lt.npairs, -np.inf, 0.0)
+    rows.add(
+        np.concatenate([lt.link_pair[on], np.arange(lt.npairs)]),
+        np.concatenate([lt.link_col[on], np.full(lt.npairs, lay.b_idx)]),
+        np.concatenate([b_scale * lt.link_time[on], -np.ones(lt.npairs)]),
+        lt.npairs,
+        -np.inf,
+        0.0,
+    )

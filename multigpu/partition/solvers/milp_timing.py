@@ -19,6 +19,7 @@ its simulated schedule, and minimising the makespan over the model is exact. The
 rows make the LP relaxation weak: the model suits graphs of tens of layers (the brute
 force tests use up to 8); the planner says so when HiGHS does not prove it in time.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,7 +49,7 @@ def horizon(tables: CostTables, lay: Layout, tm: Terms, open_: np.ndarray) -> fl
 def _reach(tables: CostTables) -> list[list[int]]:
     graph = tables.graph
     out = [list(graph.input_consumers)] + [list(c) for c in graph.consumers]
-    out[-1] = [graph.n]                       # the last layer's output goes to the sink
+    out[-1] = [graph.n]  # the last layer's output goes to the sink
     return out
 
 
@@ -63,8 +64,9 @@ def unordered_pairs(producers: tuple[tuple[int, ...], ...]) -> list[tuple[int, i
     return [(i, j) for j in range(n) for i in range(j) if not (anc[j] >> i) & 1]
 
 
-def timing_rows(rows: Rows, tables: CostTables, lay: Layout, tm: Terms, open_: np.ndarray, unit: float,
-                big: float) -> None:
+def timing_rows(
+    rows: Rows, tables: CostTables, lay: Layout, tm: Terms, open_: np.ndarray, unit: float, big: float
+) -> None:
     """The module's rows, times in units of ``unit`` seconds and ``big`` the M."""
     graph, cluster = tables.graph, tables.cluster
     tab = cluster.tables
@@ -91,12 +93,24 @@ def timing_rows(rows: Rows, tables: CostTables, lay: Layout, tm: Terms, open_: n
     ne = lay.ne
     if ne:
         e = np.arange(ne)
-        rows.add(np.concatenate([e, e]), np.concatenate([tg.start[lay.edst], tg.finish[lay.esrc]]),
-                 np.concatenate([np.ones(ne), -np.ones(ne)]), ne, 0.0, np.inf)
+        rows.add(
+            np.concatenate([e, e]),
+            np.concatenate([tg.start[lay.edst], tg.finish[lay.esrc]]),
+            np.concatenate([np.ones(ne), -np.ones(ne)]),
+            ne,
+            0.0,
+            np.inf,
+        )
     m = n * k
     rr = np.arange(m)
-    rows.add(np.concatenate([rr, rr]), np.concatenate([tg.send[1:].ravel(), np.repeat(tg.finish, k)]),
-             np.concatenate([np.ones(m), -np.ones(m)]), m, 0.0, np.inf)
+    rows.add(
+        np.concatenate([rr, rr]),
+        np.concatenate([tg.send[1:].ravel(), np.repeat(tg.finish, k)]),
+        np.concatenate([np.ones(m), -np.ones(m)]),
+        m,
+        0.0,
+        np.inf,
+    )
 
     # arrival: S_c - R[p, v] - sum_u t send - M x[c, v] >= -M, for every input p of c and device v
     by_slot: dict[tuple[int, int], list[int]] = {}
@@ -119,9 +133,14 @@ def timing_rows(rows: Rows, tables: CostTables, lay: Layout, tm: Terms, open_: n
 
     # output: makespan - R[n-1, sink] - transfer >= 0, makespan - F_{n-1} >= 0
     js = by_slot.get((n - 1, sink), [])
-    rows.add(np.array([0, 0] + [0] * len(js) + [1, 1]),
-             np.array([tg.makespan, tg.send[n, sink]] + [tm.t_col[j] for j in js] + [tg.makespan, tg.finish[n - 1]]),
-             np.array([1.0, -1.0] + [-t_unit[j] for j in js] + [1.0, -1.0]), 2, 0.0, np.inf)
+    rows.add(
+        np.array([0, 0] + [0] * len(js) + [1, 1]),
+        np.array([tg.makespan, tg.send[n, sink]] + [tm.t_col[j] for j in js] + [tg.makespan, tg.finish[n - 1]]),
+        np.array([1.0, -1.0] + [-t_unit[j] for j in js] + [1.0, -1.0]),
+        2,
+        0.0,
+        np.inf,
+    )
 
     # device order: S_j - F_i - M x[i,d] - M x[j,d] >= -2M for unordered i < j
     r, c, v = [], [], []
@@ -147,8 +166,12 @@ def timing_rows(rows: Rows, tables: CostTables, lay: Layout, tm: Terms, open_: n
             for b in js:
                 if tm.t_prod[a] < tm.t_prod[b]:
                     r += [row] * 4
-                    c += [tg.send[tm.t_prod[b] + 1, tm.t_v[b]], tg.send[tm.t_prod[a] + 1, tm.t_v[a]],
-                          tm.t_col[a], tm.t_col[b]]
+                    c += [
+                        tg.send[tm.t_prod[b] + 1, tm.t_v[b]],
+                        tg.send[tm.t_prod[a] + 1, tm.t_v[a]],
+                        tm.t_col[a],
+                        tm.t_col[b],
+                    ]
                     v += [1.0, -1.0, -big, -big]
                     lo.append(t_unit[a] - 2 * big)
                     row += 1

@@ -18,11 +18,13 @@ Every reported number comes from ``evaluate`` on the chosen assignment, so a pla
 ``time``/``energy``/``cost`` are exactly the cost model's, never a solver's
 rounded objective.
 """
+
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any
 
 import numpy as np
 
@@ -114,29 +116,63 @@ class Plan:
         the stages (with the layers they hold and the stages they wait for) and the
         transfers."""
         names = [x.name for x in self.breakdown.layers]
-        return {"assignment": list(self.assignment), "time": self.time, "energy": self.energy,
-                "cost": self.cost, "makespan": self.makespan, "bottleneck": self.bottleneck,
-                "objective": self.objective, "solver": self.solver, "wt": self.wt, "we": self.we,
-                "ship_params": self.ship_params,
-                "stages": [{"device": s.device, "first": s.first, "last": s.last, "layers": s.layers,
-                            "members": [names[i] for i in s.members], "after": list(s.after)}
-                           for s in self.stages],
-                "transfers": [{"producer": t.producer, "to": t.to, "from_device": t.between[0],
-                               "to_device": t.between[1], "bytes": t.bytes, "time": t.time}
-                              for t in self.breakdown.transfers]}
+        return {
+            "assignment": list(self.assignment),
+            "time": self.time,
+            "energy": self.energy,
+            "cost": self.cost,
+            "makespan": self.makespan,
+            "bottleneck": self.bottleneck,
+            "objective": self.objective,
+            "solver": self.solver,
+            "wt": self.wt,
+            "we": self.we,
+            "ship_params": self.ship_params,
+            "stages": [
+                {
+                    "device": s.device,
+                    "first": s.first,
+                    "last": s.last,
+                    "layers": s.layers,
+                    "members": [names[i] for i in s.members],
+                    "after": list(s.after),
+                }
+                for s in self.stages
+            ],
+            "transfers": [
+                {
+                    "producer": t.producer,
+                    "to": t.to,
+                    "from_device": t.between[0],
+                    "to_device": t.between[1],
+                    "bytes": t.bytes,
+                    "time": t.time,
+                }
+                for t in self.breakdown.transfers
+            ],
+        }
 
 
 def _violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> list[str]:
     graph, cluster = tables.graph, tables.cluster
     # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
     energy = assignment_arrays(graph, cluster, a, tables.ship_params, warm=False).energy if cons.has_energy else 0.0
-    return cons.violations(cluster, memory_use(graph, cluster, a), busy_times(graph, cluster, tables.comp, a),
-                           energy, a)
+    return cons.violations(
+        cluster, memory_use(graph, cluster, a), busy_times(graph, cluster, tables.comp, a), energy, a
+    )
 
 
-def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, dp_value: float,
-                 solver: str, verbose: bool, free: Optional[FreeSolver], options: dict[str, Any]
-                 ) -> tuple[np.ndarray, str]:
+def _constrained(
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    wt: float,
+    we: float,
+    dp_value: float,
+    solver: str,
+    verbose: bool,
+    free: FreeSolver | None,
+    options: dict[str, Any],
+) -> tuple[np.ndarray, str]:
     """The exact constrained optimum.
 
     1. LP relaxation (HiGHS): a lower bound, duals and a fractional x.
@@ -167,9 +203,16 @@ def _constrained(tables: CostTables, cons: ResolvedConstraints, wt: float, we: f
     if not (best is not None and lower >= upper - BOUND_GAP * abs(upper)):
         # A restricted MILP (only the choices the LP uses) usually finds the optimum
         # quickly; it is just a heuristic here, so a time limit is fine.
-        quick = solve_milp(tables, cons, wt, we, scale=_scale(floor), fix_x=~(x_lp > 1e-9),
-                           verbose=verbose, options={"time_limit": RESTRICTED_TIME_LIMIT,
-                                                     "mip_rel_gap": RESTRICTED_GAP})
+        quick = solve_milp(
+            tables,
+            cons,
+            wt,
+            we,
+            scale=_scale(floor),
+            fix_x=~(x_lp > 1e-9),
+            verbose=verbose,
+            options={"time_limit": RESTRICTED_TIME_LIMIT, "mip_rel_gap": RESTRICTED_GAP},
+        )
         if quick.a is not None:
             cost = cost_if_feasible(tables, cons, wt, we, quick.a)
             if not (cost[1] or cost[2] or cost[3]) and cost[0] < upper:
@@ -205,12 +248,14 @@ def _check_solved(res: Any, objective: str, bound: float) -> None:
     """SolverError unless HiGHS proved an optimum (status 0 with a plan)."""
     if res.status == 0 and res.a is not None:
         return
-    if res.status == 1:   # time limit
-        bound = max(bound, res.bound)   # the better of ours and HiGHS's (its root cuts lift it)
+    if res.status == 1:  # time limit
+        bound = max(bound, res.bound)  # the better of ours and HiGHS's (its root cuts lift it)
         found = f"the best plan it found has value {res.value:.6g}" if res.a is not None else "it found no plan"
-        raise SolverError(f"HiGHS did not prove the {objective} optimum within the time limit ({found}; the "
-                          f"lower bound is {bound:.6g}); raise time_limit (--time-limit), relax the constraints, "
-                          f"or use a smaller graph")
+        raise SolverError(
+            f"HiGHS did not prove the {objective} optimum within the time limit ({found}; the "
+            f"lower bound is {bound:.6g}); raise time_limit (--time-limit), relax the constraints, "
+            f"or use a smaller graph"
+        )
     raise SolverError(f"HiGHS did not solve the placement MILP for the {objective} objective: {res.message}")
 
 
@@ -218,42 +263,73 @@ def _scale(value: float) -> float:
     # Map the optimum (>= value, a lower bound) to >= 1000 so HiGHS's absolute gap
     # of 1e-6 is a relative 1e-9: the MILP then proves the optimum, not "close".
     if value > 0 and np.isfinite(value):
-        return min(1e3 / value, 1e300)   # a denormal value would overflow to inf
+        return min(1e3 / value, 1e300)  # a denormal value would overflow to inf
     return 1.0
 
 
-def _refuse(graph: Graph, objective: str, solver: str, ship_params: bool, cons: ResolvedConstraints,
-            free: Optional[FreeSolver], why_not: str) -> None:
+def _refuse(
+    graph: Graph,
+    objective: str,
+    solver: str,
+    ship_params: bool,
+    cons: ResolvedConstraints,
+    free: FreeSolver | None,
+    why_not: str,
+) -> None:
     """PartitionInputError for an objective, solver or option the chosen method cannot
     prove or does not model."""
     if objective == "makespan" and ship_params:
-        raise PartitionInputError("ship_params is priced by the latency objective (T and E); the makespan times "
-                                  "one pass with the parameters in place: leave out ship_params (--ship-params) or "
-                                  "use objective='latency'")
+        raise PartitionInputError(
+            "ship_params is priced by the latency objective (T and E); the makespan times "
+            "one pass with the parameters in place: leave out ship_params (--ship-params) or "
+            "use objective='latency'"
+        )
     if solver != "dp":
         return
     if objective == "throughput":
-        raise PartitionInputError("the DP minimises wt*T + we*E; the throughput objective needs "
-                                  "solver='milp' or 'auto'")
+        raise PartitionInputError(
+            "the DP minimises wt*T + we*E; the throughput objective needs solver='milp' or 'auto'"
+        )
     if objective == "makespan" and not graph.is_chain:
-        raise PartitionInputError(f"the DP cannot prove the makespan objective on graph {graph.name!r}: its branches "
-                                  f"overlap in time, which the DP does not model (on a chain the makespan is T); "
-                                  f"use solver='milp' or 'auto'")
+        raise PartitionInputError(
+            f"the DP cannot prove the makespan objective on graph {graph.name!r}: its branches "
+            f"overlap in time, which the DP does not model (on a chain the makespan is T); "
+            f"use solver='milp' or 'auto'"
+        )
     if cons.coupling:
-        active = [name for name, on in (("memory", cons.has_memory), ("busy_time", cons.has_busy),
-                                        ("energy_budget", cons.has_energy)) if on]
-        raise PartitionInputError(f"solver='dp' cannot enforce the coupling constraint(s) {', '.join(active)}; "
-                                  f"use solver='auto' or 'milp' (or memory=False to ignore declared memory)")
+        active = [
+            name
+            for name, on in (
+                ("memory", cons.has_memory),
+                ("busy_time", cons.has_busy),
+                ("energy_budget", cons.has_energy),
+            )
+            if on
+        ]
+        raise PartitionInputError(
+            f"solver='dp' cannot enforce the coupling constraint(s) {', '.join(active)}; "
+            f"use solver='auto' or 'milp' (or memory=False to ignore declared memory)"
+        )
     if free is None:
-        raise PartitionInputError(f"solver='dp' covers chains and fork-join (series-parallel) graphs, and graph "
-                                  f"{graph.name!r} is neither: {why_not}; use solver='milp' or 'auto'")
+        raise PartitionInputError(
+            f"solver='dp' covers chains and fork-join (series-parallel) graphs, and graph "
+            f"{graph.name!r} is neither: {why_not}; use solver='milp' or 'auto'"
+        )
 
 
-def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0.0,
-                  objective: str = "latency",
-                  constraints: Union[None, Constraints, Mapping[str, Any]] = None, *,
-                  ship_params: bool = False, solver: str = "auto", verbose: bool = False,
-                  time_limit: Optional[float] = None) -> Plan:
+def autopartition(
+    graph: Graph,
+    cluster: Cluster,
+    wt: float = 1.0,
+    we: float = 0.0,
+    objective: str = "latency",
+    constraints: None | Constraints | Mapping[str, Any] = None,
+    *,
+    ship_params: bool = False,
+    solver: str = "auto",
+    verbose: bool = False,
+    time_limit: float | None = None,
+) -> Plan:
     """Return the cheapest placement of ``graph`` on ``cluster``.
 
     ``objective="latency"`` minimises ``wt*T + we*E``; ``"makespan"`` minimises when the
@@ -280,8 +356,9 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
         raise PartitionInputError(f"cluster must be a Cluster (see load_cluster), got {type(cluster).__name__}")
     options: dict[str, Any] = {}
     if time_limit is not None:
-        options["time_limit"] = check_number(time_limit, "time_limit", minimum=0.0, strict=True,
-                                             unit="seconds per MILP solve", error=PartitionInputError)
+        options["time_limit"] = check_number(
+            time_limit, "time_limit", minimum=0.0, strict=True, unit="seconds per MILP solve", error=PartitionInputError
+        )
     spec = Constraints.coerce(constraints)
     cons = spec.resolve(graph, cluster)
     free, why_not = free_solver(graph)
@@ -303,13 +380,15 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
     if objective == "throughput":
         _check_candidates(tables, cons, wt, we, verbose)
         known = (a, bottleneck_of(graph, cluster, a, warm=False)) if dp_ok else None
-        a = solve_throughput(tables, cons, wt, we, _scale(value), known,
-                             lambda: explain_coupled(tables, cons, wt, we, verbose), verbose)
+        a = solve_throughput(
+            tables, cons, wt, we, _scale(value), known, lambda: explain_coupled(tables, cons, wt, we, verbose), verbose
+        )
         used = "milp"
     elif objective == "makespan" and not graph.is_chain:
         _check_candidates(tables, cons, wt, we, verbose)
-        res = solve_milp(tables, cons, wt, we, objective="makespan", verbose=verbose,
-                         options={"mip_abs_gap": 0.0, **options})
+        res = solve_milp(
+            tables, cons, wt, we, objective="makespan", verbose=verbose, options={"mip_abs_gap": 0.0, **options}
+        )
         if res.status == 2:
             raise _infeasible(tables, cons, wt, we, verbose)
         _check_solved(res, "makespan", 0.0)
@@ -324,13 +403,34 @@ def autopartition(graph: Graph, cluster: Cluster, wt: float = 1.0, we: float = 0
     if broken:  # pragma: no cover - would be a solver or formulation bug
         raise RuntimeError(f"internal error: the {used} plan breaks {'; '.join(broken)}")
     bd = evaluate(graph, cluster, a, wt, we, ship_params)
-    return Plan(assignment=bd.assignment, time=bd.time, energy=bd.energy, cost=bd.cost,
-                bottleneck=bd.bottleneck, objective=objective, solver=used, solve_time=elapsed,
-                wt=wt, we=we, ship_params=bool(ship_params), breakdown=bd, constraints=spec)
+    return Plan(
+        assignment=bd.assignment,
+        time=bd.time,
+        energy=bd.energy,
+        cost=bd.cost,
+        bottleneck=bd.bottleneck,
+        objective=objective,
+        solver=used,
+        solve_time=elapsed,
+        wt=wt,
+        we=we,
+        ship_params=bool(ship_params),
+        breakdown=bd,
+        constraints=spec,
+    )
 
 
-def _warm_local(graph: Graph, cluster: Cluster, tables: CostTables, cons: ResolvedConstraints, a: np.ndarray,
-                objective: str, wt: float, we: float, ship_params: bool) -> np.ndarray:
+def _warm_local(
+    graph: Graph,
+    cluster: Cluster,
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    a: np.ndarray,
+    objective: str,
+    wt: float,
+    we: float,
+    ship_params: bool,
+) -> np.ndarray:
     """``a``, or a plan with every layer on one device where that one is better.
 
     The solvers price every plan from the per-layer times; ``evaluate`` prices a plan
@@ -340,6 +440,7 @@ def _warm_local(graph: Graph, cluster: Cluster, tables: CostTables, cons: Resolv
     and energy constraints are checked on the per-layer times (never less than the warm
     ones), so a plan accepted meets them.
     """
+
     def key(x: np.ndarray) -> tuple[float, ...]:
         bd = evaluate(graph, cluster, x, wt, we, ship_params)
         return {"throughput": (bd.bottleneck, bd.cost), "makespan": (bd.makespan,)}.get(objective, (bd.cost,))
@@ -347,12 +448,16 @@ def _warm_local(graph: Graph, cluster: Cluster, tables: CostTables, cons: Resolv
     best, best_key = a, None
     for d in range(cluster.k):
         local = np.full(graph.n, d, dtype=np.intp)
-        if (warm_pass_of(graph, cluster, d) is None or single_device(a) == d
-                or not cons.allowed[:, d].all() or _violations(tables, cons, local)):
+        if (
+            warm_pass_of(graph, cluster, d) is None
+            or single_device(a) == d
+            or not cons.allowed[:, d].all()
+            or _violations(tables, cons, local)
+        ):
             continue
         try:
             got = key(local)
-        except UnusableLinkError:   # no link to or from d: the plan cannot run
+        except UnusableLinkError:  # no link to or from d: the plan cannot run
             continue
         if best_key is None:
             best_key = key(a)

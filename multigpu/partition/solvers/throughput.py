@@ -13,10 +13,11 @@ B >= every link's load, B >= every shared host's load / cores). Many assignments
 the critical device can move freely), so phase 2 keeps B within 1e-7 of the optimum
 and minimises wt*T + we*E among them, giving a plan that is also sensible per item.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,9 +46,16 @@ def bottleneck_lower_bound(tables: CostTables, cons: ResolvedConstraints) -> flo
     return float(max(per_layer.max(), per_layer.sum() / usable_devs))
 
 
-def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float,
-                     cost_scale: float, known: Optional[tuple[np.ndarray, float]],
-                     explain: Callable[[], InfeasibleError], verbose: bool = False) -> np.ndarray:
+def solve_throughput(
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    wt: float,
+    we: float,
+    cost_scale: float,
+    known: tuple[np.ndarray, float] | None,
+    explain: Callable[[], InfeasibleError],
+    verbose: bool = False,
+) -> np.ndarray:
     """Device column per layer minimising the bottleneck (ties broken by cost).
 
     ``cost_scale`` scales phase 2's cost objective; ``known`` is a feasible
@@ -65,8 +73,17 @@ def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, w
         # With no positive lower bound the optimum may be tiny; HiGHS's default
         # absolute gap (1e-6) would then accept a clearly worse plan.
         options = {"mip_abs_gap": 0.0} if lb <= 0 else None
-        first = solve_milp(tables, cons, wt, we, objective="bottleneck", scale=b_scale, verbose=verbose,
-                           b_upper=None if known is None else known[1], options=options)
+        first = solve_milp(
+            tables,
+            cons,
+            wt,
+            we,
+            objective="bottleneck",
+            scale=b_scale,
+            verbose=verbose,
+            b_upper=None if known is None else known[1],
+            options=options,
+        )
         if first.status == 2:
             raise explain()
         if first.status != 0 or first.a is None:
@@ -75,13 +92,31 @@ def solve_throughput(tables: CostTables, cons: ResolvedConstraints, wt: float, w
     if best_b <= 0:
         # B = 0 exactly: no choice may create any load. Say so combinatorially rather
         # than through a row whose tolerance would admit tiny loads.
-        second = solve_milp(tables, cons, wt, we, objective="latency", scale=cost_scale, verbose=verbose,
-                            zero_load=True, options={"mip_abs_gap": 0.0})
+        second = solve_milp(
+            tables,
+            cons,
+            wt,
+            we,
+            objective="latency",
+            scale=cost_scale,
+            verbose=verbose,
+            zero_load=True,
+            options={"mip_abs_gap": 0.0},
+        )
     else:
         cap = best_b * (1 + CAP_SLACK)
-        second = solve_milp(tables, cons, wt, we, objective="latency", scale=cost_scale, b_scale=b_scale,
-                            bottleneck_cap=cap, verbose=verbose,
-                            options={"mip_abs_gap": 0.0} if cost_scale == 1.0 else None)
+        second = solve_milp(
+            tables,
+            cons,
+            wt,
+            we,
+            objective="latency",
+            scale=cost_scale,
+            b_scale=b_scale,
+            bottleneck_cap=cap,
+            verbose=verbose,
+            options={"mip_abs_gap": 0.0} if cost_scale == 1.0 else None,
+        )
     if second.status == 0 and second.a is not None:
         return second.a
     return first_a  # pragma: no cover - phase 1's point is feasible for phase 2
@@ -106,7 +141,7 @@ def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:
     cores = min(1.0, float(np.min(cluster.host_cores, initial=1.0)))
     graph = tables.graph
     # Each producer's output crosses at most once to each other device its consumers use.
-    sends = min(len(graph.input_consumers), cluster.k - 1) + 1 + sum(
-        min(len(c), cluster.k - 1) for c in graph.consumers)
-    return float(comp.max(axis=1).sum() + len(comp) * cluster.stage_overhead.max()
-                 + sends * (t + cpu)) / cores
+    sends = (
+        min(len(graph.input_consumers), cluster.k - 1) + 1 + sum(min(len(c), cluster.k - 1) for c in graph.consumers)
+    )
+    return float(comp.max(axis=1).sum() + len(comp) * cluster.stage_overhead.max() + sends * (t + cpu)) / cores

@@ -22,6 +22,7 @@ the connected parts of the shortest runs of layers (in topological order) whose
 parameters overflow d: on a chain, every minimal run. ``separate`` returns the rows the
 LP solution breaks most, one per (window, device), with the layer i that breaks it most.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ def _components(graph: Graph, lo: int, hi: int) -> list[np.ndarray]:
         return a
 
     src, dst = graph.edge_src, graph.edge_dst
-    inside = np.flatnonzero((src >= lo) & (dst <= hi))     # src < dst: layers are in topological order
+    inside = np.flatnonzero((src >= lo) & (dst <= hi))  # src < dst: layers are in topological order
     for e in inside:
         ra, rb = find(int(src[e]) - lo), find(int(dst[e]) - lo)
         if ra != rb:
@@ -89,10 +90,13 @@ def windows(graph: Graph, rooms: np.ndarray) -> list[Window]:
             # The shortest run a..b whose parameters exceed the room.
             b = max(a, int(np.searchsorted(pref, pref[a] + room, side="right")) - 1)
             if b >= n:
-                break                   # the rest of the graph fits: so does every later run
+                break  # the rest of the graph fits: so does every later run
             for hi in range(b, min(n, b + MAX_GROWTH + 1)):
-                parts = [m for m in ([np.arange(a, hi + 1)] if graph.is_chain else _components(graph, a, hi))
-                         if params[m].sum() > room]
+                parts = [
+                    m
+                    for m in ([np.arange(a, hi + 1)] if graph.is_chain else _components(graph, a, hi))
+                    if params[m].sum() > room
+                ]
                 for m in parts:
                     key = tuple(int(i) for i in m)
                     if key in seen:
@@ -105,9 +109,16 @@ def windows(graph: Graph, rooms: np.ndarray) -> list[Window]:
     return out
 
 
-def separate(graph: Graph, wins: list[Window], rooms: np.ndarray, x: np.ndarray, y_diag: np.ndarray,
-             xi: np.ndarray, y_diag_cols: np.ndarray, limit: int = MAX_CUTS
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def separate(
+    graph: Graph,
+    wins: list[Window],
+    rooms: np.ndarray,
+    x: np.ndarray,
+    y_diag: np.ndarray,
+    xi: np.ndarray,
+    y_diag_cols: np.ndarray,
+    limit: int = MAX_CUTS,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The broken window rows for an LP solution: ``x`` (n, k) and ``y_diag`` (edges, k),
     the flow of each edge staying on each device. Returns COO (row, column, value) in the
     full model's columns (``xi`` (n, k), ``y_diag_cols`` (edges, k)) and the number of

@@ -4,6 +4,7 @@ The conformance suite puts this folder on ``sys.path``; ``importlib.metadata`` t
 finds the distribution and ``multigpu.backend("lenient")`` loads it like any
 installed adapter, without a line of multigpu knowing its name.
 """
+
 from multigpu.contract.declaration import BackendDeclaration
 
 BACKEND = BackendDeclaration(name="lenient", adapter="mgpu_lenient.adapter:LenientBackend")  # numpy only, no engine

@@ -8,6 +8,7 @@ devices, ``assign_`` broadcasts and ``split`` takes any sizes. Behind
 raise exactly what the built-in adapters raise: the conformance suite proves that
 the contract is enforced by the core, not by each adapter's good manners.
 """
+
 from __future__ import annotations
 
 from typing import Any

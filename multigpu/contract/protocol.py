@@ -207,7 +207,11 @@ class Backend(Protocol[T]):
         """Return the (2, C) per-channel sum and sum of squares of x (B, C, H, W) over (N, H, W)."""
 
     def add(self, x: T, y: T) -> T:
-        """Return ``x + y`` elementwise (a residual join); equal shapes, else InputError."""
+        """Return ``x + y`` elementwise with numpy's broadcasting (a residual join, a bias).
+
+        Shapes that do not broadcast raise InputError naming both. The gradient of an
+        operand that was broadcast is summed back to its own shape.
+        """
 
     def concat_channels(self, xs: Sequence[T]) -> T:
         """Concatenate (B, C_i, H, W) tensors along the channel axis (a branch join).
@@ -226,7 +230,11 @@ class Backend(Protocol[T]):
         """
 
     def dense(self, x: T, w: T, b: T) -> T:
-        """Return ``x @ w + b``; needs x (B, I), w (I, O), b (O,), else InputError."""
+        """Return ``x @ w + b`` over the last axis: x (..., I), w (I, O), b (O,) -> (..., O).
+
+        x has rank 2 or more (a batch of vectors, or of sequences of them); anything
+        else raises InputError.
+        """
 
     def reshape(self, x: T, shape: Sequence[int]) -> T:
         """Return ``x`` reshaped; ``-1`` is allowed once and every other dim is >= 1.
@@ -251,6 +259,121 @@ class Backend(Protocol[T]):
 
     def argmax(self, x: T, axis: int) -> T:
         """Return the int64 index of the maximum along ``axis`` (-ndim <= axis < ndim)."""
+
+    # -- transformer and ONNX ops (differentiable inside value_and_grad) --
+    # One op set serves the transformer layers and the ONNX importer. Axes may be
+    # negative (numpy's rule); shapes broadcast as numpy's do wherever a docstring says
+    # "broadcasting". Every op refuses empty and non-float32 inputs (``embedding``'s and
+    # ``cross_entropy``'s integer arguments aside) with InputError, as the ops above.
+    def matmul(self, x: T, y: T) -> T:
+        """Return the matrix product ``x @ y`` over the last two axes, broadcasting the leading ones.
+
+        Both have rank 2 or more and ``x.shape[-1] == y.shape[-2]`` (numpy's matmul
+        without its 1-D special cases); else InputError.
+        """
+
+    def transpose(self, x: T, perm: Sequence[int]) -> T:
+        """Return ``x`` with its axes permuted: output axis i is input axis ``perm[i]``.
+
+        ``perm`` is a permutation of ``range(x.ndim)``; else InputError.
+        """
+
+    def subtract(self, x: T, y: T) -> T:
+        """Return ``x - y`` elementwise with broadcasting (see ``add``)."""
+
+    def multiply(self, x: T, y: T) -> T:
+        """Return ``x * y`` elementwise with broadcasting (see ``add``)."""
+
+    def divide(self, x: T, y: T) -> T:
+        """Return ``x / y`` elementwise with broadcasting (see ``add``); a zero divisor gives inf or NaN."""
+
+    def scale(self, x: T, factor: float) -> T:
+        """Return ``x * factor`` for a finite Python float (differentiable; ``scale_`` is the in-place one)."""
+
+    def tanh(self, x: T) -> T:
+        """Return the hyperbolic tangent of x elementwise."""
+
+    def sigmoid(self, x: T) -> T:
+        """Return ``1 / (1 + exp(-x))`` elementwise."""
+
+    def gelu(self, x: T, approximate: bool) -> T:
+        """Return GELU of x: exact ``x * Phi(x)`` (erf), or the tanh form when ``approximate``.
+
+        ``approximate`` is a bool (torch's ``approximate="tanh"``, Paddle's
+        ``approximate=True``, MXNet's ``gelu_tanh``/``gelu_erf``); nothing else is taken.
+        """
+
+    def erf(self, x: T) -> T:
+        """Return the error function of x elementwise (ONNX's Erf; GELU's exact form)."""
+
+    def sqrt(self, x: T) -> T:
+        """Return the square root of x elementwise (NaN below zero, as numpy)."""
+
+    def softmax(self, x: T, axis: int) -> T:
+        """Return the softmax of x along ``axis``, computed stably (the maximum subtracted first)."""
+
+    def layer_norm(self, x: T, gamma: T, beta: T, eps: float) -> T:
+        """Normalize over x's trailing axes, the shape of ``gamma``: ``(x - mean) / sqrt(var + eps) * gamma + beta``.
+
+        The variance is the biased one (as torch, Paddle, MXNet and ONNX take it).
+        ``gamma`` and ``beta`` have equal shapes matching x's last axes, and ``eps`` is a
+        finite float > 0; else InputError.
+        """
+
+    def embedding(self, ids: T, table: T) -> T:
+        """Return ``table[ids]``: int64 ids of any shape and a (V, D) table give ``ids.shape + (D,)``.
+
+        The gradient into ``table`` adds the rows of repeated ids. Float ids, or an id
+        outside 0..V-1, raise InputError (the range of ids made by ``from_numpy`` is
+        recorded on the host, as labels are).
+        """
+
+    def reduce_sum(self, x: T, axes: Sequence[int], keepdims: bool) -> T:
+        """Return the sum of x over ``axes`` (distinct, in range, at least one); kept as 1s when ``keepdims``."""
+
+    def reduce_mean(self, x: T, axes: Sequence[int], keepdims: bool) -> T:
+        """Return the mean of x over ``axes``; the same rules as ``reduce_sum``."""
+
+    def masked_fill(self, x: T, mask: T, value: float) -> T:
+        """Return x with ``value`` wherever ``mask`` is nonzero (attention masks, causal and padding).
+
+        ``mask`` is a float32 or int64 tensor of 0s and 1s that broadcasts to x's shape
+        and is a constant (no gradient flows into it); the gradient of x is zero where
+        the mask is set. ``value`` is a Python float and may be ``-inf``.
+        """
+
+    def dropout(self, x: T, keep: T, rate: float) -> T:
+        """Return ``x * keep / (1 - rate)``: inverted dropout with a mask the core drew.
+
+        ``keep`` is a float32 tensor of 0s and 1s of x's shape, drawn by
+        ``multigpu.models.dropout_mask`` from a counter-based seed, so every backend
+        drops the same units; no framework RNG is used. ``0 <= rate < 1``; else InputError.
+        """
+
+    def cross_entropy(self, logits: T, labels: T, ignore_index: int) -> T:
+        """Return the per-position loss ``-log softmax(logits)[..., label]`` over the last axis.
+
+        logits (..., C) and int64 labels of shape logits.shape[:-1] give a loss of the
+        labels' shape; where a label equals ``ignore_index`` (padding) the loss is 0 and
+        no gradient flows. Every other label must be in 0..C-1; else InputError, as
+        ``softmax_cross_entropy``. The core sums the losses and divides by the number of
+        counted positions.
+        """
+
+    def take(self, x: T, indices: Sequence[int], axis: int) -> T:
+        """Return the slices of x at the given constant ``indices`` along ``axis`` (ONNX's Gather, Slice, Split).
+
+        ``indices`` is a non-empty sequence of Python ints, each in ``-n..n-1`` for the
+        axis' length n; the result keeps the axis with ``len(indices)`` entries. The
+        gradient adds back into the taken positions (repeats add).
+        """
+
+    def concatenate(self, xs: Sequence[T], axis: int) -> T:
+        """Concatenate tensors along ``axis`` (differentiable; ``concat`` is the algorithms' axis-0 one).
+
+        Needs at least one tensor, equal ranks, and equal sizes on every other axis;
+        else InputError.
+        """
 
     # -- math for the algorithms (outside autograd) ----------------------
     def add_(self, dst: T, src: T) -> None:

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from multigpu.backends.torch.math_ops import MathOps
+from multigpu.backends.torch.nn_ops import NNOps
 from multigpu.contract.bucket_signals import BucketSignals, gradient_views
 from multigpu.contract.protocol import Device
 
@@ -27,8 +29,13 @@ _NUMPY_DTYPES = {
 }
 
 
-class TorchBackend:
-    """The ``Backend`` protocol implemented with PyTorch tensors and autograd."""
+class TorchBackend(MathOps, NNOps):
+    """The ``Backend`` protocol implemented with PyTorch tensors and autograd.
+
+    The transformer and ONNX ops live in the mixins: ``math_ops.MathOps`` (products, layout,
+    elementwise math, reductions, slicing) and ``nn_ops.NNOps`` (layer norm, embedding, masks,
+    dropout, sequence loss).
+    """
 
     name = "torch"
     tensor_type = torch.Tensor
@@ -140,8 +147,9 @@ class TorchBackend:
         return torch.stack([x.sum(dim=(0, 2, 3)), (x * x).sum(dim=(0, 2, 3))])
 
     def add(self, x: Tensor, y: Tensor) -> Tensor:
-        """Return ``x + y`` (differentiable)."""
-        return x + y
+        """Return ``x + y`` with numpy's broadcasting (autograd sums a broadcast operand's gradient back)."""
+        # NOTE: torch.add takes a multiplier of y (alpha); it is passed as 1 so no default counts.
+        return torch.add(x, y, alpha=1)
 
     def concat_channels(self, xs: Sequence[Tensor]) -> Tensor:
         """Join along the channel axis (differentiable)."""
@@ -152,9 +160,10 @@ class TorchBackend:
         return _GroupSum.apply(x, group)
 
     def dense(self, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
-        """Return ``x @ w + b`` with ``w`` of shape (in, out)."""
+        """Return ``x @ w + b`` over the last axis: x (..., I), w (I, O), b (O,)."""
         # NOTE: torch.nn.Linear stores (out, in) and computes x @ W.T; the protocol uses (in, out).
-        return x @ w + b
+        # torch.matmul treats x's leading axes as a batch, so a (B, S, I) sequence needs no reshape.
+        return torch.matmul(x, w) + b
 
     def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:
         """Return ``x`` reshaped (``-1`` allowed once); may be a view."""

@@ -25,6 +25,10 @@ with warnings.catch_warnings():
     import paddle
     import paddle.nn.functional as F
 
+    # The op mixins import paddle as well; they are imported here, under the same filter.
+    from multigpu.backends.paddle.math_ops import MathOps
+    from multigpu.backends.paddle.nn_ops import NNOps
+
 Tensor = paddle.Tensor
 _NUMPY_DTYPES = {
     paddle.float32: np.dtype(np.float32),
@@ -52,8 +56,13 @@ def _move(tensor: Tensor, place: Any) -> Tensor:
     return tensor.cuda(place.gpu_device_id(), True)
 
 
-class PaddleBackend:
-    """The backend protocol implemented with PaddlePaddle (dynamic graph only)."""
+class PaddleBackend(MathOps, NNOps):
+    """The backend protocol implemented with PaddlePaddle (dynamic graph only).
+
+    The transformer and ONNX ops live in the mixins: ``math_ops.MathOps`` (products, layout,
+    elementwise math, reductions, slicing) and ``nn_ops.NNOps`` (layer norm, embedding, masks,
+    dropout, sequence loss).
+    """
 
     name = "paddle"
     tensor_type = paddle.Tensor
@@ -206,7 +215,7 @@ class PaddleBackend:
         return paddle.stack([paddle.sum(x, axis=[0, 2, 3]), paddle.sum(x * x, axis=[0, 2, 3])])
 
     def add(self, x: Tensor, y: Tensor) -> Tensor:
-        """Return ``x + y`` (differentiable)."""
+        """Return ``x + y`` with numpy's broadcasting (autograd sums a broadcast operand's gradient back)."""
         return paddle.add(x, y)
 
     def concat_channels(self, xs: Sequence[Tensor]) -> Tensor:
@@ -218,7 +227,8 @@ class PaddleBackend:
         return _GroupSum.apply(x, group)
 
     def dense(self, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
-        """Return ``x @ w + b`` with ``w`` of shape (in, out)."""
+        """Return ``x @ w + b`` over the last axis: x (..., I), w (I, O), b (O,)."""
+        # paddle.matmul treats x's leading axes as a batch, so a (B, S, I) sequence needs no reshape.
         return paddle.matmul(x, w, transpose_x=False, transpose_y=False) + b
 
     def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:

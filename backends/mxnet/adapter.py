@@ -16,6 +16,8 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from multigpu.backends.mxnet.math_ops import MathOps
+from multigpu.backends.mxnet.nn_ops import NNOps
 from multigpu.contract.bucket_signals import gradient_views
 from multigpu.contract.protocol import Device
 
@@ -32,8 +34,12 @@ def _on(src: NDArray, ctx: mx.Context) -> NDArray:
     return src if src.context == ctx else src.copyto(ctx)
 
 
-class MXNetBackend:
-    """Backend protocol implemented with MXNet NDArrays and ``mx.autograd``."""
+class MXNetBackend(MathOps, NNOps):
+    """Backend protocol implemented with MXNet NDArrays and ``mx.autograd``.
+
+    The transformer and ONNX op set (and the broadcasting ``add``) come from the ``math_ops`` and
+    ``nn_ops`` mixins.
+    """
 
     name = "mxnet"
     tensor_type = mx.nd.NDArray
@@ -208,10 +214,6 @@ class MXNetBackend:
         """Per-channel sum and sum of squares over (N, H, W), shape (2, C)."""
         return mx.nd.stack(mx.nd.sum(x, axis=(0, 2, 3)), mx.nd.sum(mx.nd.square(x), axis=(0, 2, 3)), axis=0)
 
-    def add(self, x: NDArray, y: NDArray) -> NDArray:
-        """Return ``x + y`` (differentiable)."""
-        return mx.nd.elemwise_add(x, y)
-
     def concat_channels(self, xs: Sequence[NDArray]) -> NDArray:
         """Join along the channel axis (differentiable)."""
         return mx.nd.concat(*xs, dim=1)
@@ -231,10 +233,11 @@ class MXNetBackend:
         return out
 
     def dense(self, x: NDArray, w: NDArray, b: NDArray) -> NDArray:
-        """Return ``x @ w + b`` with ``w`` of shape (in, out)."""
+        """Return ``x @ w + b`` over the last axis: x (..., in), w (in, out), b (out,) -> (..., out)."""
         # NOTE: FullyConnected wants (out, in), hence the transpose; it is still about twice as
         # fast forward and backward as dot + broadcast_add (one MKL-DNN op, bias fused), see
-        # benchmarks/step. flatten=False: x is already (batch, in).
+        # benchmarks/step. flatten=False keeps x's leading axes ((B, T, in) -> (B, T, out)); True
+        # would flatten everything after the first axis into the input.
         return mx.nd.FullyConnected(
             data=x, weight=mx.nd.transpose(w), bias=b, num_hidden=int(w.shape[1]), no_bias=False, flatten=False
         )

@@ -18,26 +18,12 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from multigpu.backends.numpy.math_ops import MathOps
+from multigpu.backends.numpy.nn_ops import NNOps
+from multigpu.backends.numpy.var import Var
 from multigpu.contract.bucket_signals import BucketSignals, gradient_views
 from multigpu.contract.checked import check_label_range
 from multigpu.contract.protocol import Device
-from multigpu.errors import InputError
-
-Backward = Callable[[np.ndarray], Sequence[np.ndarray | None]]
-
-
-class Var:
-    """An array on a logical device, with the graph edge that produced it."""
-
-    __slots__ = ("backward", "data", "device", "parents")
-
-    def __init__(
-        self, data: np.ndarray, device: Device, parents: tuple[Var, ...] = (), backward: Backward | None = None
-    ):
-        self.data, self.device, self.parents, self.backward = data, device, parents, backward
-
-    def __repr__(self) -> str:
-        return f"Var({self.data!r}, device={self.device})"
 
 
 def _windows(xp: np.ndarray, k: int, s: int, oh: int, ow: int) -> np.ndarray:
@@ -74,8 +60,11 @@ def _unpad(x: np.ndarray, p: int) -> np.ndarray:
     return x[:, :, p : x.shape[2] - p, p : x.shape[3] - p] if p else x
 
 
-class NumpyBackend:
-    """The reference implementation of the backend protocol, on the CPU only."""
+class NumpyBackend(MathOps, NNOps):
+    """The reference implementation of the backend protocol, on the CPU only.
+
+    The transformer and ONNX ops live in one mixin per domain (``math_ops``, ``nn_ops``).
+    """
 
     name = "numpy"
     tensor_type = Var
@@ -110,12 +99,6 @@ class NumpyBackend:
         return tensor.data.dtype
 
     # -- differentiable ops ---------------------------------------------
-    def _node(self, data: np.ndarray, parents: tuple[Var, ...], backward: Backward) -> Var:
-        device = parents[0].device
-        if any(p.device != device for p in parents[1:]):
-            raise InputError(f"an op mixes devices {[str(p.device) for p in parents]}; copy to one first")
-        return Var(data, device, parents, backward)
-
     def conv2d(self, x: Var, w: Var, b: Var | None, stride: int, padding: int, groups: int) -> Var:
         """Grouped cross-correlation by strided windows and tensordot; ``b=None``: no bias."""
         xd, wd = x.data, w.data
@@ -252,10 +235,6 @@ class NumpyBackend:
         out = np.stack([xd.sum(axis=(0, 2, 3)), (xd * xd).sum(axis=(0, 2, 3))])
         return self._node(out, (x,), lambda g: (_per_channel(g[0]) + xd.dtype.type(2) * xd * _per_channel(g[1]),))
 
-    def add(self, x: Var, y: Var) -> Var:
-        """x + y; the gradient goes to both."""
-        return self._node(x.data + y.data, (x, y), lambda g: (g, g))
-
     def concat_channels(self, xs: Sequence[Var]) -> Var:
         """Join along axis 1; the gradient is split back."""
         bounds = np.cumsum([0, *(v.data.shape[1] for v in xs)])
@@ -281,10 +260,15 @@ class NumpyBackend:
         return self._node(np.maximum(x.data, x.data.dtype.type(0)), (x,), lambda g: (g * mask,))
 
     def dense(self, x: Var, w: Var, b: Var) -> Var:
-        """x @ w + b."""
+        """x @ w + b over the last axis of x (..., I)."""
         xd, wd = x.data, w.data
         out = xd @ wd + b.data
-        return self._node(out, (x, w, b), lambda g: (g @ wd.T, xd.T @ g, g.sum(axis=0)))
+
+        def backward(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            rows, grows = xd.reshape(-1, wd.shape[0]), g.reshape(-1, wd.shape[1])
+            return g @ wd.T, rows.T @ grows, grows.sum(axis=0)
+
+        return self._node(out, (x, w, b), backward)
 
     def reshape(self, x: Var, shape: Sequence[int]) -> Var:
         """Reshape; the gradient is reshaped back."""

@@ -15,7 +15,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from multigpu.errors import AdapterError, DeviceError, InputError
 
 Shape = tuple[int, ...]
 
-# Label tensors whose value range is known from the host (see softmax_cross_entropy).
+# Integer tensors (labels, ids) whose value range is known from the host (see softmax_cross_entropy).
 # Entries hold the tensor itself, so an id cannot be reused while it is listed; the
 # oldest entries fall out first, and a tensor that fell out is checked by a read-back.
 _TRACKED = 64
@@ -46,6 +46,64 @@ def check_label_range(low: int, high: int, classes: int) -> None:
         )
 
 
+class Span(NamedTuple):
+    """What the host knows of an integer tensor's values: the least and the greatest, and the values
+    next to them (``next_low`` the least above ``low``, ``next_high`` the greatest below ``high``;
+    both equal ``low`` when every value is the same). The neighbours let a check set aside an
+    ignore index at either end of the range exactly, without reading the tensor back."""
+
+    low: int
+    high: int
+    next_low: int
+    next_high: int
+
+
+def span_of(values: np.ndarray) -> Span:
+    """The :class:`Span` of a non-empty integer array."""
+    low, high = int(values.min()), int(values.max())
+    if low == high:
+        return Span(low, high, low, high)
+    return Span(low, high, int(values[values > low].min()), int(values[values < high].max()))
+
+
+def merge_spans(spans: Sequence[Span]) -> Span:
+    """The :class:`Span` of the values of several tensors together (a concatenation)."""
+    low, high = min(s.low for s in spans), max(s.high for s in spans)
+    values = {v for s in spans for v in s}
+    return Span(
+        low, high, min((v for v in values if v > low), default=low), max((v for v in values if v < high), default=high)
+    )
+
+
+def check_index_span(span: Span, size: int, op: str, ignore_index: int | None = None) -> None:
+    """Raise InputError unless every value of ``span`` is in ``0..size-1`` or equals ``ignore_index``.
+
+    ``op`` is ``"embedding"`` (ids into a table of ``size`` rows) or a cross-entropy
+    (labels of ``size`` classes); the message names the first bad value and the fix.
+    """
+    low, high = span.low, span.high
+    if ignore_index is not None:
+        if low == high == ignore_index:
+            return
+        if low == ignore_index:
+            low = span.next_low
+        if high == ignore_index:
+            high = span.next_high
+    if low >= 0 and high < size:
+        return
+    bad = low if low < 0 else high
+    if op == "embedding":
+        raise InputError(
+            f"embedding id {bad} is out of range: a table of {size} rows takes ids 0..{size - 1}; "
+            "map the token to an id of the vocabulary (or grow the table)"
+        )
+    ignored = f" or the ignore_index {ignore_index}" if ignore_index is not None else ""
+    raise InputError(
+        f"{op} label {bad} is out of range: {size} classes need labels 0..{size - 1}{ignored} "
+        "(no label is wrapped or clipped); mark padding with the ignore_index"
+    )
+
+
 class CheckedBackend:
     """An adapter behind the contract: bad calls raise the same exception on every backend.
 
@@ -58,7 +116,7 @@ class CheckedBackend:
         self.name: str = adapter.name
         self.tensor_type: type = adapter.tensor_type
         self._gpus: int | None = None
-        self._ranges: dict[int, tuple[Any, int, int]] = {}
+        self._ranges: dict[int, tuple[Any, Span]] = {}
         self._lock = threading.Lock()
         if hasattr(adapter, "native_allreduce"):  # optional; hasattr() stays honest without it
             self.native_allreduce = self._native_allreduce
@@ -131,20 +189,25 @@ class CheckedBackend:
         return a
 
     # -- label ranges --------------------------------------------------------
-    def _remember(self, t: Any, low: int, high: int) -> None:
+    def _remember(self, t: Any, span: Span) -> None:
         with self._lock:
-            self._ranges[id(t)] = (t, low, high)
+            self._ranges[id(t)] = (t, span)
             while len(self._ranges) > _TRACKED:
                 del self._ranges[next(iter(self._ranges))]
 
-    def _range_of(self, t: Any) -> tuple[int, int] | None:
+    def _range_of(self, t: Any) -> Span | None:
         entry = self._ranges.get(id(t))
-        return (entry[1], entry[2]) if entry is not None and entry[0] is t else None
+        return entry[1] if entry is not None and entry[0] is t else None
+
+    def _span(self, t: Any) -> Span:
+        """The span of an integer tensor: recorded on the host, else read back once (a device wait)."""
+        known = self._range_of(t)
+        return known if known is not None else span_of(self.adapter.to_numpy(t))
 
     def _pass_range(self, src: Any, dst: Any) -> None:
         known = self._range_of(src)
         if known is not None:
-            self._remember(dst, *known)
+            self._remember(dst, known)
 
     def _forget_ranges(self) -> None:
         with self._lock:
@@ -175,8 +238,8 @@ class CheckedBackend:
             )
         a = a.astype(np.int64, order="C", copy=False)
         t = self.adapter.from_numpy(a, device)
-        if a.ndim == 1 and a.size:  # a label vector: its range is known here, for free
-            self._remember(t, int(a.min()), int(a.max()))
+        if a.size:  # labels or ids: their range is known here, on the host, without a device read later
+            self._remember(t, span_of(a))
         return t
 
     def to_numpy(self, tensor: Any) -> np.ndarray:
@@ -298,13 +361,6 @@ class CheckedBackend:
         self._input(x, "batch_norm_sums", 4)
         return self.adapter.batch_norm_sums(x)
 
-    def add(self, x: Any, y: Any) -> Any:
-        """Checked differentiable ``x + y``."""
-        a, b = self._input(x, "add"), self._input(y, "add")
-        if a != b:
-            raise InputError(f"add needs equal shapes, got {a} and {b}; nothing broadcasts")
-        return self.adapter.add(x, y)
-
     def concat_channels(self, xs: Sequence[Any]) -> Any:
         """Checked differentiable concatenation along the channel axis."""
         if not isinstance(xs, (list, tuple)) or not xs:
@@ -328,10 +384,12 @@ class CheckedBackend:
         return out
 
     def dense(self, x: Any, w: Any, b: Any) -> Any:
-        """Checked ``x @ w + b``."""
-        xs, ws, bs = self._input(x, "dense", 2), self._float(w, "dense w"), self._float(b, "dense b")
-        if len(ws) != 2 or xs[1] != ws[0] or bs != ws[1:]:
-            raise InputError(f"dense needs x (B, I), w (I, O) and b (O,); got x {xs}, w {ws}, b {bs}")
+        """Checked ``x @ w + b`` over x's last axis."""
+        xs, ws, bs = self._input(x, "dense"), self._float(w, "dense w"), self._float(b, "dense b")
+        if len(xs) < 2 or len(ws) != 2 or xs[-1] != ws[0] or bs != ws[1:]:
+            raise InputError(
+                f"dense needs x (..., I) of rank 2 or more, w (I, O) and b (O,); got x {xs}, w {ws}, b {bs}"
+            )
         return self.adapter.dense(x, w, b)
 
     def reshape(self, x: Any, shape: Sequence[int]) -> Any:
@@ -361,11 +419,8 @@ class CheckedBackend:
             raise InputError(f"softmax_cross_entropy needs labels of shape {ls[:1]} for logits {ls}, got {ys}")
         if self.adapter.dtype(labels).kind not in "iu":
             raise InputError(f"labels have dtype {self.adapter.dtype(labels)}; they must be integers")
-        known = self._range_of(labels)
-        if known is None:  # not made by from_numpy here: read back once (a device wait)
-            values = self.adapter.to_numpy(labels)
-            known = (int(values.min()), int(values.max()))
-        check_label_range(*known, ls[1])
+        known = self._span(labels)  # not made by from_numpy here: read back once (a device wait)
+        check_label_range(known.low, known.high, ls[1])
         return self.adapter.softmax_cross_entropy(logits, labels)
 
     def sum(self, x: Any) -> Any:
@@ -381,6 +436,239 @@ class CheckedBackend:
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -len(xs) <= axis < len(xs):
             raise InputError(f"argmax axis={axis!r} is out of range for shape {xs}")
         return self.adapter.argmax(x, int(axis))
+
+    # -- transformer and ONNX ops ------------------------------------------------
+    # The adapters receive normalized arguments: axes and indices as non-negative Python
+    # ints (axes sorted, in a tuple), a perm as a tuple, floats as Python floats.
+    def _axis(self, axis: Any, ndim: int, op: str, what: str = "axis") -> int:
+        """``axis`` as a non-negative int, for a tensor of rank ``ndim`` (numpy's negative axes allowed)."""
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+            raise InputError(
+                f"{op} {what}={axis!r} is out of range for a {ndim}-D tensor; use an int in {-ndim}..{ndim - 1}"
+            )
+        return int(axis) % ndim
+
+    def _broadcast(self, op: str, a: Shape, b: Shape) -> Shape:
+        """The shape ``a`` and ``b`` broadcast to (numpy's rule), else InputError naming both."""
+        out = []
+        for i in range(1, max(len(a), len(b)) + 1):
+            m, n = a[-i] if i <= len(a) else 1, b[-i] if i <= len(b) else 1
+            if m != n and 1 not in (m, n):
+                raise InputError(
+                    f"{op} cannot broadcast shapes {a} and {b}: axis -{i} has {m} against {n}; trailing "
+                    "dimensions must be equal or 1 (reshape one operand, e.g. to add a size-1 axis)"
+                )
+            out.append(max(m, n) if 1 in (m, n) else m)
+        return tuple(reversed(out))
+
+    def _elementwise(self, op: str, x: Any, y: Any) -> None:
+        self._broadcast(op, self._input(x, op), self._input(y, op))
+
+    def matmul(self, x: Any, y: Any) -> Any:
+        """Checked batched ``x @ y``: ranks >= 2, inner sizes equal, leading axes broadcast."""
+        xs, ys = self._input(x, "matmul"), self._input(y, "matmul")
+        if len(xs) < 2 or len(ys) < 2 or xs[-1] != ys[-2]:
+            raise InputError(
+                f"matmul needs x (..., M, K) and y (..., K, N), both of rank 2 or more, got x {xs} and y {ys}; "
+                "reshape a vector to (1, K) or (K, 1)"
+            )
+        self._broadcast("matmul (leading axes)", xs[:-2], ys[:-2])
+        return self.adapter.matmul(x, y)
+
+    def transpose(self, x: Any, perm: Sequence[int]) -> Any:
+        """Checked axis permutation: ``perm`` holds each of 0..ndim-1 once."""
+        xs = self._input(x, "transpose")
+        ok = isinstance(perm, (list, tuple, np.ndarray)) and all(
+            isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in perm
+        )
+        if not ok or sorted(int(p) for p in perm) != list(range(len(xs))):
+            raise InputError(
+                f"transpose perm={perm!r:.60} is not a permutation of the {len(xs)} axes of {xs}; "
+                f"give each of 0..{len(xs) - 1} once, e.g. {tuple(reversed(range(len(xs))))}"
+            )
+        return self.adapter.transpose(x, tuple(int(p) for p in perm))
+
+    def add(self, x: Any, y: Any) -> Any:
+        """Checked differentiable ``x + y`` with numpy's broadcasting."""
+        self._elementwise("add", x, y)
+        return self.adapter.add(x, y)
+
+    def subtract(self, x: Any, y: Any) -> Any:
+        """Checked ``x - y`` with broadcasting."""
+        self._elementwise("subtract", x, y)
+        return self.adapter.subtract(x, y)
+
+    def multiply(self, x: Any, y: Any) -> Any:
+        """Checked ``x * y`` with broadcasting."""
+        self._elementwise("multiply", x, y)
+        return self.adapter.multiply(x, y)
+
+    def divide(self, x: Any, y: Any) -> Any:
+        """Checked ``x / y`` with broadcasting."""
+        self._elementwise("divide", x, y)
+        return self.adapter.divide(x, y)
+
+    def scale(self, x: Any, factor: float) -> Any:
+        """Checked ``x * factor`` for a finite real factor."""
+        self._input(x, "scale")
+        return self.adapter.scale(x, check_number(factor, "scale factor", example=0.125))
+
+    def tanh(self, x: Any) -> Any:
+        """Checked tanh."""
+        self._input(x, "tanh")
+        return self.adapter.tanh(x)
+
+    def sigmoid(self, x: Any) -> Any:
+        """Checked sigmoid."""
+        self._input(x, "sigmoid")
+        return self.adapter.sigmoid(x)
+
+    def gelu(self, x: Any, approximate: bool) -> Any:
+        """Checked GELU; ``approximate`` is a bool (True: the tanh form)."""
+        self._input(x, "gelu")
+        if type(approximate) is not bool:
+            raise InputError(
+                f"gelu approximate={approximate!r} must be True (the tanh form) or False (exact, with erf); "
+                "strings such as 'tanh' or 'none' are not taken"
+            )
+        return self.adapter.gelu(x, approximate)
+
+    def erf(self, x: Any) -> Any:
+        """Checked error function."""
+        self._input(x, "erf")
+        return self.adapter.erf(x)
+
+    def sqrt(self, x: Any) -> Any:
+        """Checked square root."""
+        self._input(x, "sqrt")
+        return self.adapter.sqrt(x)
+
+    def softmax(self, x: Any, axis: int) -> Any:
+        """Checked stable softmax along ``axis``."""
+        xs = self._input(x, "softmax")
+        return self.adapter.softmax(x, self._axis(axis, len(xs), "softmax"))
+
+    def layer_norm(self, x: Any, gamma: Any, beta: Any, eps: float) -> Any:
+        """Checked layer norm over x's trailing axes, the shape of gamma."""
+        xs = self._input(x, "layer_norm")
+        gs, bs = self._float(gamma, "layer_norm gamma"), self._float(beta, "layer_norm beta")
+        if gs != bs or not gs or 0 in gs or len(gs) > len(xs) or xs[len(xs) - len(gs) :] != gs:
+            raise InputError(
+                f"layer_norm needs gamma and beta of one shape equal to x's last axes, got x {xs}, "
+                f"gamma {gs}, beta {bs}; to normalize over the last axis pass gamma and beta of shape {xs[-1:]}"
+            )
+        return self.adapter.layer_norm(
+            x, gamma, beta, check_number(eps, "layer_norm eps", minimum=0.0, strict=True, example=1e-5)
+        )
+
+    def embedding(self, ids: Any, table: Any) -> Any:
+        """Checked ``table[ids]``: int64 ids in 0..V-1 and a (V, D) table."""
+        ids_shape = self._shape(ids, "embedding ids")
+        if self.adapter.dtype(ids).kind not in "iu":
+            raise InputError(
+                f"embedding ids have dtype {self.adapter.dtype(ids)}; token ids must be integers: "
+                "from_numpy(ids.astype('int64'))"
+            )
+        if 0 in ids_shape:
+            raise InputError(f"embedding got empty ids of shape {ids_shape}; it needs at least one id")
+        ts = self._input(table, "embedding")
+        if len(ts) != 2:
+            raise InputError(f"embedding needs a (V, D) table, got shape {ts}")
+        check_index_span(self._span(ids), ts[0], "embedding")
+        return self.adapter.embedding(ids, table)
+
+    def _reduce(self, op: str, x: Any, axes: Any, keepdims: Any) -> tuple[int, ...]:
+        xs = self._input(x, op)
+        if not isinstance(axes, (list, tuple, np.ndarray)) or not len(axes):
+            raise InputError(f"{op} axes={axes!r:.60} must be a non-empty list of axes of {xs}, e.g. [-1]")
+        norm = [self._axis(a, len(xs), op, "axis") for a in axes]
+        if len(set(norm)) != len(norm):
+            raise InputError(f"{op} axes={list(axes)} name an axis of {xs} twice; give each axis once")
+        if type(keepdims) is not bool:
+            raise InputError(f"{op} keepdims={keepdims!r} must be True or False")
+        return tuple(sorted(norm))
+
+    def reduce_sum(self, x: Any, axes: Sequence[int], keepdims: bool) -> Any:
+        """Checked sum over ``axes``."""
+        return self.adapter.reduce_sum(x, self._reduce("reduce_sum", x, axes, keepdims), keepdims)
+
+    def reduce_mean(self, x: Any, axes: Sequence[int], keepdims: bool) -> Any:
+        """Checked mean over ``axes``."""
+        return self.adapter.reduce_mean(x, self._reduce("reduce_mean", x, axes, keepdims), keepdims)
+
+    def masked_fill(self, x: Any, mask: Any, value: float) -> Any:
+        """Checked fill of x with ``value`` where ``mask`` (broadcast to x's shape) is nonzero."""
+        xs, ms = self._input(x, "masked_fill"), self._shape(mask, "masked_fill mask")
+        if self.adapter.dtype(mask) not in (np.dtype(np.float32), np.dtype(np.int64)):
+            raise InputError(f"masked_fill mask has dtype {self.adapter.dtype(mask)}; it must be float32 or int64")
+        if len(ms) > len(xs) or self._broadcast("masked_fill", xs, ms) != xs:
+            raise InputError(
+                f"masked_fill mask of shape {ms} does not broadcast to x's shape {xs}; a padding mask of "
+                f"ids (B, T) for scores (B, H, T, T) is reshaped to (B, 1, 1, T) first"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or math.isnan(value):
+            raise InputError(f"masked_fill value={value!r} must be a float (-inf allowed, NaN not), e.g. -1e9 or -inf")
+        return self.adapter.masked_fill(x, mask, float(value))
+
+    def dropout(self, x: Any, keep: Any, rate: float) -> Any:
+        """Checked inverted dropout with a given keep mask of x's shape."""
+        xs, ks = self._input(x, "dropout"), self._float(keep, "dropout keep")
+        if ks != xs:
+            raise InputError(
+                f"dropout keep mask has shape {ks} for x {xs}; draw it for x's shape with multigpu.models.dropout_mask"
+            )
+        if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)) or not 0 <= rate < 1:
+            raise InputError(
+                f"dropout rate={rate!r} must be a number in [0, 1), e.g. 0.1; rate 1 would drop everything"
+            )
+        return self.adapter.dropout(x, keep, float(rate))
+
+    def cross_entropy(self, logits: Any, labels: Any, ignore_index: int) -> Any:
+        """Checked per-position loss over the last axis; labels in 0..C-1 or equal to ``ignore_index``."""
+        ls, ys = self._input(logits, "cross_entropy"), self._shape(labels, "cross_entropy labels")
+        if len(ls) < 2 or ys != ls[:-1]:
+            raise InputError(
+                f"cross_entropy needs logits (..., C) of rank 2 or more and labels of shape logits.shape[:-1], "
+                f"got logits {ls} and labels {ys}"
+            )
+        if self.adapter.dtype(labels).kind not in "iu":
+            raise InputError(f"cross_entropy labels have dtype {self.adapter.dtype(labels)}; they must be int64")
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+            raise InputError(f"cross_entropy ignore_index={ignore_index!r} must be an int, e.g. -100")
+        check_index_span(self._span(labels), ls[-1], "cross_entropy", int(ignore_index))
+        return self.adapter.cross_entropy(logits, labels, int(ignore_index))
+
+    def take(self, x: Any, indices: Sequence[int], axis: int) -> Any:
+        """Checked gather of constant ``indices`` along ``axis``."""
+        xs = self._input(x, "take")
+        ax = self._axis(axis, len(xs), "take")
+        n = xs[ax]
+        ok = isinstance(indices, (list, tuple, np.ndarray)) and len(indices) > 0
+        if ok and not all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, bool) and -n <= i < n for i in indices
+        ):
+            ok = False
+        if not ok:
+            raise InputError(
+                f"take indices={indices!r:.60} must be a non-empty list of ints in {-n}..{n - 1} "
+                f"(axis {ax} of {xs} has {n} entries)"
+            )
+        return self.adapter.take(x, tuple(int(i) % n for i in indices), ax)
+
+    def concatenate(self, xs: Sequence[Any], axis: int) -> Any:
+        """Checked differentiable concatenation along ``axis``."""
+        if not isinstance(xs, (list, tuple)) or not xs:
+            raise InputError(f"concatenate needs a non-empty list of tensors, got {xs!r:.60}")
+        shapes = [self._input(t, "concatenate") for t in xs]
+        ax = self._axis(axis, len(shapes[0]), "concatenate")
+        if any(
+            len(s) != len(shapes[0]) or s[:ax] + s[ax + 1 :] != shapes[0][:ax] + shapes[0][ax + 1 :] for s in shapes
+        ):
+            raise InputError(
+                f"concatenate along axis {ax} needs tensors of one rank with equal sizes on every other "
+                f"axis, got {shapes}"
+            )
+        return self.adapter.concatenate(list(xs), ax)
 
     # -- math for the algorithms -----------------------------------------------
     def add_(self, dst: Any, src: Any) -> None:
@@ -432,7 +720,7 @@ class CheckedBackend:
         ranges = [self._range_of(t) for t in xs]
         out = self.adapter.concat(parts)
         if all(r is not None for r in ranges):
-            self._remember(out, min(r[0] for r in ranges), max(r[1] for r in ranges))  # type: ignore[index]
+            self._remember(out, merge_spans(ranges))  # type: ignore[arg-type]
         return out
 
     def flatten(self, xs: Sequence[Any]) -> Any:

@@ -44,7 +44,8 @@ class NNOps:
         # NOTE: F.dropout draws its mask from torch's own generator, which no other framework
         # reproduces; the core draws ``keep`` instead, and this applies torch's scaling (inverted
         # dropout: kept units are divided by 1 - rate in training, nothing at inference).
-        return torch.div(torch.mul(x, keep), 1.0 - float(rate), rounding_mode=None)
+        # One multiply by 1 / (1 - rate), as F.dropout's kernel scales (not a division per element).
+        return torch.mul(torch.mul(x, keep), 1.0 / (1.0 - float(rate)))
 
     def cross_entropy(self, logits: Tensor, labels: Tensor, ignore_index: int) -> Tensor:
         """Return the per-position loss over the last axis, of the labels' shape; 0 where ignored."""

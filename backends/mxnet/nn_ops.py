@@ -64,8 +64,9 @@ class NNOps:
         """Return ``x * keep / (1 - rate)`` with the core's 0/1 mask ``keep``."""
         # NOTE: mx.nd.Dropout draws its mask from MXNet's own generator (and only in training mode),
         # which no other framework reproduces; the core draws ``keep`` instead, and this applies the
-        # same inverted scaling (kept units divided by 1 - rate).
-        return mx.nd.elemwise_mul(x, keep) / (1.0 - float(rate))
+        # same inverted scaling: one multiply by 1 / (1 - rate) (float32 in _mul_scalar's kernel), as
+        # Dropout's kernel scales, not a division per element.
+        return mx.nd.elemwise_mul(x, keep) * (1.0 / (1.0 - float(rate)))
 
     def cross_entropy(self, logits: NDArray, labels: NDArray, ignore_index: int) -> NDArray:
         """Return the per-position loss over the last axis, of the labels' shape; 0 where ignored."""

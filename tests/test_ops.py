@@ -190,11 +190,14 @@ def test_copies_are_new_buffers(be):
 # -- the reference's own backward, by central finite differences in float64 ----------
 
 
-def _fd_check(op, arrays, labels, eps=1e-6, atol=1e-6):
+def _fd_check(op, arrays, labels, eps=1e-6, atol=1e-6, constants=()):
+    """Central differences of the float64 ``arrays`` against the reference's backward; ``constants``
+    (ids, labels, masks) are passed after them, as they are, and not differentiated."""
     ref = numpy_backend()
     leaves = [NumpyVar(a.astype(np.float64), CPU) for a in arrays]
+    fixed = [NumpyVar(np.asarray(c), CPU) for c in constants]
     lab = NumpyVar(labels, CPU)
-    loss = lambda ps: _through_loss_np(ref, op(ref, *ps), lab)  # noqa: E731
+    loss = lambda ps: _through_loss_np(ref, op(ref, *ps, *fixed), lab)  # noqa: E731
     grads = ref.unflatten(ref.value_and_grad(loss, leaves), [*(leaf.data.shape for leaf in leaves), (1,)])
     for leaf, g in zip(leaves, grads):
         flat = leaf.data.reshape(-1)
@@ -330,7 +333,7 @@ def test_whole_buffer_math_matches_numpy(name):
 @pytest.mark.parametrize("case", OP_CASES, ids=[c.name for c in OP_CASES])
 def test_reference_backward_of_every_op_case_by_finite_differences(case):
     labels = case_labels(case, numpy_backend())
-    _fd_check(case.op, case_arrays(case, np.float64), labels, atol=2e-6)
+    _fd_check(case.op, case_arrays(case, np.float64), labels, atol=2e-6, constants=case.constants)
 
 
 def test_reference_inference_batch_norm_backward_by_finite_differences():

@@ -23,13 +23,17 @@ class NNOps:
         # refuses a scale or bias of rank above 1 ("The dimensions of Input(Scale) must be 1"): they go
         # in flattened to prod(normalized_shape), as reshapes that carry the gradient back. Its eps is
         # called epsilon.
-        return F.layer_norm(
-            x,
+        # NOTE: the kernel also refuses begin_norm_axis = 0 ("should be greater than zero"), so x
+        # normalized over all of its axes gets a leading axis of 1 first.
+        whole = x.ndim == gamma.ndim
+        y = F.layer_norm(
+            paddle.reshape(x, [1, *x.shape]) if whole else x,
             normalized_shape=list(gamma.shape),
             weight=paddle.reshape(gamma, [-1]),
             bias=paddle.reshape(beta, [-1]),
             epsilon=float(eps),
         )
+        return paddle.reshape(y, list(x.shape)) if whole else y
 
     def embedding(self, ids: Tensor, table: Tensor) -> Tensor:
         """Return ``table[ids]`` (ids.shape + (D,)); the table's gradient adds the rows of repeated ids."""

@@ -360,3 +360,69 @@ def test_an_adapter_that_breaks_the_result_layout_is_an_adapter_error():
     w = be.from_numpy(np.ones((4, 3), np.float32), CPU)
     with pytest.raises(AdapterError, match=r"returned shape \(12,\); the contract says \(13,\)"):
         be.value_and_grad(lambda ps: be.sum(ps[0]), [w])
+
+
+# -- the transformer and ONNX ops: ids and labels by their host-recorded span -------------
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+@settings(max_examples=15)
+@given(
+    classes=st.integers(1, 5),
+    labels=st.lists(st.sampled_from([-100, -2, -1, 0, 1, 2, 3, 4, 5, 6]), min_size=1, max_size=6),
+    ignore=st.sampled_from([-100, -1, 0, 5]),
+)
+def test_cross_entropy_takes_exactly_the_classes_and_the_ignore_index(name, classes, labels, ignore):
+    """A label in 0..C-1 or equal to ignore_index passes, any other is refused, wherever it sits in the range;
+    ignored positions give 0."""
+    be, ref = backend(name), backend("numpy")
+    logits = np.random.default_rng(classes).standard_normal((2, len(labels), classes)).astype(np.float32)
+    ids = np.array([labels, labels[::-1]])
+
+    def call(b):
+        return b.to_numpy(b.cross_entropy(b.from_numpy(logits, CPU), b.from_numpy(ids, CPU), ignore))
+
+    if all(0 <= v < classes or v == ignore for v in labels):
+        got = call(be)
+        np.testing.assert_allclose(got, call(ref), atol=1e-5)
+        assert not got[ids == ignore].any()
+    else:
+        with pytest.raises(InputError, match="out of range"):
+            call(be)
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_ids_are_checked_from_the_host_without_a_device_read(name, monkeypatch):
+    """Ids and labels made by from_numpy (of any rank; reshaped, copied, split or concatenated) carry
+    their span: the checks read nothing back from the device."""
+    be = backend(name)
+    table, logits = f32(be, 6, 3), f32(be, 2, 2, 6)
+    ids = be.from_numpy(np.array([[5, 0], [-100, 2]]), CPU)
+    parts = be.split(be.reshape(ids, (4,)), [1, 3])
+    joined = be.reshape(be.concat([be.copy_to(parts[1], CPU), parts[0]]), (2, 2))  # [0, -100, 2, 5]
+    reads: list[int] = []
+    real = be.adapter.to_numpy
+    monkeypatch.setattr(be.adapter, "to_numpy", lambda t: (reads.append(1), real(t))[1])
+    be.cross_entropy(logits, ids, -100)
+    be.cross_entropy(logits, joined, -100)
+    with pytest.raises(InputError, match="id -100"):
+        be.embedding(joined, table)
+    assert reads == []
+
+
+def test_a_span_sets_aside_the_ignore_index_at_either_end_exactly():
+    """The neighbours of the least and greatest values decide, without the values themselves."""
+    from multigpu.contract.checked import check_index_span, merge_spans, span_of
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        values = rng.integers(-3, 6, rng.integers(1, 6))
+        ignore = int(rng.choice([-3, -1, 0, 5]))
+        ok = all(0 <= v < 4 or v == ignore for v in values)
+        halves = [span_of(values[: len(values) // 2 + 1]), span_of(values[len(values) // 2 :])]
+        for span in (span_of(values), merge_spans(halves)):
+            if ok:
+                check_index_span(span, 4, "cross_entropy", ignore)
+            else:
+                with pytest.raises(InputError, match="out of range"):
+                    check_index_span(span, 4, "cross_entropy", ignore)

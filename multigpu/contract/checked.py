@@ -442,24 +442,36 @@ class CheckedBackend:
     # ints (axes sorted, in a tuple), a perm as a tuple, floats as Python floats.
     def _axis(self, axis: Any, ndim: int, op: str, what: str = "axis") -> int:
         """``axis`` as a non-negative int, for a tensor of rank ``ndim`` (numpy's negative axes allowed)."""
-        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise InputError(
+                f"{op} {what}={axis!r} must be an int in {-ndim}..{ndim - 1} (numpy's negative axes count)"
+            )
+        if not -ndim <= axis < ndim:
             raise InputError(
                 f"{op} {what}={axis!r} is out of range for a {ndim}-D tensor; use an int in {-ndim}..{ndim - 1}"
             )
         return int(axis) % ndim
 
-    def _broadcast(self, op: str, a: Shape, b: Shape) -> Shape:
-        """The shape ``a`` and ``b`` broadcast to (numpy's rule), else InputError naming both."""
+    @staticmethod
+    def _broadcast_shape(a: Shape, b: Shape) -> tuple[Shape, int]:
+        """``(shape, 0)``: what ``a`` and ``b`` broadcast to (numpy's rule); ``((), i)`` when axis -i clashes."""
         out = []
         for i in range(1, max(len(a), len(b)) + 1):
             m, n = a[-i] if i <= len(a) else 1, b[-i] if i <= len(b) else 1
             if m != n and 1 not in (m, n):
-                raise InputError(
-                    f"{op} cannot broadcast shapes {a} and {b}: axis -{i} has {m} against {n}; trailing "
-                    "dimensions must be equal or 1 (reshape one operand, e.g. to add a size-1 axis)"
-                )
-            out.append(max(m, n) if 1 in (m, n) else m)
-        return tuple(reversed(out))
+                return (), i
+            out.append(n if m == 1 else m)
+        return tuple(reversed(out)), 0
+
+    def _broadcast(self, op: str, a: Shape, b: Shape) -> Shape:
+        """The shape ``a`` and ``b`` broadcast to, else InputError naming both."""
+        shape, clash = self._broadcast_shape(a, b)
+        if clash:
+            raise InputError(
+                f"{op} cannot broadcast shapes {a} and {b}: axis -{clash} has {a[-clash]} against {b[-clash]}; "
+                "trailing dimensions must be equal or 1 (reshape one operand, e.g. to add a size-1 axis)"
+            )
+        return shape
 
     def _elementwise(self, op: str, x: Any, y: Any) -> None:
         self._broadcast(op, self._input(x, op), self._input(y, op))
@@ -472,7 +484,11 @@ class CheckedBackend:
                 f"matmul needs x (..., M, K) and y (..., K, N), both of rank 2 or more, got x {xs} and y {ys}; "
                 "reshape a vector to (1, K) or (K, 1)"
             )
-        self._broadcast("matmul (leading axes)", xs[:-2], ys[:-2])
+        if self._broadcast_shape(xs[:-2], ys[:-2])[1]:
+            raise InputError(
+                f"matmul cannot broadcast the leading axes of x {xs} and y {ys}: {xs[:-2]} against {ys[:-2]}; "
+                "they must be equal or 1, as numpy's"
+            )
         return self.adapter.matmul(x, y)
 
     def transpose(self, x: Any, perm: Sequence[int]) -> Any:
@@ -601,7 +617,7 @@ class CheckedBackend:
         xs, ms = self._input(x, "masked_fill"), self._shape(mask, "masked_fill mask")
         if self.adapter.dtype(mask) not in (np.dtype(np.float32), np.dtype(np.int64)):
             raise InputError(f"masked_fill mask has dtype {self.adapter.dtype(mask)}; it must be float32 or int64")
-        if len(ms) > len(xs) or self._broadcast("masked_fill", xs, ms) != xs:
+        if self._broadcast_shape(xs, ms)[0] != xs:
             raise InputError(
                 f"masked_fill mask of shape {ms} does not broadcast to x's shape {xs}; a padding mask of "
                 f"ids (B, T) for scores (B, H, T, T) is reshaped to (B, 1, 1, T) first"

@@ -341,3 +341,222 @@ def test_reference_inference_batch_norm_backward_by_finite_differences():
     x, g, b = rng.standard_normal((2, 3, 2, 2)), rng.standard_normal(3), rng.standard_normal(3)
     mean, var = NumpyVar(rng.standard_normal(3), CPU), NumpyVar(rng.random(3) + 0.5, CPU)
     _fd_check(lambda bk, x, g, b: bk.batch_norm(x, g, b, mean, var, 1e-5), [x, g, b], rng.integers(0, 12, 2))
+
+
+# -- the transformer and ONNX ops (issues 37 and 38) -----------------------------------
+
+
+@st.composite
+def broadcast_shapes(draw, min_rank=2, max_rank=4):
+    """A result shape of rank ``min_rank..max_rank`` and two operand shapes that broadcast to it (numpy's rule)."""
+    out = draw(st.lists(st.integers(1, 3), min_size=min_rank, max_size=max_rank))
+
+    def operand():
+        rank = draw(st.integers(1, len(out)))
+        return tuple(d if draw(st.booleans()) else 1 for d in out[len(out) - rank :])
+
+    x, y = operand(), operand()
+    if len(x) < len(out) and len(y) < len(out) or np.broadcast_shapes(x, y) != tuple(out):
+        x = tuple(out)  # one operand spans the result, so the scalar sees every output element
+    return x, y
+
+
+def _labels_for(shape, rng):
+    """Labels for ``_through_loss``: one class of the flattened output per row of axis 0."""
+    return rng.integers(0, int(np.prod(shape[1:])), shape[0])
+
+
+_BINARY = {
+    "add": lambda b, x, y: b.add(x, y),
+    "subtract": lambda b, x, y: b.subtract(x, y),
+    "multiply": lambda b, x, y: b.multiply(x, y),
+    # a divisor kept away from zero: y * y + 1 (the constant one broadcasts too)
+    "divide": lambda b, x, y, one: b.divide(x, b.add(b.multiply(y, y), one)),
+}
+
+
+@settings(max_examples=20)
+@given(shapes=broadcast_shapes(), op=st.sampled_from(sorted(_BINARY)), seed=st.integers(0, 2**16))
+def test_reference_broadcasting_backward_by_finite_differences(shapes, op, seed):
+    """Each operand's gradient is summed back to its own shape, whichever side broadcasts."""
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s) for s in shapes]
+    out = np.broadcast_shapes(*shapes)
+    constants = (np.ones(1),) if op == "divide" else ()
+    _fd_check(_BINARY[op], arrays, _labels_for(out, rng), constants=constants)
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+@settings(max_examples=8)
+@given(shapes=broadcast_shapes(), op=st.sampled_from(sorted(_BINARY)), seed=st.integers(0, 2**16))
+def test_broadcasting_arithmetic_matches_reference(name, shapes, op, seed):
+    import multigpu
+
+    be, ref = multigpu.backend(name), multigpu.backend("numpy")
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    labels = _labels_for(np.broadcast_shapes(*shapes), rng)
+    if op == "divide":
+        fn = lambda b, x, y: _BINARY["divide"](b, x, y, b.from_numpy(np.ones(1, np.float32), CPU))  # noqa: E731
+    else:
+        fn = _BINARY[op]
+    _compare(be, ref, fn, arrays, labels, atol=2e-5)
+
+
+@settings(max_examples=12)
+@given(
+    batch=broadcast_shapes(min_rank=1, max_rank=2),
+    m=st.integers(1, 3),
+    k=st.integers(1, 3),
+    n=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_reference_matmul_backward_by_finite_differences(batch, m, k, n, seed):
+    """Batched matmul with broadcast leading axes (either operand may have fewer)."""
+    rng = np.random.default_rng(seed)
+    xs, ys = (*batch[0], m, k), (*batch[1][1:], k, n)  # y drops a leading axis: ranks may differ
+    out = np.broadcast_shapes(xs[:-2], ys[:-2]) + (m, n)
+    _fd_check(lambda b, x, y: b.matmul(x, y), [rng.standard_normal(xs), rng.standard_normal(ys)], _labels_for(out, rng))
+
+
+@st.composite
+def shape_and_axes(draw):
+    """A shape of rank 2..4 and a non-empty set of its axes, some given as negative numbers."""
+    shape = tuple(draw(st.lists(st.integers(1, 3), min_size=2, max_size=4)))
+    axes = draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, max_size=len(shape), unique=True))
+    return shape, [a - len(shape) if draw(st.booleans()) else a for a in axes]
+
+
+@settings(max_examples=20)
+@given(case=shape_and_axes(), kind=st.sampled_from(["reduce_sum", "reduce_mean"]), seed=st.integers(0, 2**16))
+def test_reference_reductions_backward_by_finite_differences(case, kind, seed):
+    shape, axes = case
+    rng = np.random.default_rng(seed)
+    keep = len(axes) == len(shape) or bool(seed % 2)  # a reduction of every axis keeps them: the scalar needs rows
+    out = np.sum(np.zeros(shape), axis=tuple(axes), keepdims=keep).shape
+    if not out:
+        out = (1,)
+    _fd_check(
+        lambda b, x: b.reshape(getattr(b, kind)(x, axes, keep), out),
+        [rng.standard_normal(shape)],
+        _labels_for(out, rng),
+    )
+
+
+@settings(max_examples=15)
+@given(case=shape_and_axes(), seed=st.integers(0, 2**16), spread=st.sampled_from([1.0, 10.0]))
+def test_reference_softmax_and_layer_norm_backward_by_finite_differences(case, seed, spread):
+    """Softmax along any axis (large inputs too: it must stay stable); layer norm over the trailing axes."""
+    shape, axes = case
+    rng = np.random.default_rng(seed)
+    labels = _labels_for(shape, rng)
+    _fd_check(lambda b, x: b.softmax(x, axes[0]), [rng.standard_normal(shape) * spread], labels)
+    trailing = shape[len(shape) - len(axes) :]
+    arrays = [rng.standard_normal(shape) * spread, rng.standard_normal(trailing), rng.standard_normal(trailing)]
+    _fd_check(lambda b, x, g, c: b.layer_norm(x, g, c, 1e-5), arrays, labels, atol=5e-6)
+
+
+@settings(max_examples=15)
+@given(
+    kind=st.sampled_from(["tanh", "sigmoid", "gelu exact", "gelu tanh", "erf", "sqrt", "scale"]),
+    shape=st.lists(st.integers(1, 4), min_size=2, max_size=3).map(tuple),
+    spread=st.sampled_from([1.0, 4.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_reference_elementwise_backward_by_finite_differences(kind, shape, spread, seed):
+    ops = {
+        "tanh": lambda b, x: b.tanh(x),
+        "sigmoid": lambda b, x: b.sigmoid(x),
+        "gelu exact": lambda b, x: b.gelu(x, False),
+        "gelu tanh": lambda b, x: b.gelu(x, True),
+        "erf": lambda b, x: b.erf(x),
+        "scale": lambda b, x: b.scale(x, -1.5),
+    }
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * spread
+    if kind == "sqrt":
+        x, op = np.abs(x) + 0.5, lambda b, x: b.sqrt(x)  # away from sqrt's pole at 0
+    else:
+        op = ops[kind]
+    _fd_check(op, [x], _labels_for(shape, rng))
+
+
+@settings(max_examples=15)
+@given(
+    vocab=st.integers(1, 6),
+    dim=st.integers(1, 3),
+    ids_shape=st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple),
+    seed=st.integers(0, 2**16),
+)
+def test_reference_embedding_backward_adds_repeated_rows(vocab, dim, ids_shape, seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, ids_shape)  # few rows: ids repeat
+    out = (*ids_shape, dim)
+    _fd_check(
+        lambda b, t, i: b.embedding(i, t), [rng.standard_normal((vocab, dim))], _labels_for(out, rng), constants=(ids,)
+    )
+
+
+@settings(max_examples=15)
+@given(
+    lead=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
+    classes=st.integers(1, 5),
+    ignore=st.sampled_from([-100, 0]),
+    seed=st.integers(0, 2**16),
+)
+def test_reference_cross_entropy_backward_with_ignored_positions(lead, classes, ignore, seed):
+    """Ignored positions give 0 loss and no gradient; the rest is -log softmax at the label."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, lead)
+    labels[rng.random(lead) < 0.3] = ignore
+    z = rng.standard_normal((*lead, classes)) * 3
+    flat = lambda b, z, y: b.reshape(b.cross_entropy(z, y, ignore), (1, -1))  # noqa: E731 (every position in one row)
+    _fd_check(flat, [z], rng.integers(0, int(np.prod(lead)), 1), constants=(labels,))
+    ref = numpy_backend()
+    loss = ref.cross_entropy(NumpyVar(z, CPU), NumpyVar(labels, CPU), ignore).data
+    logp = z - z.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    want = np.where(
+        labels == ignore, 0.0, -np.take_along_axis(logp, np.where(labels == ignore, 0, labels)[..., None], -1)[..., 0]
+    )
+    np.testing.assert_allclose(loss, want, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=15)
+@given(
+    shape=st.lists(st.integers(1, 3), min_size=2, max_size=3).map(tuple),
+    axis=st.integers(-3, 2),
+    picks=st.lists(st.integers(-3, 2), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_reference_take_and_concatenate_backward_by_finite_differences(shape, axis, picks, seed):
+    """take adds back into repeated positions; concatenate splits the gradient back."""
+    ax = axis % len(shape)
+    n = shape[ax]
+    indices = [p for p in picks if -n <= p < n] or [0]
+    rng = np.random.default_rng(seed)
+    out = list(shape)
+    out[ax] = len(indices)
+    _fd_check(lambda b, x: b.take(x, indices, axis), [rng.standard_normal(shape)], _labels_for(out, rng))
+    other = list(shape)
+    other[ax] = 2
+    out[ax] = n + 2 + n
+    arrays = [rng.standard_normal(shape), rng.standard_normal(other)]
+    _fd_check(lambda b, x, y: b.concatenate([x, y, x], axis), arrays, _labels_for(out, rng))
+
+
+@settings(max_examples=10)
+@given(shape=st.lists(st.integers(1, 3), min_size=2, max_size=4).map(tuple), seed=st.integers(0, 2**16))
+def test_reference_masks_transpose_and_dropout_backward_by_finite_differences(shape, seed):
+    """masked_fill (a broadcast mask, zero gradient where set), dropout (a given mask) and transpose."""
+    rng = np.random.default_rng(seed)
+    mask = (rng.random(shape[1:]) < 0.4).astype(np.float32)
+    keep = (rng.random(shape) < 0.7).astype(np.float32)
+    perm = tuple(rng.permutation(len(shape)))
+    out = tuple(shape[p] for p in perm)
+    _fd_check(
+        lambda b, x, m, k: b.transpose(b.dropout(b.masked_fill(x, m, 2.5), k, 0.3), perm),
+        [rng.standard_normal(shape)],
+        _labels_for(out, rng),
+        constants=(mask, keep),
+    )

@@ -34,8 +34,8 @@ adapter runs, so the same bad call raises the same exception on every backend
 (the conformance suite, ``tests/test_contract.py``, proves it for every installed
 adapter and for a third-party one). The checks look at shapes, dtypes, sizes and
 Python arguments only: no value is read back from a device and no per-element
-pass runs on the step's fast path. The one exception is the label range, which
-``from_numpy`` records on the host (see ``softmax_cross_entropy``).
+pass runs on the step's fast path. The one exception is the range of labels and
+ids, which ``from_numpy`` records on the host (see ``softmax_cross_entropy``).
 
 * **Tensors.** Only two dtypes exist: float32 (``from_numpy`` of any floating
   array) and int64 (of any integer array). Boolean, complex, string or object
@@ -44,8 +44,19 @@ pass runs on the step's fast path. The one exception is the label range, which
 * **Devices.** A device that is not a ``Device``, has an unknown kind, a negative
   index, or names a GPU the framework does not see raises ``DeviceError``.
 * **Shapes.** Ops check ranks and the dimensions that must agree and raise
-  ``InputError`` naming both shapes; nothing broadcasts (``assign_`` of a (1,)
-  source into a (3,) destination is an error, never a fill or a resize).
+  ``InputError`` naming both shapes. Only the differentiable elementwise ops
+  (``add``, ``subtract``, ``multiply``, ``divide``), ``matmul``'s leading axes and
+  ``masked_fill``'s mask broadcast, by numpy's rule; the in-place math never does
+  (``assign_`` of a (1,) source into a (3,) destination is an error, never a fill or
+  a resize).
+* **Axes** may be negative (numpy's rule) and must lie in ``-ndim..ndim-1``;
+  ``reduce_sum``/``reduce_mean`` take each axis once; a ``transpose`` perm holds each
+  axis once; ``take`` indices are ints in range.
+* **Ids and labels.** Embedding ids must lie in ``0..V-1``; cross-entropy labels in
+  ``0..C-1`` or equal ``cross_entropy``'s ``ignore_index``. ``from_numpy`` records the
+  span of every integer array it makes (the least and greatest values and those next
+  to them) on the host, and ``reshape``, ``copy_to``, ``split`` and ``concat`` pass it on,
+  so the check reads no device; other integer tensors are read back once.
 * **Empty tensors.** ``from_numpy``, ``to_numpy``, ``copy_to``, ``shape`` and
   ``unflatten`` accept tensors with zero elements; ``add_``, ``assign_``, ``sgd_``
   and the whole-buffer math (``scale_``, ``axpby_``, ...) do nothing to them; ``flatten``/``concat`` skip them and raise
@@ -62,8 +73,13 @@ pass runs on the step's fast path. The one exception is the label range, which
 * **Adapters may rely on the checks**: they only ever receive float32/int64
   C-contiguous arrays in ``from_numpy``, fully resolved positive shapes in
   ``reshape``, distinct ``dst``/``src`` in ``assign_``, and non-empty tensors where
-  the list above says so. An adapter result that breaks the contract (a
-  ``value_and_grad`` buffer of the wrong length) raises ``AdapterError``.
+  the list above says so. The transformer and ONNX ops receive normalized
+  arguments: each axis a non-negative Python int (``reduce_*`` axes a sorted tuple),
+  a perm and ``take``'s indices as tuples of non-negative ints, ``approximate`` a
+  bool, ``ignore_index`` an int, and the scalars (``factor``, ``eps``, ``value``,
+  ``rate``) Python floats; ids and labels are already known to be in range. An
+  adapter result that breaks the contract (a ``value_and_grad`` buffer of the wrong
+  length) raises ``AdapterError``.
 """
 
 from __future__ import annotations
@@ -329,7 +345,10 @@ class Backend(Protocol[T]):
         """
 
     def reduce_sum(self, x: T, axes: Sequence[int], keepdims: bool) -> T:
-        """Return the sum of x over ``axes`` (distinct, in range, at least one); kept as 1s when ``keepdims``."""
+        """Return the sum of x over ``axes`` (distinct, in range, at least one); kept as 1s when ``keepdims``.
+
+        ``keepdims`` is a bool; anything else raises InputError.
+        """
 
     def reduce_mean(self, x: T, axes: Sequence[int], keepdims: bool) -> T:
         """Return the mean of x over ``axes``; the same rules as ``reduce_sum``."""
@@ -339,7 +358,8 @@ class Backend(Protocol[T]):
 
         ``mask`` is a float32 or int64 tensor of 0s and 1s that broadcasts to x's shape
         and is a constant (no gradient flows into it); the gradient of x is zero where
-        the mask is set. ``value`` is a Python float and may be ``-inf``.
+        the mask is set. ``value`` is a Python float and may be ``-inf`` (NaN is refused).
+        A mask that does not broadcast to x's shape (or would grow it) raises InputError.
         """
 
     def dropout(self, x: T, keep: T, rate: float) -> T:
@@ -353,7 +373,7 @@ class Backend(Protocol[T]):
     def cross_entropy(self, logits: T, labels: T, ignore_index: int) -> T:
         """Return the per-position loss ``-log softmax(logits)[..., label]`` over the last axis.
 
-        logits (..., C) and int64 labels of shape logits.shape[:-1] give a loss of the
+        logits (..., C) of rank 2 or more and int64 labels of shape logits.shape[:-1] give a loss of the
         labels' shape; where a label equals ``ignore_index`` (padding) the loss is 0 and
         no gradient flows. Every other label must be in 0..C-1; else InputError, as
         ``softmax_cross_entropy``. The core sums the losses and divides by the number of

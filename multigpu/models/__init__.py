@@ -4,20 +4,26 @@ A model is a ``Model``: named nodes in one topological order, each naming its
 inputs, built from blocks (a list is a chain, ``Residual`` and ``Parallel`` join
 branches) or from explicit ``Node``s; ``Sequential`` is the chain case.
 ``multigpu.models.lenet()``, ``resnet18()`` and friends build the built-in networks;
-``get(name)`` looks one up by name. A model spec never imports a framework: a backend
-walks it.
+``get(name)`` looks one up by name. ``bert()`` and ``gpt()`` build text models on token
+ids (``multigpu.models.text_models``), and ``pretrained("all-MiniLM-L6-v2")`` loads a
+published checkpoint (``multigpu.models.pretrained``). A model spec never imports a
+framework: a backend walks it.
 """
 
 from __future__ import annotations
 
+from multigpu.models.attention import AttentionMask, MultiHeadAttention
 from multigpu.models.batchnorm import BatchNormMode, BatchStatistics, RunningStatistics
 from multigpu.models.blocks import Chain, Parallel, Residual
+from multigpu.models.context import RunContext, dropout_mask
+from multigpu.models.dropout import Dropout
 from multigpu.models.graph import LayerStats, Model
 from multigpu.models.layers import (
     Add,
     AvgPool2d,
     BatchNorm2d,
     Concat,
+    ContextLayer,
     Conv2d,
     Dense,
     Flatten,
@@ -27,39 +33,71 @@ from multigpu.models.layers import (
     MaxPool2d,
     ReLU,
 )
-from multigpu.models.node import INPUT, Node
+from multigpu.models.node import INPUT, Input, Node
+from multigpu.models.pretrained import SentenceEncoder, load_safetensors, pretrained
 from multigpu.models.sequential import Sequential
+from multigpu.models.text_models import bert, decoder_block, encoder_block, gpt
+from multigpu.models.transformer_layers import (
+    GELU,
+    Embedding,
+    LayerNorm,
+    PositionEmbedding,
+    Sigmoid,
+    Tanh,
+    TokenTypeEmbedding,
+)
 from multigpu.models.zoo import MODELS, alexnet, basic_block, get, lenet, resnet, resnet18, resnet18_textbook
 
 __all__ = [
-    "INPUT",
-    "MODELS",
     "Add",
+    "AttentionMask",
     "AvgPool2d",
     "BatchNorm2d",
     "BatchNormMode",
     "BatchStatistics",
     "Chain",
     "Concat",
+    "ContextLayer",
     "Conv2d",
     "Dense",
+    "Dropout",
+    "Embedding",
     "Flatten",
+    "GELU",
     "GlobalAvgPool2d",
+    "INPUT",
     "Identity",
+    "Input",
     "Layer",
+    "LayerNorm",
     "LayerStats",
+    "MODELS",
     "MaxPool2d",
     "Model",
+    "MultiHeadAttention",
     "Node",
     "Parallel",
+    "PositionEmbedding",
     "ReLU",
     "Residual",
+    "RunContext",
     "RunningStatistics",
+    "SentenceEncoder",
     "Sequential",
+    "Sigmoid",
+    "Tanh",
+    "TokenTypeEmbedding",
     "alexnet",
     "basic_block",
+    "bert",
+    "decoder_block",
+    "dropout_mask",
+    "encoder_block",
     "get",
+    "gpt",
     "lenet",
+    "load_safetensors",
+    "pretrained",
     "resnet",
     "resnet18",
     "resnet18_textbook",

@@ -113,10 +113,10 @@ class _Builder:
         )
 
 
-def flatten(body: Block, model: str = "model") -> list[Node]:
-    """The nodes of ``body`` in order, the first consuming ``"input"``."""
+def flatten(body: Block, model: str = "model", source: str = INPUT) -> list[Node]:
+    """The nodes of ``body`` in order, the first consuming ``source`` (the model's main input)."""
     builder = _Builder(model)
-    builder.add(body, "", INPUT)
+    builder.add(body, "", source)
     if not builder.nodes:
         raise ModelError(f"model {model!r} has no layers (an identity alone computes nothing)")
     return builder.nodes

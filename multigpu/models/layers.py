@@ -1,6 +1,6 @@
 """Layer specs: a network is data. Each spec knows its shapes, cost, init and forward op.
 
-Shapes are per example (C, H, W) or (F,); the batch axis is added by the caller.
+Shapes are per example (C, H, W), (F,) or a sequence (S, F); the batch axis is added by the caller.
 FLOPs count a multiply-accumulate as two operations; ReLU and an elementwise add one
 per output element; pooling one per window element; BatchNorm two per element (a
 scale and a shift, once its statistics are known).
@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -81,8 +81,41 @@ class Layer:
         """Return the float32 initial state (none by default)."""
         return []
 
+    def param_labels(self, in_shape: Shape) -> list[str]:
+        """Return the name of each parameter within the node (``weight``, ``bias``), in order."""
+        return [str(j) for j in range(len(self.param_shapes(in_shape)))]
+
+    #: Labels of 2-D parameters that torch stores transposed ((out, in) against our (in, out)).
+    torch_transposed: ClassVar[tuple[str, ...]] = ()
+
     def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
         """Apply the layer with ``backend`` ops."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ContextLayer(Layer):
+    """A layer that may take extra inputs after its main one (an attention mask) and reads the
+    run's context (``multigpu.models.context``: training or inference, dropout seeds, the
+    replica's device). Its parameters are shaped by the main input; ``min_inputs`` ..
+    ``max_inputs`` inputs are accepted.
+    """
+
+    min_inputs = 1
+    max_inputs = 1
+
+    def check_inputs(self, in_shapes: Sequence[Shape]) -> None:
+        """Raise ModelError when the extra inputs' shapes do not fit the main one (none by default)."""
+
+    def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
+        raise ModelError(
+            f"{type(self).__name__} {self.name!r} reads the run's context: run it through Model.run, "
+            "Model.apply or Model.forward"
+        )
+
+    def call(self, backend: Any, params: Sequence[Any], xs: Sequence[Any], node: Any) -> Any:
+        """Apply the layer to its inputs ``xs`` (the main one first) with ``backend`` ops;
+        ``node`` is the ``NodeCall`` of this node on this replica."""
         raise NotImplementedError
 
 
@@ -137,6 +170,9 @@ class Conv2d(Layer):
 
     def output_shape(self, in_shape: Shape) -> Shape:
         return _windowed(self, in_shape, self.out_channels, self.kernel, self.stride, self.padding)
+
+    def param_labels(self, in_shape: Shape) -> list[str]:
+        return ["weight", "bias"][: len(self.param_shapes(in_shape))]
 
     def macs(self, in_shape: Shape) -> int:
         c = in_shape[0]
@@ -243,6 +279,9 @@ class BatchNorm2d(Layer):
     def state_shapes(self, in_shape: Shape) -> list[Shape]:
         return self.param_shapes(in_shape)
 
+    def param_labels(self, in_shape: Shape) -> list[str]:
+        return ["weight", "bias"]  # gamma, beta under torch's names
+
     def flops(self, in_shape: Shape) -> int:
         return 2 * prod(in_shape)
 
@@ -300,30 +339,38 @@ class Flatten(Layer):
 
 @dataclass(frozen=True)
 class Dense(Layer):
-    """Fully connected: ``x @ W + b`` with W of shape (in, out), as in the textbook (torch's
-    Linear stores the transpose)."""
+    """Fully connected over the last axis: ``x @ W + b`` with W of shape (in, out), as in the
+    textbook (torch's Linear stores the transpose). The input is a vector (F,) or a sequence
+    of them (S, F), e.g. a transformer's hidden states; the output keeps the leading axes."""
 
     out_features: int = 1
     kind = "dense"
+    torch_transposed = ("weight",)
 
     def __post_init__(self) -> None:
         if self.out_features < 1:
             raise ModelError(f"Dense out_features={self.out_features} must be >= 1")
 
     def _in(self, in_shape: Shape) -> int:
-        if len(in_shape) != 1:
-            raise ModelError(f"Dense needs a flat (F,) input but receives {in_shape}; add Flatten first")
-        return in_shape[0]
+        if len(in_shape) not in (1, 2):
+            raise ModelError(
+                f"Dense needs a flat (F,) input but receives {in_shape}; add Flatten first "
+                "(a sequence (S, F) is taken too)"
+            )
+        return in_shape[-1]
 
     def param_shapes(self, in_shape: Shape) -> list[Shape]:
         return [(self._in(in_shape), self.out_features), (self.out_features,)]
 
+    def param_labels(self, in_shape: Shape) -> list[str]:
+        return ["weight", "bias"]
+
     def output_shape(self, in_shape: Shape) -> Shape:
         self._in(in_shape)
-        return (self.out_features,)
+        return (*in_shape[:-1], self.out_features)
 
     def macs(self, in_shape: Shape) -> int:
-        return self._in(in_shape) * self.out_features
+        return prod(in_shape[:-1]) * self._in(in_shape) * self.out_features
 
     def init_params(self, rng: np.random.Generator, in_shape: Shape, scheme: str, scale: float) -> list[np.ndarray]:
         w, b = self.param_shapes(in_shape)

@@ -15,6 +15,7 @@ import numpy as np
 from scipy.special import erf as _erf
 
 from multigpu.backends.numpy.var import Graph, Var, unbroadcast
+from multigpu.errors import InputError
 
 
 def _axes(axes: Sequence[int], ndim: int) -> tuple[int, ...]:
@@ -148,7 +149,10 @@ class MathOps(Graph):
         """The slices at ``indices`` along ``axis``; the gradient adds back into them (repeats add)."""
         xd = x.data
         ax = int(axis) % xd.ndim
-        idx = np.asarray([int(i) % xd.shape[ax] for i in indices], np.int64)
+        n = xd.shape[ax]
+        if not len(indices) or any(not -n <= int(i) < n for i in indices):  # strict: nothing wraps past the ends
+            raise InputError(f"take indices {list(indices)} must be ints in {-n}..{n - 1} for axis {ax} of {xd.shape}")
+        idx = np.asarray([int(i) % n for i in indices], np.int64)
 
         def backward(g: np.ndarray) -> tuple[np.ndarray]:
             dx = np.zeros_like(xd)

@@ -6,7 +6,7 @@ branches) or from explicit ``Node``s; ``Sequential`` is the chain case.
 ``multigpu.models.lenet()``, ``resnet18()`` and friends build the built-in networks;
 ``get(name)`` looks one up by name. ``bert()`` and ``gpt()`` build text models on token
 ids (``multigpu.models.text_models``), and ``pretrained("all-MiniLM-L6-v2")`` loads a
-published checkpoint (``multigpu.models.pretrained``). A model spec never imports a
+published checkpoint (``multigpu.models.checkpoints``). A model spec never imports a
 framework: a backend walks it.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 from multigpu.models.attention import AttentionMask, MultiHeadAttention
 from multigpu.models.batchnorm import BatchNormMode, BatchStatistics, RunningStatistics
 from multigpu.models.blocks import Chain, Parallel, Residual
+from multigpu.models.checkpoints import SentenceEncoder, load_safetensors, pretrained
 from multigpu.models.context import RunContext, dropout_mask
 from multigpu.models.dropout import Dropout
 from multigpu.models.graph import LayerStats, Model
@@ -34,7 +35,6 @@ from multigpu.models.layers import (
     ReLU,
 )
 from multigpu.models.node import INPUT, Input, Node
-from multigpu.models.pretrained import SentenceEncoder, load_safetensors, pretrained
 from multigpu.models.sequential import Sequential
 from multigpu.models.text_models import bert, decoder_block, encoder_block, gpt
 from multigpu.models.transformer_layers import (

@@ -7,7 +7,7 @@ per-example shape (seq_len,); ``seq_len`` is the length the model is measured at
 
 * :func:`bert` names its nodes after ``transformers``' ``BertModel`` modules, so
   ``Model.param_keys()`` are its tensor names (``encoder.layer.0.attention.self.query.weight``)
-  and a checkpoint loads by name (``multigpu.models.pretrained``). Its blocks are
+  and a checkpoint loads by name (``multigpu.models.checkpoints``). Its blocks are
   post-norm: ``LayerNorm(x + Dropout(f(x)))``. The output is the last hidden state (S, D).
 * :func:`gpt` is decoder-only and causal with pre-norm blocks, as GPT-2:
   ``x + Dropout(f(LayerNorm(x)))``, a final LayerNorm and an **untied** head (``lm_head``, a

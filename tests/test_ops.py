@@ -560,3 +560,46 @@ def test_reference_masks_transpose_and_dropout_backward_by_finite_differences(sh
         _labels_for(out, rng),
         constants=(mask, keep),
     )
+
+
+def test_transformer_ops_forward_values_by_formula(be):
+    """Each new op's values against a formula written here, independently of every adapter (the
+    reference included): erf from the math module, GELU's two forms, a stable softmax of large
+    inputs, layer norm, ignored positions, a -inf fill, dropout's scale, take with repeats."""
+    import math
+
+    rng = np.random.default_rng(11)
+    a = (rng.standard_normal((2, 3, 4)) * 2).astype(np.float32)
+    x = be.from_numpy(a, CPU)
+    got = lambda t: be.to_numpy(t)  # noqa: E731
+    erf = np.vectorize(math.erf)(a.astype(np.float64))
+    np.testing.assert_allclose(got(be.erf(x)), erf, rtol=1e-5, atol=1e-6)
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(a.astype(np.float64) / math.sqrt(2)))
+    np.testing.assert_allclose(got(be.gelu(x, False)), a * cdf, rtol=1e-5, atol=1e-6)
+    tanh_form = 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a.astype(np.float64) ** 3)))
+    np.testing.assert_allclose(got(be.gelu(x, True)), tanh_form, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got(be.sigmoid(x)), 1 / (1 + np.exp(-a.astype(np.float64))), rtol=1e-5, atol=1e-7)
+    big = be.from_numpy(np.array([[1000.0, 999.0, -1000.0]], np.float32), CPU)
+    np.testing.assert_allclose(
+        got(be.softmax(big, -1)), [[1 / (1 + math.exp(-1)), 1 / (1 + math.e), 0]], rtol=1e-5, atol=1e-7
+    )
+    g, c = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    norm = (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5) * g + c
+    ln = be.layer_norm(x, be.from_numpy(g, CPU), be.from_numpy(c, CPU), 1e-5)
+    np.testing.assert_allclose(got(ln), norm, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got(be.reduce_mean(x, [0, -1], False)), a.mean(axis=(0, 2)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got(be.take(x, [2, -1, 2], 1)), a[:, [2, 2, 2]], rtol=0)
+    np.testing.assert_allclose(got(be.matmul(x, be.transpose(x, (0, 2, 1)))), a @ a.transpose(0, 2, 1), rtol=1e-5)
+    labels = np.array([[1, -100, 3], [-100, 0, 2]])
+    loss = got(be.cross_entropy(x, be.from_numpy(labels, CPU), -100))
+    logp = a - np.log(np.exp(a).sum(-1, keepdims=True))
+    want = np.where(labels == -100, 0, -np.take_along_axis(logp, np.maximum(labels, 0)[..., None], -1)[..., 0])
+    np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
+    causal = be.from_numpy(np.triu(np.ones((3, 4), np.float32), 1), CPU)
+    filled = got(be.masked_fill(x, causal, float("-inf")))
+    assert np.isneginf(filled[:, 0, 1:]).all() and (filled[:, 2, :3] == a[:, 2, :3]).all()
+    keep = (rng.random((2, 3, 4)) > 0.5).astype(np.float32)
+    np.testing.assert_allclose(got(be.dropout(x, be.from_numpy(keep, CPU), 0.2)), a * keep / 0.8, rtol=1e-6)
+    table = rng.standard_normal((5, 2)).astype(np.float32)
+    ids = np.array([[4, 0, 4]])
+    np.testing.assert_array_equal(got(be.embedding(be.from_numpy(ids, CPU), be.from_numpy(table, CPU))), table[ids])

@@ -6,7 +6,7 @@ define what "correct" means for the framework adapters. Ops keep the input dtype
 so the tests check these backward rules in float64 against finite differences
 (``from_numpy`` itself gives float32).
 It is the strictest adapter: besides the contract (``multigpu.contract.checked``), it checks
-every label on every call and that an op's operands share one logical device, so a
+every label and id on every call and that an op's operands share one logical device, so a
 core bug that mixes CPU replicas fails on the oracle although the frameworks run it.
 """
 

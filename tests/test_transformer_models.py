@@ -295,3 +295,44 @@ def test_tiny_bert_equals_transformers_bert_model(be):
         want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
     got = run(be, m, params, ids, mask)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_runs_in_stages_that_consume_model_inputs_and_earlier_nodes(ref):
+    m = tiny_bert()
+    params = [ref.from_numpy(p, DEV) for p in m.init_params(seed=8, scale=0.2)]
+    ids, mask = tokens(), np.ones((2, 8), np.int64)
+    mask[0, 4:] = 0
+    feeds = {"input_ids": ref.from_numpy(ids, DEV), "attention_mask": ref.from_numpy(mask, DEV)}
+    ctx = RunContext(devices=[DEV])
+    whole = ref.to_numpy(m.run(ref, params, feeds, context=ctx)[m.output])
+    names = [n.name for n in m.nodes]
+    cut = names.index("encoder.layer.1.attention")
+    first = m.run(ref, params, feeds, names[:cut], context=ctx)
+    # The first stage hands on what the second consumes: the hidden state and the padding mask.
+    assert sorted(first) == ["encoder.layer.0.output.LayerNorm", "extended_attention_mask"]
+    second = m.run(ref, params, first, names[cut:], context=ctx)
+    np.testing.assert_array_equal(ref.to_numpy(second[m.output]), whole)
+
+
+def test_param_keys_of_a_resnet_are_torchvisions_names():
+    from multigpu.models import resnet18
+
+    keys = resnet18(10, (3, 32, 32)).param_keys()
+    assert keys[:3] == ["conv1.weight", "bn1.weight", "bn1.bias"]
+    assert "layer2.0.downsample.0.weight" in keys and "layer2.0.downsample.1.bias" in keys
+    assert keys[-2:] == ["fc.weight", "fc.bias"] and len(keys) == 62
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"training": 1}, "training=1 must be True or False"),
+        ({"seed": -1}, "seed=-1 must be an integer >= 0"),
+        ({"step": 1.5}, "step=1.5 must be an integer >= 0"),
+        ({"devices": ["cpu:0"]}, "devices holds 'cpu:0'"),
+        ({"shards": [(0, 2)]}, "give shards and batch together"),
+    ],
+)
+def test_a_bad_run_context_is_refused(kwargs, match):
+    with pytest.raises(ModelError, match=match):
+        RunContext(**kwargs)

@@ -102,7 +102,8 @@ class MultiHeadAttention(ContextLayer):
     torch_transposed = tuple(f"{p}.weight" for p in _PROJECTIONS)
 
     def __post_init__(self) -> None:
-        check_heads(self.heads, self.heads)  # an integer >= 1; divisibility is checked against D
+        if isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1:
+            raise ModelError(f"MultiHeadAttention heads={self.heads!r} must be an integer >= 1")
         if not isinstance(self.causal, bool):
             raise ModelError(f"MultiHeadAttention causal={self.causal!r} must be True or False")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:

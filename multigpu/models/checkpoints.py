@@ -200,6 +200,8 @@ class SentenceEncoder:
         """Return float32 (len(sentences), D) sentence embeddings, each of L2 norm 1."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ModelError(f"batch_size={batch_size!r} must be an integer >= 1, e.g. 32")
+        if isinstance(sentences, str) or not sentences:
+            raise ModelError(f"sentences must be a non-empty list of strings, got {sentences!r:.80}")
         b = self.backend
         rows = []
         for start in range(0, len(sentences), batch_size):

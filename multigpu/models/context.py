@@ -59,7 +59,7 @@ class RunContext:
     devices: Sequence[Device] | None = None
     shards: Sequence[tuple[int, int]] | None = None
     batch: int | None = None
-    _constants: dict[tuple[int, str], Any] = field(default_factory=dict, repr=False)
+    _constants: dict[tuple[int, str], Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.training, bool):

@@ -295,6 +295,18 @@ def test_tiny_bert_equals_transformers_bert_model(be):
         want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
     got = run(be, m, params, ids, mask)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # Two segments: token types as a third named input.
+    types = (np.arange(8) >= 3).astype(np.int64)[None].repeat(2, 0)
+    with torch.no_grad():
+        want = reference(
+            input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(types)
+        ).last_hidden_state.numpy()
+    segmented = tiny_bert(token_types=True)
+    assert segmented.input_names == ("input_ids", "attention_mask", "token_type_ids")
+    feeds = {k: be.from_numpy(v, DEV) for k, v in zip(segmented.input_names, (ids, mask, types))}
+    tensors = [be.from_numpy(p, DEV) for p in params]
+    got = be.to_numpy(segmented.run(be, tensors, feeds, context=RunContext(devices=[DEV]))[segmented.output])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_a_model_runs_in_stages_that_consume_model_inputs_and_earlier_nodes(ref):

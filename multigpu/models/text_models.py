@@ -29,7 +29,7 @@ from multigpu.models.layers import Add, Dense
 from multigpu.models.node import Input, Node
 from multigpu.models.transformer_layers import GELU, Embedding, LayerNorm, PositionEmbedding, TokenTypeEmbedding
 
-IDS, MASK = "input_ids", "attention_mask"
+IDS, MASK, TYPES = "input_ids", "attention_mask", "token_type_ids"
 
 
 @dataclass(frozen=True)
@@ -94,14 +94,14 @@ def _check_sizes(what: str, **sizes: int) -> None:
             raise ModelError(f"{what}: {k}={v!r} must be an integer >= 1")
 
 
-def _inputs(seq_len: int, max_positions: int, mask: bool, what: str) -> list[Input]:
+def _inputs(seq_len: int, max_positions: int, mask: bool, what: str, types: bool = False) -> list[Input]:
     if seq_len > max_positions:
         raise ModelError(
             f"{what}: seq_len={seq_len} is longer than the position table (max_positions={max_positions}); "
             f"use seq_len <= {max_positions} or a larger max_positions"
         )
-    specs = [Input(IDS, (seq_len,), "int64")]
-    return specs + [Input(MASK, (seq_len,), "int64")] if mask else specs
+    names = [IDS] + [MASK] * mask + [TYPES] * types
+    return [Input(n, (seq_len,), "int64") for n in names]
 
 
 def bert(
@@ -118,15 +118,17 @@ def bert(
     attention_dropout: float = 0.1,
     seq_len: int = 128,
     mask: bool = True,
+    token_types: bool = False,
     name: str = "bert",
 ) -> Model:
     """A BERT encoder (``transformers``' ``BertModel`` without its pooler); returns a Model whose
     output is the last hidden state (seq_len, hidden).
 
-    The defaults are BERT-base's. ``mask`` adds the ``attention_mask`` input; ``seq_len`` is
-    the measured length. Parameters start as BERT's: N(0, 0.02) weights and tables, zero
-    biases, LayerNorm 1 and 0. Raises ModelError for a size < 1, heads that do not divide
-    ``hidden`` or ``seq_len > max_positions``.
+    The defaults are BERT-base's. ``mask`` adds the ``attention_mask`` input and
+    ``token_types`` the ``token_type_ids`` input (segments; without it every token is of
+    type 0, as a single sentence is); ``seq_len`` is the measured length. Parameters start
+    as BERT's: N(0, 0.02) weights and tables, zero biases, LayerNorm 1 and 0. Raises
+    ModelError for a size < 1, heads that do not divide ``hidden`` or ``seq_len > max_positions``.
     """
     what = f"bert {name!r}"
     _check_sizes(
@@ -139,7 +141,11 @@ def bert(
     nodes = [
         Node(f"{emb}.word_embeddings", Embedding(vocab_size, hidden), (IDS,)),
         Node(f"{emb}.position_embeddings", PositionEmbedding(max_positions), (f"{emb}.word_embeddings",)),
-        Node(f"{emb}.token_type_embeddings", TokenTypeEmbedding(type_vocab), (f"{emb}.position_embeddings",)),
+        Node(
+            f"{emb}.token_type_embeddings",
+            TokenTypeEmbedding(type_vocab),
+            (f"{emb}.position_embeddings", TYPES) if token_types else (f"{emb}.position_embeddings",),
+        ),
         Node(f"{emb}.LayerNorm", LayerNorm(eps), (f"{emb}.token_type_embeddings",)),
         Node(f"{emb}.dropout", Dropout(dropout), (f"{emb}.LayerNorm",)),
     ]
@@ -151,7 +157,7 @@ def bert(
     for i in range(layers):
         nodes += encoder_block(f"encoder.layer.{i}", source, pad, cfg)
         source = nodes[-1].name
-    inputs = _inputs(seq_len, max_positions, mask, what)
+    inputs = _inputs(seq_len, max_positions, mask, what, token_types)
     return Model.from_nodes(nodes, name=name, init="textbook", inputs=inputs, init_scale=0.02)
 
 

@@ -1,5 +1,5 @@
 """One rank of the multi-process scenarios; ``tests/test_distributed.py`` runs it as
-``multigpu launch --nproc 2 --backend B -- tests/dist_scenarios.py OUT``.
+``multigpu launch --nproc-per-node 2 --backend B -- tests/dist_scenarios.py OUT``.
 
 Every phase writes what it saw to ``OUT/<phase>.rank<r>.json`` (or ``.npz``) and the
 test compares. One job runs every phase, so each engine pays its start-up once. The

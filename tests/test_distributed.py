@@ -357,7 +357,7 @@ def test_ctrl_c_at_any_moment_stops_the_children_and_raises(tmp_path, delay):
 
 
 def test_launch_command_needs_a_command_and_has_help(capsys):
-    assert main(["launch", "--nproc", "2"]) != 0
+    assert main(["launch", "--nproc-per-node", "2"]) != 0
     assert "no command given" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["launch", "--help"])
@@ -416,7 +416,7 @@ def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
             "-m",
             "multigpu",
             "launch",
-            "--nproc",
+            "--nproc-per-node",
             "2",
             "--",
             "train",
@@ -427,7 +427,7 @@ def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
             "--data-dir",
             str(folder),
             "--no-verify-data",
-            "--json",
+            "--out",
             str(out),
         ],
         capture_output=True,
@@ -446,7 +446,7 @@ def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
             "-m",
             "multigpu",
             "launch",
-            "--nproc",
+            "--nproc-per-node",
             "2",
             "--",
             "train",
@@ -469,7 +469,7 @@ def test_ctrl_c_stops_every_rank_and_exits_130(tiny):
     mark = uuid.uuid4().hex
     proc = launch(
         [
-            "--nproc",
+            "--nproc-per-node",
             "2",
             "--",
             "train",
@@ -518,7 +518,7 @@ def _kill_job(backend: str, folder: Path, mark: str, scenario: subprocess.Popen)
     with open(err_path, "w") as err:
         proc = launch(
             [
-                "--nproc",
+                "--nproc-per-node",
                 "2",
                 "--backend",
                 backend,
@@ -567,7 +567,7 @@ def engine_run(request, tmp_path_factory, tiny) -> EngineRun:
     err_a = out.parent / f"scenario-{backend}.err"
     with open(err_a, "w") as err:
         scenario = launch(
-            ["--nproc", "2", "--backend", backend, "--", str(HERE / "dist_scenarios.py"), str(out)],
+            ["--nproc-per-node", "2", "--backend", backend, "--", str(HERE / "dist_scenarios.py"), str(out)],
             mark_a,
             stdout=err,
             stderr=subprocess.STDOUT,
@@ -752,7 +752,7 @@ def test_two_launchers_with_nnodes_2_form_one_job(backend, tiny, tmp_path):
                 "2",
                 "--node-rank",
                 str(node),
-                "--nproc",
+                "--nproc-per-node",
                 "1",
                 "--master-addr",
                 "127.0.0.1",
@@ -773,7 +773,7 @@ def test_two_launchers_with_nnodes_2_form_one_job(backend, tiny, tmp_path):
                 "--data-dir",
                 str(tiny[0]),
                 "--no-verify-data",
-                "--json",
+                "--out",
                 str(tmp_path / f"node{node}.json"),
             ],
             mark,
@@ -808,13 +808,13 @@ def test_torch_nccl_two_processes_one_gpu_each(tiny, tmp_path):
             "-m",
             "multigpu",
             "launch",
-            "--nproc",
+            "--nproc-per-node",
             "2",
             "--backend",
             "torch",
             "--",
             "train",
-            "--gpus",
+            "--devices",
             "1",
             "--epochs",
             "1",
@@ -823,7 +823,7 @@ def test_torch_nccl_two_processes_one_gpu_each(tiny, tmp_path):
             "--data-dir",
             str(folder),
             "--no-verify-data",
-            "--json",
+            "--out",
             str(out),
         ],
         capture_output=True,

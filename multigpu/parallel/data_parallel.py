@@ -171,7 +171,7 @@ class DataParallel:
         if total != n * self.world_size:
             raise DeviceError(
                 f"rank {self.rank} drives {n} device(s) but the {self.world_size} ranks drive {int(total)} in "
-                "all; give every rank the same device count (e.g. the same --gpus)"
+                "all; give every rank the same device count (e.g. the same --devices)"
             )
 
     # -- parameters and state -------------------------------------------------------

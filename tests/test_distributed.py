@@ -387,8 +387,8 @@ def test_train_processes_from_python_equals_one_process_with_two_devices(tiny, t
         "data": data,
         "seed": 2,
     }
-    two = multigpu.train(num_gpus=1, processes=2, on_epoch=_on_epoch_marker, plot=None, **args)
-    one = multigpu.train(num_gpus="cpu:2", **args)
+    two = multigpu.train(devices=1, processes=2, on_epoch=_on_epoch_marker, plot=None, **args)
+    one = multigpu.train(devices="cpu:2", **args)
     assert two.processes == 2 and two.rank == 0 and two.devices == ["cpu:0"]
     np.testing.assert_allclose(two.train_loss, one.train_loss, atol=1e-6)
     assert two.test_acc == one.test_acc
@@ -418,6 +418,8 @@ def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
             "launch",
             "--nproc-per-node",
             "2",
+            "--backend",
+            "numpy",  # train inside takes the job's backend
             "--",
             "train",
             "--epochs",

@@ -15,9 +15,8 @@ from multigpu.models.zoo import MODELS
 from multigpu.optim import OPTIMIZERS, SGD, AdamW, Optimizer
 from multigpu.parallel.allreduce import ALGORITHMS
 from multigpu.parallel.buckets import DEFAULT_BUCKET_MB
-from multigpu.training.trainer import train
-
-DEFAULT_LR, DEFAULT_BATCH_SIZE = 0.2, 256
+from multigpu.parallel.data_parallel import DEFAULT_LR
+from multigpu.training.trainer import DEFAULT_BATCH_SIZE, train
 
 DESCRIPTION = """\
 Train a model (LeNet, ResNet-18, ...) on Fashion-MNIST across devices with any
@@ -157,9 +156,9 @@ def run(args: argparse.Namespace) -> int:
     with report_stream(args), warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)  # train() prints a note instead
         result = train(
-            model=args.model,
+            args.model,
             backend=backend,
-            num_gpus=devices,
+            devices=devices,
             batch_size=args.batch_size,
             lr=args.lr,
             num_epochs=args.epochs,

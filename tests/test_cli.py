@@ -224,6 +224,19 @@ def test_train_json_result_is_written_or_refused_up_front(capsys, data_dir, tmp_
     assert code == EXIT_BAD_INPUT and "is a folder" in err and "final test acc" not in stdout
 
 
+def test_train_piped_to_a_file_writes_lines_not_carriage_returns(data_dir, tmp_path):
+    import subprocess
+    import sys
+
+    log = tmp_path / "log.txt"
+    argv = [a for a in _train(data_dir) if a != "--quiet"]  # progress on, as the README's command 1
+    with open(log, "wb") as f:
+        proc = subprocess.run([sys.executable, "-m", "multigpu", *argv], stdout=f, stderr=subprocess.STDOUT)
+    text = log.read_bytes()
+    assert proc.returncode == 0 and b"\r" not in text
+    assert text.count(b"epoch 1/1: test acc") == 1 and b"final test acc" in text
+
+
 def test_train_json_prints_the_result_alone_on_stdout(capsys, data_dir, tmp_path):
     code, stdout, err = run(capsys, [*_train(data_dir, "--json"), "--seed", "3"])
     printed = json.loads(stdout)  # nothing else on stdout: the summary went to stderr

@@ -1,8 +1,8 @@
 """``accuracy``: the textbook's experiment on real Fashion-MNIST, every framework, 3 seeds.
 
-``multigpu.train(backend, num_gpus=2, batch_size=256, lr=0.2, num_epochs=10, seed=s)``
+``multigpu.train("lenet", backend=B, devices=2, batch_size=256, lr=0.2, num_epochs=10, seed=s)``
 for seeds 0, 1, 2, each run in its own process (the same run as
-``multigpu train --backend B --gpus 2 --seed S``). Reported: the final and the best
+``multigpu train --backend B --devices 2 --seed S``). Reported: the final and the best
 test accuracy per seed, their mean and spread (min-max, standard deviation) per
 framework, and the seconds per epoch. Long (tens of minutes on 2 CPU cores), so
 not in ``--quick``; ``multigpu bench accuracy --quick`` runs a 1-epoch, 6,000-example
@@ -36,7 +36,7 @@ def train_one(
         warnings.simplefilter("ignore", CPUFallbackWarning)
         r = multigpu.train(
             backend=framework,
-            num_gpus=DEVICES,
+            devices=DEVICES,
             batch_size=BATCH,
             lr=LR,
             num_epochs=epochs,

@@ -171,7 +171,7 @@ def _launch(
                 "2",
                 "--node-rank",
                 str(i),
-                "--nproc",
+                "--nproc-per-node",
                 "1",
                 "--master-addr",
                 addr[hosts[0]],
@@ -472,7 +472,7 @@ def who_can_reach(lab: Any, folder: Path, say: Any) -> dict[str, Any]:
     addr = lab.plan.host(host).address
     base = {(a, p) for a, p, _ in lab.listening(host)}
     for b in engines:
-        say(f"lab: who can reach `multigpu launch --nproc 2 --backend {b}` on one host")
+        say(f"lab: who can reach `multigpu launch --nproc-per-node 2 --backend {b}` on one host")
         out = folder / f"single-{b}"
         out.mkdir()
         p = lab.popen(
@@ -482,7 +482,7 @@ def who_can_reach(lab: Any, folder: Path, say: Any) -> dict[str, Any]:
                 "-m",
                 "multigpu",
                 "launch",
-                "--nproc",
+                "--nproc-per-node",
                 "2",
                 "--backend",
                 b,
@@ -505,7 +505,7 @@ def who_can_reach(lab: Any, folder: Path, say: Any) -> dict[str, Any]:
         tried = lab.reach(other, addr, sorted({port for _, port, _ in rows}))
         single.append(
             {
-                "command": f"multigpu launch --nproc 2 --backend {b}",
+                "command": f"multigpu launch --nproc-per-node 2 --backend {b}",
                 "status": _finish([p])[0][0],
                 "listening": rows,
                 "reach": tried,

@@ -44,7 +44,7 @@ def train_one(
         r = multigpu.train(
             backend=framework,
             model="resnet18_textbook",
-            num_gpus=devices,
+            devices=devices,
             batch_size=batch,
             lr=lr,
             num_epochs=epochs,

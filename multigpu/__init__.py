@@ -27,37 +27,60 @@ from multigpu.errors import (
     UnknownBackendError,
 )
 from multigpu.execution import profile, run_partitioned  # no Ray until a plan runs
+from multigpu.models.blocks import Chain, Parallel, Residual
 from multigpu.models.graph import Model
-from multigpu.models.layers import AvgPool2d, Conv2d, Dense, Flatten, MaxPool2d, ReLU
+from multigpu.models.layers import (
+    Add,
+    AvgPool2d,
+    BatchNorm2d,
+    Concat,
+    Conv2d,
+    Dense,
+    Flatten,
+    GlobalAvgPool2d,
+    Identity,
+    MaxPool2d,
+    ReLU,
+)
 from multigpu.models.sequential import LayerStats, Sequential
 from multigpu.parallel.allreduce import ALGORITHMS, allreduce_grads
 from multigpu.parallel.data_parallel import DataParallel
 from multigpu.parallel.split import shard_sizes, split_batch
 from multigpu.partition import autopartition, evaluate, load_cluster, load_graph
-from multigpu.training.trainer import TrainResult, train
+from multigpu.training import Callback, Trainer, TrainResult, train
 
 __all__ = [
     "ALGORITHMS",
+    "Add",
     "AvgPool2d",
     "Backend",
     "BackendNotInstalledError",
+    "BatchNorm2d",
     "CPUFallbackWarning",
+    "Callback",
+    "Chain",
+    "Concat",
     "Conv2d",
     "DataParallel",
     "Dense",
     "Device",
     "DeviceError",
     "Flatten",
+    "GlobalAvgPool2d",
+    "Identity",
     "InputError",
     "LayerStats",
     "MaxPool2d",
     "Model",
     "ModelError",
     "MultigpuError",
+    "Parallel",
     "ParamsError",
     "ReLU",
+    "Residual",
     "Sequential",
     "TrainResult",
+    "Trainer",
     "UnknownAlgorithmError",
     "UnknownBackendError",
     "allreduce_grads",

@@ -1,5 +1,5 @@
 """One rank of the multi-process scenarios; ``tests/test_distributed.py`` runs it as
-``multigpu launch --nproc 2 --backend B -- tests/dist_scenarios.py OUT``.
+``multigpu launch --nproc-per-node 2 --backend B -- tests/dist_scenarios.py OUT``.
 
 Every phase writes what it saw to ``OUT/<phase>.rank<r>.json`` (or ``.npz``) and the
 test compares. One job runs every phase, so each engine pays its start-up once. The
@@ -146,7 +146,7 @@ for n in (64, 65):  # 65: the last batch of 1 row joins the one before it
     DataParallel.train_batch = spy
     multigpu.train(
         backend=name,
-        num_gpus="cpu:1",
+        devices="cpu:1",
         batch_size=16,
         lr=0.1,
         num_epochs=1,
@@ -160,7 +160,7 @@ for n in (64, 65):  # 65: the last batch of 1 row joins the one before it
 # 4. train(): reduced loss and accuracy, rank-0-only checkpoints, resume ------------
 args = {
     "backend": name,
-    "num_gpus": "cpu:1",
+    "devices": "cpu:1",
     "batch_size": 20,
     "lr": 0.2,
     "progress": False,
@@ -189,7 +189,7 @@ save_npz(
 )
 if rank == 0:
     with outside_the_job():
-        single = multigpu.train(num_epochs=2, **{**args, "num_gpus": "cpu:2"})
+        single = multigpu.train(num_epochs=2, **{**args, "devices": "cpu:2"})
     save_json("train_single", {"loss": single.train_loss, "acc": single.test_acc})
 
 # 4b. train() with BatchNorm and momentum: each rank's own running statistics go into rank 0's

@@ -1,5 +1,5 @@
 """One rank of a job across two lab hosts; ``tests/test_lab.py`` runs it on each host as
-``multigpu launch --nnodes 2 --node-rank R --nproc 1 ... -- tests/lab_rank.py OUT [LINGER]``.
+``multigpu launch --nnodes 2 --node-rank R --nproc-per-node 1 ... -- tests/lab_rank.py OUT [LINGER]``.
 
 Rank 0 also trains the same steps in one process on two CPU devices (the reference the
 two hosts must match) and times a few allreduces of 1 MiB across the link. Each rank

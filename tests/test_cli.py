@@ -30,7 +30,7 @@ def _train(data_dir, *extra):
         "train",
         "--backend",
         "numpy",
-        "--gpus",
+        "--devices",
         "cpu:2",
         "--epochs",
         "1",
@@ -68,18 +68,18 @@ CASES = [
     ("check bad --steps 0", ["check", "--steps", "0"], 2, "steps=0 must be a positive integer"),
     ("check bad --tol", ["check", "--tol", "-1"], 2, "--tol -1.0"),
     ("check bad backend", ["check", "--backends", "jax", "--steps", "1"], 2, "unknown backend 'jax'"),
-    ("check bad --json", ["check", "--json", "/nonexistent-dir/c.json"], 2, "--json /nonexistent-dir/c.json"),
-    ("partition ok", ["partition", "--graph", "lenet", "--cluster", "lab", "--json"], 0, None),
+    ("check bad --json", ["check", "--out", "/nonexistent-dir/c.json"], 2, "--out /nonexistent-dir/c.json"),
+    ("partition ok", ["partition", "--model", "lenet", "--cluster", "lab", "--json"], 0, None),
     (
         "partition infeasible",
-        ["partition", "--graph", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"],
+        ["partition", "--model", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"],
         1,
         "infeasible (energy budget)",
     ),
-    ("partition bad", ["partition", "--graph", "vgg", "--cluster", "lab"], 2, "no graph file 'vgg'"),
+    ("partition bad", ["partition", "--model", "vgg", "--cluster", "lab"], 2, "no graph file 'vgg'"),
     (
         "partition repeated pin",
-        ["partition", "--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1", "--pin", "conv1=pi2"],
+        ["partition", "--model", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1", "--pin", "conv1=pi2"],
         2,
         "--pin names 'conv1' twice",
     ),
@@ -97,8 +97,8 @@ def test_exit_codes(capsys, argv, code, words):
 
 
 def test_check_refuses_bad_counts_before_any_output(capsys):
-    code, out, err = run(capsys, ["check", "--batch", "0"])
-    assert code == EXIT_BAD_INPUT and out == "" and "batch=0 must be a positive integer" in err
+    code, out, err = run(capsys, ["check", "--batch-size", "0"])
+    assert code == EXIT_BAD_INPUT and out == "" and "--batch-size=0 must be a positive integer" in err
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -121,10 +121,10 @@ def test_train_refuses_fashion_mnist_look_alikes(capsys, data_dir):
 @pytest.mark.parametrize(
     "extra, words",
     [
-        (["--json", "/nonexistent-dir/out.json"], "--json /nonexistent-dir/out.json: the folder"),
+        (["--out", "/nonexistent-dir/out.json"], "--out /nonexistent-dir/out.json: the folder"),
         (["--plot", "/nonexistent-dir/acc.png"], "plot /nonexistent-dir/acc.png: the folder"),
         (["--backend", "jax"], "unknown backend 'jax'"),
-        (["--gpus", "tpu:2"], "'tpu:2'"),
+        (["--devices", "tpu:2"], "'tpu:2'"),
         (["--epochs", "0"], "num_epochs=0"),
         (["--model", "vgg"], "unknown model 'vgg'"),
         (["--optimizer", "sgd", "--momentum", "-0.5"], "momentum=-0.5 must be at least 0"),
@@ -165,7 +165,7 @@ def test_train_takes_the_optimizer_and_batchnorm_flags(capsys, data_dir, tmp_pat
         "--weight-decay",
         "5e-4",
         "--sync-bn",
-        "--json",
+        "--out",
         str(out),
     )
     assert run(capsys, argv)[0] == 0
@@ -174,7 +174,7 @@ def test_train_takes_the_optimizer_and_batchnorm_flags(capsys, data_dir, tmp_pat
         d["optimizer"] == {"name": "sgd", "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True, "dampening": 0.0}
         and d["sync_bn"] is True
     )
-    assert run(capsys, _train(data_dir, "--optimizer", "adamw", "--betas", "0.8,0.9", "--json", str(out)))[0] == 0
+    assert run(capsys, _train(data_dir, "--optimizer", "adamw", "--betas", "0.8,0.9", "--out", str(out)))[0] == 0
     assert json.loads(out.read_text())["optimizer"]["betas"] == [0.8, 0.9]
 
 
@@ -203,7 +203,7 @@ def test_train_a_resnet18_with_the_issues_flags_checkpoints_and_resumes(capsys, 
         "8",
         "--checkpoint",
         str(ck),
-        "--json",
+        "--out",
         str(out),
     ]
     assert run(capsys, _train(data_dir, *flags))[0] == 0
@@ -219,9 +219,32 @@ def test_train_a_resnet18_with_the_issues_flags_checkpoints_and_resumes(capsys, 
 
 def test_train_json_result_is_written_or_refused_up_front(capsys, data_dir, tmp_path):
     out = tmp_path / "r.json"
-    assert run(capsys, _train(data_dir, "--json", str(out)))[0] == 0 and out.read_text().startswith("{")
-    code, stdout, err = run(capsys, _train(data_dir, "--json", str(tmp_path)))  # a folder
+    assert run(capsys, _train(data_dir, "--out", str(out)))[0] == 0 and out.read_text().startswith("{")
+    code, stdout, err = run(capsys, _train(data_dir, "--out", str(tmp_path)))  # a folder
     assert code == EXIT_BAD_INPUT and "is a folder" in err and "final test acc" not in stdout
+
+
+def test_train_piped_to_a_file_writes_lines_not_carriage_returns(data_dir, tmp_path):
+    import subprocess
+    import sys
+
+    log = tmp_path / "log.txt"
+    argv = [a for a in _train(data_dir) if a != "--quiet"]  # progress on, as the README's command 1
+    with open(log, "wb") as f:
+        proc = subprocess.run([sys.executable, "-m", "multigpu", *argv], stdout=f, stderr=subprocess.STDOUT)
+    text = log.read_bytes()
+    assert proc.returncode == 0 and b"\r" not in text
+    assert text.count(b"epoch 1/1: test acc") == 1 and b"final test acc" in text
+
+
+def test_train_json_prints_the_result_alone_on_stdout(capsys, data_dir, tmp_path):
+    code, stdout, err = run(capsys, [*_train(data_dir, "--json"), "--seed", "3"])
+    printed = json.loads(stdout)  # nothing else on stdout: the summary went to stderr
+    assert code == 0 and printed["seed"] == 3 and len(printed["test_acc"]) == 1 and "final test acc" in err
+    out = tmp_path / "r.json"
+    code, stdout, err = run(capsys, [*_train(data_dir, "--json", str(out)), "--seed", "3"])  # the old spelling
+    assert code == 0 and "--json PATH is deprecated" in err and "final test acc" in stdout
+    assert json.loads(out.read_text())["test_acc"] == printed["test_acc"]
 
 
 @pytest.mark.skipif(not FRAMEWORKS, reason="needs a framework backend")
@@ -252,7 +275,7 @@ def test_default_backend_order(monkeypatch):
 
 def _argv(command: str) -> list[str]:
     return {
-        "partition": ["partition", "--graph", "lenet", "--cluster", "lab"],
+        "partition": ["partition", "--model", "lenet", "--cluster", "lab"],
         "profile": ["profile", "--out", "cluster.json"],
         "run": ["run", "--plan", "cpu0", "--cluster", "cluster.json"],
         "lab": ["lab", "status"],

@@ -21,7 +21,7 @@ def test_help_works_for_every_command():
 
 def test_check_passes_and_writes_json(tmp_path, capsys):
     out = tmp_path / "check.json"
-    assert main(["check", "--steps", "3", "--json", str(out), "--no-resnet"]) == 0
+    assert main(["check", "--steps", "3", "--out", str(out), "--no-resnet"]) == 0
     text = capsys.readouterr().out
     assert "agreement with the numpy reference" in text and "batch_norm_train with sums" in text
     data = json.loads(out.read_text())
@@ -36,7 +36,7 @@ def test_check_passes_and_writes_json(tmp_path, capsys):
 @pytest.mark.slow
 def test_check_covers_a_resnet18_step_part_by_part(tmp_path, capsys):
     out = tmp_path / "check.json"
-    assert main(["check", "--steps", "1", "--json", str(out)]) == 0
+    assert main(["check", "--steps", "1", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["resnet18_step"]
     assert {r["backend"] for r in rows} == set(FRAMEWORKS or ["numpy"])
     for r in rows:

@@ -125,7 +125,7 @@ def test_profile_partition_run_on_real_images(tmp_path):
     )
     assert prof.returncode == 0, prof.stderr
     assert "link driver <-> numpy" in prof.stdout and "wrote" in prof.stdout
-    part = cli("partition", "--graph", "lenet", "--cluster", str(tmp_path / "measured.json"), "--json", cwd=tmp_path)
+    part = cli("partition", "--model", "lenet", "--cluster", str(tmp_path / "measured.json"), "--json", cwd=tmp_path)
     assert part.returncode == 0, part.stderr
     (tmp_path / "plan.json").write_text(part.stdout)
     for plan in (str(tmp_path / "plan.json"), "numpy*5,driver*5"):

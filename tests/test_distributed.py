@@ -357,7 +357,7 @@ def test_ctrl_c_at_any_moment_stops_the_children_and_raises(tmp_path, delay):
 
 
 def test_launch_command_needs_a_command_and_has_help(capsys):
-    assert main(["launch", "--nproc", "2"]) != 0
+    assert main(["launch", "--nproc-per-node", "2"]) != 0
     assert "no command given" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["launch", "--help"])
@@ -387,8 +387,8 @@ def test_train_processes_from_python_equals_one_process_with_two_devices(tiny, t
         "data": data,
         "seed": 2,
     }
-    two = multigpu.train(num_gpus=1, processes=2, on_epoch=_on_epoch_marker, plot=None, **args)
-    one = multigpu.train(num_gpus="cpu:2", **args)
+    two = multigpu.train(devices=1, processes=2, on_epoch=_on_epoch_marker, plot=None, **args)
+    one = multigpu.train(devices="cpu:2", **args)
     assert two.processes == 2 and two.rank == 0 and two.devices == ["cpu:0"]
     np.testing.assert_allclose(two.train_loss, one.train_loss, atol=1e-6)
     assert two.test_acc == one.test_acc
@@ -416,8 +416,10 @@ def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
             "-m",
             "multigpu",
             "launch",
-            "--nproc",
+            "--nproc-per-node",
             "2",
+            "--backend",
+            "numpy",  # train inside takes the job's backend
             "--",
             "train",
             "--epochs",
@@ -427,7 +429,7 @@ def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
             "--data-dir",
             str(folder),
             "--no-verify-data",
-            "--json",
+            "--out",
             str(out),
         ],
         capture_output=True,
@@ -446,7 +448,7 @@ def test_launch_train_from_the_cli_writes_json_once(tiny, tmp_path):
             "-m",
             "multigpu",
             "launch",
-            "--nproc",
+            "--nproc-per-node",
             "2",
             "--",
             "train",
@@ -469,7 +471,7 @@ def test_ctrl_c_stops_every_rank_and_exits_130(tiny):
     mark = uuid.uuid4().hex
     proc = launch(
         [
-            "--nproc",
+            "--nproc-per-node",
             "2",
             "--",
             "train",
@@ -518,7 +520,7 @@ def _kill_job(backend: str, folder: Path, mark: str, scenario: subprocess.Popen)
     with open(err_path, "w") as err:
         proc = launch(
             [
-                "--nproc",
+                "--nproc-per-node",
                 "2",
                 "--backend",
                 backend,
@@ -567,7 +569,7 @@ def engine_run(request, tmp_path_factory, tiny) -> EngineRun:
     err_a = out.parent / f"scenario-{backend}.err"
     with open(err_a, "w") as err:
         scenario = launch(
-            ["--nproc", "2", "--backend", backend, "--", str(HERE / "dist_scenarios.py"), str(out)],
+            ["--nproc-per-node", "2", "--backend", backend, "--", str(HERE / "dist_scenarios.py"), str(out)],
             mark_a,
             stdout=err,
             stderr=subprocess.STDOUT,
@@ -752,7 +754,7 @@ def test_two_launchers_with_nnodes_2_form_one_job(backend, tiny, tmp_path):
                 "2",
                 "--node-rank",
                 str(node),
-                "--nproc",
+                "--nproc-per-node",
                 "1",
                 "--master-addr",
                 "127.0.0.1",
@@ -773,7 +775,7 @@ def test_two_launchers_with_nnodes_2_form_one_job(backend, tiny, tmp_path):
                 "--data-dir",
                 str(tiny[0]),
                 "--no-verify-data",
-                "--json",
+                "--out",
                 str(tmp_path / f"node{node}.json"),
             ],
             mark,
@@ -808,13 +810,13 @@ def test_torch_nccl_two_processes_one_gpu_each(tiny, tmp_path):
             "-m",
             "multigpu",
             "launch",
-            "--nproc",
+            "--nproc-per-node",
             "2",
             "--backend",
             "torch",
             "--",
             "train",
-            "--gpus",
+            "--devices",
             "1",
             "--epochs",
             "1",
@@ -823,7 +825,7 @@ def test_torch_nccl_two_processes_one_gpu_each(tiny, tmp_path):
             "--data-dir",
             str(folder),
             "--no-verify-data",
-            "--json",
+            "--out",
             str(out),
         ],
         capture_output=True,

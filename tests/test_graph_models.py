@@ -253,7 +253,8 @@ def test_init_is_he_for_convolutions_and_batchnorm_starts_at_one_and_zero():
     assert not state[0].any() and (state[1] == 1).all()
     bound = 1 / np.sqrt(512)
     assert np.abs(params[-2]).max() <= bound and np.abs(params[-2]).max() > 0.9 * bound
-    seq = multigpu.Sequential([Conv2d(2, 3), BatchNorm2d(), ReLU(), Flatten(), Dense(2)], (1, 4, 4))
+    layers = [Conv2d(2, 3), BatchNorm2d(), ReLU(), Flatten(), Dense(2)]
+    seq = multigpu.Sequential(layers, (1, 4, 4), init="textbook")
     p = seq.init_params()  # the textbook's scheme, but gamma = 1
     assert abs(p[0].std() - 0.01) < 0.005 and not p[1].any() and (p[2] == 1).all() and not p[3].any()
 

@@ -29,13 +29,13 @@ def test_help(capsys):
         parser().parse_args(["partition", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--graph", "--cluster", "--wt", "--we", "--objective", "--energy-budget", "--json"):
+    for flag in ("--model", "--cluster", "--wt", "--we", "--objective", "--energy-budget", "--json"):
         assert flag in out
     assert "partition" in parser().format_help()
 
 
 def test_json_output_matches_the_api(capsys):
-    assert run(["--graph", "alexnet", "--cluster", "lab", "--json"]) == 0
+    assert run(["--model", "alexnet", "--cluster", "lab", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {"assignment", "time", "energy", "cost"} <= set(data)
     plan = autopartition(load_graph("alexnet"), load_cluster("lab"))
@@ -46,7 +46,7 @@ def test_json_output_matches_the_api(capsys):
 
 
 def test_report_has_every_section(capsys):
-    assert run(["--graph", "alexnet", "--cluster", "lab", "--we", "0.1"]) == 0
+    assert run(["--model", "alexnet", "--cluster", "lab", "--we", "0.1"]) == 0
     out = capsys.readouterr().out
     for words in (
         "Per layer",
@@ -79,7 +79,7 @@ def test_throughput_and_constraint_flags(capsys, tmp_path):
     assert (
         run(
             [
-                "--graph",
+                "--model",
                 str(g),
                 "--cluster",
                 "gpu-box",
@@ -105,26 +105,26 @@ def test_throughput_and_constraint_flags(capsys, tmp_path):
 @pytest.mark.parametrize(
     "argv,code,words",
     [
-        (["--graph", "alexnet", "--cluster", "nowhere.json"], 2, ["no cluster file 'nowhere.json'"]),
-        (["--graph", "vgg", "--cluster", "lab"], 2, ["no graph file 'vgg'", "alexnet, lenet"]),
-        (["--graph", "alexnet", "--cluster", "lab", "--wt", "-1"], 2, ["wt=-1.0"]),
-        (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1"], 2, ["--pin 'conv1' must look like NAME=DEVICE"]),
-        (["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=tpu"], 2, ["'tpu' is not a device"]),
+        (["--model", "alexnet", "--cluster", "nowhere.json"], 2, ["no cluster file 'nowhere.json'"]),
+        (["--model", "vgg", "--cluster", "lab"], 2, ["no graph file 'vgg'", "alexnet, lenet"]),
+        (["--model", "alexnet", "--cluster", "lab", "--wt", "-1"], 2, ["wt=-1.0"]),
+        (["--model", "alexnet", "--cluster", "lab", "--pin", "conv1"], 2, ["--pin 'conv1' must look like NAME=DEVICE"]),
+        (["--model", "alexnet", "--cluster", "lab", "--pin", "conv1=tpu"], 2, ["'tpu' is not a device"]),
         (
-            ["--graph", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1", "--pin", "conv1=pi2"],
+            ["--model", "alexnet", "--cluster", "lab", "--pin", "conv1=pi1", "--pin", "conv1=pi2"],
             2,
             ["--pin names 'conv1' twice (conv1=pi1 and conv1=pi2)"],
         ),
         (
-            ["--graph", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=1", "--busy-limit", "pi1=2"],
+            ["--model", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=1", "--busy-limit", "pi1=2"],
             2,
             ["--busy-limit names 'pi1' twice"],
         ),
-        (["--graph", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=soon"], 2, ["'soon' is not a number"]),
-        (["--graph", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"], 1, ["infeasible (energy budget)"]),
+        (["--model", "alexnet", "--cluster", "lab", "--busy-limit", "pi1=soon"], 2, ["'soon' is not a number"]),
+        (["--model", "alexnet", "--cluster", "lab", "--energy-budget", "0.001"], 1, ["infeasible (energy budget)"]),
         (
             [
-                "--graph",
+                "--model",
                 "alexnet",
                 "--cluster",
                 "lab",
@@ -134,7 +134,7 @@ def test_throughput_and_constraint_flags(capsys, tmp_path):
                 "desk-gpu",
                 "--exclude",
                 "imac",
-                "--batch",
+                "--batch-size",
                 "512",
             ],
             1,
@@ -155,7 +155,7 @@ def test_errors_are_one_line_with_exit_code(capsys, argv, code, words):
 def test_bad_cluster_file_exit_code(capsys, tmp_path):
     p = tmp_path / "c.json"
     p.write_text('{"devices": [{"name": "a", "flops": 0, "power": 1}], "source": "a"}')
-    assert run(["--graph", "lenet", "--cluster", str(p)]) == 2
+    assert run(["--model", "lenet", "--cluster", str(p)]) == 2
     assert "device 'a': flops=0 must be greater than 0" in capsys.readouterr().err
 
 
@@ -168,7 +168,7 @@ def test_a_graph_with_branches_reports_its_stages_as_a_graph_and_plots(capsys, t
         d["memory"] = 22e6  # about 40% of ResNet-18's parameters: the plan must spread them
     (tmp_path / "small.json").write_text(json.dumps(cluster))
     png = tmp_path / "plan.png"
-    argv = ["--graph", "resnet18", "--cluster", str(tmp_path / "small.json"), "--no-baselines"]
+    argv = ["--model", "resnet18", "--cluster", str(tmp_path / "small.json"), "--no-baselines"]
     assert run([*argv, "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "Stages (a DAG" in out and "<- waits for" in out and "Transfers (each activation once" in out
@@ -201,7 +201,7 @@ def test_makespan_objective_and_time_limit_flags(capsys, tmp_path):
     assert (
         run(
             [
-                "--graph",
+                "--model",
                 str(g),
                 "--cluster",
                 "gpu-box",
@@ -219,5 +219,5 @@ def test_makespan_objective_and_time_limit_flags(capsys, tmp_path):
     assert data["objective"] == "makespan" and data["solver"] == "milp"
     assert data["assignment"][1] != data["assignment"][2]  # the towers run at once on two GPUs
     assert data["makespan"] < data["time"]
-    assert run(["--graph", str(g), "--cluster", "gpu-box", "--objective", "makespan", "--ship-params"]) == 2
+    assert run(["--model", str(g), "--cluster", "gpu-box", "--objective", "makespan", "--ship-params"]) == 2
     assert "ship_params is priced by the latency objective" in capsys.readouterr().err

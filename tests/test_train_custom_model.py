@@ -38,7 +38,7 @@ def test_a_custom_model_trains_with_checkpoints_and_a_plot(data, tmp_path, backe
     pytest.importorskip("matplotlib")
     ckpt, plot = tmp_path / "ckpt", tmp_path / "acc.png"
     kw = dict(
-        backend=backend, num_gpus="cpu:2", batch_size=64, lr=0.5, data=data, progress=False, checkpoint=ckpt, plot=plot
+        backend=backend, devices="cpu:2", batch_size=64, lr=0.5, data=data, progress=False, checkpoint=ckpt, plot=plot
     )
     first = multigpu.train(model=three_layers(), num_epochs=1, **kw)
     assert first.model == "mlp" and plot.stat().st_size > 0
@@ -54,7 +54,7 @@ def test_a_custom_model_trains_with_checkpoints_and_a_plot(data, tmp_path, backe
 
 
 def test_a_checkpoint_of_another_model_is_refused(data, tmp_path):
-    kw = dict(backend="numpy", num_gpus="cpu:2", batch_size=64, lr=0.5, data=data, progress=False, checkpoint=tmp_path)
+    kw = dict(backend="numpy", devices="cpu:2", batch_size=64, lr=0.5, data=data, progress=False, checkpoint=tmp_path)
     multigpu.train(model=three_layers(32), num_epochs=1, **kw)
     with pytest.raises(CheckpointError, match="different run.*param_shapes"):
         multigpu.train(model=three_layers(16), num_epochs=2, **kw)

@@ -36,7 +36,7 @@ def small_data(tmp_path_factory):
 
 def _train(data, **kw):
     args = dict(
-        backend="numpy", num_gpus="cpu:2", batch_size=64, lr=0.3, num_epochs=2, progress=False, data=data, seed=0
+        backend="numpy", devices="cpu:2", batch_size=64, lr=0.3, num_epochs=2, progress=False, data=data, seed=0
     )
     args.update(kw)
     return multigpu.train(**args)
@@ -79,14 +79,14 @@ def test_scale_batch_and_linear_lr_with_warmup(small_data):
 def test_linear_scaling_follows_the_global_batch_not_the_device_count(small_data):
     """k devices at one global batch train like one device, with or without lr_scaling."""
     _, data = small_data
-    one = _train(data, num_gpus="cpu:1", batch_size=64, lr_scaling="linear")
-    two = _train(data, num_gpus="cpu:2", batch_size=64, lr_scaling="linear")  # multiplier 1: lr stays 0.3
+    one = _train(data, devices="cpu:1", batch_size=64, lr_scaling="linear")
+    two = _train(data, devices="cpu:2", batch_size=64, lr_scaling="linear")  # multiplier 1: lr stays 0.3
     for p, q in zip(one.params, two.params):
         np.testing.assert_allclose(p, q, atol=1e-6)
     # scale_batch doubles the batch on 2 devices, and linear scaling doubles the rate with it:
     # the same run as 1 device with batch 64 and lr 0.6.
-    scaled = _train(data, num_gpus="cpu:2", batch_size=32, lr=0.3, scale_batch=True, lr_scaling="linear")
-    plain = _train(data, num_gpus="cpu:1", batch_size=64, lr=0.6)
+    scaled = _train(data, devices="cpu:2", batch_size=32, lr=0.3, scale_batch=True, lr_scaling="linear")
+    plain = _train(data, devices="cpu:1", batch_size=64, lr=0.6)
     assert scaled.batch_size == 64
     for p, q in zip(scaled.params, plain.params):
         np.testing.assert_allclose(p, q, atol=1e-6)
@@ -122,7 +122,7 @@ def test_the_issues_diverging_torch_run_on_real_data():
     """The issue's case: train(backend="torch", lr=1e6) ended with train_loss [nan]."""
     with pytest.raises(TrainingDivergedError, match="the loss is nan at epoch 1, step"):
         multigpu.train(
-            backend="torch", num_gpus=1, lr=1e6, num_epochs=1, train_limit=5120, test_limit=500, progress=False
+            backend="torch", devices=1, lr=1e6, num_epochs=1, train_limit=5120, test_limit=500, progress=False
         )
 
 
@@ -148,7 +148,7 @@ def test_divergence_leaves_the_last_good_checkpoint(small_data, tmp_path):
     [
         (dict(allreduce="foo"), UnknownAlgorithmError, "'foo'"),
         (dict(backend="jax"), UnknownBackendError, "'jax'"),
-        (dict(num_gpus="tpu:1"), DeviceError, "'tpu:1'"),
+        (dict(devices="tpu:1"), DeviceError, "'tpu:1'"),
         (dict(lr=float("nan")), InputError, "lr=nan"),
         (dict(lr=float("inf")), InputError, "lr=inf"),
         (dict(model="vgg"), ModelError, "'vgg'"),
@@ -159,7 +159,7 @@ def test_divergence_leaves_the_last_good_checkpoint(small_data, tmp_path):
     ],
 )
 def test_arguments_are_checked_before_the_data_loads(tmp_path, kw, error, match):
-    args = dict(backend="numpy", num_gpus="cpu:2", progress=False, data_dir=tmp_path / "no-data-here")
+    args = dict(backend="numpy", devices="cpu:2", progress=False, data_dir=tmp_path / "no-data-here")
     args.update(kw)
     with pytest.raises(error, match=match):
         multigpu.train(**args)
@@ -232,7 +232,7 @@ def _cli(folder, ck, out, epochs=4):
         "train",
         "--backend",
         "numpy",
-        "--gpus",
+        "--devices",
         "cpu:2",
         "--batch-size",
         "32",
@@ -244,7 +244,7 @@ def _cli(folder, ck, out, epochs=4):
         str(folder),
         "--checkpoint",
         str(ck),
-        "--json",
+        "--out",
         str(out),
         "--quiet",
         "--no-verify-data",
@@ -293,7 +293,7 @@ def test_cli_train_prints_a_line_per_epoch_and_fails_cleanly(small_data, tmp_pat
             "train",
             "--backend",
             "numpy",
-            "--gpus",
+            "--devices",
             "cpu:2",
             "--epochs",
             "2",
@@ -334,7 +334,7 @@ def test_short_real_data_run_agrees_across_backends():
     results = {
         b: multigpu.train(
             backend=b,
-            num_gpus="cpu:2",
+            devices="cpu:2",
             batch_size=256,
             lr=0.2,
             num_epochs=1,

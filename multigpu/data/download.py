@@ -96,6 +96,7 @@ def _retrieve(url: str, md5: str, dest: Path, progress: bool) -> None:
 
     if progress:
         sys.stderr.write(f"downloading {dest.name} from {url}\n")
+    bar = progress and sys.stderr.isatty()  # a bar's carriage-return updates belong on a terminal only
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".download"))
     try:
         with _quiet(pooch.get_logger()):
@@ -104,8 +105,8 @@ def _retrieve(url: str, md5: str, dest: Path, progress: bool) -> None:
                 known_hash=f"md5:{md5}",
                 fname=dest.name,
                 path=staging,
-                downloader=_downloader(progress),
-                progressbar=progress,
+                downloader=_downloader(bar),
+                progressbar=bar,
             )
         with open(got, "rb") as src, atomic_write(dest) as out:
             shutil.copyfileobj(src, out, 1 << 20)

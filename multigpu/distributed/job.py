@@ -144,7 +144,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def check_job(job: Job) -> Job:
     """Return ``job`` with a port picked and a job id; raise InputError for a bad setting."""
-    check_count(job.nproc, "nproc", example="--nproc 2")
+    check_count(job.nproc, "nproc", example="--nproc-per-node 2")
     nnodes = check_count(job.nnodes, "nnodes", example="--nnodes 2")
     check_count(job.node_rank, "node_rank", minimum=0, maximum=nnodes - 1, example="one distinct value per node")
     check_count(job.master_port, "master_port", minimum=0, maximum=65535, example="29500 (0 picks a free port)")

@@ -151,7 +151,7 @@ def check_plan(model: Any, cluster: Cluster, plan: PlanLike) -> ExecutionPlan:
         raise PlanError(
             f"the plan has {len(assignment)} entries but {model.name} has {len(names)} layers "
             f"({', '.join(names[:12])}{', ...' if len(names) > 12 else ''}); give one device "
-            f'per layer, e.g. the "assignment" of `multigpu partition --graph {model.name} --json`'
+            f'per layer, e.g. the "assignment" of `multigpu partition --model {model.name} --json`'
         )
     known = set(cluster.names)
     for i, dev in enumerate(assignment):

@@ -15,12 +15,14 @@ class Sequential(Model):
     """A chain of layers applied to inputs of per-example shape ``input_shape``.
 
     Unnamed layers are called by kind and count (``conv2d1``, ``relu2``). ``init``
-    defaults to the textbook's (N(0, 0.01^2) weights, zero biases), which LeNet's
-    results assume. Blocks with branches (``Residual``, ``Parallel``) need ``Model``.
+    defaults to He init, as ``Model``'s (a network of a few ReLU layers learns from the
+    first epoch); ``init="textbook"`` gives the textbook's N(0, 0.01^2) weights and zero
+    biases, which ``multigpu.models.lenet()`` uses. Blocks with branches (``Residual``,
+    ``Parallel``) need ``Model``.
     """
 
     def __init__(
-        self, layers: Sequence[Layer], input_shape: Sequence[int], name: str = "sequential", init: str = "textbook"
+        self, layers: Sequence[Layer], input_shape: Sequence[int], name: str = "sequential", init: str = "he"
     ):
         if not isinstance(layers, (list, tuple)) or not layers:
             raise ModelError("Sequential needs at least one layer")

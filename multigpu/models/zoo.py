@@ -24,7 +24,8 @@ from multigpu.models.sequential import Sequential
 
 
 def lenet() -> Sequential:
-    """The textbook's LeNet variant on 1x28x28 input (params W1,b1..W4,b4)."""
+    """The textbook's LeNet variant on 1x28x28 input (params W1,b1..W4,b4), with the textbook's
+    init (N(0, 0.01^2) weights, zero biases), which its published results assume."""
     return Sequential(
         [
             Conv2d(out_channels=20, kernel=3, name="conv1"),
@@ -40,12 +41,13 @@ def lenet() -> Sequential:
         ],
         input_shape=(1, 28, 28),
         name="lenet",
+        init="textbook",
     )
 
 
 def alexnet(num_classes: int = 1000) -> Sequential:
     """The original two-group Caffe AlexNet on 3x227x227 input (LRN and dropout omitted:
-    neither has parameters, and neither is a layer kind here)."""
+    neither has parameters, and neither is a layer kind here), with the paper's N(0, 0.01^2) weights."""
     return Sequential(
         [
             Conv2d(out_channels=96, kernel=11, stride=4, name="conv1"),
@@ -70,6 +72,7 @@ def alexnet(num_classes: int = 1000) -> Sequential:
         ],
         input_shape=(3, 227, 227),
         name="alexnet",
+        init="textbook",
     )
 
 

@@ -32,6 +32,7 @@ from multigpu.contract.bucket_signals import KeptBuffers
 from multigpu.contract.devices import DeviceSpec, resolve_devices
 from multigpu.contract.protocol import Device
 from multigpu.contract.registry import backend as get_backend
+from multigpu.contract.registry import default_backend
 from multigpu.errors import DeviceError, InputError, ModelError, ParamsError
 from multigpu.models.batchnorm import BatchStatistics, RunningStatistics
 from multigpu.models.graph import Model
@@ -60,6 +61,11 @@ def _split(flat: np.ndarray, shapes: Sequence[Sequence[int]]) -> list[np.ndarray
     return [flat[a:b].reshape(s).copy() for a, b, s in zip(bounds[:-1], bounds[1:], shapes)]
 
 
+#: The learning rate ``DataParallel``, ``train()`` and ``multigpu train`` share: the textbook's for
+#: LeNet at batch 256.
+DEFAULT_LR = 0.2
+
+
 def _queued(k: int) -> None:
     """Bucket k of a device before the last is in its buffer: the last device's signal starts the sum."""
 
@@ -74,7 +80,9 @@ class DataParallel:
     None starts them at mean 0, variance 1. ``optimizer`` is an ``multigpu.optim``
     optimizer or its name (default plain SGD, the textbook's); ``lr`` is its learning
     rate, which a schedule may change between steps. ``sync_bn`` synchronizes
-    BatchNorm statistics across devices and processes.
+    BatchNorm statistics across devices and processes. ``backend`` is a backend name or
+    object; None picks the process group's backend, else the first installed of torch,
+    paddle and mxnet, else numpy (the rule ``train()`` and ``multigpu train`` follow).
     ``process_group`` (a ``multigpu.parallel.process_group.ProcessGroup``) extends the sum
     across processes: every rank then passes the same global batch to
     ``train_batch`` and trains on its own shard of it, and rank 0's parameters,
@@ -88,9 +96,9 @@ class DataParallel:
     def __init__(
         self,
         model: Model,
-        backend: str | Any = "numpy",
+        backend: str | Any | None = None,
         devices: DeviceSpec = 1,
-        lr: float = 0.1,
+        lr: float = DEFAULT_LR,
         params: Sequence[np.ndarray] | None = None,
         allreduce: str = "fused",
         seed: int = 0,
@@ -109,6 +117,8 @@ class DataParallel:
         if not isinstance(sync_bn, bool):
             raise InputError(f"sync_bn={sync_bn!r} must be True or False")
         self.model = model
+        if backend is None:  # the group's engine decides; else the first installed framework
+            backend = getattr(process_group, "backend", None) or default_backend()
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.allreduce = check_algorithm(self.backend, allreduce)
         self.optimizer = make_optimizer(optimizer)
@@ -171,7 +181,7 @@ class DataParallel:
         if total != n * self.world_size:
             raise DeviceError(
                 f"rank {self.rank} drives {n} device(s) but the {self.world_size} ranks drive {int(total)} in "
-                "all; give every rank the same device count (e.g. the same --gpus)"
+                "all; give every rank the same device count (e.g. the same --devices)"
             )
 
     # -- parameters and state -------------------------------------------------------

@@ -1,5 +1,5 @@
 """Atomic training checkpoints: parameters, optimizer state, BatchNorm statistics, epoch, history and
-random state in one file."""
+random state in one file; ``Checkpointer``, the callback that restores one and saves every epoch."""
 
 from __future__ import annotations
 
@@ -12,8 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from multigpu.data.files import atomic_write
-from multigpu.errors import CheckpointError
+from multigpu.data.files import atomic_write, check_writable_dir
+from multigpu.errors import CheckpointError, ParamsError
+from multigpu.training.callbacks import Callback
+from multigpu.training.processes import share_checkpoint
+
+#: The ``multigpu.training.Trainer`` (typed loosely: the trainer imports this module).
+TrainerLike = Any
 
 FILENAME = "checkpoint.npz"
 #: Keys every checkpoint's state holds; a file without them is not ours or is damaged.
@@ -64,3 +69,73 @@ def load_checkpoint(folder: str | os.PathLike[str]) -> tuple[list[np.ndarray], d
         raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing)}; delete it to start afresh")
     state["arrays"] = arrays
     return params, state
+
+
+class Checkpointer(Callback):
+    """Resume from ``folder`` at the start of a run and save to it after every epoch.
+
+    Only the writing rank (rank 0) reads and writes the folder, at construction, so a
+    damaged file fails before any training; the other ranks receive its state. A
+    checkpoint written with other settings (``config``) raises CheckpointError.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], writer: bool) -> None:
+        self.folder = folder
+        self.saved = load_checkpoint(check_writable_dir(folder, "checkpoint")) if writer else None
+
+    def restore(self, trainer: TrainerLike) -> int:
+        """Load the saved run into ``trainer`` (every rank takes part); return the epoch to start at."""
+        tr, saved = trainer.parallel, self.saved
+        arrays = saved[1].pop("arrays") if saved is not None else None  # numpy: stays on rank 0
+        if tr.world_size > 1:
+            saved = share_checkpoint(tr, saved)  # only rank 0 needs the folder
+        if saved is None:
+            return 0
+        params, state = saved
+        diff = {k: (state["config"].get(k), v) for k, v in trainer.config.items() if state["config"].get(k) != v}
+        if diff:
+            raise CheckpointError(
+                f"checkpoint in {self.folder} belongs to a different run (saved vs now: {diff}); "
+                "use another folder or the same settings"
+            )
+        try:
+            if params is not None:  # None on ranks other than 0: broadcast below
+                tr.set_params(params)
+                buffers = [(arrays or {})[f"opt{j}"] for j in range(tr.optimizer.buffers)]
+                tr.set_optimizer_state(buffers, state.get("steps", 0))
+            tr.steps = int(state.get("steps", 0))
+            trainer.rng.bit_generator.state = state["rng"]
+        except (ParamsError, TypeError, ValueError, KeyError) as exc:
+            raise self._damaged(exc) from exc
+        tr.broadcast_params()  # rank 0's restored parameters to every rank (no-op in one process)
+        if tr.model.batch_norms:
+            try:  # every replica's own running statistics, rank 0's file to every rank
+                tr.scatter_states(arrays.get("bn") if arrays is not None else None)
+            except (ParamsError, AttributeError) as exc:
+                raise self._damaged(exc) from exc
+        for key in ("test_acc", "train_loss", "sec_per_epoch"):
+            getattr(trainer.result, key).extend(state[key])
+        return int(state["epoch"])
+
+    def _damaged(self, exc: BaseException) -> CheckpointError:
+        return CheckpointError(f"checkpoint in {self.folder} is damaged ({exc}); delete it to start afresh")
+
+    def on_epoch_end(self, trainer: TrainerLike, epoch: int, logs: dict[str, float]) -> None:
+        """Save the finished epoch on rank 0, then tell every callback where it went."""
+        if trainer.rank != 0:
+            return
+        tr, result = trainer.parallel, trainer.result
+        extra = {f"opt{j}": a for j, a in enumerate(tr.get_optimizer_state())}
+        if tr.model.batch_norms:
+            extra["bn"] = trainer.epoch_stats
+        state = {
+            "config": trainer.config,
+            "epoch": epoch + 1,
+            "rng": trainer.rng.bit_generator.state,
+            "test_acc": result.test_acc,
+            "train_loss": result.train_loss,
+            "sec_per_epoch": result.sec_per_epoch,
+            "steps": tr.steps,
+        }
+        path = save_checkpoint(self.folder, trainer.epoch_params, state, extra)
+        trainer.callbacks.on_checkpoint(trainer, epoch, path)

@@ -82,9 +82,9 @@ def _own_error(folder: Path, processes: int) -> BaseException | None:
     return None
 
 
-def join_job(backend: str, num_gpus: Any) -> tuple[Any, list[Any]]:
+def join_job(backend: str, devices: Any) -> tuple[Any, list[Any]]:
     """Inside a launched rank: this rank's devices and the checked process group on the first."""
-    devices = local_devices(get_backend(backend), num_gpus)
+    devices = local_devices(get_backend(backend), devices)
     return init_process_group(backend, device=devices[0]), devices
 
 

@@ -1,15 +1,22 @@
-"""``multigpu.train``: the textbook's experiments (LeNet, then ResNet-18, on Fashion-MNIST) on any backend."""
+"""``Trainer`` and ``train()``: the textbook's experiments (LeNet, then ResNet-18, on Fashion-MNIST)
+on any backend, with callbacks.
+
+``Trainer(model, ...)`` checks every setting and output path; ``fit(data)`` builds the
+``DataParallel``, loads the data, restores a checkpoint, runs the epochs and returns a
+``TrainResult``. Its collaborators each do one thing: ``DivergenceCheck`` stops a run
+whose loss or parameters turn NaN, and the callbacks ``Checkpointer``, ``ProgressBar``,
+``PlotCurves`` and ``EpochFunction`` save, show, plot and report. ``train()`` is
+``Trainer(...).fit(...)``, or the same in N processes with ``processes=N``.
+"""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,58 +24,30 @@ import numpy as np
 from multigpu import models
 from multigpu.checks import check_count, check_number, check_positive
 from multigpu.contract.devices import CPUFallbackWarning
-from multigpu.data.files import atomic_write, check_writable, check_writable_dir
-from multigpu.distributed.rank import launched, launched_rank
-from multigpu.errors import CheckpointError, InputError, ModelError, ParamsError, TrainingDivergedError
+from multigpu.contract.registry import default_backend, registered_backends
+from multigpu.data.files import check_writable
+from multigpu.distributed.rank import launched, launched_backend, launched_rank
+from multigpu.errors import InputError, ModelError
 from multigpu.models.graph import Model
 from multigpu.optim.base import Optimizer
 from multigpu.optim.choice import make_optimizer
 from multigpu.optim.sgd import SGD
 from multigpu.parallel.buckets import DEFAULT_BUCKET_MB
-from multigpu.parallel.data_parallel import DataParallel
+from multigpu.parallel.data_parallel import DEFAULT_LR, DataParallel
 from multigpu.parallel.process_group import ProcessGroup
-from multigpu.training.checkpoint import load_checkpoint, save_checkpoint
-from multigpu.training.plotting import plot_curves, require_matplotlib
-from multigpu.training.processes import join_job, share_checkpoint, train_processes
+from multigpu.training.callbacks import Callback, CallbackList, EpochFunction, PlotCurves, ProgressBar
+from multigpu.training.checkpoint import Checkpointer
+from multigpu.training.divergence import DivergenceCheck
+from multigpu.training.plotting import require_matplotlib
+from multigpu.training.processes import join_job, train_processes
+from multigpu.training.result import TrainResult
+
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_LR", "TrainResult", "Trainer", "learning_rate", "resolve_model", "train"]
 
 LR_SCALINGS = (None, "linear")
 FASHION_SHAPE, FASHION_CLASSES = (1, 28, 28), 10  # what the default data set holds
-
-
-@dataclass
-class TrainResult:
-    """What a training run measured; ``params`` are numpy arrays in model order."""
-
-    backend: str
-    devices: list[str]
-    model: str
-    batch_size: int
-    lr: float
-    allreduce: str
-    seed: int
-    test_acc: list[float] = field(default_factory=list)
-    train_loss: list[float] = field(default_factory=list)
-    sec_per_epoch: list[float] = field(default_factory=list)
-    samples_per_sec: float = 0.0
-    params: list[np.ndarray] = field(default_factory=list, repr=False)
-    processes: int = 1  # ranks that trained together; ``devices`` are one rank's
-    rank: int = 0  # the rank that returned this result (every rank holds the same numbers)
-    optimizer: dict[str, Any] = field(default_factory=dict)  # the optimizer's settings
-    sync_bn: bool = False
-    #: replica 0's BatchNorm running statistics (model.state_shapes), for DataParallel(state=...)
-    state: list[np.ndarray] = field(default_factory=list, repr=False)
-
-    def to_dict(self, include_params: bool = False) -> dict[str, Any]:
-        """Return a JSON-able dict; parameters only when ``include_params``."""
-        d = asdict(self)
-        d["params"] = [p.tolist() for p in self.params] if include_params else None
-        d["state"] = [p.tolist() for p in self.state] if include_params else None
-        return d
-
-    def save_json(self, path: str | os.PathLike[str], include_params: bool = False) -> None:
-        """Write the result as JSON to ``path`` (atomically: the old file or the whole new one)."""
-        with atomic_write(path) as f:
-            f.write(json.dumps(self.to_dict(include_params), indent=2).encode())
+#: The global batch ``train()``, ``Trainer`` and ``multigpu train`` share (the textbook's).
+DEFAULT_BATCH_SIZE = 256
 
 
 def learning_rate(
@@ -111,6 +90,11 @@ def resolve_model(model: str | Model, data: Any = None) -> Model:
     multigpu model.
     """
     if isinstance(model, str):
+        if model in registered_backends():  # train("torch", ...) from before model came first
+            raise ModelError(
+                f"model={model!r} is a backend, not a model: train()'s first argument is the model; "
+                f"pass the backend by keyword, e.g. train('lenet', backend={model!r})"
+            )
         if data is None:
             shape, classes = FASHION_SHAPE, FASHION_CLASSES
         else:
@@ -141,306 +125,337 @@ def _check_fits(net: Model, data: Any) -> None:
         )
 
 
+def default_backend_name(backend: str | None) -> str:
+    """``backend``, or where None: the backend ``multigpu launch`` was given, else the first
+    installed of torch, paddle and mxnet, else numpy (one rule for ``train``, ``Trainer``,
+    ``DataParallel`` and the command line)."""
+    return backend if backend is not None else launched_backend() or default_backend()
+
+
+def _check_settings(s: dict[str, Any]) -> None:
+    """Raise InputError for a setting out of range, before anything is built or loaded."""
+    check_count(s["batch_size"], "batch_size", example=DEFAULT_BATCH_SIZE)
+    check_count(s["num_epochs"], "num_epochs", example=10)
+    check_positive(s["lr"], "lr", example=DEFAULT_LR)
+    if s["lr_scaling"] not in LR_SCALINGS:
+        raise InputError(f"lr_scaling={s['lr_scaling']!r} is unknown; use None or 'linear'")
+    check_number(s["warmup_epochs"], "warmup_epochs", minimum=0.0, example=1.0)
+    if s["warmup_epochs"] and s["lr_scaling"] is None:
+        raise InputError("warmup_epochs only applies with lr_scaling='linear'; set both or neither")
+    if s["bucket_mb"] is not None:
+        check_positive(s["bucket_mb"], "bucket_mb", unit="MiB", example=25)
+    if not isinstance(s["model"], (str, Model)):
+        resolve_model(s["model"])  # raises the ModelError that names the fix
+    if isinstance(s["model"], str) and s["model"] not in models.MODELS:
+        resolve_model(s["model"])
+
+
+class Trainer:
+    """Data-parallel training of ``model`` (a built-in name or a ``Model``) with callbacks.
+
+    The settings are ``train()``'s (see there); ``callbacks`` are ``Callback`` instances
+    called in order after the built-in ones. ``fit(data=None, ...)`` trains and returns a
+    ``TrainResult``; a Trainer fits once. Every setting, the checkpoint folder and the
+    plot path are checked here; the backend and devices when ``fit`` starts, before any
+    data is loaded.
+    """
+
+    def __init__(
+        self,
+        model: str | Model = "lenet",
+        *,
+        backend: str | None = None,
+        devices: int | str | Sequence[Any] = 1,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        lr: float = DEFAULT_LR,
+        num_epochs: int = 10,
+        optimizer: str | Optimizer = "sgd",
+        allreduce: str = "fused",
+        seed: int = 0,
+        sync_bn: bool = False,
+        bucket_mb: float | None = DEFAULT_BUCKET_MB,
+        scale_batch: bool = False,
+        lr_scaling: str | None = None,
+        warmup_epochs: float = 0.0,
+        progress: bool = True,
+        checkpoint: str | os.PathLike[str] | None = None,
+        plot: str | os.PathLike[str] | None = None,
+        callbacks: Iterable[Callback] = (),
+        process_group: ProcessGroup | None = None,
+    ) -> None:
+        _check_settings(locals())
+        self.model_arg, self.backend_name, self.devices = model, default_backend_name(backend), devices
+        self.batch_size, self.lr, self.num_epochs, self.seed = batch_size, lr, num_epochs, seed
+        self.allreduce, self.sync_bn, self.bucket_mb = allreduce, sync_bn, bucket_mb
+        self.scale_batch, self.lr_scaling, self.warmup_epochs = scale_batch, lr_scaling, warmup_epochs
+        self.optimizer = make_optimizer(optimizer)
+        self.progress, self.plot, self.checkpoint = progress, plot, checkpoint
+        self.user_callbacks = CallbackList(callbacks)
+        self.process_group = process_group
+        writer = (process_group.rank if process_group is not None else launched_rank()) == 0  # writes files
+        if plot is not None:  # fail before training, not after ten epochs
+            require_matplotlib()
+            if writer:
+                check_writable(plot, "plot")
+        self.checkpointer = None if checkpoint is None else Checkpointer(checkpoint, writer)
+        self.divergence = DivergenceCheck(checkpoint)
+        self.stop_training = False  # a callback may set it: the run ends after the current epoch
+        self._fitted = False
+
+    # -- what fit() builds ---------------------------------------------------------------
+    def _build_parallel(self, data: Any) -> None:
+        """The model, the DataParallel (joining a launched job), and the batch arithmetic."""
+        self.model = resolve_model(self.model_arg, data)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CPUFallbackWarning)
+            group, devices, self._joined = self.process_group, self.devices, False
+            if group is None and launched():
+                group, devices = join_job(self.backend_name, self.devices)
+                self._joined = True
+            self.parallel = DataParallel(
+                self.model,
+                backend=self.backend_name,
+                devices=devices,
+                lr=self.lr,
+                allreduce=self.allreduce,
+                seed=self.seed,
+                process_group=group,
+                optimizer=self.optimizer,
+                sync_bn=self.sync_bn,
+                bucket_mb=self.bucket_mb,
+            )
+        self.rank, self.world_size = self.parallel.rank, self.parallel.world_size
+        for w in caught:
+            if self.progress and self.rank == 0:
+                print(f"note: {w.message}", file=sys.stderr)
+            if self.rank == 0:
+                warnings.warn(w.message, stacklevel=4)  # keep it visible to callers that filter warnings
+        n_dev = len(self.parallel.devices) * self.world_size  # every device of the job
+        self.global_batch = self.batch_size * n_dev if self.scale_batch else self.batch_size
+        check_count(self.global_batch, "batch_size", minimum=n_dev, example=f"{n_dev} (one row per device)")
+        # the fewest rows a batch may have: one per device, two per device where a BatchNorm sees 1x1
+        # planes (one value has no variance), or two in all with synchronized statistics
+        two = max(self.model.min_training_examples().values(), default=1) > 1
+        self.fewest = max(n_dev, 2) if two and self.sync_bn else 2 * n_dev if two else n_dev
+
+    def _build_callbacks(self) -> None:
+        """The built-in callbacks (checkpoint, progress, plot) before the user's."""
+        built: list[Callback] = [] if self.checkpointer is None else [self.checkpointer]
+        if self.progress and self.rank == 0:
+            built.append(ProgressBar())
+        if self.plot is not None:
+            built.append(PlotCurves(self.plot))
+        self.callbacks = CallbackList([*built, *self.user_callbacks.callbacks])
+
+    def _new_result(self, train_size: int, test_size: int) -> None:
+        """The empty TrainResult, and the run's settings a checkpoint must match (``config``)."""
+        tr, net, opt = self.parallel, self.model, self.optimizer
+        self.result = TrainResult(
+            backend=tr.backend.name,
+            devices=[str(d) for d in tr.devices],
+            model=net.name,
+            batch_size=self.global_batch,
+            lr=self.lr,
+            allreduce=self.allreduce,
+            seed=self.seed,
+            processes=self.world_size,
+            rank=self.rank,
+            optimizer=opt.config(),
+            sync_bn=self.sync_bn,
+        )
+        self.config: dict[str, Any] = {
+            "backend": self.result.backend,
+            "devices": self.result.devices,
+            "model": net.name,
+            "param_shapes": [list(shape) for shape in net.param_shapes],
+            "batch_size": self.global_batch,
+            "lr": self.lr,
+            "allreduce": self.allreduce,
+            "seed": self.seed,
+            "lr_scaling": self.lr_scaling,
+            "warmup_epochs": self.warmup_epochs,
+            "train_size": train_size,
+            "test_size": test_size,
+        }
+        if opt.config() != SGD().config() or self.sync_bn or net.batch_norms:  # older checkpoints stay valid
+            shapes = [list(shape) for shape in net.state_shapes]
+            self.config.update(optimizer=opt.config(), sync_bn=self.sync_bn, state_shapes=shapes)
+        if self.world_size > 1:
+            self.config["processes"] = self.world_size
+
+    # -- the run ----------------------------------------------------------------------------
+    def fit(
+        self,
+        data: Any = None,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        verify_data: bool = True,
+        train_limit: int | None = None,
+        test_limit: int | None = None,
+    ) -> TrainResult:
+        """Train for ``num_epochs`` (from the checkpoint's epoch, if one is restored); return the result.
+
+        ``data`` is any object shaped like ``FashionMNIST`` (None: Fashion-MNIST from
+        ``data_dir``, checked unless ``verify_data=False``); ``train_limit``/``test_limit``
+        use the first N examples.
+        """
+        if self._fitted:
+            raise InputError("this Trainer has already fitted; build a new Trainer (checkpoint= resumes a run)")
+        self._fitted = True
+        for name, limit in (("train_limit", train_limit), ("test_limit", test_limit)):
+            if limit is not None:
+                check_count(limit, name, example=1000)
+        self._build_parallel(data)
+        if data is None:
+            from multigpu.data import load_fashion_mnist
+
+            data = load_fashion_mnist(data_dir, progress=self.progress and self.rank == 0, verify=verify_data)
+        _check_fits(self.model, data)
+        train_set = (data.train_images[:train_limit], data.train_labels[:train_limit])
+        test_set = (data.test_images[:test_limit], data.test_labels[:test_limit])
+        self._new_result(len(train_set[0]), len(test_set[0]))
+        self._build_callbacks()
+        self.rng = np.random.default_rng(self.seed)
+        start = 0 if self.checkpointer is None else self.checkpointer.restore(self)
+        self.callbacks.on_fit_start(self)
+        for epoch in range(start, self.num_epochs):
+            if self.stop_training:
+                break
+            self._epoch(epoch, train_set, test_set)
+        return self._finish(len(train_set[0]))
+
+    def _epoch(self, epoch: int, train_set: tuple[Any, Any], test_set: tuple[Any, Any]) -> None:
+        """Train one epoch, check it, evaluate it, record it and call the callbacks."""
+        (X, y), tr = train_set, self.parallel
+        chunks = _batches(len(X), self.global_batch, self.fewest, self.rng)
+        steps_per_epoch = math.ceil(len(X) / self.global_batch)
+        multiplier = self.global_batch // self.batch_size  # linear scaling follows the batch, not the devices
+        done = len(self.result.test_acc)
+        self.callbacks.on_epoch_start(self, epoch, len(chunks))
+        total, t0 = 0.0, time.perf_counter()
+        for i, idx in enumerate(chunks):
+            step = epoch * steps_per_epoch + i
+            tr.lr = learning_rate(self.lr, multiplier, step, steps_per_epoch, self.lr_scaling, self.warmup_epochs)
+            loss = tr.train_batch(X[idx], y[idx])  # read after the update: no extra device wait
+            self.divergence.check_loss(loss, epoch, i + 1, tr.lr, done)
+            total += loss * len(idx)
+            self.callbacks.on_batch_end(self, epoch, i, loss)
+        tr.synchronize()  # queued device work belongs to this epoch's time
+        seconds = time.perf_counter() - t0
+        self.epoch_params = tr.get_params()  # one read per epoch, after the device work is done
+        # every rank takes part in the gather
+        self.epoch_stats = tr.gather_states() if self.model.batch_norms else np.zeros((0,), np.float32)
+        self.divergence.check_params(self.epoch_params, self.epoch_stats, epoch, len(chunks), tr.lr, done)
+        self.result.sec_per_epoch.append(seconds)
+        self.result.train_loss.append(total / len(X))
+        self.result.test_acc.append(tr.evaluate(*test_set))
+        logs = {
+            "test_acc": self.result.test_acc[-1],
+            "train_loss": self.result.train_loss[-1],
+            "seconds": seconds,
+            "lr": tr.lr,
+        }
+        self.callbacks.on_epoch_end(self, epoch, logs)
+
+    def _finish(self, train_size: int) -> TrainResult:
+        """Fill in the final parameters and throughput; leave a joined job; call on_fit_end."""
+        result, tr = self.result, self.parallel
+        result.params = tr.get_params()  # after a resume that had nothing left to do, too
+        result.state = tr.get_state()
+        result.samples_per_sec = train_size * len(result.sec_per_epoch) / max(sum(result.sec_per_epoch), 1e-12)
+        if self._joined:
+            tr.process_group.close()
+        self.callbacks.on_fit_end(self, result)
+        return result
+
+
+def _devices_from(devices: Any, num_gpus: Any) -> Any:
+    """``devices``, or the deprecated ``num_gpus`` with a FutureWarning (shown by default)."""
+    if num_gpus is None:
+        return devices
+    warnings.warn(
+        "train(num_gpus=...) is deprecated and goes in the next release; use devices=..., as DataParallel does",
+        FutureWarning,
+        stacklevel=3,
+    )
+    if devices != 1:
+        raise InputError(f"devices={devices!r} and num_gpus={num_gpus!r} both given; give devices only")
+    return num_gpus
+
+
 def train(
-    backend: str = "numpy",
-    num_gpus: int | str = 1,
-    batch_size: int = 256,
-    lr: float = 0.2,
-    num_epochs: int = 10,
     model: str | Model = "lenet",
-    allreduce: str = "fused",
-    data_dir: str | os.PathLike[str] | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    plot: str | os.PathLike[str] | None = None,
-    checkpoint: str | os.PathLike[str] | None = None,
     *,
+    backend: str | None = None,
+    devices: int | str | Sequence[Any] = 1,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    lr: float = DEFAULT_LR,
+    num_epochs: int = 10,
+    optimizer: str | Optimizer = "sgd",
+    allreduce: str = "fused",
+    seed: int = 0,
+    sync_bn: bool = False,
+    bucket_mb: float | None = DEFAULT_BUCKET_MB,
     scale_batch: bool = False,
     lr_scaling: str | None = None,
     warmup_epochs: float = 0.0,
+    data: Any = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    verify_data: bool = True,
     train_limit: int | None = None,
     test_limit: int | None = None,
-    data: Any = None,
+    progress: bool = True,
+    checkpoint: str | os.PathLike[str] | None = None,
+    plot: str | os.PathLike[str] | None = None,
+    callbacks: Iterable[Callback] = (),
     on_epoch: Callable[[int, TrainResult], None] | None = None,
     processes: int = 1,
     process_group: ProcessGroup | None = None,
-    verify_data: bool = True,
-    optimizer: str | Optimizer = "sgd",
-    sync_bn: bool = False,
-    bucket_mb: float | None = DEFAULT_BUCKET_MB,
+    num_gpus: int | str | None = None,
 ) -> TrainResult:
-    """Train ``model`` on Fashion-MNIST with data-parallel SGD; return a TrainResult.
+    """Train ``model`` on Fashion-MNIST (or ``data``) with data-parallel SGD; return a TrainResult.
+
+    ``Trainer(model, ...).fit(data, ...)`` in one call. ``model`` is a built-in name
+    (``"lenet"``, ``"resnet18"``, ...) or a ``Model``; every other argument is a keyword.
+    ``backend`` None is the backend ``multigpu launch`` was given, else the first
+    installed of torch, paddle and mxnet, else numpy. ``devices`` is a device count (CPU
+    replicas with a warning when the framework sees fewer GPUs), ``"cpu:2"`` or
+    ``"gpu:0,1"``, as in ``DataParallel`` (``num_gpus`` is its deprecated old name).
 
     ``optimizer`` is ``"sgd"`` (plain SGD, the textbook's), ``"adamw"`` or an optimizer
     object such as ``multigpu.optim.SGD(momentum=0.9, weight_decay=5e-4)``; ``lr`` is its
     learning rate. ``sync_bn`` synchronizes BatchNorm statistics across every device and
-    process (else each device normalizes with its own shard's). Checkpoints hold the
-    optimizer state and every replica's BatchNorm running statistics too. With several
-    processes the gradients cross them in buckets of up to ``bucket_mb`` MiB started
-    during backward (None: one buffer after backward).
+    process. With several processes the gradients cross them in buckets of up to
+    ``bucket_mb`` MiB started during backward (None: one buffer after backward).
+    ``scale_batch`` multiplies the batch by the device count; ``lr_scaling="linear"``
+    scales the rate by the same global-batch multiplier (1 without ``scale_batch``),
+    with an optional warmup. ``data`` replaces the loader with any object shaped like
+    ``FashionMNIST``; ``train_limit``/``test_limit`` use the first N examples;
+    ``verify_data=False`` loads IDX files whose MD5 is not Fashion-MNIST's.
 
-    ``num_gpus`` is a device count (CPU replicas with a warning when the framework
-    sees fewer GPUs) or a device string such as ``"cpu:2"``. ``scale_batch``
-    multiplies the batch by the device count; ``lr_scaling="linear"`` scales the
-    rate by the same global-batch multiplier (1 without ``scale_batch``), with an
-    optional warmup. ``checkpoint=DIR`` saves after every epoch and resumes from
-    DIR. ``train_limit``/``test_limit`` use the first N examples; ``data`` replaces
-    the loader with any object shaped like ``FashionMNIST``; ``verify_data=False``
-    loads IDX files whose MD5 is not Fashion-MNIST's (your own subset).
-
-    Every argument, the backend, devices and output paths are checked before any
-    data is loaded. A NaN or infinite training loss stops the run with
-    TrainingDivergedError naming the epoch and step; the checkpoint of the last
-    finished epoch stays as it was. Raises InputError, DataError/DataNotFoundError,
+    ``checkpoint=DIR`` saves after every epoch (parameters, optimizer state, every
+    replica's BatchNorm statistics) and resumes from DIR; ``plot=PNG`` draws the curves;
+    ``callbacks`` run at each epoch's end (and more: see ``Callback``); ``on_epoch(epoch,
+    result)`` is called on rank 0 after every epoch. A NaN or infinite loss stops the run
+    with TrainingDivergedError naming the epoch and step; the last checkpoint stays.
+    Raises InputError, ModelError, DeviceError, DataError/DataNotFoundError,
     MissingDependencyError (plot without matplotlib), CheckpointError or
-    TrainingDivergedError.
+    TrainingDivergedError, every setting and output path checked before data loads.
 
-    ``processes=N`` trains as N processes on this host, each driving ``num_gpus``
-    devices, with the backend's own distributed engine, and returns rank 0's result
-    (``data`` and ``on_epoch`` must then be picklable; ``on_epoch`` runs in rank 0).
-    Inside a rank started by ``multigpu launch`` train() joins that job by itself;
-    ``process_group`` joins one made elsewhere. Every rank draws the same global
-    batches from ``seed`` and trains on its shard; loss and accuracy are reduced
-    across ranks; only rank 0 writes checkpoints and plots. A rank that fails raises
+    ``processes=N`` trains as N processes on this host, each driving ``devices``, with the
+    backend's own distributed engine, and returns rank 0's result (``data``, ``on_epoch``
+    and ``callbacks`` must then be picklable). Inside a rank started by ``multigpu
+    launch`` train() joins that job by itself; ``process_group`` joins one made
+    elsewhere. Every rank draws the same global batches from ``seed`` and trains on its
+    shard; only rank 0 writes checkpoints and plots. A failed rank raises
     RankFailedError (or CollectiveError) on the others.
     """
-    if processes != 1:
-        args = {k: v for k, v in locals().items() if k != "processes"}  # the arguments, nothing else yet
-        return train_processes(processes, args)
-    check_count(batch_size, "batch_size", example=256)
-    check_count(num_epochs, "num_epochs", example=10)
-    check_positive(lr, "lr", example=0.2)
-    if lr_scaling not in LR_SCALINGS:
-        raise InputError(f"lr_scaling={lr_scaling!r} is unknown; use None or 'linear'")
-    check_number(warmup_epochs, "warmup_epochs", minimum=0.0, example=1.0)
-    if warmup_epochs and lr_scaling is None:
-        raise InputError("warmup_epochs only applies with lr_scaling='linear'; set both or neither")
-    for name, limit in (("train_limit", train_limit), ("test_limit", test_limit)):
-        if limit is not None:
-            check_count(limit, name, example=1000)
-    if bucket_mb is not None:
-        check_positive(bucket_mb, "bucket_mb", unit="MiB", example=25)
-    opt = make_optimizer(optimizer)
-    net = resolve_model(model, data)
-    writer = (process_group.rank if process_group is not None else launched_rank()) == 0  # writes files
-    if plot is not None:  # fail before training, not after ten epochs
-        require_matplotlib()
-        if writer:
-            check_writable(plot, "plot")
-    saved = None
-    if checkpoint is not None and writer:  # only rank 0 reads and writes the folder
-        saved = load_checkpoint(check_writable_dir(checkpoint, "checkpoint"))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CPUFallbackWarning)
-        group, devices, joined = process_group, num_gpus, False
-        if group is None and launched():
-            group, devices = join_job(backend, num_gpus)
-            joined = True
-        tr = DataParallel(
-            net,
-            backend=backend,
-            devices=devices,
-            lr=lr,
-            allreduce=allreduce,
-            seed=seed,
-            process_group=group,
-            optimizer=opt,
-            sync_bn=sync_bn,
-            bucket_mb=bucket_mb,
-        )
-    rank, world = tr.rank, tr.world_size
-    progress = progress and rank == 0
-    for w in caught:
-        if progress:
-            print(f"note: {w.message}", file=sys.stderr)
-        if rank == 0:
-            warnings.warn(w.message, stacklevel=2)  # keep it visible to callers that filter warnings
-    n_dev = len(tr.devices) * world  # every device of the job
-    global_batch = batch_size * n_dev if scale_batch else batch_size
-    check_count(global_batch, "batch_size", minimum=n_dev, example=f"{n_dev} (one row per device)")
-    # the fewest rows a batch may have: one per device, two per device where a BatchNorm sees 1x1
-    # planes (one value has no variance), or two in all with synchronized statistics
-    two = max(net.min_training_examples().values(), default=1) > 1
-    fewest = max(n_dev, 2) if two and sync_bn else 2 * n_dev if two else n_dev
-    if data is None:
-        from multigpu.data import load_fashion_mnist
-
-        data = load_fashion_mnist(data_dir, progress=progress, verify=verify_data)
-    _check_fits(net, data)
-    Xtr, ytr, Xte, yte = data.train_images, data.train_labels, data.test_images, data.test_labels
-    Xtr, ytr = Xtr[:train_limit], ytr[:train_limit]
-    Xte, yte = Xte[:test_limit], yte[:test_limit]
-
-    result = TrainResult(
-        backend=tr.backend.name,
-        devices=[str(d) for d in tr.devices],
-        model=net.name,
-        batch_size=global_batch,
-        lr=lr,
-        allreduce=allreduce,
-        seed=seed,
-        processes=world,
-        rank=rank,
-        optimizer=opt.config(),
-        sync_bn=sync_bn,
-    )
-    config = {
-        "backend": result.backend,
-        "devices": result.devices,
-        "model": net.name,
-        "param_shapes": [list(shape) for shape in net.param_shapes],
-        "batch_size": global_batch,
-        "lr": lr,
-        "allreduce": allreduce,
-        "seed": seed,
-        "lr_scaling": lr_scaling,
-        "warmup_epochs": warmup_epochs,
-        "train_size": len(Xtr),
-        "test_size": len(Xte),
-    }
-    if opt.config() != SGD().config() or sync_bn or net.batch_norms:  # older checkpoints stay valid
-        config.update(optimizer=opt.config(), sync_bn=sync_bn, state_shapes=[list(shape) for shape in net.state_shapes])
-    if world > 1:
-        config["processes"] = world
-    rng = np.random.default_rng(seed)
-    start_epoch = 0
-    arrays = saved[1].pop("arrays") if saved is not None else None  # numpy: stays on rank 0
-    if checkpoint is not None and world > 1:
-        saved = share_checkpoint(tr, saved)  # only rank 0 needs the folder
-    if saved is not None:
-        params, state = saved
-        diff = {k: (state["config"].get(k), v) for k, v in config.items() if state["config"].get(k) != v}
-        if diff:
-            raise CheckpointError(
-                f"checkpoint in {checkpoint} belongs to a different run (saved vs now: {diff}); "
-                "use another folder or the same settings"
-            )
-        try:
-            if params is not None:  # None on ranks other than 0: broadcast below
-                tr.set_params(params)
-                tr.set_optimizer_state([arrays[f"opt{j}"] for j in range(opt.buffers)], state.get("steps", 0))
-            tr.steps = int(state.get("steps", 0))
-            rng.bit_generator.state = state["rng"]
-        except (ParamsError, TypeError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"checkpoint in {checkpoint} is damaged ({exc}); delete it to start afresh") from exc
-        tr.broadcast_params()  # rank 0's restored parameters to every rank (no-op in one process)
-        if net.batch_norms:
-            try:  # every replica's own running statistics, rank 0's file to every rank
-                tr.scatter_states(arrays.get("bn") if arrays is not None else None)
-            except (ParamsError, AttributeError) as exc:
-                raise CheckpointError(
-                    f"checkpoint in {checkpoint} is damaged ({exc}); delete it to start afresh"
-                ) from exc
-        start_epoch = state["epoch"]
-        for key in ("test_acc", "train_loss", "sec_per_epoch"):
-            getattr(result, key).extend(state[key])
-
-    steps_per_epoch = math.ceil(len(Xtr) / global_batch)
-    multiplier = global_batch // batch_size  # linear scaling follows the batch, not the device count
-    bar = _progress_bar(progress)
-    for epoch in range(start_epoch, num_epochs):
-        chunks = _batches(len(Xtr), global_batch, fewest, rng)
-        total = 0.0
-        with bar(total=len(chunks), desc=f"epoch {epoch + 1}/{num_epochs}", unit="batch", leave=False) as pbar:
-            t0 = time.perf_counter()
-            for i, idx in enumerate(chunks):
-                tr.lr = learning_rate(
-                    lr, multiplier, epoch * steps_per_epoch + i, steps_per_epoch, lr_scaling, warmup_epochs
-                )
-                loss = tr.train_batch(Xtr[idx], ytr[idx])  # read after the update: no extra device wait
-                if not math.isfinite(loss):  # Keras's TerminateOnNaN: stop, keep the last checkpoint
-                    raise _diverged(
-                        f"the loss is {loss} at epoch {epoch + 1}, step {i + 1}",
-                        epoch,
-                        i + 1,
-                        loss,
-                        tr.lr,
-                        checkpoint,
-                        len(result.test_acc),
-                    )
-                total += loss * len(idx)
-                pbar.update(1)
-            tr.synchronize()  # queued device work belongs to this epoch's time
-            seconds = time.perf_counter() - t0
-        params = tr.get_params()  # one read per epoch, after the device work is done
-        stats = tr.gather_states() if net.batch_norms else np.zeros((0,), np.float32)  # every rank takes part
-        bad = (
-            "parameters"
-            if not all(np.isfinite(p).all() for p in params)
-            else "BatchNorm running statistics"
-            if not np.isfinite(stats).all()
-            else None
-        )
-        if bad is not None:  # a ReLU may have hidden NaN from the loss
-            raise _diverged(
-                f"the {bad} hold NaN or infinity after epoch {epoch + 1} although every loss was finite",
-                epoch,
-                len(chunks),
-                math.nan,
-                tr.lr,
-                checkpoint,
-                len(result.test_acc),
-            )
-        result.sec_per_epoch.append(seconds)
-        result.train_loss.append(total / len(Xtr))
-        result.test_acc.append(tr.evaluate(Xte, yte))
-        if checkpoint is not None and rank == 0:
-            extra = {f"opt{j}": a for j, a in enumerate(tr.get_optimizer_state())}
-            if net.batch_norms:
-                extra["bn"] = stats
-            save_checkpoint(
-                checkpoint,
-                params,
-                {
-                    "config": config,
-                    "epoch": epoch + 1,
-                    "rng": rng.bit_generator.state,
-                    "test_acc": result.test_acc,
-                    "train_loss": result.train_loss,
-                    "sec_per_epoch": result.sec_per_epoch,
-                    "steps": tr.steps,
-                },
-                extra,
-            )
-        if progress:
-            print(
-                f"epoch {epoch + 1}/{num_epochs}: test acc {result.test_acc[-1]:.3f}, "
-                f"train loss {result.train_loss[-1]:.3f}, {seconds:.1f} sec/epoch "
-                f"on {result.devices} ({result.backend})",
-                flush=True,
-            )
-        if on_epoch is not None and rank == 0:
-            on_epoch(epoch, result)
-    result.params = tr.get_params()  # after a resume that had nothing left to do, too
-    result.state = tr.get_state()
-    result.samples_per_sec = len(Xtr) * len(result.sec_per_epoch) / max(sum(result.sec_per_epoch), 1e-12)
-    if joined:
-        tr.process_group.close()
-    if plot is not None and rank == 0:
-        plot_curves([result], plot, title=f"{net.name} on Fashion-MNIST, {result.backend}")
-    return result
-
-
-def _diverged(
-    what: str, epoch: int, step: int, loss: float, lr: float, checkpoint: Any, done: int
-) -> TrainingDivergedError:
-    if checkpoint is None:
-        kept = "no checkpoint was asked for (--checkpoint DIR keeps one per epoch)"
-    elif done:
-        kept = f"the checkpoint in {checkpoint} still holds epoch {done}"
-    else:
-        kept = f"no epoch finished, so {checkpoint} holds no checkpoint"
-    return TrainingDivergedError(
-        f"training diverged: {what} (lr {lr:g}); lower the learning rate, e.g. to {lr / 10:g}; {kept}",
-        epoch=epoch + 1,
-        step=step,
-        loss=loss,
-    )
-
-
-def _progress_bar(enabled: bool) -> Callable[..., Any]:
-    from functools import partial
-
-    from tqdm.auto import tqdm
-
-    return partial(tqdm, disable=not enabled, file=sys.stderr)
+    args = dict(locals())
+    args["devices"] = _devices_from(devices, args.pop("num_gpus"))
+    if args.pop("processes") != 1:
+        args["backend"] = default_backend_name(backend)  # the launcher starts that backend's engine
+        return train_processes(processes, args)  # the ranks call train(**args) again
+    fit = {k: args.pop(k) for k in ("data", "data_dir", "verify_data", "train_limit", "test_limit")}
+    epoch_fn = args.pop("on_epoch")
+    args["callbacks"] = [*([] if epoch_fn is None else [EpochFunction(epoch_fn)]), *callbacks]
+    return Trainer(args.pop("model"), **args).fit(fit.pop("data"), **fit)

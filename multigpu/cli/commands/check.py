@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from typing import Any
 
 from multigpu import models
 from multigpu.checks import check_count
-from multigpu.cli.parsers import add_command
+from multigpu.cli.parsers import add_alias, add_command, add_json_output, check_output, emit_json, report_stream
 from multigpu.contract.op_check import op_agreement
 from multigpu.contract.registry import available_backends, backend, registered_backends
-from multigpu.data.files import atomic_write, check_writable
 from multigpu.errors import InputError, MultigpuError
 from multigpu.optim import SGD
 from multigpu.parallel.agreement import agreement, step_agreement, sync_bn_agreement
@@ -40,7 +38,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--backends", default=None, help="comma-separated backends to check (default: all installed)")
     p.add_argument("--steps", type=int, default=10, help="SGD steps (default 10)")
-    p.add_argument("--batch", type=int, default=32, help="global batch size (default 32)")
+    batch = p.add_argument(
+        "--batch-size", type=int, default=32, metavar="N", help="global minibatch size of the LeNet steps (default 32)"
+    )
+    add_alias(p, "--batch", batch)
     p.add_argument("--devices", default="cpu:2", help="device spec, e.g. 2, cpu:2, gpu:0,1 (default cpu:2)")
     p.add_argument("--allreduce", choices=ALGORITHMS, default="fused", help="allreduce algorithm (default fused)")
     p.add_argument(
@@ -56,7 +57,7 @@ def register(sub: Any) -> None:
         help="max difference relative to the reference's magnitude for the ops and the ResNet-18 step (default 5e-5)",
     )
     p.add_argument("--no-resnet", action="store_true", help="skip the ResNet-18 step (it takes about a minute)")
-    p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="also write the result as JSON")
+    add_json_output(p, "every table and the verdict", path_alias=True)
 
 
 def _devices(text: str) -> object:
@@ -124,12 +125,21 @@ def _sync_bn(backends: list[str], devices: object, tol: float) -> list[dict[str,
 def run(args: argparse.Namespace) -> int:
     """Print the backend/device list and the agreement table; return 1 on disagreement."""
     check_count(args.steps, "--steps", example=10)  # before any output, not after the listing
-    check_count(args.batch, "--batch", example=32)
+    check_count(args.batch_size, "--batch-size", example=32)
     for flag, value in (("--tol", args.tol), ("--rtol", args.rtol)):
         if not (value >= 0 and math.isfinite(value)):
             raise InputError(f"{flag} {value} must be a finite number >= 0, e.g. 1e-5")
-    if args.json_path is not None:
-        check_writable(args.json_path, "--json")
+    check_output(args)
+    with report_stream(args):
+        result = _report(args)
+    emit_json(args, result)
+    if not result["agree"]:
+        print(f"multigpu check: a backend differs from the reference by more than {args.tol}", file=sys.stderr)
+    return 0 if result["agree"] else 1
+
+
+def _report(args: argparse.Namespace) -> dict[str, Any]:
+    """Print the listing and every table; return what ``--json`` prints."""
     installed = available_backends()
     print("backends:")
     for name in registered_backends():
@@ -162,12 +172,12 @@ def run(args: argparse.Namespace) -> int:
         models.lenet(),
         others,
         steps=args.steps,
-        batch=args.batch,
+        batch=args.batch_size,
         devices=_devices(args.devices),
         allreduce=args.allreduce,
     )
     print(
-        f"\nagreement with the numpy reference: LeNet, {args.steps} steps, batch {args.batch}, "
+        f"\nagreement with the numpy reference: LeNet, {args.steps} steps, batch {args.batch_size}, "
         f"{args.allreduce} allreduce"
     )
     print(f"  {'backend':<8} {'devices':<14} {'max |dparam|':>13} {'max |dloss|':>12}  verdict")
@@ -181,23 +191,13 @@ def run(args: argparse.Namespace) -> int:
     sync = _sync_bn(wanted, _devices(args.devices), args.tol)
     resnet = [] if args.no_resnet else _resnet_step(others, _devices(args.devices), args.rtol)
     failed |= any(not r["ok"] for r in [*sync, *resnet])
-    if args.json_path:
-        with atomic_write(args.json_path) as f:
-            f.write(
-                json.dumps(
-                    {
-                        "tol": args.tol,
-                        "rtol": args.rtol,
-                        "steps": args.steps,
-                        "ops": op_rows,
-                        "rows": [r.__dict__ for r in rows],
-                        "sync_bn": sync,
-                        "resnet18_step": resnet,
-                        "agree": not failed,
-                    },
-                    indent=2,
-                ).encode()
-            )
-    if failed:
-        print(f"multigpu check: a backend differs from the reference by more than {args.tol}", file=sys.stderr)
-    return 1 if failed else 0
+    return {
+        "tol": args.tol,
+        "rtol": args.rtol,
+        "steps": args.steps,
+        "ops": op_rows,
+        "rows": [r.__dict__ for r in rows],
+        "sync_bn": sync,
+        "resnet18_step": resnet,
+        "agree": not failed,
+    }

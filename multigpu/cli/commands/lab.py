@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
 import sys
 from typing import Any
 
-from multigpu.cli.parsers import add_command
+from multigpu.cli.parsers import add_command, add_json_output, check_output, emit_json
 from multigpu.errors import InputError
 
 DESCRIPTION = """\
@@ -73,7 +72,7 @@ def register(sub: Any) -> None:
         "--threads", type=int, default=1, help="math threads per worker in the emulated cluster (default 1)"
     )
     up.add_argument("--no-ray", action="store_true", help="no Ray nodes (namespaces, links and limits only)")
-    up.add_argument("--json", action="store_true", help="print the lab's status as JSON")
+    add_json_output(up, "the lab's status")
     up.add_argument("--quiet", action="store_true", help="no progress lines")
     down = acts.add_parser(
         "down",
@@ -82,7 +81,7 @@ def register(sub: Any) -> None:
     )
     down.add_argument("--lab", default=None, metavar="ID", help="only this lab")
     st = acts.add_parser("status", help="show what is up", description="Show every lab that is up.")
-    st.add_argument("--json", action="store_true", help="print JSON")
+    add_json_output(st, "every lab's status and the leftovers of crashed ones")
     ex = acts.add_parser(
         "exec",
         help="run a command inside a lab host",
@@ -149,6 +148,7 @@ def run_up(args: argparse.Namespace) -> int:
     """Bring the lab up and leave it up; return 0."""
     from multigpu.lab import Lab
 
+    check_output(args)
     lab = Lab(
         args.cluster,
         cpu_scale=args.cpu_scale,
@@ -163,9 +163,8 @@ def run_up(args: argparse.Namespace) -> int:
     )
     lab.up()  # on Ctrl-C or an error, up() has already taken down what it made
     st = lab.status()
-    if args.json:
-        print(json.dumps(st))
-    else:
+    emit_json(args, st)
+    if not args.json:
         _print_status(st)
         first = lab.plan.cluster.source
         print(
@@ -192,9 +191,10 @@ def run_status(args: argparse.Namespace) -> int:
     """Print the labs that are up; return 0."""
     from multigpu.lab import Lab, labs, leftovers
 
+    check_output(args)
     states = [Lab.attach(s["id"]).status() for s in labs()]
+    emit_json(args, {"labs": states, "leftovers": leftovers()})
     if args.json:
-        print(json.dumps({"labs": states, "leftovers": leftovers()}))
         return 0
     for st in states:
         _print_status(st)

@@ -8,19 +8,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from multigpu.cli.parsers import add_command
+from multigpu.cli.parsers import add_alias, add_command
+from multigpu.contract.registry import PREFERRED, default_backend
 from multigpu.distributed.job import DEFAULT_INIT_TIMEOUT, DEFAULT_MULTI_HOST_PORT, DEFAULT_TIMEOUT, Job
 from multigpu.distributed.supervisor import run as run_job
 from multigpu.errors import InputError
 
 EPILOG = """\
 examples:
-  multigpu launch --nproc 2 --backend torch -- train --epochs 1
-  multigpu launch --nproc 2 --backend mxnet -- train --epochs 1 --json out.json
-  multigpu launch --nproc 2 --backend paddle -- my_script.py --flag
+  multigpu launch --nproc-per-node 2 --backend torch -- train --epochs 1
+  multigpu launch --nproc-per-node 2 --backend mxnet -- train --epochs 1 --out out.json
+  multigpu launch --nproc-per-node 2 --backend paddle -- my_script.py --flag
 
 two hosts (run on each, with --node-rank 0 on the host at --master-addr):
-  multigpu launch --nnodes 2 --node-rank 0 --nproc 1 --master-addr 10.0.0.1 --master-port 29500 \\
+  multigpu launch --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr 10.0.0.1 --master-port 29500 \\
       --backend torch -- train --epochs 10
 """
 
@@ -32,7 +33,7 @@ def register(sub: Any) -> None:
         "launch",
         run,
         help="run a command as N ranks on torch.distributed, paddle.distributed or MXNet's kvstore",
-        description="Start --nproc ranks on this host (and, with --nnodes, join ranks on other hosts), each "
+        description="Start --nproc-per-node ranks on this host (and, with --nnodes, join ranks on other hosts), each "
         "running COMMAND: a multigpu sub-command (train), a Python script, or a program. Ranks "
         "join with the backend's own engine (torch: Gloo/NCCL via env://; paddle: Gloo/NCCL; "
         "mxnet: a dist_sync kvstore with a scheduler and parameter servers). The first rank that "
@@ -40,8 +41,15 @@ def register(sub: Any) -> None:
         epilog=EPILOG,
         raw=True,
     )
-    p.add_argument("--nproc", type=int, default=2, help="ranks on this host (default 2)")
-    p.add_argument("--backend", default="numpy", help="numpy, torch, paddle or mxnet (default numpy)")
+    nproc = p.add_argument(
+        "--nproc-per-node", type=int, default=2, help="ranks (processes) on this host, as torchrun's (default 2)"
+    )
+    add_alias(p, "--nproc", nproc)
+    p.add_argument(
+        "--backend",
+        default=None,
+        help=f"numpy, torch, paddle or mxnet (default: the first installed of {', '.join(PREFERRED)}, else numpy)",
+    )
     p.add_argument("--nnodes", type=int, default=1, help="hosts in the job (default 1)")
     p.add_argument("--node-rank", type=int, default=0, help="this host's index, 0..nnodes-1 (default 0)")
     p.add_argument(
@@ -89,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     job = Job(
-        args.backend,
-        args.nproc,
+        args.backend or default_backend(),
+        args.nproc_per_node,
         nnodes=args.nnodes,
         node_rank=args.node_rank,
         master_addr=args.master_addr,
@@ -110,7 +118,9 @@ def command_argv(command: Sequence[str]) -> list[str]:
     from multigpu.cli.main import COMMANDS
 
     if not command:
-        raise InputError("no command given; write it after '--', e.g. 'multigpu launch --nproc 2 -- train --epochs 1'")
+        raise InputError(
+            "no command given; write it after '--', e.g. 'multigpu launch --nproc-per-node 2 -- train --epochs 1'"
+        )
     first = command[0]
     if first == "launch":
         raise InputError("'launch' cannot launch itself; give the command each rank runs, e.g. 'train'")

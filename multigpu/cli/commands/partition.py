@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any
 
-from multigpu.cli.parsers import add_command
+from multigpu.cli.parsers import add_alias, add_command, add_json_output, check_output, emit_json
 
 DESCRIPTION = """\
 Place each layer of a network (a chain or any graph with branches) on a device of a
@@ -34,20 +33,24 @@ def register(subparsers: Any) -> None:
         description=DESCRIPTION,
         raw=True,
     )
-    p.add_argument(
-        "--graph",
-        required=True,
+    model = p.add_argument(
+        "--model",
+        default=None,
         metavar="FILE|NAME",
-        help="layer graph: a JSON/TOML file, a built-in model (lenet, alexnet, ...) or a shipped "
-        "graph (resnet50, inception, ...)",
+        help="the network (required): a built-in model (lenet, alexnet, ...), a shipped layer graph "
+        "(resnet50, inception, ...) or a JSON/TOML graph file",
     )
+    add_alias(p, "--graph", model)
     p.add_argument(
         "--cluster",
         required=True,
         metavar="FILE|NAME",
         help="cluster: a JSON/TOML file, or a shipped one (lab, gpu-box)",
     )
-    p.add_argument("--batch", type=int, default=1, help="batch size for a built-in model (default 1)")
+    batch = p.add_argument(
+        "--batch-size", type=int, default=1, metavar="N", help="inputs per forward pass of a built-in model (default 1)"
+    )
+    add_alias(p, "--batch", batch)
     p.add_argument("--wt", type=float, default=1.0, help="weight of time T in seconds (default 1)")
     p.add_argument("--we", type=float, default=0.0, help="weight of energy E in joules (default 0)")
     p.add_argument(
@@ -104,11 +107,7 @@ def register(subparsers: Any) -> None:
         help="draw the graph, each layer coloured by its device and the cut edges marked (needs matplotlib)",
     )
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object (assignment, time, energy, cost, ...) instead of the report",
-    )
+    add_json_output(p, "the plan (assignment, time, energy, cost, baselines, ...)")
     p.add_argument("--verbose", action="store_true", help="print the MILP solver's log")
 
 
@@ -152,7 +151,10 @@ def run(args: argparse.Namespace) -> int:
     from multigpu.partition import Constraints, autopartition, baselines, format_report, load_cluster, load_graph
     from multigpu.partition.report import baseline_gap
 
-    graph = load_graph(args.graph, batch=args.batch)
+    if args.model is None:
+        raise _bad_input("the network is missing; give --model NAME|FILE, e.g. --model alexnet")
+    check_output(args)
+    graph = load_graph(args.model, batch=args.batch_size)
     cluster = load_cluster(args.cluster)
     pins: dict[Any, str] = dict(_pairs(args.pin, "--pin", "DEVICE"))
     cons = Constraints(
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         time_limit=args.time_limit,
     )
     base = [] if args.no_baselines else baselines(graph, cluster, args.wt, args.we, args.ship_params, cons)
-    if args.json:
+    if args.json or args.out is not None:
         out = plan.to_dict()
         out["baselines"] = {
             b.name: None
@@ -200,8 +202,8 @@ def run(args: argparse.Namespace) -> int:
             }
             for b in base
         }
-        print(json.dumps(out))
-    else:
+        emit_json(args, out)
+    if not args.json:
         print(format_report(plan, graph, cluster, base))
     if args.plot is not None:
         from multigpu.partition.plot import plot_plan

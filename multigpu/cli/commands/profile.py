@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from multigpu.cli.parsers import add_command
+from multigpu.cli.parsers import add_alias, add_command
 from multigpu.errors import PlanError
 
 EXIT_OK = 0
@@ -74,7 +74,10 @@ def register(sub: Any) -> None:
         help="backend of the driver's own stages (default: the first worker's; none: it runs none)",
     )
     p.add_argument("--driver-threads", type=int, default=None, metavar="N", help="math threads of the driver")
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    batch = p.add_argument(
+        "--batch-size", type=int, default=1, metavar="N", help="inputs per timed forward pass (default 1)"
+    )
+    add_alias(p, "--batch", batch)
     p.add_argument("--repeats", type=int, default=20, help="timed passes per device and model (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed passes first (default 3)")
     p.add_argument("--link-repeats", type=int, default=15, help="timed transfers per size and route (default 15)")
@@ -105,8 +108,8 @@ def register(sub: Any) -> None:
         help="Ray engine whose hops to measure: tasks (actor calls, default) or compiled (a Compiled Graph)",
     )
     p.add_argument("--address", default=None, help="join this Ray cluster (default: start a local one)")
-    p.add_argument("--out", required=True, metavar="FILE.json", help="where to write the cluster file")
-    p.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    p.add_argument("--out", required=True, metavar="FILE", help="write the cluster file (the measurements) to FILE")
+    p.add_argument("--json", action="store_true", help="print the measurements as one JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             raise PlanError(f"--sizes {args.sizes!r} must list byte counts, e.g. 65536,1048576") from None
     measure: dict[str, Any] = {
-        "batch": args.batch,
+        "batch": args.batch_size,
         "repeats": args.repeats,
         "warmup": args.warmup,
         "link_repeats": args.link_repeats,

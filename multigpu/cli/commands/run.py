@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from multigpu.cli.parsers import add_command
+from multigpu.cli.parsers import add_alias, add_command, add_json_output, check_output, emit_json
 from multigpu.errors import PlanError
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -27,8 +26,8 @@ every hop (timed at both ends) and end to end; --stream pipelines the inputs and
 prints items/s beside the predicted 1/bottleneck; --compare prints the cost
 model's prediction beside every measured figure.
 
---plan takes the JSON `multigpu partition --json` prints, a JSON list of device
-names, or the names inline: t1,t1,p1 or t1*5,p1*5.
+--plan takes the file `multigpu partition --out FILE` writes (the JSON its --json
+prints), a JSON list of device names, or the names inline: t1,t1,p1 or t1*5,p1*5.
 Exit status: 0 ok, 1 a worker died or timed out (or --check found a difference),
 2 bad input."""
 
@@ -59,9 +58,14 @@ def register(sub: Any) -> None:
         "--images", default=None, metavar="fashion-mnist:test:0-99", help="real images: split and inclusive row range"
     )
     src.add_argument("--random", type=int, default=None, metavar="N", help="N random inputs")
-    p.add_argument(
-        "--batch", type=int, default=1, help="inputs per item (default 1); a short last item is run but not timed"
+    batch = p.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="inputs per item, one forward pass (default 1); a short last item is run but not timed",
     )
+    add_alias(p, "--batch", batch)
     p.add_argument("--stream", action="store_true", help="pipeline the items through the stages")
     p.add_argument("--compare", action="store_true", help="print predicted against measured time")
     p.add_argument(
@@ -78,7 +82,7 @@ def register(sub: Any) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed items first (default 1)")
     p.add_argument("--data-dir", default=None, help="folder with the Fashion-MNIST IDX files")
     p.add_argument("--seed", type=int, default=0, help="seed of --random and of the default parameters")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    add_json_output(p, "the run (stages, timings, recognition, check)")
 
 
 def parse_plan(text: str) -> Any:
@@ -87,8 +91,8 @@ def parse_plan(text: str) -> Any:
         return text
     if not re.fullmatch(r"[^,*\s]+(\*\d+)?(,[^,*\s]+(\*\d+)?)*", text.strip()):
         raise PlanError(
-            f"--plan {text!r} is neither a file nor a list of device names; give the JSON "
-            f"`multigpu partition --json` prints, or names such as t1*5,p1*5"
+            f"--plan {text!r} is neither a file nor a list of device names; give the file "
+            f"`multigpu partition --out FILE` writes, or names such as t1*5,p1*5"
         )
     out: list[str] = []
     for part in text.strip().split(","):
@@ -103,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from multigpu.execution.inputs import load_images, load_params, load_state, random_inputs
     from multigpu.execution.runner import resolve_cluster, resolve_model
 
+    check_output(args)
     model = resolve_model(args.model)
     params = load_params(args.params) if args.params else None
     params = model.init_params(args.seed) if params is None else model.check_params(params)
@@ -127,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         plan,
         images.x,
         cluster,
-        batch=args.batch,
+        batch=args.batch_size,
         stream=args.stream,
         engine=args.engine,
         address=args.address,
@@ -140,13 +145,13 @@ def run(args: argparse.Namespace) -> int:
         print("note: no --params, so the seeded random init is used: the classes mean nothing", file=sys.stderr)
     pred = result.predictions()
     recog = _recognition(images, pred)
-    if args.json:
+    if args.json or args.out is not None:
         out = result.to_dict()
         out["inputs"] = images.source
         out["recognition"] = recog
         out["check"] = check
-        print(json.dumps(out))
-    else:
+        emit_json(args, out)
+    if not args.json:
         print(
             f"{model.name}: {images.source} through {len(result.stages)} stage(s): "
             + " | ".join(f"{s.first}..{s.last} on {s.device} ({_backend(cluster, s.device)})" for s in result.stages)

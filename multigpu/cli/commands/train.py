@@ -6,17 +6,17 @@ import argparse
 import warnings
 from typing import Any
 
-from multigpu.cli.parsers import add_command
+from multigpu.cli.parsers import add_alias, add_command, add_json_output, check_output, emit_json, report_stream
 from multigpu.contract.devices import CPUFallbackWarning
 from multigpu.contract.registry import PREFERRED, default_backend
-from multigpu.data.files import check_writable
 from multigpu.distributed.rank import launched_backend
 from multigpu.errors import InputError
 from multigpu.models.zoo import MODELS
 from multigpu.optim import OPTIMIZERS, SGD, AdamW, Optimizer
 from multigpu.parallel.allreduce import ALGORITHMS
 from multigpu.parallel.buckets import DEFAULT_BUCKET_MB
-from multigpu.training.trainer import train
+from multigpu.parallel.data_parallel import DEFAULT_LR
+from multigpu.training.trainer import DEFAULT_BATCH_SIZE, train
 
 DESCRIPTION = """\
 Train a model (LeNet, ResNet-18, ...) on Fashion-MNIST across devices with any
@@ -38,9 +38,18 @@ def register(sub: Any) -> None:
         help=f"numpy, torch, mxnet or paddle (default: the one 'multigpu launch' was given, else "
         f"the first installed of {', '.join(PREFERRED)}; the first output line names it)",
     )
-    p.add_argument("--gpus", default="1", help="device count (CPU replicas when no GPU), or cpu:N / gpu:0,1")
-    p.add_argument("--batch-size", type=int, default=256, help="global minibatch size (default 256)")
-    p.add_argument("--lr", type=float, default=0.2, help="learning rate (default 0.2)")
+    devices = p.add_argument(
+        "--devices", default="1", help="device count (CPU replicas when no GPU), or cpu:N / gpu:0,1 (default 1)"
+    )
+    add_alias(p, "--gpus", devices)
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help=f"global minibatch size, split across the devices (default {DEFAULT_BATCH_SIZE})",
+    )
+    p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"learning rate (default {DEFAULT_LR:g})")
     p.add_argument("--epochs", type=int, default=10, help="number of epochs (default 10)")
     p.add_argument(
         "--model",
@@ -101,7 +110,7 @@ def register(sub: Any) -> None:
     p.add_argument("--test-limit", type=int, default=None, help="use only the first N test examples")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="save every epoch to DIR and resume from it")
     p.add_argument("--plot", default=None, metavar="PNG", help="write accuracy/loss curves (needs matplotlib)")
-    p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the result as JSON")
+    add_json_output(p, "the result (accuracy and loss per epoch, settings, timing)", path_alias=True)
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
 
 
@@ -134,22 +143,25 @@ def optimizer_from(args: argparse.Namespace) -> Optimizer:
 def run(args: argparse.Namespace) -> int:
     """Train and report; return 0, or raise a MultigpuError (see ``multigpu.cli`` for exit codes)."""
     optimizer = optimizer_from(args)  # before any output
-    if args.json_path is not None:
-        check_writable(args.json_path, "--json")  # before any epoch, not after the last one
+    check_output(args)  # before any epoch, not after the last one
     backend = args.backend or launched_backend()
     if backend is None:
         backend = default_backend()
-        print(f"backend: {backend} (the first installed of {', '.join(PREFERRED)}; choose with --backend)", flush=True)
-    gpus: Any = int(args.gpus) if args.gpus.isdigit() else args.gpus
-    with warnings.catch_warnings():
+        with report_stream(args):
+            print(
+                f"backend: {backend} (the first installed of {', '.join(PREFERRED)}; choose with --backend)",
+                flush=True,
+            )
+    devices: Any = int(args.devices) if args.devices.isdigit() else args.devices
+    with report_stream(args), warnings.catch_warnings():
         warnings.simplefilter("ignore", CPUFallbackWarning)  # train() prints a note instead
         result = train(
+            args.model,
             backend=backend,
-            num_gpus=gpus,
+            devices=devices,
             batch_size=args.batch_size,
             lr=args.lr,
             num_epochs=args.epochs,
-            model=args.model,
             allreduce=args.allreduce,
             data_dir=args.data_dir,
             seed=args.seed,
@@ -168,11 +180,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if result.rank != 0:
         return 0  # in a multi-process job rank 0 reports and writes for every rank
-    print(
-        f"final test acc {result.test_acc[-1]:.3f} (best {max(result.test_acc):.3f}), "
-        f"{sum(result.sec_per_epoch) / len(result.sec_per_epoch):.1f} sec/epoch, "
-        f"{result.samples_per_sec:.0f} samples/sec on {result.devices} ({result.backend})"
-    )
-    if args.json_path:
-        result.save_json(args.json_path)
+    with report_stream(args):
+        print(
+            f"final test acc {result.test_acc[-1]:.3f} (best {max(result.test_acc):.3f}), "
+            f"{sum(result.sec_per_epoch) / len(result.sec_per_epoch):.1f} sec/epoch, "
+            f"{result.samples_per_sec:.0f} samples/sec on {result.devices} ({result.backend})"
+        )
+    emit_json(args, result.to_dict())
     return 0

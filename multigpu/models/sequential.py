@@ -21,9 +21,7 @@ class Sequential(Model):
     ``Parallel``) need ``Model``.
     """
 
-    def __init__(
-        self, layers: Sequence[Layer], input_shape: Sequence[int], name: str = "sequential", init: str = "he"
-    ):
+    def __init__(self, layers: Sequence[Layer], input_shape: Sequence[int], name: str = "sequential", init: str = "he"):
         if not isinstance(layers, (list, tuple)) or not layers:
             raise ModelError("Sequential needs at least one layer")
         for layer in layers:

@@ -11,6 +11,7 @@ import functools
 import gzip
 import hashlib
 import http.server
+import sys
 import threading
 
 import pytest
@@ -36,7 +37,8 @@ def mirrors(tmp_path, monkeypatch) -> FakeMirrors:
     return fake
 
 
-def test_download_into_cache(mirrors, data_cache, capsys):
+def test_download_into_cache(mirrors, data_cache, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a bar draws on a terminal only
     ds = load_fashion_mnist(progress=True)
     assert ds.source == data_cache and ds.train_images.shape == (30, 1, 28, 28)
     assert leftovers(data_cache) == sorted(f"{n}.gz" for n in NAMES)  # no temporary or staging files
@@ -45,6 +47,13 @@ def test_download_into_cache(mirrors, data_cache, capsys):
     assert "downloading train-images-idx3-ubyte.gz from http://primary.invalid/" in capsys.readouterr().err
     load_fashion_mnist()  # the second load uses the cache
     assert len(mirrors.calls) == 4
+
+
+def test_download_draws_no_bar_off_a_terminal(mirrors, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)  # piped to a file: no carriage-return updates
+    load_fashion_mnist(progress=True)
+    assert mirrors.progress == [False] * 4
+    assert "downloading train-images-idx3-ubyte.gz" in capsys.readouterr().err  # one line per file still
 
 
 def test_download_is_quiet_without_progress(mirrors, capsys):

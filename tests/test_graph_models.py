@@ -502,3 +502,31 @@ def test_resnet50_and_googlenet_equal_torchvisions_modules(ref, name):
         )
     )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_decisions_see_every_window_of_a_ceil_mode_pool():
+    """``decisions`` (the discrete choices a step agreement compares) reads a ceil-mode pool's
+    last, partial windows too: one argmax per output element, the same as the backend's max."""
+    from multigpu.parallel.agreement import decisions
+
+    m = Model(
+        [Conv2d(2, 1, name="c"), MaxPool2d(3, 2, ceil_mode=True, name="pool"), Flatten(name="f"), Dense(3, name="fc")],
+        input_shape=(1, 6, 6),
+        name="ceil",
+    )
+    assert m.shapes["pool"] == (2, 3, 3)  # floor gives 2 x 2
+    params = m.init_params(seed=0)
+    x = np.random.default_rng(0).standard_normal((2, 1, 6, 6)).astype(np.float32)
+    got = decisions(m, "numpy", params, [x])
+    assert got.shape == (2 * 2 * 3 * 3,)
+    # The argmax of each window, read back: the pool's output is the conv output at that position.
+    ref = multigpu.backend("numpy")
+    conv = ref.to_numpy(m.forward(ref, [ref.from_numpy(p, CPU) for p in params], ref.from_numpy(x, CPU), 0, 1))
+    pooled = ref.to_numpy(m.forward(ref, [ref.from_numpy(p, CPU) for p in params], ref.from_numpy(x, CPU), 0, 2))
+    padded = np.pad(conv, ((0, 0), (0, 0), (0, 1), (0, 1)), constant_values=-np.inf)
+    rows, cols = np.divmod(got.reshape(2, 2, 3, 3), 3)
+    i = np.arange(3)[:, None] * 2 + rows
+    j = np.arange(3)[None, :] * 2 + cols
+    b, c = np.meshgrid(np.arange(2), np.arange(2), indexing="ij")
+    values = padded[b[..., None, None], c[..., None, None], i, j]
+    np.testing.assert_array_equal(values, pooled)

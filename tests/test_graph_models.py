@@ -530,3 +530,11 @@ def test_decisions_see_every_window_of_a_ceil_mode_pool():
     b, c = np.meshgrid(np.arange(2), np.arange(2), indexing="ij")
     values = padded[b[..., None, None], c[..., None, None], i, j]
     np.testing.assert_array_equal(values, pooled)
+
+
+def test_a_ceil_mode_kernel_larger_than_its_input_is_refused_when_built():
+    """torch would pool a 1x1 plane with a 2x2 ceil-mode window; the contract (as MXNet)
+    refuses a kernel larger than the padded input, so the model refuses it when built."""
+    with pytest.raises(ModelError, match=r"MaxPool2d kernel 2 does not fit input \(832, 1, 1\) with padding 0"):
+        models.googlenet(10, (1, 28, 28))
+    assert models.googlenet(10, (1, 32, 32)).shapes["maxpool4"] == (832, 1, 1)

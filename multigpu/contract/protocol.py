@@ -194,7 +194,8 @@ class Backend(Protocol[T]):
 
         Needs x (B, C, H, W), kernel >= 1, stride >= 1, 0 <= padding <= kernel // 2,
         a kernel no larger than the padded input and ``ceil_mode`` a bool; otherwise
-        InputError.
+        InputError. (torch takes a ceil-mode kernel larger than the padded input, MXNet
+        does not: the contract refuses it in both modes.)
         """
 
     def max_pool2d(self, x: T, kernel: int, stride: int, padding: int, ceil_mode: bool) -> T:

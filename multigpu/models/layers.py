@@ -42,9 +42,14 @@ def _windowed(
     """The output shape of a kernel sliding over (C, H, W): floor rounding, or torch's ceil
     rounding for a ceil-mode pool (``multigpu.contract.protocol.pool_output_size``)."""
     _, h, w = _need_chw(layer, in_shape)
+    # NOTE: torch takes a ceil-mode pool's kernel larger than the padded input (one window
+    # hanging over); MXNet refuses it, and so does the contract, in every mode.
+    if kernel > min(h, w) + 2 * padding:
+        raise ModelError(
+            f"{type(layer).__name__} kernel {kernel} does not fit input {in_shape} with padding {padding}; "
+            "give the model a larger input"
+        )
     oh, ow = (pool_output_size(size, kernel, stride, padding, ceil_mode) for size in (h, w))
-    if oh < 1 or ow < 1:
-        raise ModelError(f"{type(layer).__name__} kernel {kernel} does not fit input {in_shape}")
     return (channels, oh, ow)
 
 

@@ -538,3 +538,18 @@ def test_a_ceil_mode_kernel_larger_than_its_input_is_refused_when_built():
     with pytest.raises(ModelError, match=r"MaxPool2d kernel 2 does not fit input \(832, 1, 1\) with padding 0"):
         models.googlenet(10, (1, 28, 28))
     assert models.googlenet(10, (1, 32, 32)).shapes["maxpool4"] == (832, 1, 1)
+
+
+def test_a_tiny_bottleneck_resnet_and_its_refusals(ref):
+    m = models.resnet((1, 1), (2, 4), 3, (3, 16, 16), "tiny50", block="bottleneck")
+    # Stage 1 projects 2 -> 8 channels at stride 1; stage 2 projects 8 -> 16 at stride 2 on the 3x3.
+    assert m.shapes["layer1.0.relu3"] == (8, 4, 4) and m.shapes["layer2.0.conv2"] == (4, 2, 2)
+    assert m.shapes["layer2.0.downsample.1"] == (16, 2, 2)
+    params = [ref.from_numpy(p, CPU) for p in m.init_params()]
+    state = [ref.from_numpy(s, CPU) for s in m.init_state()]
+    x = ref.from_numpy(np.ones((1, 3, 16, 16), np.float32), CPU)
+    assert ref.shape(m.forward(ref, params, x, state=state)) == (1, 3)
+    with pytest.raises(ModelError, match="block='wide' is unknown; use 'basic' or 'bottleneck'"):
+        models.resnet((1,), (2,), 3, (3, 16, 16), "x", block="wide")
+    with pytest.raises(ModelError, match="stem='textbook' has basic blocks only"):
+        models.resnet((1,), (2,), 3, (3, 16, 16), "x", stem="textbook", block="bottleneck")

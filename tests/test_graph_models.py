@@ -285,3 +285,272 @@ def test_sequential_stays_the_chain_case():
     m = models.lenet()
     assert [s.inputs for s in m.layer_stats()][:2] == [(INPUT,), ("conv1",)]
     assert isinstance(m, Model) and len(m) == 10
+
+
+def test_resnet50_is_torchvisions_layout():
+    m = models.resnet50()
+    # torchvision's resnet50: 25,557,032 parameters in 161 tensors, 53 BatchNorms, 4.09 GMACs.
+    assert m.num_params() == 25_557_032 and len(m.param_shapes) == 161 and len(m.state_shapes) == 106
+    assert sum(s.macs for s in m.layer_stats(1)) == pytest.approx(4.09e9, rel=2e-3)
+    keys = m.param_keys()
+    i = keys.index("layer2.0.downsample.0.weight")
+    assert keys[i - 3 : i + 4] == [
+        "layer2.0.conv3.weight",
+        "layer2.0.bn3.weight",
+        "layer2.0.bn3.bias",
+        "layer2.0.downsample.0.weight",
+        "layer2.0.downsample.1.weight",
+        "layer2.0.downsample.1.bias",
+        "layer2.1.conv1.weight",
+    ]
+    shapes = dict(zip(keys, m.param_shapes))
+    # The stride sits on the 3x3 (v1.5); layer1 projects 64 -> 256 channels at stride 1.
+    assert shapes["layer1.0.downsample.0.weight"] == (256, 64, 1, 1) and shapes["fc.weight"] == (2048, 1000)
+    by = {s.name: s for s in m.layer_stats(1)}
+    assert by["layer2.0.conv1"].output_shape == (128, 56, 56) and by["layer2.0.conv2"].output_shape == (128, 28, 28)
+    assert by["layer4.2.relu3"].output_shape == (2048, 7, 7)
+    assert by["layer1.0.add"].inputs == ("layer1.0.bn3", "layer1.0.downsample.1")
+    assert by["layer1.1.add"].inputs == ("layer1.1.bn3", "layer1.0.relu3")  # identity shortcut
+    assert models.get("resnet50", num_classes=10).param_shapes[-1] == (10,)
+
+
+def test_googlenet_is_torchvisions_layout():
+    m = models.googlenet()
+    # torchvision's googlenet(aux_logits=False): 6,624,904 parameters in 173 tensors, 57 BatchNorms.
+    assert m.num_params() == 6_624_904 and len(m.param_shapes) == 173 and len(m.state_shapes) == 114
+    keys = m.param_keys()
+    assert keys[:3] == ["conv1.conv.weight", "conv1.bn.weight", "conv1.bn.bias"] and keys[-2:] == [
+        "fc.weight",
+        "fc.bias",
+    ]
+    shapes = dict(zip(keys, m.param_shapes))
+    assert shapes["inception3a.branch3.1.conv.weight"] == (32, 16, 3, 3)  # torchvision's 3x3, not the paper's 5x5
+    assert shapes["inception5b.branch4.1.conv.weight"] == (128, 832, 1, 1)
+    assert {n.layer.eps for n in m.nodes if isinstance(n.layer, BatchNorm2d)} == {1e-3}
+    assert all(not n.layer.bias for n in m.nodes if isinstance(n.layer, Conv2d))
+    # Ceil-mode pools: 112 -> 56 (floor would give 55), 56 -> 28, 28 -> 14, 14 -> 7.
+    out = {s.name: s.output_shape for s in m.layer_stats(1)}
+    assert out["maxpool1"] == (64, 56, 56) and out["maxpool2"] == (192, 28, 28)
+    assert out["maxpool3"] == (480, 14, 14) and out["maxpool4"] == (832, 7, 7)
+    assert out["inception3a.cat"] == (256, 28, 28) and out["inception5b.cat"] == (1024, 7, 7)
+    assert [n.name for n in m.nodes[-4:]] == ["avgpool", "flatten", "dropout", "fc"]
+
+
+@pytest.mark.parametrize(
+    ("factory", "shapes"),
+    [
+        (models.resnet50, {"maxpool": (64, 16, 16), "layer4.2.relu3": (2048, 2, 2)}),
+        # Ceil mode: 32 -> 16 (floor 15), 16 -> 8 (floor 7), 8 -> 4 (floor 3), 4 -> 2.
+        (models.googlenet, {"maxpool1": (64, 16, 16), "maxpool2": (192, 8, 8), "maxpool3": (480, 4, 4)}),
+    ],
+)
+def test_resnet50_and_googlenet_run_on_the_reference_at_64_pixels(ref, factory, shapes):
+    m = factory(num_classes=7, input_shape=(3, 64, 64))
+    assert {k: m.shapes[k] for k in shapes} == shapes
+    params = [ref.from_numpy(p, CPU) for p in m.init_params(seed=1)]
+    state = [ref.from_numpy(s, CPU) for s in m.init_state()]
+    x = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    out = ref.to_numpy(m.forward(ref, params, ref.from_numpy(x, CPU), state=state))
+    # GoogLeNet's N(0, 0.01^2) init shrinks the activations (to about 1e-12 at the classifier,
+    # with the initial running statistics): compare the two examples relatively.
+    assert out.shape == (2, 7) and np.isfinite(out).all() and not np.allclose(out[0], out[1], rtol=1e-3, atol=0)
+
+
+def _torchvision_modules():
+    """torchvision's ResNet-50 and GoogLeNet (aux_logits=False, transform_input=False) as plain
+    ``nn.Module``s written from its source (torchvision itself is not a dependency)."""
+    import torch
+    from torch import nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.conv3 = nn.Conv2d(width, 4 * width, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(4 * width)
+            self.relu = nn.ReLU()
+            self.downsample = None
+            if stride != 1 or cin != 4 * width:
+                self.downsample = nn.Sequential(
+                    nn.Conv2d(cin, 4 * width, 1, stride, bias=False), nn.BatchNorm2d(4 * width)
+                )
+
+        def forward(self, x):
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+    class ResNet50(nn.Module):
+        def __init__(self, classes):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            self.relu = nn.ReLU()
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            cin = 64
+            for i, (width, count) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
+                blocks = []
+                for b in range(count):
+                    blocks.append(Bottleneck(cin, width, 2 if i and not b else 1))
+                    cin = 4 * width
+                setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = nn.Linear(2048, classes)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(torch.flatten(self.avgpool(x), 1))
+
+    class BasicConv2d(nn.Module):
+        def __init__(self, cin, cout, **kwargs):
+            super().__init__()
+            self.conv = nn.Conv2d(cin, cout, bias=False, **kwargs)
+            self.bn = nn.BatchNorm2d(cout, eps=0.001)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.conv(x)))
+
+    class Inception(nn.Module):
+        def __init__(self, cin, c1, r3, c3, r5, c5, pool):
+            super().__init__()
+            self.branch1 = BasicConv2d(cin, c1, kernel_size=1)
+            self.branch2 = nn.Sequential(
+                BasicConv2d(cin, r3, kernel_size=1), BasicConv2d(r3, c3, kernel_size=3, padding=1)
+            )
+            self.branch3 = nn.Sequential(
+                BasicConv2d(cin, r5, kernel_size=1), BasicConv2d(r5, c5, kernel_size=3, padding=1)
+            )
+            self.branch4 = nn.Sequential(
+                nn.MaxPool2d(kernel_size=3, stride=1, padding=1, ceil_mode=True), BasicConv2d(cin, pool, kernel_size=1)
+            )
+
+        def forward(self, x):
+            return torch.cat([self.branch1(x), self.branch2(x), self.branch3(x), self.branch4(x)], 1)
+
+    class GoogLeNet(nn.Module):
+        def __init__(self, classes):
+            super().__init__()
+            self.conv1 = BasicConv2d(3, 64, kernel_size=7, stride=2, padding=3)
+            self.maxpool1 = nn.MaxPool2d(3, stride=2, ceil_mode=True)
+            self.conv2 = BasicConv2d(64, 64, kernel_size=1)
+            self.conv3 = BasicConv2d(64, 192, kernel_size=3, padding=1)
+            self.maxpool2 = nn.MaxPool2d(3, stride=2, ceil_mode=True)
+            self.inception3a = Inception(192, 64, 96, 128, 16, 32, 32)
+            self.inception3b = Inception(256, 128, 128, 192, 32, 96, 64)
+            self.maxpool3 = nn.MaxPool2d(3, stride=2, ceil_mode=True)
+            self.inception4a = Inception(480, 192, 96, 208, 16, 48, 64)
+            self.inception4b = Inception(512, 160, 112, 224, 24, 64, 64)
+            self.inception4c = Inception(512, 128, 128, 256, 24, 64, 64)
+            self.inception4d = Inception(512, 112, 144, 288, 32, 64, 64)
+            self.inception4e = Inception(528, 256, 160, 320, 32, 128, 128)
+            self.maxpool4 = nn.MaxPool2d(2, stride=2, ceil_mode=True)
+            self.inception5a = Inception(832, 256, 160, 320, 32, 128, 128)
+            self.inception5b = Inception(832, 384, 192, 384, 48, 128, 128)
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.dropout = nn.Dropout(0.2)
+            self.fc = nn.Linear(1024, classes)
+
+        def forward(self, x):
+            x = self.maxpool2(self.conv3(self.conv2(self.maxpool1(self.conv1(x)))))
+            x = self.maxpool3(self.inception3b(self.inception3a(x)))
+            for name in ("4a", "4b", "4c", "4d", "4e"):
+                x = getattr(self, f"inception{name}")(x)
+            x = self.inception5b(self.inception5a(self.maxpool4(x)))
+            return self.fc(self.dropout(torch.flatten(self.avgpool(x), 1)))
+
+    return {"resnet50": ResNet50, "googlenet": GoogLeNet}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs torch")
+@pytest.mark.parametrize("name", ["resnet50", "googlenet"])
+def test_resnet50_and_googlenet_equal_torchvisions_modules(ref, name):
+    """Names and order of ``named_parameters()`` and the buffers, and the inference output on
+    2x3x64x64 (where three of GoogLeNet's ceil-mode pools keep a window floor would drop)
+    with our weights and BatchNorm state loaded by position."""
+    import torch
+
+    m = models.get(name, num_classes=5, input_shape=(3, 64, 64))
+    net = _torchvision_modules()[name](5).eval()
+    assert [k for k, _ in net.named_parameters()] == m.param_keys()
+    buffers = [b for k, b in net.named_buffers() if not k.endswith("num_batches_tracked")]
+    assert [tuple(b.shape) for b in buffers] == m.state_shapes
+    rng = np.random.default_rng(3)
+    params = m.init_params(seed=2)
+    # Running statistics away from 0 and 1, so a wrong eps or a swapped buffer shows.
+    state = [
+        (rng.standard_normal(s) * 0.1 if i % 2 == 0 else rng.uniform(0.5, 1.5, s)).astype(np.float32)
+        for i, s in enumerate(m.state_shapes)
+    ]
+    with torch.no_grad():
+        for p, a, transposed in zip(net.parameters(), params, m.torch_layouts()):
+            p.copy_(torch.from_numpy(a.T.copy() if transposed else a))
+        for b, a in zip(buffers, state):
+            b.copy_(torch.from_numpy(a))
+        x = rng.standard_normal((2, 3, 64, 64)).astype(np.float32)
+        want = net(torch.from_numpy(x)).numpy()
+    got = ref.to_numpy(
+        m.forward(
+            ref,
+            [ref.from_numpy(p, CPU) for p in params],
+            ref.from_numpy(x, CPU),
+            state=[ref.from_numpy(s, CPU) for s in state],
+        )
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_decisions_see_every_window_of_a_ceil_mode_pool():
+    """``decisions`` (the discrete choices a step agreement compares) reads a ceil-mode pool's
+    last, partial windows too: one argmax per output element, the same as the backend's max."""
+    from multigpu.parallel.agreement import decisions
+
+    m = Model(
+        [Conv2d(2, 1, name="c"), MaxPool2d(3, 2, ceil_mode=True, name="pool"), Flatten(name="f"), Dense(3, name="fc")],
+        input_shape=(1, 6, 6),
+        name="ceil",
+    )
+    assert m.shapes["pool"] == (2, 3, 3)  # floor gives 2 x 2
+    params = m.init_params(seed=0)
+    x = np.random.default_rng(0).standard_normal((2, 1, 6, 6)).astype(np.float32)
+    got = decisions(m, "numpy", params, [x])
+    assert got.shape == (2 * 2 * 3 * 3,)
+    # The argmax of each window, read back: the pool's output is the conv output at that position.
+    ref = multigpu.backend("numpy")
+    conv = ref.to_numpy(m.forward(ref, [ref.from_numpy(p, CPU) for p in params], ref.from_numpy(x, CPU), 0, 1))
+    pooled = ref.to_numpy(m.forward(ref, [ref.from_numpy(p, CPU) for p in params], ref.from_numpy(x, CPU), 0, 2))
+    padded = np.pad(conv, ((0, 0), (0, 0), (0, 1), (0, 1)), constant_values=-np.inf)
+    rows, cols = np.divmod(got.reshape(2, 2, 3, 3), 3)
+    i = np.arange(3)[:, None] * 2 + rows
+    j = np.arange(3)[None, :] * 2 + cols
+    b, c = np.meshgrid(np.arange(2), np.arange(2), indexing="ij")
+    values = padded[b[..., None, None], c[..., None, None], i, j]
+    np.testing.assert_array_equal(values, pooled)
+
+
+def test_a_ceil_mode_kernel_larger_than_its_input_is_refused_when_built():
+    """torch would pool a 1x1 plane with a 2x2 ceil-mode window; the contract (as MXNet)
+    refuses a kernel larger than the padded input, so the model refuses it when built."""
+    with pytest.raises(ModelError, match=r"MaxPool2d kernel 2 does not fit input \(832, 1, 1\) with padding 0"):
+        models.googlenet(10, (1, 28, 28))
+    assert models.googlenet(10, (1, 32, 32)).shapes["maxpool4"] == (832, 1, 1)
+
+
+def test_a_tiny_bottleneck_resnet_and_its_refusals(ref):
+    m = models.resnet((1, 1), (2, 4), 3, (3, 16, 16), "tiny50", block="bottleneck")
+    # Stage 1 projects 2 -> 8 channels at stride 1; stage 2 projects 8 -> 16 at stride 2 on the 3x3.
+    assert m.shapes["layer1.0.relu3"] == (8, 4, 4) and m.shapes["layer2.0.conv2"] == (4, 2, 2)
+    assert m.shapes["layer2.0.downsample.1"] == (16, 2, 2)
+    params = [ref.from_numpy(p, CPU) for p in m.init_params()]
+    state = [ref.from_numpy(s, CPU) for s in m.init_state()]
+    x = ref.from_numpy(np.ones((1, 3, 16, 16), np.float32), CPU)
+    assert ref.shape(m.forward(ref, params, x, state=state)) == (1, 3)
+    with pytest.raises(ModelError, match="block='wide' is unknown; use 'basic' or 'bottleneck'"):
+        models.resnet((1,), (2,), 3, (3, 16, 16), "x", block="wide")
+    with pytest.raises(ModelError, match="stem='textbook' has basic blocks only"):
+        models.resnet((1,), (2,), 3, (3, 16, 16), "x", stem="textbook", block="bottleneck")

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multigpu.contract.op_check import OP_CASES, case_arrays, case_labels, run_case
-from multigpu.contract.protocol import Device
+from multigpu.contract.protocol import Device, pool_output_size
 
 CPU = Device("cpu", 0)
 
@@ -40,6 +40,16 @@ def conv_case(draw):
     )
 
 
+def _pool_area(case):
+    """Output positions per channel of a pool case (floor or torch's ceil rounding)."""
+    return int(np.prod([pool_output_size(case[n], case["k"], case["stride"], case["pad"], case["ceil"]) for n in "hw"]))
+
+
+def _pool(b, x, case):
+    pool = "avg_pool2d" if case["kind"] == "avg" else "max_pool2d"
+    return getattr(b, pool)(x, case["k"], case["stride"], case["pad"], case["ceil"])
+
+
 @st.composite
 def pool_case(draw):
     k = draw(st.integers(1, 4))
@@ -56,6 +66,7 @@ def pool_case(draw):
         h=h,
         w=w,
         kind=draw(st.sampled_from(["avg", "max"])),
+        ceil=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -107,11 +118,8 @@ def test_pooling_matches_reference(name, case):
     rng = np.random.default_rng(case["seed"])
     # Negative inputs make a wrong max-pool padding value (0 instead of -inf) visible.
     x = (rng.standard_normal((case["b"], case["c"], case["h"], case["w"])) - 1.0).astype(np.float32)
-    oh = (case["h"] + 2 * case["pad"] - case["k"]) // case["stride"] + 1
-    ow = (case["w"] + 2 * case["pad"] - case["k"]) // case["stride"] + 1
-    labels = rng.integers(0, case["c"] * oh * ow, case["b"])
-    pool = "avg_pool2d" if case["kind"] == "avg" else "max_pool2d"
-    op = lambda b, x: getattr(b, pool)(x, case["k"], case["stride"], case["pad"])  # noqa: E731
+    labels = rng.integers(0, case["c"] * _pool_area(case), case["b"])
+    op = lambda b, x: _pool(b, x, case)  # noqa: E731
     _compare(be, ref, op, [x], labels, atol=1e-5)
 
 
@@ -237,11 +245,8 @@ def test_reference_conv_backward_by_finite_differences(case):
 def test_reference_pool_backward_by_finite_differences(case):
     rng = np.random.default_rng(case["seed"])
     x = rng.standard_normal((case["b"], case["c"], case["h"], case["w"])) - 1.0
-    oh = (case["h"] + 2 * case["pad"] - case["k"]) // case["stride"] + 1
-    ow = (case["w"] + 2 * case["pad"] - case["k"]) // case["stride"] + 1
-    labels = rng.integers(0, case["c"] * oh * ow, case["b"])
-    pool = "avg_pool2d" if case["kind"] == "avg" else "max_pool2d"
-    _fd_check(lambda b, x: getattr(b, pool)(x, case["k"], case["stride"], case["pad"]), [x], labels)
+    labels = rng.integers(0, case["c"] * _pool_area(case), case["b"])
+    _fd_check(lambda b, x: _pool(b, x, case), [x], labels)
 
 
 @settings(max_examples=8)
@@ -255,11 +260,32 @@ def test_reference_dense_relu_backward_by_finite_differences(b, fin, fout, seed)
 def test_pool_conventions_are_explicit(be):
     """count_include_pad=True and floor rounding, whatever the framework's default."""
     x = be.from_numpy(np.ones((1, 1, 5, 5), np.float32), CPU)
-    out = be.to_numpy(be.avg_pool2d(x, 2, 2, 1))
+    out = be.to_numpy(be.avg_pool2d(x, 2, 2, 1, False))
     assert out.shape == (1, 1, 3, 3)  # floor((5 + 2 - 2) / 2) + 1
     assert out[0, 0, 0, 0] == pytest.approx(0.25)  # three padded zeros count in the divisor
-    m = be.to_numpy(be.max_pool2d(be.from_numpy(-np.ones((1, 1, 5, 5), np.float32), CPU), 3, 2, 1))
+    m = be.to_numpy(be.max_pool2d(be.from_numpy(-np.ones((1, 1, 5, 5), np.float32), CPU), 3, 2, 1, False))
     assert m.shape == (1, 1, 3, 3) and (m == -1).all()  # padding never wins
+
+
+def test_ceil_mode_pooling_by_formula(be):
+    """torch's ceil mode, written out: the output size rounds up; the last window's divisor
+    counts the padded zeros it covers but not its overhang; a window that would start in
+    the right padding is dropped (Paddle's and MXNet's own ceil modes keep it)."""
+    ones = be.from_numpy(np.ones((1, 1, 6, 6), np.float32), CPU)
+    out = be.to_numpy(be.avg_pool2d(ones, 3, 2, 0, True))
+    assert out.shape == (1, 1, 3, 3)  # ceil((6 - 3) / 2) + 1; floor gives 2
+    np.testing.assert_allclose(out, 1.0)  # the overhang is not in the divisor: 2x2 cells / 4
+    out = be.to_numpy(be.avg_pool2d(ones, 3, 2, 1, True))
+    assert out.shape == (1, 1, 4, 4)  # ceil((6 + 2 - 3) / 2) + 1
+    # Per axis: the first window covers 1 pad + 2 cells (3), the middle ones 3 cells, the last
+    # 1 cell + 1 pad and an overhang of 1 (divisor 2).
+    axis = np.array([2 / 3, 1, 1, 1 / 2])
+    np.testing.assert_allclose(out[0, 0], np.outer(axis, axis), rtol=1e-6)
+    x = be.from_numpy(-np.arange(35, dtype=np.float32).reshape(1, 1, 5, 7), CPU)
+    m = be.to_numpy(be.max_pool2d(x, 3, 3, 1, True))
+    assert m.shape == (1, 1, 2, 3)  # H: a third window would start at padded row 6 = 5 + 1: dropped
+    want = -np.arange(35).reshape(5, 7)[[0, 2]][:, [0, 2, 5]]  # each window's top-left real cell wins
+    np.testing.assert_array_equal(m[0, 0], want)
 
 
 # -- the ops ResNet-style models need (issue 15) ------------------------------------

@@ -256,7 +256,7 @@ def test_bad_graph_names_the_value(tmp_path, data, words):
 
 
 def test_bad_graph_paths(tmp_path):
-    with pytest.raises(ClusterError, match=r"no graph file 'resnet'.*alexnet, lenet"):
+    with pytest.raises(ClusterError, match=r"no graph file 'resnet'.*alexnet, googlenet, lenet"):
         load_graph("resnet")
     p = tmp_path / "g.json"
     p.write_text("{oops")

@@ -19,7 +19,7 @@ import numpy as np
 from multigpu.backends.mxnet.math_ops import MathOps
 from multigpu.backends.mxnet.nn_ops import NNOps
 from multigpu.contract.bucket_signals import gradient_views
-from multigpu.contract.protocol import Device
+from multigpu.contract.protocol import Device, pool_output_size
 
 NDArray = mx.nd.NDArray
 
@@ -32,6 +32,17 @@ def _context(device: Device) -> mx.Context:
 def _on(src: NDArray, ctx: mx.Context) -> NDArray:
     """Return ``src`` itself when already on ``ctx``, else a copy there (read-only use)."""
     return src if src.context == ctx else src.copyto(ctx)
+
+
+def _torch_pool_size(out: NDArray, x: NDArray, kernel: int, stride: int, padding: int, ceil_mode: bool) -> NDArray:
+    """``out`` cut to torch's output size: drop a 'full' window that starts in the right padding."""
+    # NOTE: MXNet's 'full' convention keeps a last window that starts past the input and its
+    # left padding (n=5, kernel 3, stride 3, padding 1 gives 3 windows, torch 2); the windows
+    # before it are torch's, values and divisors alike.
+    oh, ow = (pool_output_size(n, kernel, stride, padding, ceil_mode) for n in x.shape[2:])
+    if out.shape[2:] == (oh, ow):
+        return out
+    return mx.nd.slice(out, begin=(None, None, 0, 0), end=(None, None, oh, ow))
 
 
 class MXNetBackend(MathOps, NNOps):
@@ -108,35 +119,38 @@ class MXNetBackend(MathOps, NNOps):
                 layout="NCHW",
             )
 
-    def avg_pool2d(self, x: NDArray, kernel: int, stride: int, padding: int) -> NDArray:
-        """Average pooling; padded zeros count in the divisor; floor output size."""
+    def avg_pool2d(self, x: NDArray, kernel: int, stride: int, padding: int, ceil_mode: bool) -> NDArray:
+        """Average pooling; padded zeros count in the divisor (a ceil-mode overhang does not)."""
         # NOTE: MXNet's 'valid' convention is floor rounding ('full' is ceil), and
-        # count_include_pad=True matches the protocol's divisor of kernel*kernel.
-        return mx.nd.Pooling(
+        # count_include_pad=True counts the padding as the protocol does; in 'full' mode
+        # the divisor is cut at the end of the padding, as torch's is.
+        out = mx.nd.Pooling(
             data=x,
             kernel=(kernel, kernel),
             pool_type="avg",
             stride=(stride, stride),
             pad=(padding, padding),
-            pooling_convention="valid",
+            pooling_convention="full" if ceil_mode else "valid",
             count_include_pad=True,
             global_pool=False,
             layout="NCHW",
         )
+        return _torch_pool_size(out, x, kernel, stride, padding, ceil_mode)
 
-    def max_pool2d(self, x: NDArray, kernel: int, stride: int, padding: int) -> NDArray:
-        """Max pooling over windows; padding never wins; floor output size."""
-        # NOTE: 'valid' means floor here; MXNet pads max pooling with -inf, not zeros.
-        return mx.nd.Pooling(
+    def max_pool2d(self, x: NDArray, kernel: int, stride: int, padding: int, ceil_mode: bool) -> NDArray:
+        """Max pooling over windows; padding never wins; floor or ceil output size."""
+        # NOTE: 'valid' means floor here, 'full' ceil; MXNet pads max pooling with -inf, not zeros.
+        out = mx.nd.Pooling(
             data=x,
             kernel=(kernel, kernel),
             pool_type="max",
             stride=(stride, stride),
             pad=(padding, padding),
-            pooling_convention="valid",
+            pooling_convention="full" if ceil_mode else "valid",
             global_pool=False,
             layout="NCHW",
         )
+        return _torch_pool_size(out, x, kernel, stride, padding, ceil_mode)
 
     def relu(self, x: NDArray) -> NDArray:
         """Return max(x, 0)."""

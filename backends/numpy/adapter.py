@@ -23,7 +23,7 @@ from multigpu.backends.numpy.nn_ops import NNOps
 from multigpu.backends.numpy.var import Var
 from multigpu.contract.bucket_signals import BucketSignals, gradient_views
 from multigpu.contract.checked import check_label_range
-from multigpu.contract.protocol import Device
+from multigpu.contract.protocol import Device, pool_output_size
 
 
 def _windows(xp: np.ndarray, k: int, s: int, oh: int, ow: int) -> np.ndarray:
@@ -49,6 +49,27 @@ def _out_size(n: int, k: int, s: int, p: int) -> int:
 
 def _pad(x: np.ndarray, p: int, value: float = 0.0) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=value) if p else x
+
+
+def _pool_pad(x: np.ndarray, k: int, s: int, p: int, ceil_mode: bool, value: float) -> tuple[np.ndarray, int, int]:
+    """``x`` padded for pooling and the output size: ``p`` on the left and top, and on the
+    right and bottom as much as the last window needs (more than ``p`` in ceil mode)."""
+    oh, ow = (pool_output_size(n, k, s, p, ceil_mode) for n in x.shape[2:])
+    extra = [max(p, (o - 1) * s + k - n - p) for n, o in zip(x.shape[2:], (oh, ow))]
+    if not (p or extra[0] or extra[1]):
+        return x, oh, ow
+    return np.pad(x, ((0, 0), (0, 0), (p, extra[0]), (p, extra[1])), constant_values=value), oh, ow
+
+
+def _window_lengths(n: int, k: int, s: int, p: int, out: int) -> np.ndarray:
+    """Each window's length along an axis of ``n`` padded by ``p``, cut at the right padding's end."""
+    starts = np.arange(out) * s
+    return np.minimum(starts + k, n + 2 * p) - starts
+
+
+def _unpad_to(x: np.ndarray, p: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The input's part of a padded array (the adjoint of ``_pool_pad``)."""
+    return x[:, :, p : p + shape[2], p : p + shape[3]]
 
 
 def _per_channel(v: np.ndarray) -> np.ndarray:
@@ -132,27 +153,28 @@ class NumpyBackend(MathOps, NNOps):
 
         return self._node(out, (x, w) if b is None else (x, w, b), backward)
 
-    def avg_pool2d(self, x: Var, kernel: int, stride: int, padding: int) -> Var:
-        """Average over k*k windows, padded zeros included in the divisor."""
+    def avg_pool2d(self, x: Var, kernel: int, stride: int, padding: int, ceil_mode: bool) -> Var:
+        """Average over k*k windows, padded zeros included in the divisor; in ceil mode a
+        last window's overhang beyond the padding is not (torch's divisor)."""
         xd = x.data
-        oh, ow = _out_size(xd.shape[2], kernel, stride, padding), _out_size(xd.shape[3], kernel, stride, padding)
-        xp = _pad(xd, padding)
-        out = _windows(xp, kernel, stride, oh, ow).mean(axis=(2, 3), dtype=xd.dtype)
+        xp, oh, ow = _pool_pad(xd, kernel, stride, padding, ceil_mode, 0.0)
+        divisor = np.outer(
+            *(_window_lengths(n, kernel, stride, padding, o) for n, o in zip(xd.shape[2:], (oh, ow)))
+        ).astype(xd.dtype)
+        out = _windows(xp, kernel, stride, oh, ow).sum(axis=(2, 3), dtype=xd.dtype) / divisor
 
         def backward(gout: np.ndarray) -> tuple[np.ndarray]:
             dcols = np.broadcast_to(
-                (gout / gout.dtype.type(kernel * kernel))[:, :, None, None],
-                gout.shape[:2] + (kernel, kernel) + gout.shape[2:],
+                (gout / divisor)[:, :, None, None], gout.shape[:2] + (kernel, kernel) + gout.shape[2:]
             )
-            return (_unpad(_scatter_windows(dcols, xp.shape, kernel, stride), padding),)
+            return (_unpad_to(_scatter_windows(dcols, xp.shape, kernel, stride), padding, xd.shape),)
 
         return self._node(out.astype(xd.dtype), (x,), backward)
 
-    def max_pool2d(self, x: Var, kernel: int, stride: int, padding: int) -> Var:
-        """Max over k*k windows; padding is -inf so it never wins."""
+    def max_pool2d(self, x: Var, kernel: int, stride: int, padding: int, ceil_mode: bool) -> Var:
+        """Max over k*k windows; padding (and a ceil-mode overhang) is -inf so it never wins."""
         xd = x.data
-        oh, ow = _out_size(xd.shape[2], kernel, stride, padding), _out_size(xd.shape[3], kernel, stride, padding)
-        xp = _pad(xd, padding, -np.inf)
+        xp, oh, ow = _pool_pad(xd, kernel, stride, padding, ceil_mode, -np.inf)
         cols = _windows(xp, kernel, stride, oh, ow)
         flat = cols.transpose(0, 1, 4, 5, 2, 3).reshape(xd.shape[0], xd.shape[1], oh, ow, kernel * kernel)
         arg = flat.argmax(axis=-1)
@@ -161,7 +183,7 @@ class NumpyBackend(MathOps, NNOps):
         def backward(gout: np.ndarray) -> tuple[np.ndarray]:
             onehot = (np.arange(kernel * kernel) == arg[..., None]) * gout[..., None]
             dcols = onehot.reshape(gout.shape + (kernel, kernel)).transpose(0, 1, 4, 5, 2, 3)
-            return (_unpad(_scatter_windows(dcols.astype(gout.dtype), xp.shape, kernel, stride), padding),)
+            return (_unpad_to(_scatter_windows(dcols.astype(gout.dtype), xp.shape, kernel, stride), padding, xd.shape),)
 
         return self._node(out.astype(xd.dtype), (x,), backward)
 

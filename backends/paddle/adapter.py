@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from multigpu.contract.bucket_signals import BucketSignals, gradient_views
-from multigpu.contract.protocol import Device
+from multigpu.contract.protocol import Device, pool_output_size
 
 with warnings.catch_warnings():
     # Paddle's C++-extension helper warns "No ccache found" on every import; the
@@ -54,6 +54,15 @@ def _move(tensor: Tensor, place: Any) -> Tensor:
     if place.is_cpu_place():
         return tensor.cpu()
     return tensor.cuda(place.gpu_device_id(), True)
+
+
+def _torch_pool_size(out: Tensor, x: Tensor, kernel: int, stride: int, padding: int, ceil_mode: bool) -> Tensor:
+    """``out`` cut to torch's output size: drop a ceil-mode window that starts in the right padding."""
+    # NOTE: Paddle's ceil_mode keeps a last window that starts past the input and its left
+    # padding (n=5, kernel 3, stride 3, padding 1 gives 3 windows, torch 2); the windows
+    # before it are torch's, values and divisors alike.
+    oh, ow = (pool_output_size(n, kernel, stride, padding, ceil_mode) for n in x.shape[2:])
+    return out if tuple(out.shape[2:]) == (oh, ow) else out[:, :, :oh, :ow]
 
 
 class PaddleBackend(MathOps, NNOps):
@@ -128,32 +137,35 @@ class PaddleBackend(MathOps, NNOps):
         """NCHW cross-correlation with OIHW weights, bias (or None), zero padding and groups."""
         return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=1, groups=groups, data_format="NCHW")
 
-    def avg_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
-        """Average pooling; padded zeros count in the divisor; floor output size."""
+    def avg_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int, ceil_mode: bool) -> Tensor:
+        """Average pooling; padded zeros count in the divisor (a ceil-mode overhang does not)."""
         # NOTE: Paddle defaults to exclusive=True (padding left out of the divisor);
-        # the protocol counts it, so exclusive=False.
-        return F.avg_pool2d(
+        # the protocol counts it, so exclusive=False. In ceil mode Paddle's non-exclusive
+        # divisor cuts a window at the end of the padding, as torch's does.
+        out = F.avg_pool2d(
             x,
             kernel_size=kernel,
             stride=stride,
             padding=padding,
-            ceil_mode=False,
+            ceil_mode=ceil_mode,
             exclusive=False,
             divisor_override=None,
             data_format="NCHW",
         )
+        return _torch_pool_size(out, x, kernel, stride, padding, ceil_mode)
 
-    def max_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
-        """Max pooling (padding is -inf, so it never wins); floor output size."""
-        return F.max_pool2d(
+    def max_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int, ceil_mode: bool) -> Tensor:
+        """Max pooling (padding is -inf, so it never wins); floor or ceil output size."""
+        out = F.max_pool2d(
             x,
             kernel_size=kernel,
             stride=stride,
             padding=padding,
             return_mask=False,
-            ceil_mode=False,
+            ceil_mode=ceil_mode,
             data_format="NCHW",
         )
+        return _torch_pool_size(out, x, kernel, stride, padding, ceil_mode)
 
     def relu(self, x: Tensor) -> Tensor:
         """Return max(x, 0)."""

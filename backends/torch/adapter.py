@@ -89,25 +89,32 @@ class TorchBackend(MathOps, NNOps):
         """NCHW cross-correlation with OIHW weights, bias (or None), zero padding and groups."""
         return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=1, groups=groups)
 
-    def avg_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
-        """Average pooling; padded zeros count in the divisor; floor output size."""
-        # NOTE: count_include_pad and ceil_mode are passed although they equal torch's
-        # defaults today, and stride is always given (torch's None means "= kernel").
+    def avg_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int, ceil_mode: bool) -> Tensor:
+        """Average pooling; padded zeros count in the divisor (a ceil-mode overhang does not)."""
+        # NOTE: count_include_pad is passed although it equals torch's default today, and
+        # stride is always given (torch's None means "= kernel"). The protocol's ceil mode
+        # is torch's, divisor included.
         return F.avg_pool2d(
             x,
             kernel_size=kernel,
             stride=stride,
             padding=padding,
-            ceil_mode=False,
+            ceil_mode=ceil_mode,
             count_include_pad=True,
             divisor_override=None,
         )
 
-    def max_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
-        """Max pooling; padding never wins; floor output size."""
+    def max_pool2d(self, x: Tensor, kernel: int, stride: int, padding: int, ceil_mode: bool) -> Tensor:
+        """Max pooling; padding never wins; floor or ceil output size."""
         # NOTE: torch pads max pooling with -inf, so a padded cell never wins.
         return F.max_pool2d(
-            x, kernel_size=kernel, stride=stride, padding=padding, dilation=1, ceil_mode=False, return_indices=False
+            x,
+            kernel_size=kernel,
+            stride=stride,
+            padding=padding,
+            dilation=1,
+            ceil_mode=ceil_mode,
+            return_indices=False,
         )
 
     def relu(self, x: Tensor) -> Tensor:

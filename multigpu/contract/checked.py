@@ -284,8 +284,13 @@ class CheckedBackend:
             )
         return self.adapter.conv2d(x, w, b, stride, padding, groups)
 
-    def _pool(self, op: str, x: Any, kernel: int, stride: int, padding: int) -> None:
+    def _pool(self, op: str, x: Any, kernel: int, stride: int, padding: int, ceil_mode: bool) -> None:
         xs = self._input(x, op, 4)
+        if type(ceil_mode) is not bool:
+            raise InputError(
+                f"{op} ceil_mode={ceil_mode!r} must be True (round the output size up, torch's rule) "
+                "or False (round it down)"
+            )
         kernel, stride = _int(kernel, op, "kernel", 1), _int(stride, op, "stride", 1)
         if _int(padding, op, "padding", 0) > kernel // 2:
             raise InputError(f"{op} padding={padding} is more than half the kernel {kernel}; use at most {kernel // 2}")
@@ -294,15 +299,15 @@ class CheckedBackend:
                 f"{op} kernel {kernel} is larger than the padded input {(xs[2] + 2 * padding, xs[3] + 2 * padding)}"
             )
 
-    def avg_pool2d(self, x: Any, kernel: int, stride: int, padding: int) -> Any:
+    def avg_pool2d(self, x: Any, kernel: int, stride: int, padding: int, ceil_mode: bool) -> Any:
         """Checked average pooling."""
-        self._pool("avg_pool2d", x, kernel, stride, padding)
-        return self.adapter.avg_pool2d(x, kernel, stride, padding)
+        self._pool("avg_pool2d", x, kernel, stride, padding, ceil_mode)
+        return self.adapter.avg_pool2d(x, kernel, stride, padding, ceil_mode)
 
-    def max_pool2d(self, x: Any, kernel: int, stride: int, padding: int) -> Any:
+    def max_pool2d(self, x: Any, kernel: int, stride: int, padding: int, ceil_mode: bool) -> Any:
         """Checked max pooling."""
-        self._pool("max_pool2d", x, kernel, stride, padding)
-        return self.adapter.max_pool2d(x, kernel, stride, padding)
+        self._pool("max_pool2d", x, kernel, stride, padding, ceil_mode)
+        return self.adapter.max_pool2d(x, kernel, stride, padding, ceil_mode)
 
     def relu(self, x: Any) -> Any:
         """Checked max(x, 0)."""

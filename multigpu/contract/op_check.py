@@ -1,7 +1,7 @@
 """Each protocol op of a backend against the NumPy reference: its output and its gradients.
 
 ``OP_CASES`` are small seeded problems, one or more per op (the ResNet ops among them: BatchNorm
-in its three uses, the joins, pooling with padding, convolution without bias, the sum
+in its three uses, the joins, pooling with padding and in ceil mode, convolution without bias, the sum
 over a process group, the copy between devices; and the transformer and ONNX ops, with
 broadcasting shapes, negative axes, both GELU forms, repeated ids, a padding ignore index,
 causal and padding masks, and attention composed of them). ``op_agreement`` runs each on a backend
@@ -176,8 +176,22 @@ OP_CASES = [
     OpCase(
         "conv2d without bias, stride 2", lambda b, x, w: b.conv2d(x, w, None, 2, 1, 1), [(2, 3, 5, 5), (4, 3, 3, 3)]
     ),
-    OpCase("max_pool2d 3/2 with padding 1", lambda b, x: b.max_pool2d(x, 3, 2, 1), [(2, 2, 6, 6)]),
-    OpCase("avg_pool2d with padding", lambda b, x: b.avg_pool2d(x, 2, 2, 1), [(2, 2, 5, 5)]),
+    OpCase("max_pool2d 3/2 with padding 1", lambda b, x: b.max_pool2d(x, 3, 2, 1, False), [(2, 2, 6, 6)]),
+    OpCase("avg_pool2d with padding", lambda b, x: b.avg_pool2d(x, 2, 2, 1, False), [(2, 2, 5, 5)]),
+    # Ceil mode: a last window over the edge on both axes; then one that would start in the
+    # right padding on H only (torch drops it, Paddle's and MXNet's own rule keeps it).
+    OpCase("max_pool2d 3/2 ceil mode", lambda b, x: b.max_pool2d(x, 3, 2, 0, True), [(2, 2, 6, 8)]),
+    OpCase("avg_pool2d 3/2 pad 1 ceil mode", lambda b, x: b.avg_pool2d(x, 3, 2, 1, True), [(2, 2, 6, 8)]),
+    OpCase(
+        "max_pool2d ceil, a window dropped",
+        lambda b, x: b.max_pool2d(x, 3, 3, 1, True),
+        [(2, 2, 5, 7)],
+    ),
+    OpCase(
+        "avg_pool2d ceil, a window dropped",
+        lambda b, x: b.avg_pool2d(x, 3, 3, 1, True),
+        [(2, 2, 5, 7)],
+    ),
     OpCase("global_avg_pool2d", lambda b, x: b.global_avg_pool2d(x), [(2, 3, 4, 5)]),
     OpCase("batch_norm (inference)", _inference, [(2, 3, 3, 3), (3,), (3,)]),
     OpCase(

@@ -6,7 +6,8 @@ adapter that made them. Conventions fixed by the core, not by any framework:
 
 * every op receives every argument explicitly (no framework default is relied on);
 * ``avg_pool2d`` counts padded zeros in the divisor (``count_include_pad=True``)
-  and every pooling uses floor rounding of the output size;
+  and every pooling takes ``ceil_mode`` explicitly: floor rounding of the output size,
+  or torch's ceil rounding (``pool_output_size``);
 * ``softmax_cross_entropy`` returns the per-example loss, never a mean;
 * ``copy_to`` and ``from_numpy`` always return a new buffer, even when the tensor is
   already on that device (CPU replicas must never alias each other); inside
@@ -108,6 +109,21 @@ class Device:
         return f"{self.kind}:{self.index}"
 
 
+def pool_output_size(size: int, kernel: int, stride: int, padding: int, ceil_mode: bool) -> int:
+    """The number of pooling windows along an axis of ``size``, as torch counts them.
+
+    Floor mode counts the windows that fit in the padded axis. Ceil mode adds a last
+    partial window when the stride leaves a remainder, but only if it starts inside the
+    input or the left padding (torch's rule); Paddle's ``ceil_mode`` and MXNet's
+    ``'full'`` convention lack that condition, so their adapters drop the extra window.
+    """
+    span = size + 2 * padding - kernel
+    if not ceil_mode:
+        return span // stride + 1
+    out = -(-span // stride) + 1
+    return out - 1 if (out - 1) * stride >= size + padding else out
+
+
 @runtime_checkable
 class Backend(Protocol[T]):
     """The tensor/device protocol that every framework adapter implements.
@@ -168,17 +184,24 @@ class Backend(Protocol[T]):
         larger than the padded input; otherwise InputError.
         """
 
-    def avg_pool2d(self, x: T, kernel: int, stride: int, padding: int) -> T:
-        """Average pooling; padded zeros count in the divisor; floor output size.
+    def avg_pool2d(self, x: T, kernel: int, stride: int, padding: int, ceil_mode: bool) -> T:
+        """Average pooling; padded zeros count in the divisor; floor or ceil output size.
 
-        Needs x (B, C, H, W), kernel >= 1, stride >= 1, 0 <= padding <= kernel // 2
-        and a kernel no larger than the padded input; otherwise InputError.
+        ``ceil_mode`` rounds the output size up as torch does (``pool_output_size``): a
+        last window may hang over the right padding. Its divisor is torch's: the padded
+        zeros it covers count, the overhang beyond the padding does not (a 3x3 window
+        with one row past the padding divides by 6).
+
+        Needs x (B, C, H, W), kernel >= 1, stride >= 1, 0 <= padding <= kernel // 2,
+        a kernel no larger than the padded input and ``ceil_mode`` a bool; otherwise
+        InputError. (torch takes a ceil-mode kernel larger than the padded input, MXNet
+        does not: the contract refuses it in both modes.)
         """
 
-    def max_pool2d(self, x: T, kernel: int, stride: int, padding: int) -> T:
-        """Max pooling over windows; padding never wins; floor output size.
+    def max_pool2d(self, x: T, kernel: int, stride: int, padding: int, ceil_mode: bool) -> T:
+        """Max pooling over windows; padding (and a ceil-mode overhang) never wins.
 
-        Same argument rules as ``avg_pool2d``.
+        Same argument rules and output size as ``avg_pool2d``.
         """
 
     def relu(self, x: T) -> T:

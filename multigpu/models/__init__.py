@@ -3,7 +3,7 @@
 A model is a ``Model``: named nodes in one topological order, each naming its
 inputs, built from blocks (a list is a chain, ``Residual`` and ``Parallel`` join
 branches) or from explicit ``Node``s; ``Sequential`` is the chain case.
-``multigpu.models.lenet()``, ``resnet18()`` and friends build the built-in networks;
+``multigpu.models.lenet()``, ``resnet18()``, ``resnet50()``, ``googlenet()`` and friends build the built-in networks;
 ``get(name)`` looks one up by name. ``bert()`` and ``gpt()`` build text models on token
 ids (``multigpu.models.text_models``), and ``pretrained("all-MiniLM-L6-v2")`` loads a
 published checkpoint (``multigpu.models.checkpoints``). A model spec never imports a
@@ -46,7 +46,21 @@ from multigpu.models.transformer_layers import (
     Tanh,
     TokenTypeEmbedding,
 )
-from multigpu.models.zoo import MODELS, alexnet, basic_block, get, lenet, resnet, resnet18, resnet18_textbook
+from multigpu.models.zoo import (
+    MODELS,
+    alexnet,
+    basic_block,
+    basic_conv,
+    bottleneck_block,
+    get,
+    googlenet,
+    inception_block,
+    lenet,
+    resnet,
+    resnet18,
+    resnet18_textbook,
+    resnet50,
+)
 
 __all__ = [
     "Add",
@@ -89,16 +103,21 @@ __all__ = [
     "TokenTypeEmbedding",
     "alexnet",
     "basic_block",
+    "basic_conv",
+    "bottleneck_block",
     "bert",
     "decoder_block",
     "dropout_mask",
     "encoder_block",
     "get",
+    "googlenet",
     "gpt",
+    "inception_block",
     "lenet",
     "load_safetensors",
     "pretrained",
     "resnet",
     "resnet18",
     "resnet18_textbook",
+    "resnet50",
 ]

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from multigpu.contract.protocol import pool_output_size
 from multigpu.errors import ModelError
 
 Shape = tuple[int, ...]
@@ -35,12 +36,20 @@ def _need_chw(layer: Layer, in_shape: Shape) -> tuple[int, int, int]:
     return in_shape  # type: ignore[return-value]
 
 
-def _windowed(layer: Layer, in_shape: Shape, channels: int, kernel: int, stride: int, padding: int) -> Shape:
-    """The output shape of a kernel sliding over (C, H, W) with floor rounding (the protocol's)."""
+def _windowed(
+    layer: Layer, in_shape: Shape, channels: int, kernel: int, stride: int, padding: int, ceil_mode: bool = False
+) -> Shape:
+    """The output shape of a kernel sliding over (C, H, W): floor rounding, or torch's ceil
+    rounding for a ceil-mode pool (``multigpu.contract.protocol.pool_output_size``)."""
     _, h, w = _need_chw(layer, in_shape)
-    oh, ow = ((size + 2 * padding - kernel) // stride + 1 for size in (h, w))
-    if oh < 1 or ow < 1:
-        raise ModelError(f"{type(layer).__name__} kernel {kernel} does not fit input {in_shape}")
+    # NOTE: torch takes a ceil-mode pool's kernel larger than the padded input (one window
+    # hanging over); MXNet refuses it, and so does the contract, in every mode.
+    if kernel > min(h, w) + 2 * padding:
+        raise ModelError(
+            f"{type(layer).__name__} kernel {kernel} does not fit input {in_shape} with padding {padding}; "
+            "give the model a larger input"
+        )
+    oh, ow = (pool_output_size(size, kernel, stride, padding, ceil_mode) for size in (h, w))
     return (channels, oh, ow)
 
 
@@ -194,42 +203,51 @@ class _Pool2d(Layer):
     kernel: int = 2
     stride: int | None = None  # None: same as kernel
     padding: int = 0
+    ceil_mode: bool = False
 
     def __post_init__(self) -> None:
         if self.kernel < 1 or (self.stride is not None and self.stride < 1):
             raise ModelError(f"{self.kind} kernel and stride must be >= 1")
         if not 0 <= self.padding <= self.kernel // 2:
             raise ModelError(f"{self.kind} padding={self.padding} must be between 0 and kernel//2={self.kernel // 2}")
+        if type(self.ceil_mode) is not bool:
+            raise ModelError(f"{self.kind} ceil_mode={self.ceil_mode!r} must be True or False")
 
     @property
     def step(self) -> int:
         return self.kernel if self.stride is None else self.stride
 
     def output_shape(self, in_shape: Shape) -> Shape:
-        return _windowed(self, in_shape, _need_chw(self, in_shape)[0], self.kernel, self.step, self.padding)
+        c = _need_chw(self, in_shape)[0]
+        return _windowed(self, in_shape, c, self.kernel, self.step, self.padding, self.ceil_mode)
 
     def flops(self, in_shape: Shape) -> int:
+        # A ceil-mode window over the edge counts in full, as one that fits does.
         return prod(self.output_shape(in_shape)) * self.kernel**2
 
 
 @dataclass(frozen=True)
 class AvgPool2d(_Pool2d):
-    """Average pooling; padded zeros count in the divisor."""
+    """Average pooling; padded zeros count in the divisor. With ``ceil_mode`` the output size
+    rounds up as torch's does, and a last window that hangs over the padding divides by the
+    cells it covers inside the input and the padding (torch's ``count_include_pad=True``)."""
 
     kind = "avg_pool2d"
 
     def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
-        return backend.avg_pool2d(x, self.kernel, self.step, self.padding)
+        return backend.avg_pool2d(x, self.kernel, self.step, self.padding, self.ceil_mode)
 
 
 @dataclass(frozen=True)
 class MaxPool2d(_Pool2d):
-    """Max pooling (padding never wins)."""
+    """Max pooling (padding never wins); ``ceil_mode`` rounds the output size up as torch's
+    ``MaxPool2d(ceil_mode=True)``: a last window may start inside the input or the left
+    padding and hang over the edge."""
 
     kind = "max_pool2d"
 
     def forward(self, backend: Any, params: Sequence[Any], x: Any) -> Any:
-        return backend.max_pool2d(x, self.kernel, self.step, self.padding)
+        return backend.max_pool2d(x, self.kernel, self.step, self.padding, self.ceil_mode)
 
 
 @dataclass(frozen=True)

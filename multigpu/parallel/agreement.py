@@ -271,8 +271,11 @@ def decisions(model: Model, backend: str, params: Sequence[np.ndarray], shards: 
                 out.append((a > 0).reshape(-1).astype(np.int64))
                 continue
             k, pad, step = node.layer.kernel, node.layer.padding, node.layer.step
-            padded = np.pad(a, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
-            win = sliding_window_view(padded, (k, k), axis=(2, 3))[:, :, ::step, ::step]
+            oh, ow = node.layer.output_shape(a.shape[1:])[1:]
+            # A ceil-mode pool's last window may hang over the right padding: pad as far as it reaches.
+            right = [max(pad, (o - 1) * step + k - n - pad) for n, o in zip(a.shape[2:], (oh, ow))]
+            padded = np.pad(a, ((0, 0), (0, 0), (pad, right[0]), (pad, right[1])), constant_values=-np.inf)
+            win = sliding_window_view(padded, (k, k), axis=(2, 3))[:, :, ::step, ::step][:, :, :oh, :ow]
             out.append(win.reshape(*win.shape[:4], -1).argmax(axis=-1).reshape(-1))
     return np.concatenate(out)
 

@@ -167,11 +167,11 @@ class MXNetBackend:
         gamma: NDArray,
         beta: NDArray,
         eps: float,
-        sums: NDArray | None = None,
+        stats: NDArray | None = None,
         count: int | None = None,
     ) -> tuple[NDArray, ...]:
-        """Batch statistics (fused kernel), or those of the given sums; also return mean, unbiased var."""
-        if sums is None:
+        """Batch statistics (fused kernel), or the table's parts combined; also return mean, unbiased var."""
+        if stats is None or count is None:  # the contract passes both or neither
             n = x.shape[0] * x.shape[2] * x.shape[3]
             # NOTE: MXNet updates its moving statistics in backward (into the throw-away buffers
             # passed here) and uses batch statistics only in training mode, so that mode is forced.
@@ -194,19 +194,35 @@ class MXNetBackend:
                 )
             var = (mx.nd.reciprocal(mx.nd.square(invstd.detach())) - eps) * (n / (n - 1))
             return y, mean.detach(), var
-        n = float(count)  # type: ignore[arg-type]
-        mean = sums[0] / n
-        biased = mx.nd.relu(sums[1] / n - mean * mean)  # rounding can dip below 0
+        # The parallel formula (torch's batch_norm_gather_stats_with_counts), in autograd's ops.
+        ns, means, m2s = mx.nd.split(stats, num_outputs=3, axis=1, squeeze_axis=True)
+        ns, means, m2s = (a.reshape((-1, a.shape[-1])) for a in (ns, means, m2s))  # (K, C) also when K = 1
+        first = mx.nd.slice_axis(means, axis=0, begin=0, end=1)  # (1, C)
+        offsets = mx.nd.broadcast_sub(means, first)
+        mean = first.reshape((-1,)) + mx.nd.sum(ns * offsets, axis=0) / count  # small offsets, not large means
+        spread = mx.nd.broadcast_sub(means, mean.reshape((1, -1)))
+        biased = (mx.nd.sum(m2s, axis=0) + mx.nd.sum(ns * spread * spread, axis=0)) / count
         scale = gamma * mx.nd.rsqrt(biased + eps)
         y = mx.nd.broadcast_add(
             mx.nd.broadcast_mul(mx.nd.broadcast_sub(x, mean.reshape((1, -1, 1, 1))), scale.reshape((1, -1, 1, 1))),
             beta.reshape((1, -1, 1, 1)),
         )
-        return y, mean.detach(), (biased * (n / (n - 1))).detach()
+        return y, mean.detach(), (biased * (count / (count - 1))).detach()
 
-    def batch_norm_sums(self, x: NDArray) -> NDArray:
-        """Per-channel sum and sum of squares over (N, H, W), shape (2, C)."""
-        return mx.nd.stack(mx.nd.sum(x, axis=(0, 2, 3)), mx.nd.sum(mx.nd.square(x), axis=(0, 2, 3)), axis=0)
+    def batch_norm_stats(self, x: NDArray, part: int = 0, parts: int = 1) -> NDArray:
+        """Per-channel count, mean and centred sum of squares in row ``part`` of a (parts, 3, C) table."""
+        rough = mx.nd.mean(x, axis=(0, 2, 3)).detach()
+        # The mean of the small offsets from a first mean corrects what float32 sums lose
+        # (about 1e-4 of the spread at mean/std 1000).
+        mean = rough + mx.nd.mean(mx.nd.broadcast_sub(x, rough.reshape((1, -1, 1, 1))), axis=(0, 2, 3))
+        centered = mx.nd.broadcast_sub(x, mean.reshape((1, -1, 1, 1)))
+        n = mx.nd.full(mean.shape, x.shape[0] * x.shape[2] * x.shape[3], ctx=x.context, dtype=x.dtype)
+        row = mx.nd.stack(n, mean, mx.nd.sum(mx.nd.square(centered), axis=(0, 2, 3)), axis=0).expand_dims(0)
+        before, after = (
+            [mx.nd.zeros((k, 3, x.shape[1]), ctx=x.context, dtype=x.dtype)] if k else []
+            for k in (part, parts - 1 - part)
+        )
+        return mx.nd.concat(*before, row, *after, dim=0) if parts > 1 else row
 
     def add(self, x: NDArray, y: NDArray) -> NDArray:
         """Return ``x + y`` (differentiable)."""

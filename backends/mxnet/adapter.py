@@ -211,13 +211,16 @@ class MXNetBackend:
 
     def batch_norm_stats(self, x: NDArray, part: int = 0, parts: int = 1) -> NDArray:
         """Per-channel count, mean and centred sum of squares in row ``part`` of a (parts, 3, C) table."""
-        rough = mx.nd.mean(x, axis=(0, 2, 3)).detach()
-        # The mean of the small offsets from a first mean corrects what float32 sums lose
-        # (about 1e-4 of the spread at mean/std 1000).
-        mean = rough + mx.nd.mean(mx.nd.broadcast_sub(x, rough.reshape((1, -1, 1, 1))), axis=(0, 2, 3))
-        centered = mx.nd.broadcast_sub(x, mean.reshape((1, -1, 1, 1)))
-        n = mx.nd.full(mean.shape, x.shape[0] * x.shape[2] * x.shape[3], ctx=x.context, dtype=x.dtype)
-        row = mx.nd.stack(n, mean, mx.nd.sum(mx.nd.square(centered), axis=(0, 2, 3)), axis=0).expand_dims(0)
+        # Sums about one of each channel's own values (shifted data) stay small, so the centred sum
+        # of squares loses little to cancellation, in about the passes of the plain sums.
+        n = x.shape[0] * x.shape[2] * x.shape[3]
+        shift = mx.nd.slice(x, begin=(0, None, 0, 0), end=(1, None, 1, 1)).detach()  # (1, C, 1, 1)
+        d = mx.nd.broadcast_sub(x, shift)
+        s1, s2 = mx.nd.sum(d, axis=(0, 2, 3)), mx.nd.sum(mx.nd.square(d), axis=(0, 2, 3))
+        mean = shift.reshape((-1,)) + s1 / n
+        m2 = mx.nd.relu(s2 - s1 * s1 / n)  # rounding may dip below 0 on a constant channel
+        counts = mx.nd.full(mean.shape, n, ctx=x.context, dtype=x.dtype)
+        row = mx.nd.stack(counts, mean, m2, axis=0).expand_dims(0)
         before, after = (
             [mx.nd.zeros((k, 3, x.shape[1]), ctx=x.context, dtype=x.dtype)] if k else []
             for k in (part, parts - 1 - part)

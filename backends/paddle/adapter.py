@@ -205,13 +205,16 @@ class PaddleBackend:
 
     def batch_norm_stats(self, x: Tensor, part: int = 0, parts: int = 1) -> Tensor:
         """Per-channel count, mean and centred sum of squares in row ``part`` of a (parts, 3, C) table."""
-        rough = paddle.mean(x, axis=[0, 2, 3]).detach()
-        # The mean of the small offsets from a first mean corrects what float32 sums lose
-        # (about 1e-4 of the spread at mean/std 1000).
-        mean = rough + paddle.mean(x - rough.reshape([1, -1, 1, 1]), axis=[0, 2, 3])
-        centered = x - mean.reshape([1, -1, 1, 1])
-        n = paddle.full_like(mean, x.shape[0] * x.shape[2] * x.shape[3])  # filled on x's place: no host copy
-        row = paddle.stack([n, mean, paddle.sum(centered * centered, axis=[0, 2, 3])]).unsqueeze(0)
+        # Sums about one of each channel's own values (shifted data) stay small, so the centred sum
+        # of squares loses little to cancellation, in about the passes of the plain sums.
+        n = x.shape[0] * x.shape[2] * x.shape[3]
+        shift = x[0, :, 0, 0].detach()
+        d = x - shift.reshape([1, -1, 1, 1])
+        s1, s2 = paddle.sum(d, axis=[0, 2, 3]), paddle.sum(d * d, axis=[0, 2, 3])
+        mean = shift + s1 / n
+        m2 = paddle.clip(s2 - s1 * s1 / n, min=0.0)  # rounding may dip below 0 on a constant channel
+        counts = paddle.full_like(mean, n)  # filled on x's place: no host copy
+        row = paddle.stack([counts, mean, m2]).unsqueeze(0)
         zero = paddle.zeros_like(row)  # on x's place, outside the graph
         before, after = ([zero.expand([k, 3, x.shape[1]])] if k else [] for k in (part, parts - 1 - part))
         return paddle.concat(before + [row] + after, axis=0) if parts > 1 else row

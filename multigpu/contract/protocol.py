@@ -214,7 +214,8 @@ class Backend(Protocol[T]):
 
         Row ``part`` holds, per channel of x (B, C, H, W), the count of values ``B*H*W``,
         their mean and their centred sum of squares ``M2 = sum((x - mean)**2)`` over
-        (N, H, W), both computed from x itself in two passes (stable). The zero rows make
+        (N, H, W), computed stably from x alone (two passes, or sums about one of each
+        channel's own values; never the sum of squares minus the squared sum). The zero rows make
         the exchange a sum: adding the tables of every part (``add`` on one device,
         ``group_sum`` across processes) gathers every part's row into the table that
         ``batch_norm_train`` takes; a row left zero counts for nothing. Differentiable in

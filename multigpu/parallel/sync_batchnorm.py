@@ -2,7 +2,7 @@
 
 The statistics of one BatchNorm node are gathered as torch's SyncBatchNorm gathers them:
 each device computes its shard's per-channel count, mean and centred sum of squares
-(``batch_norm_stats``, two passes over its own shard) into its own row of a table with a
+(``batch_norm_stats``, computed stably on its own shard) into its own row of a table with a
 row per device of the job; the tables of the local devices are added on the first device
 (``copy_to`` and ``add``, both differentiable) and those of the processes by the group
 (``group_sum``, differentiable, so backward sums the gradient of the statistics the same

@@ -232,21 +232,32 @@ CASES: list[Case] = [
         lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), float("nan")),
     ),
     Case(
-        "batch_norm_train sums of shape (3, 4)",
+        "batch_norm_train stats of shape (2, 2, 4), not (parts, 3, 4)",
         InputError,
-        lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, sums=f32(be, 3, 4), count=36),
+        lambda be: be.batch_norm_train(
+            f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, stats=f32(be, 2, 2, 4), count=36
+        ),
     ),
     Case(
-        "batch_norm_train sums without count",
+        "batch_norm_train stats without count",
         InputError,
-        lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, sums=f32(be, 2, 4)),
+        lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, stats=f32(be, 2, 3, 4)),
     ),
     Case(
-        "batch_norm_train sums with count 1",
+        "batch_norm_train stats with count 1",
         InputError,
-        lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, sums=f32(be, 2, 4), count=1),
+        lambda be: be.batch_norm_train(
+            f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, stats=f32(be, 2, 3, 4), count=1
+        ),
     ),
-    Case("batch_norm_sums of a 3-D tensor", InputError, lambda be: be.batch_norm_sums(f32(be, 2, 4, 3))),
+    Case(
+        "batch_norm_train count without stats",
+        InputError,
+        lambda be: be.batch_norm_train(f32(be, 2, 4, 3, 3), f32(be, 4), f32(be, 4), 1e-5, count=36),
+    ),
+    Case("batch_norm_stats of a 3-D tensor", InputError, lambda be: be.batch_norm_stats(f32(be, 2, 4, 3))),
+    Case("batch_norm_stats part 2 of 2", InputError, lambda be: be.batch_norm_stats(f32(be, 2, 4, 3, 3), 2, 2)),
+    Case("batch_norm_stats parts 0", InputError, lambda be: be.batch_norm_stats(f32(be, 2, 4, 3, 3), 0, 0)),
     Case(
         "add (2, 3) + (3, 2) (shapes that do not broadcast)",
         InputError,

@@ -133,6 +133,27 @@ if rank == 0:
         **{f"s{i}": s for i, s in enumerate(one.states[0])},
     )
 
+
+# 2c. synchronized BatchNorm stays exact: mean/std 1000 and ResNet-18, one step, 2 x 1 device against 1
+def first_update(model, backend, X, y, start, group=None):
+    tr = DataParallel(model, backend=backend, devices="cpu:1", lr=0.1, params=start, process_group=group, sync_bn=True)
+    tr.train_batch(X, y)
+    return {f"u{i}": p - s for i, (p, s) in enumerate(zip(tr.get_params(), start))}
+
+
+bm = models.Sequential([models.BatchNorm2d(), models.Flatten(), models.Dense(5)], (3, 4, 4), "bn_first", "he")
+rng = np.random.default_rng(0)
+bX = (10 + 0.01 * rng.standard_normal((8, 3, 4, 4))).astype(np.float32)
+by = rng.integers(0, 5, 8)
+save_npz("syncbn_ratio", **first_update(bm, name, bX, by, bm.init_params(0), group))
+rn = models.resnet18(10, (3, 64, 64))
+rng = np.random.default_rng(1)
+nX, ny = rng.standard_normal((8, 3, 64, 64)).astype(np.float32), rng.integers(0, 10, 8)
+save_npz("syncbn_resnet18", **first_update(rn, name, nX, ny, rn.init_params(0), group))
+if rank == 0:  # one device on the whole batch: the NumPy reference at mean/std 1000, this backend on ResNet-18
+    save_npz("syncbn_ratio_cpu1", **first_update(bm, "numpy", bX, by, bm.init_params(0)))
+    save_npz("syncbn_resnet18_cpu1", **first_update(rn, name, nX, ny, rn.init_params(0)))
+
 # 3. sharding: which samples each rank trained on in one epoch of train() ------------
 original = DataParallel.train_batch
 for n in (64, 65):  # 65: the last batch of 1 row joins the one before it

@@ -23,11 +23,11 @@ def test_check_passes_and_writes_json(tmp_path, capsys):
     out = tmp_path / "check.json"
     assert main(["check", "--steps", "3", "--out", str(out), "--no-resnet"]) == 0
     text = capsys.readouterr().out
-    assert "agreement with the numpy reference" in text and "batch_norm_train with sums" in text
+    assert "agreement with the numpy reference" in text and "batch_norm_train with stats" in text
     data = json.loads(out.read_text())
     assert data["agree"] is True and data["resnet18_step"] == []
     assert {r["backend"] for r in data["rows"]} == set(FRAMEWORKS or ["numpy"])
-    assert {r["op"] for r in data["ops"]} >= {"group_sum of BatchNorm sums", "conv2d without bias, stride 2"}
+    assert {r["op"] for r in data["ops"]} >= {"group_sum of BatchNorm stats", "conv2d without bias, stride 2"}
     sync = {r["backend"]: r for r in data["sync_bn"]}  # k devices with synchronized BatchNorm = 1 device
     assert set(sync) == {"numpy", *FRAMEWORKS} and all(r["ok"] and len(r["devices"]) == 2 for r in sync.values())
     assert "synchronized BatchNorm against 1 device on the full batch" in text

@@ -645,6 +645,23 @@ def test_synchronized_batchnorm_across_processes_equals_one_device_on_the_full_b
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("case", ["ratio", "resnet18"])
+def test_synchronized_batchnorm_across_processes_takes_one_devices_first_step(engine_run, case):
+    """2 processes x 1 device with synchronized statistics against 1 device, the first SGD step's update
+    within 1e-4 of it (each parameter's ||difference|| / ||update||): a BatchNorm input at mean 10 and
+    std 0.01 (against the NumPy reference, see tests/test_batchnorm.py) and ResNet-18 at 64x64, batch 8."""
+    ranks = [_load(engine_run, f"syncbn_{case}", r) for r in (0, 1)]
+    one = _load(engine_run, f"syncbn_{case}_cpu1")
+    worst = 0.0
+    for got in ranks:
+        for key in one.files:
+            want = one[key].astype(np.float64)
+            worst = max(worst, float(np.linalg.norm(got[key] - want) / np.linalg.norm(want)))
+    print(f"{engine_run.backend} {case}: 2 processes with synchronized BatchNorm against 1 device: worst {worst:.2e}")
+    assert worst < 1e-4
+
+
+@pytest.mark.slow
 def test_train_resumes_each_ranks_own_batchnorm_statistics(engine_run):
     """Per-device statistics differ by rank; rank 0's checkpoint holds both ranks' (and the momentum
     buffers), and a resumed run ends where two straight epochs end, on every rank."""

@@ -128,6 +128,28 @@ def test_bad_inputs_fail_before_ray_starts(monkeypatch):
         run_partitioned(LENET, None, ["a"] * 5 + ["b"] * 5, np.zeros((1, 1, 28, 28), np.float32), cl)
 
 
+def test_a_cluster_given_as_a_dict_is_checked_as_its_file_is(tmp_path):
+    """A dict laid out as a cluster file is a cluster, with the file's checks and messages."""
+    data = cluster().to_dict()
+    x = np.zeros((2, 28, 28), np.float32)
+    with pytest.raises(InputError, match="inputs has shape \\(2, 28, 28\\)"):  # past the cluster and the plan
+        run_partitioned(LENET, None, ["a"] * 10, x, data)
+    with pytest.raises(PlanError, match="on device 'gpu9', which cluster .* lacks; its devices are: driver, a, b"):
+        run_partitioned(LENET, None, ["a"] * 9 + ["gpu9"], x, data)
+    data["devices"][1]["flops"] = 0
+    (tmp_path / "cluster.json").write_text(json.dumps(data))
+    with pytest.raises(ClusterError) as from_file:
+        load_cluster(tmp_path / "cluster.json")
+    with pytest.raises(ClusterError) as from_dict:
+        run_partitioned(LENET, None, ["a"] * 10, x, data)
+    assert str(from_dict.value) == str(from_file.value) and "device 'a': flops=0 must be greater than 0" in str(
+        from_dict.value
+    )
+    for bad in (["driver", "a"], 3):
+        with pytest.raises(ClusterError, match=f"cluster must be a Cluster, a dict .* got {type(bad).__name__}"):
+            run_partitioned(LENET, None, ["a"] * 10, x, bad)
+
+
 def test_importing_multigpu_and_the_executor_loads_no_ray_and_no_framework(tmp_path):
     code = (
         "import sys, json, multigpu, multigpu.cli, multigpu.execution\n"

@@ -137,7 +137,7 @@ def test_a_batchnorm_step_with_an_optimizer_reads_the_host_once(backend_name, sy
     # per replica: the optimizer's calls and one fold of the batch statistics into the running ones
     check_step(list(rec.log), 2, computations=1 if sync_bn else 2, updates=2 * (per_replica + 1))
     if sync_bn:
-        assert "batch_norm_sums" in rec.log and "batch_norm_train" in rec.log
+        assert "batch_norm_stats" in rec.log and "batch_norm_train" in rec.log
     plain = multigpu.DataParallel(
         m, backend=backend_name, devices="cpu:2", lr=0.1, optimizer=optimizer, sync_bn=sync_bn, seed=1
     )

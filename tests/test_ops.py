@@ -329,8 +329,10 @@ def test_batch_norm_statistics_follow_torchs_convention(name):
         1, 3, 1, 1
     )
     np.testing.assert_allclose(inf, want, rtol=1e-4, atol=1e-5)
-    sums = be.to_numpy(be.batch_norm_sums(t[0]))
-    np.testing.assert_allclose(sums, [x.sum(axis=(0, 2, 3)), (x * x).sum(axis=(0, 2, 3))], rtol=1e-5)
+    table = be.to_numpy(be.batch_norm_stats(t[0], 1, 3))  # row 1 of 3: count, mean, centred sum of squares
+    centred = ((x - x.mean(axis=(0, 2, 3), keepdims=True)) ** 2).sum(axis=(0, 2, 3))
+    np.testing.assert_allclose(table[1], [np.full(3, 40.0), x.mean(axis=(0, 2, 3)), centred], rtol=1e-5, atol=1e-6)
+    assert table.shape == (3, 3, 3) and not table[[0, 2]].any()
 
 
 @pytest.mark.parametrize("name", FRAMEWORKS)

@@ -9,7 +9,7 @@ import pytest
 
 from multigpu.cli import main
 from multigpu.cli.commands import partition as cmd
-from multigpu.partition import autopartition, load_cluster, load_graph
+from multigpu.partition import GraphError, autopartition, load_cluster, load_graph
 
 
 def parser() -> argparse.ArgumentParser:
@@ -147,6 +147,30 @@ def test_errors_are_one_line_with_exit_code(capsys, argv, code, words):
     captured = capsys.readouterr()
     assert captured.out == ""
     err = captured.err.strip()
+    assert err.startswith("multigpu partition: error: ") and "\n" not in err
+    for w in words:
+        assert w in err, (w, err)
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        (
+            '{"input_bytes": 10, "layers": [{"name": "a", "flops": -3, "param_bytes": 0, "output_bytes": 1}]}',
+            ["flops=-3"],
+        ),
+        ('{"input_bytes": 10, "layers": []}', ['"layers" is empty']),
+        ('{"input_bytes": 10, "layers": [', ["malformed JSON in graph file"]),
+    ],
+)
+def test_bad_graph_file_is_a_graph_error_with_exit_code_2(capsys, tmp_path, text, words):
+    """A graph-file mistake raises GraphError (a ClusterError, as before) and exits 2 with one line."""
+    p = tmp_path / "g.json"
+    p.write_text(text)
+    with pytest.raises(GraphError):
+        load_graph(p)
+    assert run(["--graph", str(p), "--cluster", "lab"]) == 2
+    err = capsys.readouterr().err.strip()
     assert err.startswith("multigpu partition: error: ") and "\n" not in err
     for w in words:
         assert w in err, (w, err)

@@ -14,7 +14,18 @@ from typing import Any
 import pytest
 
 from multigpu.errors import ClusterError
-from multigpu.partition import Cluster, DeviceSpec, Graph, LayerSpec, Link, load_cluster, load_graph, shipped_clusters
+from multigpu.partition import (
+    Cluster,
+    DeviceSpec,
+    Graph,
+    GraphError,
+    LayerSpec,
+    Link,
+    as_cluster,
+    load_cluster,
+    load_graph,
+    shipped_clusters,
+)
 
 GOOD_CLUSTER: dict[str, Any] = {
     "devices": [
@@ -144,12 +155,13 @@ BAD_CLUSTERS = [
 ]
 
 
-@pytest.mark.parametrize("fmt", ["json", "toml"])
+@pytest.mark.parametrize("fmt", ["json", "toml", "dict"])
 @pytest.mark.parametrize("path,value,words", BAD_CLUSTERS)
 def test_bad_cluster_names_the_value(tmp_path, fmt, path, value, words):
+    """The same mistake gets the same message in a JSON file, a TOML file and a dict built in code."""
     data = mutate(path, value)
     with pytest.raises(ClusterError) as exc:
-        load_cluster(write(tmp_path, data, fmt))
+        as_cluster(data) if fmt == "dict" else load_cluster(write(tmp_path, data, fmt))
     msg = str(exc.value)
     for w in words:
         assert w in msg, (w, msg)
@@ -188,6 +200,17 @@ def test_malformed_files(tmp_path):
         load_cluster(tmp_path / "nope.json")
     with pytest.raises(ClusterError, match="is a directory"):
         load_cluster(tmp_path)
+
+
+def test_a_cluster_is_a_cluster_a_dict_or_a_path():
+    good = as_cluster(copy.deepcopy(GOOD_CLUSTER))
+    assert good == Cluster.from_dict(GOOD_CLUSTER) and as_cluster(good) is good
+    assert as_cluster("lab") == load_cluster("lab")
+    for bad in (["pi1", "desk"], 3, None):
+        with pytest.raises(ClusterError, match=f"cluster must be a Cluster, a dict .*got {type(bad).__name__}"):
+            as_cluster(bad)
+    with pytest.raises(ClusterError, match="got dict; a cluster built in code goes to as_cluster"):
+        load_cluster(GOOD_CLUSTER)
 
 
 def test_programmatic_cluster_is_validated_too():
@@ -249,23 +272,41 @@ def test_graph_file_and_builtin_models(tmp_path):
     ],
 )
 def test_bad_graph_names_the_value(tmp_path, data, words):
-    with pytest.raises(ClusterError) as exc:
-        load_graph(write_graph(tmp_path, data))
-    for w in words:
-        assert w in str(exc.value), (w, str(exc.value))
+    """A graph mistake is a GraphError (still a ClusterError, which it was before), from a file or a dict."""
+    for read in (lambda: load_graph(write_graph(tmp_path, data)), lambda: Graph.from_dict(data)):
+        with pytest.raises(GraphError) as exc:
+            read()
+        assert isinstance(exc.value, ClusterError)
+        for w in words:
+            assert w in str(exc.value), (w, str(exc.value))
 
 
 def test_bad_graph_paths(tmp_path):
-    with pytest.raises(ClusterError, match=r"no graph file 'resnet'.*alexnet, googlenet, lenet"):
+    with pytest.raises(GraphError, match=r"no graph file 'resnet'.*alexnet, googlenet, lenet"):
         load_graph("resnet")
     p = tmp_path / "g.json"
     p.write_text("{oops")
-    with pytest.raises(ClusterError, match="malformed JSON in graph file"):
+    with pytest.raises(GraphError, match="malformed JSON in graph file"):
         load_graph(p)
-    with pytest.raises(ClusterError, match="batch=0 must be a positive integer"):
+    p.write_text('{"input_bytes": 1, "input_bytes": 2, "layers": []}')
+    with pytest.raises(GraphError, match="duplicate key 'input_bytes'"):
+        load_graph(p)
+    p.with_suffix(".yaml").write_text("layers: []")
+    with pytest.raises(GraphError, match="suffix '.yaml'"):
+        load_graph(p.with_suffix(".yaml"))
+    with pytest.raises(GraphError, match="batch=0 must be a positive integer"):
         load_graph("alexnet", batch=0)
-    with pytest.raises(ClusterError, match="has no layers"):
+    with pytest.raises(GraphError, match="has no layers"):
         Graph((), 0.0)
+    with pytest.raises(GraphError, match="layer name must be a non-empty string"):
+        LayerSpec("", 1.0, 0.0, 1.0)
+    with pytest.raises(GraphError, match="graph must be a file path or a model name, got dict"):
+        load_graph(GOOD_GRAPH)
+    tmp = tmp_path / "c.json"  # the cluster reader keeps its ClusterError, not a GraphError
+    tmp.write_text("{oops")
+    with pytest.raises(ClusterError) as exc:
+        load_cluster(tmp)
+    assert not isinstance(exc.value, GraphError)
 
 
 # -- shipped clusters ----------------------------------------------------------------------------

@@ -187,11 +187,11 @@ class MXNetBackend(MathOps, NNOps):
         gamma: NDArray,
         beta: NDArray,
         eps: float,
-        sums: NDArray | None = None,
+        stats: NDArray | None = None,
         count: int | None = None,
     ) -> tuple[NDArray, ...]:
-        """Batch statistics (fused kernel), or those of the given sums; also return mean, unbiased var."""
-        if sums is None:
+        """Batch statistics (fused kernel), or the table's parts combined; also return mean, unbiased var."""
+        if stats is None or count is None:  # the contract passes both or neither
             n = x.shape[0] * x.shape[2] * x.shape[3]
             # NOTE: MXNet updates its moving statistics in backward (into the throw-away buffers
             # passed here) and uses batch statistics only in training mode, so that mode is forced.
@@ -214,19 +214,38 @@ class MXNetBackend(MathOps, NNOps):
                 )
             var = (mx.nd.reciprocal(mx.nd.square(invstd.detach())) - eps) * (n / (n - 1))
             return y, mean.detach(), var
-        n = float(count)  # type: ignore[arg-type]
-        mean = sums[0] / n
-        biased = mx.nd.relu(sums[1] / n - mean * mean)  # rounding can dip below 0
+        # The parallel formula (torch's batch_norm_gather_stats_with_counts), in autograd's ops.
+        ns, means, m2s = mx.nd.split(stats, num_outputs=3, axis=1, squeeze_axis=True)
+        ns, means, m2s = (a.reshape((-1, a.shape[-1])) for a in (ns, means, m2s))  # (K, C) also when K = 1
+        first = mx.nd.slice_axis(means, axis=0, begin=0, end=1)  # (1, C)
+        offsets = mx.nd.broadcast_sub(means, first)
+        mean = first.reshape((-1,)) + mx.nd.sum(ns * offsets, axis=0) / count  # small offsets, not large means
+        spread = mx.nd.broadcast_sub(means, mean.reshape((1, -1)))
+        biased = (mx.nd.sum(m2s, axis=0) + mx.nd.sum(ns * spread * spread, axis=0)) / count
         scale = gamma * mx.nd.rsqrt(biased + eps)
         y = mx.nd.broadcast_add(
             mx.nd.broadcast_mul(mx.nd.broadcast_sub(x, mean.reshape((1, -1, 1, 1))), scale.reshape((1, -1, 1, 1))),
             beta.reshape((1, -1, 1, 1)),
         )
-        return y, mean.detach(), (biased * (n / (n - 1))).detach()
+        return y, mean.detach(), (biased * (count / (count - 1))).detach()
 
-    def batch_norm_sums(self, x: NDArray) -> NDArray:
-        """Per-channel sum and sum of squares over (N, H, W), shape (2, C)."""
-        return mx.nd.stack(mx.nd.sum(x, axis=(0, 2, 3)), mx.nd.sum(mx.nd.square(x), axis=(0, 2, 3)), axis=0)
+    def batch_norm_stats(self, x: NDArray, part: int = 0, parts: int = 1) -> NDArray:
+        """Per-channel count, mean and centred sum of squares in row ``part`` of a (parts, 3, C) table."""
+        # Sums about one of each channel's own values (shifted data) stay small, so the centred sum
+        # of squares loses little to cancellation, in about the passes of the plain sums.
+        n = x.shape[0] * x.shape[2] * x.shape[3]
+        shift = mx.nd.slice(x, begin=(0, None, 0, 0), end=(1, None, 1, 1)).detach()  # (1, C, 1, 1)
+        d = mx.nd.broadcast_sub(x, shift)
+        s1, s2 = mx.nd.sum(d, axis=(0, 2, 3)), mx.nd.sum(mx.nd.square(d), axis=(0, 2, 3))
+        mean = shift.reshape((-1,)) + s1 / n
+        m2 = mx.nd.relu(s2 - s1 * s1 / n)  # rounding may dip below 0 on a constant channel
+        counts = mx.nd.full(mean.shape, n, ctx=x.context, dtype=x.dtype)
+        row = mx.nd.stack(counts, mean, m2, axis=0).expand_dims(0)
+        before, after = (
+            [mx.nd.zeros((k, 3, x.shape[1]), ctx=x.context, dtype=x.dtype)] if k else []
+            for k in (part, parts - 1 - part)
+        )
+        return mx.nd.concat(*before, row, *after, dim=0) if parts > 1 else row
 
     def concat_channels(self, xs: Sequence[NDArray]) -> NDArray:
         """Join along the channel axis (differentiable)."""

@@ -77,6 +77,17 @@ def _per_channel(v: np.ndarray) -> np.ndarray:
     return v.reshape(1, -1, 1, 1)
 
 
+def _channel_mean(x: np.ndarray) -> np.ndarray:
+    """The per-channel mean of NCHW x over (N, H, W), corrected by the mean of the offsets from a first one.
+
+    numpy sums the outer axes one after another in x's dtype; in float32 that alone is off by
+    about 1e-4 of the spread when the mean is 1000 times the spread. The offsets are small,
+    so their mean adds back what the first pass lost.
+    """
+    rough = x.mean(axis=(0, 2, 3), dtype=x.dtype)
+    return rough + (x - _per_channel(rough)).mean(axis=(0, 2, 3), dtype=x.dtype)
+
+
 def _unpad(x: np.ndarray, p: int) -> np.ndarray:
     return x[:, :, p : x.shape[2] - p, p : x.shape[3] - p] if p else x
 
@@ -212,20 +223,22 @@ class NumpyBackend(MathOps, NNOps):
         return self._node(out, (x, gamma, beta, mean, var), backward)
 
     def batch_norm_train(
-        self, x: Var, gamma: Var, beta: Var, eps: float, sums: Var | None = None, count: int | None = None
+        self, x: Var, gamma: Var, beta: Var, eps: float, stats: Var | None = None, count: int | None = None
     ) -> tuple[Var, Var, Var]:
-        """Batch statistics of x (two-pass), or of the given sums; the backward by hand."""
+        """Batch statistics of x (two-pass), or the table's parts combined by the parallel formula; backward by hand."""
         xd = x.data
         t = xd.dtype.type
-        if sums is None:
+        own = stats is None or count is None  # the contract passes both or neither
+        if stats is None or count is None:
             n = xd.shape[0] * xd.shape[2] * xd.shape[3]
-            mean = xd.mean(axis=(0, 2, 3), dtype=xd.dtype)
+            mean = _channel_mean(xd)
             var = ((xd - _per_channel(mean)) ** 2).mean(axis=(0, 2, 3), dtype=xd.dtype)
         else:
-            n = int(count)  # type: ignore[arg-type]
-            mean = sums.data[0] / t(n)
-            raw = sums.data[1] / t(n) - mean * mean
-            var = np.maximum(raw, t(0))  # rounding may make a constant channel's variance negative
+            n = count
+            ns, means, m2s = stats.data[:, 0], stats.data[:, 1], stats.data[:, 2]  # (K, C) each
+            mean = means[0] + (ns * (means - means[0])).sum(axis=0) / t(n)  # small offsets, not large means
+            spread = means - mean  # each part's mean about the whole's: small, so no cancellation
+            var = (m2s.sum(axis=0) + (ns * spread * spread).sum(axis=0)) / t(n)
         inv = t(1) / np.sqrt(var + t(eps))
         centered = xd - _per_channel(mean)
         xhat = centered * _per_channel(inv)
@@ -234,28 +247,42 @@ class NumpyBackend(MathOps, NNOps):
         def backward(g: np.ndarray) -> tuple[np.ndarray | None, ...]:
             dgamma, dbeta = (g * xhat).sum(axis=(0, 2, 3)), g.sum(axis=(0, 2, 3))
             dxhat = g * _per_channel(gamma.data)
-            if sums is None:  # mean and variance are x's own: the classic closed form
+            if own:  # mean and variance are x's own: the classic closed form
                 dx = _per_channel(inv / t(n)) * (
                     t(n) * dxhat
                     - _per_channel(dxhat.sum(axis=(0, 2, 3)))
                     - xhat * _per_channel((dxhat * xhat).sum(axis=(0, 2, 3)))
                 )
                 return dx, dgamma, dbeta
-            # x enters directly; mean and variance come from the sums (whose op passes the rest to x)
-            dinv = (dxhat * centered).sum(axis=(0, 2, 3))
-            dvar = dinv * t(-0.5) * inv**3 * (raw > 0)
-            dmean = -(dxhat * _per_channel(inv)).sum(axis=(0, 2, 3)) - t(2) * mean * dvar
-            return dxhat * _per_channel(inv), dgamma, dbeta, np.stack([dmean / t(n), dvar / t(n)])
+            # x enters directly; mean and M2 come from the table (whose op passes the rest to x).
+            # M2 depends on the mean through sum(n_k * (mean_k - mean)**2), whose derivative
+            # -2 * sum(n_k * (mean_k - mean)) is 0: the mean's gradient is y's alone.
+            dm2 = (dxhat * centered).sum(axis=(0, 2, 3)) * t(-0.5) * inv**3 / t(n)
+            dmean = -(dxhat * _per_channel(inv)).sum(axis=(0, 2, 3))
+            dmeans = ns * (dmean / t(n)) + t(2) * ns * spread * dm2
+            dtable = np.stack([np.zeros_like(dmeans), dmeans, np.broadcast_to(dm2, dmeans.shape)], axis=1)
+            return dxhat * _per_channel(inv), dgamma, dbeta, dtable  # the counts are constants
 
-        parents = (x, gamma, beta) if sums is None else (x, gamma, beta, sums)
+        parents = (x, gamma, beta) if stats is None or count is None else (x, gamma, beta, stats)
         unbiased = var * t(n / (n - 1))
         return self._node(out, parents, backward), Var(mean, x.device), Var(unbiased.astype(xd.dtype), x.device)
 
-    def batch_norm_sums(self, x: Var) -> Var:
-        """Per-channel sum and sum of squares over (N, H, W), shape (2, C)."""
+    def batch_norm_stats(self, x: Var, part: int = 0, parts: int = 1) -> Var:
+        """Per-channel count, mean and centred sum of squares (two-pass) in row ``part`` of a (parts, 3, C) table."""
         xd = x.data
-        out = np.stack([xd.sum(axis=(0, 2, 3)), (xd * xd).sum(axis=(0, 2, 3))])
-        return self._node(out, (x,), lambda g: (_per_channel(g[0]) + xd.dtype.type(2) * xd * _per_channel(g[1]),))
+        t = xd.dtype.type
+        n = xd.shape[0] * xd.shape[2] * xd.shape[3]
+        mean = _channel_mean(xd)
+        centered = xd - _per_channel(mean)
+        out = np.zeros((parts, 3, xd.shape[1]), xd.dtype)
+        out[part, 0], out[part, 1], out[part, 2] = t(n), mean, (centered * centered).sum(axis=(0, 2, 3))
+
+        def backward(g: np.ndarray) -> tuple[np.ndarray]:
+            # The count is a constant; d M2 / d mean = -2 * sum(x - mean) = 0, so M2's gradient
+            # reaches x through x - mean alone and the mean's is spread evenly.
+            return (_per_channel(g[part, 1] / t(n)) + t(2) * centered * _per_channel(g[part, 2]),)
+
+        return self._node(out, (x,), backward)
 
     def concat_channels(self, xs: Sequence[Var]) -> Var:
         """Join along axis 1; the gradient is split back."""

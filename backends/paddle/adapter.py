@@ -193,10 +193,10 @@ class PaddleBackend(MathOps, NNOps):
         )
 
     def batch_norm_train(
-        self, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, sums: Tensor | None = None, count: int | None = None
+        self, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, stats: Tensor | None = None, count: int | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Batch statistics (fused kernel), or those of the given sums; also return mean, unbiased var."""
-        if sums is None:
+        """Batch statistics (fused kernel), or the table's parts combined; also return mean, unbiased var."""
+        if stats is None or count is None:  # the contract passes both or neither
             n = x.shape[0] * x.shape[2] * x.shape[3]
             # NOTE: Paddle's momentum weighs the OLD running value and its running variance is the
             # biased one. momentum=0 on fresh buffers leaves exactly the batch mean and biased
@@ -215,16 +215,30 @@ class PaddleBackend(MathOps, NNOps):
                 use_global_stats=False,
             )
             return y, mean, var * (n / (n - 1))
-        n = float(count)  # type: ignore[arg-type]
-        mean = sums[0] / n
-        biased = paddle.clip(sums[1] / n - mean * mean, min=0.0)  # rounding can dip below 0
+        # The parallel formula (torch's batch_norm_gather_stats_with_counts), in autograd's ops.
+        ns, means, m2s = stats[:, 0], stats[:, 1], stats[:, 2]
+        mean = means[0] + paddle.sum(ns * (means - means[0]), axis=0) / count  # small offsets, not large means
+        spread = means - mean
+        biased = (paddle.sum(m2s, axis=0) + paddle.sum(ns * spread * spread, axis=0)) / count
         scale = gamma * paddle.rsqrt(biased + eps)
         y = (x - mean.reshape([1, -1, 1, 1])) * scale.reshape([1, -1, 1, 1]) + beta.reshape([1, -1, 1, 1])
-        return y, mean.detach(), (biased * (n / (n - 1))).detach()
+        return y, mean.detach(), (biased * (count / (count - 1))).detach()
 
-    def batch_norm_sums(self, x: Tensor) -> Tensor:
-        """Per-channel sum and sum of squares over (N, H, W), shape (2, C)."""
-        return paddle.stack([paddle.sum(x, axis=[0, 2, 3]), paddle.sum(x * x, axis=[0, 2, 3])])
+    def batch_norm_stats(self, x: Tensor, part: int = 0, parts: int = 1) -> Tensor:
+        """Per-channel count, mean and centred sum of squares in row ``part`` of a (parts, 3, C) table."""
+        # Sums about one of each channel's own values (shifted data) stay small, so the centred sum
+        # of squares loses little to cancellation, in about the passes of the plain sums.
+        n = x.shape[0] * x.shape[2] * x.shape[3]
+        shift = x[0, :, 0, 0].detach()
+        d = x - shift.reshape([1, -1, 1, 1])
+        s1, s2 = paddle.sum(d, axis=[0, 2, 3]), paddle.sum(d * d, axis=[0, 2, 3])
+        mean = shift + s1 / n
+        m2 = paddle.clip(s2 - s1 * s1 / n, min=0.0)  # rounding may dip below 0 on a constant channel
+        counts = paddle.full_like(mean, n)  # filled on x's place: no host copy
+        row = paddle.stack([counts, mean, m2]).unsqueeze(0)
+        zero = paddle.zeros_like(row)  # on x's place, outside the graph
+        before, after = ([zero.expand([k, 3, x.shape[1]])] if k else [] for k in (part, parts - 1 - part))
+        return paddle.concat(before + [row] + after, axis=0) if parts > 1 else row
 
     def add(self, x: Tensor, y: Tensor) -> Tensor:
         """Return ``x + y`` with numpy's broadcasting (autograd sums a broadcast operand's gradient back)."""

@@ -335,23 +335,23 @@ class CheckedBackend:
         return self.adapter.batch_norm(x, gamma, beta, mean, var, float(eps))
 
     def batch_norm_train(
-        self, x: Any, gamma: Any, beta: Any, eps: float, sums: Any | None = None, count: int | None = None
+        self, x: Any, gamma: Any, beta: Any, eps: float, stats: Any | None = None, count: int | None = None
     ) -> tuple[Any, Any, Any]:
-        """Checked training-mode BatchNorm: x's own statistics, or those of the given sums."""
+        """Checked training-mode BatchNorm: x's own statistics, or those of the given parts' table."""
         xs = self._channels("batch_norm_train", x, {"gamma": gamma, "beta": beta}, eps)
-        if sums is None:
+        if stats is None:
             if count is not None:
-                raise InputError("batch_norm_train count is only given with sums; pass both or neither")
+                raise InputError("batch_norm_train count is only given with stats; pass both or neither")
             values = xs[0] * xs[2] * xs[3]
         else:
-            ss = self._float(sums, "batch_norm_train sums")
-            if ss != (2, xs[1]):
+            ss = self._float(stats, "batch_norm_train stats")
+            if len(ss) != 3 or ss[1:] != (3, xs[1]) or ss[0] < 1:
                 raise InputError(
-                    f"batch_norm_train needs sums of shape (2, {xs[1]}) (per-channel sum and sum "
-                    f"of squares) for x {xs}, got {ss}"
+                    f"batch_norm_train needs stats of shape (parts, 3, {xs[1]}) (per part: the per-channel "
+                    f"count, mean and centred sum of squares, see batch_norm_stats) for x {xs}, got {ss}"
                 )
             if count is None:
-                raise InputError("batch_norm_train with sums needs count, the N*H*W of the batch they sum")
+                raise InputError("batch_norm_train with stats needs count, the N*H*W of all the parts together")
             values = _int(count, "batch_norm_train", "count", 1)
         if values < 2:
             raise InputError(
@@ -359,12 +359,16 @@ class CheckedBackend:
                 "of one value is undefined: give every BatchNorm at least 2 values per channel "
                 "(a larger batch per device, or synchronized statistics)"
             )
-        return self.adapter.batch_norm_train(x, gamma, beta, float(eps), sums, None if sums is None else values)
+        return self.adapter.batch_norm_train(x, gamma, beta, float(eps), stats, None if stats is None else values)
 
-    def batch_norm_sums(self, x: Any) -> Any:
-        """Checked per-channel sum and sum of squares."""
-        self._input(x, "batch_norm_sums", 4)
-        return self.adapter.batch_norm_sums(x)
+    def batch_norm_stats(self, x: Any, part: int = 0, parts: int = 1) -> Any:
+        """Checked per-channel count, mean and centred sum of squares, in row ``part`` of ``parts``."""
+        self._input(x, "batch_norm_stats", 4)
+        parts = _int(parts, "batch_norm_stats", "parts", 1)
+        part = _int(part, "batch_norm_stats", "part", 0)
+        if part >= parts:
+            raise InputError(f"batch_norm_stats part={part} is not a row of a table of {parts}: use 0..{parts - 1}")
+        return self.adapter.batch_norm_stats(x, part, parts)
 
     def concat_channels(self, xs: Sequence[Any]) -> Any:
         """Checked differentiable concatenation along the channel axis."""

@@ -69,7 +69,7 @@ ids, which ``from_numpy`` records on the host (see ``softmax_cross_entropy``).
   own grad mode is (inside ``torch.no_grad()``, ``paddle.no_grad()`` or
   ``mxnet.autograd.pause()``); the other methods never record a graph.
 * **BatchNorm in training mode** needs at least two values per channel (``N*H*W >= 2``,
-  or ``count >= 2`` with given sums): with one the batch variance is undefined (torch
+  or ``count >= 2`` with given stats): with one the batch variance is undefined (torch
   raises "Expected more than 1 value per channel"); the contract raises InputError.
 * **Adapters may rely on the checks**: they only ever receive float32/int64
   C-contiguous arrays in ``from_numpy``, fully resolved positive shapes in
@@ -227,23 +227,39 @@ class Backend(Protocol[T]):
         """
 
     def batch_norm_train(
-        self, x: T, gamma: T, beta: T, eps: float, sums: T | None = None, count: int | None = None
+        self, x: T, gamma: T, beta: T, eps: float, stats: T | None = None, count: int | None = None
     ) -> tuple[T, T, T]:
         """Training-mode BatchNorm with batch statistics; return ``(y, mean, var)``.
 
-        Without ``sums`` the statistics are x's own, over (N, H, W). With ``sums`` (the
-        (2, C) per-channel sum and sum of squares of a larger batch that x is part of,
-        see ``batch_norm_sums``) and ``count`` (that batch's N*H*W) they are the larger
-        batch's: synchronized BatchNorm. ``y`` normalizes with the biased variance and
-        is differentiable in x, gamma, beta and sums; ``mean`` and ``var`` (the
-        *unbiased* variance, as torch's running_var takes it) are detached results
-        for the core to update running statistics with. Needs at least two values per
-        channel, the shapes of ``batch_norm`` and ``count >= 2`` exactly when sums are
-        given; else InputError.
+        Without ``stats`` the statistics are x's own, over (N, H, W). With ``stats``, the
+        (K, 3, C) table of the K parts of a larger batch that x is part of (row k: part
+        k's per-channel count, mean and centred sum of squares ``M2``, see
+        ``batch_norm_stats``), and ``count`` (that batch's N*H*W, the sum of the table's
+        counts), they are the larger batch's: synchronized BatchNorm. The parts are
+        combined with the parallel formula (Chan et al., as torch's SyncBatchNorm does):
+        ``mean = sum(n_k * mean_k) / count`` and ``M2 = sum(M2_k) + sum(n_k * (mean_k -
+        mean)**2)``. No difference of large sums is taken, so a channel whose mean is far
+        above its spread (mean/std 1000 in float32) keeps its variance. ``y`` normalizes
+        with the biased variance ``M2 / count`` and is differentiable in x, gamma, beta and
+        the table's means and M2s (its counts are constants); ``mean`` and ``var`` (the
+        *unbiased* variance, as torch's running_var takes it) are detached results for the
+        core to update running statistics with. Needs at least two values per channel,
+        the shapes of ``batch_norm``, stats of shape (K, 3, C) and ``count >= 2`` exactly
+        when stats are given; else InputError.
         """
 
-    def batch_norm_sums(self, x: T) -> T:
-        """Return the (2, C) per-channel sum and sum of squares of x (B, C, H, W) over (N, H, W)."""
+    def batch_norm_stats(self, x: T, part: int = 0, parts: int = 1) -> T:
+        """Return the (parts, 3, C) table holding x's statistics in row ``part`` and zeros elsewhere.
+
+        Row ``part`` holds, per channel of x (B, C, H, W), the count of values ``B*H*W``,
+        their mean and their centred sum of squares ``M2 = sum((x - mean)**2)`` over
+        (N, H, W), computed stably from x alone (two passes, or sums about one of each
+        channel's own values; never the sum of squares minus the squared sum). The zero rows make
+        the exchange a sum: adding the tables of every part (``add`` on one device,
+        ``group_sum`` across processes) gathers every part's row into the table that
+        ``batch_norm_train`` takes; a row left zero counts for nothing. Differentiable in
+        x through the means and M2s. Needs ``0 <= part < parts``, else InputError.
+        """
 
     def add(self, x: T, y: T) -> T:
         """Return ``x + y`` elementwise with numpy's broadcasting (a residual join, a bias).

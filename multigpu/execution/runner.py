@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from multigpu.errors import InputError, PlanError
 from multigpu.execution.plan import SINK, SOURCE, ExecutionPlan, PlanLike, check_plan, routes, worker_params
 from multigpu.execution.result import RunResult, try_predict
 from multigpu.models.inputs import check_images
-from multigpu.partition.inputs.cluster import Cluster, load_cluster
+from multigpu.partition.inputs.cluster import Cluster, as_cluster
 
 __all__ = ["Session", "run_partitioned", "resolve_model", "resolve_cluster", "split_inputs"]
 
@@ -36,9 +36,9 @@ def resolve_model(model: Any) -> Any:
     return model
 
 
-def resolve_cluster(cluster: Cluster | str | os.PathLike[str]) -> Cluster:
-    """A ``Cluster``, or a path/shipped name for ``load_cluster``."""
-    return cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+def resolve_cluster(cluster: Cluster | Mapping[str, Any] | str | os.PathLike[str]) -> Cluster:
+    """A ``Cluster``, a dict laid out as a cluster file, or a path/shipped name (``as_cluster``)."""
+    return as_cluster(cluster)
 
 
 def split_inputs(model: Any, inputs: Any, batch: int) -> list[np.ndarray]:
@@ -160,7 +160,7 @@ class Session:
 
     def __init__(
         self,
-        cluster: Cluster | str | os.PathLike[str],
+        cluster: Cluster | Mapping[str, Any] | str | os.PathLike[str],
         devices: Sequence[str] | None = None,
         *,
         address: str | None = None,
@@ -286,7 +286,7 @@ def run_partitioned(
     params: Sequence[Any] | None,
     plan: PlanLike,
     inputs: Any,
-    cluster: Cluster | str | os.PathLike[str],
+    cluster: Cluster | Mapping[str, Any] | str | os.PathLike[str],
     *,
     batch: int = 1,
     stream: bool = False,
@@ -309,7 +309,8 @@ def run_partitioned(
     each runs once its inputs are there, stages on different workers at the same
     time, and an activation goes once to each worker that consumes it;
     ``inputs`` an array (N, *input_shape), run in items of ``batch`` rows;
-    ``cluster`` a Cluster or a cluster file whose devices name their ``backend``.
+    ``cluster`` a Cluster, a dict laid out as a cluster file (checked as a file is) or a
+    cluster file, whose devices name their ``backend``.
 
     The cluster's source is the driver (this process): its stages run here, every
     other device gets one Ray actor. Ray starts locally unless this process already

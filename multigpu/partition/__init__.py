@@ -17,13 +17,20 @@ from __future__ import annotations
 from multigpu.partition.cost.evaluate import evaluate
 from multigpu.partition.cost.matrix import MatrixForm
 from multigpu.partition.cost.records import Breakdown, DeviceCost, LayerCost, LinkCost, TransferCost
-from multigpu.partition.exceptions import ClusterError, InfeasibleError, PartitionInputError, UnusableLinkError
+from multigpu.partition.exceptions import (
+    ClusterError,
+    GraphError,
+    InfeasibleError,
+    PartitionInputError,
+    UnusableLinkError,
+)
 from multigpu.partition.inputs.cluster import (
     Cluster,
     DeviceSpec,
     Link,
     LinkSpec,
     LinkTables,
+    as_cluster,
     load_cluster,
     shipped_clusters,
 )
@@ -44,6 +51,7 @@ __all__ = [
     "DeviceCost",
     "DeviceSpec",
     "Graph",
+    "GraphError",
     "InfeasibleError",
     "LayerCost",
     "LayerSpec",
@@ -57,6 +65,7 @@ __all__ = [
     "Plan",
     "Stage",
     "UnusableLinkError",
+    "as_cluster",
     "autopartition",
     "baselines",
     "evaluate",

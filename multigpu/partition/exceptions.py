@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from multigpu.errors import ClusterError, InfeasibleError
 
-__all__ = ["ClusterError", "InfeasibleError", "PartitionInputError", "UnusableLinkError"]
+__all__ = ["ClusterError", "GraphError", "InfeasibleError", "PartitionInputError", "UnusableLinkError"]
+
+
+class GraphError(ClusterError):
+    """A bad layer graph: a graph file that is missing or malformed, or a graph (from a file,
+    a dict or ``LayerSpec``s) with a bad key, value, name or edge. A kind of ``ClusterError``,
+    which graph mistakes raised before, so code catching that still catches them (exit 2)."""
 
 
 class PartitionInputError(ClusterError):

@@ -54,6 +54,7 @@ __all__ = [
     "LinkTables",
     "Relay",
     "TransferCpu",
+    "as_cluster",
     "load_cluster",
     "shipped_clusters",
     "transfer_latency",
@@ -848,6 +849,11 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
 
     Raises ClusterError for a missing or malformed file and for any bad key or value.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise ClusterError(
+            f"a cluster file must be given as a path or a shipped name ({', '.join(shipped_clusters()) or 'none'}), "
+            f"got {type(path).__name__}; a cluster built in code goes to as_cluster or Cluster.from_dict"
+        )
     p = Path(path)
     if not p.exists():
         name = str(path)
@@ -864,3 +870,22 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
         raise ClusterError(f"cluster path {str(p)!r} is a directory; give a .json or .toml file")
     data = read_structured_file(p, "cluster")
     return Cluster.from_dict(data, name=p.stem)
+
+
+def as_cluster(cluster: Cluster | Mapping[str, Any] | str | os.PathLike[str], name: str = "cluster") -> Cluster:
+    """Return ``cluster`` as a ``Cluster``: a Cluster as it is; a dict as a cluster file's contents
+    (``{"devices": [...], "source": ...}``, with the same checks as a file, ``Cluster.from_dict``,
+    its messages naming ``name``); a path or a shipped cluster's name read by ``load_cluster``.
+
+    Raises ClusterError for any other type, naming it, and for any bad key or value.
+    """
+    if isinstance(cluster, Cluster):
+        return cluster
+    if isinstance(cluster, Mapping):
+        return Cluster.from_dict(cluster, name=name)
+    if isinstance(cluster, (str, os.PathLike)):
+        return load_cluster(cluster)
+    raise ClusterError(
+        f"cluster must be a Cluster, a dict laid out as a cluster file (devices, source, links, ...) or "
+        f"the path of a .json/.toml cluster file, got {type(cluster).__name__} {cluster!r:.80}"
+    )

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from multigpu.checks import check_count
-from multigpu.partition.exceptions import ClusterError
+from multigpu.partition.exceptions import GraphError
 from multigpu.partition.inputs.files import read_structured_file
 from multigpu.partition.inputs.validate import check_keys, check_name, check_number, check_number_fields
 
@@ -53,17 +53,17 @@ class LayerSpec:
     inputs: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_name(self.name, "layer name")
+        check_name(self.name, "layer name", GraphError)
         if self.name == INPUT:
-            raise ClusterError(
+            raise GraphError(
                 f'a layer is named {INPUT!r}, which names the graph\'s input in "inputs"; rename the layer'
             )
         check_number_fields(
             self,
             f"layer {self.name!r}",
-            flops={"unit": "FLOPs"},
-            param_bytes={"unit": "bytes; 0 for a layer without parameters"},
-            output_bytes={"unit": "bytes"},
+            flops={"unit": "FLOPs", "error": GraphError},
+            param_bytes={"unit": "bytes; 0 for a layer without parameters", "error": GraphError},
+            output_bytes={"unit": "bytes", "error": GraphError},
         )
         if self.inputs is not None:
             object.__setattr__(self, "inputs", _check_inputs(self.name, self.inputs))
@@ -72,21 +72,21 @@ class LayerSpec:
 def _check_inputs(name: str, inputs: Any) -> tuple[str, ...]:
     what = f"layer {name!r}: inputs"
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
-        raise ClusterError(
+        raise GraphError(
             f'{what} must be a list of layer names (or "input"), e.g. [{str(inputs)!r}]; got {type(inputs).__name__}'
         )
-    out = tuple(check_name(x, f"{what}: an entry") for x in inputs)
+    out = tuple(check_name(x, f"{what}: an entry", GraphError) for x in inputs)
     if not out:
-        raise ClusterError(
+        raise GraphError(
             f"{what} is empty, so no path from the input reaches layer {name!r}; list the "
             f'layers it consumes, or "input" for the graph\'s input (or leave "inputs" out: '
             f"the previous layer)"
         )
     twice = next((x for i, x in enumerate(out) if x in out[:i]), None)
     if twice is not None:
-        raise ClusterError(f"{what} lists {twice!r} twice; list each input once")
+        raise GraphError(f"{what} lists {twice!r} twice; list each input once")
     if name in out:
-        raise ClusterError(f"{what} lists the layer itself, a cycle; a layer consumes earlier layers only")
+        raise GraphError(f"{what} lists the layer itself, a cycle; a layer consumes earlier layers only")
     return out
 
 
@@ -108,13 +108,13 @@ class Graph:
     def __post_init__(self) -> None:
         layers = tuple(self.layers)
         if not layers:
-            raise ClusterError(f'graph {self.name!r} has no layers; list at least one under "layers"')
+            raise GraphError(f'graph {self.name!r} has no layers; list at least one under "layers"')
         seen: dict[str, int] = {}
         for i, layer in enumerate(layers):
             if not isinstance(layer, LayerSpec):
-                raise ClusterError(f"layers[{i}] must be a LayerSpec, got {type(layer).__name__}")
+                raise GraphError(f"layers[{i}] must be a LayerSpec, got {type(layer).__name__}")
             if layer.name in seen:
-                raise ClusterError(
+                raise GraphError(
                     f"duplicate layer name {layer.name!r} (layers[{seen[layer.name]}] and "
                     f"layers[{i}]); layer names must be unique (inputs, pins and reports refer "
                     f"to layers by name): rename one"
@@ -127,7 +127,9 @@ class Graph:
         )
         object.__setattr__(self, "layers", layers)
         object.__setattr__(
-            self, "input_bytes", check_number(self.input_bytes, f"graph {self.name!r}: input_bytes", unit="bytes")
+            self,
+            "input_bytes",
+            check_number(self.input_bytes, f"graph {self.name!r}: input_bytes", unit="bytes", error=GraphError),
         )
         object.__setattr__(self, "producers", _resolve_producers(layers, seen, self.name))
 
@@ -148,16 +150,16 @@ class Graph:
         return {layer.name: i for i, layer in enumerate(self.layers)}
 
     def index(self, name: str | int) -> int:
-        """Position (0-based) of a layer given by name or index; ClusterError if unknown."""
+        """Position (0-based) of a layer given by name or index; GraphError if unknown."""
         if isinstance(name, (int, np.integer)) and not isinstance(name, bool):
             if not 0 <= int(name) < self.n:
-                raise ClusterError(f"layer index {name} is outside 0..{self.n - 1}")
+                raise GraphError(f"layer index {name} is outside 0..{self.n - 1}")
             return int(name)
         try:
             return self._index[name]  # type: ignore[index]
         except (KeyError, TypeError):
             shown = ", ".join(self.names[:12]) + (", ..." if self.n > 12 else "")
-            raise ClusterError(f"unknown layer {name!r}; layers are: {shown}") from None
+            raise GraphError(f"unknown layer {name!r}; layers are: {shown}") from None
 
     @cached_property
     def flops(self) -> np.ndarray:
@@ -241,16 +243,16 @@ class Graph:
 
     @classmethod
     def from_dict(cls, data: Any, name: str = "graph") -> Graph:
-        """Build a graph from the parsed JSON/TOML structure; ClusterError on a bad key or value."""
-        check_keys(data, f"{name}: graph", GRAPH_KEYS)
+        """Build a graph from the parsed JSON/TOML structure; GraphError on a bad key or value."""
+        check_keys(data, f"{name}: graph", GRAPH_KEYS, error=GraphError)
         raw = data["layers"]
         if not isinstance(raw, list):
-            raise ClusterError(f'{name}: "layers" must be a list of layer objects, got {type(raw).__name__}')
+            raise GraphError(f'{name}: "layers" must be a list of layer objects, got {type(raw).__name__}')
         if not raw:
-            raise ClusterError(f'{name}: "layers" is empty; a graph needs at least one layer')
+            raise GraphError(f'{name}: "layers" is empty; a graph needs at least one layer')
         layers = []
         for i, layer in enumerate(raw):
-            check_keys(layer, f"{name}: layers[{i}]", LAYER_KEYS, LAYER_KEYS_OPTIONAL)
+            check_keys(layer, f"{name}: layers[{i}]", LAYER_KEYS, LAYER_KEYS_OPTIONAL, GraphError)
             layers.append(
                 LayerSpec(
                     name=layer["name"],
@@ -286,14 +288,14 @@ def _default_inputs(layers: Sequence[LayerSpec], i: int) -> tuple[str, ...]:
 def _resolve_producers(layers: Sequence[LayerSpec], index: dict[str, int], graph: str) -> tuple[tuple[int, ...], ...]:
     """Each layer's producers (-1: the input), after checking that every input exists, the
     graph has no cycle, each layer comes after its inputs, and only the last layer's
-    output goes unused. ClusterError naming the layer and the fix otherwise."""
+    output goes unused. GraphError naming the layer and the fix otherwise."""
     names = [x.name for x in layers]
     listed = [x.inputs if x.inputs is not None else _default_inputs(layers, i) for i, x in enumerate(layers)]
     for i, ins in enumerate(listed):
         for nm in ins:
             if nm != INPUT and nm not in index:
                 shown = ", ".join(repr(x) for x in [INPUT, *names[:i]][-12:])
-                raise ClusterError(
+                raise GraphError(
                     f"graph {graph!r}: layer {names[i]!r} lists input {nm!r}, which is no layer of "
                     f"the graph; name a layer listed before it or {INPUT!r} (the graph's input), "
                     f"e.g. one of {shown}"
@@ -302,14 +304,14 @@ def _resolve_producers(layers: Sequence[LayerSpec], index: dict[str, int], graph
     cycle = _find_cycle(producers)
     if cycle:
         path = " -> ".join(repr(names[c]) for c in cycle)
-        raise ClusterError(
+        raise GraphError(
             f"graph {graph!r} has a cycle: {path} (each consumes the one before it); a graph is "
             f"a DAG: remove one of these inputs"
         )
     for i, prods in enumerate(producers):
         late = [p for p in prods if p > i]
         if late:
-            raise ClusterError(
+            raise GraphError(
                 f"graph {graph!r}: layer {names[i]!r} consumes {names[late[0]]!r}, which is listed "
                 f"after it; list the layers in an order where each comes after its inputs "
                 f"(a topological order): move {names[late[0]]!r} before {names[i]!r}"
@@ -317,7 +319,7 @@ def _resolve_producers(layers: Sequence[LayerSpec], index: dict[str, int], graph
     used = {p for prods in producers for p in prods}
     unused = [names[i] for i in range(len(layers) - 1) if i not in used]
     if unused:
-        raise ClusterError(
+        raise GraphError(
             f"graph {graph!r}: the output of layer {unused[0]!r} goes to no layer, and only the "
             f"last layer ({names[-1]!r}) sends its output to the sink; make a later layer consume "
             f"it, move it last, or remove it"
@@ -350,9 +352,9 @@ def _find_cycle(producers: Sequence[Sequence[int]]) -> list[int]:
 
 def graph_from_model(model: Any, batch: int = 1) -> Graph:
     """The layer graph of a model (a ``Sequential``, or a graph model whose ``layer_stats``
-    name each node's ``inputs``) for ``batch`` examples. Raises ClusterError for a bad batch
+    name each node's ``inputs``) for ``batch`` examples. Raises GraphError for a bad batch
     or a model whose nodes do not form a graph (see ``Graph``)."""
-    stats = model.layer_stats(check_count(batch, "batch", error=ClusterError))
+    stats = model.layer_stats(check_count(batch, "batch", error=GraphError))
     layers = tuple(
         LayerSpec(
             name=s.name,
@@ -384,29 +386,29 @@ def load_graph(path: str | os.PathLike[str], batch: int = 1) -> Graph:
     A built-in model name (``lenet``, ``alexnet``) wins over a file of the same name, and
     an existing file over a shipped graph; write ``./alexnet`` to force the file.
     ``batch`` only applies to built-in models (a file states its own batch).
-    Raises ClusterError for a missing or malformed file and any bad key or value.
+    Raises GraphError for a missing or malformed file and any bad key or value.
     """
     from multigpu import models  # local: models pulls in the layer specs only when needed
 
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     if text is None:
-        raise ClusterError(f"graph must be a file path or a model name, got {type(path).__name__}")
+        raise GraphError(f"graph must be a file path or a model name, got {type(path).__name__}")
     if text in models.MODELS:
         return graph_from_model(models.get(text), batch)
     p = Path(text)
     if not p.exists() and text in shipped_graphs():
         p = _graphs_dir() / f"{text}.json"
     if not p.exists():
-        raise ClusterError(
+        raise GraphError(
             f"no graph file {text!r}; give a path to a .json/.toml graph file, a built-in "
             f"model name ({', '.join(sorted(models.MODELS))}) or a shipped graph "
             f"({', '.join(shipped_graphs()) or 'none'})"
         )
     if p.is_dir():
-        raise ClusterError(f"graph path {text!r} is a directory; give a .json or .toml file")
+        raise GraphError(f"graph path {text!r} is a directory; give a .json or .toml file")
     if p.suffix.lower() not in (".json", ".toml"):
-        raise ClusterError(
+        raise GraphError(
             f"graph file {text!r} has suffix {p.suffix or '(none)'!r}; graphs are JSON or TOML "
             f"files named .json or .toml"
         )
-    return Graph.from_dict(read_structured_file(p, "graph"), name=p.stem)
+    return Graph.from_dict(read_structured_file(p, "graph", GraphError), name=p.stem)

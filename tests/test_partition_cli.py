@@ -169,7 +169,7 @@ def test_bad_graph_file_is_a_graph_error_with_exit_code_2(capsys, tmp_path, text
     p.write_text(text)
     with pytest.raises(GraphError):
         load_graph(p)
-    assert run(["--graph", str(p), "--cluster", "lab"]) == 2
+    assert run(["--model", str(p), "--cluster", "lab"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("multigpu partition: error: ") and "\n" not in err
     for w in words:

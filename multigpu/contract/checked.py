@@ -430,9 +430,10 @@ class CheckedBackend:
         if any(len(s) == 0 or s[1:] != shapes[0][1:] for s in shapes):
             raise InputError(f"concat needs tensors of rank >= 1 with equal trailing shapes, got {shapes}")
         ranges = [self._range_of(t) for t in xs]
+        known = [r for r in ranges if r is not None]
         out = self.adapter.concat(parts)
-        if all(r is not None for r in ranges):
-            self._remember(out, min(r[0] for r in ranges), max(r[1] for r in ranges))  # type: ignore[index]
+        if len(known) == len(ranges):
+            self._remember(out, min(r[0] for r in known), max(r[1] for r in known))
         return out
 
     def flatten(self, xs: Sequence[Any]) -> Any:
@@ -470,7 +471,7 @@ class CheckedBackend:
         params: Sequence[Any],
         *inputs: Any,
         aux: bool = False,
-        out: Any | None = None,
+        out: Any = None,
         buckets: Sequence[tuple[int, int]] | None = None,
         on_bucket: Callable[[int], None] | None = None,
     ) -> Any:

@@ -25,7 +25,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -174,7 +174,7 @@ class Model:
         """
         listed = [Node(n[0], n[1], tuple(n[2])) if isinstance(n, tuple) and len(n) == 3 else n for n in nodes]
         model = cls.__new__(cls)
-        model._setup(listed, input_shape, name, init, output)
+        model._setup(cast(list[Node], listed), input_shape, name, init, output)  # _check_names rejects the rest
         return model
 
     # -- construction ----------------------------------------------------------

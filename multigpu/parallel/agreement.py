@@ -68,7 +68,7 @@ def _trainer(
     model: Model,
     backend: str,
     params: Sequence[np.ndarray],
-    devices: object,
+    devices: Any,  # as the caller gave it: DataParallel checks it
     lr: float,
     allreduce: str,
     optimizer: str | Optimizer,
@@ -267,12 +267,14 @@ def decisions(model: Model, backend: str, params: Sequence[np.ndarray], shards: 
         acts = model.run(b, tensors, {INPUT: b.from_numpy(x, dev)}, bn=mode, outputs=names)
         for node in watched:
             a = b.to_numpy(acts[node.inputs[0]])
-            if isinstance(node.layer, ReLU):
+            layer = node.layer
+            if isinstance(layer, ReLU):
                 out.append((a > 0).reshape(-1).astype(np.int64))
                 continue
-            k, pad, step = node.layer.kernel, node.layer.padding, node.layer.step
+            assert isinstance(layer, MaxPool2d)  # watched holds ReLUs and MaxPool2ds only
+            k, pad, step = layer.kernel, layer.padding, layer.step
             padded = np.pad(a, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
-            win = sliding_window_view(padded, (k, k), axis=(2, 3))[:, :, ::step, ::step]
+            win = sliding_window_view(padded, (1, 1, k, k))[:, :, ::step, ::step]  # (N, C, H', W', 1, 1, k, k)
             out.append(win.reshape(*win.shape[:4], -1).argmax(axis=-1).reshape(-1))
     return np.concatenate(out)
 

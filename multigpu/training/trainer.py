@@ -232,6 +232,7 @@ def train(
         saved = load_checkpoint(check_writable_dir(checkpoint, "checkpoint"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CPUFallbackWarning)
+        devices: int | str | list[Any]
         group, devices, joined = process_group, num_gpus, False
         if group is None and launched():
             group, devices = join_job(backend, num_gpus)
@@ -316,7 +317,7 @@ def train(
                 "use another folder or the same settings"
             )
         try:
-            if params is not None:  # None on ranks other than 0: broadcast below
+            if params is not None and arrays is not None:  # None on ranks other than 0: broadcast below
                 tr.set_params(params)
                 tr.set_optimizer_state([arrays[f"opt{j}"] for j in range(opt.buffers)], state.get("steps", 0))
             tr.steps = int(state.get("steps", 0))
@@ -414,7 +415,7 @@ def train(
     result.params = tr.get_params()  # after a resume that had nothing left to do, too
     result.state = tr.get_state()
     result.samples_per_sec = len(Xtr) * len(result.sec_per_epoch) / max(sum(result.sec_per_epoch), 1e-12)
-    if joined:
+    if joined and tr.process_group is not None:
         tr.process_group.close()
     if plot is not None and rank == 0:
         plot_curves([result], plot, title=f"{net.name} on Fashion-MNIST, {result.backend}")

@@ -22,6 +22,8 @@ force tests use up to 8); the planner says so when HiGHS does not prove it in ti
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from multigpu.partition.cost.tables import CostTables
@@ -71,6 +73,7 @@ def timing_rows(
     graph, cluster = tables.graph, tables.cluster
     tab = cluster.tables
     tg = lay.timing
+    assert tg is not None  # the layout was made with timing=True
     n, k = lay.n, lay.k
     sink = cluster.sink_index
     t_sec = np.where(tab.usable[tm.t_u, tm.t_v], tab.hop_seconds(tm.t_bytes, tm.t_u, tm.t_v), 0.0)
@@ -78,6 +81,9 @@ def timing_rows(
     live = open_[tm.t_col]
 
     # duration: F_i - S_i - work = 0
+    r: list[Any]  # each block's rows, columns and values: arrays in this one, numbers in the later ones
+    c: list[Any]
+    v: list[Any]
     r, c, v = [np.arange(n), np.arange(n)], [tg.finish, tg.start], [np.ones(n), -np.ones(n)]
     r.append(np.repeat(np.arange(n), k))
     c.append(lay.xi.ravel())

@@ -706,8 +706,8 @@ def _run_compiled(
     pending: deque[tuple[int, Any]] = deque()
 
     def local(links: Sequence[Link], msg: Any) -> Any:
-        assert workers.local is not None  # only the driver's own links come here
         for _, sid in links:
+            assert workers.local is not None  # a driver's link: the driver runs stages
             msg = workers.local.run(sid, msg)
         return msg
 

@@ -18,6 +18,7 @@ class Optimizer:
     """
 
     name = "optimizer"
+
     @property
     def buffers(self) -> int:
         """How many flat buffers of the parameters' length the optimizer keeps per replica

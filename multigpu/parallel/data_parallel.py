@@ -233,7 +233,7 @@ class DataParallel:
         rank r's device i in row r * devices + i; every rank gets all (a collective)."""
         b, n = self.backend, len(self.devices)
         size = sum(int(np.prod(s)) for s in self.model.state_shapes)
-        rows = np.zeros((self.world_size * n, size), np.float32)
+        rows: np.ndarray = np.zeros((self.world_size * n, size), np.float32)
         for i in range(n):
             rows[self.rank * n + i] = b.to_numpy(self.flat_state[i])
         if self.process_group is not None and size:

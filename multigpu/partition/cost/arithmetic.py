@@ -344,7 +344,8 @@ def transfer_cpu_terms(
         assert relay is not None
         bv, ib = b[via], cluster.inline_bytes
         parts.append((j[via], np.full(int(via.sum()), r), relay.cost(bv, ib), relay.serial_cost(bv, ib)))
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
+    index, device, seconds, serial = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    return index, device, seconds, serial
 
 
 def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -120,7 +120,7 @@ def timing_rows(
 
     # arrival: S_c - R[p, v] - sum_u t send - M x[c, v] >= -M, for every input p of c and device v
     by_slot: dict[tuple[int, int], list[int]] = {}
-    for j in np.flatnonzero(live):
+    for j in np.flatnonzero(live).tolist():
         by_slot.setdefault((int(tm.t_prod[j]), int(tm.t_v[j])), []).append(int(j))
     pairs = [(p, c_) for c_, prods in enumerate(graph.producers) for p in prods]
     r, c, v = [], [], []
@@ -163,7 +163,7 @@ def timing_rows(
 
     # link order: R[q, w] - R[p, v] - M send_p - M send_q >= t_p - 2M, p before q on one link
     on_pair: dict[frozenset, list[int]] = {}
-    for j in np.flatnonzero(live):
+    for j in np.flatnonzero(live).tolist():
         on_pair.setdefault(frozenset((int(tm.t_u[j]), int(tm.t_v[j]))), []).append(int(j))
     r, c, v, lo = [], [], [], []
     row = 0

@@ -2,19 +2,40 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import settings
 
 import multigpu
+import multigpu.contract.registry
 from multigpu.contract.devices import CPUFallbackWarning
+from multigpu.errors import BackendNotInstalledError
 
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci")
 
 BACKENDS = multigpu.available_backends()
 FRAMEWORKS = [b for b in BACKENDS if b != "numpy"]
+#: The registered backends whose framework is not installed here, left out of the suite.
+MISSING = [b for b in multigpu.registered_backends() if b not in BACKENDS]
+#: Why a framework may be missing from a known-good set (pyproject.toml's extras say the same).
+LIMITS = {"mxnet": "MXNet 1.9 needs numpy < 1.24 and Python < 3.12, so constraints-numpy2.txt leaves it out"}
+
+
+def missing_reason(name: str) -> str:
+    """Why backend ``name`` is not tested here: the registry's error, and the framework's known limits."""
+    try:
+        multigpu.contract.registry.require_installed(name)
+    except BackendNotInstalledError as e:
+        why = str(e)
+    else:
+        return f"{name} is installed"
+    limit = LIMITS.get(name)
+    here = f"numpy {np.__version__}, Python {sys.version_info.major}.{sys.version_info.minor}"
+    return f"{why} ({limit}; here: {here})" if limit else why
 
 
 @pytest.fixture(params=BACKENDS)
@@ -81,9 +102,27 @@ def pytest_runtest_logfinish(nodeid, location):
         _LAB_SPAN.append(time.monotonic())
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that reaches a backend whose framework is missing (or fails to import) skips,
+    with the registry's message as the reason, instead of erroring."""
+    outcome = yield
+    rep = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(BackendNotInstalledError) and not rep.skipped:
+        rep.outcome = "skipped"
+        # Reported from here, so `pytest -rs` folds every such skip with one reason into one line.
+        here = pytest_runtest_makereport.__code__.co_firstlineno
+        rep.longrepr = (__file__, here, f"Skipped: {call.excinfo.value}")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Print ``multigpu lab tests: N passed, ... (root: yes)`` so a CI log shows that the lab ran."""
+    """Print which backends the suite ran on (and why any is missing), then
+    ``multigpu lab tests: N passed, ... (root: yes)`` so a CI log shows that the lab ran."""
     import os
+
+    terminalreporter.write_line(f"multigpu backends tested: {', '.join(BACKENDS)}")
+    for name in MISSING:
+        terminalreporter.write_line(f"multigpu backend {name} not tested: {missing_reason(name)}")
 
     counts: dict[str, int] = {}
     reasons: set[str] = set()

@@ -41,7 +41,9 @@ def test_the_readmes_first_block_is_its_two_commands() -> None:
 
 
 def test_ci_installs_exactly_what_the_readme_says() -> None:
-    """.ci/run's install is the README's command 1 (``-q`` aside), then it builds the site and runs pytest."""
+    """.ci/run's first install is the README's command 1 (``-q`` aside); in that environment it
+    checks, lints, type-checks, builds the site and runs pytest; then it installs the second set
+    exactly as the install guide says, in a fresh environment, and runs pytest there too."""
     readme_install = next(
         part.strip()
         for part in _first_block(README.read_text())[1].split("&&")
@@ -49,14 +51,34 @@ def test_ci_installs_exactly_what_the_readme_says() -> None:
     )
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     ci_installs = [line.replace(" -q", "") for line in ci if line.startswith("pip install")]
-    assert ci_installs == [readme_install], f".ci/run installs {ci_installs}; the README says {readme_install!r}"
+    assert ci_installs[0] == readme_install, f".ci/run installs {ci_installs[0]!r}; the README says {readme_install!r}"
+    assert "-c constraints.txt" in readme_install
+    guide = (ROOT / "docs" / "guide" / "install.md").read_text()
+    assert len(ci_installs) == 2 and "-c constraints-numpy2.txt" in ci_installs[1], ci_installs
+    assert ci_installs[1] in guide, f".ci/run's second set, {ci_installs[1]!r}, is not what the install guide says"
 
-    def at(predicate) -> int:
-        return next(i for i, line in enumerate(ci) if predicate(line))
+    def at(predicate, start: int = 0) -> int:
+        return next(i for i, line in enumerate(ci) if i >= start and predicate(line))
 
-    install = at(lambda line: line.startswith("pip install"))
-    build = at(lambda line: "mkdocs build --strict" in line)
-    assert install < build < at(lambda line: line.strip() == "pytest"), "install, then build the site, then pytest"
+    venvs = [i for i, line in enumerate(ci) if line.startswith("python3 -m venv ")]
+    first = at(lambda line: line.startswith("pip install"))
+    second = at(lambda line: line.startswith("pip install"), first + 1)
+    assert len(venvs) == 2 and venvs[0] < first < venvs[1] < second, "each set in a fresh virtual environment"
+    steps = [
+        at(lambda line, cmd=cmd: line.strip() == cmd or line.startswith(cmd + " "), first)
+        for cmd in ("pip check", "ruff check", "ruff format", "mypy")
+    ]
+    build = at(lambda line: "mkdocs build --strict" in line, first)
+    tests = at(lambda line: line.strip() == "pytest", first)
+    slow = at(lambda line: line.strip() == "pytest -m slow", first)
+    assert steps == sorted(steps) and steps[-1] < build < tests < slow < venvs[1], (
+        "set 1: install, pip check, ruff, mypy, build the site, pytest, pytest -m slow"
+    )
+    assert (
+        second
+        < at(lambda line: line.strip() == "pip check", second)
+        < at(lambda line: line.strip() == "pytest", second)
+    )
 
 
 @pytest.mark.parametrize("page", ["README.md", "CONTRIBUTING.md"])

@@ -303,7 +303,9 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
         assert local.compute_time + local.stage_time == pytest.approx(min(d.warm_pass[g.name], cold)), d.name
     assert any(p.device == "w1" and p.warm is not None for p in res.passes)
     plan = autopartition(g, cl)
-    if plan.assignment != ["host"] * g.n:
+    # A split plan prices a layer at its measured time; a plan on one device (which one wins
+    # depends on the timings) at its warm pass, checked just above.
+    if len(set(plan.assignment)) > 1:
         assert (
             plan.breakdown.layers[0].compute_time == cl.devices[cl.index(plan.assignment[0])].measured(g.name)["conv1"]
         )

@@ -15,13 +15,12 @@ from typing import Any
 
 import mxnet as mx
 import numpy as np
+from mxnet.ndarray import NDArray
 
 from multigpu.backends.mxnet.math_ops import MathOps
 from multigpu.backends.mxnet.nn_ops import NNOps
 from multigpu.contract.bucket_signals import gradient_views
 from multigpu.contract.protocol import Device, pool_output_size
-
-NDArray = mx.nd.NDArray
 
 
 def _context(device: Device) -> mx.Context:
@@ -360,7 +359,7 @@ class MXNetBackend(MathOps, NNOps):
         # NOTE: zero-filling the buffer took about a tenth of a ResNet-18 step here; backward writes
         # every used parameter's gradient in full, so only the unused ones are zeroed below.
         flat = mx.nd.empty((size + 1,), ctx=params[0].context, dtype=np.float32) if out is None else out
-        buffers = list(flat) if isinstance(flat, (list, tuple)) else [flat]
+        buffers: list[NDArray] = list(flat) if isinstance(flat, (list, tuple)) else [flat]
         # NOTE: detach() is a new handle on the same memory, so the caller's arrays get no
         # grad buffer. mark_variables points each gradient at a view of its buffer, and
         # grad_req='write' makes backward write there directly (no copy, no accumulation).
@@ -471,12 +470,12 @@ class _GroupSum(mx.autograd.Function):
         super().__init__()
         self.group = group
 
-    def forward(self, x: NDArray, token: NDArray) -> tuple[NDArray, NDArray]:  # type: ignore[override]
+    def forward(self, x: NDArray, token: NDArray) -> tuple[NDArray, NDArray]:
         out = x.copy()
         self.group.allreduce_(out)
         return out, token.copy()
 
-    def backward(self, grad: NDArray, token_grad: NDArray) -> tuple[NDArray, NDArray]:  # type: ignore[override]
+    def backward(self, grad: NDArray, token_grad: NDArray) -> tuple[NDArray, NDArray]:
         out = grad.copy()
         self.group.allreduce_(out)
         return out, token_grad.copy()

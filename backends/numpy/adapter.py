@@ -418,7 +418,11 @@ class NumpyBackend(MathOps, NNOps):
             stack.extend((p, False) for p in node.parents if id(p) not in seen)
         grads: dict[int, np.ndarray] = {id(value): np.ones_like(value.data)}
         first = leaves[0]  # the contract guarantees at least one parameter
-        ready = None if buckets is None or out is None else _Buckets(self, leaves, order, out, buckets, on_bucket)
+        ready = (
+            None
+            if buckets is None or out is None or on_bucket is None  # the contract passes all three or none
+            else _Buckets(self, leaves, order, out, buckets, on_bucket)
+        )
         if ready is not None:
             ready.value(value)
         for step, node in enumerate(reversed(order)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ with warnings.catch_warnings():
     from multigpu.backends.paddle.nn_ops import NNOps
 
 Tensor = paddle.Tensor
-_NUMPY_DTYPES = {
+_NUMPY_DTYPES: dict[Any, np.dtype] = {
     paddle.float32: np.dtype(np.float32),
     paddle.int64: np.dtype(np.int64),
     paddle.float64: np.dtype(np.float64),
@@ -390,7 +391,7 @@ class PaddleBackend(MathOps, NNOps):
             else:  # NOTE: paddle.concat has no out=; copy_ into views of out writes through to it
                 flat = out
                 for view, piece in zip(self.unflatten(out, [tuple(q.shape) for q in pieces]), pieces):
-                    view.copy_(piece, False)
+                    view.copy_(piece, False)  # type: ignore[call-arg]  # Paddle's stub lacks `blocking`
             if not aux:
                 return flat
             return flat, paddle.concat([paddle.reshape(_move(o.detach(), flat.place), [-1]) for o in outputs])
@@ -440,19 +441,19 @@ def _sgd_pass(y: Tensor, x: Tensor, rate: float) -> None:
     sgd_ kernel, which its SGD optimizer runs, does it in one pass.
     """
     rate_t = paddle.to_tensor(np.array([rate], np.float32), place=y.place, stop_gradient=True)
-    paddle._C_ops.sgd_(y, rate_t, x, None, False)
+    paddle._C_ops.sgd_(y, rate_t, x, None, False)  # type: ignore[arg-type]  # the stub requires master_param
 
 
 class _CopyTo(paddle.autograd.PyLayer):
     """A copy to another place inside autograd: the gradient is copied back."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, place: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, place: Any) -> Tensor:
         ctx.source = x.place
         return _move(x.detach(), place).clone()
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         return _move(grad, ctx.source).clone()
 
 
@@ -463,12 +464,12 @@ class _GroupSum(paddle.autograd.PyLayer):
     """
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
         ctx.group = group
         return _summed_in_place(x.detach().clone(), group)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         return _summed_in_place(grad.detach().clone(), ctx.group)
 
 
@@ -497,7 +498,7 @@ class _BucketHooks:
             # the same node). A hook cannot make Paddle accumulate into our buffer, so the
             # gradient is copied into its slice here and Paddle's own .grad is dropped with
             # the leaf.
-            leaf.register_hook(lambda g, i=i: self._arrived(i, g))
+            leaf.register_hook(partial(self._arrived, i))
 
     def _arrived(self, i: int, grad: Tensor) -> None:
         with paddle.no_grad():

@@ -21,7 +21,7 @@ from multigpu.contract.bucket_signals import BucketSignals, gradient_views
 from multigpu.contract.protocol import Device
 
 Tensor = torch.Tensor
-_NUMPY_DTYPES = {
+_NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {
     torch.float32: np.dtype(np.float32),
     torch.int64: np.dtype(np.int64),
     torch.float64: np.dtype(np.float64),
@@ -245,7 +245,9 @@ class TorchBackend(MathOps, NNOps):
         if not tensors:
             return
         if len(tensors) > 1 and all(t.device.type == "cuda" for t in tensors):
-            total = torch.cuda.comm.reduce_add(list(tensors), destination=tensors[0].device.index)
+            from torch.cuda import comm  # a submodule that `import torch` does not bind
+
+            total = comm.reduce_add(list(tensors), destination=tensors[0].device.index)
         else:
             dev = tensors[0].device
             total = torch.stack([t.to(dev) for t in tensors]).sum(dim=0)
@@ -274,6 +276,7 @@ class TorchBackend(MathOps, NNOps):
         leaves = [p.detach().requires_grad_(True) for p in params]
         with torch.enable_grad():
             value, outputs = _forward(fn, leaves, inputs, aux)
+            grads: tuple[Tensor | None, ...]
             if value.requires_grad:
                 grads = torch.autograd.grad(value, leaves, allow_unused=True)
             else:
@@ -380,10 +383,10 @@ class _GroupSum(torch.autograd.Function):
     """A sum over a process group inside autograd: backward sums the gradient the same way."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
         ctx.group = group
         return _summed(x, group)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         return _summed(grad, ctx.group), None  # no gradient for the group

@@ -783,7 +783,7 @@ class CheckedBackend:
         params: Sequence[Any],
         *inputs: Any,
         aux: bool = False,
-        out: Any | None = None,
+        out: Any = None,
         buckets: Sequence[tuple[int, int]] | None = None,
         on_bucket: Callable[[int], None] | None = None,
     ) -> Any:

@@ -7,6 +7,7 @@ engine. Listing backends never imports a framework; ``backend(name)`` does, on f
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -67,9 +68,19 @@ def backend(name: str) -> CheckedBackend:
     Every call on it is checked first (``multigpu.contract.checked``), so a bad call raises
     the same exception whichever adapter runs it. Raises UnknownBackendError
     (listing the available ones) for an unknown name and BackendNotInstalledError
-    (naming the pip extra) when its framework is missing.
+    (naming the pip extra) when its framework is missing or fails to import.
     """
-    return checked(require_installed(name).load())
+    decl = require_installed(name)
+    if decl.framework is not None:
+        try:
+            importlib.import_module(decl.framework)
+        except Exception as e:  # e.g. MXNet 1.9 under numpy >= 1.24: AttributeError for np.bool
+            raise BackendNotInstalledError(
+                f"backend {name!r} needs the {decl.framework!r} package, which is installed but fails to import "
+                f"here ({type(e).__name__}: {e}); install the versions the extra allows: "
+                f"pip install 'multigpu[{decl.extra or name}]' (the install guide lists known-good sets)"
+            ) from e
+    return checked(decl.load())
 
 
 def require_installed(name: str) -> BackendDeclaration:

@@ -202,9 +202,9 @@ class CheckedGroup:
         """
         size = self._numel(flat)
         if self._buckets is None:
-            wait = self._collective("allreduce_", size, -1, lambda: self._start(flat))
+            pending = self._collective("allreduce_", size, -1, lambda: self._start(flat))
             what = _describe("allreduce_", size, -1, self.calls)
-            return lambda: self._guarded(f"{what}, wait", wait)
+            return lambda: self._guarded(f"{what}, wait", pending)
         sizes, code = self._buckets
         index = len(sizes) - len(self._expect)
         what = f"call #{self.calls + (index == 0)}, bucket {index} of {len(sizes)} ({size:,} floats)"

@@ -33,7 +33,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from functools import partial
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
@@ -217,7 +218,7 @@ def _reload_auth() -> None:
     # on first use; ray.init itself refreshes the config the same way when it turns
     # token authentication on.
     try:
-        from ray._raylet import AuthenticationTokenLoader, Config
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # not in Ray's stub
 
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
@@ -335,9 +336,9 @@ class Workers:
 
     def _start(self) -> None:
         host = socket.gethostname()
-        if self.driver is not None and self.driver.backend is not None:
-            d = self.driver
-            self.local = StageWorker(d.name, d.backend, d.device, d.threads)  # type: ignore[arg-type]
+        d = self.driver
+        if d is not None and d.backend is not None:
+            self.local = StageWorker(d.name, d.backend, d.device, d.threads)
             got = self.local.setup()
             self.info[d.name] = WorkerInfo(
                 d.name,
@@ -345,7 +346,7 @@ class Workers:
                 os.getpid(),
                 host,
                 True,
-                d.threads,  # type: ignore[arg-type]
+                d.threads,
                 cores=usable_cores(),
             )
             if not got["threads_applied"]:
@@ -361,7 +362,7 @@ class Workers:
         _check_resources(remote_specs)
         actor_cls = ray.remote(StageWorker)
         for spec in remote_specs:
-            handle = actor_cls.options(**_actor_options(spec)).remote(
+            handle: Any = actor_cls.options(**_actor_options(spec)).remote(
                 spec.name, spec.backend, spec.device, spec.threads
             )
             self.actors[spec.name] = handle
@@ -436,7 +437,8 @@ class Workers:
             for name in self.actors
         }
         for name, ref in refs.items():
-            self._get(ref, lambda n=name: f"the worker of device {n!r}", what="receiving its parameters", device=name)
+            who = partial("the worker of device {!r}".format, name)
+            self._get(ref, who, what="receiving its parameters", device=name)
         seconds = time.perf_counter() - t0
         if self.local is not None:
             name = self.local.name
@@ -572,7 +574,8 @@ def run_chain(
     if engine == "compiled":
         return _run_compiled(workers, chain, labels, inputs, window)
     driver = workers.local.name if workers.local is not None else None
-    out = ChainResult([None] * len(inputs), [()] * len(inputs), [0.0] * len(inputs))  # type: ignore[list-item]
+    # The outputs are placeholders until each item arrives.
+    out = ChainResult(cast(list[np.ndarray], [None] * len(inputs)), [()] * len(inputs), [0.0] * len(inputs))
     active: deque[_Item] = deque()
     nxt = 0
     finished = 0
@@ -580,10 +583,10 @@ def run_chain(
     def advance(item: _Item) -> None:
         while item.next < len(chain):
             dev, sid = chain[item.next]
-            if dev == driver:
+            if workers.local is not None and dev == driver:
                 if isinstance(item.value, ray.ObjectRef):
                     return
-                item.value = workers.local.run(sid, item.value)  # type: ignore[union-attr]
+                item.value = workers.local.run(sid, item.value)
             else:
                 item.value = workers.actors[dev].run.remote(sid, item.value)
                 item.refs.append((item.next, item.value))
@@ -694,16 +697,18 @@ def _run_compiled(
         try:
             workers.compiled = dag.experimental_compile(_max_inflight_executions=CGRAPH_MAX_INFLIGHT)
         except ray_exceptions.RayActorError as e:  # a worker died while the graph was being compiled
-            dev = workers.device_of(e)
-            raise workers.died(e, lambda: f"a worker of the compiled graph (device {dev!r})") from None
+            failed = workers.device_of(e)
+            raise workers.died(e, lambda: f"a worker of the compiled graph (device {failed!r})") from None
     cdag = workers.compiled
     window = min(window, CGRAPH_MAX_INFLIGHT)
-    out = ChainResult([None] * len(inputs), [()] * len(inputs), [0.0] * len(inputs))  # type: ignore[list-item]
+    # The outputs are placeholders until each item arrives.
+    out = ChainResult(cast(list[np.ndarray], [None] * len(inputs)), [()] * len(inputs), [0.0] * len(inputs))
     pending: deque[tuple[int, Any]] = deque()
 
     def local(links: Sequence[Link], msg: Any) -> Any:
         for _, sid in links:
-            msg = workers.local.run(sid, msg)  # type: ignore[union-attr]
+            assert workers.local is not None  # a driver's link: the driver runs stages
+            msg = workers.local.run(sid, msg)
         return msg
 
     def collect() -> None:
@@ -751,7 +756,7 @@ class DagResult:
     ``StageWorker.run_stage``), the driver's send time and arrival time."""
 
     outputs: list[np.ndarray]
-    traces: list[dict[Any, tuple[float, ...] | float]]
+    traces: list[dict[Any, Any]]  # stage -> (start, end, busy); ("sent", j) -> end
     sent: list[float]
     done: list[float]
 
@@ -794,9 +799,9 @@ def run_dag(
     driver = workers.local.name if workers.local is not None else None
     sink = next(j for j, m in enumerate(sends) if m.stage == SINK)
     out = DagResult(
-        [None] * len(inputs),
+        cast(list[np.ndarray], [None] * len(inputs)),  # placeholders until each item arrives
         [{} for _ in inputs],
-        [0.0] * len(inputs),  # type: ignore[list-item]
+        [0.0] * len(inputs),
         [0.0] * len(inputs),
     )
     active: deque[_DagItem] = deque()
@@ -815,10 +820,10 @@ def run_dag(
         while item.next < len(routes):
             r = routes[item.next]
             args = [item.msgs[j] for j in r.receives]
-            if r.device == driver:
+            if workers.local is not None and r.device == driver:
                 if any(isinstance(a, ray.ObjectRef) for a in args):
                     return
-                reply(item, r.sends, workers.local.run_stage(r.index, item.index, *args))  # type: ignore[union-attr]
+                reply(item, r.sends, workers.local.run_stage(r.index, item.index, *args))
             else:
                 # One call per part: a message leaves when its part is done, while the
                 # stage's later parts run (the stage's inputs all go to its first part).
@@ -854,7 +859,7 @@ def run_dag(
     while finished < len(inputs):
         while nxt < len(inputs) and len(active) < window:
             t_send = time.time()
-            msgs = {j: ({"input": inputs[nxt]}, {}) for j, m in enumerate(sends) if m.source == SOURCE}
+            msgs: dict[int, Any] = {j: ({"input": inputs[nxt]}, {}) for j, m in enumerate(sends) if m.source == SOURCE}
             item = _DagItem(nxt, msgs)
             out.sent[nxt] = t_send
             advance(item)
@@ -868,7 +873,7 @@ def run_dag(
         resolve(item, [sink])
         arrival = time.time()
         tensors, trace = item.msgs[sink]
-        merged: dict[int, tuple[float, float]] = {}
+        merged: dict[Any, Any] = {}
         pending = [t for t in item.tokens if isinstance(t, ray.ObjectRef)]
         for tok in _get_dag(workers, item, pending, labels, routes) + [
             t for t in item.tokens if not isinstance(t, ray.ObjectRef)

@@ -152,7 +152,7 @@ def time_devices(
         for _ in range(warmup + 1):
             call(name, "time_prefix", n)
         warm[name] = statistics.median(call(name, "time_prefix", n) for _ in range(repeats))
-    result = {}
+    result: dict[str, tuple[list[float], list[float], list[float], int, float, tuple[float, ...], float | None]] = {}
     for name in names:
         whole = statistics.median(passes[name])
         # Each layer alone takes its time plus the overhead, the whole pass its times plus one overhead:

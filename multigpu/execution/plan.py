@@ -282,7 +282,7 @@ def routes(xplan: ExecutionPlan) -> tuple[list[StageRoute], list[Send]]:
     last = {s.device: s.index for s in stages}
     out = []
     for s in stages:
-        mine = tuple(j for j, m in enumerate(sends) if m.source == s.index)
+        sent = tuple(j for j, m in enumerate(sends) if m.source == s.index)
         out.append(
             StageRoute(
                 s.index,
@@ -290,9 +290,9 @@ def routes(xplan: ExecutionPlan) -> tuple[list[StageRoute], list[Send]]:
                 tuple(names[m] for m in s.members),
                 tuple(feeds[s.index]),
                 tuple(j for j, m in enumerate(sends) if m.stage == s.index),
-                mine,
+                sent,
                 last[s.device] == s.index,
-                _parts(s, names, xplan.producers, sends, mine),
+                _parts(s, names, xplan.producers, sends, sent),
             )
         )
     return out, sends

@@ -222,9 +222,9 @@ class ProfileResult:
                 f"  message_bytes {fmt_bytes(self.cluster.message_bytes)} (the median over the links a stream "
                 f"filled): the throughput bottleneck's link loads"
             )
-        for h, cores in self.hosts.items():
-            on = [d.name for d in self.cluster.devices if d.host == h]
-            out.append(f"  host {h}: {cores:g} cores, shared by {', '.join(on)}")
+        for host, cores in self.hosts.items():
+            on = [d.name for d in self.cluster.devices if d.host == host]
+            out.append(f"  host {host}: {cores:g} cores, shared by {', '.join(on)}")
         tc = self.transfer_cpu
         if tc is not None:
 
@@ -251,8 +251,8 @@ class ProfileResult:
                 )
                 return f"{fmt_time(f.fixed)}{small(f.inline_fixed)} + {per(f.per_byte, receive)}{serial}"
 
-            for d, f in tc.devices.items():
-                out.append(f"  transfer CPU of {d}: {figures(f)} per transfer it sends or receives")
+            for name, fig in tc.devices.items():
+                out.append(f"  transfer CPU of {name}: {figures(fig)} per transfer it sends or receives")
             if tc.relay is not None:
                 out.append(f"  relay {tc.relay.device}: {figures(tc.relay)} per hop between two workers")
             out.append(f"  transfer CPU fit within {tc.worst_error(self.cluster.source):.0%} of its samples")
@@ -354,7 +354,7 @@ def profile(
         if devices is not None or driver is not None:
             raise PlanError("give either cluster= or devices=/driver=, not both")
         base: Cluster | None = cluster
-        driver_spec: DeviceSpec | None = cluster.devices[cluster.source_index]
+        driver_spec: DeviceSpec = cluster.devices[cluster.source_index]
         workers = [d for d in cluster.devices if d.name != cluster.source]
     else:
         base = None
@@ -505,7 +505,7 @@ def profile(
         )
     pairs_vs_bare = hop_vs_bare(idle, bare, driver_spec.name)
     stage_overhead = {name: statistics.median(v) for name, v in overheads.items()}
-    hosts = {}
+    hosts: dict[str, float] = {}
     for host, cores in host_of.values():
         hosts[host] = min(hosts.get(host, math.inf), cores or math.inf)
     result_cluster = _build_cluster(
@@ -604,15 +604,15 @@ def _build_cluster(
     driver_fits = [f for f in fits if driver.name in f.between]
     for a, b in missing:
         if driver.name in (a, b) and driver_fits:  # see the compiled-engine note
-            inl = [f.inline_latency for f in driver_fits]
+            inl = [f.inline_latency for f in driver_fits if f.inline_latency is not None]
             links.append(
                 Link(
                     between=(a, b),
                     bandwidth=statistics.mean(f.bandwidth for f in driver_fits),
                     latency=statistics.mean(f.latency for f in driver_fits),
-                    inline_latency=None if None in inl else statistics.mean(inl),
+                    inline_latency=None if len(inl) < len(driver_fits) else statistics.mean(inl),
                 )
-            )  # type: ignore
+            )
     if base is not None:
         keep = [ln for ln in base.links if frozenset(ln.between) not in measured]
         links += [ln for ln in keep if not any(frozenset(ln.between) == frozenset(x.between) for x in links)]
@@ -633,4 +633,5 @@ def _build_cluster(
 
 def _median_or_none(values: Sequence[float | None]) -> float | None:
     """The median of the values when none is None (every link fitted two latencies), else None."""
-    return None if not values or any(v is None for v in values) else statistics.median(values)  # type: ignore
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if values and len(known) == len(values) else None

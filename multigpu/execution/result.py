@@ -92,7 +92,7 @@ def try_predict(xplan: ExecutionPlan, batch: int) -> tuple[Prediction | None, st
         return None, str(e)
 
 
-def _median(xs: Sequence[float]) -> float:
+def _median(xs: Sequence[float] | np.ndarray) -> float:
     return statistics.median(xs) if len(xs) else math.nan
 
 
@@ -192,7 +192,7 @@ class RunResult:
         p = self.prediction
         if p is None:
             return []
-        rows = []
+        rows: list[dict[str, Any]] = []
         for i, s in enumerate(self.stages):
             rows.append(
                 {

@@ -85,8 +85,9 @@ def check_installed(xplan: ExecutionPlan) -> None:
     (for a local run, every worker runs on this machine)."""
     for s in xplan.stages:
         backend = xplan.spec(s.device).backend
+        assert backend is not None  # check_plan refuses a stage on a device without one
         try:
-            registry.require_installed(backend)  # type: ignore[arg-type]
+            registry.require_installed(backend)
         except Exception as e:
             raise type(e)(f"{s.label()}: {e}") from None
 
@@ -139,7 +140,7 @@ def _prepare(
     prediction, why = try_predict(xplan, batch)  # a bad layer_times entry fails here, before Ray
     if local:
         check_installed(xplan)
-    return _Prepared(model, params, xplan, items, prediction, why, state)
+    return _Prepared(model, list(params), xplan, items, prediction, why, None if state is None else list(state))
 
 
 def _check_timeouts(timeout: float, startup_timeout: float) -> None:

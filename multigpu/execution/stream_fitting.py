@@ -96,7 +96,7 @@ def fit_message_bytes(
     ``(b + m) / bandwidth + (4 + m) / bandwidth``, as the cost model prices a stream;
     ``m`` is solved from the time per item and kept within [0, latency * bandwidth]
     (never more than the whole hop)."""
-    by_worker = {}
+    by_worker: dict[str, float | None] = {}
     link = {frozenset(f.between): f for f in fits}
     for s in samples:
         f = link.get(frozenset((driver, s.worker)))

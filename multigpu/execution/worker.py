@@ -97,7 +97,7 @@ class StageWorker:
         self.send_names: dict[int, tuple[str, ...]] = {}  # message index -> the tensors it carries
         self.state: list[Any] | None = None  # BatchNorm running statistics, on the device
         self._store: dict[int, dict[str, Any]] = {}  # per item: tensors later stages here consume
-        self._traces: dict[int, dict[int, tuple[float, float]]] = {}
+        self._traces: dict[int, dict[Any, Any]] = {}  # stage -> (start, end, busy); ("sent", j) -> end
 
     # -- set-up ------------------------------------------------------------
     def where(self) -> dict[str, Any]:
@@ -256,7 +256,7 @@ class StageWorker:
         if route.last and (part is None or part == len(route.parts) - 1):
             self._store.pop(item, None)
             self._traces.pop(item, None)
-        results = replies or [({}, dict(trace))]
+        results: list[Any] = replies or [({}, dict(trace))]
         if token:
             results.append(None)  # what the device's next call of this item waits for
         return results[0] if len(results) == 1 else tuple(results)

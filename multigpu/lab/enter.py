@@ -64,7 +64,7 @@ class HostEntry:
             if setns(net_fd, CLONE_NEWNET) != 0 or setns(uts_fd, CLONE_NEWUTS) != 0:
                 raise OSError(ctypes.get_errno(), "setns into the lab host failed")
 
-        enter.fds = (net_fd, uts_fd)  # type: ignore[attr-defined]
+        enter.fds = (net_fd, uts_fd)  # type: ignore[attr-defined]  # mypy types no attributes on a function
         return enter
 
     @staticmethod

@@ -505,7 +505,7 @@ class Lab:
             host = self.plan.host(status["failed"])
             mem = self.hosts[host.name].cgroups.memory()
             hint = ""
-            if mem.get("oom_kills"):
+            if mem.get("oom_kills") and host.memory is not None:
                 hint = (
                     f"; the kernel killed {mem['oom_kills']} process(es) there for memory: its limit of "
                     f"{host.memory / 1e6:.0f} MB is below what a Ray node needs (raise the device's memory)"

@@ -243,7 +243,8 @@ def design(
         want = cpu_scale * flops / slowest
         cores = min(want, max_cores)
         period, quota = _quota(cores, tick_us)
-        memory = None if any(s.memory is None for s in specs) else int(sum(s.memory for s in specs))  # type: ignore[misc]
+        known = [s.memory for s in specs if s.memory is not None]
+        memory = int(sum(known)) if len(known) == len(specs) else None
         hosts.append(
             HostPlan(
                 name,
@@ -296,9 +297,9 @@ def design(
             links.append(LinkPlan(a.name, b.name, bw, ln.latency, rate))
     for pair in sorted(fast, key=sorted):
         x, y = sorted(pair)
-        rate = next(ln.bandwidth for ln in links if {ln.src, ln.dst} == {x, y})
+        speed = next(ln.bandwidth for ln in links if {ln.src, ln.dst} == {x, y})
         notes.append(
-            f"link {x} <-> {y}: {rate / 1e6:.4g} MB/s is more than this machine carries between "
+            f"link {x} <-> {y}: {speed / 1e6:.4g} MB/s is more than this machine carries between "
             f"namespaces; left unshaped"
         )
     blocked = sorted({frozenset((ln.src, ln.dst)) for ln in links if ln.blocked}, key=sorted)

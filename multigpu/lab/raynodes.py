@@ -89,9 +89,9 @@ def pull_timeout_ms(plan: LabPlan) -> int:
     got its parameters delayed the items after them by whole seconds."""
     worst = 0.0
     for ln in plan.links:
-        if ln.shaped:
+        if ln.shaped and ln.rate_bits is not None:  # shaped: a rate is set
             largest = min(object_store_bytes(plan.host(ln.src)), object_store_bytes(plan.host(ln.dst)))
-            worst = max(worst, largest / (ln.rate_bits / 8))  # type: ignore[operator]
+            worst = max(worst, largest / (ln.rate_bits / 8))
     return max(RAY_PULL_TIMEOUT_MS, int(math.ceil(2 * worst * 1e3)))
 
 

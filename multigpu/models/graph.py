@@ -31,7 +31,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -232,7 +232,9 @@ class Model:
         """
         listed = [Node(n[0], n[1], tuple(n[2])) if isinstance(n, tuple) and len(n) == 3 else n for n in nodes]
         model = cls.__new__(cls)
-        model._setup(listed, _input_specs(input_shape, inputs, name), name, init, output, init_scale)
+        model._setup(
+            cast(list[Node], listed), _input_specs(input_shape, inputs, name), name, init, output, init_scale
+        )  # _check_names rejects the rest
         return model
 
     # -- construction ----------------------------------------------------------

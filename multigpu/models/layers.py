@@ -33,7 +33,7 @@ INIT_SCHEMES = ("textbook", "he")
 def _need_chw(layer: Layer, in_shape: Shape) -> tuple[int, int, int]:
     if len(in_shape) != 3:
         raise ModelError(f"{layer.kind} needs a (C, H, W) input but receives {in_shape}; put it before Flatten")
-    return in_shape  # type: ignore[return-value]
+    return in_shape
 
 
 def _windowed(

@@ -18,8 +18,12 @@ class Optimizer:
     """
 
     name = "optimizer"
-    #: How many flat buffers of the parameters' length the optimizer keeps per replica.
-    buffers = 0
+
+    @property
+    def buffers(self) -> int:
+        """How many flat buffers of the parameters' length the optimizer keeps per replica
+        (a subclass may set it as a class attribute, as AdamW does)."""
+        return 0
 
     def update(self, backend: Any, p: Any, g: Any, state: Sequence[Any], lr: float, scale: float, step: int) -> None:
         """Update ``p`` (and ``state``) in place from the gradient ``scale * g``."""

@@ -44,7 +44,7 @@ class SGD(Optimizer):
             )
 
     @property
-    def buffers(self) -> int:  # type: ignore[override]
+    def buffers(self) -> int:
         """One momentum buffer with momentum, none without."""
         return 1 if self.momentum else 0
 

@@ -68,7 +68,7 @@ def _trainer(
     model: Model,
     backend: str,
     params: Sequence[np.ndarray],
-    devices: object,
+    devices: Any,  # as the caller gave it: DataParallel checks it
     lr: float,
     allreduce: str,
     optimizer: str | Optimizer,
@@ -267,11 +267,13 @@ def decisions(model: Model, backend: str, params: Sequence[np.ndarray], shards: 
         acts = model.run(b, tensors, {INPUT: b.from_numpy(x, dev)}, bn=mode, outputs=names)
         for node in watched:
             a = b.to_numpy(acts[node.inputs[0]])
-            if isinstance(node.layer, ReLU):
+            layer = node.layer
+            if isinstance(layer, ReLU):
                 out.append((a > 0).reshape(-1).astype(np.int64))
                 continue
-            k, pad, step = node.layer.kernel, node.layer.padding, node.layer.step
-            oh, ow = node.layer.output_shape(a.shape[1:])[1:]
+            assert isinstance(layer, MaxPool2d)  # watched holds ReLUs and MaxPool2ds only
+            k, pad, step = layer.kernel, layer.padding, layer.step
+            oh, ow = layer.output_shape(a.shape[1:])[1:]
             # A ceil-mode pool's last window may hang over the right padding: pad as far as it reaches.
             right = [max(pad, (o - 1) * step + k - n - pad) for n, o in zip(a.shape[2:], (oh, ow))]
             padded = np.pad(a, ((0, 0), (0, 0), (pad, right[0]), (pad, right[1])), constant_values=-np.inf)

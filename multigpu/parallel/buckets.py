@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from math import prod
 from typing import Any
 
@@ -140,7 +141,7 @@ class BucketedSum:
         self.buffers = [b if isinstance(b, KeptBuffers) else KeptBuffers(b) for b in buffers]
         size = layout.sizes[0]
         self.outputs = [
-            b.views(("outputs", size, reserved), lambda b=b: _outputs(backend, b, size, reserved)) for b in self.buffers
+            b.views(("outputs", size, reserved), partial(_outputs, backend, b, size, reserved)) for b in self.buffers
         ]
         self.schedule = flat_schedule(devices, group)
         self._ready = [False] * len(layout.params)
@@ -161,7 +162,7 @@ class BucketedSum:
             self._waits.append(self.group.allreduce_async_(views[0]))
             self._started += 1
 
-    def finish(self) -> list[list[Any]]:
+    def finish(self) -> list[KeptBuffers]:
         """Wait for every bucket's sum; return the summed bucket buffers of each device."""
         if self._started != len(self._ready):  # the contract makes every adapter signal every bucket
             raise AssertionError(f"bucket {self._started} was never signalled ready")

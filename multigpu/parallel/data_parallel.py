@@ -23,7 +23,7 @@ backward sums the devices' gradients on the first one).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from multigpu.errors import DeviceError, InputError, ModelError, ParamsError
 from multigpu.models.batchnorm import BatchStatistics, RunningStatistics
 from multigpu.models.graph import Model
 from multigpu.models.inputs import check_batch, check_images
+from multigpu.models.layers import BatchNorm2d
 from multigpu.optim.base import Optimizer
 from multigpu.optim.choice import make_optimizer
 from multigpu.parallel.allreduce import (
@@ -140,7 +141,7 @@ class DataParallel:
             for d in self.devices
         ]
         self.has_bn = bool(model.batch_norms)
-        momenta = {model.nodes[i].layer.momentum for i in model.batch_norms}
+        momenta = {cast(BatchNorm2d, model.nodes[i].layer).momentum for i in model.batch_norms}
         self._bn_momentum = momenta.pop() if len(momenta) == 1 else None  # one whole-buffer update when equal
         self._place_state([model.init_state() if state is None else model.check_state(state)] * len(self.devices))
         if process_group is not None:
@@ -242,7 +243,7 @@ class DataParallel:
         rank r's device i in row r * devices + i; every rank gets all (a collective)."""
         b, n = self.backend, len(self.devices)
         size = sum(int(np.prod(s)) for s in self.model.state_shapes)
-        rows = np.zeros((self.world_size * n, size), np.float32)
+        rows: np.ndarray = np.zeros((self.world_size * n, size), np.float32)
         for i in range(n):
             rows[self.rank * n + i] = b.to_numpy(self.flat_state[i])
         if self.process_group is not None and size:
@@ -268,7 +269,8 @@ class DataParallel:
                 )
         if self.process_group is not None:
             flat = b.from_numpy(
-                rows.reshape(-1) if self.rank == 0 else np.zeros(total * size, np.float32), self.process_group.device
+                rows.reshape(-1) if self.rank == 0 and rows is not None else np.zeros(total * size, np.float32),
+                self.process_group.device,
             )
             self.process_group.broadcast_(flat, 0)
             rows = b.to_numpy(flat).reshape(total, size)
@@ -489,7 +491,7 @@ class DataParallel:
             return
         views = b.unflatten(batch_stats, self.model.state_shapes)
         for k, i in enumerate(self.model.batch_norms):
-            m = self.model.nodes[i].layer.momentum
+            m = cast(BatchNorm2d, self.model.nodes[i].layer).momentum
             for j in (2 * k, 2 * k + 1):
                 b.axpby_(self.states[replica][j], 1.0 - m, views[j], m)
 
@@ -501,9 +503,9 @@ class DataParallel:
             sums = allreduce_flat(b, flats, self.devices, group)
             views = views_per_buffer(b, sums, halves)  # CPU replicas share one sum
             return [views[id(f)][0] for f in sums], views[id(sums[0])][1]
-        views = [b.unflatten(f, [*self.model.param_shapes, (1,)]) for f in flats]
-        allreduce_grads(b, [v[:-1] for v in views], self.devices, self.allreduce)
-        reduce_to_first(b, [v[-1] for v in views])
+        parts = [b.unflatten(f, [*self.model.param_shapes, (1,)]) for f in flats]
+        allreduce_grads(b, [v[:-1] for v in parts], self.devices, self.allreduce)
+        reduce_to_first(b, [v[-1] for v in parts])
         if group is not None:
             group.allreduce_(flats[0])  # the local sum, loss included, crosses processes once
             flats = [flats[0]] * n  # the update moves grads to each device

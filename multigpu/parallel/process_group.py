@@ -30,7 +30,8 @@ import numpy as np
 
 from multigpu.contract.protocol import Device
 
-T = TypeVar("T")
+# The buffer type; contravariant because a group only takes buffers in, never returns them.
+T = TypeVar("T", contravariant=True)
 
 
 @runtime_checkable

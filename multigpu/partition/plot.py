@@ -8,6 +8,7 @@ matplotlib is the optional ``plot`` extra, imported only here and only when draw
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,7 @@ def plot_plan(plan: Plan, graph: Graph, cluster: Cluster, path: str | os.PathLik
     edges = [(p + 1, c + 1) for c, prods in enumerate(graph.producers) for p in prods] + [(n, n + 1)]
     for a, b in edges:
         cut = node_dev[a] != node_dev[b]
-        style = dict(
+        style: dict[str, Any] = dict(
             color="crimson" if cut else "0.55", lw=1.8 if cut else 0.8, ls="--" if cut else "-", zorder=2 if cut else 1
         )
         (xa, ya), (xb, yb) = pos[a], pos[b]
@@ -97,7 +98,9 @@ def plot_plan(plan: Plan, graph: Graph, cluster: Cluster, path: str | os.PathLik
         zorder=3,
     )
     for i, label in ((0, "input"), (n + 1, "sink")):
-        ax.scatter(*pos[i], s=70, marker="s", color=colors(node_dev[i] % colors.N), edgecolors="k", zorder=3)
+        ax.scatter(
+            pos[i][0], pos[i][1], s=70, marker="s", color=colors(node_dev[i] % colors.N), edgecolors="k", zorder=3
+        )
         ax.annotate(label, pos[i], textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
     if n <= 40:
         for i, name in enumerate(graph.names):

@@ -46,7 +46,7 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster, baselines: Sequenc
         )
     only = single_device([cluster.index(d) for d in plan.assignment])
     warm = None if only is None else warm_pass_of(graph, cluster, only)
-    if warm is not None:  # every layer on one device: its items follow each other there
+    if warm is not None and only is not None:  # every layer on one device: its items follow each other there
         out.append(
             f"every layer runs on {cluster.names[only]}: its items follow each other there, priced at its "
             f"warm_pass of {graph.name} ({fmt_time(warm)}; the layer times, measured with the devices "

@@ -41,8 +41,9 @@ def save_checkpoint(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_write(folder / FILENAME) as f:
-        extra = {f"a_{k}": np.asarray(v) for k, v in (arrays or {}).items()}
-        np.savez(f, state=np.array(json.dumps(state)), **{f"p{i}": p for i, p in enumerate(params)}, **extra)
+        named: dict[str, Any] = {"state": np.array(json.dumps(state)), **{f"p{i}": p for i, p in enumerate(params)}}
+        named.update({f"a_{k}": np.asarray(v) for k, v in (arrays or {}).items()})
+        np.savez(f, **named)
     return folder / FILENAME
 
 

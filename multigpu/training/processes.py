@@ -98,4 +98,4 @@ def share_checkpoint(tr: Any, saved: tuple[list[np.ndarray], dict[str, Any]] | N
     state = broadcast_json(tr.process_group, tr.backend, None if saved is None else saved[1])
     if state is None:
         return None
-    return (saved[0] if tr.rank == 0 else None), state  # type: ignore[index]
+    return (saved[0] if tr.rank == 0 and saved is not None else None), state

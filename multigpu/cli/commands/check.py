@@ -162,11 +162,11 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
     for i, case in enumerate(ops[others[0]]):
         cells = []
         for name in others:
-            r = ops[name][i]
-            worst = max(r.forward, r.gradient) / max(1.0, r.scale)
+            op = ops[name][i]
+            worst = max(op.forward, op.gradient) / max(1.0, op.scale)
             failed |= worst > args.rtol
             cells.append(f"{worst:>11.1e} {'ok' if worst <= args.rtol else 'BAD':>4}")
-            op_rows.append({"backend": name, **r.__dict__})
+            op_rows.append({"backend": name, **op.__dict__})
         print(f"  {case.op:<34} " + " ".join(cells))
     rows = agreement(
         models.lenet(),

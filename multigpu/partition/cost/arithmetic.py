@@ -9,6 +9,7 @@ definition is in ``evaluate``'s module.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -214,7 +215,7 @@ def warm_pass_of(graph: Graph, cluster: Cluster, device: int | None = None) -> f
     return warm.get(graph.name)
 
 
-def single_device(a: np.ndarray) -> int | None:
+def single_device(a: np.ndarray | Sequence[int]) -> int | None:
     """The device column every layer of assignment ``a`` is on, or None when it uses several."""
     a = np.asarray(a)
     return int(a[0]) if len(a) and bool((a == a[0]).all()) else None
@@ -343,7 +344,8 @@ def transfer_cpu_terms(
         assert relay is not None
         bv, ib = b[via], cluster.inline_bytes
         parts.append((j[via], np.full(int(via.sum()), r), relay.cost(bv, ib), relay.serial_cost(bv, ib)))
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+    index, device, seconds, serial = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    return index, device, seconds, serial
 
 
 def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -51,7 +51,8 @@ def compute_times(graph: Graph, cluster: Cluster) -> np.ndarray:
     for name in measured_devices(graph, cluster):
         d = cluster.index(name)
         times = cluster.devices[d].measured(graph.name)
-        table[:, d] = [times[layer] for layer in graph.names]  # type: ignore[index]
+        assert times is not None  # measured_devices lists only devices that timed this graph
+        table[:, d] = [times[layer] for layer in graph.names]
     return table
 
 

@@ -73,7 +73,7 @@ from multigpu.partition.inputs.graph import INPUT, Graph
 
 __all__ = ["AssignmentLike", "check_weights", "evaluate", "resolve_assignment"]
 
-AssignmentLike = Sequence[str | int] | Mapping[str, str | int] | Sequence[tuple[str, str | int]]
+AssignmentLike = Sequence[str | int] | Mapping[str, str | int] | Sequence[tuple[str, str | int]] | np.ndarray
 
 
 def check_weights(wt: Any, we: Any) -> tuple[float, float]:
@@ -90,7 +90,7 @@ def check_weights(wt: Any, we: Any) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def _by_layer(graph: Graph, pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
+def _by_layer(graph: Graph, pairs: Sequence[Sequence[Any]]) -> list[Any]:
     """One device per layer from (layer, device) pairs; PartitionInputError for a layer
     placed twice, an unknown layer or one left out."""
     placed: dict[int, Any] = {}
@@ -127,7 +127,7 @@ def resolve_assignment(graph: Graph, cluster: Cluster, assignment: AssignmentLik
         and len(assignment)
         and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in assignment)
     ):
-        assignment = _by_layer(graph, [tuple(x) for x in assignment])
+        assignment = _by_layer(graph, [tuple(x) for x in assignment if isinstance(x, (tuple, list))])
     if isinstance(assignment, (str, bytes)) or not isinstance(assignment, (Sequence, np.ndarray)):
         raise PartitionInputError(
             f"assignment must be a list with one device name per layer, got {type(assignment).__name__}"

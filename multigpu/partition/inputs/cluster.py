@@ -459,7 +459,9 @@ class Cluster:
         """An ``inline_fixed`` transfer CPU figure needs the threshold it applies under."""
         if self.inline_bytes:
             return
-        owners = [(f"device {d.name!r}: transfer_cpu", d.transfer_cpu) for d in self.devices]
+        owners: list[tuple[str, TransferCpu | Relay | None]] = [
+            (f"device {d.name!r}: transfer_cpu", d.transfer_cpu) for d in self.devices
+        ]
         owners.append(("relay", self.relay))
         for what, fig in owners:
             if fig is not None and fig.inline_fixed is not None:
@@ -552,7 +554,7 @@ class Cluster:
     @cached_property
     def sink_index(self) -> int:
         """Column of the sink device."""
-        return self.index(self.sink)  # type: ignore[arg-type]
+        return self.index(self.source if self.sink is None else self.sink)  # as __post_init__ reads it
 
     @cached_property
     def flops(self) -> np.ndarray:

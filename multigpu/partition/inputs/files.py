@@ -61,7 +61,7 @@ def _toml_module() -> Any:
         return tomllib
     except ModuleNotFoundError:  # pragma: no cover - Python 3.10 only
         try:
-            import tomli  # type: ignore[import-not-found]
+            import tomli
 
             return tomli
         except ModuleNotFoundError:

@@ -155,11 +155,11 @@ class Graph:
             if not 0 <= int(name) < self.n:
                 raise GraphError(f"layer index {name} is outside 0..{self.n - 1}")
             return int(name)
-        try:
-            return self._index[name]  # type: ignore[index]
-        except (KeyError, TypeError):
+        found = self._index.get(name) if isinstance(name, str) else None
+        if found is None:
             shown = ", ".join(self.names[:12]) + (", ..." if self.n > 12 else "")
-            raise GraphError(f"unknown layer {name!r}; layers are: {shown}") from None
+            raise GraphError(f"unknown layer {name!r}; layers are: {shown}")
+        return found
 
     @cached_property
     def flops(self) -> np.ndarray:

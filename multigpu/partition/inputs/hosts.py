@@ -296,7 +296,7 @@ class TransferCpu(_CpuFigures):
         whole, name = (
             (self.per_byte, "per_byte (it has no receive_per_byte)")
             if receive is None
-            else (self.receive_per_byte, "receive_per_byte")
+            else (receive, "receive_per_byte")
         )
         if value > whole:
             raise ClusterError(

@@ -22,7 +22,7 @@ from multigpu.partition.units import fmt_bytes
 __all__ = ["explain_unreachable", "explain_coupled", "layer_candidates"]
 
 
-def _names(cluster, cols) -> str:  # type: ignore[no-untyped-def]
+def _names(cluster, cols) -> str:
     cols = list(cols)
     return ", ".join(repr(cluster.names[c]) for c in cols) if cols else "none"
 

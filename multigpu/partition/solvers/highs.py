@@ -42,7 +42,7 @@ class Outcome:
 
 def _option_items(options: dict[str, Any]) -> list[tuple[str, Any]]:
     """HiGHS option names and values for the planner's options (scipy's spelling)."""
-    out = []
+    out: list[tuple[str, Any]] = []
     for key, value in options.items():
         if key == "disp":
             out.append(("output_flag", bool(value)))

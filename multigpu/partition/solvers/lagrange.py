@@ -96,8 +96,8 @@ def cost_if_feasible(
     x = assignment_arrays(graph, cluster, a, tables.ship_params, warm=False)
     energy = x.energy
     busy = busy_times(graph, cluster, tables.comp, a)
-    over_mem = list(np.flatnonzero(memory_use(graph, cluster, a) > cons.memory))
-    over_busy = list(np.flatnonzero(busy > cons.busy))
+    over_mem = np.flatnonzero(memory_use(graph, cluster, a) > cons.memory).tolist()
+    over_busy = np.flatnonzero(busy > cons.busy).tolist()
     return wt * x.time + we * energy, over_mem, over_busy, energy > cons.energy_budget
 
 

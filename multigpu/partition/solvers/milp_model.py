@@ -233,6 +233,7 @@ def build_model(
     open_ = _open_columns(tables, cons, lay, use, time, energy, fix_x)
     open_[lay.m_off :] = True
     if timed:
+        assert lay.timing is not None  # Layout.of(timing=True) made it
         open_[lay.timing.first : lay.timing.end] = True
     lt = load_terms(tables, ~open_[lay.xi], lay, tm) if need_b else None
     if lt is not None:
@@ -252,6 +253,7 @@ def build_model(
     m_ub = 1.0 + 1e-6
     ub[lay.m_off : lay.m_off + len(mem_devs)] = m_ub
     if timed:
+        assert lay.timing is not None
         ub[lay.timing.first : lay.timing.end] = np.inf
         # Times in thousandths of the horizon: the optimum lands in (0, 1000], well above
         # HiGHS's tolerances, and M = 1000 (a little more) bounds every time.
@@ -280,6 +282,7 @@ def build_model(
     if objective == "bottleneck":
         c[lay.b_idx] = 1.0
     elif objective == "makespan":
+        assert lay.timing is not None
         c[lay.timing.makespan] = 1.0
     elif objective == "latency":
         c[: lay.m_off] = scale * np.where(open_[: lay.m_off], cost[: lay.m_off], 0.0)

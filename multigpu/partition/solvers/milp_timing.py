@@ -22,6 +22,8 @@ force tests use up to 8); the planner says so when HiGHS does not prove it in ti
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from multigpu.partition.cost.tables import CostTables
@@ -71,6 +73,7 @@ def timing_rows(
     graph, cluster = tables.graph, tables.cluster
     tab = cluster.tables
     tg = lay.timing
+    assert tg is not None  # the layout was made with timing=True
     n, k = lay.n, lay.k
     sink = cluster.sink_index
     t_sec = np.where(tab.usable[tm.t_u, tm.t_v], tab.hop_seconds(tm.t_bytes, tm.t_u, tm.t_v), 0.0)
@@ -78,6 +81,9 @@ def timing_rows(
     live = open_[tm.t_col]
 
     # duration: F_i - S_i - work = 0
+    r: list[Any]  # each block's rows, columns and values: arrays in this one, numbers in the later ones
+    c: list[Any]
+    v: list[Any]
     r, c, v = [np.arange(n), np.arange(n)], [tg.finish, tg.start], [np.ones(n), -np.ones(n)]
     r.append(np.repeat(np.arange(n), k))
     c.append(lay.xi.ravel())
@@ -114,7 +120,7 @@ def timing_rows(
 
     # arrival: S_c - R[p, v] - sum_u t send - M x[c, v] >= -M, for every input p of c and device v
     by_slot: dict[tuple[int, int], list[int]] = {}
-    for j in np.flatnonzero(live):
+    for j in np.flatnonzero(live).tolist():
         by_slot.setdefault((int(tm.t_prod[j]), int(tm.t_v[j])), []).append(int(j))
     pairs = [(p, c_) for c_, prods in enumerate(graph.producers) for p in prods]
     r, c, v = [], [], []
@@ -157,7 +163,7 @@ def timing_rows(
 
     # link order: R[q, w] - R[p, v] - M send_p - M send_q >= t_p - 2M, p before q on one link
     on_pair: dict[frozenset, list[int]] = {}
-    for j in np.flatnonzero(live):
+    for j in np.flatnonzero(live).tolist():
         on_pair.setdefault(frozenset((int(tm.t_u[j]), int(tm.t_v[j]))), []).append(int(j))
     r, c, v, lo = [], [], [], []
     row = 0

@@ -190,7 +190,7 @@ def _constrained(
     # Lagrangian has no term for them: their duals would be lost, and the bound with them).
     model = build_model(tables, cons, wt, we, scale=_scale(dp_value), cuts=False)
     lp, mult, x_lp = relax(model)
-    if mult is None or x_lp is None:
+    if lp is None or mult is None or x_lp is None:
         # The LP relaxation is infeasible, so the MILP is too.
         raise _infeasible(tables, cons, wt, we, verbose)
     if free is not None:
@@ -379,7 +379,7 @@ def autopartition(
 
     if objective == "throughput":
         _check_candidates(tables, cons, wt, we, verbose)
-        known = (a, bottleneck_of(graph, cluster, a, warm=False)) if dp_ok else None
+        known = (a, bottleneck_of(graph, cluster, a, warm=False)) if dp_ok and a is not None else None
         a = solve_throughput(
             tables, cons, wt, we, _scale(value), known, lambda: explain_coupled(tables, cons, wt, we, verbose), verbose
         )
@@ -396,6 +396,7 @@ def autopartition(
     elif solver == "milp" or not dp_ok:
         _check_candidates(tables, cons, wt, we, verbose)
         a, used = _constrained(tables, cons, lw, le, value, solver, verbose, free, options)
+    assert a is not None  # every branch above leaves a plan (dp_ok means the DP's)
     a = _warm_local(graph, cluster, tables, cons, a, objective, wt, we, bool(ship_params))
     elapsed = _time.perf_counter() - t0
 

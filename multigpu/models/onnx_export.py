@@ -1,0 +1,437 @@
+"""``to_onnx``: a graph ``Model`` and its parameters written as a standard ONNX model.
+
+Every layer kind maps to standard ONNX ops, so any ONNX runtime runs the file:
+
+* ``conv2d`` -> Conv; ``batch_norm2d`` -> BatchNormalization in inference mode with the
+  running statistics (the state); ``relu``/``tanh``/``sigmoid`` -> Relu/Tanh/Sigmoid;
+  ``max_pool2d`` -> MaxPool; ``avg_pool2d`` -> AveragePool with ``count_include_pad=1``
+  (our average counts the padded zeros); ``global_avg_pool2d`` -> GlobalAveragePool;
+  ``flatten`` -> Flatten; ``dense`` -> Gemm on (B, F), MatMul and Add on (B, S, F);
+  ``add`` -> Add; ``concat`` -> Concat on the channel axis; ``identity`` and ``dropout``
+  -> Identity (an export is for inference);
+* ``embedding`` -> Gather; ``position_embedding`` -> Slice of the table and Add;
+  ``token_type_embedding`` -> Gather (or the table's row 0) and Add; ``layer_norm`` ->
+  LayerNormalization from opset 17, below it its decomposition (ReduceMean, Sub, Mul,
+  Add, Sqrt, Div); ``gelu`` -> its Erf form, or its Tanh form for ``approximate``;
+* ``attention_mask`` -> Cast, Not, Cast and Unsqueeze to the (B, 1, 1, S) padding mask;
+  ``multi_head_attention`` -> MatMul, Add, Reshape, Transpose, Mul, Where (the causal and
+  padding masks, filled with float32's lowest value as the layer does) and Softmax.
+
+Names: each parameter is an initializer named as ``Model.param_keys()`` names it
+(``conv1.weight``, ``encoder.layer.0.attention.self.query.weight``), the BatchNorm state
+``NODE.running_mean`` and ``NODE.running_var`` (torch's buffer names); every node's output
+is the tensor named as the node, so a stage file (``nodes=``) consumes and produces the
+tensors the whole model has. Constants that are not parameters (the attention scale, a
+causal mask) are Constant nodes. The model's inputs keep their names and dtypes (int64
+ids and masks); their shapes are static, with a symbolic first dimension ``batch`` unless
+``batch`` fixes it.
+
+``onnx`` is imported when a model is exported, never when this module is.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from multigpu.errors import MissingDependencyError, ModelError
+from multigpu.models.attention import BLOCKED
+from multigpu.models.graph import Model
+
+#: The opset written unless another is asked for (LayerNormalization exists from 17).
+DEFAULT_OPSET = 17
+#: The opsets ``to_onnx`` writes: Softmax on one axis and Unsqueeze's axes input need 13.
+MIN_OPSET = 13
+#: Name of the symbolic batch dimension.
+BATCH_DIM = "batch"
+
+__all__ = [
+    "BATCH_DIM",
+    "DEFAULT_OPSET",
+    "MIN_OPSET",
+    "OnnxExportError",
+    "UnsupportedLayerError",
+    "supported_kinds",
+    "to_onnx",
+]
+
+
+class OnnxExportError(ModelError):
+    """A model, its arguments or a destination that cannot be written as ONNX (bad input, exit 2)."""
+
+
+class UnsupportedLayerError(OnnxExportError):
+    """A layer kind that has no ONNX mapping; the message lists the kinds that have one."""
+
+
+def _onnx() -> Any:
+    try:
+        import onnx
+    except ImportError:
+        raise MissingDependencyError(
+            "exporting to ONNX needs the onnx package: pip install 'onnx==1.17.0' (the version the "
+            "framework exporters share)"
+        ) from None
+    return onnx
+
+
+def max_opset() -> int:
+    """The newest opset the installed ``onnx`` package knows."""
+    return int(_onnx().defs.onnx_opset_version())
+
+
+class _Graph:
+    """Collects ONNX nodes; names each op's output ``SCOPE/OpType_k`` unless it is a node's output."""
+
+    def __init__(self, onnx: Any, opset: int):
+        self.onnx, self.opset = onnx, opset
+        self.nodes: list[Any] = []
+        self.count = 0
+
+    def op(self, op_type: str, inputs: Sequence[str], scope: str, out: str | None = None, **attrs: Any) -> str:
+        """Add one op; return the name of its (only) output."""
+        name = f"{scope}/{op_type}_{self.count}"
+        self.count += 1
+        output = name if out is None else out
+        self.nodes.append(self.onnx.helper.make_node(op_type, list(inputs), [output], name=name, **attrs))
+        return output
+
+    def const(self, value: Any, scope: str, dtype: Any = np.float32) -> str:
+        """A Constant node holding ``value`` as an array of ``dtype``."""
+        array = np.asarray(value, dtype=dtype)
+        name = f"{scope}/Constant_{self.count}"
+        self.count += 1
+        tensor = self.onnx.numpy_helper.from_array(array, name=name)
+        self.nodes.append(self.onnx.helper.make_node("Constant", [], [name], name=name, value=tensor))
+        return name
+
+    def ints(self, values: Sequence[int], scope: str) -> str:
+        """A 1-D int64 Constant (shapes, axes, slice bounds)."""
+        return self.const(list(values), scope, np.int64)
+
+
+# -- one emitter per layer kind ---------------------------------------------------------
+# Each gets the graph, the layer, the names of its inputs, the name its output must have,
+# the names of its parameters and state, and its main input's per-example shape.
+Emitter = Callable[[_Graph, Any, list[str], str, list[str], list[str], tuple[int, ...]], None]
+
+
+def _conv(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    p, k = layer.padding, layer.kernel
+    g.op(
+        "Conv", [ins[0], *ps], out, out, kernel_shape=[k, k], strides=[layer.stride] * 2, pads=[p] * 4,
+        group=layer.groups,
+    )  # fmt: skip
+
+
+def _batch_norm(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    # Inference mode (training_mode 0, the default): the running statistics, as RunningStatistics.
+    g.op("BatchNormalization", [ins[0], ps[0], ps[1], ss[0], ss[1]], out, out, epsilon=float(layer.eps))
+
+
+def _unary(op_type: str) -> Emitter:
+    def emit(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+        g.op(op_type, [ins[0]], out, out)
+
+    return emit
+
+
+def _pool(op_type: str, **extra: Any) -> Emitter:
+    def emit(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+        k, p = layer.kernel, layer.padding
+        # NOTE: MaxPool's pads never win (our max pads with -inf); AveragePool must count
+        # them (count_include_pad=1), as our avg_pool2d divides by k*k everywhere.
+        g.op(op_type, [ins[0]], out, out, kernel_shape=[k, k], strides=[layer.step] * 2, pads=[p] * 4, **extra)
+
+    return emit
+
+
+def _flatten(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    g.op("Flatten", [ins[0]], out, out, axis=1)
+
+
+def _dense(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    if len(shape) == 1:  # (B, F) @ (F, O) + b: one Gemm (our weight is (in, out): no transB)
+        g.op("Gemm", [ins[0], ps[0], ps[1]], out, out)
+    else:  # Gemm is 2-D only: a sequence (B, S, F) takes MatMul, which broadcasts the weight
+        g.op("Add", [g.op("MatMul", [ins[0], ps[0]], out), ps[1]], out, out)
+
+
+def _add(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    acc = ins[0]
+    for k, x in enumerate(ins[1:], start=2):  # left to right, as Add.join sums
+        acc = g.op("Add", [acc, x], out, out if k == len(ins) else None)
+
+
+def _concat(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    g.op("Concat", ins, out, out, axis=1)
+
+
+def _embedding(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    g.op("Gather", [ps[0], ins[0]], out, out, axis=0)
+
+
+def _position(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    rows = g.op("Slice", [ps[0], g.ints([0], out), g.ints([shape[0]], out), g.ints([0], out)], out)
+    g.op("Add", [ins[0], rows], out, out)
+
+
+def _token_type(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    if len(ins) == 1:  # every token of type 0: the table's first row, broadcast
+        rows = g.op("Slice", [ps[0], g.ints([0], out), g.ints([1], out), g.ints([0], out)], out)
+    else:
+        rows = g.op("Gather", [ps[0], ins[1]], out, axis=0)
+    g.op("Add", [ins[0], rows], out, out)
+
+
+def _mean_last(g: _Graph, x: str, scope: str) -> str:
+    # NOTE: ReduceMean takes its axes as an attribute up to opset 17 and as an input from 18.
+    if g.opset >= 18:
+        return g.op("ReduceMean", [x, g.ints([-1], scope)], scope, keepdims=1)
+    return g.op("ReduceMean", [x], scope, axes=[-1], keepdims=1)
+
+
+def _layer_norm(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    if g.opset >= 17:
+        g.op("LayerNormalization", [ins[0], ps[0], ps[1]], out, out, axis=-1, epsilon=float(layer.eps))
+        return
+    # Before opset 17: the decomposition the layer computes (biased variance).
+    centered = g.op("Sub", [ins[0], _mean_last(g, ins[0], out)], out)
+    var = _mean_last(g, g.op("Mul", [centered, centered], out), out)
+    std = g.op("Sqrt", [g.op("Add", [var, g.const(layer.eps, out)], out)], out)
+    scaled = g.op("Mul", [g.op("Div", [centered, std], out), ps[0]], out)
+    g.op("Add", [scaled, ps[1]], out, out)
+
+
+def _gelu(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    x = ins[0]
+    if layer.approximate:  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        cube = g.op("Mul", [g.op("Mul", [x, x], out), x], out)
+        inner = g.op("Add", [x, g.op("Mul", [cube, g.const(0.044715, out)], out)], out)
+        t = g.op("Tanh", [g.op("Mul", [inner, g.const(math.sqrt(2.0 / math.pi), out)], out)], out)
+    else:  # x * 0.5 (1 + erf(x / sqrt(2)))
+        t = g.op("Erf", [g.op("Div", [x, g.const(math.sqrt(2.0), out)], out)], out)
+    half = g.op("Mul", [g.op("Add", [t, g.const(1.0, out)], out), g.const(0.5, out)], out)
+    g.op("Mul", [x, half], out, out)
+
+
+def _attention_mask(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    # 1.0 where a key is padding (the mask is 0): Cast to bool is "nonzero", for int or float masks.
+    pad = g.op("Cast", [g.op("Not", [g.op("Cast", [ins[1]], out, to=9)], out)], out, to=1)
+    g.op("Unsqueeze", [pad, g.ints([1, 2], out)], out, out)
+
+
+def _attention(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    s, d = shape
+    h = layer.heads
+    dh = d // h
+    x = ins[0]
+
+    def heads(w: str, b: str, perm: list[int]) -> str:
+        y = g.op("Add", [g.op("MatMul", [x, w], out), b], out)
+        # 0 copies the input's dimension (allowzero is 0): the batch stays symbolic.
+        return g.op("Transpose", [g.op("Reshape", [y, g.ints([0, 0, h, dh], out)], out)], out, perm=perm)
+
+    q = heads(ps[0], ps[1], [0, 2, 1, 3])  # (B, H, S, dh)
+    k = heads(ps[2], ps[3], [0, 2, 3, 1])  # (B, H, dh, S)
+    v = heads(ps[4], ps[5], [0, 2, 1, 3])
+    scores = g.op("Mul", [g.op("MatMul", [q, k], out), g.const(1.0 / math.sqrt(dh), out)], out)
+    blocked = g.const(BLOCKED, out)
+    if layer.causal:
+        later = g.const(np.triu(np.ones((s, s), bool), 1).reshape(1, 1, s, s), out, bool)
+        scores = g.op("Where", [later, blocked, scores], out)
+    if len(ins) == 2:  # the (B, 1, 1, S) padding mask, 1.0 where a key is padding
+        scores = g.op("Where", [g.op("Cast", [ins[1]], out, to=9), blocked, scores], out)
+    weights = g.op("Softmax", [scores], out, axis=-1)
+    ctx = g.op("Transpose", [g.op("MatMul", [weights, v], out)], out, perm=[0, 2, 1, 3])
+    ctx = g.op("Reshape", [ctx, g.ints([0, 0, d], out)], out)
+    g.op("Add", [g.op("MatMul", [ctx, ps[6]], out), ps[7]], out, out)
+
+
+EMITTERS: dict[str, Emitter] = {
+    "conv2d": _conv,
+    "batch_norm2d": _batch_norm,
+    "relu": _unary("Relu"),
+    "tanh": _unary("Tanh"),
+    "sigmoid": _unary("Sigmoid"),
+    "identity": _unary("Identity"),
+    "dropout": _unary("Identity"),  # inference: dropout passes its input on
+    "max_pool2d": _pool("MaxPool"),
+    "avg_pool2d": _pool("AveragePool", count_include_pad=1),
+    "global_avg_pool2d": _unary("GlobalAveragePool"),
+    "flatten": _flatten,
+    "dense": _dense,
+    "add": _add,
+    "concat": _concat,
+    "embedding": _embedding,
+    "position_embedding": _position,
+    "token_type_embedding": _token_type,
+    "layer_norm": _layer_norm,
+    "gelu": _gelu,
+    "attention_mask": _attention_mask,
+    "multi_head_attention": _attention,
+}
+
+
+def supported_kinds() -> list[str]:
+    """The layer kinds ``to_onnx`` writes, sorted."""
+    return sorted(EMITTERS)
+
+
+def _check_opset(opset: Any) -> int:
+    newest = max_opset()
+    if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= newest:
+        raise OnnxExportError(
+            f"opset={opset!r} cannot be written; give an opset from {MIN_OPSET} to {newest} (the installed "
+            f"onnx's newest), e.g. {DEFAULT_OPSET}"
+        )
+    return opset
+
+
+def _check_batch(batch: Any) -> int | None:
+    if batch is None:
+        return None
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise OnnxExportError(f"batch={batch!r} must be None (a symbolic {BATCH_DIM!r} dimension) or an integer >= 1")
+    return batch
+
+
+def _stage(model: Model, nodes: Sequence[str] | None) -> list[int]:
+    if nodes is None:
+        return list(range(len(model.nodes)))
+    if isinstance(nodes, str) or not nodes:
+        raise OnnxExportError(f"nodes={nodes!r} must be a non-empty list of node names (a stage), or None")
+    unknown = [n for n in nodes if n not in model.index]
+    if unknown:
+        raise OnnxExportError(
+            f"model {model.name!r} has no node(s) {unknown}; its nodes are {list(model.index)[:8]}..."
+        )
+    return sorted({model.index[n] for n in nodes})
+
+
+def stage_io(model: Model, nodes: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+    """The tensors a stage (``nodes``; None: the whole model) consumes from outside itself, in
+    the order the model first consumes them (model inputs in their order first), and those it
+    produces for nodes outside it or as the model's output, in node order."""
+    stage = _stage(model, nodes)
+    inside = {model.nodes[i].name for i in stage}
+    consumed = {inp for i in stage for inp in model.nodes[i].inputs if inp not in inside}
+    feeds = [n for n in model.input_names if n in consumed]
+    feeds += [model.nodes[i].name for i in range(len(model.nodes)) if model.nodes[i].name in consumed]
+    outs = [
+        model.nodes[i].name
+        for i in stage
+        if model.nodes[i].name == model.output or any(c not in inside for c in model.consumers[model.nodes[i].name])
+    ]
+    return feeds, outs
+
+
+def _value_info(onnx: Any, model: Model, name: str, batch: int | None) -> Any:
+    dtype = model.inputs[name].dtype if name in model.inputs else "float32"
+    elem = onnx.TensorProto.INT64 if dtype == "int64" else onnx.TensorProto.FLOAT
+    first: int | str = BATCH_DIM if batch is None else batch
+    return onnx.helper.make_tensor_value_info(name, elem, [first, *model.shapes[name]])
+
+
+def to_onnx(
+    model: Model,
+    params: Sequence[Any],
+    path: str | os.PathLike[str] | None = None,
+    state: Sequence[Any] | None = None,
+    *,
+    opset: int = DEFAULT_OPSET,
+    batch: int | None = None,
+    nodes: Sequence[str] | None = None,
+) -> Any:
+    """Write ``model`` with ``params`` (and its BatchNorm ``state``) as an ONNX model; return the ModelProto.
+
+    ``path``: the ``.onnx`` file to write (None: only return the proto); the file appears
+    whole or not at all. ``opset``: 13 up to the installed onnx's newest (default 17; below
+    17 LayerNorm is decomposed). ``batch``: None for a symbolic first dimension ``batch``,
+    or a fixed batch size. ``nodes``: export only these nodes (a stage of a plan): the graph's
+    inputs are then the tensors they consume, its outputs those that leave the stage.
+
+    Raises UnsupportedLayerError for a layer kind with no ONNX mapping, ParamsError for
+    params or state that do not fit the model, OnnxExportError for a BatchNorm model without
+    ``state``, a bad opset, batch or destination, and MissingDependencyError without onnx.
+    """
+    onnx = _onnx()
+    opset, batch = _check_opset(opset), _check_batch(batch)
+    if not isinstance(model, Model):
+        raise OnnxExportError(f"model={model!r} is not a multigpu Model; build one with multigpu.models")
+    stage = _stage(model, nodes)
+    bad = sorted({model.nodes[i].layer.kind for i in stage if model.nodes[i].layer.kind not in EMITTERS})
+    if bad:
+        where = [model.nodes[i].name for i in stage if model.nodes[i].layer.kind in bad]
+        raise UnsupportedLayerError(
+            f"model {model.name!r}: layer kind(s) {bad} (node(s) {where[:4]}) have no ONNX export; "
+            f"the kinds that export are {supported_kinds()}"
+        )
+    values = model.check_params(params)
+    keys = model.param_keys()
+    uses_bn = [i for i in stage if i in model._bn_number]
+    if uses_bn and state is None:
+        raise OnnxExportError(
+            f"model {model.name!r} has BatchNorm (node {model.nodes[uses_bn[0]].name!r}): pass state= (its "
+            "running statistics, e.g. model.init_state() or DataParallel.get_state()); ONNX's "
+            "BatchNormalization normalizes with them"
+        )
+    stats = model.check_state(state) if uses_bn else []
+
+    g = _Graph(onnx, opset)
+    initializers = []
+    for i in stage:
+        node = model.nodes[i]
+        lo, hi = model._param_offsets[i], model._param_offsets[i + 1]
+        pnames = keys[lo:hi]
+        snames: list[str] = []
+        if i in model._bn_number:
+            k = model._bn_number[i]
+            snames = [f"{node.name}.running_mean", f"{node.name}.running_var"]
+            initializers += [onnx.numpy_helper.from_array(stats[2 * k + j], name=n) for j, n in enumerate(snames)]
+        initializers += [onnx.numpy_helper.from_array(values[j], name=n) for j, n in zip(range(lo, hi), pnames)]
+        shape = model.shapes[node.inputs[0]]  # the main input's, per example
+        EMITTERS[node.layer.kind](g, node.layer, list(node.inputs), node.name, pnames, snames, shape)
+
+    feeds, outs = stage_io(model, nodes)
+    graph = onnx.helper.make_graph(
+        g.nodes,
+        model.name if nodes is None else f"{model.name}[{model.nodes[stage[0]].name}..{model.nodes[stage[-1]].name}]",
+        [_value_info(onnx, model, n, batch) for n in feeds],
+        [_value_info(onnx, model, n, batch) for n in outs],
+        initializer=initializers,
+    )
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], producer_name="multigpu")
+    # NOTE: onnx 1.17 writes IR version 10; a runtime reads any IR version up to its own.
+    if path is not None:
+        write_model(proto, path)
+    return proto
+
+
+def write_model(proto: Any, path: str | os.PathLike[str]) -> Path:
+    """Write ``proto`` to ``path`` whole or not at all (a temporary file renamed into place);
+    OnnxExportError for a folder that does not exist or a path that is a folder."""
+    target = Path(path)
+    if target.is_dir():
+        raise OnnxExportError(
+            f"path {str(target)!r} is a folder; give a file name such as {str(target / 'model.onnx')!r}"
+        )
+    if not target.parent.is_dir():
+        raise OnnxExportError(
+            f"path {str(target)!r}: the folder {str(target.parent)!r} does not exist; create it or give another path"
+        )
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(proto.SerializeToString())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

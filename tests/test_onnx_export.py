@@ -1,0 +1,422 @@
+"""ONNX export: ``to_onnx`` and a plan's stage files, run by onnxruntime against our NumPy reference."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import multigpu
+from multigpu import models
+from multigpu.cli.main import main
+from multigpu.errors import MissingDependencyError, ParamsError, PlanError
+from multigpu.execution.onnx_stages import MANIFEST, ExportFolderError, export_stages, plan_stages
+from multigpu.models import INPUT, BatchStatistics, Layer, Model, Node, RunContext
+from multigpu.models.onnx_export import OnnxExportError, UnsupportedLayerError, supported_kinds, to_onnx
+from multigpu.partition import Constraints, autopartition, graph_from_model, load_cluster
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+CPU = multigpu.Device("cpu", 0)
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return multigpu.backend("numpy")
+
+
+def ours(ref, model: Model, params, feeds: dict, state=None) -> np.ndarray:
+    """The model's output on the NumPy reference (inference)."""
+    p = [ref.from_numpy(a, CPU) for a in params]
+    s = None if state is None else [ref.from_numpy(a, CPU) for a in state]
+    f = {k: ref.from_numpy(v, CPU) for k, v in feeds.items()}
+    out = model.run(ref, p, f, state=s, context=RunContext(devices=[CPU]))
+    return ref.to_numpy(out[model.output])
+
+
+def session(proto_or_path):
+    data = proto_or_path.SerializeToString() if hasattr(proto_or_path, "SerializeToString") else str(proto_or_path)
+    return ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+
+
+def worst(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest difference relative to the output's scale (at least 1)."""
+    return float(np.abs(got - want).max() / max(1.0, float(np.abs(want).max())))
+
+
+def scaled_params(model: Model, seed: int, std: float = 0.1) -> list[np.ndarray]:
+    """Parameters of order ``std`` (the textbook init gives LeNet outputs of 1e-5, too small to compare)."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(s) * std).astype(np.float32) for s in model.param_shapes]
+
+
+def batch_state(ref, model: Model, params, x: np.ndarray) -> list[np.ndarray]:
+    """A BatchNorm state that normalizes: the batch statistics of ``x`` (not the init's 0 and 1)."""
+    mode = BatchStatistics(1)
+    model.apply(ref, [[ref.from_numpy(p, CPU) for p in params]], [ref.from_numpy(x, CPU)], mode)
+    return [ref.to_numpy(t) for t in mode.stats[0]]
+
+
+def text_feeds(seed: int, vocab: int, batch: int = 3, seq: int = 8) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, (batch, seq)).astype(np.int64)
+    mask = np.ones((batch, seq), np.int64)
+    mask[1, 5:] = 0  # padded rows
+    mask[2, 2:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def small_bert(**kw) -> Model:
+    return models.bert(vocab_size=50, hidden=32, layers=2, heads=4, ffn=64, max_positions=16, seq_len=8, **kw)
+
+
+def small_gpt(**kw) -> Model:
+    return models.gpt(vocab_size=40, hidden=32, layers=2, heads=4, max_positions=16, seq_len=8, **kw)
+
+
+# -- whole models against onnxruntime ---------------------------------------------------
+
+
+def test_lenet_matches_onnxruntime(ref, tmp_path):
+    m = models.lenet()
+    params = scaled_params(m, 1)
+    x = np.random.default_rng(0).random((3, 1, 28, 28), dtype=np.float32)
+    path = tmp_path / "lenet.onnx"
+    proto = to_onnx(m, params, path)
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    assert [n.op_type for n in proto.graph.node] == [
+        "Conv", "Relu", "AveragePool", "Conv", "Relu", "AveragePool", "Flatten", "Gemm", "Relu", "Gemm",
+    ]  # fmt: skip
+    want = ours(ref, m, params, {INPUT: x})
+    got = session(path).run(None, {INPUT: x})[0]
+    assert np.abs(want).max() > 0.1
+    assert worst(got, want) <= TOL
+
+
+def test_resnet18_with_batchnorm_state_matches_onnxruntime(ref):
+    m = models.resnet18(num_classes=10, input_shape=(3, 32, 32))
+    params = m.init_params(2)
+    rng = np.random.default_rng(1)
+    state = batch_state(ref, m, params, rng.random((8, 3, 32, 32), dtype=np.float32))
+    x = rng.random((2, 3, 32, 32), dtype=np.float32)
+    proto = to_onnx(m, params, state=state)
+    onnx.checker.check_model(proto, full_check=True)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("BatchNormalization") == 20 and ops.count("MaxPool") == 1 and ops[-1] == "Gemm"
+    want = ours(ref, m, params, {INPUT: x}, state)
+    assert worst(session(proto).run(None, {INPUT: x})[0], want) <= TOL
+
+
+def test_average_pool_counts_padding_as_ours(ref):
+    m = Model([models.AvgPool2d(3, 2, 1, name="avg"), models.MaxPool2d(3, 1, 1, name="max")], input_shape=(2, 7, 7))
+    x = np.random.default_rng(3).standard_normal((2, 2, 7, 7)).astype(np.float32) - 2.0  # negative: pads matter
+    proto = to_onnx(m, [])
+    pool = proto.graph.node[0]
+    assert pool.op_type == "AveragePool"
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in pool.attribute}
+    assert attrs["count_include_pad"] == 1 and attrs["pads"] == [1, 1, 1, 1]
+    want = ours(ref, m, [], {INPUT: x})
+    np.testing.assert_allclose(session(proto).run(None, {INPUT: x})[0], want, atol=TOL)
+
+
+@pytest.mark.parametrize("opset", [13, 17, 21])
+def test_bert_with_a_padding_mask_matches_onnxruntime(ref, opset):
+    m = small_bert()
+    params = m.init_params(3)
+    feeds = text_feeds(0, 50)
+    proto = to_onnx(m, params, opset=opset)
+    onnx.checker.check_model(proto, full_check=True)
+    ops = {n.op_type for n in proto.graph.node}
+    assert ("LayerNormalization" in ops) == (opset >= 17)  # decomposed below 17
+    assert {"Gather", "Erf", "Softmax", "Where", "MatMul"} <= ops and "Tanh" not in ops
+    assert worst(session(proto).run(None, feeds)[0], ours(ref, m, params, feeds)) <= TOL
+
+
+def test_gpt_causal_with_a_padding_mask_matches_onnxruntime(ref):
+    m = small_gpt(mask=True)
+    params = m.init_params(4)
+    feeds = text_feeds(1, 40)
+    proto = to_onnx(m, params)
+    onnx.checker.check_model(proto, full_check=True)
+    ops = [n.op_type for n in proto.graph.node]
+    assert "Tanh" in ops and "Erf" not in ops  # GPT-2's GELU form
+    assert ops.count("Where") == 2 * 2  # per block: the causal mask and the padding mask
+    assert worst(session(proto).run(None, feeds)[0], ours(ref, m, params, feeds)) <= TOL
+
+
+def test_dropout_is_the_identity_and_gelu_forms_match(ref):
+    nodes = [
+        Node("fc", models.Dense(6), (INPUT,)),
+        Node("drop", models.Dropout(0.5), ("fc",)),
+        Node("erf", models.GELU(False), ("drop",)),
+        Node("tanh_form", models.GELU(True), ("erf",)),
+        Node("t", models.Tanh(), ("tanh_form",)),
+        Node("s", models.Sigmoid(), ("t",)),
+    ]
+    m = Model.from_nodes(nodes, input_shape=(4,))
+    params = scaled_params(m, 5, 1.0)
+    x = np.random.default_rng(2).standard_normal((5, 4)).astype(np.float32) * 3
+    proto = to_onnx(m, params)
+    assert [n.op_type for n in proto.graph.node][:2] == ["Gemm", "Identity"]
+    np.testing.assert_allclose(session(proto).run(None, {INPUT: x})[0], ours(ref, m, params, {INPUT: x}), atol=TOL)
+
+
+# -- names, dtypes and shapes -------------------------------------------------------------
+
+
+def test_parameters_are_initializers_under_our_names():
+    m = models.resnet18(num_classes=10, input_shape=(3, 32, 32))
+    params, state = m.init_params(0), m.init_state()
+    proto = to_onnx(m, params, state=state)
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    keys = m.param_keys()
+    assert keys[:3] == ["conv1.weight", "bn1.weight", "bn1.bias"]
+    bn_names = [f"{m.nodes[i].name}.running_{w}" for i in m.batch_norms for w in ("mean", "var")]
+    assert set(inits) == set(keys) | set(bn_names)
+    for k, p in zip(keys, params):
+        np.testing.assert_array_equal(inits[k], p)
+    for k, s in zip(bn_names, state):
+        np.testing.assert_array_equal(inits[k], s)
+    assert [o.name for o in proto.graph.output] == ["fc"]
+
+
+def test_inputs_keep_their_names_dtypes_and_shapes():
+    m = small_bert()
+    proto = to_onnx(m, m.init_params(0))
+
+    def described(vi):
+        t = vi.type.tensor_type
+        return vi.name, t.elem_type, [d.dim_param or d.dim_value for d in t.shape.dim]
+
+    assert [described(i) for i in proto.graph.input] == [
+        ("input_ids", onnx.TensorProto.INT64, ["batch", 8]),
+        ("attention_mask", onnx.TensorProto.INT64, ["batch", 8]),
+    ]
+    assert described(proto.graph.output[0]) == (
+        "encoder.layer.1.output.LayerNorm",
+        onnx.TensorProto.FLOAT,
+        ["batch", 8, 32],
+    )
+    fixed = to_onnx(m, m.init_params(0), batch=4)
+    assert described(fixed.graph.input[0]) == ("input_ids", onnx.TensorProto.INT64, [4, 8])
+
+
+def test_a_symbolic_batch_runs_at_any_batch(ref):
+    m = small_gpt()
+    params = m.init_params(1)
+    sess = session(to_onnx(m, params))
+    for b in (1, 5):
+        feeds = {"input_ids": np.random.default_rng(b).integers(0, 40, (b, 8)).astype(np.int64)}
+        assert worst(sess.run(None, feeds)[0], ours(ref, m, params, feeds)) <= TOL
+
+
+# -- bad calls ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Square(Layer):
+    kind = "square"
+
+    def forward(self, backend, params, x):
+        return backend.multiply(x, x)
+
+
+def test_an_unexportable_layer_kind_names_the_kinds_that_export(tmp_path):
+    m = Model([models.Dense(3, name="fc"), Square(name="sq")], input_shape=(4,))
+    with pytest.raises(UnsupportedLayerError) as err:
+        to_onnx(m, m.init_params(), tmp_path / "m.onnx")
+    text = str(err.value)
+    assert "'square'" in text and "'sq'" in text
+    for kind in ("conv2d", "multi_head_attention", "layer_norm", "dense"):
+        assert kind in text
+    assert "multi_head_attention" in supported_kinds()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_arguments_are_named(tmp_path):
+    m = models.resnet18(num_classes=10, input_shape=(3, 32, 32))
+    params = m.init_params(0)
+    with pytest.raises(OnnxExportError, match="pass state="):
+        to_onnx(m, params)
+    with pytest.raises(ParamsError, match=r"params\[0\] has shape"):
+        to_onnx(m, [np.zeros((1,), np.float32)] + params[1:], state=m.init_state())
+    lenet = models.lenet()
+    lp = lenet.init_params()
+    with pytest.raises(OnnxExportError, match="opset=12"):
+        to_onnx(lenet, lp, opset=12)
+    with pytest.raises(OnnxExportError, match="batch=0"):
+        to_onnx(lenet, lp, batch=0)
+    with pytest.raises(OnnxExportError, match="no node"):
+        to_onnx(lenet, lp, nodes=["conv9"])
+    with pytest.raises(OnnxExportError, match="is a folder"):
+        to_onnx(lenet, lp, tmp_path)
+    with pytest.raises(OnnxExportError, match="does not exist"):
+        to_onnx(lenet, lp, tmp_path / "absent" / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
+    import multigpu.models.onnx_export as export
+
+    def broken(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export.os, "replace", broken)
+    with pytest.raises(OSError, match="No space"):
+        to_onnx(models.lenet(), models.lenet().init_params(), tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_onnx_a_missing_dependency_is_named(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx raises ImportError
+    with pytest.raises(MissingDependencyError, match="pip install"):
+        to_onnx(models.lenet(), models.lenet().init_params())
+
+
+# -- a plan's stages ------------------------------------------------------------------
+
+
+def run_stages(folder: Path, feeds: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """Run the stage files in manifest order, each fed from the model's inputs and earlier stages."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    env = dict(feeds)
+    for entry in manifest["stages"]:
+        outs = session(folder / entry["file"]).run(entry["outputs"], {k: env[k] for k in entry["inputs"]})
+        env.update(zip(entry["outputs"], outs))
+    return manifest, env
+
+
+def check_manifest(manifest: dict, model: Model) -> None:
+    """Every tensor a stage consumes is a model input or an earlier stage's output, and the
+    manifest's tensors list says so."""
+    made = set(model.input_names)
+    for k, entry in enumerate(manifest["stages"], start=1):
+        assert entry["stage"] == k and entry["file"] == f"stage{k}.onnx"
+        assert set(entry["inputs"]) <= made
+        made |= set(entry["outputs"])
+    by_name = {t["name"]: t for t in manifest["tensors"]}
+    for entry in manifest["stages"]:
+        for name in entry["inputs"]:
+            assert entry["stage"] in by_name[name]["consumers"]
+        for name in entry["outputs"]:
+            assert by_name[name]["producer"] == entry["stage"]
+    assert by_name[model.output]["consumers"] == [] and manifest["outputs"] == [model.output]
+    assert sorted(n for e in manifest["stages"] for n in e["nodes"]) == sorted(n.name for n in model.nodes)
+
+
+def test_resnet18_stages_on_the_lab_chain_to_our_output(ref, tmp_path):
+    m = models.resnet18(num_classes=10, input_shape=(3, 32, 32))
+    pins = {"layer2.0.conv1": "desk-cpu", "layer3.0.conv1": "pi2"}  # cuts inside residual blocks
+    plan = autopartition(graph_from_model(m, 1), load_cluster("lab"), constraints=Constraints(pinned=pins))
+    assert len(plan.stages) >= 3
+    params = m.init_params(1)
+    rng = np.random.default_rng(2)
+    state = batch_state(ref, m, params, rng.random((8, 3, 32, 32), dtype=np.float32))
+    folder = tmp_path / "stages"
+    manifest = export_stages(m, params, plan, folder, state)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([MANIFEST] + [e["file"] for e in manifest["stages"]])
+    assert [e["device"] for e in manifest["stages"]] == [s.device for s in plan.stages]
+    check_manifest(manifest, m)
+    # A skip connection crosses stages: some tensor feeds a stage other than the next one.
+    assert any(
+        t["consumers"] and t["producer"] and min(t["consumers"]) > t["producer"] + 1 for t in manifest["tensors"]
+    )
+    x = rng.random((2, 3, 32, 32), dtype=np.float32)
+    again, env = run_stages(folder, {INPUT: x})
+    assert again == manifest
+    assert worst(env[m.output], ours(ref, m, params, {INPUT: x}, state)) <= TOL
+
+
+def test_transformer_stages_chain_to_our_output(ref, tmp_path):
+    m = small_bert()
+    names = [n.name for n in m.nodes]
+    # The embeddings and the mask on one device, each encoder layer's attention on another, the rest back.
+    plan = ["a" if not n.startswith("encoder") else "b" if "attention" in n else "c" for n in names]
+    params = m.init_params(5)
+    feeds = text_feeds(3, 50)
+    manifest = export_stages(m, params, plan, tmp_path / "bert", opset=13)
+    check_manifest(manifest, m)
+    assert len(manifest["stages"]) == len(plan_stages(m, plan)) >= 5
+    assert {e["device"] for e in manifest["stages"]} == {"a", "b", "c"}
+    mask = next(t for t in manifest["tensors"] if t["name"] == "extended_attention_mask")
+    device = {e["stage"]: e["device"] for e in manifest["stages"]}
+    assert device[mask["producer"]] == "a"  # the padding mask goes to both layers' attention
+    assert [device[c] for c in mask["consumers"]] == ["b", "b"]
+    ids = next(t for t in manifest["inputs"] if t["name"] == "input_ids")
+    assert ids == {"name": "input_ids", "dtype": "int64", "shape": ["batch", 8]}
+    _, env = run_stages(tmp_path / "bert", feeds)
+    assert worst(env[m.output], ours(ref, m, params, feeds)) <= TOL
+
+
+def test_stage_export_refuses_a_folder_in_use_and_leaves_nothing(tmp_path):
+    m = models.lenet()
+    params, plan = m.init_params(), ["a"] * 5 + ["b"] * 5
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("mine")
+    with pytest.raises(ExportFolderError, match="not empty"):
+        export_stages(m, params, plan, used)
+    assert [p.name for p in used.iterdir()] == ["keep.txt"]
+    with pytest.raises(ExportFolderError, match="does not exist"):
+        export_stages(m, params, plan, tmp_path / "no" / "such")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert len(export_stages(m, params, plan, empty)["stages"]) == 2
+    with pytest.raises(PlanError, match="has 3 entries but lenet has 10 nodes"):
+        export_stages(m, params, ["a"] * 3, tmp_path / "short")
+    bad = Model([models.Dense(3, name="fc"), Square(name="sq")], input_shape=(4,))
+    with pytest.raises(UnsupportedLayerError):
+        export_stages(bad, bad.init_params(), ["a", "b"], tmp_path / "bad")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "used"]  # no partial folders
+
+
+def test_a_failed_stage_write_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    import multigpu.execution.onnx_stages as stages
+
+    def broken(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(stages.os, "replace", broken)
+    empty = tmp_path / "out"
+    empty.mkdir()
+    with pytest.raises(OSError, match="No space"):
+        export_stages(models.lenet(), models.lenet().init_params(), ["a"] * 10, empty)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and list(empty.iterdir()) == []
+
+
+def test_plan_stages_take_a_plan_its_dict_or_a_file(tmp_path):
+    m = models.lenet()
+    plan = ["a"] * 4 + ["b"] * 6
+    (tmp_path / "plan.json").write_text(json.dumps({"assignment": plan}))
+    for given in (plan, {"assignment": plan}, tmp_path / "plan.json"):
+        assert [(s.device, s.first, s.last) for s in plan_stages(m, given)] == [
+            ("a", "conv1", "conv2"),
+            ("b", "relu2", "fc4"),
+        ]
+
+
+# -- the command line -----------------------------------------------------------------
+
+
+def test_cli_partition_exports_the_stages(tmp_path, capsys):
+    out = tmp_path / "stages"
+    argv = ["partition", "--graph", "lenet", "--cluster", "lab", "--pin", "fc4=desk-gpu", "--no-baselines"]
+    assert main([*argv, "--json", "--export-stages", str(out)]) == 0
+    captured = capsys.readouterr()
+    plan = json.loads(captured.out)  # stdout stays JSON
+    assert "stage files and manifest.json" in captured.err
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert [e["device"] for e in manifest["stages"]] == [s["device"] for s in plan["stages"]]
+    assert len(manifest["stages"]) >= 2
+    assert main([*argv, "--export-stages", str(out)]) == 2  # not empty now
+    assert "not empty" in capsys.readouterr().err
+    assert main(["partition", "--graph", "resnet50", "--cluster", "lab", "--export-stages", str(tmp_path / "x")]) == 2
+    assert "built-in model" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stages"]

@@ -6,7 +6,8 @@ branches) or from explicit ``Node``s; ``Sequential`` is the chain case.
 ``multigpu.models.lenet()``, ``resnet18()`` and friends build the built-in networks;
 ``get(name)`` looks one up by name. ``bert()`` and ``gpt()`` build text models on token
 ids (``multigpu.models.text_models``), and ``pretrained("all-MiniLM-L6-v2")`` loads a
-published checkpoint (``multigpu.models.pretrained``). A model spec never imports a
+published checkpoint (``multigpu.models.pretrained``). ``to_onnx`` writes a model and
+its parameters as a standard ONNX file (``multigpu.models.onnx_export``). A model spec never imports a
 framework: a backend walks it.
 """
 
@@ -34,6 +35,7 @@ from multigpu.models.layers import (
     ReLU,
 )
 from multigpu.models.node import INPUT, Input, Node
+from multigpu.models.onnx_export import to_onnx
 from multigpu.models.pretrained import SentenceEncoder, load_safetensors, pretrained
 from multigpu.models.sequential import Sequential
 from multigpu.models.text_models import bert, decoder_block, encoder_block, gpt
@@ -101,4 +103,5 @@ __all__ = [
     "resnet",
     "resnet18",
     "resnet18_textbook",
+    "to_onnx",
 ]

@@ -249,6 +249,8 @@ def test_bad_arguments_are_named(tmp_path):
     lp = lenet.init_params()
     with pytest.raises(OnnxExportError, match="opset=12"):
         to_onnx(lenet, lp, opset=12)
+    with pytest.raises(ParamsError, match="state has 1 arrays"):
+        to_onnx(lenet, lp, state=[np.zeros(3, np.float32)])  # lenet has no BatchNorm
     with pytest.raises(OnnxExportError, match="batch=0"):
         to_onnx(lenet, lp, batch=0)
     with pytest.raises(OnnxExportError, match="no node"):

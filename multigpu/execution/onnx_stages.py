@@ -112,7 +112,8 @@ def export_stages(
     """
     target = check_export_folder(folder)
     stages = plan_stages(model, plan)
-    entries, files = [], []
+    entries: list[dict[str, Any]] = []
+    files: list[tuple[str, Any]] = []
     for s in stages:
         nodes = [model.nodes[m].name for m in s.members]
         feeds, outs = stage_io(model, nodes)

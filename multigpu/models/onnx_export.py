@@ -382,7 +382,7 @@ def to_onnx(
             "running statistics, e.g. model.init_state() or DataParallel.get_state()); ONNX's "
             "BatchNormalization normalizes with them"
         )
-    stats = model.check_state(state) if uses_bn else []
+    stats = [] if state is None else model.check_state(state)  # the whole model's, checked even if unused
 
     g = _Graph(onnx, opset)
     initializers = []

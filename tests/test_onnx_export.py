@@ -124,6 +124,33 @@ def test_average_pool_counts_padding_as_ours(ref):
     np.testing.assert_allclose(session(proto).run(None, {INPUT: x})[0], want, atol=TOL)
 
 
+def test_branches_joined_by_concat_and_a_three_way_add_with_grouped_convolutions(ref):
+    nodes = [
+        Node("stem", models.Conv2d(4, 3, 1, 1), (INPUT,)),
+        Node("grouped", models.Conv2d(4, 3, 2, 1, groups=2, bias=False), ("stem",)),
+        Node("pooled", models.MaxPool2d(3, 2, 1), ("stem",)),
+        Node("cat", models.Concat(), ("grouped", "pooled")),
+        Node("a", models.Conv2d(8, 1), ("cat",)),
+        Node("b", models.ReLU(), ("cat",)),
+        Node("c", models.AvgPool2d(3, 1, 1), ("cat",)),
+        Node("sum", models.Add(), ("a", "b", "c")),
+        Node("gap", models.GlobalAvgPool2d(), ("sum",)),
+        Node("flat", models.Flatten(), ("gap",)),
+        Node("fc", models.Dense(3), ("flat",)),
+    ]
+    m = Model.from_nodes(nodes, input_shape=(2, 9, 9))
+    params = scaled_params(m, 6, 0.5)
+    x = np.random.default_rng(4).standard_normal((3, 2, 9, 9)).astype(np.float32)
+    proto = to_onnx(m, params)
+    onnx.checker.check_model(proto, full_check=True)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("Concat") == 1 and ops.count("Add") == 2  # the three-way join: two Adds
+    conv = next(n for n in proto.graph.node if n.name.startswith("grouped/"))
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}["group"] == 2
+    assert len(conv.input) == 2  # no bias
+    assert worst(session(proto).run(None, {INPUT: x})[0], ours(ref, m, params, {INPUT: x})) <= TOL
+
+
 @pytest.mark.parametrize("opset", [13, 17, 21])
 def test_bert_with_a_padding_mask_matches_onnxruntime(ref, opset):
     m = small_bert()
@@ -146,6 +173,22 @@ def test_gpt_causal_with_a_padding_mask_matches_onnxruntime(ref):
     ops = [n.op_type for n in proto.graph.node]
     assert "Tanh" in ops and "Erf" not in ops  # GPT-2's GELU form
     assert ops.count("Where") == 2 * 2  # per block: the causal mask and the padding mask
+    assert worst(session(proto).run(None, feeds)[0], ours(ref, m, params, feeds)) <= TOL
+
+
+def test_token_type_ids_as_a_second_input(ref):
+    ids, types = models.Input("input_ids", (6,), "int64"), models.Input("token_type_ids", (6,), "int64")
+    nodes = [
+        Node("words", models.Embedding(20, 8), ("input_ids",)),
+        Node("types", models.TokenTypeEmbedding(3), ("words", "token_type_ids")),
+        Node("attn", models.MultiHeadAttention(2), ("types",)),
+    ]
+    m = Model.from_nodes(nodes, inputs=[ids, types])
+    params = scaled_params(m, 7, 0.5)
+    rng = np.random.default_rng(5)
+    feeds = {"input_ids": rng.integers(0, 20, (2, 6)), "token_type_ids": rng.integers(0, 3, (2, 6))}
+    proto = to_onnx(m, params)
+    assert [n.op_type for n in proto.graph.node][:3] == ["Gather", "Gather", "Add"]
     assert worst(session(proto).run(None, feeds)[0], ours(ref, m, params, feeds)) <= TOL
 
 

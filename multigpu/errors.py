@@ -134,3 +134,18 @@ class LabUnsupportedError(MultigpuError, ValueError):
 class LabError(MultigpuError, RuntimeError):
     """The emulated lab failed while it was built, used or taken down: a command such as
     ``ip`` or ``ray start`` failed, or a host's process did not start (run-time failure, exit 1)."""
+
+
+class OnnxError(ModelError):
+    """An ONNX model that cannot be imported: not an ONNX file, an op, attribute or opset
+    outside the supported set, external data that is missing, a dynamic dimension with no
+    shape given, or several graph outputs with none chosen (bad input, exit 2)."""
+
+
+class UnsupportedOnnxError(OnnxError):
+    """An ONNX node whose op or attribute the importer does not support; ``op``, ``node`` and
+    ``opset`` name it, and the message lists the supported ops (bad input, exit 2)."""
+
+    op: str | None = None
+    node: str | None = None
+    opset: int | None = None

@@ -7,7 +7,9 @@ branches) or from explicit ``Node``s; ``Sequential`` is the chain case.
 ``get(name)`` looks one up by name. ``bert()`` and ``gpt()`` build text models on token
 ids (``multigpu.models.text_models``), and ``pretrained("all-MiniLM-L6-v2")`` loads a
 published checkpoint (``multigpu.models.pretrained``). ``to_onnx`` writes a model and
-its parameters as a standard ONNX file (``multigpu.models.onnx_export``). A model spec never imports a
+its parameters as a standard ONNX file (``multigpu.models.onnx_export``); ``from_onnx`` reads one
+back, and ``from_torch``, ``from_paddle`` and ``from_mxnet`` import a framework's own network
+through its exporter (``multigpu.models.onnx_import``). A model spec never imports a
 framework: a backend walks it.
 """
 
@@ -36,6 +38,7 @@ from multigpu.models.layers import (
 )
 from multigpu.models.node import INPUT, Input, Node
 from multigpu.models.onnx_export import to_onnx
+from multigpu.models.onnx_import import OnnxImport, from_mxnet, from_onnx, from_paddle, from_torch
 from multigpu.models.pretrained import SentenceEncoder, load_safetensors, pretrained
 from multigpu.models.sequential import Sequential
 from multigpu.models.text_models import bert, decoder_block, encoder_block, gpt
@@ -104,4 +107,9 @@ __all__ = [
     "resnet18",
     "resnet18_textbook",
     "to_onnx",
+    "from_onnx",
+    "from_torch",
+    "from_paddle",
+    "from_mxnet",
+    "OnnxImport",
 ]

@@ -317,6 +317,29 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_file_over_protobufs_limit_is_refused_by_name(tmp_path, monkeypatch):
+    import multigpu.models.onnx_export as export
+
+    m = models.lenet()
+    monkeypatch.setattr(export, "PROTOBUF_LIMIT", 200_000)  # stage 1 holds 0.1 MB of weights, stage 2 0.6 MB
+    with pytest.raises(OnnxExportError, match="over protobuf's 2 GiB limit"):
+        to_onnx(m, m.init_params(), tmp_path / "m.onnx")
+    with pytest.raises(OnnxExportError, match=r"stage 2 \(pool2..fc4\).*export it in stages"):
+        export_stages(m, m.init_params(), ["a"] * 5 + ["b"] * 5, tmp_path / "stages")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_file_gets_the_users_permissions(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        to_onnx(models.lenet(), models.lenet().init_params(), tmp_path / "m.onnx")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "m.onnx").stat().st_mode & 0o777 == 0o644
+
+
 def test_without_onnx_a_missing_dependency_is_named(monkeypatch):
     import sys
 

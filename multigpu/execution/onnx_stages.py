@@ -36,7 +36,7 @@ from typing import Any
 from multigpu.errors import PlanError
 from multigpu.execution.plan import read_plan
 from multigpu.models.graph import Model
-from multigpu.models.onnx_export import BATCH_DIM, DEFAULT_OPSET, OnnxExportError, stage_io, to_onnx
+from multigpu.models.onnx_export import BATCH_DIM, DEFAULT_OPSET, OnnxExportError, serialize, stage_io, to_onnx
 from multigpu.partition.stages import Stage, split_stages
 
 __all__ = ["MANIFEST", "ExportFolderError", "check_export_folder", "export_stages", "plan_stages"]
@@ -113,13 +113,13 @@ def export_stages(
     target = check_export_folder(folder)
     stages = plan_stages(model, plan)
     entries: list[dict[str, Any]] = []
-    files: list[tuple[str, Any]] = []
+    files: list[tuple[str, bytes]] = []
     for s in stages:
         nodes = [model.nodes[m].name for m in s.members]
         feeds, outs = stage_io(model, nodes)
         proto = to_onnx(model, params, None, state, opset=opset, batch=batch, nodes=nodes)
         name = f"stage{s.index + 1}.onnx"
-        files.append((name, proto))
+        files.append((name, serialize(proto, f"stage {s.index + 1} ({s.span})")))
         entries.append(
             {
                 "stage": s.index + 1,
@@ -156,8 +156,8 @@ def export_stages(
     tmp.mkdir()  # with the user's umask, as the folder itself would be
     emptied = False
     try:
-        for name, proto in files:
-            (tmp / name).write_bytes(proto.SerializeToString())
+        for name, data in files:
+            (tmp / name).write_bytes(data)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         if target.exists():
             target.rmdir()  # empty, checked above

@@ -48,6 +48,8 @@ from multigpu.models.graph import Model
 DEFAULT_OPSET = 17
 #: The opsets ``to_onnx`` writes: Softmax on one axis and Unsqueeze's axes input need 13.
 MIN_OPSET = 13
+#: The most bytes one serialized ONNX file may take (protobuf's limit).
+PROTOBUF_LIMIT = 2**31 - 1
 #: Name of the symbolic batch dimension.
 BATCH_DIM = "batch"
 
@@ -414,6 +416,18 @@ def to_onnx(
     return proto
 
 
+def serialize(proto: Any, what: str) -> bytes:
+    """``proto``'s bytes; OnnxExportError when it passes protobuf's 2 GB limit (which
+    ``SerializeToString`` would refuse with a bare ValueError)."""
+    size = proto.ByteSize()
+    if size > PROTOBUF_LIMIT:
+        raise OnnxExportError(
+            f"{what}: the ONNX model takes {size / 2**30:.2f} GiB, over protobuf's 2 GiB limit for one file; "
+            "export it in stages (export_stages, or multigpu partition --export-stages), each under the limit"
+        )
+    return proto.SerializeToString()
+
+
 def write_model(proto: Any, path: str | os.PathLike[str]) -> Path:
     """Write ``proto`` to ``path`` whole or not at all (a temporary file renamed into place);
     OnnxExportError for a folder that does not exist or a path that is a folder."""
@@ -426,10 +440,14 @@ def write_model(proto: Any, path: str | os.PathLike[str]) -> Path:
         raise OnnxExportError(
             f"path {str(target)!r}: the folder {str(target.parent)!r} does not exist; create it or give another path"
         )
+    data = serialize(proto, str(target))
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
-            f.write(proto.SerializeToString())
+            f.write(data)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

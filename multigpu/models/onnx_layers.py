@@ -33,6 +33,7 @@ import numpy as np
 from multigpu.errors import InputError, ModelError
 from multigpu.models.context import NodeCall
 from multigpu.models.layers import ContextLayer, JoinLayer, Layer, Shape
+from multigpu.models.onnx_numpy import evaluate
 
 #: The ops an ``OnnxOp`` runs, each on protocol ops.
 OP_KINDS = (
@@ -259,8 +260,6 @@ class OnnxOp(ContextLayer):
     def _run_host(self, b: Any, arg: Any, xs: Sequence[Any], node: Any) -> Any:
         # An op on integer and boolean tensors only (attention-mask logic from the ids and the mask):
         # it carries no gradient, and the protocol computes on float32 alone, so NumPy runs it.
-        from multigpu.models.onnx_import.numpy_ops import evaluate
-
         onnx_op, attrs, opset = self.args
         vals = [
             None if where == "n" else (b.to_numpy(xs[i]) if where == "x" else self.consts[i])

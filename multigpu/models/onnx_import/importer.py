@@ -4,7 +4,7 @@ Every value of the ONNX graph is one of three kinds:
 
 * a **constant**: a ``Constant`` node, an integer initializer, a shape, or anything computed
   from constants alone (shape subgraphs: Shape, Gather, Unsqueeze, Concat, ConstantOfShape,
-  Range, ...). It is folded with NumPy (``numpy_ops``) for the given input shapes.
+  Range, ...). It is folded with NumPy (``multigpu.models.onnx_numpy``) for the given input shapes.
 * a **parameter**: a floating-point initializer, or what an op computes from parameters and
   constants alone (torch's pre-transposed ``MatMul`` weights, a slice of a position table).
   That is folded too, and the folded tensor is the trainable parameter of the node that
@@ -35,8 +35,8 @@ from multigpu.models.dropout import Dropout
 from multigpu.models.layers import AvgPool2d, BatchNorm2d, Conv2d, Flatten, GlobalAvgPool2d, Layer, MaxPool2d, ReLU
 from multigpu.models.node import Input, Node
 from multigpu.models.onnx_import.load import load_model, need_onnx, opset_version
-from multigpu.models.onnx_import.numpy_ops import FOLDABLE, evaluate, reshape_target, slice_steps, split_sizes
 from multigpu.models.onnx_layers import GroupMember, OnnxGroup, OnnxOp
+from multigpu.models.onnx_numpy import FOLDABLE, evaluate, numpy_dtype, reshape_target, slice_steps, split_sizes
 from multigpu.models.transformer_layers import GELU, Embedding, LayerNorm, Sigmoid, Tanh
 
 #: The ops that may compute on model inputs (at run time); the rest of ``FOLDABLE`` folds on constants only.
@@ -53,18 +53,6 @@ RUNTIME_OPS = frozenset(
 _DEVICE_INT_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout", "Shape", "Size"})
 #: Every op the importer takes (at run time or on constants).
 SUPPORTED_OPS = tuple(sorted(RUNTIME_OPS | FOLDABLE | {"Constant"}))
-
-_ONNX_DTYPES = {
-    1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
-    10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64,
-}  # fmt: skip
-
-
-def numpy_dtype(onnx_type: int) -> Any:
-    """The numpy dtype of an ONNX ``TensorProto`` element type; OnnxError for strings and exotic types."""
-    if onnx_type not in _ONNX_DTYPES:
-        raise OnnxError(f"ONNX element type {onnx_type} (strings, complex, bfloat16, 8-bit floats) is not supported")
-    return _ONNX_DTYPES[onnx_type]
 
 
 @dataclass

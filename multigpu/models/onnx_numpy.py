@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from multigpu.errors import OnnxError
+
 INT_MAX = np.iinfo(np.int64).max
 
 
@@ -166,9 +168,20 @@ def _gather(attrs: dict[str, Any], inputs: Sequence[Any]) -> np.ndarray:
     return np.take(x, idx, axis=axis)
 
 
-def _cast(attrs: dict[str, Any], inputs: Sequence[Any]) -> np.ndarray:
-    from multigpu.models.onnx_import.importer import numpy_dtype
+_ONNX_DTYPES = {
+    1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
+    10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64,
+}  # fmt: skip
 
+
+def numpy_dtype(onnx_type: int) -> Any:
+    """The numpy dtype of an ONNX ``TensorProto`` element type; OnnxError for strings and exotic types."""
+    if onnx_type not in _ONNX_DTYPES:
+        raise OnnxError(f"ONNX element type {onnx_type} (strings, complex, bfloat16, 8-bit floats) is not supported")
+    return _ONNX_DTYPES[onnx_type]
+
+
+def _cast(attrs: dict[str, Any], inputs: Sequence[Any]) -> np.ndarray:
     return np.asarray(inputs[0]).astype(numpy_dtype(int(attrs["to"])))
 
 

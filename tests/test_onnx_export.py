@@ -488,3 +488,53 @@ def test_cli_partition_exports_the_stages(tmp_path, capsys):
     assert main(["partition", "--graph", "resnet50", "--cluster", "lab", "--export-stages", str(tmp_path / "x")]) == 2
     assert "built-in model" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stages"]
+
+
+# -- back in: to_onnx, then from_onnx -------------------------------------------------------
+
+
+def _resnet(ref):
+    m = models.resnet18(num_classes=10, input_shape=(3, 32, 32))
+    params = m.init_params(2)
+    rng = np.random.default_rng(1)
+    state = batch_state(ref, m, params, rng.random((8, 3, 32, 32), dtype=np.float32))
+    return m, params, state, {INPUT: rng.random((2, 3, 32, 32), dtype=np.float32)}
+
+
+ROUND_TRIPS = {
+    "lenet": lambda ref: (
+        models.lenet(),
+        scaled_params(models.lenet(), 1),
+        None,
+        {INPUT: np.random.default_rng(0).random((3, 1, 28, 28), dtype=np.float32)},
+    ),
+    "resnet18": _resnet,
+    "bert": lambda ref: (small_bert(), small_bert().init_params(3), None, text_feeds(0, 50)),
+    "gpt": lambda ref: (small_gpt(mask=True), small_gpt(mask=True).init_params(4), None, text_feeds(1, 40)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_TRIPS))
+@pytest.mark.parametrize("batch", [None, 2])
+def test_from_onnx_reads_back_what_to_onnx_wrote(ref, name, batch):
+    m, params, state, feeds = ROUND_TRIPS[name](ref)
+    if batch is not None:
+        feeds = {k: v[:batch] for k, v in feeds.items()}
+    proto = to_onnx(m, params, state=state, batch=batch)
+    shapes = None if batch is not None else {k: v.shape for k, v in feeds.items()}  # a fixed batch needs none
+    back = models.from_onnx(proto, shapes)
+    want = ours(ref, m, params, feeds, state)
+    got = ours(ref, back.model, back.params, feeds, back.state or None)
+    assert worst(got, want) <= TOL
+    # The weights come back under the names they left with, unchanged; the importer folds the
+    # rows a position or token-type table gives (a Slice of a weight) into a weight of its own.
+    mine = dict(zip(m.param_keys(), params))
+    sliced = {n.name for n in m.nodes if n.layer.kind in ("position_embedding", "token_type_embedding")}
+    for label, value in zip(back.param_names, back.params):
+        if label in mine:
+            np.testing.assert_array_equal(value, mine[label])
+        else:
+            assert label.split("/")[0] in sliced, label
+    assert len(set(back.param_names) & set(mine)) == len(mine) - len(sliced)
+    if state is not None:
+        np.testing.assert_array_equal(np.concatenate(back.state), np.concatenate(state))

@@ -439,9 +439,27 @@ def test_minilm_exported_from_torch_equals_torch_and_onnxruntime_on_every_backen
     ids = np.array([[101, 7592, 2088, 999, 102, 0, 0], [101, 1037, 2312, 3899, 2003, 2652, 102]], np.int64)
     mask = (ids != 0).astype(np.int64)
     imp = from_torch(Hidden().eval(), (torch.from_numpy(ids), torch.from_numpy(mask)), input_names=["ids", "mask"])
-    assert len(imp.params) == len(list(bert.parameters())) - 1  # all but the unused pooler's ... see below
+    # every parameter the hidden state uses, under torch's name (the pooler's feed nothing here)
+    assert set(imp.param_names) == {f"bert.{n}" for n, _ in bert.named_parameters() if not n.startswith("pooler.")}
+    assert imp.batch == 2  # transformers' mask indexes the batch: the import runs at its batch
     with torch.no_grad():
         want = bert(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state.numpy()
     got = run(imp, multigpu.backend(backend_name), {"ids": ids, "mask": mask})
-    scale = np.abs(want).max()
-    assert np.abs(got - want).max() / scale < 1e-4
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+    path = tmp_path / "minilm.onnx"
+    torch.onnx.export(
+        Hidden().eval(),
+        (torch.from_numpy(ids), torch.from_numpy(mask)),
+        str(path),
+        dynamo=False,
+        opset_version=17,
+        input_names=["ids", "mask"],
+    )
+    want_ort = ort.InferenceSession(str(path)).run(None, {"ids": ids, "mask": mask})[0]
+    assert np.abs(got - want_ort).max() / np.abs(want_ort).max() < 1e-4
+    # one node per encoder layer when grouped by the exporter's scopes
+    grouped = from_onnx(path, group=3)
+    layers = [n.name for n in grouped.model.nodes if n.name.startswith("/bert/encoder/layer.")]
+    assert layers == [f"/bert/encoder/layer.{k}" for k in range(6)]
+    got_grouped = run(grouped, multigpu.backend(backend_name), {"ids": ids, "mask": mask})
+    np.testing.assert_allclose(got_grouped, got, rtol=1e-5, atol=1e-5)

@@ -259,7 +259,8 @@ def _range(inputs: Sequence[Any]) -> np.ndarray:
 
 
 def _flatten(attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
-    axis = int(attrs.get("axis", 1)) % (x.ndim + 1)
+    axis = int(attrs.get("axis", 1))
+    axis = axis + x.ndim if axis < 0 else axis  # Flatten's axis lies in -r..r
     return x.reshape(int(np.prod(x.shape[:axis])), -1)
 
 

@@ -73,7 +73,9 @@ def from_torch(
                 dynamo=False,
                 opset_version=opset,
                 training=torch.onnx.TrainingMode.PRESERVE,
-                do_constant_folding=True,
+                # NOTE: torch's constant folding pre-transposes Linear weights into new initializers
+                # named onnx::MatMul_N; unfolded, the Transpose folds here and the weight keeps its name.
+                do_constant_folding=False,
                 input_names=names,
                 output_names=out_names,
                 dynamic_axes=dynamic,

@@ -47,6 +47,9 @@ RUNTIME_OPS = frozenset(
         "ReduceSum", "Sqrt", "Erf", "Gelu", "Tanh", "Sigmoid", "Gather", "Slice", "Split", "Reshape",
         "Transpose", "Squeeze", "Unsqueeze", "Dropout", "Where", "Cast", "Identity", "Expand", "Shape", "Size",
         "Constant",
+        "Reciprocal",
+        "Neg",
+        "CastLike",
     }
 )  # fmt: skip
 #: Ops that run on the device even on integer tensors (the rest of an integer subgraph runs in NumPy).
@@ -66,6 +69,10 @@ class Value:
     dtype: Any
     array: np.ndarray | None = None
     node: str | None = None
+    label: str = ""  # a parameter's name: its initializer's, also where an op of it was folded
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.name
 
 
 def _attrs(node: Any) -> dict[str, Any]:
@@ -173,7 +180,7 @@ class _Builder:
             elif isinstance(v, Value) and v.kind == "param":
                 refs.append(("p", len(values)))
                 values.append(np.ascontiguousarray(v.array, np.float32))
-                labels.append(v.name)
+                labels.append(v.label)
             else:
                 arr = np.asarray(v.array if isinstance(v, Value) else v)
                 arr = arr.astype(np.int64) if arr.dtype.kind in "biu" else arr.astype(np.float32)
@@ -244,10 +251,12 @@ class _Builder:
             if op not in FOLDABLE:
                 self._unsupported(node, "the op cannot fold on constants")
             outs = evaluate(op, attrs, [None if v is None else v.array for v in ins], self.opset, len(node.output))
-            param = any(v.kind == "param" for v in present)
+            sources = [v.label for v in present if v.kind == "param"]
             for name, arr in zip(node.output, outs):
                 if name:
-                    self._set(name, arr, "param" if param and arr.dtype.kind == "f" else "const")
+                    self._set(name, arr, "param" if sources and arr.dtype.kind == "f" else "const")
+                    if len(sources) == 1:  # a transposed or sliced weight keeps its weight's name
+                        self.out.values[name].label = sources[0]
             return
         if any(v.kind == "isnan" for v in present) and op != "Where":
             self._unsupported(node, "it consumes an IsNaN of a run-time tensor (only Where(IsNaN(x), 0, x) is taken)")
@@ -352,7 +361,7 @@ class _Builder:
     ) -> Value:
         """A node of one of the spec's own layers."""
         arrays = [np.asarray(p.array, np.float32) for p in params if p is not None]
-        names = [p.name for p in params if p is not None]
+        names = [p.label for p in params if p is not None]
         return self._add(where, layer, [x], out_shape, x.dtype, out, arrays, names, state)
 
     # -- translations: one method per run-time op; each returns the node's output values ---
@@ -405,6 +414,23 @@ class _Builder:
         x = ins[0]
         self._need_run_float(x, f"the input of {node.op_type}")
         return [self._op(where, node.op_type, "unary", (fn, *extra), [x], x.shape, node.output[0])]
+
+    def _t_CastLike(self, node: Any, where: str, attrs: dict, ins: list) -> list:
+        x, like = ins
+        to = np.dtype(like.dtype)
+        if np.dtype(x.dtype).kind != to.kind:
+            raise _Unsupported(f"a CastLike of a run-time {np.dtype(x.dtype)} tensor to {to}")
+        return [x]
+
+    def _t_Reciprocal(self, node: Any, where: str, attrs: dict, ins: list) -> list:
+        x = ins[0]
+        self._need_run_float(x, "the input of Reciprocal")
+        return [self._op(where, "Reciprocal", "binary", ("divide",), [np.float32(1.0), x], x.shape, node.output[0])]
+
+    def _t_Neg(self, node: Any, where: str, attrs: dict, ins: list) -> list:
+        x = ins[0]
+        self._need_run_float(x, "the input of Neg")
+        return [self._op(where, "Neg", "scale", (-1.0,), [x], x.shape, node.output[0])]
 
     def _t_Sqrt(self, node: Any, where: str, attrs: dict, ins: list) -> list:
         return self._unary(node, where, ins, "sqrt")
@@ -478,11 +504,13 @@ class _Builder:
             if c is None:
                 bias: Any = np.zeros(n, np.float32)
             elif c.kind != "run" and np.asarray(c.array).size == n:
-                bias = Value(c.name, "param", (n,), np.float32, array=np.asarray(c.array, np.float32).reshape(n))
+                bias = Value(
+                    c.name, "param", (n,), np.float32, np.asarray(c.array, np.float32).reshape(n), label=c.label
+                )
             else:
                 bias = None
             if bias is not None:
-                weight = Value(b.name, "param", w.shape, np.float32, array=np.ascontiguousarray(w))
+                weight = Value(b.name, "param", w.shape, np.float32, np.ascontiguousarray(w), label=b.label)
                 return [self._op(where, "Gemm", "dense", (), [a, weight, bias], shape, node.output[0], flops=flops)]
         ops = [a, b] + ([c] if c is not None else [])
         args = (ta, tb, alpha, beta, c is not None)
@@ -598,7 +626,10 @@ class _Builder:
 
     def _t_Flatten(self, node: Any, where: str, attrs: dict, ins: list) -> list:
         x = ins[0]
-        axis = self._axis(int(attrs.get("axis", 1)), len(x.shape) + 1)
+        axis = int(attrs.get("axis", 1))
+        axis = axis + len(x.shape) if axis < 0 else axis  # Flatten's axis lies in -r..r
+        if not 0 <= axis <= len(x.shape):
+            raise _Unsupported(f"axis {attrs.get('axis')} is outside -{len(x.shape)}..{len(x.shape)}")
         shape = (prod(x.shape[:axis]), prod(x.shape[axis:]))
         if axis == 1 and len(x.shape) > 1:
             return [self._std(where, lambda n: Flatten(name=n), x, shape, node.output[0])]
@@ -641,9 +672,25 @@ class _Builder:
         rank = len(x.shape)
         axis = self._axis(int(attrs.get("axis", -1)), rank)
         eps = float(attrs.get("epsilon", 1e-5))
-        if any(o for o in node.output[1:]):
-            raise _Unsupported("LayerNormalization's Mean and InvStdDev outputs")
         norm = x.shape[axis:]
+        stats: list[Value | None] = []
+        if any(o for o in node.output[1:]):  # Mean and InvStdDev, from protocol ops
+            axes = tuple(range(axis, rank))
+            kept = tuple(1 if i >= axis else d for i, d in enumerate(x.shape))
+            mean = self._op(where + ":mean", node.op_type, "reduce", ("reduce_mean", axes, True), [x], kept,
+                            node.output[1] or where + ":mean")  # fmt: skip
+            centered = self._op(where + ":centered", node.op_type, "binary", ("subtract",), [x, mean], x.shape,
+                                where + ":centered")  # fmt: skip
+            square = self._op(where + ":square", node.op_type, "pow", (2.0,), [centered], x.shape, where + ":square")
+            var = self._op(where + ":var", node.op_type, "reduce", ("reduce_mean", axes, True), [square], kept,
+                           where + ":var")  # fmt: skip
+            shifted = self._op(where + ":shifted", node.op_type, "binary", ("add",), [var, np.float32(eps)], kept,
+                               where + ":shifted")  # fmt: skip
+            std = self._op(where + ":std", node.op_type, "unary", ("sqrt",), [shifted], kept, where + ":std")
+            inv_name = node.output[2] if len(node.output) > 2 and node.output[2] else where + ":inv_std"
+            inv = self._op(where + ":inv_std", node.op_type, "binary", ("divide",), [np.float32(1.0), std], kept,
+                           inv_name)  # fmt: skip
+            stats = [mean, inv]
         gamma = dataclasses.replace(ins[1], kind="param", array=self._weight(ins[1], "the scale"))
         if len(ins) > 2 and ins[2] is not None:
             beta = dataclasses.replace(ins[2], kind="param", array=self._weight(ins[2], "the bias"))
@@ -653,10 +700,11 @@ class _Builder:
             if tuple(v.array.shape) != tuple(norm):
                 v.array = np.broadcast_to(v.array, norm).copy()
         if axis == rank - 1:
-            return [self._std(where, lambda n: LayerNorm(eps, name=n), x, x.shape, node.output[0], [gamma, beta])]
+            y = self._std(where, lambda n: LayerNorm(eps, name=n), x, x.shape, node.output[0], [gamma, beta])
+            return [y, *stats]
         flops = 8 * prod(x.shape[1:])
         return [self._op(where, node.op_type, "layer_norm", (eps,), [x, gamma, beta], x.shape, node.output[0],
-                         flops=flops)]  # fmt: skip
+                         flops=flops), *stats]  # fmt: skip
 
     def _reduce(self, node: Any, where: str, attrs: dict, ins: list, fn: str) -> list:
         x = ins[0]
@@ -707,7 +755,7 @@ class _Builder:
             shape = (*idx.shape, data.shape[1])
             if len(idx.shape) == 2:
                 layer = lambda n: Embedding(data.shape[0], data.shape[1], name=n)  # noqa: E731
-                return [self._add(where, layer, [idx], shape, np.float32, node.output[0], [data.array], [data.name])]
+                return [self._add(where, layer, [idx], shape, np.float32, node.output[0], [data.array], [data.label])]
             return [self._op(where, "Gather", "embedding", (), [idx, data], shape, node.output[0])]
         indices = np.asarray(idx.array).astype(np.int64)
         n = data.shape[axis]

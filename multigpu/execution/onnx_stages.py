@@ -36,7 +36,16 @@ from typing import Any
 from multigpu.errors import PlanError
 from multigpu.execution.plan import read_plan
 from multigpu.models.graph import Model
-from multigpu.models.onnx_export import BATCH_DIM, DEFAULT_OPSET, OnnxExportError, serialize, stage_io, to_onnx
+from multigpu.models.onnx_export import (
+    BATCH_DIM,
+    DEFAULT_OPSET,
+    OnnxExportError,
+    imported_batch,
+    node_dtypes,
+    serialize,
+    stage_io,
+    to_onnx,
+)
 from multigpu.partition.stages import Stage, split_stages
 
 __all__ = ["MANIFEST", "ExportFolderError", "check_export_folder", "export_stages", "plan_stages"]
@@ -88,9 +97,8 @@ def plan_stages(model: Model, plan: Any) -> list[Stage]:
     return split_stages(list(assignment), names, producers)
 
 
-def _tensor_entry(model: Model, name: str, batch: int | None) -> dict[str, Any]:
-    dtype = model.inputs[name].dtype if name in model.inputs else "float32"
-    return {"name": name, "dtype": dtype, "shape": [BATCH_DIM if batch is None else batch, *model.shapes[name]]}
+def _tensor_entry(model: Model, name: str, batch: int | None, dtypes: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "dtype": dtypes[name], "shape": [BATCH_DIM if batch is None else batch, *model.shapes[name]]}
 
 
 def export_stages(
@@ -131,12 +139,14 @@ def export_stages(
                 "after": [a + 1 for a in s.after],
             }
         )
+    dtypes = node_dtypes(model)
+    batch = imported_batch(model, batch)
     producer = {o: e["stage"] for e in entries for o in e["outputs"]}
     tensors = []
     for name in [*model.input_names, *(n.name for n in model.nodes)]:
         consumers = [e["stage"] for e in entries if name in e["inputs"]]
         if consumers or (name in producer and name == model.output):
-            entry = _tensor_entry(model, name, batch)
+            entry = _tensor_entry(model, name, batch, dtypes)
             entry.update(producer=producer.get(name), consumers=consumers)
             tensors.append(entry)
     manifest = {
@@ -145,7 +155,7 @@ def export_stages(
         "model": model.name,
         "opset": opset,
         "batch": BATCH_DIM if batch is None else batch,
-        "inputs": [_tensor_entry(model, n, batch) for n in model.input_names],
+        "inputs": [_tensor_entry(model, n, batch, dtypes) for n in model.input_names],
         "outputs": [model.output],
         "stages": entries,
         "tensors": tensors,

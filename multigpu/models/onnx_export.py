@@ -91,10 +91,11 @@ def max_opset() -> int:
 class _Graph:
     """Collects ONNX nodes; names each op's output ``SCOPE/OpType_k`` unless it is a node's output."""
 
-    def __init__(self, onnx: Any, opset: int):
+    def __init__(self, onnx: Any, opset: int, dtypes: dict[str, str] | None = None):
         self.onnx, self.opset = onnx, opset
         self.nodes: list[Any] = []
         self.count = 0
+        self.dtypes: dict[str, str] = {} if dtypes is None else dtypes  # "float32" or "int64" per tensor name
 
     def op(self, op_type: str, inputs: Sequence[str], scope: str, out: str | None = None, **attrs: Any) -> str:
         """Add one op; return the name of its (only) output."""
@@ -256,6 +257,276 @@ def _attention(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], s
     g.op("Add", [g.op("MatMul", [ctx, ps[6]], out), ps[7]], out, out)
 
 
+# -- the kinds of imported ONNX graphs (multigpu.models.onnx_layers) ------------------------
+# An ``OnnxOp`` is one ONNX op on protocol ops: its ``op`` (one of onnx_layers.OP_KINDS), static
+# ``args`` and ``operands`` (("x", i) the node's i-th input, ("p", j) its j-th parameter, ("c", k)
+# the constant consts[k], ("n", 0) an omitted optional input). Booleans are int64 in our graphs
+# (the importer turns them so), so a condition is cast to bool where ONNX wants one.
+
+_INT, _FLOAT = "int64", "float32"
+_ELEM = {_INT: 7, _FLOAT: 1}  # TensorProto.INT64, TensorProto.FLOAT
+
+
+def _elem_dtype(onnx_type: int) -> str:
+    return _FLOAT if onnx_type in (1, 10, 11, 16) else _INT  # float, float16, double, bfloat16
+
+
+def _operand_dtype(layer: Any, k: int, in_dtypes: Sequence[str]) -> str:
+    where, i = layer.operands[k]
+    if where == "x":
+        return in_dtypes[i]
+    if where == "c":
+        return _INT if np.asarray(layer.consts[i]).dtype.kind in "biu" else _FLOAT
+    return _FLOAT
+
+
+def _onnx_op_dtype(layer: Any, in_dtypes: Sequence[str]) -> str:
+    """The dtype of an OnnxOp's output, as the importer's run gives it."""
+    if layer.op == "cast":
+        return _FLOAT if layer.args[0] == "float32" else _INT  # "bool" and "int64" are int64 here
+    if layer.op == "host":
+        onnx_op, attrs, _ = layer.args
+        if onnx_op == "Cast":
+            return _elem_dtype(int(dict(attrs)["to"]))
+        if onnx_op in ("Shape", "Size"):
+            return _INT
+        if onnx_op == "Where":  # picks between its second and third operands
+            return _operand_dtype(layer, 1, in_dtypes)
+        if _bool_slots(_onnx(), onnx_op, int(layer.args[2]), len(layer.operands))[1]:
+            return _INT  # a bool, kept as int64
+    if layer.op in ("host", "take", "reshape", "transpose", "concat", "expand"):
+        return _operand_dtype(layer, 0, in_dtypes)
+    return _FLOAT
+
+
+def _layer_dtype(layer: Any, in_dtypes: Sequence[str]) -> str:
+    if layer.kind == "onnx":
+        return _onnx_op_dtype(layer, in_dtypes)
+    if layer.kind == "onnx_group":
+        outs: list[str] = []
+        for m in layer.members:
+            outs.append(_layer_dtype(m.layer, [in_dtypes[i] if w == "in" else outs[i] for w, i in m.inputs]))
+        return outs[-1]
+    return _FLOAT  # every spec layer computes float32
+
+
+def node_dtypes(model: Model) -> dict[str, str]:
+    """Each model input's and node output's dtype (``"float32"`` or ``"int64"``)."""
+    out = {name: spec.dtype for name, spec in model.inputs.items()}
+    for node in model.nodes:
+        out[node.name] = _layer_dtype(node.layer, [out[i] for i in node.inputs])
+    return out
+
+
+def _batch_entries(g: _Graph, x: str, pairs: Sequence[tuple[int, int]], layer: Any, scope: str) -> str:
+    """A 1-D int64 shape whose entries are ``a * batch + c``: constants, or computed from x's shape
+    when the batch is symbolic (``batch_from``: x's axis ``axis`` is ``a * batch + c`` long)."""
+    if all(a == 0 for a, _ in pairs) or layer.batch is not None:
+        batch = 0 if layer.batch is None else layer.batch
+        return g.ints([a * batch + c for a, c in pairs], scope)
+    axis, a0, c0 = layer.batch_from
+    dim = g.op("Gather", [g.op("Shape", [x], scope), g.ints([axis], scope)], scope, axis=0)
+    batch = g.op("Div", [g.op("Sub", [dim, g.ints([c0], scope)], scope), g.ints([a0], scope)], scope)
+    parts = [
+        g.ints([c], scope)
+        if a == 0
+        else g.op("Add", [g.op("Mul", [batch, g.ints([a], scope)], scope), g.ints([c], scope)], scope)
+        for a, c in pairs
+    ]
+    return g.op("Concat", parts, scope, axis=0)
+
+
+def _bool_slots(onnx: Any, onnx_op: str, opset: int, n: int) -> tuple[set[int], bool]:
+    """Which of an op's ``n`` inputs take only bools, and whether its output is only a bool (its schema says)."""
+    schema = onnx.defs.get_schema(onnx_op, max_inclusive_version=opset)
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+
+    def only_bool(type_str: str) -> bool:
+        return allowed.get(type_str, {type_str}) == {"tensor(bool)"}
+
+    formals = list(schema.inputs)
+    slots = {k for k in range(n) if formals and only_bool(formals[min(k, len(formals) - 1)].type_str)}
+    return slots, bool(schema.outputs) and only_bool(schema.outputs[0].type_str)
+
+
+def _host_attrs(g: _Graph, attrs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for key, value in attrs:
+        out[key] = g.onnx.numpy_helper.from_array(np.asarray(value)) if isinstance(value, np.ndarray) else value
+    return out
+
+
+def _emit_onnx_op(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    in_dtypes = [g.dtypes[i] for i in ins]
+
+    def arg(k: int) -> str:
+        where, i = layer.operands[k]
+        if where == "x":
+            return ins[i]
+        if where == "p":
+            return ps[i]
+        if where == "n":
+            return ""
+        const = np.asarray(layer.consts[i])
+        return g.const(const, out, np.int64 if const.dtype.kind in "biu" else np.float32)
+
+    op, args = layer.op, layer.args
+    n = len(layer.operands)
+    if op == "binary":
+        fn = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div"}[args[0]]
+        g.op(fn, [arg(0), arg(1)], out, out)
+    elif op == "scale":
+        g.op("Mul", [arg(0), g.const(float(args[0]), out)], out, out)
+    elif op == "unary":
+        if args[0] == "gelu":
+            _gelu(g, _GeluForm(bool(args[1])), [arg(0)], out, [], [], shape)
+        else:
+            g.op(
+                {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "sqrt": "Sqrt", "erf": "Erf"}[args[0]],
+                [arg(0)],
+                out,
+                out,
+            )
+    elif op == "pow":  # as OnnxOp computes it: a root, or repeated products
+        x = arg(0)
+        if args[0] == 0.5:
+            g.op("Sqrt", [x], out, out)
+        else:
+            acc = x
+            for k in range(int(args[0]) - 1):
+                acc = g.op("Mul", [acc, x], out, out if k == int(args[0]) - 2 else None)
+    elif op == "matmul":
+        g.op("MatMul", [arg(0), arg(1)], out, out)
+    elif op == "dense":
+        g.op("Add", [g.op("MatMul", [arg(0), arg(1)], out), arg(2)], out, out)
+    elif op == "gemm":
+        trans_a, trans_b, alpha, beta, has_c = args
+        operands = [arg(0), arg(1), *([arg(2)] if has_c else [])]
+        g.op("Gemm", operands, out, out, transA=int(trans_a), transB=int(trans_b), alpha=float(alpha), beta=float(beta))
+    elif op == "softmax":
+        axis, coerce = args
+        if not coerce:
+            g.op("Softmax", [arg(0)], out, out, axis=int(axis))
+        else:  # opset < 13's Softmax: over the 2-D flattening at axis
+            x = arg(0)
+            flat = g.op("Softmax", [g.op("Flatten", [x], out, axis=int(axis))], out, axis=1)
+            g.op("Reshape", [flat, g.op("Shape", [x], out)], out, out)
+    elif op in ("layer_norm", "batch_norm_frozen"):
+        if op == "batch_norm_frozen":
+            g.op("BatchNormalization", [arg(k) for k in range(5)], out, out, epsilon=float(args[0]))
+        else:
+            rank = np.asarray(layer.values[layer.operands[1][1]]).ndim if layer.operands[1][0] == "p" else 1
+            if g.opset < 17:
+                raise UnsupportedLayerError(
+                    f"node {out!r}: an imported LayerNormalization over {rank} axes needs opset 17 or later; "
+                    "export with opset=17"
+                )
+            g.op("LayerNormalization", [arg(0), arg(1), arg(2)], out, out, axis=-rank, epsilon=float(args[0]))
+    elif op == "reduce":
+        fn, axes, keep = args
+        onnx_op = {"reduce_mean": "ReduceMean", "reduce_sum": "ReduceSum"}[fn]
+        # NOTE: ReduceSum takes its axes as an input from opset 13, ReduceMean from 18.
+        if onnx_op == "ReduceSum" or g.opset >= 18:
+            g.op(onnx_op, [arg(0), g.ints(list(axes), out)], out, out, keepdims=int(keep))
+        else:
+            g.op(onnx_op, [arg(0)], out, out, axes=list(axes), keepdims=int(keep))
+    elif op == "transpose":
+        g.op("Transpose", [arg(0)], out, out, perm=list(args[0]))
+    elif op == "reshape":
+        x = arg(0)
+        g.op("Reshape", [x, _batch_entries(g, x, args[0], layer, out)], out, out)
+    elif op == "take":
+        steps, target = args
+        x = src = arg(0)
+        for k, (axis, indices) in enumerate(steps):
+            last = target is None and k == len(steps) - 1
+            x = g.op("Gather", [x, g.ints(list(indices), out)], out, out if last else None, axis=int(axis))
+        if target is not None:
+            g.op("Reshape", [x, _batch_entries(g, src, target, layer, out)], out, out)
+    elif op == "expand":
+        g.op("Add", [arg(0), arg(1)], out, out)
+    elif op == "concat":
+        g.op("Concat", [arg(k) for k in range(n)], out, out, axis=int(args[0]))
+    elif op == "embedding":
+        g.op("Gather", [arg(1), arg(0)], out, out, axis=0)
+    elif op == "where":
+        value, invert = args
+        cond = g.op("Cast", [arg(1)], out, to=9)
+        if invert:
+            cond = g.op("Not", [cond], out)
+        g.op("Where", [cond, g.const(float(value), out), arg(0)], out, out)
+    elif op == "cast":
+        if args[0] == "bool":  # nonzero, kept as int64
+            g.op("Cast", [g.op("Cast", [arg(0)], out, to=9)], out, out, to=_ELEM[_INT])
+        else:
+            g.op("Cast", [arg(0)], out, out, to=_ELEM[args[0]])
+    elif op == "avg_pool_exclusive":
+        k, stride, pad = args
+        g.op(
+            "AveragePool",
+            [arg(0)],
+            out,
+            out,
+            kernel_shape=[k, k],
+            strides=[stride] * 2,
+            pads=[pad] * 4,
+            count_include_pad=0,
+        )
+    elif op == "conv":
+        stride, pad, groups, has_bias = args
+        w = layer.values[layer.operands[1][1]] if layer.operands[1][0] == "p" else layer.consts[layer.operands[1][1]]
+        k = list(np.asarray(w).shape[2:])
+        operands = [arg(0), arg(1), *([arg(2)] if has_bias else [])]
+        g.op(
+            "Conv", operands, out, out, kernel_shape=k, strides=[stride] * len(k), pads=[pad] * 2 * len(k), group=groups
+        )
+    elif op == "host":
+        onnx_op, attrs, opset = args
+        defs = g.onnx.defs
+        then = defs.get_schema(onnx_op, max_inclusive_version=int(opset)).since_version
+        now = defs.get_schema(onnx_op, max_inclusive_version=g.opset).since_version
+        if then != now:
+            raise UnsupportedLayerError(
+                f"node {out!r}: its {onnx_op} came from opset {opset}, whose {onnx_op} differs from opset "
+                f"{g.opset}'s; export with opset={opset}"
+            )
+        # A bool is int64 here: cast it back where the op takes only bools (Not's input, Where's
+        # condition), and a bool result (Equal, Not, a Cast to bool) on to int64.
+        bool_in, bool_out = _bool_slots(g.onnx, onnx_op, g.opset, n)
+        operands = [g.op("Cast", [arg(k)], out, to=9) if k in bool_in else arg(k) for k in range(n)]
+        extra = _host_attrs(g, attrs)
+        if bool_out or (onnx_op == "Cast" and extra["to"] == 9):
+            g.op("Cast", [g.op(onnx_op, operands, out, **extra)], out, out, to=_ELEM[_INT])
+        else:
+            g.op(onnx_op, operands, out, out, **extra)
+    else:
+        raise UnsupportedLayerError(f"node {out!r}: the imported op {op!r} has no ONNX export")
+    g.dtypes[out] = _onnx_op_dtype(layer, in_dtypes)
+
+
+class _GeluForm:
+    """A stand-in GELU spec for an imported Gelu (only its form matters to ``_gelu``)."""
+
+    def __init__(self, approximate: bool):
+        self.approximate = approximate
+
+
+def _emit_onnx_group(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
+    names: list[str] = []
+    for j, m in enumerate(layer.members):
+        name = out if j == len(layer.members) - 1 else f"{out}/{m.name}"
+        member_ins = [ins[i] if where == "in" else names[i] for where, i in m.inputs]
+        lo, hi = layer._offsets[j], layer._offsets[j + 1]
+        if m.layer.kind not in EMITTERS or m.layer.kind == "batch_norm2d":
+            raise UnsupportedLayerError(
+                f"node {out!r}: its member {m.name!r} ({m.layer.kind}) has no ONNX export; the kinds that "
+                f"export are {supported_kinds()}"
+            )
+        EMITTERS[m.layer.kind](g, m.layer, member_ins, name, ps[lo:hi], [], m.in_shapes[0])
+        g.dtypes.setdefault(name, _layer_dtype(m.layer, [g.dtypes[i] for i in member_ins]))
+        names.append(name)
+
+
 EMITTERS: dict[str, Emitter] = {
     "conv2d": _conv,
     "batch_norm2d": _batch_norm,
@@ -278,6 +549,8 @@ EMITTERS: dict[str, Emitter] = {
     "gelu": _gelu,
     "attention_mask": _attention_mask,
     "multi_head_attention": _attention,
+    "onnx": _emit_onnx_op,
+    "onnx_group": _emit_onnx_group,
 }
 
 
@@ -317,6 +590,25 @@ def _stage(model: Model, nodes: Sequence[str] | None) -> list[int]:
     return sorted({model.index[n] for n in nodes})
 
 
+def imported_batch(model: Model, batch: int | None) -> int | None:
+    """``batch``, or the one batch a model imported with a fixed batch runs at (its reshapes fix it)."""
+    fixed = {
+        layer.batch
+        for node in model.nodes
+        for layer in ([m.layer for m in node.layer.members] if node.layer.kind == "onnx_group" else [node.layer])
+        if layer.kind == "onnx" and layer.batch is not None
+    }
+    if not fixed:
+        return batch
+    (only,) = fixed
+    if batch is not None and batch != only:
+        raise OnnxExportError(
+            f"batch={batch}: model {model.name!r} was imported for batch {only} only (its file fixes the batch); "
+            f"export with batch={only} or None, or re-import it with input_shapes for batch {batch}"
+        )
+    return only
+
+
 def stage_io(model: Model, nodes: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
     """The tensors a stage (``nodes``; None: the whole model) consumes from outside itself, in
     the order the model first consumes them (model inputs in their order first), and those it
@@ -334,9 +626,8 @@ def stage_io(model: Model, nodes: Sequence[str] | None = None) -> tuple[list[str
     return feeds, outs
 
 
-def _value_info(onnx: Any, model: Model, name: str, batch: int | None) -> Any:
-    dtype = model.inputs[name].dtype if name in model.inputs else "float32"
-    elem = onnx.TensorProto.INT64 if dtype == "int64" else onnx.TensorProto.FLOAT
+def _value_info(onnx: Any, model: Model, name: str, batch: int | None, dtypes: dict[str, str]) -> Any:
+    elem = onnx.TensorProto.INT64 if dtypes[name] == "int64" else onnx.TensorProto.FLOAT
     first: int | str = BATCH_DIM if batch is None else batch
     return onnx.helper.make_tensor_value_info(name, elem, [first, *model.shapes[name]])
 
@@ -368,6 +659,7 @@ def to_onnx(
     if not isinstance(model, Model):
         raise OnnxExportError(f"model={model!r} is not a multigpu Model; build one with multigpu.models")
     stage = _stage(model, nodes)
+    batch = imported_batch(model, batch)
     bad = sorted({model.nodes[i].layer.kind for i in stage if model.nodes[i].layer.kind not in EMITTERS})
     if bad:
         where = [model.nodes[i].name for i in stage if model.nodes[i].layer.kind in bad]
@@ -386,7 +678,8 @@ def to_onnx(
         )
     stats = [] if state is None else model.check_state(state)  # the whole model's, checked even if unused
 
-    g = _Graph(onnx, opset)
+    dtypes = node_dtypes(model)
+    g = _Graph(onnx, opset, dict(dtypes))
     initializers = []
     for i in stage:
         node = model.nodes[i]
@@ -405,8 +698,8 @@ def to_onnx(
     graph = onnx.helper.make_graph(
         g.nodes,
         model.name if nodes is None else f"{model.name}[{model.nodes[stage[0]].name}..{model.nodes[stage[-1]].name}]",
-        [_value_info(onnx, model, n, batch) for n in feeds],
-        [_value_info(onnx, model, n, batch) for n in outs],
+        [_value_info(onnx, model, n, batch, dtypes) for n in feeds],
+        [_value_info(onnx, model, n, batch, dtypes) for n in outs],
         initializer=initializers,
     )
     proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], producer_name="multigpu")

@@ -644,3 +644,12 @@ def test_torch_modules_imported_then_exported_agree_with_torch_and_chain_as_stag
         export_stages(imp.model, imp.params, plan, tmp_path / str(k), imp.state or None)
         _, env = run_stages(tmp_path / str(k), feeds)
         np.testing.assert_allclose(env[imp.model.output], want, atol=TOL, rtol=TOL)
+
+
+def test_an_imported_function_with_no_onnx_export_is_named():
+    from multigpu.models.onnx_layers import OnnxOp
+
+    op = OnnxOp(op="unary", onnx_op="Cosh", args=("cosh",), operands=(("x", 0),), out_shape=(4,), name="c")
+    m = Model.from_nodes([Node("c", op, (INPUT,))], input_shape=(4,))
+    with pytest.raises(UnsupportedLayerError, match=r"node 'c': the imported function 'cosh' has no ONNX export"):
+        to_onnx(m, [])

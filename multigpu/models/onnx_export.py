@@ -356,6 +356,27 @@ def _host_attrs(g: _Graph, attrs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div"}
+_UNARY = {
+    "relu": "Relu",
+    "tanh": "Tanh",
+    "sigmoid": "Sigmoid",
+    "sqrt": "Sqrt",
+    "erf": "Erf",
+    "exp": "Exp",
+    "log": "Log",
+}
+_REDUCE = {"reduce_mean": "ReduceMean", "reduce_sum": "ReduceSum"}
+
+
+def _named(table: dict[str, str], fn: str, out: str) -> str:
+    if fn not in table:
+        raise UnsupportedLayerError(
+            f"node {out!r}: the imported function {fn!r} has no ONNX export; those that export are {sorted(table)}"
+        )
+    return table[fn]
+
+
 def _emit_onnx_op(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str], ss: list[str], shape: Any) -> None:
     in_dtypes = [g.dtypes[i] for i in ins]
 
@@ -373,20 +394,14 @@ def _emit_onnx_op(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str]
     op, args = layer.op, layer.args
     n = len(layer.operands)
     if op == "binary":
-        fn = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div"}[args[0]]
-        g.op(fn, [arg(0), arg(1)], out, out)
+        g.op(_named(_BINARY, args[0], out), [arg(0), arg(1)], out, out)
     elif op == "scale":
         g.op("Mul", [arg(0), g.const(float(args[0]), out)], out, out)
     elif op == "unary":
         if args[0] == "gelu":
             _gelu(g, _GeluForm(bool(args[1])), [arg(0)], out, [], [], shape)
         else:
-            g.op(
-                {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "sqrt": "Sqrt", "erf": "Erf"}[args[0]],
-                [arg(0)],
-                out,
-                out,
-            )
+            g.op(_named(_UNARY, args[0], out), [arg(0)], out, out)
     elif op == "pow":  # as OnnxOp computes it: a root, or repeated products
         x = arg(0)
         if args[0] == 0.5:
@@ -424,7 +439,7 @@ def _emit_onnx_op(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str]
             g.op("LayerNormalization", [arg(0), arg(1), arg(2)], out, out, axis=-rank, epsilon=float(args[0]))
     elif op == "reduce":
         fn, axes, keep = args
-        onnx_op = {"reduce_mean": "ReduceMean", "reduce_sum": "ReduceSum"}[fn]
+        onnx_op = _named(_REDUCE, fn, out)
         # NOTE: ReduceSum takes its axes as an input from opset 13, ReduceMean from 18.
         if onnx_op == "ReduceSum" or g.opset >= 18:
             g.op(onnx_op, [arg(0), g.ints(list(axes), out)], out, out, keepdims=int(keep))

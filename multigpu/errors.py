@@ -149,3 +149,19 @@ class UnsupportedOnnxError(OnnxError):
     op: str | None = None
     node: str | None = None
     opset: int | None = None
+
+
+class OnnxExportError(ModelError):
+    """A model, its arguments or a destination that cannot be written as ONNX: a BatchNorm model
+    without its state, an opset or batch out of range, a path whose folder is missing, a file over
+    protobuf's 2 GiB limit (bad input, exit 2)."""
+
+
+class UnsupportedLayerError(OnnxExportError):
+    """A layer kind (or an imported op) with no ONNX export; the message names the node and lists
+    the kinds that export (bad input, exit 2)."""
+
+
+class ExportFolderError(OnnxExportError):
+    """A stage export to a folder that exists and is not empty, or whose parent does not exist;
+    nothing is written (bad input, exit 2)."""

@@ -33,13 +33,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from multigpu.errors import PlanError
+from multigpu.errors import ExportFolderError, OnnxExportError, PlanError
 from multigpu.execution.plan import read_plan
 from multigpu.models.graph import Model
 from multigpu.models.onnx_export import (
     BATCH_DIM,
     DEFAULT_OPSET,
-    OnnxExportError,
     imported_batch,
     node_dtypes,
     serialize,
@@ -53,10 +52,6 @@ __all__ = ["MANIFEST", "ExportFolderError", "check_export_folder", "export_stage
 #: The manifest's file name inside the folder.
 MANIFEST = "manifest.json"
 FORMAT = "multigpu-onnx-stages"
-
-
-class ExportFolderError(OnnxExportError):
-    """A stage export to a folder that exists and is not empty, or whose parent does not exist."""
 
 
 def check_export_folder(folder: str | os.PathLike[str]) -> Path:

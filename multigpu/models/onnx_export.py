@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from multigpu.errors import MissingDependencyError, ModelError
+from multigpu.errors import MissingDependencyError, OnnxExportError, UnsupportedLayerError
 from multigpu.models.attention import BLOCKED
 from multigpu.models.graph import Model
 
@@ -62,14 +62,6 @@ __all__ = [
     "supported_kinds",
     "to_onnx",
 ]
-
-
-class OnnxExportError(ModelError):
-    """A model, its arguments or a destination that cannot be written as ONNX (bad input, exit 2)."""
-
-
-class UnsupportedLayerError(OnnxExportError):
-    """A layer kind that has no ONNX mapping; the message lists the kinds that have one."""
 
 
 def _onnx() -> Any:

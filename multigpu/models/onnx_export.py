@@ -15,7 +15,10 @@ Every layer kind maps to standard ONNX ops, so any ONNX runtime runs the file:
   Add, Sqrt, Div); ``gelu`` -> its Erf form, or its Tanh form for ``approximate``;
 * ``attention_mask`` -> Cast, Not, Cast and Unsqueeze to the (B, 1, 1, S) padding mask;
   ``multi_head_attention`` -> MatMul, Add, Reshape, Transpose, Mul, Where (the causal and
-  padding masks, filled with float32's lowest value as the layer does) and Softmax.
+  padding masks, filled with float32's lowest value as the layer does) and Softmax;
+* an imported graph's ``onnx`` nodes (``multigpu.models.onnx_layers.OnnxOp``) -> the ONNX ops
+  each stands for (a reshape whose target follows the batch computes it from the input's
+  shape), and its ``onnx_group`` nodes -> their members' ops in order.
 
 Names: each parameter is an initializer named as ``Model.param_keys()`` names it
 (``conv1.weight``, ``encoder.layer.0.attention.self.query.weight``), the BatchNorm state

@@ -519,3 +519,43 @@ def test_an_imported_cnn_runs_partitioned_across_torch_paddle_and_mxnet_workers(
     result = run_partitioned(model, params, plan, x, cluster, state=state)
     assert {s.device for s in result.stages} == {"a", "b", "c"}
     np.testing.assert_allclose(np.asarray(result.outputs).reshape(3, 10), _torch_out(net, x), rtol=0, atol=1e-5)
+
+
+# -- real networks: Gluon's model zoo, exported by MXNet ----------------------------------------
+@pytest.fixture(scope="module")
+def gluon_zoo():
+    """Gluon model-zoo networks with random weights and BatchNorm statistics, and their outputs on one batch."""
+    mx = pytest.importorskip("mxnet")
+    from mxnet.gluon.model_zoo import vision
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 64, 64)).astype(np.float32)
+    out = {}
+    for name in ("resnet18_v1", "mobilenetv2_0.25"):
+        net = vision.get_model(name, pretrained=False, classes=10)
+        net.initialize(mx.init.Xavier())
+        net(mx.nd.array(x))  # shapes the deferred parameters
+        for key, p in net.collect_params().items():
+            shape = p.shape
+            if key.endswith("running_var"):
+                value = rng.uniform(0.5, 2.0, shape)
+            elif key.endswith("gamma"):
+                value = rng.uniform(0.5, 1.5, shape)
+            elif key.endswith(("running_mean", "beta", "bias")):
+                value = rng.uniform(-0.2, 0.2, shape)
+            else:  # a weight: scaled to keep the activations of a deep network near 1
+                value = rng.standard_normal(shape) * np.sqrt(2.0 / max(np.prod(shape[1:]), 1))
+            p.set_data(mx.nd.array(value.astype(np.float32)))
+        out[name] = (from_mxnet(net, x), net(mx.nd.array(x)).asnumpy())
+    return x, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18_v1", "mobilenetv2_0.25"])
+def test_gluon_zoo_networks_exported_by_mxnet_equal_gluon_on_every_backend(gluon_zoo, name, backend_name):
+    x, nets = gluon_zoo
+    imp, want = nets[name]
+    assert imp.batch is None and len(imp.state) > 0
+    got = run(imp, multigpu.backend(backend_name), {imp.model.input_names[0]: x})
+    assert np.abs(want).max() > 0.1  # the random weights keep the output away from zero
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4

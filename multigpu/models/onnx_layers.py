@@ -59,6 +59,7 @@ OP_KINDS = (
     "expand",
     "batch_norm_frozen",
     "host",
+    "clip",
 )
 
 
@@ -256,6 +257,26 @@ class OnnxOp(ContextLayer):
         # and the ops refuse int64); a cast of a runtime tensor (an attention mask) goes through
         # the host. Integer tensors carry no gradient, so nothing is lost.
         return b.from_numpy(np.ascontiguousarray(fn(b.to_numpy(x))), node.device(f"ONNX Cast {self.name!r}"))
+
+    def _run_clip(self, b: Any, arg: Any, xs: Sequence[Any], node: Any) -> Any:
+        # min(max(x, lo), hi) = lo + relu(x - lo) - relu(x - hi) for lo < hi, from relu and the arithmetic ops
+        lo, hi = self.args
+        x = arg(0)
+
+        def shifted(v: Any, c: float, key: str) -> Any:
+            if c == 0.0:
+                return v
+            const = node.constant(
+                b, f"onnx:{self.name}:{key}", lambda: np.full(1, -c, np.float32), f"ONNX Clip {self.name!r}"
+            )
+            return b.add(v, const)
+
+        y = x
+        if lo is not None:
+            y = shifted(b.relu(shifted(x, lo, "lo")), -lo, "back")  # max(x, lo)
+        if hi is not None:
+            y = b.subtract(y, b.relu(shifted(y, hi, "hi")))  # min(y, hi)
+        return y
 
     def _run_host(self, b: Any, arg: Any, xs: Sequence[Any], node: Any) -> Any:
         # An op on integer and boolean tensors only (attention-mask logic from the ids and the mask):

@@ -264,6 +264,16 @@ def _flatten(attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
     return x.reshape(int(np.prod(x.shape[:axis])), -1)
 
 
+def _clip(attrs: dict[str, Any], inputs: Sequence[Any], opset: int) -> np.ndarray:
+    x = np.asarray(inputs[0])
+    if opset < 11:
+        lo, hi = attrs.get("min"), attrs.get("max")
+    else:
+        lo = inputs[1] if len(inputs) > 1 else None
+        hi = inputs[2] if len(inputs) > 2 else None
+    return np.clip(x, lo, hi).astype(x.dtype) if lo is not None or hi is not None else x
+
+
 def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[dict[str, Any], Sequence[Any], int], list[np.ndarray]]:
     def run(attrs: dict[str, Any], inputs: Sequence[Any], opset: int) -> list[np.ndarray]:
         a, b = np.asarray(inputs[0]), np.asarray(inputs[1])
@@ -362,6 +372,7 @@ _TABLE: dict[str, Callable[[dict[str, Any], Sequence[Any], int], list[np.ndarray
     "MaxPool": lambda a, i, o: [_pool("MaxPool", a, np.asarray(i[0]))],
     "AveragePool": lambda a, i, o: [_pool("AveragePool", a, np.asarray(i[0]))],
     "GlobalAveragePool": lambda a, i, o: [np.asarray(i[0]).mean(axis=(2, 3), keepdims=True)],
+    "Clip": lambda a, i, o: [_clip(a, i, o)],
     "Trilu": lambda a, i, o: [
         (np.triu if a.get("upper", 1) else np.tril)(np.asarray(i[0]), int(np.asarray(i[1])) if len(i) > 1 else 0)
     ],

@@ -50,6 +50,7 @@ RUNTIME_OPS = frozenset(
         "Reciprocal",
         "Neg",
         "CastLike",
+        "Clip",
     }
 )  # fmt: skip
 #: Ops that run on the device even on integer tensors (the rest of an integer subgraph runs in NumPy).
@@ -421,6 +422,19 @@ class _Builder:
         if np.dtype(x.dtype).kind != to.kind:
             raise _Unsupported(f"a CastLike of a run-time {np.dtype(x.dtype)} tensor to {to}")
         return [x]
+
+    def _t_Clip(self, node: Any, where: str, attrs: dict, ins: list) -> list:
+        x = ins[0]
+        self._need_run_float(x, "the input of Clip")
+        if self.opset < 11:
+            lo, hi = attrs.get("min"), attrs.get("max")
+        else:
+            lo = None if len(ins) < 2 or ins[1] is None else float(self._const(ins[1], "min").reshape(-1)[0])
+            hi = None if len(ins) < 3 or ins[2] is None else float(self._const(ins[2], "max").reshape(-1)[0])
+        if lo is not None and hi is not None and lo >= hi:
+            raise _Unsupported(f"min={lo} >= max={hi}")
+        args = (None if lo is None else float(lo), None if hi is None else float(hi))
+        return [self._op(where, "Clip", "clip", args, [x], x.shape, node.output[0], flops=4 * prod(x.shape[1:]))]
 
     def _t_Reciprocal(self, node: Any, where: str, attrs: dict, ins: list) -> list:
         x = ins[0]

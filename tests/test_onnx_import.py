@@ -441,11 +441,14 @@ def test_minilm_exported_from_torch_equals_torch_and_onnxruntime_on_every_backen
     imp = from_torch(Hidden().eval(), (torch.from_numpy(ids), torch.from_numpy(mask)), input_names=["ids", "mask"])
     # every parameter the hidden state uses, under torch's name (the pooler's feed nothing here)
     assert set(imp.param_names) == {f"bert.{n}" for n, _ in bert.named_parameters() if not n.startswith("pooler.")}
-    assert imp.batch == 2  # transformers' mask indexes the batch: the import runs at its batch
+    assert imp.batch is None  # the mask's per-example indices are rebuilt for each batch
     with torch.no_grad():
         want = bert(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state.numpy()
     got = run(imp, multigpu.backend(backend_name), {"ids": ids, "mask": mask})
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+    ids3, mask3 = np.concatenate([ids, ids[:1]]), np.concatenate([mask, mask[:1]])  # another batch
+    got3 = run(imp, multigpu.backend(backend_name), {"ids": ids3, "mask": mask3})
+    np.testing.assert_allclose(got3, np.concatenate([got, got[:1]]), rtol=1e-4, atol=1e-4)
     path = tmp_path / "minilm.onnx"
     torch.onnx.export(
         Hidden().eval(),

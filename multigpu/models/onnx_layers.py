@@ -18,7 +18,8 @@ left out. A reshape target whose leading entry follows the batch is stored as li
 ``batch`` is the one batch a model imported with a fixed batch runs at (``in_full`` the
 full shape of the first operand there); otherwise ``batch_from`` says which axis of the first
 operand tells the batch (``(axis, a, c)``: that axis is ``a * batch + c`` long; torch's attention
-works with the batch on axis 1).
+works with the batch on axis 1). A host op's ``batch_consts`` rebuild the constants that follow
+the batch: ``(k, "linear", pairs)`` a shape vector, ``(k, "rows", (row0, delta))`` one row per example.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class OnnxOp(ContextLayer):
     batch: int | None = None
     in_full: tuple[int, ...] = ()
     batch_from: tuple[int, int, int] | None = None
+    batch_consts: tuple[tuple[int, str, Any], ...] = ()
     kind = "onnx"
     min_inputs = 1
     max_inputs = 64
@@ -282,9 +284,18 @@ class OnnxOp(ContextLayer):
         # An op on integer and boolean tensors only (attention-mask logic from the ids and the mask):
         # it carries no gradient, and the protocol computes on float32 alone, so NumPy runs it.
         onnx_op, attrs, opset = self.args
+        consts = list(self.consts)
+        if self.batch_consts:  # constants that follow the batch (an index per example, a target shape)
+            batch = self._check_batch(b, arg(0))
+            for k, how, data in self.batch_consts:
+                if how == "linear":
+                    consts[k] = np.array([a * batch + c for a, c in data], np.int64)
+                else:  # "rows": row r is row0 + r * delta
+                    row0, delta = data
+                    steps = np.arange(batch).reshape(-1, *([1] * row0.ndim))
+                    consts[k] = (row0[None] + steps * delta[None]).astype(row0.dtype)
         vals = [
-            None if where == "n" else (b.to_numpy(xs[i]) if where == "x" else self.consts[i])
-            for where, i in self.operands
+            None if where == "n" else (b.to_numpy(xs[i]) if where == "x" else consts[i]) for where, i in self.operands
         ]
         out = np.asarray(evaluate(onnx_op, dict(attrs), vals, opset)[0])
         out = out.astype(np.int64) if out.dtype.kind in "biu" else out.astype(np.float32)

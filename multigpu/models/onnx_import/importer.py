@@ -995,6 +995,21 @@ def _linear_axis(s1: tuple[int, ...], s2: tuple[int, ...], batch: int) -> tuple[
     return (k, a, s1[k] - a * batch)
 
 
+def _batch_const(c1: np.ndarray, c2: np.ndarray, batch: int) -> tuple[str, Any] | None:
+    """How a host op's integer constant follows the batch, from its values at ``batch`` and ``batch + 1``:
+    ``("linear", pairs)`` for a shape vector, ``("rows", (row0, delta))`` for one row per example; None otherwise."""
+    if c1.dtype.kind not in "iu" or c2.dtype.kind not in "iu":
+        return None
+    if c1.ndim == 1 and c1.shape == c2.shape:
+        return ("linear", tuple((int(b - a), int(a - (b - a) * batch)) for a, b in zip(c1, c2)))
+    if c1.ndim and c1.shape[0] == batch and c2.shape == (batch + 1, *c1.shape[1:]) and np.array_equal(c2[:batch], c1):
+        row0, delta = c2[0], c2[1] - c2[0]
+        steps = np.arange(batch + 1).reshape(-1, *([1] * row0.ndim))
+        if np.array_equal(c2, row0[None] + steps * delta[None]):
+            return ("rows", (row0.copy(), delta.copy()))
+    return None
+
+
 def _generic(first: _Pass, second: _Pass, batch: int, nodes: list[Node]) -> list[Node] | None:
     """The nodes of ``first`` made to run at any batch, from a second fold at ``batch + 1``; None when
     some value does not follow the batch linearly on one axis (the model then runs at ``batch`` only)."""
@@ -1005,17 +1020,31 @@ def _generic(first: _Pass, second: _Pass, batch: int, nodes: list[Node]) -> list
         if w.kind != "run" or _linear_axis(v.shape, w.shape, batch) is False:
             return None
     others = {n.name: n for n in second.nodes}
-    out = []
+    out, updates = [], {}
     for node in nodes:
         layer = node.layer
         other = others.get(node.name)
         if other is None or type(other.layer) is not type(layer):
             return None
         if isinstance(layer, OnnxOp):
-            consts = []
-            for c1, c2 in zip(layer.consts, other.layer.consts):
+            values = []
+            for v1, v2 in zip(layer.values, other.layer.values):
+                if v1.shape == v2.shape:
+                    values.append(v1)
+                elif (
+                    v1.ndim and v1.shape[0] == batch and v2.shape == (batch + 1, *v1.shape[1:]) and (v1 == v1[:1]).all()
+                ):
+                    values.append(np.ascontiguousarray(v1[:1]))  # a weight expanded over the batch: one row
+                else:
+                    return None
+            consts, batch_consts = [], []
+            for k, (c1, c2) in enumerate(zip(layer.consts, other.layer.consts)):
+                follows = _batch_const(c1, c2, batch) if layer.op == "host" else None
                 if c1.shape == c2.shape and np.array_equal(c1, c2):
                     consts.append(c1)
+                elif follows is not None:
+                    consts.append(c1)
+                    batch_consts.append((k, *follows))
                 elif (
                     c1.ndim and c1.shape[0] == batch and c2.shape == (batch + 1, *c1.shape[1:]) and (c1 == c1[:1]).all()
                 ):
@@ -1033,8 +1062,20 @@ def _generic(first: _Pass, second: _Pass, batch: int, nodes: list[Node]) -> list
                     return None
                 pairs = tuple((b - a, a - (b - a) * batch) for a, b in zip(t1, t2))
                 args = (pairs,) if layer.op == "reshape" else (args[0], pairs)
-            layer = dataclasses.replace(layer, consts=tuple(consts), args=args, batch=None, batch_from=found or None)
+            if batch_consts and not found:
+                return None  # the batch cannot be read off the first operand
+            updates[node.name] = list(values)  # what the model's parameter list holds
+            layer = dataclasses.replace(
+                layer,
+                consts=tuple(consts),
+                values=tuple(values),
+                args=args,
+                batch=None,
+                batch_from=found or None,
+                batch_consts=tuple(batch_consts),
+            )
         out.append(Node(node.name, layer, node.inputs))
+    first.params.update(updates)
     return out
 
 

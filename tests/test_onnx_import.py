@@ -508,9 +508,17 @@ def test_an_imported_cnn_runs_partitioned_across_torch_paddle_and_mxnet_workers(
     from multigpu.execution import run_partitioned
     from multigpu.partition import Cluster, DeviceSpec, LinkSpec
 
+    class Residual6(Residual):
+        """With ReLU6 after the stem: an imported Clip, whose bound is a constant each worker makes on its device."""
+
+        def forward(self, x):
+            y = self.block2(self.block1(nn.functional.relu6(self.stem(x))))
+            return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
     torch.manual_seed(0)
-    net = _trained_bn(Residual())
+    net = _trained_bn(Residual6())
     model, params, state = from_torch(net, torch.randn(2, 1, 28, 28))
+    assert any(getattr(n.layer, "op", None) == "clip" for n in model.nodes)
     workers = tuple(DeviceSpec(n, 1e9, 0.0, backend=b, threads=1) for n, b in zip("abc", ("torch", "paddle", "mxnet")))
     cluster = Cluster(
         devices=(DeviceSpec("driver", 1e9, 0.0, backend="numpy"), *workers),

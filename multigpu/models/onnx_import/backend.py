@@ -17,6 +17,7 @@ from onnx import ModelProto
 from onnx.backend.base import Backend, BackendRep
 
 from multigpu.contract.protocol import Device
+from multigpu.contract.registry import backend
 from multigpu.errors import OnnxError
 from multigpu.models.context import RunContext
 from multigpu.models.onnx_import.importer import OnnxImport, from_onnx
@@ -36,10 +37,8 @@ class MultigpuRep(BackendRep):
     """
 
     def __init__(self, model: ModelProto, backend_name: str):
-        import multigpu
-
         self.model = model
-        self.be = multigpu.backend(backend_name)
+        self.be = backend(backend_name)
         inits = {t.name for t in model.graph.initializer}
         self.inputs = [i.name for i in model.graph.input if i.name not in inits]
         self.dtypes = [numpy_dtype(out.type.tensor_type.elem_type) for out in model.graph.output]

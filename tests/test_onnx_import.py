@@ -570,3 +570,22 @@ def test_gluon_zoo_networks_exported_by_mxnet_equal_gluon_on_every_backend(gluon
     got = run(imp, multigpu.backend(backend_name), {imp.model.input_names[0]: x})
     assert np.abs(want).max() > 0.1  # the random weights keep the output away from zero
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+
+
+def test_partition_takes_an_onnx_file_as_its_graph(tmp_path, capsys):
+    from multigpu.cli.main import main
+
+    path = tmp_path / "net.onnx"
+    torch.onnx.export(
+        Residual().eval(),
+        (torch.randn(2, 1, 28, 28),),
+        str(path),
+        dynamo=False,
+        opset_version=17,
+        input_names=["input"],
+        dynamic_axes={"input": {0: "batch"}},
+    )
+    imp = from_onnx(path, batch=4)  # the dynamic batch filled in
+    assert imp.model.input_shape == (1, 28, 28) and imp.batch is None
+    assert main(["partition", "--graph", str(path), "--cluster", "gpu-box", "--batch", "4"]) == 0
+    assert "/head/Gemm" in capsys.readouterr().out

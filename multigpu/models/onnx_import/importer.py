@@ -858,8 +858,11 @@ class _Builder:
         return [self._op(where, "Expand", "expand", (), [x, zeros], target, node.output[0])]
 
 
-def _resolve_shapes(proto: Any, given: Any, inits: set[str]) -> tuple[dict[str, tuple[int, ...]], dict[str, Any], bool]:
-    """Each graph input's full shape and dtype, and whether every input's batch axis is dynamic."""
+def _resolve_shapes(
+    proto: Any, given: Any, inits: set[str], batch: int | None = None
+) -> tuple[dict[str, tuple[int, ...]], dict[str, Any], bool]:
+    """Each graph input's full shape and dtype, and whether every input's batch axis is dynamic
+    (``batch`` fills a dynamic axis 0 of an input that ``given`` leaves out)."""
     inputs = [i for i in proto.graph.input if i.name not in inits]
     if not inputs:
         raise OnnxError("the ONNX graph has no inputs (only initializers); there is nothing to run it on")
@@ -906,14 +909,14 @@ def _resolve_shapes(proto: Any, given: Any, inits: set[str]) -> tuple[dict[str, 
                 raise OnnxError(
                     f"input {inp.name!r} has no shape in the file; pass input_shapes={{{inp.name!r}: (...)}}"
                 )
-            bad = [k for k, d in enumerate(dims) if not d.HasField("dim_value")]
+            bad = [k for k, d in enumerate(dims) if not d.HasField("dim_value") and not (k == 0 and batch)]
             if bad:
                 names = [dims[k].dim_param or "?" for k in bad]
                 raise OnnxError(
                     f"input {inp.name!r} has dynamic dimension(s) {names} at axis {bad} and no shape was given; "
                     f"pass input_shapes={{{inp.name!r}: (...)}} with every dimension"
                 )
-            want = tuple(int(d.dim_value) for d in dims)
+            want = tuple(int(d.dim_value) if d.HasField("dim_value") else int(batch or 0) for d in dims)
         if dims is None or not dims or dims[0].HasField("dim_value"):
             dynamic = False
         if not want:
@@ -1093,6 +1096,7 @@ def from_onnx(
     output: str | None = None,
     group: int | Callable[[str], str | None] | None = None,
     name: str | None = None,
+    batch: int | None = None,
 ) -> OnnxImport:
     """Import an ONNX model (a path or an ``onnx.ModelProto``) as a ``Model`` with its parameters and state.
 
@@ -1102,7 +1106,8 @@ def from_onnx(
     has several). ``group`` coarsens the graph by the exporter's name scopes: an int ``d``
     makes every node whose name has ``d`` scopes or more (``/encoder/layer.0/...`` with ``d=2``)
     part of the node ``/encoder/layer.0``; a function maps an ONNX node name to its group (or
-    None). Returns an ``OnnxImport`` (``model, params, state = from_onnx(...)``). Raises OnnxError
+    None). ``batch`` fills the dynamic batch axis of the inputs ``input_shapes`` leaves out.
+    Returns an ``OnnxImport`` (``model, params, state = from_onnx(...)``). Raises OnnxError
     (or UnsupportedOnnxError, naming the op, node and opset) for input it cannot import.
     """
     from multigpu.models.graph import Model
@@ -1111,7 +1116,9 @@ def from_onnx(
     need_onnx()
     opset = opset_version(proto)
     inits = {t.name for t in proto.graph.initializer}
-    shapes, dtypes, dynamic = _resolve_shapes(proto, input_shapes, inits)
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise OnnxError(f"batch={batch!r} must be an integer >= 1")
+    shapes, dtypes, dynamic = _resolve_shapes(proto, input_shapes, inits, batch)
     first = _Builder(proto, opset, shapes, dtypes).run()
     out = _choose_output(proto, output, first.values)
     nodes = _prune(first.nodes, out.node)

@@ -589,3 +589,16 @@ def test_partition_takes_an_onnx_file_as_its_graph(tmp_path, capsys):
     assert imp.model.input_shape == (1, 28, 28) and imp.batch is None
     assert main(["partition", "--graph", str(path), "--cluster", "gpu-box", "--batch", "4"]) == 0
     assert "/head/Gemm" in capsys.readouterr().out
+
+
+def test_from_torch_leaves_a_training_module_as_it_was():
+    net = _trained_bn(SmallCNN()).train()
+    before = [
+        t.clone() for m in net.modules() if isinstance(m, nn.BatchNorm2d) for t in (m.running_mean, m.running_var)
+    ]
+    imp = from_torch(net, torch.randn(2, 3, 16, 16))
+    after = [t for m in net.modules() if isinstance(m, nn.BatchNorm2d) for t in (m.running_mean, m.running_var)]
+    assert net.training
+    for b, a, s in zip(before, after, imp.state):
+        assert torch.equal(b, a)  # neither the export nor its probe ran a training-mode forward
+        np.testing.assert_array_equal(s, b.numpy())

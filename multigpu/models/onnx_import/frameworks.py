@@ -56,13 +56,13 @@ def from_torch(
     names = list(input_names) if input_names is not None else [input_name(k) for k in range(len(args))]
     if len(names) != len(args):
         raise OnnxError(f"input_names={names} names {len(names)} inputs but {len(args)} example inputs were given")
-    with torch.no_grad():
-        probe = module(*args)
-    outs = len(probe) if isinstance(probe, (tuple, list)) else 1
-    out_names = ["output" if k == 0 else f"output_{k}" for k in range(outs)]
     training = module.training
-    module.eval()
+    module.eval()  # before the probe too: a forward in training mode would move BatchNorm's statistics
     try:
+        with torch.no_grad():
+            probe = module(*args)
+        outs = len(probe) if isinstance(probe, (tuple, list)) else 1
+        out_names = ["output" if k == 0 else f"output_{k}" for k in range(outs)]
         with tempfile.TemporaryDirectory() as tmp:
             path = str(Path(tmp) / "model.onnx")
             dynamic = {n: {0: "batch"} for n in names + out_names} if dynamic_batch else None

@@ -134,3 +134,34 @@ class LabUnsupportedError(MultigpuError, ValueError):
 class LabError(MultigpuError, RuntimeError):
     """The emulated lab failed while it was built, used or taken down: a command such as
     ``ip`` or ``ray start`` failed, or a host's process did not start (run-time failure, exit 1)."""
+
+
+class OnnxError(ModelError):
+    """An ONNX model that cannot be imported: not an ONNX file, an op, attribute or opset
+    outside the supported set, external data that is missing, a dynamic dimension with no
+    shape given, or several graph outputs with none chosen (bad input, exit 2)."""
+
+
+class UnsupportedOnnxError(OnnxError):
+    """An ONNX node whose op or attribute the importer does not support; ``op``, ``node`` and
+    ``opset`` name it, and the message lists the supported ops (bad input, exit 2)."""
+
+    op: str | None = None
+    node: str | None = None
+    opset: int | None = None
+
+
+class OnnxExportError(ModelError):
+    """A model, its arguments or a destination that cannot be written as ONNX: a BatchNorm model
+    without its state, an opset or batch out of range, a path whose folder is missing, a file over
+    protobuf's 2 GiB limit (bad input, exit 2)."""
+
+
+class UnsupportedLayerError(OnnxExportError):
+    """A layer kind (or an imported op) with no ONNX export; the message names the node and lists
+    the kinds that export (bad input, exit 2)."""
+
+
+class ExportFolderError(OnnxExportError):
+    """A stage export to a folder that exists and is not empty, or whose parent does not exist;
+    nothing is written (bad input, exit 2)."""

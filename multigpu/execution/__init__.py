@@ -9,6 +9,7 @@ Importing this package loads no framework and not Ray: the Ray engine
 
 from __future__ import annotations
 
+from multigpu.execution.onnx_stages import export_stages
 from multigpu.execution.plan import ExecutionPlan, Stage, check_plan, read_plan, split_stages
 from multigpu.execution.profiler import ProfileResult, fit_link, profile
 from multigpu.execution.result import Prediction, RunResult, predict
@@ -22,6 +23,7 @@ __all__ = [
     "Session",
     "Stage",
     "check_plan",
+    "export_stages",
     "fit_link",
     "predict",
     "profile",

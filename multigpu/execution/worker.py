@@ -24,6 +24,7 @@ import numpy as np
 from multigpu.contract.protocol import Device
 from multigpu.execution.cores import usable_cores
 from multigpu.execution.daemon_cpu import node_daemon
+from multigpu.models.context import RunContext
 
 __all__ = [
     "PROBE",
@@ -120,6 +121,7 @@ class StageWorker:
         applied = not framework_loaded or all(os.environ.get(k) == v for k, v in wanted.items())
         self.be = registry.backend(self.backend_name)
         self.be.from_numpy(np.zeros(1, np.float32), self.device)  # fail now on a bad device
+        self._context = RunContext(devices=[self.device])
         return {
             "name": self.name,
             "pid": os.getpid(),
@@ -243,7 +245,10 @@ class StageWorker:
         for p in which:
             piece = route.parts[p]
             t0 = time.time()
-            out = self.model.run(be, self.params, {n: store[n] for n in piece.feeds}, piece.nodes, state=self.state)
+            feeds = {n: store[n] for n in piece.feeds}
+            # the worker's device in the context: layers that make constants (masks, an imported
+            # graph's folded values) make them there
+            out = self.model.run(be, self.params, feeds, piece.nodes, state=self.state, context=self._context)
             be.synchronize(dev)
             t1 = time.time()
             store.update(out)

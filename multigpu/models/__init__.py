@@ -6,7 +6,10 @@ branches) or from explicit ``Node``s; ``Sequential`` is the chain case.
 ``multigpu.models.lenet()``, ``resnet18()``, ``resnet50()``, ``googlenet()`` and friends build the built-in networks;
 ``get(name)`` looks one up by name. ``bert()`` and ``gpt()`` build text models on token
 ids (``multigpu.models.text_models``), and ``pretrained("all-MiniLM-L6-v2")`` loads a
-published checkpoint (``multigpu.models.checkpoints``). A model spec never imports a
+published checkpoint (``multigpu.models.checkpoints``). ``to_onnx`` writes a model and
+its parameters as a standard ONNX file (``multigpu.models.onnx_export``); ``from_onnx`` reads one
+back, and ``from_torch``, ``from_paddle`` and ``from_mxnet`` import a framework's own network
+through its exporter (``multigpu.models.onnx_import``). A model spec never imports a
 framework: a backend walks it.
 """
 
@@ -35,6 +38,8 @@ from multigpu.models.layers import (
     ReLU,
 )
 from multigpu.models.node import INPUT, Input, Node
+from multigpu.models.onnx_export import to_onnx
+from multigpu.models.onnx_import import OnnxImport, from_mxnet, from_onnx, from_paddle, from_torch
 from multigpu.models.sequential import Sequential
 from multigpu.models.text_models import bert, decoder_block, encoder_block, gpt
 from multigpu.models.transformer_layers import (
@@ -120,4 +125,10 @@ __all__ = [
     "resnet18",
     "resnet18_textbook",
     "resnet50",
+    "to_onnx",
+    "from_onnx",
+    "from_torch",
+    "from_paddle",
+    "from_mxnet",
+    "OnnxImport",
 ]

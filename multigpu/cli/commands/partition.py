@@ -107,6 +107,14 @@ def register(subparsers: Any) -> None:
         help="draw the graph, each layer coloured by its device and the cut edges marked (needs matplotlib)",
     )
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
+    p.add_argument(
+        "--export-stages",
+        default=None,
+        metavar="DIR",
+        help="write each stage of the plan as an ONNX file in DIR (new or empty), with manifest.json saying "
+        "which stage feeds which; --model must name a built-in model, exported with its initial "
+        "parameters (seed 0) and a symbolic batch (needs onnx)",
+    )
     add_json_output(p, "the plan (assignment, time, energy, cost, baselines, ...)")
     p.add_argument("--verbose", action="store_true", help="print the MILP solver's log")
 
@@ -172,6 +180,10 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
         if not Path(args.plot).resolve().parent.is_dir():
             raise _bad_input(f"--plot {args.plot!r}: its folder does not exist; give a path in an existing folder")
+    if args.export_stages is not None:  # before a long solve, not after it
+        from multigpu.execution.onnx_stages import cli_export_check
+
+        export_model = cli_export_check(args.graph, args.export_stages)
     plan = autopartition(
         graph,
         cluster,
@@ -184,6 +196,10 @@ def run(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         time_limit=args.time_limit,
     )
+    if args.export_stages is not None:
+        from multigpu.execution.onnx_stages import cli_export
+
+        cli_export(export_model, plan, args.export_stages)
     base = [] if args.no_baselines else baselines(graph, cluster, args.wt, args.we, args.ship_params, cons)
     if args.json or args.out is not None:
         out = plan.to_dict()

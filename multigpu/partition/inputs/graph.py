@@ -380,12 +380,13 @@ def shipped_graphs() -> list[str]:
 
 
 def load_graph(path: str | os.PathLike[str], batch: int = 1) -> Graph:
-    """Read a graph from a ``.json``/``.toml`` file, or build it from a built-in model name,
-    or read a shipped graph file by name (``shipped_graphs()``).
+    """Read a graph from a ``.json``/``.toml`` file, or build it from a built-in model name or an
+    ONNX model (``.onnx``, imported with ``from_onnx``), or read a shipped graph file by name
+    (``shipped_graphs()``).
 
     A built-in model name (``lenet``, ``alexnet``) wins over a file of the same name, and
     an existing file over a shipped graph; write ``./alexnet`` to force the file.
-    ``batch`` only applies to built-in models (a file states its own batch).
+    ``batch`` only applies to built-in models and ONNX files (a graph file states its own batch).
     Raises GraphError for a missing or malformed file and any bad key or value.
     """
     from multigpu import models  # local: models pulls in the layer specs only when needed
@@ -406,6 +407,8 @@ def load_graph(path: str | os.PathLike[str], batch: int = 1) -> Graph:
         )
     if p.is_dir():
         raise GraphError(f"graph path {text!r} is a directory; give a .json or .toml file")
+    if p.suffix.lower() == ".onnx":  # an ONNX model, imported at this batch (multigpu.models.from_onnx)
+        return graph_from_model(models.from_onnx(p, batch=batch).model, batch)
     if p.suffix.lower() not in (".json", ".toml"):
         raise GraphError(
             f"graph file {text!r} has suffix {p.suffix or '(none)'!r}; graphs are JSON or TOML "

@@ -486,9 +486,11 @@ def test_cli_partition_exports_the_stages(tmp_path, capsys):
     assert len(manifest["stages"]) >= 2
     assert main([*argv, "--export-stages", str(out)]) == 2  # not empty now
     assert "not empty" in capsys.readouterr().err
-    assert main(["partition", "--model", "resnet50", "--cluster", "lab", "--export-stages", str(tmp_path / "x")]) == 2
+    costs = tmp_path / "costs.json"  # a graph file holds costs, no layers or weights to export
+    costs.write_text('{"input_bytes": 10, "layers": [{"name": "a", "flops": 3, "param_bytes": 0, "output_bytes": 1}]}')
+    assert main(["partition", "--model", str(costs), "--cluster", "lab", "--export-stages", str(tmp_path / "x")]) == 2
     assert "built-in model" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["stages"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["costs.json", "stages"]
 
 
 # -- back in: to_onnx, then from_onnx -------------------------------------------------------

@@ -587,7 +587,7 @@ def test_partition_takes_an_onnx_file_as_its_graph(tmp_path, capsys):
     )
     imp = from_onnx(path, batch=4)  # the dynamic batch filled in
     assert imp.model.input_shape == (1, 28, 28) and imp.batch is None
-    assert main(["partition", "--model", str(path), "--cluster", "gpu-box", "--batch", "4"]) == 0
+    assert main(["partition", "--model", str(path), "--cluster", "gpu-box", "--batch-size", "4"]) == 0
     assert "/head/Gemm" in capsys.readouterr().out
 
 

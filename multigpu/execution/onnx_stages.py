@@ -178,14 +178,14 @@ def export_stages(
 
 def cli_export_check(graph: str, folder: str) -> Model:
     """``multigpu partition --export-stages``, before the solve: the built-in model that
-    ``--graph`` names, once the folder is known to be writable and onnx importable;
+    ``--model`` names, once the folder is known to be writable and onnx importable;
     OnnxExportError for a graph file (it holds costs, not weights) and ExportFolderError."""
     from multigpu import models
     from multigpu.models.onnx_export import max_opset
 
     if graph not in models.MODELS:
         raise OnnxExportError(
-            f"--export-stages needs --graph to name a built-in model ({', '.join(sorted(models.MODELS))}); "
+            f"--export-stages needs --model to name a built-in model ({', '.join(sorted(models.MODELS))}); "
             f"{graph!r} is a graph file of costs, with no layers or weights to export (from Python, "
             "multigpu.execution.onnx_stages.export_stages takes any model and its parameters)"
         )

@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     if args.export_stages is not None:  # before a long solve, not after it
         from multigpu.execution.onnx_stages import cli_export_check
 
-        export_model = cli_export_check(args.graph, args.export_stages)
+        export_model = cli_export_check(args.model, args.export_stages)
     plan = autopartition(
         graph,
         cluster,

@@ -16,7 +16,9 @@ from collections.abc import Callable, Sequence
 import mxnet as mx
 import numpy as np
 
-NDArray = mx.nd.NDArray
+# NOTE: MXNet ships no type information, so mypy reads NDArray as Any; imported by name (as adapter.py
+# does), not assigned from mx.nd, so that mypy takes it as a type rather than a variable.
+from mxnet.ndarray import NDArray
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

@@ -12,9 +12,11 @@ import math
 import mxnet as mx
 import numpy as np
 
-from multigpu.backends.mxnet.math_ops import broadcast_to
+# NOTE: MXNet ships no type information, so mypy reads NDArray as Any; imported by name (as adapter.py
+# does), not assigned from mx.nd, so that mypy takes it as a type rather than a variable.
+from mxnet.ndarray import NDArray
 
-NDArray = mx.nd.NDArray
+from multigpu.backends.mxnet.math_ops import broadcast_to
 
 
 class NNOps:

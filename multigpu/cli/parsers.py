@@ -79,7 +79,9 @@ def add_alias(parser: argparse.ArgumentParser, old: str, new: argparse.Action) -
         dest=new.dest,
         action=DeprecatedAlias,
         new=new.option_strings[0],
-        type=new.type,
+        # NOTE: typeshed's add_argument types `type` without None, argparse's own default (new.type is None
+        # for an option with no converter): the stub is too narrow, not the call.
+        type=new.type,  # type: ignore[arg-type]
         nargs=new.nargs,
         metavar=new.metavar or new.dest.upper(),
         default=argparse.SUPPRESS,  # the new option's default stands

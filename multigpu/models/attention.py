@@ -116,7 +116,7 @@ class MultiHeadAttention(ContextLayer):
                 "put it after an Embedding"
             )
         check_heads(self.heads, in_shape[1])
-        return in_shape  # type: ignore[return-value]
+        return in_shape  # the length check above narrows it to (S, D)
 
     def check_inputs(self, in_shapes: Sequence[Shape]) -> None:
         s, _ = self._dims(in_shapes[0])

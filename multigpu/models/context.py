@@ -123,5 +123,6 @@ class NodeCall:
                     f"{what}: replica {self.replica} holds {shape[0]} rows but its shard is rows {start}..{stop - 1}; "
                     "give each replica's (start, stop) rows in RunContext.shards"
                 )
+            assert ctx.batch is not None  # __post_init__ refuses shards without batch
             mask = dropout_mask((ctx.batch, *shape[1:]), rate, ctx.seed, ctx.step, self.node, stream)[start:stop]
         return backend.from_numpy(np.ascontiguousarray(mask), self.device(what))

@@ -33,7 +33,7 @@ def _need_sequence(layer: Layer, in_shape: Shape) -> tuple[int, int]:
         raise ModelError(
             f"{layer.kind} needs hidden states (S, D) per example but receives {in_shape}; put it after an Embedding"
         )
-    return in_shape  # type: ignore[return-value]
+    return in_shape  # the length check above narrows it to (S, D)
 
 
 def _positive(layer: Layer, **values: int) -> None:

@@ -277,7 +277,10 @@ def decisions(model: Model, backend: str, params: Sequence[np.ndarray], shards: 
             # A ceil-mode pool's last window may hang over the right padding: pad as far as it reaches.
             right = [max(pad, (o - 1) * step + k - n - pad) for n, o in zip(a.shape[2:], (oh, ow))]
             padded = np.pad(a, ((0, 0), (0, 0), (pad, right[0]), (pad, right[1])), constant_values=-np.inf)
-            win = sliding_window_view(padded, (k, k), axis=(2, 3))[:, :, ::step, ::step][:, :, :oh, :ow]
+            # NOTE: numpy 1.23's stub types axis as one int (numpy 2's takes the tuple the function accepts):
+            # ignored where wrong, and not reported as unused under numpy 2.
+            win = sliding_window_view(padded, (k, k), axis=(2, 3))  # type: ignore[call-overload, unused-ignore]
+            win = win[:, :, ::step, ::step][:, :, :oh, :ow]
             out.append(win.reshape(*win.shape[:4], -1).argmax(axis=-1).reshape(-1))
     return np.concatenate(out)
 

@@ -364,6 +364,7 @@ class Trainer:
         result.state = tr.get_state()
         result.samples_per_sec = train_size * len(result.sec_per_epoch) / max(sum(result.sec_per_epoch), 1e-12)
         if self._joined:
+            assert tr.process_group is not None  # _build_parallel passed the joined job's group
             tr.process_group.close()
         self.callbacks.on_fit_end(self, result)
         return result

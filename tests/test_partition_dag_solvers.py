@@ -50,39 +50,53 @@ def _solve(gd: dict, cd: dict, limits: dict, **kw):
     return autopartition(Graph.from_dict(gd), Cluster.from_dict(cd), constraints=cons, **kw)
 
 
-def _check(gd: dict, cd: dict, limits: dict, objective: str, w: tuple[float, float], ship: bool = False) -> None:
+def _check(
+    gd: dict, cd: dict, limits: dict, objective: str, w: tuple[float, float], ship: bool = False, gap: float = 0.0
+) -> None:
+    """The plan's value is the brute-force minimum (gap 0), or within ``gap`` of it; its
+    bound is at most the minimum and its reported gap is its distance from the bound."""
     mem = {d["name"]: limits["memory"] for d in cd["devices"]} if "memory" in limits else None
     best = brute(
         gd, cd, *w, ship=ship, memory=mem, busy=limits.get("busy"), energy=limits.get("energy"), pins=limits.get("pins")
     )
     key = {"latency": "cost", "throughput": "bottleneck", "makespan": "makespan"}[objective]
     try:
-        plan = _solve(gd, cd, limits, wt=w[0], we=w[1], objective=objective, ship_params=ship)
+        plan = _solve(gd, cd, limits, wt=w[0], we=w[1], objective=objective, ship_params=ship, gap=gap)
     except InfeasibleError:
         assert math.isinf(best[key]), f"refused, but brute force found {best[key]}"
         event("infeasible")
         return
     got = {"latency": plan.cost, "throughput": plan.bottleneck, "makespan": plan.makespan}[objective]
-    assert rel(got, best[key]), (objective, plan.solver, got, best[key])
-    event(f"{objective}: {plan.solver}")
+    assert got == plan.value
+    if gap == 0:
+        assert rel(got, best[key]), (objective, plan.solver, got, best[key])
+    else:
+        assert best[key] * (1 - 1e-6) - 1e-12 <= got <= best[key] / (1 - gap) * (1 + 1e-6) + 1e-12, (got, best[key])
+    assert plan.bound <= best[key] * (1 + 1e-6) + 1e-12, (plan.bound, best[key])
+    assert plan.gap <= max(gap, 1e-9) * (1 + 1e-6) + 1e-9, (plan.gap, gap)
+    assert math.isclose(plan.gap, (got - plan.bound) / got if got > 0 else 0.0, rel_tol=1e-9, abs_tol=1e-12)
+    event(f"{objective}: {plan.solver}, {plan.proof}")
+
+
+gaps = st.sampled_from([0.0, 0.001, 0.05])
 
 
 @settings(**SMALL)
 @given(st.one_of(dags(5), fork_joins(6)), clusters(), weights, st.booleans(), st.data())
 def test_latency_reaches_the_brute_force_minimum(gd, cd, w, ship, data):
-    _check(gd, cd, _limits(data.draw, gd, cd), "latency", w, ship)
+    _check(gd, cd, _limits(data.draw, gd, cd), "latency", w, ship, gap=data.draw(gaps))
 
 
 @settings(**SMALL)
 @given(st.one_of(dags(5), fork_joins(6)), clusters(shared=True), weights, st.data())
 def test_throughput_reaches_the_brute_force_bottleneck(gd, cd, w, data):
-    _check(gd, cd, _limits(data.draw, gd, cd), "throughput", w)
+    _check(gd, cd, _limits(data.draw, gd, cd), "throughput", w, gap=data.draw(gaps))
 
 
 @settings(**SMALL)
 @given(st.one_of(dags(5), fork_joins(5)), clusters(), st.data())
 def test_makespan_reaches_the_brute_force_minimum(gd, cd, data):
-    _check(gd, cd, _limits(data.draw, gd, cd), "makespan", (1.0, 0.0))
+    _check(gd, cd, _limits(data.draw, gd, cd), "makespan", (1.0, 0.0), gap=data.draw(gaps))
 
 
 @settings(**SMALL)

@@ -61,6 +61,7 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster, baselines: Sequenc
         "dp": "chain DP",
         "fork-join dp": "fork-join DP",
         "milp": "MILP (HiGHS)",
+        "ideal dp": "contiguous DP over the graph's ideals",
         "bound": "a feasible plan within the gap of the LP/Lagrangian lower bound",
     }.get(plan.solver, plan.solver)
     out.append(

@@ -20,12 +20,13 @@ from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.cutoff import solve_in_rounds, tighten
 from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
 from multigpu.partition.solvers.free import FreeSolver
+from multigpu.partition.solvers.ideals import IDEAL_LIMIT, TooManyIdeals, contiguous_optimum, ideals, why_not_contiguous
 from multigpu.partition.solvers.lagrange import cost_if_feasible, lower_bound, penalise, repair
 from multigpu.partition.solvers.milp import MilpResult, build_model, relax, solve_milp
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget, Objective, Solution, Solver
 from multigpu.partition.solvers.throughput import solve_throughput
 
-__all__ = ["DPSolver", "MilpSolver", "violations"]
+__all__ = ["AUTO_IDEALS", "DPSolver", "IdealSolver", "MilpSolver", "contiguous_plan", "violations"]
 
 # Seconds for the restricted MILP that looks for a good feasible plan (a heuristic
 # step: the exact solve that follows does not depend on it finishing).
@@ -43,6 +44,31 @@ FIRST_PLAN_SECONDS = 0.5
 def _first(budget: Budget) -> float:
     """Seconds for a heuristic looking for the first plan: what is left, at least FIRST_PLAN_SECONDS."""
     return max(budget.left(), FIRST_PLAN_SECONDS)
+
+
+# The planner runs the contiguous DP for a starting plan on graphs up to this many ideals
+# (its work grows with their square: ResNet-50's 240 take about a second on 5 devices).
+AUTO_IDEALS = 1_000
+
+
+def contiguous_plan(
+    tables: CostTables, cons: ResolvedConstraints, objective: Objective, budget: Budget, limit: int = AUTO_IDEALS
+) -> np.ndarray | None:
+    """The contiguous DP's plan (``ideals``) for the objective (the latency weights for the
+    makespan), or None where the DP does not apply, the graph has more than ``limit``
+    ideals, or its plan breaks a constraint the DP does not see (an energy budget)."""
+    name = "throughput" if objective.name == "throughput" else "latency"
+    if why_not_contiguous(tables, name) is not None:
+        return None
+    lw, le = _weights(objective)
+    try:
+        found = contiguous_optimum(tables, cons, name, lw, le, limit=limit)
+    except TooManyIdeals:
+        return None
+    if found is None or violations(tables, cons, found.a):
+        return None
+    budget.say(f"contiguous DP over the ideals: a plan at {found.value:.6g} (its own price, an upper bound)")
+    return found.a
 
 
 def _weights(objective: Objective) -> tuple[float, float]:
@@ -84,6 +110,42 @@ class DPSolver(Solver):
         return self.run(tables, cons, objective)
 
 
+class IdealSolver(Solver):
+    """The contiguous DP over the graph's ideals (``ideals``): the best plan in which each
+    device holds one convex stage, priced with each transfer at its dearest link. A heuristic
+    for the full problem (no lower bound), exact among contiguous plans where links into and
+    out of each device cost the same (latency)."""
+
+    name = "ideal dp"
+
+    def why_not(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective) -> str | None:
+        """Why the contiguous DP does not apply (objective, engine terms, too many ideals), or None."""
+        why = why_not_contiguous(tables, objective.name)
+        if why is None:
+            try:
+                ideals(tables.graph, IDEAL_LIMIT)
+            except TooManyIdeals as e:
+                why = str(e)
+        return why
+
+    def solve(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective, budget: Budget) -> Solution:
+        """The contiguous optimum, priced by the solvers' model; the bound is -inf (heuristic)."""
+        a = contiguous_plan(tables, cons, objective, budget, limit=IDEAL_LIMIT)
+        if a is None:
+            raise _infeasible(tables, cons, objective.wt, objective.we, budget.verbose)
+        return Solution(a, _value(tables, objective, a), -np.inf, self.name)
+
+
+def _value(tables: CostTables, objective: Objective, a: np.ndarray) -> float:
+    """Plan ``a``'s value of the objective as the solvers price it (per-layer times)."""
+    if objective.name == "throughput":
+        return bottleneck_of(tables.graph, tables.cluster, a, warm=False)
+    if objective.name == "makespan":
+        return _makespan(tables, a)
+    x = assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
+    return objective.wt * x.time + objective.we * x.energy
+
+
 class MilpSolver(Solver):
     """The MILP path for every objective and constraint: for latency, the DP (when the graph
     has one) as a start, then the LP, the Lagrangian, a restricted MILP and the rounds of
@@ -114,8 +176,10 @@ class MilpSolver(Solver):
             assert dp is not None
             return dp
         _check_candidates(tables, cons, wt, we, budget.verbose)
+        ideal = contiguous_plan(tables, cons, objective, budget)
         if objective.name == "throughput":
-            known = (dp.a, bottleneck_of(tables.graph, tables.cluster, dp.a, warm=False)) if dp_ok else None
+            starts = ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else [])
+            known = min(((a, _value(tables, objective, a)) for a in starts), key=lambda av: av[1], default=None)
             return solve_throughput(
                 tables,
                 cons,
@@ -133,18 +197,17 @@ class MilpSolver(Solver):
                 raise _infeasible(tables, cons, wt, we, budget.verbose)
             bound = max(res.bound if np.isfinite(res.bound) else -np.inf, _makespan_floor(tables, cons))
             a, value = res.a, res.value
-            if dp_ok:
-                # The latency DP's plan is feasible: the answer when the time limit struck first.
-                assert dp is not None
-                dp_span = _makespan(tables, dp.a)
-                if a is None or dp_span < value:
-                    a, value = dp.a, dp_span
+            # The latency DPs' plans are feasible: the answer when the time limit struck first.
+            for start in ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else []):
+                span = _makespan(tables, start)
+                if a is None or span < value:
+                    a, value = start, span
             if a is None:
                 raise _no_plan(res, "makespan", bound)
             if res.status == 0:
                 bound = max(bound, res.value * (1 - max(budget.gap, PROVE_GAP)))
             return Solution(a, value, min(bound, value), "milp")
-        return _constrained(tables, cons, lw, le, dp, self.forced, self.free, budget)
+        return _constrained(tables, cons, lw, le, dp, self.forced, self.free, budget, ideal)
 
 
 def _makespan(tables: CostTables, a: np.ndarray) -> float:
@@ -182,6 +245,7 @@ def _constrained(
     forced: bool,
     free: FreeSolver | None,
     budget: Budget,
+    ideal: np.ndarray | None = None,
 ) -> Solution:
     """The constrained optimum, to the budget's gap (or its best plan at the time limit).
 
@@ -196,7 +260,8 @@ def _constrained(
     Steps 2-3 only prune what provably cannot be better, so the bound is exact; they
     are what make the MILP fast on realistic sizes. A graph without a DP (neither a chain
     nor fork-join) skips the Lagrangian parts: LP bound, restricted MILP, the rounds.
-    ``dp`` is the DP's optimum without the coupling constraints (a lower bound), when there is one.
+    ``dp`` is the DP's optimum without the coupling constraints (a lower bound), when there is one;
+    ``ideal`` the contiguous DP's plan (feasible), a starting plan when there is one.
     """
     dp_value = dp.value if dp is not None else 0.0
     # The LP whose duals price the Lagrangian leaves out the valid inequalities (the
@@ -217,6 +282,10 @@ def _constrained(
         lower, upper, best = float(lp), np.inf, None
     lower = max(dp_value, lower if np.isfinite(lower) else -np.inf, float(lp) if lp is not None else -np.inf)
     method = "bound"
+    if ideal is not None:
+        cost = cost_if_feasible(tables, cons, wt, we, ideal)[0]
+        if cost < upper:
+            upper, best, method = cost, ideal, "ideal dp"
 
     def answer(plan: np.ndarray, value: float, bound: float, how: str) -> Solution:
         # A forced MILP reports itself as the method, whatever step found the plan.

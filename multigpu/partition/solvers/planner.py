@@ -38,14 +38,14 @@ from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 from multigpu.partition.solvers.constraints import Constraints, ResolvedConstraints
 from multigpu.partition.solvers.free import FreeSolver, free_solver
-from multigpu.partition.solvers.methods import DPSolver, MilpSolver, violations
+from multigpu.partition.solvers.methods import DPSolver, IdealSolver, MilpSolver, violations
 from multigpu.partition.solvers.solver import DEFAULT_GAP, PROVE_GAP, Budget, Objective, Solver, relative_gap
 from multigpu.partition.stages import Stage
 
 __all__ = ["DEFAULT_GAP", "OBJECTIVES", "Plan", "SOLVERS", "Stage", "autopartition", "choose"]
 
 OBJECTIVES = ("latency", "makespan", "throughput")
-SOLVERS = ("auto", "dp", "milp")
+SOLVERS = ("auto", "dp", "milp", "ideal")
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,11 +211,19 @@ def choose(
 ) -> Solver:
     """The method for this problem: the exact DP of the graph's form where it proves the
     objective (latency, or the makespan on a chain, without coupling constraints), else the
-    MILP path. ``solver`` "dp" or "milp" forces one (``_refuse`` has said why a forced DP
-    cannot apply)."""
+    MILP path (which starts from the contiguous DP's plan). ``solver`` "dp", "milp" or "ideal"
+    (the contiguous DP alone: the best plan whose stages run in a sequence, one per device,
+    with no bound) forces one (``_refuse`` has said why a forced DP cannot apply).
+    Raises PartitionInputError when the forced contiguous DP does not apply."""
     dp = DPSolver(free) if free is not None else None
     if solver == "milp":
         return MilpSolver(free, forced=True)
+    if solver == "ideal":
+        ideal = IdealSolver()
+        why = ideal.why_not(tables, cons, objective)
+        if why is not None:
+            raise PartitionInputError(f"solver='ideal' (the contiguous DP) cannot solve this: {why}; use solver='auto'")
+        return ideal
     if dp is not None and (solver == "dp" or dp.why_not(tables, cons, objective) is None):
         return dp
     return MilpSolver(free)
@@ -243,11 +251,12 @@ def autopartition(
     ``"throughput"`` minimises the pipelined bottleneck (among the plans within the gap,
     the one of least ``wt*T + we*E``). ``constraints`` is a ``Constraints`` or a dict of its
     fields; declared device memory is respected unless ``memory=False``. ``solver`` forces
-    "dp" or "milp" (default "auto"). The solve stops once its plan is proven within the
-    relative ``gap`` of the optimum (default 0.1%; 0 proves the optimum, to 1e-9), or at
-    ``time_limit`` seconds in all (default none) with the best plan found: ``Plan.gap`` and
-    ``Plan.bound`` say how far from the optimum it may be. ``progress`` receives a line per
-    step of the solve; ``verbose`` prints HiGHS's log.
+    "dp", "milp" or "ideal" (the contiguous DP over the graph's ideals; default "auto"). The
+    solve stops once its plan is proven within the relative ``gap`` of the optimum (default
+    0.1%; 0 proves the optimum, to 1e-9), or at ``time_limit`` seconds in all (default none)
+    with the best plan found: ``Plan.gap`` and ``Plan.bound`` say how far from the optimum it
+    may be. ``progress`` receives a line per step of the solve; ``verbose`` prints HiGHS's
+    log.
 
     Raises PartitionInputError for bad arguments (an objective the forced solver cannot
     prove included), InfeasibleError (naming the binding constraint) when no assignment

@@ -117,3 +117,31 @@ def test_the_cli_prints_the_proof(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
     assert main([*base, "--gap", "1.5"]) == 2
     assert "gap=1.5" in capsys.readouterr().err
+
+
+def test_ties_in_bottleneck_and_latency_go_to_the_lower_energy() -> None:
+    from multigpu.partition import Cluster, Graph
+
+    graph = Graph.from_dict(
+        {
+            "input_bytes": 1e4,
+            "layers": [{"name": "a", "flops": 1e10, "param_bytes": 0, "output_bytes": 1e4}],
+        }
+    )
+    # Two GPUs alike but for their power, both far faster than the source: the bottleneck and
+    # the latency tie, and the cooler GPU should get the work, whichever is listed first.
+    for hot, cool in (("g0", "g1"), ("g1", "g0")):
+        cluster = Cluster.from_dict(
+            {
+                "devices": [
+                    {"name": "cpu", "flops": 1e9, "power": 10.0},
+                    {"name": hot, "flops": 1e12, "power": 300.0},
+                    {"name": cool, "flops": 1e12, "power": 100.0},
+                ],
+                "default_link": {"bandwidth": 1e9, "latency": 1e-5, "power": 0.0},
+                "source": "cpu",
+            }
+        )
+        for gap in (0.0, DEFAULT_GAP):
+            plan = autopartition(graph, cluster, objective="throughput", gap=gap, constraints={"memory": False})
+            assert cool in plan.assignment and hot not in plan.assignment, (gap, plan.assignment)

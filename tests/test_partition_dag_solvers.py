@@ -148,3 +148,37 @@ def test_methods_and_refusals_name_what_cannot_be_proven():
         autopartition(dense, lab, time_limit=0)
     mk = autopartition(dense, lab, objective="makespan")
     assert mk.solver == "milp" and mk.makespan <= autopartition(dense, lab).makespan + 1e-12
+
+
+@settings(**SMALL)
+@given(fork_joins(6), clusters(), weights, st.sampled_from(["latency", "throughput"]))
+def test_each_solver_through_the_interface_reaches_the_brute_force_minimum(gd, cd, w, objective):
+    """Every ``Solver`` called directly: the DP (latency) and the MILP prove the brute-force
+    optimum; the contiguous DP returns a plan no better than it, with no bound."""
+    from multigpu.partition.cost.tables import CostTables
+    from multigpu.partition.solvers.constraints import Constraints
+    from multigpu.partition.solvers.free import free_solver
+    from multigpu.partition.solvers.methods import DPSolver, IdealSolver, MilpSolver
+    from multigpu.partition.solvers.solver import Budget, Objective
+
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints(memory=False).resolve(graph, cluster)
+    goal = Objective(objective, *w)
+    best = brute(gd, cd, *w)["cost" if objective == "latency" else "bottleneck"]
+    free, _ = free_solver(graph)
+    assert free is not None
+    methods = [MilpSolver(free, forced=True), IdealSolver()] + ([DPSolver(free)] if objective == "latency" else [])
+    for method in methods:
+        if method.why_not(tables, cons, goal) is not None:
+            event(f"{method.name} refused")
+            continue
+        try:
+            sol = method.solve(tables, cons, goal, Budget(gap=0))
+        except InfeasibleError:
+            assert math.isinf(best)
+            continue
+        assert sol.value >= best * (1 - 1e-6) - 1e-12 and sol.bound <= best * (1 + 1e-6) + 1e-12
+        if sol.proof == "optimal":
+            assert rel(sol.value, best), (method.name, sol.value, best)
+        event(f"{method.name}: {sol.proof}")

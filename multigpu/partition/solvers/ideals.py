@@ -171,7 +171,12 @@ def contiguous_optimum(
     for p in range(n):
         if consumers[p]:
             CNT[:, p] = np.minimum(len(consumers[p]) - M[:, list(consumers[p])].sum(axis=1), k - 1)
-    OUTJ = (Mf * CNT) @ outof[:, 1:].T if thr else None  # (m, k)
+    # Output transfers of each ideal's layers to consumers outside it: the finite part, and how
+    # many go over a missing link (0 * inf would be NaN where no consumer is outside).
+    out_fin = np.where(np.isfinite(outof), outof, 0.0)
+    out_inf = (~np.isfinite(outof)).astype(float)
+    OUTJ = (Mf * CNT) @ out_fin[:, 1:].T  # (m, k)
+    BLOCKED = (Mf * CNT) @ out_inf[:, 1:].T
     limits = np.stack([cons.memory, cons.busy, start, src == np.arange(k), sink == np.arange(k)])
     classes = _classes([node, tables.comp, bad, into.T, outof.T, input_cost, sink_cost, limits])
     sizes = [len(c) for c in classes]
@@ -238,8 +243,9 @@ def contiguous_optimum(
                 transfer += np.where(hit, into[d, p + 1], 0.0)
             transfer += np.where(takes_input, input_cost[d], 0.0) + np.where(has_last, sink_cost[d], 0.0)
             if thr:
-                assert OUTJ is not None
-                out = OUTJ[sup, d] - sum(CNT[sup, p] * outof[d, p + 1] for p in frontier)
+                out = OUTJ[sup, d] - sum(CNT[sup, p] * out_fin[d, p + 1] for p in frontier)
+                blocked = BLOCKED[sup, d] - sum(CNT[sup, p] * out_inf[d, p + 1] for p in frontier)
+                out = np.where(blocked > 0.5, np.inf, out)
                 stage = np.maximum(cost, transfer + out)
             else:
                 stage = cost + transfer

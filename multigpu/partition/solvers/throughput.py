@@ -12,7 +12,8 @@ at the busy rate (``busy_ratios``),
 B >= every link's load, B >= every shared host's load / cores). Many assignments usually share the optimal B (layers off
 the critical device can move freely), so phase 2 keeps B within the gap of the proven bound
 (``Budget.gap``; 1e-7 of the optimum when proving) and minimises wt*T + we*E among them,
-giving a plan that is also sensible per item.
+giving a plan that is also sensible per item (with we = 0, a weight of TIE_ENERGY on energy
+breaks the ties in latency).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from multigpu.errors import SolverError
-from multigpu.partition.cost.arithmetic import bottleneck_of, busy_ratios, transfer_cpu_terms
+from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of, busy_ratios, transfer_cpu_terms
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import InfeasibleError
 from multigpu.partition.solvers.constraints import ResolvedConstraints
@@ -35,6 +36,9 @@ __all__ = ["solve_throughput", "bottleneck_lower_bound"]
 # Phase 2 may exceed the phase-1 bottleneck by this relative slack: enough to absorb
 # the solver's feasibility tolerance, far below any difference a user would notice.
 CAP_SLACK = 1e-7
+# Among plans of equal latency the one of least energy wins: energy enters phase 2 with this
+# weight relative to the plan's time over its energy.
+TIE_ENERGY = 1e-6
 
 
 def bottleneck_lower_bound(tables: CostTables, cons: ResolvedConstraints) -> float:
@@ -112,6 +116,7 @@ def solve_throughput(
     budget.say(f"bottleneck {best_b:.6g} s, bound {bound:.6g} s; breaking ties by cost")
     if budget.expired:
         return Solution(first_a, best_b, bound, "milp")
+    we2 = we + _energy_weight(tables, first_a, wt, we)
     if best_b <= 0:
         # B = 0 exactly: no choice may create any load. Say so combinatorially rather
         # than through a row whose tolerance would admit tiny loads.
@@ -119,7 +124,7 @@ def solve_throughput(
             tables,
             cons,
             wt,
-            we,
+            we2,
             objective="latency",
             scale=cost_scale,
             verbose=budget.verbose,
@@ -135,7 +140,7 @@ def solve_throughput(
             tables,
             cons,
             wt,
-            we,
+            we2,
             objective="latency",
             scale=cost_scale,
             b_scale=b_scale,
@@ -147,6 +152,16 @@ def solve_throughput(
         b2 = bottleneck_of(tables.graph, tables.cluster, second.a, warm=False)
         return Solution(second.a, b2, min(bound, b2), "milp")
     return Solution(first_a, best_b, bound, "milp")  # phase 2 ran out of time
+
+
+def _energy_weight(tables: CostTables, a: np.ndarray, wt: float, we: float) -> float:
+    """The weight on energy that breaks ties in latency (the user's ``we`` when it is set):
+    small enough that TIE_ENERGY of the plan's energy moves its cost by TIE_ENERGY of its time,
+    so a plan never gives up a visible share of latency for energy."""
+    if we > 0 or wt <= 0:
+        return 0.0
+    x = assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
+    return TIE_ENERGY * wt * x.time / x.energy if x.energy > 0 and x.time > 0 else 0.0
 
 
 def _known_text(known: tuple[np.ndarray, float] | None) -> str:

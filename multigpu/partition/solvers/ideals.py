@@ -6,8 +6,8 @@ chain of ideals, empty = I_0 < I_1 < ... < I_m = all layers, stage t being I_t \
 its own device; and every difference of two nested ideals is convex. The DP visits the
 ideals by size, keeping for each ideal and each multiset of used devices the best value of
 the stages so far; a step adds one stage J \\ I on an unused device. Identical devices form
-one class, so the multiset is a count per class (32 states for 5 distinct devices, 350 for
-the 16-device cluster's 4 + 4 + 6 + 1 + 1).
+one class, so the multiset is a count per class (32 states for 5 distinct devices, 700 for
+the planner benchmark's 16 devices, 1 + 1 + 4 + 4 + 6).
 
 What a stage costs depends on where its inputs come from, which the state does not hold. So
 a transfer into a stage is priced at its dearest sender (the most any other device could

@@ -1,12 +1,11 @@
-"""A MILP stopped by its time limit says how far it got: the "not proven" message quotes the
-better of the planner's Lagrangian bound and the bound HiGHS proved (its root cuts lift it
-above the LP's), and a proven solve's HiGHS bound meets its optimum."""
+"""A solve stopped by its time limit before any plan says how far it got: the message quotes
+the better of the planner's Lagrangian bound and the bound HiGHS proved (its root cuts lift
+it above the LP's), and a proven solve's HiGHS bound meets its optimum."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from multigpu.errors import SolverError
@@ -14,19 +13,23 @@ from multigpu.partition import Cluster, Graph, LayerSpec, LinkSpec
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.inputs.cluster import DeviceSpec
 from multigpu.partition.solvers.constraints import Constraints
+from multigpu.partition.solvers.methods import _no_plan
 from multigpu.partition.solvers.milp import MilpResult, solve_milp
-from multigpu.partition.solvers.planner import _check_solved
 
 
 def test_the_message_quotes_the_better_bound() -> None:
-    stopped = MilpResult(1, "time limit reached", np.zeros(3, dtype=np.intp), 2.0, 1.5)
-    with pytest.raises(SolverError, match=r"best plan it found has value 2; the lower bound is 1\.5\)"):
-        _check_solved(stopped, "latency", 1.0)
+    # Only a solve that ends with no plan at all is an error; it quotes the better bound.
+    stopped = MilpResult(1, "time limit reached", None, math.inf, 1.5)
+    with pytest.raises(SolverError, match=r"no plan for the latency objective .*the lower bound is 1\.5\)"):
+        raise _no_plan(stopped, "latency", 1.0)
     with pytest.raises(SolverError, match=r"the lower bound is 1\.75\)"):
-        _check_solved(stopped, "latency", 1.75)
+        raise _no_plan(stopped, "latency", 1.75)
     blind = MilpResult(1, "time limit reached", None, math.inf)  # HiGHS reported no bound
-    with pytest.raises(SolverError, match=r"it found no plan; the lower bound is 1\)"):
-        _check_solved(blind, "latency", 1.0)
+    with pytest.raises(SolverError, match=r"the lower bound is 1\)"):
+        raise _no_plan(blind, "latency", 1.0)
+    broken = MilpResult(4, "HiGHS: unbounded", None, math.inf)
+    with pytest.raises(SolverError, match="did not solve the placement MILP for the throughput objective"):
+        raise _no_plan(broken, "throughput", 1.0)
 
 
 def test_a_proven_solve_reports_its_bound() -> None:

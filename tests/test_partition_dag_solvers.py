@@ -50,39 +50,53 @@ def _solve(gd: dict, cd: dict, limits: dict, **kw):
     return autopartition(Graph.from_dict(gd), Cluster.from_dict(cd), constraints=cons, **kw)
 
 
-def _check(gd: dict, cd: dict, limits: dict, objective: str, w: tuple[float, float], ship: bool = False) -> None:
+def _check(
+    gd: dict, cd: dict, limits: dict, objective: str, w: tuple[float, float], ship: bool = False, gap: float = 0.0
+) -> None:
+    """The plan's value is the brute-force minimum (gap 0), or within ``gap`` of it; its
+    bound is at most the minimum and its reported gap is its distance from the bound."""
     mem = {d["name"]: limits["memory"] for d in cd["devices"]} if "memory" in limits else None
     best = brute(
         gd, cd, *w, ship=ship, memory=mem, busy=limits.get("busy"), energy=limits.get("energy"), pins=limits.get("pins")
     )
     key = {"latency": "cost", "throughput": "bottleneck", "makespan": "makespan"}[objective]
     try:
-        plan = _solve(gd, cd, limits, wt=w[0], we=w[1], objective=objective, ship_params=ship)
+        plan = _solve(gd, cd, limits, wt=w[0], we=w[1], objective=objective, ship_params=ship, gap=gap)
     except InfeasibleError:
         assert math.isinf(best[key]), f"refused, but brute force found {best[key]}"
         event("infeasible")
         return
     got = {"latency": plan.cost, "throughput": plan.bottleneck, "makespan": plan.makespan}[objective]
-    assert rel(got, best[key]), (objective, plan.solver, got, best[key])
-    event(f"{objective}: {plan.solver}")
+    assert got == plan.value
+    if gap == 0:
+        assert rel(got, best[key]), (objective, plan.solver, got, best[key])
+    else:
+        assert best[key] * (1 - 1e-6) - 1e-12 <= got <= best[key] / (1 - gap) * (1 + 1e-6) + 1e-12, (got, best[key])
+    assert plan.bound <= best[key] * (1 + 1e-6) + 1e-12, (plan.bound, best[key])
+    assert plan.gap <= max(gap, 1e-9) * (1 + 1e-6) + 1e-9, (plan.gap, gap)
+    assert math.isclose(plan.gap, (got - plan.bound) / got if got > 0 else 0.0, rel_tol=1e-9, abs_tol=1e-12)
+    event(f"{objective}: {plan.solver}, {plan.proof}")
+
+
+gaps = st.sampled_from([0.0, 0.001, 0.05])
 
 
 @settings(**SMALL)
 @given(st.one_of(dags(5), fork_joins(6)), clusters(), weights, st.booleans(), st.data())
 def test_latency_reaches_the_brute_force_minimum(gd, cd, w, ship, data):
-    _check(gd, cd, _limits(data.draw, gd, cd), "latency", w, ship)
+    _check(gd, cd, _limits(data.draw, gd, cd), "latency", w, ship, gap=data.draw(gaps))
 
 
 @settings(**SMALL)
 @given(st.one_of(dags(5), fork_joins(6)), clusters(shared=True), weights, st.data())
 def test_throughput_reaches_the_brute_force_bottleneck(gd, cd, w, data):
-    _check(gd, cd, _limits(data.draw, gd, cd), "throughput", w)
+    _check(gd, cd, _limits(data.draw, gd, cd), "throughput", w, gap=data.draw(gaps))
 
 
 @settings(**SMALL)
 @given(st.one_of(dags(5), fork_joins(5)), clusters(), st.data())
 def test_makespan_reaches_the_brute_force_minimum(gd, cd, data):
-    _check(gd, cd, _limits(data.draw, gd, cd), "makespan", (1.0, 0.0))
+    _check(gd, cd, _limits(data.draw, gd, cd), "makespan", (1.0, 0.0), gap=data.draw(gaps))
 
 
 @settings(**SMALL)
@@ -123,7 +137,7 @@ def test_methods_and_refusals_name_what_cannot_be_proven():
         r"neither: .*layer 'b'.*use solver='milp'",
     ):
         autopartition(dense, lab, constraints={"memory": False}, solver="dp")
-    assert autopartition(dense, lab).solver in ("milp", "bound")
+    assert autopartition(dense, lab).solver in ("milp", "bound", "ideal dp")
     with pytest.raises(PartitionInputError, match="cannot prove the makespan objective on graph 'graph'.*overlap"):
         autopartition(dense, lab, objective="makespan", constraints={"memory": False}, solver="dp")
     with pytest.raises(PartitionInputError, match="the throughput objective needs solver='milp'"):
@@ -134,3 +148,37 @@ def test_methods_and_refusals_name_what_cannot_be_proven():
         autopartition(dense, lab, time_limit=0)
     mk = autopartition(dense, lab, objective="makespan")
     assert mk.solver == "milp" and mk.makespan <= autopartition(dense, lab).makespan + 1e-12
+
+
+@settings(**SMALL)
+@given(fork_joins(6), clusters(), weights, st.sampled_from(["latency", "throughput"]))
+def test_each_solver_through_the_interface_reaches_the_brute_force_minimum(gd, cd, w, objective):
+    """Every ``Solver`` called directly: the DP (latency) and the MILP prove the brute-force
+    optimum; the contiguous DP returns a plan no better than it, with no bound."""
+    from multigpu.partition.cost.tables import CostTables
+    from multigpu.partition.solvers.constraints import Constraints
+    from multigpu.partition.solvers.free import free_solver
+    from multigpu.partition.solvers.methods import DPSolver, IdealSolver, MilpSolver
+    from multigpu.partition.solvers.solver import Budget, Objective
+
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints(memory=False).resolve(graph, cluster)
+    goal = Objective(objective, *w)
+    best = brute(gd, cd, *w)["cost" if objective == "latency" else "bottleneck"]
+    free, _ = free_solver(graph)
+    assert free is not None
+    methods = [MilpSolver(free, forced=True), IdealSolver()] + ([DPSolver(free)] if objective == "latency" else [])
+    for method in methods:
+        if method.why_not(tables, cons, goal) is not None:
+            event(f"{method.name} refused")
+            continue
+        try:
+            sol = method.solve(tables, cons, goal, Budget(gap=0))
+        except InfeasibleError:
+            assert math.isinf(best)
+            continue
+        assert sol.value >= best * (1 - 1e-6) - 1e-12 and sol.bound <= best * (1 + 1e-6) + 1e-12
+        if sol.proof == "optimal":
+            assert rel(sol.value, best), (method.name, sol.value, best)
+        event(f"{method.name}: {sol.proof}")

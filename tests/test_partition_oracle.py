@@ -589,10 +589,11 @@ def test_autopartition_reaches_bruteforce_minimum(inst, w, ship, solver):
     cons = Constraints(memory=False)
     if not np.isfinite(best):
         with pytest.raises(InfeasibleError, match="link"):
-            autopartition(graph, cluster, *w, constraints=cons, ship_params=ship, solver=solver)
+            autopartition(graph, cluster, *w, constraints=cons, ship_params=ship, solver=solver, gap=0)
         return
-    plan = autopartition(graph, cluster, *w, constraints=cons, ship_params=ship, solver=solver)
+    plan = autopartition(graph, cluster, *w, constraints=cons, ship_params=ship, solver=solver, gap=0)
     assert plan.solver == ("milp" if solver == "milp" else "dp")
+    assert plan.proof == "optimal" and plan.bound <= best * (1 + 1e-7) + 1e-12
     assert close(plan.cost, best, rel=1e-9 if plan.solver == "dp" else 1e-7), (plan.cost, best)
     T, E, cost = ref_evaluate(gd, cd, plan.assignment, *w, ship=ship)
     assert close(plan.time, T) and close(plan.energy, E) and close(plan.cost, cost)
@@ -613,9 +614,9 @@ def test_throughput_reaches_bruteforce_bottleneck(inst, w):
     b = np.where(bf.valid, bf.bottleneck, np.inf)
     if not np.isfinite(b.min()):
         with pytest.raises(InfeasibleError):
-            autopartition(graph, cluster, *w, objective="throughput", constraints={"memory": False})
+            autopartition(graph, cluster, *w, objective="throughput", constraints={"memory": False}, gap=0)
         return
-    plan = autopartition(graph, cluster, *w, objective="throughput", constraints={"memory": False})
+    plan = autopartition(graph, cluster, *w, objective="throughput", constraints={"memory": False}, gap=0)
     assert plan.solver == "milp"
     assert close(plan.bottleneck, b.min(), rel=1e-6), (plan.bottleneck, b.min())
     assert close(plan.bottleneck, ref_bottleneck(gd, cd, plan.assignment))
@@ -638,7 +639,7 @@ def test_throughput_with_hosts_transfer_cpu_and_relay_reaches_bruteforce(inst, w
         return
     if "hosts" in cd and any(sum(d.get("host") == h for d in cd["devices"]) > 1 for h in cd["hosts"]):
         event("a host shared by two or more devices")
-    plan = autopartition(graph, cluster, *w, objective="throughput", constraints={"memory": False})
+    plan = autopartition(graph, cluster, *w, objective="throughput", constraints={"memory": False}, gap=0)
     assert close(plan.bottleneck, b.min(), rel=1e-6), (plan.bottleneck, b.min())
     assert close(plan.bottleneck, ref_bottleneck(gd, cd, plan.assignment))
     tied = b <= b.min() * (1 + 1e-8)

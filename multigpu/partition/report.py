@@ -58,16 +58,18 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster, baselines: Sequenc
             f"{fmt_time(bd.stage_time)} in all"
         )
     how = {
-        "dp": "exact chain DP",
-        "fork-join dp": "exact fork-join DP",
-        "milp": "exact MILP (HiGHS)",
-        "bound": "exact: a feasible plan meets the LP/Lagrangian lower bound",
+        "dp": "chain DP",
+        "fork-join dp": "fork-join DP",
+        "milp": "MILP (HiGHS)",
+        "ideal dp": "contiguous DP over the graph's ideals",
+        "bound": "a feasible plan within the gap of the LP/Lagrangian lower bound",
     }.get(plan.solver, plan.solver)
     out.append(
         f"plan: cost {plan.cost:.6g}  time {fmt_time(plan.time)}  energy {fmt_energy(plan.energy)}  "
         f"makespan {fmt_time(plan.makespan)}  bottleneck {fmt_time(plan.bottleneck)} at {bd.bottleneck_at}  "
         f"({how}, {plan.solve_time * 1e3:.3g} ms)"
     )
+    out.append(f"proof: {proof_line(plan)}")
     out.append("stages: " + "; ".join(f"{s.span} on {s.device}" for s in plan.stages))
     out.append("")
     out += stage_graph(plan, graph)
@@ -259,3 +261,14 @@ def _short(reason: str | None) -> str:
     if not reason:
         return ""
     return reason.split(";")[0]
+
+
+def proof_line(plan: Plan) -> str:
+    """How close the plan is proven to be to the optimum of its objective, in words."""
+    what = {"throughput": "bottleneck", "makespan": "makespan"}.get(plan.objective, "cost")
+    if plan.proof == "optimal":
+        return f"optimal (the {what} meets the proven lower bound)"
+    if plan.proof == "heuristic":
+        return f"no lower bound on the {what} was proven (a heuristic plan)"
+    bound = fmt_time(plan.bound) if what != "cost" else f"{plan.bound:.6g}"
+    return f"within {plan.gap:.3%} of the optimum (the {what} is at least {bound})"

@@ -26,17 +26,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.milp import LpSession, LpSolution, MilpResult, Model, solve_model, with_fixed
+from multigpu.partition.solvers.solver import PROVE_GAP, Budget
 from multigpu.partition.solvers.windows import separate, windows
 
-__all__ = ["Tightened", "fixable", "rooms", "solve_in_rounds", "tighten"]
+__all__ = ["RoundsResult", "Tightened", "fixable", "rooms", "solve_in_rounds", "tighten"]
 
 # At most this many rounds of separation (each an LP solve); they stop earlier once no
 # window row is broken, or once a round lifts the bound by less than MIN_GAIN (relative):
@@ -116,23 +116,37 @@ def fixable(t: Tightened, cutoff: float) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class RoundsResult:
+    """What the rounds ended with: the best ``plan`` (None if none was found), its ``cost``,
+    the proven lower ``bound`` on every plan's cost, and ``res``, the last solve (for the
+    error message when no plan was found)."""
+
+    plan: np.ndarray | None
+    cost: float
+    bound: float
+    res: MilpResult | None
+
+
 def solve_in_rounds(
     base: Model,
     t: Tightened,
     known: float,
     known_plan: np.ndarray | None,
     cost_of: Callable[[np.ndarray], float],
-    options: dict[str, Any],
-    verbose: bool = False,
-) -> tuple[np.ndarray | None, MilpResult | None]:
+    budget: Budget,
+) -> RoundsResult:
     """Solve ``base`` (the MILP ``t`` was tightened from) in rounds of rising
-    cutoffs up to ``known``, the cost of ``known_plan`` (+inf and None if there is none).
-    Returns (the optimal plan, None), or (None, the solve to report): a time limit, an
-    error, or, with no plan known, an infeasible model."""
+    cutoffs up to ``known``, the cost of ``known_plan`` (+inf and None if there is none),
+    stopping once the best plan is within ``budget.gap`` of the bound, or at its time limit
+    with the best plan found and the bound proven so far."""
     best, best_cost = known_plan, known
-    proven = -math.inf  # the optimum is above this (an empty round's cutoff)
+    proven = t.bound  # the optimum is at least this (the LP, then an empty round's cutoff)
     factors = list(CUTOFF_FACTORS if t.bound > 0 else ())
+    res: MilpResult | None = None
     while True:
+        if best is not None and budget.done(best_cost, proven):
+            return RoundsResult(best, best_cost, proven, res)
         # A round whose next one already reaches the best plan's cost is skipped: the
         # final round (at that cost) proves the optimum whatever it finds, and where the
         # best plan is the optimum, as it was on ResNet-50 on 16 devices, the round
@@ -142,27 +156,36 @@ def solve_in_rounds(
         factor = factors.pop(0) if factors else None
         cutoff = best_cost if factor is None else min(t.bound * factor, best_cost)
         final = cutoff >= best_cost
-        opts = dict(options)
+        opts = budget.highs()
         model = base
         if math.isfinite(cutoff):
             model = with_fixed(base, fixable(t, cutoff))
             opts["objective_bound"] = cutoff * base.scale * (1 + 1e-9) + 1e-9
-        res = solve_model(model, verbose=verbose, options=opts)
+        budget.say(f"MILP round at cutoff {cutoff:.6g} (best plan {best_cost:.6g}, bound {proven:.6g})")
+        res = solve_model(model, verbose=budget.verbose, options=opts)
         if res.a is not None:
             cost = cost_of(res.a)
-            if res.status == 0 and cost <= cutoff * (1 + 1e-6):
-                return res.a, None  # every plan left out costs more than the cutoff
             if cost < best_cost:
                 best, best_cost = res.a, cost
+            if res.status == 0 and cost <= cutoff * (1 + 1e-6):
+                # Every plan left out costs more than the cutoff, and HiGHS proved this one
+                # within its gap of what is left.
+                held = min(res.bound, cutoff) if math.isfinite(res.bound) else -math.inf
+                return RoundsResult(best, best_cost, max(proven, held, min(best_cost, cutoff) * _within(budget)), res)
         # HiGHS may stop at the optimum of what is left even when it is above the cutoff
         # (the objective bound prunes, it does not always forbid): no plan beats it then.
         beaten = res.a is None and (res.status == 2 or "bound" in res.message.lower())
         if not (beaten or res.status == 0):
-            # A time limit, or an error: the caller reports it, with the best bound proven.
+            # A time limit, or an error: the best plan so far and the best bound proven.
             # The restricted model holds every plan up to the cutoff, so its own bound
             # holds up to there.
             held = min(res.bound, cutoff) if math.isfinite(res.bound) else -math.inf
-            return None, replace(res, bound=max(proven, held, t.bound))
-        proven = max(proven, cutoff)
+            return RoundsResult(best, best_cost, max(proven, held), res)
+        proven = max(proven, min(cutoff, best_cost))
         if final:
-            return (best, None) if best is not None else (None, res)
+            return RoundsResult(best, best_cost, proven if best is not None else -math.inf, res)
+
+
+def _within(budget: Budget) -> float:
+    """The factor below a plan that HiGHS reports optimal at which the optimum may lie."""
+    return 1.0 - max(budget.gap, PROVE_GAP)

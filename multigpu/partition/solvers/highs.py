@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +58,27 @@ def _option_items(options: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 _quiet = False
+# Seconds between two progress reports from inside one MIP solve.
+PROGRESS_SECONDS = 2.0
+
+
+def _report_progress(h: Any, progress: Callable[[float, float], None]) -> None:
+    """Subscribe ``progress`` to HiGHS's MIP callbacks: each improving plan, and at most
+    every PROGRESS_SECONDS from the callback HiGHS calls while it branches."""
+    last = [time.perf_counter()]
+
+    def improved(event: Any) -> None:
+        last[0] = time.perf_counter()
+        progress(float(event.data_out.mip_primal_bound), float(event.data_out.mip_dual_bound))
+
+    def ticking(event: Any) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= PROGRESS_SECONDS:
+            last[0] = now
+            progress(float(event.data_out.mip_primal_bound), float(event.data_out.mip_dual_bound))
+
+    h.cbMipImprovingSolution.subscribe(improved)
+    h.cbMipInterrupt.subscribe(ticking)
 
 
 def _new_highs(highspy: Any) -> Any:
@@ -132,10 +155,19 @@ class Highs:
             csr.data.astype(float),
         )
 
-    def solve(self, options: dict[str, Any] | None = None, relax: bool = False) -> Outcome:
+    def solve(
+        self,
+        options: dict[str, Any] | None = None,
+        relax: bool = False,
+        progress: Callable[[float, float], None] | None = None,
+    ) -> Outcome:
         """Run HiGHS with ``options`` (scipy's names: disp, presolve, time_limit,
-        mip_rel_gap, objective_bound, ...) on the MILP, or on its LP relaxation."""
+        mip_rel_gap, objective_bound, ...) on the MILP, or on its LP relaxation.
+        ``progress`` receives (best plan's objective, dual bound) on each improving plan
+        and every PROGRESS_SECONDS while the MIP runs."""
         hs, h = self._hs, self._h
+        if progress is not None and not relax:
+            _report_progress(h, progress)
         # 0 = continuous, 1 = integer (HighsVarType's values).
         kinds = np.zeros(self._n, dtype=np.uint8) if relax else (self._integrality != 0).astype(np.uint8)
         h.changeColsIntegrality(self._n, np.arange(self._n, dtype=np.int32), kinds)

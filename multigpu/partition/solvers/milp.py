@@ -8,6 +8,7 @@ HiGHS and scipy are imported lazily, so the core imports numpy and the standard 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
@@ -90,19 +91,34 @@ def _highs(model: Model) -> Any:
     return Highs(model.c, model.A, model.lo, model.hi, model.lb, model.ub, model.integrality)
 
 
+def _until(opts: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+    """``opts`` with HiGHS's time limit cut to end at ``deadline`` (time.perf_counter's clock)."""
+    if deadline is None:
+        return opts
+    left = max(deadline - time.perf_counter(), 1e-3)  # HiGHS needs a positive limit
+    return {**opts, "time_limit": min(left, float(opts.get("time_limit", math.inf)))}
+
+
 def solve_model(model: Model, verbose: bool = False, options: dict | None = None) -> MilpResult:
-    """Solve a built model with HiGHS, demanding a zero relative gap. ``options`` go
-    to HiGHS, e.g. ``time_limit`` or ``objective_bound`` (in the model's scaled units)."""
+    """Solve a built model with HiGHS, demanding a zero relative gap unless ``options``
+    say otherwise. ``options`` go to HiGHS, e.g. ``time_limit`` or ``objective_bound`` (in
+    the model's scaled units); ``deadline`` (a ``time.perf_counter`` instant) ends the
+    solve then, however long building the model took; ``progress`` hears (best plan, bound)
+    in the objective's units while HiGHS runs."""
     if model.empty_layer:
         return MilpResult(2, "a layer has no feasible device", None, math.inf)
     opts = {"disp": bool(verbose), "mip_rel_gap": 0.0, "presolve": True, **(options or {})}
-    res = _highs(model).solve(opts)
+    deadline = opts.pop("deadline", None)
+    report = opts.pop("progress", None)
+    # HiGHS's progress is in the model's scaled units; the caller hears the objective's.
+    progress = None if report is None else (lambda p, d: report(p / model.scale, d / model.scale))
+    res = _highs(model).solve(_until(opts, deadline), progress=progress)
     if res.status == 2 and opts["presolve"] and "objective_bound" not in opts:
         # HiGHS 1.8's MIP presolve once wrongly declared a tightly bounded model
         # infeasible (a bottleneck cap 1e-7 above a feasible plan). "Infeasible" decides
         # what we tell the user, so confirm it without presolve. (Under a cutoff,
         # "infeasible" only says no plan beats it, and the caller raises the cutoff.)
-        res = _highs(model).solve({**opts, "presolve": False})
+        res = _highs(model).solve(_until({**opts, "presolve": False}, deadline))
     # HiGHS's dual bound at a time limit: what the "not proven" message can quote.
     bound = res.bound / model.scale if math.isfinite(res.bound) else -math.inf
     if res.x is None:

@@ -1,0 +1,365 @@
+"""The placement methods behind the ``Solver`` interface (``solver``): the exact DPs
+(the chain DP and the fork-join DP, for the latency objective without coupling
+constraints), the contiguous DP over the graph's ideals (``ideals``) and the MILP path
+(HiGHS, with the DP, the Lagrangian and the rounds of cutoffs around it; the bottleneck
+MILP for throughput; the makespan MILP on graphs with branches).
+
+Every method returns a ``Solution``: its plan, value and a proven lower bound, so the
+planner can report the gap whatever stopped the solve.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from multigpu.errors import SolverError
+from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of, busy_times, memory_use
+from multigpu.partition.cost.schedule import makespan_of
+from multigpu.partition.cost.tables import CostTables
+from multigpu.partition.solvers.constraints import ResolvedConstraints
+from multigpu.partition.solvers.cutoff import solve_in_rounds, tighten
+from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
+from multigpu.partition.solvers.free import FreeSolver
+from multigpu.partition.solvers.ideals import IDEAL_LIMIT, TooManyIdeals, contiguous_optimum, ideals, why_not_contiguous
+from multigpu.partition.solvers.lagrange import cost_if_feasible, lower_bound, penalise, repair
+from multigpu.partition.solvers.milp import MilpResult, build_model, relax, solve_milp
+from multigpu.partition.solvers.solver import PROVE_GAP, Budget, Objective, Solution, Solver
+from multigpu.partition.solvers.throughput import solve_throughput
+
+__all__ = ["AUTO_IDEALS", "DPSolver", "IdealSolver", "MilpSolver", "contiguous_plan", "violations"]
+
+# Seconds for the restricted MILP that looks for a good feasible plan (a heuristic
+# step: the exact solve that follows does not depend on it finishing).
+RESTRICTED_TIME_LIMIT = 3.0
+RESTRICTED_GAP = 1e-2
+# Seconds for the penalised-DP repair (a heuristic: the rounds that follow find the optimum
+# without it). Each of its rounds is one DP, 0.4 s for GoogLeNet on 16 devices, where 15
+# rounds gave a plan 12% above the optimum in 6 s.
+REPAIR_SECONDS = 1.0
+# Seconds the heuristics that look for a first plan may take even once the time limit has
+# passed: a time limit returns a plan (the issue's target: within 10% or 1 s of the limit).
+FIRST_PLAN_SECONDS = 0.5
+
+
+def _first(budget: Budget) -> float:
+    """Seconds for a heuristic looking for the first plan: what is left, at least FIRST_PLAN_SECONDS."""
+    return max(budget.left(), FIRST_PLAN_SECONDS)
+
+
+# The planner runs the contiguous DP for a starting plan on graphs up to this many ideals
+# (its work grows with their square: ResNet-50's 240 take about a second on 5 devices).
+AUTO_IDEALS = 1_000
+
+
+def contiguous_plan(
+    tables: CostTables, cons: ResolvedConstraints, objective: Objective, budget: Budget, limit: int = AUTO_IDEALS
+) -> np.ndarray | None:
+    """The contiguous DP's plan (``ideals``) for the objective (the latency weights for the
+    makespan), or None where the DP does not apply, the graph has more than ``limit``
+    ideals, or its plan breaks a constraint the DP does not see (an energy budget)."""
+    name = "throughput" if objective.name == "throughput" else "latency"
+    if why_not_contiguous(tables, name) is not None:
+        return None
+    lw, le = _weights(objective)
+    try:
+        found = contiguous_optimum(tables, cons, name, lw, le, limit=limit)
+    except TooManyIdeals:
+        return None
+    if found is None or violations(tables, cons, found.a):
+        return None
+    budget.say(f"contiguous DP over the ideals: a plan at {found.value:.6g} (its own price, an upper bound)")
+    return found.a
+
+
+def _weights(objective: Objective) -> tuple[float, float]:
+    """The latency weights a DP or the latency MILP uses: the makespan on a chain is T."""
+    return (1.0, 0.0) if objective.name == "makespan" else (objective.wt, objective.we)
+
+
+class DPSolver(Solver):
+    """The exact DP of the graph's form (``free.FreeSolver``: "dp" for a chain, "fork-join
+    dp"): the optimum of wt*T + we*E (or of T, the makespan on a chain) with pins and
+    exclusions, no coupling constraint."""
+
+    def __init__(self, free: FreeSolver) -> None:
+        self.free = free
+        self.name = free.method
+
+    def why_not(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective) -> str | None:
+        """Why the DP cannot prove this problem (an objective or a coupling constraint), or None."""
+        if objective.name == "throughput":
+            return "the DP minimises wt*T + we*E, not the throughput bottleneck"
+        if objective.name == "makespan" and not tables.graph.is_chain:
+            return "branches overlap in time, which the DP does not model (on a chain the makespan is T)"
+        if cons.coupling:
+            return "the DP cannot enforce memory, busy-time or energy constraints"
+        return None
+
+    def run(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective) -> Solution:
+        """The DP's optimum with pins and exclusions but without coupling constraints (a lower
+        bound when they bind). Raises the unreachable-device InfeasibleError when no
+        assignment is allowed."""
+        lw, le = _weights(objective)
+        a, value = self.free(tables, np.where(cons.allowed, tables.node(lw, le), np.inf), lw, le)
+        if not np.isfinite(value):
+            raise explain_unreachable(tables, cons)
+        return Solution(a, value, value, self.name)
+
+    def solve(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective, budget: Budget) -> Solution:
+        """The exact optimum (a DP takes no time limit: it is polynomial)."""
+        return self.run(tables, cons, objective)
+
+
+class IdealSolver(Solver):
+    """The contiguous DP over the graph's ideals (``ideals``): the best plan in which each
+    device holds one convex stage, priced with each transfer at its dearest link. A heuristic
+    for the full problem (no lower bound), exact among contiguous plans where links into and
+    out of each device cost the same (latency)."""
+
+    name = "ideal dp"
+
+    def why_not(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective) -> str | None:
+        """Why the contiguous DP does not apply (objective, engine terms, too many ideals), or None."""
+        why = why_not_contiguous(tables, objective.name)
+        if why is None:
+            try:
+                ideals(tables.graph, IDEAL_LIMIT)
+            except TooManyIdeals as e:
+                why = str(e)
+        return why
+
+    def solve(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective, budget: Budget) -> Solution:
+        """The contiguous optimum, priced by the solvers' model; the bound is -inf (heuristic)."""
+        a = contiguous_plan(tables, cons, objective, budget, limit=IDEAL_LIMIT)
+        if a is None:
+            raise _infeasible(tables, cons, objective.wt, objective.we, budget.verbose)
+        return Solution(a, _value(tables, objective, a), -np.inf, self.name)
+
+
+def _value(tables: CostTables, objective: Objective, a: np.ndarray) -> float:
+    """Plan ``a``'s value of the objective as the solvers price it (per-layer times)."""
+    if objective.name == "throughput":
+        return bottleneck_of(tables.graph, tables.cluster, a, warm=False)
+    if objective.name == "makespan":
+        return _makespan(tables, a)
+    x = assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
+    return objective.wt * x.time + objective.we * x.energy
+
+
+class MilpSolver(Solver):
+    """The MILP path for every objective and constraint: for latency, the DP (when the graph
+    has one) as a start, then the LP, the Lagrangian, a restricted MILP and the rounds of
+    cutoffs (``_constrained``); the bottleneck MILP with a tie-break by cost for throughput;
+    the makespan MILP on a graph with branches. ``forced`` (``solver="milp"``) names every
+    plan "milp" and skips the shortcuts that return a plan meeting the LP bound."""
+
+    name = "milp"
+
+    def __init__(self, free: FreeSolver | None, forced: bool = False) -> None:
+        self.free = free
+        self.forced = forced
+
+    def why_not(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective) -> str | None:
+        """The MILP takes every problem."""
+        return None
+
+    def solve(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective, budget: Budget) -> Solution:
+        """The best plan within the budget and its proven bound."""
+        wt, we = objective.wt, objective.we
+        lw, le = _weights(objective)
+        dp = DPSolver(self.free).run(tables, cons, objective) if self.free is not None else None
+        dp_ok = dp is not None and (not cons.coupling or not violations(tables, cons, dp.a))
+        # The latency weights (and the makespan on a chain, which is T): the DP's optimum
+        # meets the coupling constraints, so it is the optimum.
+        latency_like = objective.name == "latency" or (objective.name == "makespan" and tables.graph.is_chain)
+        if dp_ok and latency_like and not self.forced:
+            assert dp is not None
+            return dp
+        _check_candidates(tables, cons, wt, we, budget.verbose)
+        ideal = contiguous_plan(tables, cons, objective, budget)
+        if objective.name == "throughput":
+            starts = ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else [])
+            known = min(((a, _value(tables, objective, a)) for a in starts), key=lambda av: av[1], default=None)
+            return solve_throughput(
+                tables,
+                cons,
+                wt,
+                we,
+                _scale(dp.value if dp is not None else 0.0),
+                known,
+                lambda: explain_coupled(tables, cons, wt, we, budget.verbose),
+                budget,
+            )
+        if objective.name == "makespan" and not tables.graph.is_chain:
+            budget.say("makespan MILP")
+            res = solve_milp(tables, cons, wt, we, objective="makespan", verbose=budget.verbose, options=budget.highs())
+            if res.status == 2:
+                raise _infeasible(tables, cons, wt, we, budget.verbose)
+            bound = max(res.bound if np.isfinite(res.bound) else -np.inf, _makespan_floor(tables, cons))
+            a, value = res.a, res.value
+            # The latency DPs' plans are feasible: the answer when the time limit struck first.
+            for start in ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else []):
+                span = _makespan(tables, start)
+                if a is None or span < value:
+                    a, value = start, span
+            if a is None:
+                raise _no_plan(res, "makespan", bound)
+            if res.status == 0:
+                bound = max(bound, res.value * (1 - max(budget.gap, PROVE_GAP)))
+            return Solution(a, value, min(bound, value), "milp")
+        return _constrained(tables, cons, lw, le, dp, self.forced, self.free, budget, ideal)
+
+
+def _makespan(tables: CostTables, a: np.ndarray) -> float:
+    """The makespan of plan ``a`` as the makespan MILP prices it (per-layer times)."""
+    x = assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
+    return makespan_of(tables.graph, tables.cluster, x)
+
+
+def _makespan_floor(tables: CostTables, cons: ResolvedConstraints) -> float:
+    """A lower bound on every plan's makespan: the longest path through the graph with each
+    layer at its fastest allowed compute time (transfers and overheads only add to it)."""
+    comp = np.where(cons.allowed, tables.comp, np.inf).min(axis=1)
+    finish = np.zeros(tables.graph.n)
+    for i, producers in enumerate(tables.graph.producers):
+        finish[i] = comp[i] + max((finish[p] for p in producers if p >= 0), default=0.0)
+    return float(finish.max(initial=0.0))
+
+
+def violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> list[str]:
+    """What plan ``a`` breaks of the coupling constraints, pins and exclusions (empty: nothing)."""
+    graph, cluster = tables.graph, tables.cluster
+    # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
+    energy = assignment_arrays(graph, cluster, a, tables.ship_params, warm=False).energy if cons.has_energy else 0.0
+    return cons.violations(
+        cluster, memory_use(graph, cluster, a), busy_times(graph, cluster, tables.comp, a), energy, a
+    )
+
+
+def _constrained(
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    wt: float,
+    we: float,
+    dp: Solution | None,
+    forced: bool,
+    free: FreeSolver | None,
+    budget: Budget,
+    ideal: np.ndarray | None = None,
+) -> Solution:
+    """The constrained optimum, to the budget's gap (or its best plan at the time limit).
+
+    1. LP relaxation (HiGHS): a lower bound, duals and a fractional x.
+    2. Feasible plans (upper bounds): repair the Lagrangian optimum (the graph's DP under
+       penalised costs), and solve the MILP restricted to the LP's support for a few
+       seconds.
+    3. If a plan meets the Lagrangian bound (to the gap), it is returned. Otherwise tighten
+       the LP with window rows, and solve the MILP in rounds of rising cutoffs, each with the
+       choices whose reduced-cost bound exceeds it fixed (``cutoff``), the best plan's cost
+       last.
+    Steps 2-3 only prune what provably cannot be better, so the bound is exact; they
+    are what make the MILP fast on realistic sizes. A graph without a DP (neither a chain
+    nor fork-join) skips the Lagrangian parts: LP bound, restricted MILP, the rounds.
+    ``dp`` is the DP's optimum without the coupling constraints (a lower bound), when there is one;
+    ``ideal`` the contiguous DP's plan (feasible), a starting plan when there is one.
+    """
+    dp_value = dp.value if dp is not None else 0.0
+    # The LP whose duals price the Lagrangian leaves out the valid inequalities (the
+    # Lagrangian has no term for them: their duals would be lost, and the bound with them).
+    model = build_model(tables, cons, wt, we, scale=_scale(dp_value), cuts=False)
+    budget.say("LP relaxation")
+    lp, mult, x_lp = relax(model)
+    if mult is None or x_lp is None:
+        # The LP relaxation is infeasible, so the MILP is too.
+        raise _infeasible(tables, cons, wt, we, budget.verbose)
+    if free is not None:
+        pen = penalise(tables, cons, wt, we, mult, model.m_ub)
+        lower, _ = lower_bound(tables, free, wt, pen)
+        # Without a plan the answer at a time limit would be an error, so the heuristic that
+        # finds the first plan gets FIRST_PLAN_SECONDS even from a spent budget.
+        upper, best = repair(tables, free, cons, wt, we, pen, seconds=min(REPAIR_SECONDS, _first(budget)))
+    else:
+        lower, upper, best = float(lp), np.inf, None
+    lower = max(dp_value, lower if np.isfinite(lower) else -np.inf, float(lp) if lp is not None else -np.inf)
+    method = "bound"
+    if ideal is not None:
+        cost = cost_if_feasible(tables, cons, wt, we, ideal)[0]
+        if cost < upper:
+            upper, best, method = cost, ideal, "ideal dp"
+
+    def answer(plan: np.ndarray, value: float, bound: float, how: str) -> Solution:
+        # A forced MILP reports itself as the method, whatever step found the plan.
+        return Solution(plan, value, min(bound, value), "milp" if forced else how)
+
+    budget.say(f"lower bound {lower:.6g}" + (f", a feasible plan at {upper:.6g}" if best is not None else ""))
+    if best is None or not (budget.done(upper, lower) or budget.expired):
+        # A restricted MILP (only the choices the LP uses) usually finds the optimum
+        # quickly; it is just a heuristic here, so a time limit is fine.
+        opts = {**budget.highs(cap=RESTRICTED_TIME_LIMIT), "mip_rel_gap": max(RESTRICTED_GAP, budget.gap)}
+        if best is None:
+            opts.pop("deadline", None)
+            opts["time_limit"] = min(RESTRICTED_TIME_LIMIT, _first(budget))
+        quick = solve_milp(
+            tables, cons, wt, we, scale=_scale(lower), fix_x=~(x_lp > 1e-9), verbose=budget.verbose, options=opts
+        )
+        if quick.a is not None:
+            cost = cost_if_feasible(tables, cons, wt, we, quick.a)
+            if not (cost[1] or cost[2] or cost[3]) and cost[0] < upper:
+                upper, best, method = cost[0], quick.a, "milp"
+    if best is not None and ((budget.done(upper, lower) and not forced) or budget.expired):
+        return answer(best, upper, lower, method)
+    # The exact solve: the LP tightened by window rows bounds every choice's cost, and the
+    # MILP runs in rounds of rising cutoffs with what cannot beat each fixed (``cutoff``).
+    base = build_model(tables, cons, wt, we, scale=_scale(lower))
+    budget.say("tightening the LP with window rows")
+    tight = tighten(base, tables, cons)
+    if tight is None:
+        raise _infeasible(tables, cons, wt, we, budget.verbose)
+    lower = max(lower, tight.bound)
+    if best is not None and ((budget.done(upper, lower) and not forced) or budget.expired):
+        return answer(best, upper, lower, method)
+
+    def cost_of(a: np.ndarray) -> float:
+        return cost_if_feasible(tables, cons, wt, we, a)[0]
+
+    # The rounds solve the MILP without the window rows: with them, ResNet-50 took 34 s on
+    # 16 devices and 20 s on the lab, against 17 and 5 s without (the rows thicken each LP).
+    out = solve_in_rounds(base, tight, upper, best, cost_of, budget)
+    if out.plan is not None:
+        found = method if out.plan is best else "milp"
+        return answer(out.plan, out.cost, max(lower, out.bound), found)
+    if out.res is not None and out.res.status == 2:
+        raise _infeasible(tables, cons, wt, we, budget.verbose)
+    raise _no_plan(out.res, "latency", max(lower, out.bound))
+
+
+def _no_plan(res: MilpResult | None, objective: str, bound: float) -> SolverError:
+    """The SolverError for a solve that ended without any plan (a time limit or an error)."""
+    if res is None or res.status == 1:  # time limit
+        if res is not None and np.isfinite(res.bound):
+            bound = max(bound, res.bound)  # the better of ours and HiGHS's (its root cuts lift it)
+        return SolverError(
+            f"no plan for the {objective} objective was found within the time limit (the lower bound "
+            f"is {bound:.6g}); raise time_limit (--time-limit), relax the constraints, or use a smaller graph"
+        )
+    return SolverError(f"HiGHS did not solve the placement MILP for the {objective} objective: {res.message}")
+
+
+def _scale(value: float) -> float:
+    # Map the optimum (>= value, a lower bound) to >= 1000 so HiGHS's absolute gap
+    # of 1e-6 is a relative 1e-9: the MILP then proves the optimum, not "close".
+    if value > 0 and np.isfinite(value):
+        return min(1e3 / value, 1e300)  # a denormal value would overflow to inf
+    return 1.0
+
+
+def _check_candidates(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, verbose: bool) -> None:
+    if not layer_candidates(tables, cons).any(axis=1).all():
+        raise explain_coupled(tables, cons, wt, we, verbose)
+
+
+def _infeasible(tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, verbose: bool) -> Exception:
+    """Why a MILP found no plan: the coupling constraints, or (without them) the links."""
+    if cons.coupling:
+        return explain_coupled(tables, cons, wt, we, verbose)
+    return explain_unreachable(tables, cons)

@@ -47,6 +47,7 @@ from multigpu.contract.protocol import pool_output_size
 from multigpu.errors import MissingDependencyError, OnnxExportError, UnsupportedLayerError
 from multigpu.models.attention import BLOCKED
 from multigpu.models.graph import Model
+from multigpu.models.onnx_layers import OnnxGroup, OnnxOp
 
 #: The opset written unless another is asked for (LayerNormalization exists from 17).
 DEFAULT_OPSET = 17
@@ -498,10 +499,17 @@ def _emit_onnx_op(g: _Graph, layer: Any, ins: list[str], out: str, ps: list[str]
     elif op == "conv":
         stride, pad, groups, has_bias = args
         w = layer.values[layer.operands[1][1]] if layer.operands[1][0] == "p" else layer.consts[layer.operands[1][1]]
-        k = list(np.asarray(w).shape[2:])
+        kernel = list(np.asarray(w).shape[2:])
         operands = [arg(0), arg(1), *([arg(2)] if has_bias else [])]
         g.op(
-            "Conv", operands, out, out, kernel_shape=k, strides=[stride] * len(k), pads=[pad] * 2 * len(k), group=groups
+            "Conv",
+            operands,
+            out,
+            out,
+            kernel_shape=kernel,
+            strides=[stride] * len(kernel),
+            pads=[pad] * 2 * len(kernel),
+            group=groups,
         )
     elif op == "host":
         onnx_op, attrs, opset = args
@@ -618,8 +626,8 @@ def imported_batch(model: Model, batch: int | None) -> int | None:
     fixed = {
         layer.batch
         for node in model.nodes
-        for layer in ([m.layer for m in node.layer.members] if node.layer.kind == "onnx_group" else [node.layer])
-        if layer.kind == "onnx" and layer.batch is not None
+        for layer in ([m.layer for m in node.layer.members] if isinstance(node.layer, OnnxGroup) else [node.layer])
+        if isinstance(layer, OnnxOp) and layer.batch is not None
     }
     if not fixed:
         return batch

@@ -49,13 +49,14 @@ def _clamp(start: int, end: int, step: int, n: int) -> tuple[int | None, int | N
         start = n if step > 0 else n - 1
     elif start < -n:
         start = 0 if step > 0 else -n - 1
+    stop: int | None  # None: to the end (a python slice's sentinel)
     if step > 0:
-        end = None if end >= n else (0 if end < -n else end)
+        stop = None if end >= n else (0 if end < -n else end)
     else:
-        end = None if end < -n else (n if end >= n else end)
+        stop = None if end < -n else (n if end >= n else end)
     if step < 0 and start == -n - 1:
         return (0, 0, step)
-    return (start, end, step)
+    return (start, stop, step)
 
 
 def _slice(attrs: dict[str, Any], inputs: Sequence[Any], opset: int) -> list[np.ndarray]:
@@ -66,7 +67,7 @@ def _slice(attrs: dict[str, Any], inputs: Sequence[Any], opset: int) -> list[np.
         starts, ends = inputs[1], inputs[2]
         axes = None if len(inputs) < 4 or inputs[3] is None else inputs[3]
         steps = None if len(inputs) < 5 or inputs[4] is None else inputs[4]
-    index = [slice(None)] * x.ndim
+    index: list[slice | np.ndarray] = [slice(None)] * x.ndim
     for axis, indices in slice_steps(x.shape, list(starts), list(ends), None if axes is None else list(axes), steps):
         index[axis] = np.asarray(indices, dtype=np.int64)
         x = x[tuple(index)]

@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any
+from typing import Any, Literal, NoReturn, cast
 
 import numpy as np
 
@@ -75,6 +75,11 @@ class Value:
 
     def __post_init__(self) -> None:
         self.label = self.label or self.name
+
+
+def _array(v: Value | np.ndarray) -> np.ndarray | None:
+    """A constant operand's array: a Value's, or the array itself."""
+    return v.array if isinstance(v, Value) else v
 
 
 def _attrs(node: Any) -> dict[str, Any]:
@@ -144,7 +149,8 @@ class _Builder:
         shape_args: Sequence[tuple[int, ...]] = (),
     ) -> Value:
         name = self._fresh(onnx_name or out_name)
-        inputs = tuple(dict.fromkeys(v.node for v in runs))
+        # cast: a run-time Value always names the node (or model input) that computes it
+        inputs = tuple(dict.fromkeys(cast(str, v.node) for v in runs))
         self.out.nodes.append(Node(name, layer_of(name), inputs))
         self.out.params[name] = [np.ascontiguousarray(p, np.float32) for p in params]
         self.out.names[name] = list(param_names)
@@ -160,7 +166,7 @@ class _Builder:
         onnx_op: str,
         op: str,
         args: tuple,
-        operands: Sequence[Value | np.ndarray],
+        operands: Sequence[Value | np.ndarray | np.generic | None],
         out_shape: tuple[int, ...],
         out_name: str,
         dtype: Any = np.float32,
@@ -169,7 +175,10 @@ class _Builder:
     ) -> Value:
         """An ``OnnxOp`` node; each operand a run-time Value, a parameter Value, or a constant array."""
         runs: list[Value] = []
-        refs, consts, values, labels = [], [], [], []
+        refs: list[tuple[str, int]] = []
+        consts: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        labels: list[str] = []
         for v in operands:
             if v is None:
                 refs.append(("n", 0))
@@ -245,6 +254,7 @@ class _Builder:
             self._set(node.output[0], self._constant(attrs, node))
             return
         if op in ("Shape", "Size"):
+            assert ins[0] is not None  # their one input is required (onnx.checker)
             arr = evaluate(op, attrs, [np.empty(ins[0].shape, np.float32)], self.opset)[0]
             self._set(node.output[0], arr)
             return
@@ -262,29 +272,32 @@ class _Builder:
             return
         if any(v.kind == "isnan" for v in present) and op != "Where":
             self._unsupported(node, "it consumes an IsNaN of a run-time tensor (only Where(IsNaN(x), 0, x) is taken)")
-        if op == "IsNaN" and np.dtype(ins[0].dtype).kind == "f":
-            self.out.values[node.output[0]] = dataclasses.replace(ins[0], name=node.output[0], kind="isnan")
+        first = ins[0]
+        assert first is not None  # every supported op's first input is required (onnx.checker)
+        if op == "IsNaN" and np.dtype(first.dtype).kind == "f":
+            self.out.values[node.output[0]] = dataclasses.replace(first, name=node.output[0], kind="isnan")
             return
         runs = [v for v in present if v.kind == "run"]
         if (
             op in FOLDABLE
             and op not in _DEVICE_INT_OPS
             and all(np.dtype(v.dtype).kind in "biu" for v in runs)
-            and not (op == "Gather" and ins[0].kind != "run")
+            and not (op == "Gather" and first.kind != "run")
         ):
             self._host(node, where, attrs, ins)
             return
         if op not in RUNTIME_OPS:
             self._unsupported(node, "the op runs on constants only (shape arithmetic), not on a float tensor")
         try:
-            outs = getattr(self, f"_t_{op}")(node, where, attrs, ins)
+            made: list[Value | None] = getattr(self, f"_t_{op}")(node, where, attrs, ins)
         except _Unsupported as exc:
             self._unsupported(node, str(exc))
         for k, name in enumerate(node.output):
             if not name:
                 continue
-            if k < len(outs) and outs[k] is not None:
-                self.out.values[name] = dataclasses.replace(outs[k], name=name)
+            made_k = made[k] if k < len(made) else None
+            if made_k is not None:
+                self.out.values[name] = dataclasses.replace(made_k, name=name)
             else:
                 self.out.values[name] = Value(name, "unused", (), None, node=f"{where} (output {name!r})")
 
@@ -296,9 +309,8 @@ class _Builder:
         try:
             out = np.asarray(evaluate(node.op_type, attrs, probe, self.opset)[0])
         except Exception as exc:
-            self._unsupported(
-                node, f"it does not evaluate on integer tensors of shapes {[np.shape(p) for p in probe]} ({exc})"
-            )
+            shapes = [() if p is None else np.shape(p) for p in probe]  # np.shape(None) is ()
+            self._unsupported(node, f"it does not evaluate on integer tensors of shapes {shapes} ({exc})")
         dtype = np.dtype(np.float32) if out.dtype.kind == "f" else np.dtype(np.int64)
         value = self._op(where, node.op_type, "host", (node.op_type, tuple(sorted(attrs.items())), self.opset), ins,
                          out.shape, node.output[0], dtype=dtype, flops=0)  # fmt: skip
@@ -316,7 +328,7 @@ class _Builder:
         self._unsupported(node, f"a Constant with the attributes {sorted(attrs)} (sparse or string constants)")
         raise AssertionError  # unreachable
 
-    def _unsupported(self, node: Any, why: str) -> None:
+    def _unsupported(self, node: Any, why: str) -> NoReturn:
         where = node.name or (node.output[0] if node.output else "?")
         exc = UnsupportedOnnxError(
             f"ONNX node {where!r} (op {node.op_type}, opset {self.opset}) cannot be imported: {why}. "
@@ -372,16 +384,16 @@ class _Builder:
         for v in (a, b):
             if v.kind == "run":
                 self._need_run_float(v, f"an operand of {node.op_type}")
-        ops = []
+        ops: list[Value | np.ndarray] = []
         for v in (a, b):
             # one-element weights in arithmetic (a folded scale) are constants, not parameters
-            ops.append(v.array if v.kind == "param" and v.array.size == 1 else v)
+            ops.append(v.array if v.kind == "param" and v.array is not None and v.array.size == 1 else v)
         if fn in ("multiply", "divide"):
             scalar = [k for k, v in enumerate(ops) if not isinstance(v, Value) or v.kind == "const"]
-            scalar = [k for k in scalar if np.asarray(ops[k].array if isinstance(ops[k], Value) else ops[k]).size == 1]
+            scalar = [k for k in scalar if np.asarray(_array(ops[k])).size == 1]
             if scalar and (fn == "multiply" or scalar[0] == 1):
                 k = scalar[0]
-                c = float(np.asarray(ops[k].array if isinstance(ops[k], Value) else ops[k]).reshape(-1)[0])
+                c = float(np.asarray(_array(ops[k])).reshape(-1)[0])
                 x = ops[1 - k]
                 if isinstance(x, Value) and x.kind == "run" and x.shape == shape:
                     return self._op(where, node.op_type, "scale", (c if fn == "multiply" else 1.0 / c,), [x], shape,
@@ -541,11 +553,11 @@ class _Builder:
         pads = [int(p) for p in attrs.get("pads", [0, 0, 0, 0])]
         auto = attrs.get("auto_pad", "NOTSET")
         if auto in ("SAME_UPPER", "SAME_LOWER"):
-            pads = []
+            halves: list[tuple[int, int]] = []  # (before, after) per axis
             for size, k, s in zip(x.shape[2:], kernel, strides):
                 total = max((-(-size // s) - 1) * s + k - size, 0)
-                pads.append((total // 2, total - total // 2))
-            pads = [pads[0][0], pads[1][0], pads[0][1], pads[1][1]]
+                halves.append((total // 2, total - total // 2))
+            pads = [halves[0][0], halves[1][0], halves[0][1], halves[1][1]]
             if auto == "SAME_LOWER":
                 pads = [pads[2], pads[3], pads[0], pads[1]]
         elif auto == "VALID":
@@ -590,7 +602,7 @@ class _Builder:
         out = self._std(where, layer, x, x.shape, node.output[0], [scale, bias], state)
         return [out] + [None] * (len(node.output) - 1)
 
-    def _pool(self, node: Any, where: str, attrs: dict, ins: list) -> tuple[Value, int, int, int, tuple]:
+    def _pool(self, node: Any, where: str, attrs: dict, ins: list) -> tuple[Value, int, int, int, bool, tuple]:
         x = ins[0]
         kernel = [int(k) for k in attrs["kernel_shape"]]
         if len(kernel) != 2 or kernel[0] != kernel[1]:
@@ -994,7 +1006,7 @@ def _prune(nodes: list[Node], out: str) -> list[Node]:
     return [n for n in nodes if n.name in keep]
 
 
-def _linear_axis(s1: tuple[int, ...], s2: tuple[int, ...], batch: int) -> tuple[int, int, int] | None | bool:
+def _linear_axis(s1: tuple[int, ...], s2: tuple[int, ...], batch: int) -> tuple[int, int, int] | None | Literal[False]:
     """The one axis where shapes at ``batch`` and ``batch + 1`` differ, as ``(axis, a, c)`` (its length is
     ``a * batch + c``); None when they are equal, False when they differ otherwise."""
     if len(s1) != len(s2):
@@ -1041,6 +1053,7 @@ def _generic(first: _Pass, second: _Pass, batch: int, nodes: list[Node]) -> list
         if other is None or type(other.layer) is not type(layer):
             return None
         if isinstance(layer, OnnxOp):
+            assert isinstance(other.layer, OnnxOp)  # the same type as layer (checked above)
             values = []
             for v1, v2 in zip(layer.values, other.layer.values):
                 if v1.shape == v2.shape:
@@ -1132,6 +1145,7 @@ def from_onnx(
     shapes, dtypes, dynamic = _resolve_shapes(proto, input_shapes, inits, batch)
     first = _Builder(proto, opset, shapes, dtypes).run()
     out = _choose_output(proto, output, first.values)
+    assert out.node is not None  # _choose_output returns a run-time value, which names its node
     nodes = _prune(first.nodes, out.node)
     batch = next(iter(shapes.values()))[0]
     generic = None
@@ -1245,6 +1259,7 @@ def _group(
 
 def _frozen_bn(node: Node, first: _Pass, shape: tuple[int, ...]) -> OnnxOp:
     """A BatchNorm inside a group: its running statistics become constants (the group is for inference)."""
+    assert isinstance(node.layer, BatchNorm2d)  # _group passes its BatchNorm2d nodes only
     mean, var = first.state.pop(node.name)
     names = first.names.get(node.name, ["scale", "bias"])
     gamma, beta = first.params[node.name]

@@ -269,7 +269,7 @@ def _constrained(
     model = build_model(tables, cons, wt, we, scale=_scale(dp_value), cuts=False)
     budget.say("LP relaxation")
     lp, mult, x_lp = relax(model)
-    if mult is None or x_lp is None:
+    if lp is None or mult is None or x_lp is None:  # relax() gives all three or none
         # The LP relaxation is infeasible, so the MILP is too.
         raise _infeasible(tables, cons, wt, we, budget.verbose)
     if free is not None:
@@ -303,9 +303,9 @@ def _constrained(
             tables, cons, wt, we, scale=_scale(lower), fix_x=~(x_lp > 1e-9), verbose=budget.verbose, options=opts
         )
         if quick.a is not None:
-            cost = cost_if_feasible(tables, cons, wt, we, quick.a)
-            if not (cost[1] or cost[2] or cost[3]) and cost[0] < upper:
-                upper, best, method = cost[0], quick.a, "milp"
+            quick_cost = cost_if_feasible(tables, cons, wt, we, quick.a)
+            if not (quick_cost[1] or quick_cost[2] or quick_cost[3]) and quick_cost[0] < upper:
+                upper, best, method = quick_cost[0], quick.a, "milp"
     if best is not None and ((budget.done(upper, lower) and not forced) or budget.expired):
         return answer(best, upper, lower, method)
     # The exact solve: the LP tightened by window rows bounds every choice's cost, and the

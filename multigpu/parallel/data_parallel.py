@@ -93,6 +93,11 @@ class DataParallel:
     buckets of up to ``bucket_mb`` MiB (the first 1 MiB), each started while backward
     still runs (``multigpu.parallel.buckets``); ``bucket_mb=None`` sums one buffer after
     backward instead.
+
+    A token model (integer inputs: ``multigpu.models.gpt(...)``) trains on ids and next-token
+    labels (``multigpu.parallel.token_batches``): the loss is the per-position cross-entropy
+    averaged over the counted positions of the global batch, with dropout drawn in the core
+    from ``seed``, the step count and each replica's rows; ``token_loss`` evaluates it.
     """
 
     def __init__(

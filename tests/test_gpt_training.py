@@ -80,6 +80,23 @@ def test_dropout_masks_follow_the_global_rows_not_the_device_count():
     assert abs(without[0] - one[0]) > 1e-4  # the masks changed the loss: dropout was on
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_padded_batch_with_a_mask_trains_the_same_on_one_and_two_devices(backend):
+    ids, labels = batch(2)
+    mask = np.ones_like(ids)
+    mask[1, 9:] = mask[4, 3:] = 0  # padding: not attended to, and its labels not counted
+    labels[mask == 0] = IGNORE_INDEX
+    feeds = {"input_ids": ids, "attention_mask": mask}
+
+    def run(devices):
+        dp = DataParallel(tiny_gpt(mask=True), backend=backend, devices=devices, optimizer="adamw", lr=3e-3, seed=2)
+        return [dp.train_batch(feeds, labels) for _ in range(2)], dp.token_loss(feeds, labels, batch_size=2)
+
+    (one, val1), (two, val2) = run(1), run("cpu:2")
+    np.testing.assert_allclose(two, one, rtol=2e-5)
+    assert val2 == pytest.approx(val1, rel=2e-5) and val1 < one[0]
+
+
 def test_a_token_batch_refuses_bad_labels_and_feeds():
     dp = DataParallel(tiny_gpt(), backend="numpy", devices=1, optimizer="adamw", lr=1e-3)
     ids, labels = batch()

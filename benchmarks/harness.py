@@ -78,6 +78,7 @@ BENCHMARKS: dict[str, str] = {
     "dist_step": "dist_step",
     "plans": "plans",
     "contract": "contract_overhead",
+    "transformer_step": "transformer_step",
     "lab": "lab",
 }
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import multigpu
 from multigpu.benchmarks import harness
 from multigpu.benchmarks.harness import BENCHMARKS, Options, Result, Table, interleaved, ratio, summary
 from multigpu.errors import BenchmarkError
@@ -230,3 +231,17 @@ def test_merged_measurements_keep_each_plan_with_its_own_runs_and_load():
     assert m.run_profiles == {0: ["p-lenet"], 1: ["p-lenet"], 2: ["p-alexnet"]}
     assert m.profiles == ["p-lenet", "p-alexnet"] and m.loads == [(0.1, 0.2), (0.4, 0.5)]
     assert m.params == {"lenet": "w", "alexnet": "v"}
+
+
+@pytest.mark.parametrize("framework", [b for b in ("torch", "paddle", "mxnet") if b in multigpu.available_backends()])
+def test_the_native_gpts_have_our_gpts_architecture_and_step(framework):
+    """``transformer_step`` compares the same architecture: each framework's own GPT holds as many
+    parameters as ours, and one of its steps runs."""
+    from multigpu.benchmarks import transformer_step as t
+    from multigpu.models import gpt
+
+    ours = gpt(t.VOCAB, t.HIDDEN, t.LAYERS, t.HEADS, max_positions=t.SEQ, seq_len=t.SEQ)
+    step = t.NATIVE[framework](False)
+    step()
+    assert step.params == ours.num_params()
+    assert "transformer_step" in BENCHMARKS and not t.IN_QUICK

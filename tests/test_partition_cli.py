@@ -106,7 +106,11 @@ def test_throughput_and_constraint_flags(capsys, tmp_path):
     "argv,code,words",
     [
         (["--model", "alexnet", "--cluster", "nowhere.json"], 2, ["no cluster file 'nowhere.json'"]),
-        (["--model", "vgg", "--cluster", "lab"], 2, ["no graph file 'vgg'", "alexnet, googlenet, lenet"]),
+        (
+            ["--model", "vgg", "--cluster", "lab"],
+            2,
+            ["no graph file 'vgg'", "alexnet, bert, googlenet, gpt, lenet, minilm"],
+        ),
         (["--model", "alexnet", "--cluster", "lab", "--wt", "-1"], 2, ["wt=-1.0"]),
         (["--model", "alexnet", "--cluster", "lab", "--pin", "conv1"], 2, ["--pin 'conv1' must look like NAME=DEVICE"]),
         (["--model", "alexnet", "--cluster", "lab", "--pin", "conv1=tpu"], 2, ["'tpu' is not a device"]),

@@ -16,7 +16,7 @@ from multigpu.contract import registry
 from multigpu.errors import InputError, PlanError
 from multigpu.execution.plan import SINK, SOURCE, ExecutionPlan, PlanLike, check_plan, routes, worker_params
 from multigpu.execution.result import RunResult, try_predict
-from multigpu.models.inputs import check_images
+from multigpu.models.inputs import check_images, check_tokens
 from multigpu.partition.inputs.cluster import Cluster, as_cluster
 
 __all__ = ["Session", "run_partitioned", "resolve_model", "resolve_cluster", "split_inputs"]
@@ -45,7 +45,21 @@ def split_inputs(model: Any, inputs: Any, batch: int) -> list[np.ndarray]:
     """Cut ``inputs`` (N, *input_shape) into items of ``batch`` rows (the last may be
     shorter); InputError on a wrong shape or dtype, or fewer than ``batch`` inputs."""
     check_count(batch, "batch", example=32)
-    x = check_images(model, inputs, "inputs")
+    named = tuple(getattr(model, "inputs", {}))
+    if any(spec.dtype == "int64" for spec in getattr(model, "inputs", {}).values()):
+        # a token model: ids (and a mask) travel as one int64 array (N, inputs, T); workers split it
+        given = inputs if isinstance(inputs, Mapping) else {named[0]: inputs}
+        if len(named) > 1 and not isinstance(inputs, Mapping):
+            raise InputError(f"{model.name} takes the inputs {list(named)}: pass inputs as a dict {{name: (N, T)}}")
+        unknown = [k for k in given if k not in named]
+        if unknown:
+            raise InputError(f"{model.name} takes the inputs {list(named)}; inputs name unknown {unknown}")
+        ids, mask = check_tokens(model, given.get(named[0]), given.get(named[1]) if len(named) > 1 else None)
+        if len(named) > 1 and mask is None:
+            mask = np.ones_like(ids)  # no padding given: every token counts
+        x = np.stack([ids] if mask is None else [ids, mask], axis=1)
+    else:
+        x = check_images(model, inputs, "inputs")
     if len(x) < batch:
         # Every figure is priced and compared per item of ``batch`` rows: with fewer
         # inputs no such item runs, and the comparison would set a smaller item's times

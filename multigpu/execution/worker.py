@@ -188,6 +188,29 @@ class StageWorker:
         return time.process_time(), time.thread_time(), probe[0], probe[1], pid, daemon
 
     # -- running -----------------------------------------------------------
+    def _named(self) -> tuple[str, ...]:
+        """The model's named inputs when it has several or integer ones (a token model), else ()."""
+        inputs = getattr(self.model, "inputs", {})
+        named = len(inputs) > 1 or any(spec.dtype == "int64" for spec in inputs.values())
+        return tuple(inputs) if named else ()
+
+    def _received(self, name: str, arr: np.ndarray) -> dict[str, Any]:
+        """The tensors a received array holds: the model input of a token model arrives as one
+        (B, inputs, ...) array (``runner.split_inputs``), split here into its named inputs."""
+        be, dev, named = self.be, self.device, self._named()
+        if name != "input" or not named:
+            return {name: be.from_numpy(arr, dev)}
+        return {n: be.from_numpy(np.ascontiguousarray(arr[:, k]), dev) for k, n in enumerate(named)}
+
+    def _feeds(self, store: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+        """A part's feeds from the store, the model input expanded to a token model's named inputs."""
+        named = self._named()
+        out: dict[str, Any] = {}
+        for n in names:
+            for k in named if n == "input" and named else (n,):
+                out[k] = store[k]
+        return out
+
     def run(self, stage: int, message: tuple[np.ndarray, tuple[float, ...]]) -> tuple[np.ndarray, tuple[float, ...]]:
         """Run stage ``stage`` on the message's array; return the output and the extended trace."""
         x, trace = message
@@ -238,17 +261,18 @@ class StageWorker:
         trace = self._traces.setdefault(item, {})
         for tensors, got in messages:
             for name, arr in tensors.items():
-                store[name] = be.from_numpy(arr, dev)
+                store.update(self._received(name, arr))
             merge_trace(trace, got)
         which = range(len(route.parts)) if part is None else (part,)
         sends: list[int] = []
         for p in which:
             piece = route.parts[p]
             t0 = time.time()
-            feeds = {n: store[n] for n in piece.feeds}
             # the worker's device in the context: layers that make constants (masks, an imported
             # graph's folded values) make them there
-            out = self.model.run(be, self.params, feeds, piece.nodes, state=self.state, context=self._context)
+            out = self.model.run(
+                be, self.params, self._feeds(store, piece.feeds), piece.nodes, state=self.state, context=self._context
+            )
             be.synchronize(dev)
             t1 = time.time()
             store.update(out)

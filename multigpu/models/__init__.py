@@ -21,6 +21,7 @@ from multigpu.models.blocks import Chain, Parallel, Residual
 from multigpu.models.checkpoints import SentenceEncoder, load_safetensors, pretrained
 from multigpu.models.context import RunContext, dropout_mask
 from multigpu.models.dropout import Dropout
+from multigpu.models.generate import generate
 from multigpu.models.graph import LayerStats, Model
 from multigpu.models.layers import (
     Add,
@@ -115,6 +116,7 @@ __all__ = [
     "dropout_mask",
     "encoder_block",
     "get",
+    "generate",
     "googlenet",
     "gpt",
     "inception_block",

@@ -76,6 +76,19 @@ class RunContext:
         if (self.shards is None) != (self.batch is None):
             raise ModelError("RunContext: give shards and batch together (each replica's rows of the global batch)")
 
+    def for_replica(self, replica: int) -> RunContext:
+        """A one-replica context for replica ``replica`` of this one: its device and its rows of the
+        global batch (a data-parallel step runs each replica on its own)."""
+        pick = lambda seq: None if seq is None else [seq[replica]]  # noqa: E731
+        return RunContext(
+            training=self.training,
+            seed=self.seed,
+            step=self.step,
+            devices=pick(self.devices),
+            shards=pick(self.shards),
+            batch=self.batch,
+        )
+
     def at(self, node: int, replica: int) -> NodeCall:
         """The view of this context that node ``node`` gets on replica ``replica``."""
         return NodeCall(self, node, replica)

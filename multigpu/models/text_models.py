@@ -19,6 +19,7 @@ Dropout nodes are in the graph in both; they act only in training runs (``RunCon
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from multigpu.errors import ModelError
@@ -207,3 +208,27 @@ def gpt(
     nodes += [Node("ln_f", LayerNorm(eps), (source,)), Node("lm_head", Dense(vocab_size), ("ln_f",))]
     inputs = _inputs(seq_len, max_positions, mask, what)
     return Model.from_nodes(nodes, name=name, init="textbook", inputs=inputs, init_scale=0.02)
+
+
+def gpt_small(num_classes: int = 97, input_shape: Sequence[int] = (128,)) -> Model:
+    """The GPT that ``multigpu train --model gpt`` trains: 4 pre-norm blocks, hidden 256, 4 heads,
+    dropout 0.1, for a vocabulary of ``num_classes`` tokens (the character tokenizer's 97) and
+    windows of ``input_shape[0]`` tokens; 3,242,081 parameters with the defaults."""
+    (seq_len,) = input_shape
+    return gpt(
+        vocab_size=num_classes, hidden=256, layers=4, heads=4, max_positions=seq_len, seq_len=seq_len, name="gpt"
+    )
+
+
+def bert_base(input_shape: Sequence[int] = (128,)) -> Model:
+    """BERT-base (``bert()``'s defaults) measured at ``input_shape[0]`` tokens, with a padding mask."""
+    (seq_len,) = input_shape
+    return bert(seq_len=seq_len, name="bert")
+
+
+def minilm(input_shape: Sequence[int] = (16,)) -> Model:
+    """all-MiniLM-L6-v2's architecture (6 post-norm blocks, hidden 384, 12 heads, FFN 1536, erf
+    GELU, eps 1e-12) measured at ``input_shape[0]`` tokens (a sentence), with a padding mask;
+    ``pretrained("all-MiniLM-L6-v2")`` loads its weights."""
+    (seq_len,) = input_shape
+    return bert(hidden=384, layers=6, heads=12, ffn=1536, seq_len=seq_len, name="minilm")

@@ -10,6 +10,10 @@ running variance per BatchNorm; no batch counter): weights move between them by 
 chapter's small variant for 28x28 Fashion-MNIST (d2l's ``resnet18(num_classes,
 in_channels=1)``): a 3x3 stride-1 stem without max pool, and d2l's ``Residual``, whose
 convolutions have biases and whose 1x1 shortcut has no BatchNorm.
+
+The text models are registered too: ``gpt`` (the 3.2 M-parameter GPT ``multigpu train``
+trains on the fortunes corpus), ``bert`` (BERT-base) and ``minilm`` (all-MiniLM-L6-v2's
+encoder, measured on a 16-token sentence), so the planner and the executor take them by name.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from multigpu.models.dropout import Dropout
 from multigpu.models.graph import Model
 from multigpu.models.layers import AvgPool2d, BatchNorm2d, Conv2d, Dense, Flatten, GlobalAvgPool2d, MaxPool2d, ReLU
 from multigpu.models.sequential import Sequential
+from multigpu.models.text_models import bert_base, gpt_small, minilm
 
 
 def lenet() -> Sequential:
@@ -295,6 +300,9 @@ MODELS: dict[str, Callable[..., Model]] = {
     "resnet18_textbook": resnet18_textbook,
     "resnet50": resnet50,
     "googlenet": googlenet,
+    "gpt": gpt_small,
+    "bert": bert_base,
+    "minilm": minilm,
 }
 
 

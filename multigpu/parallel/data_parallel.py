@@ -35,6 +35,7 @@ from multigpu.contract.registry import backend as get_backend
 from multigpu.contract.registry import default_backend
 from multigpu.errors import DeviceError, InputError, ModelError, ParamsError
 from multigpu.models.batchnorm import BatchStatistics, RunningStatistics
+from multigpu.models.context import RunContext
 from multigpu.models.graph import Model
 from multigpu.models.inputs import check_batch, check_images
 from multigpu.models.layers import BatchNorm2d
@@ -51,6 +52,7 @@ from multigpu.parallel.buckets import DEFAULT_BUCKET_MB, BucketedSum, plan_bucke
 from multigpu.parallel.process_group import ProcessGroup, allreduce_numpy
 from multigpu.parallel.split import shard_sizes, split_batch
 from multigpu.parallel.sync_batchnorm import SynchronizedStatistics
+from multigpu.parallel.token_batches import IGNORE_INDEX, check_token_batch, counted, is_token_model
 
 
 def _flat(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -92,6 +94,11 @@ class DataParallel:
     buckets of up to ``bucket_mb`` MiB (the first 1 MiB), each started while backward
     still runs (``multigpu.parallel.buckets``); ``bucket_mb=None`` sums one buffer after
     backward instead.
+
+    A token model (integer inputs: ``multigpu.models.gpt(...)``) trains on ids and next-token
+    labels (``multigpu.parallel.token_batches``): the loss is the per-position cross-entropy
+    averaged over the counted positions of the global batch, with dropout drawn in the core
+    from ``seed``, the step count and each replica's rows; ``token_loss`` evaluates it.
     """
 
     def __init__(
@@ -118,6 +125,10 @@ class DataParallel:
         if not isinstance(sync_bn, bool):
             raise InputError(f"sync_bn={sync_bn!r} must be True or False")
         self.model = model
+        self.tokens = is_token_model(model)  # trains on (ids, next-token labels): see token_batches
+        if self.tokens and model.batch_norms:
+            raise ModelError(f"model {model.name!r} takes token ids and has BatchNorm; a token model trains without it")
+        self.seed = seed  # also the dropout seed: masks depend on (seed, node, step) alone
         if backend is None:  # the group's engine decides; else the first installed framework
             backend = getattr(process_group, "backend", None) or default_backend()
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
@@ -357,7 +368,14 @@ class DataParallel:
         devices or returns to the host; the loss is read once, after the update.
         Raises InputError for a bad batch (shape, dtype, labels, empty, fewer rows
         than devices, or too few for BatchNorm in training).
+
+        A token model (``self.tokens``) takes the ids ``(B, T)`` or ``{input name: (B, T)}`` and
+        the labels ``(B, T)`` (``IGNORE_INDEX`` where not counted); its loss is the mean over the
+        counted positions of the global batch, with dropout on (``RunContext(training=True)``,
+        this trainer's seed and step).
         """
+        if self.tokens:
+            return self._train_tokens(X, y)
         X, y = check_batch(self.model, X, y)
         b = self.backend
         shards = self.local_shards(X, y)
@@ -418,6 +436,94 @@ class DataParallel:
         for r, aux in enumerate(auxes):
             self._fold_statistics(r, aux)
         return float(b.to_numpy(loss).reshape(())) / len(X)
+
+    def _token_loss(self, replica: int, context: RunContext) -> Any:
+        """Replica ``replica``'s loss function over its (ids, [mask,] labels): the per-position
+        cross-entropy summed over the shard, dropout drawn from ``context``."""
+        b, model, names = self.backend, self.model, self.model.input_names
+
+        def loss(params: Sequence[Any], *tensors: Any) -> Any:
+            feeds = dict(zip(names, tensors[:-1]))
+            logits = model.apply(b, [params], [feeds], context=context.for_replica(replica))[0]
+            return b.sum(b.cross_entropy(logits, tensors[-1], IGNORE_INDEX))
+
+        return loss
+
+    def _train_tokens(self, X: Any, y: Any) -> float:
+        """``train_batch`` for a token model (see there)."""
+        feeds, y = check_token_batch(self.model, X, y)
+        b, n = self.backend, len(self.devices)
+        names = self.model.input_names
+        bounds = np.cumsum([0, *shard_sizes(len(y), self.world_size * n)])
+        rows = [(int(a), int(c)) for a, c in zip(bounds[:-1], bounds[1:])][self.rank * n : (self.rank + 1) * n]
+        # every replica's rows of the global batch: the dropout masks do not depend on the device count
+        context = RunContext(
+            training=True, seed=self.seed, step=self.steps, devices=self.devices, shards=rows, batch=len(y)
+        )
+        bucketed = self._bucketed()
+        if bucketed is None:
+            announce = getattr(self.process_group, "announce", None)
+            if announce is not None:
+                announce("allreduce_", self._param_size + 1)
+        else:
+            announce = getattr(self.process_group, "announce_buckets", None)
+            if announce is not None:
+                announce(bucketed.sizes)
+        flats = []
+        for r, (d, params, (start, stop)) in enumerate(zip(self.devices, self.replicas, rows)):
+            where = (
+                {"out": self._gradient_buffer(r)}
+                if bucketed is None
+                else {
+                    "out": bucketed.outputs[r],
+                    "buckets": bucketed.layout.params,
+                    "on_bucket": bucketed.ready if r == n - 1 else _queued,
+                }
+            )
+            tensors = [b.from_numpy(feeds[k][start:stop], d) for k in names if k in feeds]
+            tensors.append(b.from_numpy(y[start:stop], d))
+            flats.append(b.value_and_grad(self._token_loss(r, context), params, *tensors, **where))
+        if bucketed is None:
+            grads, loss = self._sum(flats)
+            updates = list(zip(self.flat_params, grads, self.opt_state))
+        else:
+            updates, loss = self._bucket_updates(bucketed, bucketed.finish())
+        self.steps += 1
+        total = counted(y)
+        for p, g, state in updates:
+            self.optimizer.update(b, p, g, state, self.lr, 1.0 / total, self.steps)
+        return float(b.to_numpy(loss).reshape(())) / total
+
+    def token_loss(self, X: Any, y: Any, batch_size: int = 64) -> float:
+        """Return a token model's mean loss per counted position on ``(X, y)`` (inference: no dropout).
+
+        Each device takes a share of every chunk of ``batch_size * devices`` rows; with a
+        process group every rank passes the same data, takes its share and the sums cross
+        ranks, so every rank returns the same loss.
+        """
+        if not self.tokens:
+            raise ModelError(f"model {self.model.name!r} takes images; token_loss is for token models (use evaluate)")
+        feeds, y = check_token_batch(self.model, X, y)
+        check_count(batch_size, "batch_size", example=64)
+        b, n, names = self.backend, len(self.devices), self.model.input_names
+        if self.process_group is not None:
+            a, c = (int(v) for v in np.cumsum([0, *shard_sizes(len(y), self.world_size)])[self.rank : self.rank + 2])
+            feeds, y = {k: v[a:c] for k, v in feeds.items()}, y[a:c]
+        pending = []
+        step = batch_size * n
+        for start in range(0, len(y), step):
+            stop = min(start + step, len(y))
+            parts = min(n, stop - start)
+            bounds = start + np.cumsum([0, *shard_sizes(stop - start, parts)])
+            for r, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+                d = self.devices[r]
+                inputs = {k: b.from_numpy(feeds[k][lo:hi], d) for k in names if k in feeds}
+                logits = self.model.apply(b, [self.replicas[r]], [inputs], context=RunContext(devices=[d]))[0]
+                pending.append(b.sum(b.cross_entropy(logits, b.from_numpy(y[lo:hi], d), IGNORE_INDEX)))
+        total = np.array([sum(float(b.to_numpy(t).reshape(())) for t in pending), counted(y)], np.float32)
+        if self.process_group is not None:
+            total = allreduce_numpy(self.process_group, b, total)
+        return float(total[0] / total[1])
 
     def _bucketed(self) -> BucketedSum | None:
         """This step's bucketed sum across processes, or None where one buffer is summed after backward

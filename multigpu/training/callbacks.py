@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.errors import InputError
-from multigpu.training.plotting import plot_curves
+from multigpu.training.plotting import plot_curves, plot_loss_curves
 from multigpu.training.result import TrainResult
 
 #: What the hooks get first: the ``multigpu.training.Trainer`` (typed loosely: the trainer imports this module).
@@ -31,7 +31,7 @@ class Callback:
     """Base class of training callbacks; every hook does nothing unless overridden.
 
     ``epoch`` counts from 0, as in Keras. ``logs`` at the end of an epoch holds
-    ``test_acc``, ``train_loss``, ``seconds`` and ``lr``.
+    ``test_acc`` (a token model's: ``val_loss``), ``train_loss``, ``seconds`` and ``lr``.
     """
 
     def on_fit_start(self, trainer: TrainerLike) -> None:
@@ -113,8 +113,9 @@ class ProgressBar(Callback):
             self._bar.close()
             self._bar = None
         r = trainer.result
+        score = f"val loss {logs['val_loss']:.3f}" if "val_loss" in logs else f"test acc {logs['test_acc']:.3f}"
         print(
-            f"epoch {epoch + 1}/{trainer.num_epochs}: test acc {logs['test_acc']:.3f}, "
+            f"epoch {epoch + 1}/{trainer.num_epochs}: {score}, "
             f"train loss {logs['train_loss']:.3f}, {logs['seconds']:.1f} sec/epoch on {r.devices} ({r.backend})",
             flush=True,
         )
@@ -127,7 +128,9 @@ class PlotCurves(Callback):
         self.path = path
 
     def on_fit_end(self, trainer: TrainerLike, result: TrainResult) -> None:
-        if trainer.rank == 0:
+        if trainer.rank == 0 and result.val_loss:
+            plot_loss_curves([result], self.path, title=f"{result.model} on a text corpus, {result.backend}")
+        elif trainer.rank == 0:
             plot_curves([result], self.path, title=f"{result.model} on Fashion-MNIST, {result.backend}")
 
 

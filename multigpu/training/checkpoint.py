@@ -114,8 +114,8 @@ class Checkpointer(Callback):
                 tr.scatter_states(arrays.get("bn") if arrays is not None else None)
             except (ParamsError, AttributeError) as exc:
                 raise self._damaged(exc) from exc
-        for key in ("test_acc", "train_loss", "sec_per_epoch"):
-            getattr(trainer.result, key).extend(state[key])
+        for key in ("test_acc", "train_loss", "sec_per_epoch", "val_loss", "step_loss"):
+            getattr(trainer.result, key).extend(state.get(key, []))  # a token model's losses, if any
         return int(state["epoch"])
 
     def _damaged(self, exc: BaseException) -> CheckpointError:
@@ -136,6 +136,8 @@ class Checkpointer(Callback):
             "test_acc": result.test_acc,
             "train_loss": result.train_loss,
             "sec_per_epoch": result.sec_per_epoch,
+            "val_loss": result.val_loss,
+            "step_loss": result.step_loss,
             "steps": tr.steps,
         }
         path = save_checkpoint(self.folder, trainer.epoch_params, state, extra)

@@ -42,3 +42,28 @@ def plot_curves(results: Sequence[Any], path: str | os.PathLike[str], title: str
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_loss_curves(results: Sequence[Any], path: str | os.PathLike[str], title: str = "") -> None:
+    """Write a PNG of a token model's training loss per step and validation loss per epoch."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (step_ax, val_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for r in results:
+        label = f"{r.backend} ({len(r.devices)} dev)"
+        step_ax.plot(range(1, len(r.step_loss) + 1), r.step_loss, label=label, linewidth=0.8)
+        val_ax.plot(range(1, len(r.val_loss) + 1), r.val_loss, marker="o", label=label)
+    step_ax.set(xlabel="step", ylabel="train loss (nats per token)", title="training loss")
+    val_ax.set(xlabel="epoch", ylabel="validation loss (nats per token)", title="validation loss")
+    for ax in (step_ax, val_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -34,6 +34,10 @@ class TrainResult:
     sync_bn: bool = False
     #: replica 0's BatchNorm running statistics (model.state_shapes), for DataParallel(state=...)
     state: list[np.ndarray] = field(default_factory=list, repr=False)
+    #: a token model's validation loss per epoch (mean per counted position; its runs have no test_acc)
+    val_loss: list[float] = field(default_factory=list)
+    #: a token model's training loss after every step
+    step_loss: list[float] = field(default_factory=list)
 
     def to_dict(self, include_params: bool = False) -> dict[str, Any]:
         """Return a JSON-able dict; parameters only when ``include_params``."""

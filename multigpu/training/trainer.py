@@ -31,10 +31,12 @@ from multigpu.errors import InputError, ModelError
 from multigpu.models.graph import Model
 from multigpu.optim.base import Optimizer
 from multigpu.optim.choice import make_optimizer
+from multigpu.optim.schedules import make_schedule
 from multigpu.optim.sgd import SGD
 from multigpu.parallel.buckets import DEFAULT_BUCKET_MB
 from multigpu.parallel.data_parallel import DEFAULT_LR, DataParallel
 from multigpu.parallel.process_group import ProcessGroup
+from multigpu.parallel.token_batches import is_token_model
 from multigpu.training.callbacks import Callback, CallbackList, EpochFunction, PlotCurves, ProgressBar
 from multigpu.training.checkpoint import Checkpointer
 from multigpu.training.divergence import DivergenceCheck
@@ -95,6 +97,8 @@ def resolve_model(model: str | Model, data: Any = None) -> Model:
                 f"model={model!r} is a backend, not a model: train()'s first argument is the model; "
                 f"pass the backend by keyword, e.g. train('lenet', backend={model!r})"
             )
+        if _is_text(data):  # a token model: the corpus's vocabulary and window length
+            return models.get(model, num_classes=data.vocab_size, input_shape=(data.seq_len,))
         if data is None:
             shape, classes = FASHION_SHAPE, FASHION_CLASSES
         else:
@@ -109,8 +113,31 @@ def resolve_model(model: str | Model, data: Any = None) -> Model:
     )
 
 
+def _is_text(data: Any) -> bool:
+    """True for a text corpus (``multigpu.data.TextCorpus``: token windows and next-token labels)."""
+    return data is not None and hasattr(data, "val_ids") and hasattr(data, "vocab_size")
+
+
 def _check_fits(net: Model, data: Any) -> None:
-    """Raise ModelError unless ``net`` takes the data's images and has a class per label."""
+    """Raise ModelError unless ``net`` takes the data's images and has a class per label (for a
+    token model: the corpus's windows and a class per token id)."""
+    if is_token_model(net) or _is_text(data):
+        if not (is_token_model(net) and _is_text(data)):
+            what = "token ids" if is_token_model(net) else "images"
+            raise ModelError(
+                f"model {net.name!r} takes {what} but the data are "
+                + ("images" if is_token_model(net) else "text")
+                + "; train a token model (e.g. multigpu.models.gpt(...)) on a text corpus "
+                "(multigpu.data.load_fortunes()) and an image model on images"
+            )
+        vocab = int(net.shapes[net.output][-1])
+        if vocab < data.vocab_size or net.input_shape[0] < data.seq_len:
+            raise ModelError(
+                f"model {net.name!r} predicts {vocab} tokens over {net.input_shape[0]} positions but the corpus "
+                f"has {data.vocab_size} token ids in windows of {data.seq_len}; build it with "
+                f"vocab_size={data.vocab_size}, seq_len={data.seq_len}"
+            )
+        return
     image = tuple(data.train_images.shape[1:])
     if net.input_shape != image:
         raise ModelError(
@@ -142,6 +169,9 @@ def _check_settings(s: dict[str, Any]) -> None:
     check_number(s["warmup_epochs"], "warmup_epochs", minimum=0.0, example=1.0)
     if s["warmup_epochs"] and s["lr_scaling"] is None:
         raise InputError("warmup_epochs only applies with lr_scaling='linear'; set both or neither")
+    make_schedule(s["lr_schedule"], 1, s["warmup_steps"], s["lr_floor"])  # raises for a bad name or warmup
+    if s["lr_schedule"] is not None and s["lr_scaling"] is not None:
+        raise InputError("lr_schedule and lr_scaling both set the learning rate per step; give one of them")
     if s["bucket_mb"] is not None:
         check_positive(s["bucket_mb"], "bucket_mb", unit="MiB", example=25)
     if not isinstance(s["model"], (str, Model)):
@@ -177,6 +207,9 @@ class Trainer:
         scale_batch: bool = False,
         lr_scaling: str | None = None,
         warmup_epochs: float = 0.0,
+        lr_schedule: str | Callable[[int], float] | None = None,
+        warmup_steps: int = 0,
+        lr_floor: float = 0.0,
         progress: bool = True,
         checkpoint: str | os.PathLike[str] | None = None,
         plot: str | os.PathLike[str] | None = None,
@@ -188,6 +221,7 @@ class Trainer:
         self.batch_size, self.lr, self.num_epochs, self.seed = batch_size, lr, num_epochs, seed
         self.allreduce, self.sync_bn, self.bucket_mb = allreduce, sync_bn, bucket_mb
         self.scale_batch, self.lr_scaling, self.warmup_epochs = scale_batch, lr_scaling, warmup_epochs
+        self.lr_schedule, self.warmup_steps, self.lr_floor = lr_schedule, warmup_steps, lr_floor
         self.optimizer = make_optimizer(optimizer)
         self.progress, self.plot, self.checkpoint = progress, plot, checkpoint
         self.user_callbacks = CallbackList(callbacks)
@@ -277,6 +311,9 @@ class Trainer:
             "train_size": train_size,
             "test_size": test_size,
         }
+        if self.lr_schedule is not None or self.warmup_steps:
+            name = self.lr_schedule if isinstance(self.lr_schedule, str) or self.lr_schedule is None else "callable"
+            self.config.update(lr_schedule=name, warmup_steps=self.warmup_steps, lr_floor=self.lr_floor)
         if opt.config() != SGD().config() or self.sync_bn or net.batch_norms:  # older checkpoints stay valid
             shapes = [list(shape) for shape in net.state_shapes]
             self.config.update(optimizer=opt.config(), sync_bn=self.sync_bn, state_shapes=shapes)
@@ -305,15 +342,32 @@ class Trainer:
         for name, limit in (("train_limit", train_limit), ("test_limit", test_limit)):
             if limit is not None:
                 check_count(limit, name, example=1000)
+        probe = self.model_arg if isinstance(self.model_arg, Model) else models.get(self.model_arg)
+        if data is None and is_token_model(probe):  # a text model's default data: the fortunes corpus
+            from multigpu.data import load_fortunes
+
+            data = load_fortunes(probe.input_shape[0], data_dir)
         self._build_parallel(data)
         if data is None:
             from multigpu.data import load_fashion_mnist
 
             data = load_fashion_mnist(data_dir, progress=self.progress and self.rank == 0, verify=verify_data)
         _check_fits(self.model, data)
-        train_set = (data.train_images[:train_limit], data.train_labels[:train_limit])
-        test_set = (data.test_images[:test_limit], data.test_labels[:test_limit])
+        self.tokens = is_token_model(self.model)
+        if self.tokens:  # windows of token ids, labelled with the next tokens; validation loss per epoch
+            train_set = (data.train_ids[:train_limit], data.train_labels[:train_limit])
+            test_set = (data.val_ids[:test_limit], data.val_labels[:test_limit])
+        else:
+            train_set = (data.train_images[:train_limit], data.train_labels[:train_limit])
+            test_set = (data.test_images[:test_limit], data.test_labels[:test_limit])
         self._new_result(len(train_set[0]), len(test_set[0]))
+        self.steps_per_epoch = math.ceil(len(train_set[0]) / self.global_batch)
+        total = self.num_epochs * self.steps_per_epoch
+        self.schedule = (
+            None
+            if self.lr_schedule is None and not self.warmup_steps
+            else make_schedule(self.lr_schedule, total, self.warmup_steps, self.lr_floor)
+        )
         self._build_callbacks()
         self.rng = np.random.default_rng(self.seed)
         start = 0 if self.checkpointer is None else self.checkpointer.restore(self)
@@ -330,15 +384,20 @@ class Trainer:
         chunks = _batches(len(X), self.global_batch, self.fewest, self.rng)
         steps_per_epoch = math.ceil(len(X) / self.global_batch)
         multiplier = self.global_batch // self.batch_size  # linear scaling follows the batch, not the devices
-        done = len(self.result.test_acc)
+        done = len(self.result.train_loss)
         self.callbacks.on_epoch_start(self, epoch, len(chunks))
         total, t0 = 0.0, time.perf_counter()
         for i, idx in enumerate(chunks):
             step = epoch * steps_per_epoch + i
-            tr.lr = learning_rate(self.lr, multiplier, step, steps_per_epoch, self.lr_scaling, self.warmup_epochs)
+            if self.schedule is not None:
+                tr.lr = self.lr * max(self.schedule(step), 1e-12)  # the rate must stay positive
+            else:
+                tr.lr = learning_rate(self.lr, multiplier, step, steps_per_epoch, self.lr_scaling, self.warmup_epochs)
             loss = tr.train_batch(X[idx], y[idx])  # read after the update: no extra device wait
             self.divergence.check_loss(loss, epoch, i + 1, tr.lr, done)
             total += loss * len(idx)
+            if self.tokens:
+                self.result.step_loss.append(loss)
             self.callbacks.on_batch_end(self, epoch, i, loss)
         tr.synchronize()  # queued device work belongs to this epoch's time
         seconds = time.perf_counter() - t0
@@ -348,13 +407,13 @@ class Trainer:
         self.divergence.check_params(self.epoch_params, self.epoch_stats, epoch, len(chunks), tr.lr, done)
         self.result.sec_per_epoch.append(seconds)
         self.result.train_loss.append(total / len(X))
-        self.result.test_acc.append(tr.evaluate(*test_set))
-        logs = {
-            "test_acc": self.result.test_acc[-1],
-            "train_loss": self.result.train_loss[-1],
-            "seconds": seconds,
-            "lr": tr.lr,
-        }
+        if self.tokens:
+            self.result.val_loss.append(tr.token_loss(*test_set))
+            score = {"val_loss": self.result.val_loss[-1]}
+        else:
+            self.result.test_acc.append(tr.evaluate(*test_set))
+            score = {"test_acc": self.result.test_acc[-1]}
+        logs = {**score, "train_loss": self.result.train_loss[-1], "seconds": seconds, "lr": tr.lr}
         self.callbacks.on_epoch_end(self, epoch, logs)
 
     def _finish(self, train_size: int) -> TrainResult:
@@ -400,6 +459,9 @@ def train(
     scale_batch: bool = False,
     lr_scaling: str | None = None,
     warmup_epochs: float = 0.0,
+    lr_schedule: str | Callable[[int], float] | None = None,
+    warmup_steps: int = 0,
+    lr_floor: float = 0.0,
     data: Any = None,
     data_dir: str | os.PathLike[str] | None = None,
     verify_data: bool = True,
@@ -430,7 +492,12 @@ def train(
     ``bucket_mb`` MiB started during backward (None: one buffer after backward).
     ``scale_batch`` multiplies the batch by the device count; ``lr_scaling="linear"``
     scales the rate by the same global-batch multiplier (1 without ``scale_batch``),
-    with an optional warmup. ``data`` replaces the loader with any object shaped like
+    with an optional warmup. ``lr_schedule`` multiplies ``lr`` per step instead: ``"cosine"``
+    (a linear warmup over ``warmup_steps``, then a half cosine down to ``lr_floor * lr`` at the
+    last step), ``"constant"`` or a function of the step (torch's LambdaLR). A token model
+    (``multigpu.models.gpt(...)``) trains on a text corpus (``data`` a
+    ``multigpu.data.TextCorpus``; None: ``load_fortunes()``) and reports the validation loss
+    per epoch instead of the test accuracy. ``data`` replaces the loader with any object shaped like
     ``FashionMNIST``; ``train_limit``/``test_limit`` use the first N examples;
     ``verify_data=False`` loads IDX files whose MD5 is not Fashion-MNIST's.
 

@@ -13,13 +13,16 @@ from multigpu.distributed.rank import launched_backend
 from multigpu.errors import InputError
 from multigpu.models.zoo import MODELS
 from multigpu.optim import OPTIMIZERS, SGD, AdamW, Optimizer
+from multigpu.optim.schedules import SCHEDULES
 from multigpu.parallel.allreduce import ALGORITHMS
 from multigpu.parallel.buckets import DEFAULT_BUCKET_MB
 from multigpu.parallel.data_parallel import DEFAULT_LR
 from multigpu.training.trainer import DEFAULT_BATCH_SIZE, train
 
 DESCRIPTION = """\
-Train a model (LeNet, ResNet-18, ...) on Fashion-MNIST across devices with any
+Train a model (LeNet, ResNet-18, ...) on Fashion-MNIST, or a GPT (--model gpt) on
+English text (Debian's fortunes package, character-level; one line per epoch with the
+validation loss), across devices with any
 backend, with SGD (momentum, Nesterov, weight decay) or AdamW and per-device or
 synchronized BatchNorm, and print one line per epoch: test accuracy, seconds per
 epoch, devices. Every option and output path is checked before the data loads.
@@ -91,7 +94,12 @@ def register(sub: Any) -> None:
         help="synchronize BatchNorm statistics across devices and processes (default: per device)",
     )
     p.add_argument("--allreduce", choices=ALGORITHMS, default="fused", help="allreduce algorithm (default fused)")
-    p.add_argument("--data-dir", default=None, help="folder with the IDX files (default: search, then download)")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder with the IDX files (default: search, then download); for --model gpt the fortunes "
+        "files (default /usr/share/games/fortunes, Debian's fortunes package)",
+    )
     p.add_argument(
         "--no-verify-data",
         action="store_true",
@@ -106,6 +114,15 @@ def register(sub: Any) -> None:
         help="scale the lr by the global-batch multiplier (the device count with --scale-batch, else 1)",
     )
     p.add_argument("--warmup-epochs", type=float, default=0.0, help="linear warmup for --lr-scaling (epochs)")
+    p.add_argument(
+        "--lr-schedule",
+        choices=SCHEDULES,
+        default=None,
+        help="multiply --lr per step: cosine (after --warmup-steps, a half cosine down to --lr-floor * lr "
+        "at the last step) or constant (default: constant, or --lr-scaling's)",
+    )
+    p.add_argument("--warmup-steps", type=int, default=0, metavar="N", help="linear warmup from 0 over N steps")
+    p.add_argument("--lr-floor", type=float, default=0.0, help="the cosine's end as a fraction of --lr (default 0)")
     p.add_argument("--train-limit", type=int, default=None, help="use only the first N training examples")
     p.add_argument("--test-limit", type=int, default=None, help="use only the first N test examples")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="save every epoch to DIR and resume from it")
@@ -171,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
             scale_batch=args.scale_batch,
             lr_scaling=args.lr_scaling,
             warmup_epochs=args.warmup_epochs,
+            lr_schedule=args.lr_schedule,
+            warmup_steps=args.warmup_steps,
+            lr_floor=args.lr_floor,
             train_limit=args.train_limit,
             test_limit=args.test_limit,
             verify_data=not args.no_verify_data,
@@ -181,6 +201,14 @@ def run(args: argparse.Namespace) -> int:
     if result.rank != 0:
         return 0  # in a multi-process job rank 0 reports and writes for every rank
     with report_stream(args):
+        if result.val_loss:  # a token model
+            print(
+                f"final val loss {result.val_loss[-1]:.3f} (best {min(result.val_loss):.3f}), "
+                f"{sum(result.sec_per_epoch) / len(result.sec_per_epoch):.1f} sec/epoch on {result.devices} "
+                f"({result.backend})"
+            )
+            emit_json(args, result.to_dict())
+            return 0
         print(
             f"final test acc {result.test_acc[-1]:.3f} (best {max(result.test_acc):.3f}), "
             f"{sum(result.sec_per_epoch) / len(result.sec_per_epoch):.1f} sec/epoch, "

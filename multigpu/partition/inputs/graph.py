@@ -355,14 +355,15 @@ def graph_from_model(model: Any, batch: int = 1) -> Graph:
     name each node's ``inputs``) for ``batch`` examples. Raises GraphError for a bad batch
     or a model whose nodes do not form a graph (see ``Graph``)."""
     stats = model.layer_stats(check_count(batch, "batch", error=GraphError))
+    # a model's named inputs (token ids and an attention mask) all arrive from the source: the graph's input
+    named = set(getattr(model, "input_names", ()))
+
+    def sources(s: Any) -> tuple[str, ...] | None:
+        listed = [INPUT if n in named else n for n in (getattr(s, "inputs", ()) or ())]
+        return tuple(dict.fromkeys(listed)) or None
+
     layers = tuple(
-        LayerSpec(
-            name=s.name,
-            flops=s.flops,
-            param_bytes=s.param_bytes,
-            output_bytes=s.output_bytes,
-            inputs=tuple(getattr(s, "inputs", ()) or ()) or None,
-        )
+        LayerSpec(name=s.name, flops=s.flops, param_bytes=s.param_bytes, output_bytes=s.output_bytes, inputs=sources(s))
         for s in stats
     )
     name = getattr(model, "name", "model")

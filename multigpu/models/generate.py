@@ -20,11 +20,12 @@ from multigpu.errors import ModelError
 from multigpu.models.context import RunContext
 from multigpu.models.graph import Model
 from multigpu.models.inputs import check_tokens
+from multigpu.models.transformer_layers import PositionEmbedding
 
 
 def _positions(model: Model) -> int:
     for node in model.nodes:
-        if node.layer.kind == "position_embedding":
+        if isinstance(node.layer, PositionEmbedding):
             return int(node.layer.max_positions)
     return int(model.input_shape[0])
 

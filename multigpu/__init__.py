@@ -27,7 +27,9 @@ from multigpu.errors import (
     UnknownBackendError,
 )
 from multigpu.execution import profile, run_partitioned  # no Ray until a plan runs
+from multigpu.models.attention import AttentionMask, MultiHeadAttention
 from multigpu.models.blocks import Chain, Parallel, Residual
+from multigpu.models.dropout import Dropout
 from multigpu.models.graph import Model
 from multigpu.models.layers import (
     Add,
@@ -42,7 +44,17 @@ from multigpu.models.layers import (
     MaxPool2d,
     ReLU,
 )
+from multigpu.models.node import Input
 from multigpu.models.sequential import LayerStats, Sequential
+from multigpu.models.transformer_layers import (
+    GELU,
+    Embedding,
+    LayerNorm,
+    PositionEmbedding,
+    Sigmoid,
+    Tanh,
+    TokenTypeEmbedding,
+)
 from multigpu.parallel.allreduce import ALGORITHMS, allreduce_grads
 from multigpu.parallel.data_parallel import DataParallel
 from multigpu.parallel.split import shard_sizes, split_batch
@@ -50,6 +62,17 @@ from multigpu.partition import autopartition, evaluate, load_cluster, load_graph
 from multigpu.training import Callback, Trainer, TrainResult, train
 
 __all__ = [
+    "AttentionMask",
+    "MultiHeadAttention",
+    "Dropout",
+    "Input",
+    "GELU",
+    "Embedding",
+    "LayerNorm",
+    "PositionEmbedding",
+    "Sigmoid",
+    "Tanh",
+    "TokenTypeEmbedding",
     "ALGORITHMS",
     "Add",
     "AvgPool2d",

@@ -70,7 +70,7 @@ def test_constrained_optimum_equals_bruteforce(inst, w, ship, objective, solver,
             busy[d] = busy_map[names[d]] = max(quantile(bf0.busy[:, d]), 1e-12)
     budget = math.inf
     if data.draw(st.booleans()):
-        budget = max(quantile(bf0.E), 1e-12)
+        budget = max(quantile(bf0.E_constrained), 1e-12)
     pins = {}
     if data.draw(st.integers(0, 3)) == 0:
         pins[f"l{data.draw(st.integers(0, bf0.n - 1))}"] = data.draw(st.sampled_from(names))
@@ -90,7 +90,7 @@ def test_constrained_optimum_equals_bruteforce(inst, w, ship, objective, solver,
 
     def feasible(f: float) -> np.ndarray:
         with np.errstate(invalid="ignore"):
-            return fixed & (bf0.memory <= mem * f).all(1) & (bf0.busy <= busy * f).all(1) & (bf0.E <= budget * f)
+            return fixed & (bf0.memory <= mem * f).all(1) & (bf0.busy <= busy * f).all(1) & (bf0.E_constrained <= budget * f)
 
     strict, loose = feasible(1 - TOL), feasible(1 + TOL)
     graph, cluster = build(gd, cd)

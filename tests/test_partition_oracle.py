@@ -376,6 +376,9 @@ class Brute:
         link_max = np.max(np.stack(loads, 1), axis=1) if loads else np.zeros(len(A))
         host_max = np.max(np.stack(shares, 1), axis=1) if shares else np.zeros(len(A))
         self.bottleneck = np.maximum(np.maximum(self.load.max(1), np.nan_to_num(link_max)), host_max)
+        # Constraints are checked on the per-layer prices (never less than a warm pass's):
+        # the energy a budget is held against, before the warm passes below.
+        self.E_constrained = self.E.copy()
         # A plan with every layer on one device runs at that device's warm pass: the loop
         # oracle prices each (where the links let it run).
         for d in range(k):

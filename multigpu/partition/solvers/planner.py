@@ -359,15 +359,11 @@ def _warm_local(
     found: list[tuple[np.ndarray, tuple[float, float]]] = []
     for d in range(cluster.k):
         local = np.full(graph.n, d, dtype=np.intp)
-        if (
-            warm_pass_of(graph, cluster, d) is None
-            or single_device(a) == d
-            or not cons.allowed[:, d].all()
-            or violations(tables, cons, local)
-        ):
+        if warm_pass_of(graph, cluster, d) is None or single_device(a) == d or not cons.allowed[:, d].all():
             continue
         try:
-            found.append((local, key(local)))
+            if not violations(tables, cons, local):
+                found.append((local, key(local)))
         except UnusableLinkError:  # no link to or from d: the plan cannot run
             continue
     if not found:

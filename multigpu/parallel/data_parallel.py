@@ -395,28 +395,10 @@ class DataParallel:
             updates = [(p, grad, st) for p, st in zip(self.flat_params, self.opt_state)]  # read from the first device
             auxes = [aux] * n
         else:
-            bucketed = self._bucketed()
-            if bucketed is None:
-                announce = getattr(self.process_group, "announce", None)
-                if announce is not None:  # the check of the gradient allreduce overlaps the computation
-                    announce("allreduce_", self._param_size + 1)
-            else:
-                announce = getattr(self.process_group, "announce_buckets", None)
-                if announce is not None:  # the step's buckets checked together (a flag in bucket 0, or one header)
-                    announce(bucketed.sizes)
+            bucketed = self._announce_step()
             outs = []
             for r, (d, params, (xs, ys)) in enumerate(zip(self.devices, self.replicas, shards)):
-                # with buckets each replica's gradients go to its bucket buffers, and the last device's
-                # signals start the sums: the others' backward is queued by then
-                where = (
-                    {"out": self._gradient_buffer(r)}
-                    if bucketed is None
-                    else {
-                        "out": bucketed.outputs[r],
-                        "buckets": bucketed.layout.params,
-                        "on_bucket": bucketed.ready if r == n - 1 else _queued,
-                    }
-                )
+                where = self._gradient_target(r, bucketed)
                 outs.append(
                     b.value_and_grad(
                         self._loss, params, b.from_numpy(xs, d), b.from_numpy(ys, d), aux=self.has_bn, **where
@@ -424,11 +406,7 @@ class DataParallel:
                 )
             flats = [o[0] for o in outs] if self.has_bn else outs
             auxes = [o[1] for o in outs] if self.has_bn else []
-            if bucketed is None:
-                grads, loss = self._sum(flats)
-                updates = list(zip(self.flat_params, grads, self.opt_state))
-            else:
-                updates, loss = self._bucket_updates(bucketed, bucketed.finish())
+            updates, loss = self._summed_updates(bucketed, flats)
         self.steps += 1
         scale = 1.0 / len(X)
         for p, g, state in updates:
@@ -460,34 +438,14 @@ class DataParallel:
         context = RunContext(
             training=True, seed=self.seed, step=self.steps, devices=self.devices, shards=rows, batch=len(y)
         )
-        bucketed = self._bucketed()
-        if bucketed is None:
-            announce = getattr(self.process_group, "announce", None)
-            if announce is not None:
-                announce("allreduce_", self._param_size + 1)
-        else:
-            announce = getattr(self.process_group, "announce_buckets", None)
-            if announce is not None:
-                announce(bucketed.sizes)
+        bucketed = self._announce_step()
         flats = []
         for r, (d, params, (start, stop)) in enumerate(zip(self.devices, self.replicas, rows)):
-            where = (
-                {"out": self._gradient_buffer(r)}
-                if bucketed is None
-                else {
-                    "out": bucketed.outputs[r],
-                    "buckets": bucketed.layout.params,
-                    "on_bucket": bucketed.ready if r == n - 1 else _queued,
-                }
-            )
+            where = self._gradient_target(r, bucketed)
             tensors = [b.from_numpy(feeds[k][start:stop], d) for k in names if k in feeds]
             tensors.append(b.from_numpy(y[start:stop], d))
             flats.append(b.value_and_grad(self._token_loss(r, context), params, *tensors, **where))
-        if bucketed is None:
-            grads, loss = self._sum(flats)
-            updates = list(zip(self.flat_params, grads, self.opt_state))
-        else:
-            updates, loss = self._bucket_updates(bucketed, bucketed.finish())
+        updates, loss = self._summed_updates(bucketed, flats)
         self.steps += 1
         total = counted(y)
         for p, g, state in updates:
@@ -524,6 +482,39 @@ class DataParallel:
         if self.process_group is not None:
             total = allreduce_numpy(self.process_group, b, total)
         return float(total[0] / total[1])
+
+    def _announce_step(self) -> BucketedSum | None:
+        """The step's gradient sums: buckets (or None for one buffer after backward), announced
+        to a checked process group so its check overlaps the computation."""
+        bucketed = self._bucketed()
+        if bucketed is None:
+            announce = getattr(self.process_group, "announce", None)
+            if announce is not None:
+                announce("allreduce_", self._param_size + 1)
+        else:
+            announce = getattr(self.process_group, "announce_buckets", None)
+            if announce is not None:  # the step's buckets checked together (a flag in bucket 0, or one header)
+                announce(bucketed.sizes)
+        return bucketed
+
+    def _gradient_target(self, replica: int, bucketed: BucketedSum | None) -> dict[str, Any]:
+        """Where replica ``replica``'s ``value_and_grad`` writes: its gradient buffer, or its bucket
+        buffers, the last device's signals starting the sums (the others' backward is queued by then)."""
+        if bucketed is None:
+            return {"out": self._gradient_buffer(replica)}
+        last = replica == len(self.devices) - 1
+        return {
+            "out": bucketed.outputs[replica],
+            "buckets": bucketed.layout.params,
+            "on_bucket": bucketed.ready if last else _queued,
+        }
+
+    def _summed_updates(self, bucketed: BucketedSum | None, flats: list[Any]) -> tuple[list[Any], Any]:
+        """The (param, summed grad, state) triples of every replica and the summed loss."""
+        if bucketed is None:
+            grads, loss = self._sum(flats)
+            return list(zip(self.flat_params, grads, self.opt_state)), loss
+        return self._bucket_updates(bucketed, bucketed.finish())
 
     def _bucketed(self) -> BucketedSum | None:
         """This step's bucketed sum across processes, or None where one buffer is summed after backward

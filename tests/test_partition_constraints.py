@@ -90,7 +90,12 @@ def test_constrained_optimum_equals_bruteforce(inst, w, ship, objective, solver,
 
     def feasible(f: float) -> np.ndarray:
         with np.errstate(invalid="ignore"):
-            return fixed & (bf0.memory <= mem * f).all(1) & (bf0.busy <= busy * f).all(1) & (bf0.E_constrained <= budget * f)
+            return (
+                fixed
+                & (bf0.memory <= mem * f).all(1)
+                & (bf0.busy <= busy * f).all(1)
+                & (bf0.E_constrained <= budget * f)
+            )
 
     strict, loose = feasible(1 - TOL), feasible(1 + TOL)
     graph, cluster = build(gd, cd)

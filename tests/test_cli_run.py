@@ -66,11 +66,11 @@ def test_run_missing_cluster_file_exits_2(tmp_path):
     "args, match",
     [
         ([], "no workers to profile"),
-        (["--backend", "torch", "--threads", "1,x"], "--threads '1,x' must list whole numbers"),
+        (["--backends", "torch", "--threads", "1,x"], "--threads '1,x' must list whole numbers"),
         (["--worker", "torch:fast"], "is not BACKEND[:DEVICE][:THREADS]"),
-        (["--backend", "jax"], "unknown backend 'jax'"),
-        (["--backend", "numpy", "--repeats", "0"], "repeats=0 must be a positive integer"),
-        (["--backend", "numpy", "--stream-items", "2"], "stream_items=2 must be"),
+        (["--backends", "jax"], "unknown backend 'jax'"),
+        (["--backends", "numpy", "--repeats", "0"], "repeats=0 must be a positive integer"),
+        (["--backends", "numpy", "--stream-items", "2"], "stream_items=2 must be"),
     ],
 )
 def test_profile_bad_input_exits_2_with_one_line(tmp_path, args, match):
@@ -84,7 +84,7 @@ def test_profile_bad_input_exits_2_with_one_line(tmp_path, args, match):
 @pytest.mark.parametrize("out, match", [("p.txt", "name it .json"), ("no-such-dir/p.json", "does not exist")])
 def test_profile_out_is_checked_before_profiling(tmp_path, out, match):
     # Workers that would profile for minutes: the bad --out is refused before any of it.
-    out = cli("profile", "--out", str(tmp_path / out), "--backend", "numpy", cwd=tmp_path)
+    out = cli("profile", "--out", str(tmp_path / out), "--backends", "numpy", cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("multigpu profile: error: --out") and match in lines[0], out.stderr

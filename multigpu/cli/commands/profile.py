@@ -24,7 +24,7 @@ two workers, which Ray's actor calls route through it); every pair a link.
 `multigpu partition --cluster FILE` and `multigpu run --cluster FILE` then use the
 measured figures.
 
-Devices: --backend torch,paddle --threads 1,2 profiles every combination (named
+Devices: --backends torch,paddle --threads 1,2 profiles every combination (named
 e.g. torch-1t); --worker mxnet:cpu:1 adds one (BACKEND[:DEVICE][:THREADS]); or
 --cluster FILE profiles the devices a cluster file describes (its source is the
 driver; the other devices need "backend", and "resources" to pin them to nodes).
@@ -50,7 +50,11 @@ def register(sub: Any) -> None:
         metavar="lenet|alexnet",
         help="model to profile (repeatable; default lenet)",
     )
-    p.add_argument("--backend", default=None, metavar="B[,B...]", help="worker backends, e.g. torch,paddle")
+    backends = p.add_argument(
+        "--backends", default=None, metavar="B[,B...]", help="comma-separated worker backends, e.g. torch,paddle"
+    )
+    # `--backend` names one backend in train and check; here the option takes a list, spelled as check's.
+    add_alias(p, "--backend", backends)
     p.add_argument("--device", default="cpu", help="framework device of those workers: cpu or gpu:N (default cpu)")
     p.add_argument("--threads", default=None, metavar="N[,N...]", help="math threads per worker, e.g. 1,2")
     p.add_argument(
@@ -115,18 +119,18 @@ def register(sub: Any) -> None:
 
 def _workers(args: argparse.Namespace) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    if args.backend:
+    if args.backends:
         threads: list[int | None] = [None]
         if args.threads:
             try:
                 threads = [int(t) for t in args.threads.split(",") if t.strip()]
             except ValueError:
                 raise PlanError(f"--threads {args.threads!r} must list whole numbers, e.g. 1,2") from None
-        for b in [b.strip() for b in args.backend.split(",") if b.strip()]:
+        for b in [b.strip() for b in args.backends.split(",") if b.strip()]:
             for t in threads:
                 out.append(_worker(b, args.device, t))
     elif args.threads:
-        raise PlanError("--threads needs --backend (or use --worker BACKEND:DEVICE:THREADS)")
+        raise PlanError("--threads needs --backends (or use --worker BACKEND:DEVICE:THREADS)")
     for spec in args.worker:
         out.append(_parse_worker(spec))
     names = [w["name"] for w in out]
@@ -184,14 +188,14 @@ def run(args: argparse.Namespace) -> int:
         "sizes": sizes,
     }
     if args.cluster:
-        if args.backend or args.worker:
-            raise PlanError("give the workers either with --cluster or with --backend/--worker, not both")
+        if args.backends or args.worker:
+            raise PlanError("give the workers either with --cluster or with --backends/--worker, not both")
         result = profile(models, cluster=load_cluster(args.cluster), **measure)
     else:
         workers = _workers(args)
         if not workers:
             raise PlanError(
-                "no workers to profile; give --backend torch (and --threads 1,2), "
+                "no workers to profile; give --backends torch (and --threads 1,2), "
                 "--worker BACKEND[:DEVICE][:THREADS], or --cluster FILE"
             )
         driver_backend = args.driver_backend or workers[0]["backend"]

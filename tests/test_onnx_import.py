@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from torchvision_models import torchvision_or_none
 
 import multigpu
 from multigpu.contract.protocol import Device
@@ -426,6 +427,7 @@ def _minilm_dir() -> Path:
 @pytest.mark.slow
 def test_minilm_exported_from_torch_equals_torch_and_onnxruntime_on_every_backend(tmp_path, backend_name):
     transformers = pytest.importorskip("transformers")
+    torchvision_or_none()  # transformers imports an installed torchvision, whose compiled ops may not load here
     bert = transformers.BertModel.from_pretrained(str(_minilm_dir())).eval()
 
     class Hidden(nn.Module):

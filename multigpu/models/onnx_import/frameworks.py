@@ -2,7 +2,7 @@
 
 Each function imports its framework lazily and exports at a pinned opset into a temporary
 folder: torch through the TorchScript exporter (``dynamo=False``; the default dynamo exporter
-needs onnxscript), Paddle through ``paddle.onnx.export`` (which needs paddle2onnx), MXNet
+needs onnxscript), Paddle through the two steps of ``paddle.onnx.export`` (``paddle.jit.save``, then paddle2onnx), MXNet
 through ``mx.onnx.export_model``. The batch axis of every input is exported as dynamic where
 the exporter allows it, so the imported model runs at any batch.
 """
@@ -76,6 +76,10 @@ def from_torch(
                 # NOTE: torch's constant folding pre-transposes Linear weights into new initializers
                 # named onnx::MatMul_N; unfolded, the Transpose folds here and the weight keeps its name.
                 do_constant_folding=False,
+                # NOTE: otherwise the exporter merges initializers of equal value in an eval-mode module
+                # (squeezenet's zero biases, a fresh BatchNorm's ones): torch's separate parameters would
+                # become one shared parameter here, tied in training. As inputs, they all stay apart.
+                keep_initializers_as_inputs=True,
                 input_names=names,
                 output_names=out_names,
                 dynamic_axes=dynamic,
@@ -100,7 +104,7 @@ def from_paddle(
     group: int | Callable[[str], str | None] | None = None,
     opset: int = PADDLE_OPSET,
 ) -> OnnxImport:
-    """Import a Paddle ``nn.Layer`` through ``paddle.onnx.export`` (which needs the paddle2onnx package).
+    """Import a Paddle ``nn.Layer`` through Paddle's exporter (``paddle.jit.save``, then paddle2onnx).
 
     ``input_spec`` is a list of ``paddle.static.InputSpec``; a None (dynamic) dimension in it
     needs its size in ``input_shapes`` (``{name: shape}``, batch first). The layer is exported in
@@ -111,7 +115,7 @@ def from_paddle(
     except ImportError:
         raise MissingDependencyError("from_paddle needs paddle: pip install 'multigpu[paddle,onnx]'") from None
     try:
-        import paddle2onnx  # noqa: F401 - paddle.onnx.export calls it
+        import paddle2onnx
     except ImportError:
         raise MissingDependencyError(
             "from_paddle needs paddle2onnx (paddle.onnx.export calls it): pip install paddle2onnx==2.1.0 "
@@ -122,8 +126,23 @@ def from_paddle(
     try:
         with tempfile.TemporaryDirectory() as tmp:
             prefix = str(Path(tmp) / "model")
-            paddle.onnx.export(layer, prefix, input_spec=list(input_spec), opset_version=opset)
-            return from_onnx(prefix + ".onnx", input_shapes, output=output, group=group, name=type(layer).__name__)
+            # NOTE: paddle.onnx.export is jit.save then paddle2onnx.export, which by default folds
+            # constants with Polygraphy after setting POLYGRAPHY_AUTOINSTALL_DEPS=1: Polygraphy then
+            # pip-installs onnx_graphsurgeon, and with it numpy 2, into the running environment.
+            # The two steps are taken here with paddle2onnx's optimizer off (from_onnx folds
+            # constants itself); paddle.onnx.export offers no way to turn it off.
+            paddle.jit.save(layer, prefix, input_spec=list(input_spec))
+            pir = Path(prefix + ".json")
+            program = pir if pir.is_file() else Path(prefix + ".pdmodel")
+            params = Path(prefix + ".pdiparams")
+            path = prefix + ".onnx"
+            paddle2onnx.export(str(program), str(params) if params.is_file() else "", path, opset, optimize_tool="None")
+            if not Path(path).is_file():  # paddle2onnx logs its errors and returns
+                raise OnnxError(
+                    f"paddle2onnx {paddle2onnx.__version__} could not export {type(layer).__name__} at opset "
+                    f"{opset}: see its log above; a newer opset= may have the op it lacks"
+                )
+            return from_onnx(path, input_shapes, output=output, group=group, name=type(layer).__name__)
     finally:
         layer.train() if training else layer.eval()
 

@@ -611,6 +611,54 @@ def _ms(x: float) -> str:
     return f"{1e3 * x:.3f}" if math.isfinite(x) else "-"
 
 
+def _plot_settings(data_plans: list[dict[str, Any]]) -> Any:
+    """One panel per setting: each candidate's predicted against measured time per item (log
+    scales), the bar its measured range over the cycles, the planner's choice a star, and the
+    setting's regret and Kendall tau in the title."""
+
+    def plot(fig: Any) -> None:
+        settings: dict[str, list[dict[str, Any]]] = {}
+        for d in data_plans:
+            if d.get("setting"):
+                settings.setdefault(d["setting"], []).append(d)
+        cols = min(3, len(settings))
+        rows = math.ceil(len(settings) / cols)
+        for k, (name, cands) in enumerate(settings.items()):
+            ax = fig.add_subplot(rows, cols, k + 1)
+            f = fidelity(cands)
+            vals = []
+            for c in cands:
+                x = 1e3 * statistics.median(c["cycle_predicted"])
+                ys = [1e3 * y for y in c["cycle_measured"]]
+                y = statistics.median(ys)
+                vals += [x, *ys]
+                star = "planner" in c["roles"]
+                ax.plot([x, x], [min(ys), max(ys)], color="0.5", lw=1, zorder=2)
+                ax.scatter(
+                    x, y, marker="*" if star else "o", s=120 if star else 30, color="tab:red" if star else "tab:blue"
+                )
+            lo, hi = min(vals) / 1.3, max(vals) * 1.3
+            ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+            ax.set_title(f"{name}: regret {f['regret']:.3f}, tau {f['tau']:.2f}", fontsize=9)
+            ax.tick_params(labelsize=7)
+            if k % cols == 0:
+                ax.set_ylabel("measured, ms per item", fontsize=8)
+            if k >= (rows - 1) * cols:
+                ax.set_xlabel("predicted, ms per item", fontsize=8)
+        fig.suptitle(
+            "Every candidate of each setting (star: the planner's choice; bar: measured range over the cycles; "
+            "line: measured = predicted)",
+            fontsize=9,
+        )
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
+
+    return plot
+
+
 def plot_plans(data_plans: list[dict[str, Any]], mape: float) -> Any:
     """The predicted-against-measured plot of ``data_plans`` (the JSON's ``plans``):
     dots end to end, squares streamed per item; a streamed plan's hollow square is its
@@ -970,7 +1018,8 @@ def _report(
         )
     tables.append(detail)
 
-    plot = plot_plans(data_plans, mape)
+    # A setting's candidates side by side; the lab's hand-made plans (no settings) on one plot.
+    plot = _plot_settings(data_plans) if choice_data else plot_plans(data_plans, mape)
 
     return Result(
         name="plans",

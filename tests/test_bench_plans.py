@@ -134,3 +134,22 @@ def test_choosing_reports_every_setting_with_per_part_columns_and_none_without_s
     assert len(ranks.rows) == 4 and figures["lenet, latency"]["regret"] == 1.0
     assert "regret lenet, latency 1.000" in notes[0] and "met" in notes[0]
     assert plans._choosing([{"label": "hand-made"}], []) == ([], [], {})
+
+
+def test_the_plot_has_a_panel_per_setting_titled_with_its_regret_and_tau():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = [
+        _cand("planner", ["planner"], [1.0, 1.0], [1.0, 1.1]) | {"setting": s}
+        for s in ("lenet, latency", "alexnet, latency")
+    ] + [_cand("b", ["runner-up 2"], [2.0, 2.0], [2.5, 2.2]) | {"setting": "lenet, latency"}]
+    fig = plt.figure()
+    try:
+        plans._plot_settings(data)(fig)
+        titles = [ax.get_title() for ax in fig.axes]
+    finally:
+        plt.close(fig)
+    assert titles == ["lenet, latency: regret 1.000, tau 1.00", "alexnet, latency: regret 1.000, tau nan"]

@@ -644,7 +644,7 @@ def _plot_settings(data_plans: list[dict[str, Any]]) -> Any:
             ax.set_xlim(lo, hi)
             ax.set_ylim(lo, hi)
             ax.set_title(f"{name}: regret {f['regret']:.3f}, tau {f['tau']:.2f}", fontsize=9)
-            ax.tick_params(labelsize=7)
+            ax.tick_params(which="both", labelsize=7)
             if k % cols == 0:
                 ax.set_ylabel("measured, ms per item", fontsize=8)
             if k >= (rows - 1) * cols:

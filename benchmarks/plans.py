@@ -483,7 +483,8 @@ def fidelity(cands: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for part in c["parts"]:
             kind = "end to end" if part["kind"] in ("end_to_end", "stream") else part["kind"]
             errors.setdefault(kind, []).append(abs(part["error"]))
-    spread = (meas.max(axis=1) - meas.min(axis=1)) / meas_med
+    # One cycle has no spread to show (nan, printed '-'), not a spread of 0.
+    spread = (meas.max(axis=1) - meas.min(axis=1)) / meas_med if cycles > 1 else np.full(len(cands), math.nan)
     return {
         "candidates": len(cands),
         "planner": cands[chosen]["label"],
@@ -546,7 +547,7 @@ def _choosing(data_plans: list[dict[str, Any]], left_out: list[str]) -> tuple[li
                 f"{f['tau']:.2f}",
                 " ".join(f"{t:.2f}" for t in f["tau_by_cycle"]),
                 *(part(f, k) for k in kinds),
-                f"{100 * statistics.median(f['spread']):.1f}% / {100 * max(f['spread']):.1f}%",
+                f"{_share(statistics.median(f['spread']))} / {_share(max(f['spread']))}",
             ]
             for name, f in figures.items()
         ],
@@ -568,7 +569,7 @@ def _choosing(data_plans: list[dict[str, Any]], left_out: list[str]) -> tuple[li
                     _ms(statistics.median(c["cycle_predicted"])),
                     _ms(statistics.median(c["cycle_measured"])),
                     " ".join(_ms(x) for x in c["cycle_measured"]),
-                    f"{100 * sp:.1f}%",
+                    _share(sp),
                 ]
             )
     ranks = Table(
@@ -596,15 +597,23 @@ def _choosing(data_plans: list[dict[str, Any]], left_out: list[str]) -> tuple[li
         "Kendall tau "
         + ", ".join(f"{n} {f['tau']:.2f}" for n, f in figures.items())
         + f" (target >= {TARGET_TAU}): {'met' if all(t >= TARGET_TAU for t in taus) else 'missed'}; "
-        "a candidate's measured time moved by a median "
-        + ", ".join(f"{100 * statistics.median(f['spread']):.1f}%" for f in figures.values())
-        + " over the cycles (per setting)."
+        + (
+            "a candidate's measured time moved by a median "
+            + ", ".join(_share(statistics.median(f["spread"])) for f in figures.values())
+            + " over the cycles (per setting)."
+            if any(math.isfinite(x) for f in figures.values() for x in f["spread"])
+            else "one cycle: no spread measured."
+        )
     ]
     return [summary, ranks], notes, figures
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%" if math.isfinite(x) else "-"
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.1f}%" if math.isfinite(x) else "-"
 
 
 def _ms(x: float) -> str:

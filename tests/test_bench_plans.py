@@ -114,6 +114,9 @@ def test_fidelity_gives_regret_tau_per_part_errors_and_spread():
     assert np.allclose(f["spread"], [0.2 / 1.2, 0.0, 1.0 / 3.0, 0.0])
     # The best candidate is the planner's choice: regret 1.
     assert plans.fidelity([cands[1] | {"roles": ["planner"]}, cands[2]])["regret"] == 1.0
+    # One cycle: no spread (nan), not a spread of 0.
+    one = plans.fidelity([c | {"cycle_measured": c["cycle_measured"][:1]} for c in cands])
+    assert all(math.isnan(s) for s in one["spread"]) and math.isclose(one["regret"], 1.2)
     with pytest.raises(InputError, match="planner"):
         plans.fidelity(cands[1:])
 

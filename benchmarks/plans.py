@@ -573,7 +573,8 @@ def _choosing(data_plans: list[dict[str, Any]], left_out: list[str]) -> tuple[li
                 ]
             )
     ranks = Table(
-        "The candidates: predicted and measured rank (1: fastest), time per item (ms; streamed: 1 / rate)",
+        "The candidates: predicted and measured rank (1: fastest), time per item (ms; streamed: 1 / rate); "
+        "runner-up k is the planner's k-th best plan on the first cycle's profile",
         [
             "setting",
             "candidate",

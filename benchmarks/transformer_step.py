@@ -259,6 +259,9 @@ def _minilm_case(which: str) -> Any:
             be.to_numpy(model.run(be, tensors, feeds, context=RunContext(devices=[dev]))[model.output])
 
         return ours
+    from multigpu.backends.torch.torchvision_compat import torchvision_or_none
+
+    torchvision_or_none()  # transformers imports an installed torchvision, whose compiled ops may not load here
     import transformers
 
     from multigpu.models.checkpoints import checkpoint_dir

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from torchvision_models import torchvision_or_none
 
 from multigpu.errors import MissingDependencyError, ModelError
 from multigpu.models import checkpoints as pretrained_module
@@ -91,6 +92,7 @@ def reference():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    torchvision_or_none()  # transformers imports an installed torchvision, whose compiled ops may not load here
     folder = str(checkpoint_dir(NAME))
     model = transformers.BertModel.from_pretrained(folder, local_files_only=True).eval()
     tok = SentenceEncoder.__new__(SentenceEncoder)  # only its tokenizer, set up as the encoder does

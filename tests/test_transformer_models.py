@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from torchvision_models import torchvision_or_none
 
 from multigpu.contract.protocol import Device
 from multigpu.errors import ModelError
@@ -280,6 +281,7 @@ def test_gradients_through_a_tiny_gpt_agree_with_the_reference(be, ref):
 def test_tiny_bert_equals_transformers_bert_model(be):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    torchvision_or_none()  # transformers imports an installed torchvision, whose compiled ops may not load here
     cfg = transformers.BertConfig(
         vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32,
         max_position_embeddings=12, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu",

@@ -67,11 +67,12 @@ def runners_up(
     free_devices = [d for d in cluster.names if d not in set(spec.excluded)]
 
     def solve(pins: dict[int, str]) -> Plan | None:
+        pinned: dict[str | int, str] = {i: d for i, d in pins.items()}
         cons = Constraints(
             memory=spec.memory,
             busy_time=spec.busy_time,
             energy_budget=spec.energy_budget,
-            pinned=pins,
+            pinned=pinned,
             excluded=spec.excluded,
         )
         try:

@@ -386,7 +386,8 @@ def _run(
     if any(s.device == driver for s in xplan.stages) and workers.local is None:
         raise PlanError(f"the plan runs stages on the driver {driver!r}, which has no backend")
     info = [vars(i) for i in workers.info.values()]
-    shipped, ship_seconds = workers.load(prep.model, stage_map, dev_params)
+    # a chain of a model with BatchNorm (an imported CNN) needs its running statistics on every worker too
+    shipped, ship_seconds = workers.load(prep.model, stage_map, dev_params, prep.state)
     if warmup:
         ray_engine.run_chain(workers, chain, labels, [items[0]] * warmup, window=1, engine=engine)
     t0 = time.perf_counter()

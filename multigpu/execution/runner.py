@@ -319,8 +319,8 @@ def run_partitioned(
     ``model`` is a ``Sequential`` or a graph ``Model`` (or a built-in name); ``params``
     its parameter list (None: the seeded random init); ``state`` a graph model's
     BatchNorm running statistics (None: ``model.init_state()``); ``plan`` one device
-    name per layer (a list, ``[layer, device]`` pairs, the dict ``multigpu partition
-    --json`` prints, or a JSON file of either). A graph model's stages form a DAG:
+    name per layer (a list, ``[layer, device]`` pairs, a planner ``Plan``, the dict
+    ``multigpu partition --json`` prints, or a JSON file of either). A graph model's stages form a DAG:
     each runs once its inputs are there, stages on different workers at the same
     time, and an activation goes once to each worker that consumes it;
     ``inputs`` an array (N, *input_shape), run in items of ``batch`` rows;

@@ -1,4 +1,4 @@
-"""An imported network does what a built-in one does: ``train`` data-parallel on every framework (one process
+"""An imported network does what a built-in one does: ``train`` data-parallel on every backend (one process
 with two devices, and two processes through the launch engine), real Fashion-MNIST on two Paddle devices,
 ``autopartition`` and ``run_partitioned`` across torch and Paddle workers, and ``multigpu partition`` /
 ``multigpu run --model net.onnx`` on the command line."""
@@ -99,8 +99,8 @@ def test_an_imported_cnn_trains_on_two_devices_alike_on_every_backend(imported, 
     assert numpy_run.train_loss[-1] < 2.0 and numpy_run.test_acc[-1] > 0.5
 
 
-@pytest.mark.slow  # starts two ranks, each importing a framework and its engine
-@pytest.mark.parametrize("backend", ["torch"])
+@pytest.mark.slow  # starts two ranks, each importing a framework and its engine (10-40 s each)
+@pytest.mark.parametrize("backend", ["numpy", "torch", "paddle", "mxnet"])
 def test_an_imported_cnn_trained_by_two_processes_equals_one_process_with_two_devices(
     imported, data, numpy_run, backend
 ):

@@ -77,8 +77,6 @@ def plan_stages(model: Model, plan: Any) -> list[Stage]:
     """The stages of ``plan`` on ``model``: ``plan`` is one device name per node, a planner
     ``Plan``, the dict ``multigpu partition --json`` prints or a JSON file of either.
     PlanError for a plan of the wrong length or form."""
-    if hasattr(plan, "assignment") and not isinstance(plan, (str, os.PathLike)):
-        plan = list(plan.assignment)
     assignment = read_plan(plan)
     names = [n.name for n in model.nodes]
     if any(isinstance(a, tuple) for a in assignment):

@@ -86,13 +86,15 @@ class ExecutionPlan:
 
 
 def read_plan(plan: PlanLike) -> list[Any]:
-    """One device name per layer from a list, from the dict ``multigpu partition --json``
-    prints (its ``"assignment"``), or from a JSON file holding either; a list of
+    """One device name per layer from a list, a planner ``Plan``, the dict ``multigpu partition
+    --json`` prints (its ``"assignment"``), or a JSON file holding either; a list of
     ``[layer, device]`` pairs (any order) comes back as pairs, for ``check_plan``.
 
     Raises PlanError for anything else.
     """
     source = "plan"
+    if hasattr(plan, "assignment") and not isinstance(plan, (str, os.PathLike, Mapping)):
+        plan = list(plan.assignment)  # a planner Plan (multigpu.partition.autopartition's result)
     if isinstance(plan, (str, os.PathLike)):
         path = Path(plan)
         source = f"plan file {str(path)!r}"

@@ -319,8 +319,8 @@ def run_partitioned(
     ``model`` is a ``Sequential`` or a graph ``Model`` (or a built-in name); ``params``
     its parameter list (None: the seeded random init); ``state`` a graph model's
     BatchNorm running statistics (None: ``model.init_state()``); ``plan`` one device
-    name per layer (a list, ``[layer, device]`` pairs, the dict ``multigpu partition
-    --json`` prints, or a JSON file of either). A graph model's stages form a DAG:
+    name per layer (a list, ``[layer, device]`` pairs, a planner ``Plan``, the dict
+    ``multigpu partition --json`` prints, or a JSON file of either). A graph model's stages form a DAG:
     each runs once its inputs are there, stages on different workers at the same
     time, and an activation goes once to each worker that consumes it;
     ``inputs`` an array (N, *input_shape), run in items of ``batch`` rows;
@@ -386,7 +386,8 @@ def _run(
     if any(s.device == driver for s in xplan.stages) and workers.local is None:
         raise PlanError(f"the plan runs stages on the driver {driver!r}, which has no backend")
     info = [vars(i) for i in workers.info.values()]
-    shipped, ship_seconds = workers.load(prep.model, stage_map, dev_params)
+    # a chain of a model with BatchNorm (an imported CNN) needs its running statistics on every worker too
+    shipped, ship_seconds = workers.load(prep.model, stage_map, dev_params, prep.state)
     if warmup:
         ray_engine.run_chain(workers, chain, labels, [items[0]] * warmup, window=1, engine=engine)
     t0 = time.perf_counter()

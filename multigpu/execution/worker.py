@@ -227,7 +227,7 @@ class StageWorker:
             y = t
         else:
             start, stop = self.stages[stage]
-            y = self.model.forward(be, self.params, t, start, stop)
+            y = self.model.forward(be, self.params, t, start, stop, state=self.state, context=self._context)
         be.synchronize(dev)
         t1 = time.time()
         out = be.to_numpy(y)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from multigpu.cli.parsers import add_alias, add_command, add_json_output, check_output, emit_json
-from multigpu.errors import PlanError
+from multigpu.errors import InputError, PlanError
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -25,6 +25,10 @@ workers first and reported apart. Prints the class of each input (with
 every hop (timed at both ends) and end to end; --stream pipelines the inputs and
 prints items/s beside the predicted 1/bottleneck; --compare prints the cost
 model's prediction beside every measured figure.
+
+--model takes a built-in name or an ONNX file (`from_onnx`, at --batch-size where
+its batch axis is dynamic): the file's weights and BatchNorm statistics are the
+parameters unless --params gives others.
 
 --plan takes the file `multigpu partition --out FILE` writes (the JSON its --json
 prints), a JSON list of device names, or the names inline: t1,t1,p1 or t1*5,p1*5.
@@ -43,13 +47,18 @@ def register(sub: Any) -> None:
         raw=True,
     )
     p.add_argument(
-        "--model", default="lenet", help="built-in model: lenet, alexnet, resnet18 or resnet18_textbook (default lenet)"
+        "--model",
+        default="lenet",
+        metavar="NAME|FILE.onnx",
+        help="built-in model: lenet, alexnet, resnet18 or resnet18_textbook (default lenet), or an ONNX file, "
+        "imported with its own weights (needs onnx; one input of floats, e.g. images)",
     )
     p.add_argument(
         "--params",
         default=None,
         metavar="DIR|FILE",
-        help="a `multigpu train --checkpoint` folder or .npz (default: the seeded random init)",
+        help="a `multigpu train --checkpoint` folder or .npz (default: the seeded random init; "
+        "an ONNX file's own weights)",
     )
     p.add_argument("--plan", required=True, metavar="FILE|DEV,DEV,...", help="one device per layer (see above)")
     p.add_argument("--cluster", required=True, metavar="FILE", help="cluster file whose devices name a backend")
@@ -105,13 +114,15 @@ def run(args: argparse.Namespace) -> int:
     """Run the plan and print the report (or JSON); return the exit status."""
     from multigpu.execution import run_partitioned
     from multigpu.execution.inputs import load_images, load_params, load_state, random_inputs
-    from multigpu.execution.runner import resolve_cluster, resolve_model
+    from multigpu.execution.runner import resolve_cluster
 
     check_output(args)
-    model = resolve_model(args.model)
-    params = load_params(args.params) if args.params else None
+    model, own_params, own_state = _model(args.model, args.batch_size)
+    params = load_params(args.params) if args.params else own_params
     params = model.init_params(args.seed) if params is None else model.check_params(params)
     state = load_state(args.params, model) if args.params else None
+    if state is None and own_state:
+        state = own_state
     if model.batch_norms and state is None:
         state = model.init_state()
         if args.params:
@@ -141,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         state=state,
     )
     check = _check(model, params, images.x, result.outputs, cluster, state) if args.check else None
-    if not args.params:
+    if not args.params and own_params is None:
         print("note: no --params, so the seeded random init is used: the classes mean nothing", file=sys.stderr)
     pred = result.predictions()
     recog = _recognition(images, pred)
@@ -182,6 +193,28 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _model(name: str, batch: int) -> tuple[Any, list[np.ndarray] | None, list[np.ndarray] | None]:
+    """The model ``--model`` names, with the parameters and state an ONNX file brings (None for a built-in)."""
+    from multigpu.execution.runner import resolve_model
+
+    if not name.lower().endswith(".onnx"):
+        return resolve_model(name), None, None
+    from multigpu.models import from_onnx
+
+    # NOTE: an ONNX file carries its weights, so they are the parameters, where a built-in model has only an init.
+    imp = from_onnx(name, batch=batch)  # OnnxError (exit 2) for a missing, non-ONNX or unsupported file
+    ints = [k for k, spec in imp.model.inputs.items() if spec.dtype != "float32"]
+    if ints or len(imp.model.inputs) != 1:
+        raise InputError(
+            f"--model {name}: the run command feeds one input of floats (images or --random), and this model "
+            f"takes {list(imp.model.inputs)}"
+            + (f" ({', '.join(ints)} integer)" if ints else "")
+            + "; run it from Python with multigpu.execution.run_partitioned(model, params, plan, {name: array}, "
+            "cluster)"
+        )
+    return imp.model, imp.params, imp.state
 
 
 def _backend(cluster: Any, device: str) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from torchvision_models import torchvision_or_none
 
 pytestmark = [
     pytest.mark.slow,
@@ -70,38 +71,6 @@ def _minilm_dir() -> Path:
     return Path(pkg.__file__).parent / "model"
 
 
-def _import_torchvision() -> None:
-    """Import torchvision where it is installed, so that transformers (which imports it) loads.
-
-    NOTE: the torchvision wheel paired with the CPU torch here is a CUDA build whose compiled ops do
-    not load, and its ``_meta_registrations`` registers fake kernels for ``torchvision::nms`` and
-    ``qnms`` without asking whether they exist; defining the two schemas (no kernels) lets it import.
-    """
-    import torch
-
-    try:
-        import torchvision  # noqa: F401
-    except ImportError:
-        return
-    except RuntimeError as e:
-        if "torchvision::" not in str(e):
-            raise
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]  # the failed import's half-built modules
-        library = torch.library.Library("torchvision", "DEF")
-        for schema in _NMS_SCHEMAS:
-            library.define(schema)
-        _LIBRARY.append(library)  # torch drops a library's definitions when it is freed
-        import torchvision  # noqa: F401
-
-
-_NMS_SCHEMAS = (
-    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-    "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-)
-_LIBRARY: list = []
-
-
 def _lab_state() -> dict:
     """What a lab could leave behind: its namespaces and its state folders."""
     ns = sorted(p.name for p in Path("/run/netns").glob("mgl-*")) if Path("/run/netns").exists() else []
@@ -113,7 +82,7 @@ def _lab_state() -> dict:
 def minilm(tmp_path_factory):
     """MiniLM's encoder exported from torch to an ONNX file, its single-process forward and transformers' output."""
     torch = pytest.importorskip("torch")
-    _import_torchvision()
+    torchvision_or_none()  # transformers imports an installed torchvision, whose compiled ops may not load here
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("onnx")
     import multigpu

@@ -266,3 +266,23 @@ def test_partition_then_run_an_onnx_file_from_the_command_line(tmp_path, net):
     assert "seeded random init" not in run.stderr  # the file's own weights, not an init
     assert out["check"]["same"] == out["check"]["total"] == 8 and out["check"]["max_abs_diff"] < 1e-5
     assert {w["device"]: w["backend"] for w in out["workers"] if not w["local"]} == {"t": "torch", "p": "paddle"}
+
+
+def test_partition_exports_the_stages_of_an_onnx_file_with_its_own_weights(tmp_path, net, capsys):
+    """``multigpu partition --model net.onnx --export-stages DIR``: the stage files, chained under
+    onnxruntime, give what onnxruntime gives for the whole file (its weights, not an init)."""
+    ort = pytest.importorskip("onnxruntime")
+    from test_onnx_export import run_stages
+
+    from multigpu.cli import main
+
+    _export(net, tmp_path / "net.onnx")
+    argv = ["partition", "--model", str(tmp_path / "net.onnx"), "--cluster", _cluster_file(tmp_path)]
+    pins = ["--pin", "/conv1/Conv=t", "--pin", "/fc/Gemm=p", "--batch-size", "4", "--no-baselines"]
+    assert main([*argv, *pins, "--export-stages", str(tmp_path / "stages")]) == 0
+    assert "the weights of" in capsys.readouterr().err
+    x = np.random.default_rng(0).standard_normal((4, 1, 28, 28)).astype(np.float32)
+    manifest, env = run_stages(tmp_path / "stages", {"input": x})
+    assert len(manifest["stages"]) >= 2
+    whole = ort.InferenceSession(str(tmp_path / "net.onnx"), providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    np.testing.assert_allclose(env[manifest["outputs"][0]], whole[0], rtol=1e-5, atol=1e-5)

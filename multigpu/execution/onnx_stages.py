@@ -174,32 +174,35 @@ def export_stages(
     return manifest
 
 
-def cli_export_check(graph: str, folder: str) -> Model:
-    """``multigpu partition --export-stages``, before the solve: the built-in model that
-    ``--model`` names, once the folder is known to be writable and onnx importable;
-    OnnxExportError for a graph file (it holds costs, not weights) and ExportFolderError."""
+def cli_export_check(graph: str, folder: str, batch: int = 1) -> tuple[Model, list[Any], list[Any], str]:
+    """``multigpu partition --export-stages``, before the solve: the model that ``--model`` names, its
+    parameters and state, and where they come from, once the folder is known to be writable and onnx
+    importable. A built-in model comes with its initial parameters (seed 0); an ONNX file with its own
+    weights, imported at ``batch``. OnnxExportError for a graph file (it holds costs, not weights) and
+    ExportFolderError."""
     from multigpu import models
     from multigpu.models.onnx_export import max_opset
 
-    if graph not in models.MODELS:
+    is_onnx = graph.lower().endswith(".onnx")
+    if graph not in models.MODELS and not is_onnx:
         raise OnnxExportError(
-            f"--export-stages needs --model to name a built-in model ({', '.join(sorted(models.MODELS))}); "
-            f"{graph!r} is a graph file of costs, with no layers or weights to export (from Python, "
-            "multigpu.execution.onnx_stages.export_stages takes any model and its parameters)"
+            f"--export-stages needs --model to name a built-in model ({', '.join(sorted(models.MODELS))}) "
+            f"or an ONNX file; {graph!r} is a graph file of costs, with no layers or weights to export (from "
+            "Python, multigpu.execution.onnx_stages.export_stages takes any model and its parameters)"
         )
     check_export_folder(folder)
     max_opset()  # MissingDependencyError now, not after the solve
-    return models.get(graph)
+    if is_onnx:
+        imp = models.from_onnx(graph, batch=batch)
+        return imp.model, imp.params, imp.state, f"the weights of {graph}"
+    model = models.get(graph)
+    return model, model.init_params(seed=0), model.init_state(), f"{model.name}'s initial parameters, seed 0"
 
 
-def cli_export(model: Model, plan: Any, folder: str) -> None:
-    """Export ``plan``'s stages of ``model`` with its initial parameters (seed 0) and state to
+def cli_export(model: Model, params: list[Any], state: list[Any], source: str, plan: Any, folder: str) -> None:
+    """Export ``plan``'s stages of ``model`` with ``params`` and ``state`` (``source`` says whose) to
     ``folder``; say what was written on stderr (stdout may carry --json)."""
     import sys
 
-    manifest = export_stages(model, model.init_params(seed=0), plan, folder, model.init_state())
-    print(
-        f"wrote {len(manifest['stages'])} stage files and {MANIFEST} to {folder} "
-        f"({model.name}'s initial parameters, seed 0)",
-        file=sys.stderr,
-    )
+    manifest = export_stages(model, params, plan, folder, state)
+    print(f"wrote {len(manifest['stages'])} stage files and {MANIFEST} to {folder} ({source})", file=sys.stderr)

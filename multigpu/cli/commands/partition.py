@@ -125,8 +125,8 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="DIR",
         help="write each stage of the plan as an ONNX file in DIR (new or empty), with manifest.json saying "
-        "which stage feeds which; --model must name a built-in model, exported with its initial "
-        "parameters (seed 0) and a symbolic batch (needs onnx)",
+        "which stage feeds which; --model names a built-in model (exported with its initial parameters, "
+        "seed 0, and a symbolic batch) or an ONNX file (exported with its own weights at --batch-size); needs onnx",
     )
     add_json_output(p, "the plan (assignment, time, energy, cost, baselines, ...)")
     p.add_argument("--verbose", action="store_true", help="print the MILP solver's log")
@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     if args.export_stages is not None:  # before a long solve, not after it
         from multigpu.execution.onnx_stages import cli_export_check
 
-        export_model = cli_export_check(args.model, args.export_stages)
+        export = cli_export_check(args.model, args.export_stages, batch=args.batch_size)
     plan = autopartition(
         graph,
         cluster,
@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     if args.export_stages is not None:
         from multigpu.execution.onnx_stages import cli_export
 
-        cli_export(export_model, plan, args.export_stages)
+        cli_export(*export, plan, args.export_stages)
     base = [] if args.no_baselines else baselines(graph, cluster, args.wt, args.we, args.ship_params, cons)
     if args.json or args.out is not None:
         out = plan.to_dict()

@@ -8,7 +8,9 @@ For each framework, in its own process, on one CPU device, these run alternately
   (``normalize_before``), and for MXNet Gluon blocks written by hand (Gluon 1.9 has none built in),
   each with the framework's own AdamW, embeddings, final LayerNorm and head. Beside each, the compiled
   mode: ``torch.compile``, ``paddle.jit.to_static``, Gluon ``hybridize``. Dropout is 0 in every case
-  (the frameworks draw their own masks; ours draws them in the core), so the work is the same.
+  (the frameworks draw their own masks; ours draws them in the core), so the work is the same. Each
+  timed call ends with the backend's ``synchronize`` (MXNet's ``waitall``), so an asynchronous engine's
+  queued backward and update count in the step that queued them.
 * **MiniLM forward** (torch only): all-MiniLM-L6-v2 on a padded batch of 32 sentences, ours on the
   torch backend against ``transformers``' ``BertModel`` on the same weights (``torch.no_grad``), and
   against ``torch.compile(BertModel)``; and the peak resident memory of that forward, each in a fresh
@@ -227,8 +229,18 @@ def measure_gpt(framework: str, repeat: int, warmup: int, progress: bool) -> dic
         cases["compiled"] = compiled
     except Exception as exc:  # a compiler that fails here is reported, not fatal
         errors["compiled"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+    def sync() -> None:
+        # NOTE: MXNet's engine is asynchronous: reading the loss waits only for the ops that write it, so
+        # a Gluon step returns with its backward and update still queued (ours, with the end of its
+        # update), and without this wait that work is timed in the next case's round. Every case waits for
+        # all its work inside the timed region (waitall; a no-op for torch and Paddle on CPU).
+        tr.backend.synchronize(tr.devices[0])
+
     bar = harness.progress_bar(repeat, f"transformer_step gpt {framework}", progress)
-    wall, cpu = harness.interleaved_wall_cpu(cases, repeat, warmup, progress=bar.update, reverse_odd_rounds=True)
+    wall, cpu = harness.interleaved_wall_cpu(
+        cases, repeat, warmup, sync=sync, progress=bar.update, reverse_odd_rounds=True
+    )
     bar.close()
     return {"samples": wall, "cpu_samples": cpu, "errors": errors, "params": model.num_params()}
 
@@ -423,6 +435,8 @@ def run(opts: Options) -> Result:
         "native GPTs are the same shapes (pre-norm blocks, exact GELU, causal mask, untied head, AdamW with weight "
         "decay 0.01), not the same initial values.",
         "Compiled modes run after one untimed call that compiles; a compiler that failed shows its error.",
+        "Every timed call ends with the backend's synchronize (MXNet's waitall), so MXNet's asynchronous engine "
+        "finishes each case's backward and update inside its own round.",
         "Memory: each case in a fresh process; VmHWM is reset (/proc/self/clear_refs) after the weights load, so "
         "the figure is what the forwards add.",
     ]

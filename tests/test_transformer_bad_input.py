@@ -11,6 +11,7 @@ from multigpu.errors import InputError, ModelError, ParamsError
 from multigpu.models import Input, Model, MultiHeadAttention, Node, RunContext, bert, gpt
 from multigpu.models.checkpoints import load_safetensors, params_from_tensors
 from multigpu.models.inputs import check_tokens
+from multigpu.parallel import DataParallel
 
 DEV = Device("cpu", 0)
 TINY = dict(vocab_size=50, hidden=16, layers=1, heads=4, ffn=32, max_positions=12, seq_len=8)
@@ -44,6 +45,9 @@ def test_a_token_id_outside_the_vocabulary(be, ref):
         check_tokens(bert(**TINY, mask=False), bad)
     msg = _message(be, ref, bert(**TINY, mask=False), bad)
     assert "50" in msg and "49" in msg
+    bad[0, 3] = -1  # below the table: no framework's lookup may wrap or clamp it
+    msg = _message(be, ref, bert(**TINY, mask=False), bad)
+    assert msg.startswith("embedding id -1 is out of range: a table of 50 rows takes ids 0..49")
 
 
 def test_a_sequence_longer_than_the_position_table(be, ref):
@@ -109,3 +113,29 @@ def test_weights_that_lack_a_tensor_or_have_one_of_the_wrong_shape(tmp_path):
         load_safetensors(model, path)
     with pytest.raises(ParamsError, match="does not exist"):
         load_safetensors(model, tmp_path / "absent.safetensors")
+
+
+def test_a_gpt_training_batch_refuses_bad_ids_the_same_on_every_backend(backend_name):
+    """The training entry point (DataParallel.train_batch) names each bad batch as the NumPy reference does."""
+    model = gpt(vocab_size=20, hidden=16, layers=1, heads=4, max_positions=8, seq_len=8)
+    ids = np.arange(16, dtype=np.int64).reshape(2, 8)
+    labels = np.roll(ids, -1, axis=1)
+    bad = {
+        "token id 20 at (1, 2) is outside the vocabulary of gpt (ids 0..19)": (np.where(ids == 10, 20, ids), labels),
+        "token id -3 at (0, 4) is outside the vocabulary of gpt (ids 0..19)": (np.where(ids == 4, -3, ids), labels),
+        "a sequence of 9 tokens is longer than the position table (8 positions)": (
+            np.zeros((2, 9), np.int64),
+            np.zeros((2, 9), np.int64),
+        ),
+        "input_ids have dtype float32; token ids must be integers": (ids.astype(np.float32), labels),
+    }
+    messages = {}
+    for name in (backend_name, "numpy"):
+        dp = DataParallel(model, backend=name, devices=1, optimizer="adamw", lr=1e-3)
+        for start, (x, y) in bad.items():
+            with pytest.raises(InputError) as err:
+                dp.train_batch(x, y)
+            assert str(err.value).startswith(start)
+            messages.setdefault(start, set()).add(str(err.value))
+        assert dp.steps == 0  # nothing was trained on a refused batch
+    assert all(len(m) == 1 for m in messages.values())  # the same message on this backend and the reference

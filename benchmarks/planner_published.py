@@ -34,7 +34,6 @@ INSTANCES = {
     "BERT-24": "throughput-inputs/LayerGraphs/bert24_inference.json",
     "BERT-L3": "throughput-inputs/OperatorGraphs/bert_l-3_inference.json",
     "GNMT": "throughput-inputs/LayerGraphs/gnmt_inference.json",
-    "ResNet-50": "throughput-inputs/LayerGraphs/resnet50_inference.json",
 }
 
 

@@ -101,6 +101,7 @@ class Options:
     backends: tuple[str, ...] | None = None  # None: every installed framework
     threads: int | None = None  # CPU threads per framework process; None: the frameworks' defaults
     lab: bool = False  # run across the hosts of the emulated lab (root): `multigpu bench plans --lab`, `lab`
+    instances: Path | None = None  # `bench planner --instances DIR`: a clone of msr-fiddle/dnn-partitioning
 
     def repeats(self, full: int, quick: int) -> int:
         """Return ``quick`` under ``--quick``, else ``full``."""

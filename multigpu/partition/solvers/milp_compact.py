@@ -46,7 +46,7 @@ def why_not_compact(tables: CostTables, cons: ResolvedConstraints, lower_bound: 
     cluster = tables.cluster
     tab = cluster.tables
     k = cluster.k
-    if cluster.relay is not None:
+    if cluster.engine_vectors.relay is not None:
         return "a relay's CPU depends on the pair"
     if cluster.stage_overhead.any():
         return "stage overheads start on a change of device (per pair)"
@@ -78,7 +78,7 @@ def _senders_receivers(tables: CostTables, nbytes: np.ndarray) -> tuple[np.ndarr
     cluster = tables.cluster
     k, m = cluster.k, len(nbytes)
     send, recv = np.zeros((m, k)), np.zeros((m, k))
-    if k < 2 or not m or not cluster.has_transfer_cpu:
+    if k < 2 or not m or not cluster.engine_vectors.has_transfer_cpu:
         return send, recv
     d = np.tile(np.arange(k), m)
     other = (d + 1) % k

@@ -596,7 +596,7 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
         vals.append(oh[tm.s_dev])
         serial.append(vals[-1] * busy[tm.s_dev])
         scale.append(cluster.compute_cores[tm.s_dev])
-    if cluster.has_transfer_cpu:
+    if cluster.engine_vectors.has_transfer_cpu:
         j, d, val, ser = transfer_cpu_terms(cluster, tm.t_u, tm.t_v, tm.t_bytes)
         devs.append(d)
         cols.append(tm.t_col[j])
@@ -605,7 +605,7 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
         scale.append(np.ones(len(val)))
     dev, col, val, ser = (np.concatenate(devs), np.concatenate(cols), np.concatenate(vals), np.concatenate(serial))
     host_rows, host_of_term, host_val = host_terms(cluster, dev, val, ser, np.concatenate(scale))
-    pu, pv = np.nonzero(np.triu(tab.usable & ~cluster.cpu_links, 1))
+    pu, pv = np.nonzero(np.triu(tab.usable & ~cluster.engine_vectors.cpu_links, 1))
     pair_of = -np.ones((k, k), dtype=np.int64)
     pair_of[pu, pv] = pair_of[pv, pu] = np.arange(len(pu))
     usable = tab.usable[tm.t_u, tm.t_v]

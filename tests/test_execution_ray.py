@@ -80,15 +80,7 @@ def local_ray():
     if ray.is_initialized():  # pragma: no cover - another module left one running
         ray.shutdown()
     before = descendants(os.getpid())
-    from multigpu.execution.engine import LOCAL_SYSTEM_CONFIG
-
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.ERROR,
-        _system_config=LOCAL_SYSTEM_CONFIG,
-    )
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     seen = descendants(os.getpid()) - before
     assert seen, "ray.init started no process"
     workers: set[int] = set()

@@ -389,7 +389,7 @@ def profile(
                 registry.require_installed(spec.backend)
     from multigpu.execution import engine as ray_engine
 
-    inline = ray_engine.inline_payload_bytes(session.address if session is not None else address)
+    inline = ray_engine.inline_payload_bytes()
     link_payloads = sorted(set(int(s) for s in sizes)) if sizes else link_sizes(model_list, batch, inline_bytes=inline)
     if any(s < 4 or s % 4 for s in link_payloads):
         raise InputError(f"sizes={list(link_payloads)} must be positive multiples of 4 bytes (float32 payloads)")

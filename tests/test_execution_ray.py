@@ -23,6 +23,7 @@ import multigpu
 from multigpu.errors import DeviceError, InputError, PlanError, WorkerDiedError, WorkerTimeoutError
 from multigpu.execution import Session, profile, run_partitioned
 from multigpu.execution.cores import usable_cores
+from multigpu.execution.engine import inline_payload_bytes
 from multigpu.partition import Cluster, DeviceSpec, LinkSpec, autopartition, evaluate, graph_from_model, load_cluster
 
 ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
@@ -275,6 +276,8 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     # What Ray adds to the hardware is the cluster's engine profile, not the devices'.
     eng = cl.engine
     assert eng is not None and eng.name == "ray" and sorted(eng.transfer_cpu) == cl.names
+    # The local instance keeps Ray's own inline threshold, and the profile records it.
+    assert eng.inline_bytes == inline_payload_bytes() == 100 * 1024 - 256
     assert all(f.fixed + f.per_byte > 0 for f in eng.transfer_cpu.values())
     assert eng.relay is not None and eng.relay.device == "host"
     routes = {s.route for s in res.transfer_cpu.samples}

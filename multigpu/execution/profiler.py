@@ -522,7 +522,9 @@ def profile(
         {name: h for name, (h, _) in host_of.items()},
         hosts,
         cpu_fit,
-        cluster_inline,
+        # The profile records the engine's threshold even where no probe straddled it (then
+        # both regimes share each figure, and a later profile that straddles it fits both).
+        cluster_inline or inline,
         message_bytes,
     )
     return ProfileResult(

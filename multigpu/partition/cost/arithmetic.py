@@ -18,7 +18,6 @@ from multigpu.partition.cost.choices import compute_times, param_energy, param_t
 from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
-from multigpu.partition.inputs.hosts import is_inline
 
 __all__ = [
     "AssignmentArrays",
@@ -317,36 +316,9 @@ def transfer_cpu_terms(
     """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds,
     serial seconds) quadruples: ``transfer_cpu`` of the sender (its send figure) and of the
     receiver (its receive figure), and the relay's figure where the relay is neither; the
-    serial seconds are the part on the device's computing thread. Empty when no transfer costs CPU."""
-    u, v, b = np.asarray(u, dtype=np.intp), np.asarray(v, dtype=np.intp), np.asarray(b, dtype=float)
-    ev = cluster.engine_vectors
-    if not ev.has_transfer_cpu or len(u) == 0:
-        empty = np.zeros(0, dtype=np.intp)
-        return empty, empty, np.zeros(0), np.zeros(0)
-    # A transfer of at most the profile's inline_bytes travels inside the engine's own
-    # message: its fixed figures are the inline ones (``fixed`` where a device gives none).
-    inline = is_inline(b, ev.inline_bytes)
-
-    def fixed(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return (
-            np.where(inline, ev.cpu_inline_fixed[d], ev.cpu_fixed[d]),
-            np.where(inline, ev.cpu_serial_inline_fixed[d], ev.cpu_serial_fixed[d]),
-        )
-
-    (fu, sfu), (fv, sfv) = fixed(u), fixed(v)
-    c, cr = ev.cpu_per_byte, ev.cpu_receive_per_byte
-    sc, scr = ev.cpu_serial_per_byte, ev.cpu_serial_receive_per_byte
-    j = np.arange(len(u))
-    parts = [(j, u, fu + c[u] * b, sfu + sc[u] * b), (j, v, fv + cr[v] * b, sfv + scr[v] * b)]
-    r = ev.relay_index
-    if r >= 0:
-        via = (u != r) & (v != r)
-        relay = ev.relay
-        assert relay is not None
-        bv, ib = b[via], ev.inline_bytes
-        parts.append((j[via], np.full(int(via.sum()), r), relay.cost(bv, ib), relay.serial_cost(bv, ib)))
-    index, device, seconds, serial = (np.concatenate([p[i] for p in parts]) for i in range(4))
-    return index, device, seconds, serial
+    serial seconds are the part on the device's computing thread. Empty when no transfer costs CPU.
+    The engine profile prices them (``EngineVectors.transfer_cpu_terms``)."""
+    return cluster.engine_vectors.transfer_cpu_terms(u, v, b)
 
 
 def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from multigpu.partition.exceptions import ClusterError
-from multigpu.partition.inputs.hosts import Relay, TransferCpu, relay_from_dict, transfer_cpu_from_dict
+from multigpu.partition.inputs.hosts import Relay, TransferCpu, is_inline, relay_from_dict, transfer_cpu_from_dict
 from multigpu.partition.inputs.validate import check_keys, check_name, check_number, check_number_map
 
 __all__ = ["ENGINE_KEYS", "EngineProfile", "EngineVectors", "engine_from_flat_keys"]
@@ -340,6 +340,40 @@ class EngineVectors:
             relay=relay,
             inline_bytes=prof.inline_bytes,
         )
+
+    def transfer_cpu_terms(
+        self, u: np.ndarray, v: np.ndarray, b: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What the engine charges in CPU for transfers u[j] -> v[j] of b[j] bytes (u != v), as
+        (j, device, seconds, serial seconds) terms: the sender's send figure, the receiver's
+        receive figure, and the relay's figure where the relay is neither end; the serial
+        seconds are the part on the device's computing thread. Empty when no transfer costs CPU."""
+        u, v, b = np.asarray(u, dtype=np.intp), np.asarray(v, dtype=np.intp), np.asarray(b, dtype=float)
+        if not self.has_transfer_cpu or len(u) == 0:
+            empty = np.zeros(0, dtype=np.intp)
+            return empty, empty, np.zeros(0), np.zeros(0)
+        # A transfer of at most inline_bytes travels inside the engine's own message: its
+        # fixed figures are the inline ones (``fixed`` where a device gives none).
+        inline = is_inline(b, self.inline_bytes)
+
+        def fixed(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return (
+                np.where(inline, self.cpu_inline_fixed[d], self.cpu_fixed[d]),
+                np.where(inline, self.cpu_serial_inline_fixed[d], self.cpu_serial_fixed[d]),
+            )
+
+        (fu, sfu), (fv, sfv) = fixed(u), fixed(v)
+        c, cr = self.cpu_per_byte, self.cpu_receive_per_byte
+        sc, scr = self.cpu_serial_per_byte, self.cpu_serial_receive_per_byte
+        j = np.arange(len(u))
+        parts = [(j, u, fu + c[u] * b, sfu + sc[u] * b), (j, v, fv + cr[v] * b, sfv + scr[v] * b)]
+        r = self.relay_index
+        if r >= 0 and self.relay is not None:
+            via = (u != r) & (v != r)
+            bv, ib = b[via], self.inline_bytes
+            parts.append((j[via], np.full(int(via.sum()), r), self.relay.cost(bv, ib), self.relay.serial_cost(bv, ib)))
+        index, device, seconds, serial = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        return index, device, seconds, serial
 
     @property
     def has_transfer_cpu(self) -> bool:

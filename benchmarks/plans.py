@@ -39,7 +39,15 @@ from multigpu.contract.registry import PREFERRED
 from multigpu.errors import InputError
 from multigpu.execution import Session, profile
 from multigpu.lab.accounting import ACCOUNT_ENV
-from multigpu.partition import Cluster, Constraints, DeviceSpec, autopartition, evaluate, graph_from_model
+from multigpu.partition import (
+    Cluster,
+    Constraints,
+    DeviceSpec,
+    EngineProfile,
+    autopartition,
+    evaluate,
+    graph_from_model,
+)
 from multigpu.partition.stages import split_stages, stages_summary
 
 TITLE = (
@@ -251,8 +259,11 @@ def _summary(p: dict[str, Any]) -> str:
 def _unshared(cluster: Cluster) -> Cluster:
     """The cluster without what a pipelined run shares: no hosts, transfer CPU or relay
     (the cost model before those terms: each device and link its own resource)."""
-    devices = tuple(dataclasses.replace(d, host=None, transfer_cpu=None) for d in cluster.devices)
-    return dataclasses.replace(cluster, devices=devices, hosts=(), relay=None)
+    devices = tuple(dataclasses.replace(d, host=None) for d in cluster.devices)
+    engine = cluster.engine
+    if engine is not None:
+        engine = dataclasses.replace(engine, transfer_cpu={}, relay=None)
+    return dataclasses.replace(cluster, devices=devices, hosts=(), engine=engine)
 
 
 def _load() -> float:
@@ -950,13 +961,14 @@ def _report(
             f"{1e9 * (f.serial_cost(1.0) - f.serial_cost(0.0)):.3f}",
         ]
 
+    engine = cluster.engine if cluster.engine is not None else EngineProfile()
     cpu_rows = [
-        [d.name, d.host or "-", *cpu_cells(d.transfer_cpu)] for d in cluster.devices if d.transfer_cpu is not None
+        [d.name, d.host or "-", *cpu_cells(engine.transfer_cpu[d.name])]
+        for d in cluster.devices
+        if d.name in engine.transfer_cpu
     ]
-    if cluster.relay is not None:
-        cpu_rows.append(
-            [f"{cluster.relay.device} (relay: each hop between two workers)", "-", *cpu_cells(cluster.relay)]
-        )
+    if engine.relay is not None:
+        cpu_rows.append([f"{engine.relay.device} (relay: each hop between two workers)", "-", *cpu_cells(engine.relay)])
     cpu_table = Table(
         "The profile: CPU per transfer (each one a device sends or receives), measured as process CPU "
         "time through the engine; serial: the part on the thread that runs the calls",
@@ -965,8 +977,8 @@ def _report(
         note="Hosts: "
         + ", ".join(f"{h.name} ({h.cores:g} cores)" for h in cluster.hosts)
         + (
-            f". Inline fixed: a transfer of at most {cluster.inline_bytes} bytes (inside Ray's message; '-': fixed)."
-            if cluster.inline_bytes
+            f". Inline fixed: a transfer of at most {engine.inline_bytes} bytes (inside Ray's message; '-': fixed)."
+            if engine.inline_bytes
             else "."
         ),
     )

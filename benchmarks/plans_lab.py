@@ -317,7 +317,7 @@ def run_lab(opts: Options) -> Result:
 def _message_bytes(prof: Any) -> str:
     """One profile's message_bytes and the bytes solved per worker's link ('-': the CPU set that stream's rate)."""
     per = ", ".join(f"{w} {'-' if m is None else f'{m / 1e3:.2g} KB'}" for w, m in prof.stream_message_bytes.items())
-    m = prof.cluster.message_bytes
+    m = None if prof.cluster.engine is None else prof.cluster.engine.message_bytes
     return f"{'not fitted' if m is None else f'{m / 1e3:.3g} KB'} ({per or 'no stream'})"
 
 

@@ -11,13 +11,8 @@ import pytest
 def local_ray():
     """One local Ray instance, two CPUs, for the importing test module; shut down after it."""
     ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
-    from multigpu.execution.engine import LOCAL_SYSTEM_CONFIG
-
     if ray.is_initialized():  # pragma: no cover - another module left one running
         ray.shutdown()
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-        _system_config=LOCAL_SYSTEM_CONFIG,
-    )  # fmt: skip
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     yield
     ray.shutdown()

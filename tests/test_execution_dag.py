@@ -210,17 +210,9 @@ ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'mu
 def local_ray():
     import logging
 
-    from multigpu.execution.engine import LOCAL_SYSTEM_CONFIG
-
     started = not ray.is_initialized()
     if started:
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.ERROR,
-            _system_config=LOCAL_SYSTEM_CONFIG,
-        )
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     yield
     if started:
         ray.shutdown()

@@ -23,6 +23,7 @@ import multigpu
 from multigpu.errors import DeviceError, InputError, PlanError, WorkerDiedError, WorkerTimeoutError
 from multigpu.execution import Session, profile, run_partitioned
 from multigpu.execution.cores import usable_cores
+from multigpu.execution.engine import inline_payload_bytes
 from multigpu.partition import Cluster, DeviceSpec, LinkSpec, autopartition, evaluate, graph_from_model, load_cluster
 
 ray = pytest.importorskip("ray", reason="the executor needs Ray (pip install 'multigpu[cluster]')")
@@ -80,15 +81,7 @@ def local_ray():
     if ray.is_initialized():  # pragma: no cover - another module left one running
         ray.shutdown()
     before = descendants(os.getpid())
-    from multigpu.execution.engine import LOCAL_SYSTEM_CONFIG
-
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.ERROR,
-        _system_config=LOCAL_SYSTEM_CONFIG,
-    )
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     seen = descendants(os.getpid()) - before
     assert seen, "ray.init started no process"
     workers: set[int] = set()
@@ -280,14 +273,19 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     # One host, this machine's cores; every process's CPU per transfer; the driver relays.
     assert [h.name for h in cl.hosts] == [socket.gethostname()] and cl.hosts[0].cores == usable_cores()
     assert all(d.host == socket.gethostname() for d in cl.devices)
-    assert all(d.transfer_cpu is not None and d.transfer_cpu.fixed + d.transfer_cpu.per_byte > 0 for d in cl.devices)
-    assert cl.relay is not None and cl.relay.device == "host"
+    # What Ray adds to the hardware is the cluster's engine profile, not the devices'.
+    eng = cl.engine
+    assert eng is not None and eng.name == "ray" and sorted(eng.transfer_cpu) == cl.names
+    # The local instance keeps Ray's own inline threshold, and the profile records it.
+    assert eng.inline_bytes == inline_payload_bytes() == 100 * 1024 - 256
+    assert all(f.fixed + f.per_byte > 0 for f in eng.transfer_cpu.values())
+    assert eng.relay is not None and eng.relay.device == "host"
     routes = {s.route for s in res.transfer_cpu.samples}
     assert ("w1",) in routes and ("w2",) in routes and ("w1", "w2") in routes
     # Each worker alone also one way (the payload in, one float32 out), so the profile
     # prices a byte received apart from a byte sent.
     assert {(s.route, s.sent) for s in res.transfer_cpu.samples if s.sent != s.nbytes} == {(("w1",), 4), (("w2",), 4)}
-    assert all(d.transfer_cpu.receive_per_byte is not None for d in cl.devices)
+    assert all(f.receive_per_byte is not None for f in eng.transfer_cpu.values())
     assert all(t > 0 for s in res.transfer_cpu.samples for t in s.cpu.values())
     # The report gives each device's two figures and the relay its one.
     text = res.format()
@@ -296,11 +294,11 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     assert "received" not in relay_line
     # Every device also timed whole passes one after another (the driver back to back, a
     # worker call after call): a plan with every layer on it is priced so.
-    assert all(d.warm_pass[g.name] > 0 for d in cl.devices)
+    assert all(eng.warm_pass[d.name][g.name] > 0 for d in cl.devices)
     for d in cl.devices:
         local = evaluate(g, cl, [d.name] * g.n)
         cold = sum(d.measured(g.name).values()) + d.stage_overhead
-        assert local.compute_time + local.stage_time == pytest.approx(min(d.warm_pass[g.name], cold)), d.name
+        assert local.compute_time + local.stage_time == pytest.approx(min(eng.warm_pass[d.name][g.name], cold)), d.name
     assert any(p.device == "w1" and p.warm is not None for p in res.passes)
     plan = autopartition(g, cl)
     # A split plan prices a layer at its measured time; a plan on one device (which one wins
@@ -316,13 +314,10 @@ def test_the_profile_loads_in_the_cost_model_and_prices_runs(local_ray, tmp_path
     assert bd.hosts[0].load == pytest.approx(
         sum(d.compute_time + d.stage_overhead + d.transfer_cpu for d in bd.devices)
     )
-    assert all(
-        d.transfer_cpu.serial_fixed is not None and d.transfer_cpu.serial_fixed <= d.transfer_cpu.fixed
-        for d in cl.devices
-    )
+    assert all(f.serial_fixed is not None and f.serial_fixed <= f.fixed for f in eng.transfer_cpu.values())
     assert "predicted" in r.format_compare() and "end to end" in r.format_compare()
     # A local instance passes every payload inside Ray's messages: no stream to probe, no message bytes.
-    assert res.streams == [] and cl.message_bytes is None
+    assert res.streams == [] and eng.message_bytes is None
 
 
 def test_a_stream_probe_loads_the_link_one_way(local_ray):

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from multigpu.partition import Cluster, DeviceSpec, Graph, LayerSpec, LinkSpec
+from multigpu.partition import Cluster, DeviceSpec, EngineProfile, Graph, LayerSpec, LinkSpec
 from multigpu.partition.cost.arithmetic import bottleneck_of, memory_use
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import GraphError
@@ -180,15 +180,20 @@ def test_compact_equals_pairwise_on_random_uniform_clusters(seed):
             float(10 ** rng.uniform(10, 11)),
             1.0,
             mem if i else None,
-            transfer_cpu=TransferCpu(
-                fixed=float(rng.uniform(0, 1e-3)),
-                per_byte=float(rng.uniform(0, 2e-9)),
-                receive_per_byte=float(rng.uniform(0, 2e-9)),
-            ),
         )
         for i in range(3)
     )
-    cluster = Cluster(devices, source="d0", default_link=LinkSpec(1e15, 0.0), name="uniform")
+    cpu = {
+        f"d{i}": TransferCpu(
+            fixed=float(rng.uniform(0, 1e-3)),
+            per_byte=float(rng.uniform(0, 2e-9)),
+            receive_per_byte=float(rng.uniform(0, 2e-9)),
+        )
+        for i in range(3)
+    }
+    cluster = Cluster(
+        devices, source="d0", default_link=LinkSpec(1e15, 0.0), engine=EngineProfile(transfer_cpu=cpu), name="uniform"
+    )
     tables = CostTables.build(graph, cluster, False)
     cons = Constraints.coerce({}).resolve(graph, cluster)
     assert why_not_compact(tables, cons, bottleneck_lower_bound(tables, cons)) is None

@@ -35,27 +35,27 @@ def graph(out_bytes: float) -> Graph:
 def cluster(message_bytes: float | None = None) -> Cluster:
     cd = {
         "devices": [{"name": "drv", "flops": 1e9, "power": 5.0}, {"name": "pi", "flops": 1e9, "power": 5.0}],
-        "links": [{"between": ["drv", "pi"], "bandwidth": WIFI, "latency": 16e-3, "inline_latency": 2e-3}],
+        "links": [{"between": ["drv", "pi"], "bandwidth": WIFI, "latency": 16e-3}],
         "source": "drv",
-        "inline_bytes": 1000,
+        "engine": {"inline_bytes": 1000, "inline_latency": [{"between": ["drv", "pi"], "latency": 2e-3}]},
     }
     if message_bytes is not None:
-        cd["message_bytes"] = message_bytes
+        cd["engine"]["message_bytes"] = message_bytes
     return Cluster.from_dict(cd)
 
 
 @pytest.mark.parametrize("value, match", [(-1.0, r"message_bytes=-1\.0 must be"), ("x", r"message_bytes='x'")])
 def test_bad_message_bytes_names_the_value_and_the_fix(value, match):
     cd = cluster().to_dict()
-    cd["message_bytes"] = value
+    cd["engine"]["message_bytes"] = value
     with pytest.raises(ClusterError, match=match):
         Cluster.from_dict(cd)
 
 
 def test_message_bytes_round_trip():
     cl = cluster(4500.0)
-    assert Cluster.from_dict(json.loads(json.dumps(cl.to_dict()))).message_bytes == 4500.0
-    assert "message_bytes" not in cluster().to_dict()
+    assert Cluster.from_dict(json.loads(json.dumps(cl.to_dict()))).engine.message_bytes == 4500.0
+    assert "message_bytes" not in cluster().to_dict()["engine"]
 
 
 def test_a_stream_charges_the_payload_and_the_messages_not_the_latency():
@@ -138,5 +138,5 @@ def test_no_fit_where_the_hosts_not_the_link_set_the_rate():
 
 def test_the_streamed_payload_goes_through_the_object_store():
     assert stream_probe_size([64, 384, 4096, 65536, 655360], 1024) == 65536
-    assert stream_probe_size([256, 4096], 64 * 2**20) is None  # a local instance passes it all inline
+    assert stream_probe_size([256, 4096], 100 * 1024) is None  # under Ray's default threshold: all inline
     assert stream_probe_size([2 * MAX_STREAM_PROBE], 0) is None

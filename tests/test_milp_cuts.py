@@ -109,9 +109,9 @@ def test_milp_prices_a_small_edge_with_the_inline_latency() -> None:
             {"name": "d0", "flops": 1e9, "power": 0.0, "stage_overhead": 1e-5},
             {"name": "d1", "flops": 1e9, "power": 0.0},
         ],
-        "links": [{"between": ["d0", "d1"], "bandwidth": 1e5, "latency": 0.0, "inline_latency": 1e-4}],
+        "links": [{"between": ["d0", "d1"], "bandwidth": 1e5, "latency": 0.0}],
         "source": "d0",
-        "inline_bytes": 1000,
+        "engine": {"inline_bytes": 1000, "inline_latency": [{"between": ["d0", "d1"], "latency": 1e-4}]},
     }
     graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
     tables = CostTables.build(graph, cluster, False)

@@ -13,6 +13,7 @@ from multigpu.partition import (
     Cluster,
     ClusterError,
     DeviceSpec,
+    EngineProfile,
     Graph,
     LayerSpec,
     LinkSpec,
@@ -37,16 +38,18 @@ def cluster(cores=None, relay=True, driver_flops=1e8) -> Cluster:
     host = "box" if cores is not None else None
     cpu = TransferCpu(fixed=1 * MS)
     devices = (
-        DeviceSpec("d", driver_flops, 0.0, host=host, transfer_cpu=cpu),
-        DeviceSpec("a", 1e9, 0.0, host=host, transfer_cpu=cpu),
-        DeviceSpec("b", 1e9, 0.0, host=host, transfer_cpu=cpu),
+        DeviceSpec("d", driver_flops, 0.0, host=host),
+        DeviceSpec("a", 1e9, 0.0, host=host),
+        DeviceSpec("b", 1e9, 0.0, host=host),
     )
     return Cluster(
         devices=devices,
         source="d",
         default_link=LinkSpec(1e9, 1e-5),
         hosts=(HostSpec("box", cores),) if cores is not None else (),
-        relay=Relay("d", 0.5 * MS) if relay else None,
+        engine=EngineProfile(
+            transfer_cpu={"d": cpu, "a": cpu, "b": cpu}, relay=Relay("d", 0.5 * MS) if relay else None
+        ),
     )
 
 
@@ -119,22 +122,26 @@ def test_fields_round_trip_through_the_file(tmp_path):
     back = load_cluster(f)
     assert back == cl
     data = json.loads(f.read_text())
-    assert data["hosts"] == {"box": {"cores": 2.0}} and data["relay"] == {
+    assert data["hosts"] == {"box": {"cores": 2.0}} and data["engine"]["relay"] == {
         "device": "d",
         "fixed": 0.5 * MS,
         "per_byte": 0.0,
     }
-    assert data["devices"][1]["host"] == "box" and data["devices"][1]["transfer_cpu"] == {"fixed": MS, "per_byte": 0.0}
+    assert data["devices"][1] == {"name": "a", "flops": 1e9, "power": 0.0, "host": "box"}
+    assert data["engine"]["transfer_cpu"]["a"] == {"fixed": MS, "per_byte": 0.0}
 
 
 def base() -> dict:
     return {
         "devices": [
             {"name": "d", "flops": 1e9, "power": 0, "host": "box"},
-            {"name": "a", "flops": 1e9, "power": 0, "host": "box", "transfer_cpu": {"fixed": 1e-4, "per_byte": 1e-9}},
+            {"name": "a", "flops": 1e9, "power": 0, "host": "box"},
         ],
         "hosts": {"box": {"cores": 2}},
-        "relay": {"device": "d", "fixed": 1e-4},
+        "engine": {
+            "transfer_cpu": {"a": {"fixed": 1e-4, "per_byte": 1e-9}},
+            "relay": {"device": "d", "fixed": 1e-4},
+        },
         "source": "d",
     }
 
@@ -157,23 +164,27 @@ def base() -> dict:
         (lambda c: c.update(hosts=[{"cores": 2}]), '"hosts" must be a non-empty object'),
         (lambda c: c["devices"][0].update(host=""), "device 'd': host must be a non-empty string"),
         (
-            lambda c: c["devices"][1]["transfer_cpu"].update(fixed=-1e-4),
+            lambda c: c["engine"]["transfer_cpu"]["a"].update(fixed=-1e-4),
             "device 'a': transfer_cpu: fixed=-0.0001 must be at least 0",
         ),
         (
-            lambda c: c["devices"][1]["transfer_cpu"].update(per_byte=float("nan")),
+            lambda c: c["engine"]["transfer_cpu"]["a"].update(per_byte=float("nan")),
             "device 'a': transfer_cpu: per_byte=nan must be a finite number",
         ),
         (
-            lambda c: c["devices"][1]["transfer_cpu"].update(latency=1e-4),
+            lambda c: c["engine"]["transfer_cpu"]["a"].update(latency=1e-4),
             "device 'a': transfer_cpu has unknown key 'latency'",
         ),
-        (lambda c: c["devices"][1].update(transfer_cpu=1e-4), "device 'a': transfer_cpu must be an object"),
-        (lambda c: c["devices"][1]["transfer_cpu"].pop("fixed"), "transfer_cpu is missing the key 'fixed'"),
-        (lambda c: c["relay"].update(device="driver"), "relay device 'driver' is not a device; choose one of: d, a"),
-        (lambda c: c["relay"].update(fixed=-1.0), "relay: fixed=-1.0 must be at least 0"),
-        (lambda c: c["relay"].pop("device"), "relay is missing the key 'device'"),
-        (lambda c: c["relay"].update(cores=1), "relay has unknown key 'cores'"),
+        (lambda c: c["engine"]["transfer_cpu"].update(a=1e-4), "device 'a': transfer_cpu must be an object"),
+        (lambda c: c["engine"].update(transfer_cpu=[]), "engine: transfer_cpu must be an object mapping a device"),
+        (lambda c: c["engine"]["transfer_cpu"]["a"].pop("fixed"), "transfer_cpu is missing the key 'fixed'"),
+        (
+            lambda c: c["engine"]["relay"].update(device="driver"),
+            "relay device names 'driver', which is not a device; choose one of: d, a",
+        ),
+        (lambda c: c["engine"]["relay"].update(fixed=-1.0), "relay: fixed=-1.0 must be at least 0"),
+        (lambda c: c["engine"]["relay"].pop("device"), "relay is missing the key 'device'"),
+        (lambda c: c["engine"]["relay"].update(cores=1), "relay has unknown key 'cores'"),
         (lambda c: c.update(host={"box": 2}), "cluster has unknown key 'host'"),
     ],
 )
@@ -188,7 +199,7 @@ def test_bad_host_and_cpu_fields_are_rejected_on_load(edit, match, tmp_path):
 def _refused(tmp_path, data, cases):
     """Each (transfer_cpu extra keys, message) case, set on device 'a', is refused with the message."""
     for tc, match in cases:
-        data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9, **tc}
+        data["engine"]["transfer_cpu"]["a"] = {"fixed": 1e-4, "per_byte": 1e-9, **tc}
         with pytest.raises(ClusterError, match=match):
             load_cluster(_write(tmp_path, data))
 
@@ -208,12 +219,15 @@ def test_a_link_inside_one_host_with_transfer_cpu_is_no_resource():
     def two(host_a, cpu_a, d_flops=1e9):
         return Cluster(
             devices=(
-                DeviceSpec("d", d_flops, 0.0, host="box", transfer_cpu=TransferCpu(0.1 * MS)),
-                DeviceSpec("a", 1e9, 0.0, host=host_a, transfer_cpu=TransferCpu(0.1 * MS) if cpu_a else None),
+                DeviceSpec("d", d_flops, 0.0, host="box"),
+                DeviceSpec("a", 1e9, 0.0, host=host_a),
             ),
             source="d",
             default_link=LinkSpec(1e9, 5 * MS),
             hosts=(HostSpec("box", 4),) + ((HostSpec("other", 4),) if host_a == "other" else ()),
+            engine=EngineProfile(
+                transfer_cpu={"d": TransferCpu(0.1 * MS)} | ({"a": TransferCpu(0.1 * MS)} if cpu_a else {})
+            ),
         )
 
     g = graph()
@@ -242,13 +256,12 @@ def test_a_host_of_one_device_counts_the_cpu_off_its_computing_thread():
     cl = Cluster(
         devices=(
             DeviceSpec("d0", 1e12, 0.0),
-            DeviceSpec(
-                "d1", 1e9, 0.0, host="h0", transfer_cpu=TransferCpu(0.0, 1e-8, serial_fixed=0.0, serial_per_byte=0.0)
-            ),
+            DeviceSpec("d1", 1e9, 0.0, host="h0"),
         ),
         source="d1",
         default_link=LinkSpec(1e10, 0.0),
         hosts=(HostSpec("h0", 1),),
+        engine=EngineProfile(transfer_cpu={"d1": TransferCpu(0.0, 1e-8, serial_fixed=0.0, serial_per_byte=0.0)}),
     )
     away = evaluate(g, cl, ["d1", "d0"])
     assert away.device("d1").load == 0.0 and away.device("d1").transfer_cpu == pytest.approx(0.100001)
@@ -259,11 +272,11 @@ def test_a_host_of_one_device_counts_the_cpu_off_its_computing_thread():
 
 def test_serial_part_round_trips_and_is_checked(tmp_path):
     data = base()
-    data["devices"][1]["transfer_cpu"]["serial"] = {"fixed": 5e-5, "per_byte": 5e-10}
-    data["relay"]["serial"] = {"fixed": 2e-5}
+    data["engine"]["transfer_cpu"]["a"]["serial"] = {"fixed": 5e-5, "per_byte": 5e-10}
+    data["engine"]["relay"]["serial"] = {"fixed": 2e-5}
     cl = load_cluster(_write(tmp_path, data))
-    a = cl.devices[1].transfer_cpu
-    assert (a.serial_fixed, a.serial_per_byte) == (5e-5, 5e-10) and cl.relay.serial_cost(0) == 2e-5
+    a = cl.engine.transfer_cpu["a"]
+    assert (a.serial_fixed, a.serial_per_byte) == (5e-5, 5e-10) and cl.engine.relay.serial_cost(0) == 2e-5
     assert load_cluster(_write(tmp_path, cl.to_dict())) == cl
     for serial, match in (
         ({"fixed": 2e-4}, "serial: fixed = 0.0002 is more than the whole fixed = 0.0001"),
@@ -271,7 +284,7 @@ def test_serial_part_round_trips_and_is_checked(tmp_path):
         ({"fixed": 1e-5, "share": 1}, "serial has unknown key 'share'"),
         ({"fixed": -1e-5}, "serial: fixed=-1e-05 must be at least 0"),
     ):
-        data["devices"][1]["transfer_cpu"]["serial"] = serial
+        data["engine"]["transfer_cpu"]["a"]["serial"] = serial
         with pytest.raises(ClusterError, match=match):
             load_cluster(_write(tmp_path, data))
 
@@ -283,22 +296,25 @@ def test_a_receive_figure_prices_what_a_device_receives_and_round_trips(tmp_path
     g = Graph(layers=(LayerSpec("l0", 0.0, 0.0, 1e6), LayerSpec("l1", 0.0, 0.0, 100.0)), input_bytes=0.0, name="g2")
     cl = Cluster(
         devices=(
-            DeviceSpec("d0", 1e12, 0.0, transfer_cpu=TransferCpu(1e-4, 2e-9)),
-            DeviceSpec("d1", 1e9, 0.0, transfer_cpu=TransferCpu(1e-4, 1e-10, receive_per_byte=1e-8)),
+            DeviceSpec("d0", 1e12, 0.0),
+            DeviceSpec("d1", 1e9, 0.0),
         ),
         source="d0",
         default_link=LinkSpec(1e10, 0.0),
+        engine=EngineProfile(
+            transfer_cpu={"d0": TransferCpu(1e-4, 2e-9), "d1": TransferCpu(1e-4, 1e-10, receive_per_byte=1e-8)}
+        ),
     )
     r = evaluate(g, cl, ["d0", "d1"])
     assert r.device("d1").transfer_cpu == pytest.approx((1e-4 + 1e-8 * 1e6) + (1e-4 + 1e-10 * 100))
     assert r.device("d0").transfer_cpu == pytest.approx((1e-4 + 2e-9 * 1e6) + (1e-4 + 2e-9 * 100))
     # The file form: the key, its serial part, and what is refused.
     data = base()
-    data["devices"][1]["transfer_cpu"].update(
+    data["engine"]["transfer_cpu"]["a"].update(
         receive_per_byte=4e-9, serial={"fixed": 5e-5, "per_byte": 5e-10, "receive_per_byte": 1e-9}
     )
     back = load_cluster(_write(tmp_path, data))
-    a = back.devices[1].transfer_cpu
+    a = back.engine.transfer_cpu["a"]
     assert (a.receive_per_byte, a.serial_receive_per_byte) == (4e-9, 1e-9)
     assert a.receive_cost(1000) == pytest.approx(1e-4 + 4e-6) and a.serial_receive_cost(1000) == pytest.approx(
         5e-5 + 1e-6
@@ -324,8 +340,8 @@ def test_a_receive_figure_prices_what_a_device_receives_and_round_trips(tmp_path
             ),
         ),
     )
-    data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "per_byte": 1e-9}
-    data["relay"]["receive_per_byte"] = 1e-9
+    data["engine"]["transfer_cpu"]["a"] = {"fixed": 1e-4, "per_byte": 1e-9}
+    data["engine"]["relay"]["receive_per_byte"] = 1e-9
     with pytest.raises(ClusterError, match="relay has unknown key 'receive_per_byte'"):
         load_cluster(_write(tmp_path, data))
 
@@ -338,15 +354,18 @@ def test_an_inline_figure_prices_the_transfers_inside_the_engines_message_and_ro
     g = Graph(layers=(LayerSpec("l0", 0.0, 0.0, 1e6), LayerSpec("l1", 0.0, 0.0, 100.0)), input_bytes=0.0, name="g2")
     cl = Cluster(
         devices=(
-            DeviceSpec("d0", 1e12, 0.0, transfer_cpu=TransferCpu(3e-3, 1e-9, inline_fixed=4e-4)),
-            DeviceSpec("d1", 1e9, 0.0, transfer_cpu=TransferCpu(2e-3, 1e-9)),
+            DeviceSpec("d0", 1e12, 0.0),
+            DeviceSpec("d1", 1e9, 0.0),
             DeviceSpec("d2", 1e9, 0.0),
         ),
         source="d0",
         sink="d2",
         default_link=LinkSpec(1e10, 0.0),
-        inline_bytes=1000,
-        relay=Relay("d0", 1e-3, 0.0, inline_fixed=1e-4),
+        engine=EngineProfile(
+            inline_bytes=1000,
+            transfer_cpu={"d0": TransferCpu(3e-3, 1e-9, inline_fixed=4e-4), "d1": TransferCpu(2e-3, 1e-9)},
+            relay=Relay("d0", 1e-3, 0.0, inline_fixed=1e-4),
+        ),
     )
     r = evaluate(g, cl, ["d0", "d1"])
     # d0 sends the 1 MB (store); d1 receives it and sends 100 B to d2 (inline: d1 has no
@@ -355,13 +374,13 @@ def test_an_inline_figure_prices_the_transfers_inside_the_engines_message_and_ro
     assert r.device("d1").transfer_cpu == pytest.approx((2e-3 + 1e-9 * 1e6) + (2e-3 + 1e-9 * 100))
     assert load_cluster(_write(tmp_path, cl.to_dict())) == cl
     data = base()
-    data["inline_bytes"] = 1000
-    data["devices"][1]["transfer_cpu"].update(
+    data["engine"]["inline_bytes"] = 1000
+    data["engine"]["transfer_cpu"]["a"].update(
         inline_fixed=2e-5, serial={"fixed": 5e-5, "per_byte": 0.0, "inline_fixed": 1e-5}
     )
-    data["relay"].update(inline_fixed=3e-5, serial={"fixed": 1e-5, "inline_fixed": 1e-5})
+    data["engine"]["relay"].update(inline_fixed=3e-5, serial={"fixed": 1e-5, "inline_fixed": 1e-5})
     back = load_cluster(_write(tmp_path, data))
-    a = back.devices[1].transfer_cpu
+    a = back.engine.transfer_cpu["a"]
     assert (a.inline_fixed, a.serial_inline_fixed) == (2e-5, 1e-5)
     assert a.cost(1000, 1000) == pytest.approx(2e-5 + 1e-6) and a.cost(1001, 1000) == pytest.approx(1e-4 + 1.001e-6)
     assert a.serial_cost(10, 1000) == pytest.approx(1e-5) and a.cost(10) == pytest.approx(1e-4 + 1e-8)
@@ -385,14 +404,14 @@ def test_an_inline_figure_prices_the_transfers_inside_the_engines_message_and_ro
             ),
         ),
     )
-    data["devices"][1]["transfer_cpu"] = {"fixed": 1e-4, "inline_fixed": 2e-5}
-    data.pop("inline_bytes")
-    data["relay"] = {"device": "d", "fixed": 1e-4}
+    data["engine"]["transfer_cpu"]["a"] = {"fixed": 1e-4, "inline_fixed": 2e-5}
+    data["engine"].pop("inline_bytes")
+    data["engine"]["relay"] = {"device": "d", "fixed": 1e-4}
     with pytest.raises(
         ClusterError,
         match="device 'a': transfer_cpu: inline_fixed = 2e-05 prices a transfer of at "
-        "most the cluster's inline_bytes, which is 0 \\(not given\\); give "
-        '"inline_bytes"',
+        "most the engine's inline_bytes, which is 0 \\(not given\\); give "
+        '"inline_bytes" in "engine"',
     ):
         load_cluster(_write(tmp_path, data))
 

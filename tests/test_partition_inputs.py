@@ -47,7 +47,7 @@ GOOD_GRAPH: dict[str, Any] = {
 
 
 def to_toml(d: dict) -> str:
-    """A tiny TOML writer for cluster dicts (scalars, [[devices]], [[links]], [default_link])."""
+    """A tiny TOML writer for cluster dicts (scalars, [[devices]], [[links]], [default_link], [engine])."""
 
     def val(v: Any) -> str:
         if isinstance(v, bool):
@@ -58,6 +58,8 @@ def to_toml(d: dict) -> str:
             return repr(v)
         if isinstance(v, list):
             return "[" + ", ".join(val(x) for x in v) + "]"
+        if isinstance(v, dict):  # an inline table
+            return "{" + ", ".join(f"{json.dumps(k)} = {val(x)}" for k, x in v.items()) + "}"
         return json.dumps(v)
 
     lines = [
@@ -72,6 +74,9 @@ def to_toml(d: dict) -> str:
     if isinstance(d.get("default_link"), dict):
         lines.append("[default_link]")
         lines += [f"{k} = {val(v)}" for k, v in d["default_link"].items()]
+    if isinstance(d.get("engine"), dict):
+        lines.append("[engine]")
+        lines += [f"{k} = {val(v)}" for k, v in d["engine"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -110,17 +115,49 @@ def test_good_cluster_round_trips(tmp_path, fmt):
 
 def test_small_transfers_take_the_inline_latency_and_round_trip():
     d = copy.deepcopy(GOOD_CLUSTER)
-    d["inline_bytes"] = 1024
-    d["links"][0]["latency"], d["links"][0]["inline_latency"] = 0.02, 0.005
+    d["links"][0]["latency"] = 0.02
+    d["engine"] = {"inline_bytes": 1024, "inline_latency": [{"between": ["pi1", "desk"], "latency": 0.005}]}
     c = Cluster.from_dict(d)
-    assert Cluster.from_dict(c.to_dict()) == c and c.to_dict()["inline_bytes"] == 1024
+    assert Cluster.from_dict(c.to_dict()) == c and c.to_dict()["engine"]["inline_bytes"] == 1024
     u, v = c.index("pi1"), c.index("desk")
     bw = c.link("pi1", "desk").bandwidth
     assert c.tables.transfer_time(1024)[u, v] == pytest.approx(0.005 + 1024 / bw)
     assert c.tables.transfer_time(1025)[u, v] == pytest.approx(0.02 + 1025 / bw)
     # Without inline_bytes, inline_latency has nothing to apply to: one latency per link.
-    del d["inline_bytes"]
+    del d["engine"]["inline_bytes"]
     assert Cluster.from_dict(d).tables.transfer_time(10)[u, v] == pytest.approx(0.02 + 10 / bw)
+
+
+def test_engine_keys_beside_the_hardware_are_moved_with_a_warning_naming_them():
+    """An older file's flat engine keys load as the "engine" section they belong in."""
+    d = copy.deepcopy(GOOD_CLUSTER)
+    d["inline_bytes"] = 1024
+    d["links"][0]["inline_latency"] = 0.005
+    d["devices"][0]["warm_pass"] = {"lenet(batch=1)": 0.001}
+    with pytest.warns(DeprecationWarning) as got:
+        old = Cluster.from_dict(d)
+    msg = str(got[0].message)
+    for word in ("inline_bytes", "links between ['pi1', 'desk']: inline_latency", "devices['pi1']: warm_pass"):
+        assert word in msg, (word, msg)
+    assert '"engine" section' in msg and "Cluster.to_dict" in msg
+    new = old.to_dict()
+    assert "inline_bytes" not in new and "warm_pass" not in new["devices"][0]
+    assert new["engine"]["inline_latency"] == [{"between": ["pi1", "desk"], "latency": 0.005}]
+    assert new["engine"]["warm_pass"] == {"pi1": {"lenet(batch=1)": 0.001}}
+    assert Cluster.from_dict(new) == old
+
+
+def test_the_cluster_holds_hardware_and_the_engine_apart():
+    """DeviceSpec, Link and Cluster hold no engine field; the engine's figures are the profile's."""
+    import dataclasses
+
+    from multigpu.partition.inputs.cluster import DeviceSpec, Link, LinkSpec
+
+    engine_words = ("inline", "relay", "transfer_cpu", "warm_pass", "message_bytes")
+    for cls in (Cluster, DeviceSpec, Link, LinkSpec):
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert not [n for n in names if any(w in n for w in engine_words)], (cls, names)
+    assert [f.name for f in dataclasses.fields(Cluster)][-2:] == ["engine", "name"]
 
 
 BAD_CLUSTERS = [
@@ -149,9 +186,20 @@ BAD_CLUSTERS = [
     ("links.0.latency", DELETE, ["missing the key 'latency'"]),
     ("notes", "x", ["unknown key 'notes'", "allowed keys"]),
     ("source", DELETE, ["missing the key 'source'"]),
-    ("inline_bytes", -1, ["inline_bytes=-1", "whole number of bytes", "max_direct_call_object_size"]),
-    ("inline_bytes", 1.5, ["inline_bytes=1.5", "whole number of bytes"]),
-    ("links.0.inline_latency", -0.01, ["inline_latency=-0.01", "at least 0", "leave it out"]),
+    ("engine", {"inline_bytes": -1}, ["inline_bytes=-1", "whole number of bytes", "max_direct_call_object_size"]),
+    ("engine", {"inline_bytes": 1.5}, ["inline_bytes=1.5", "whole number of bytes"]),
+    (
+        "engine",
+        {"inline_latency": [{"between": ["pi1", "desk"], "latency": -0.01}]},
+        ["inline_latency between ['pi1', 'desk']=-0.01", "at least 0", "leave it out"],
+    ),
+    (
+        "engine",
+        {"inline_latency": [{"between": ["pi1", "imac"], "latency": 0.01}]},
+        ["inline_latency between ['pi1', 'imac']", "no link", "default_inline_latency"],
+    ),
+    ("engine", {"transfer_cpu": {"imac": {"fixed": 0.0}}}, ["transfer_cpu['imac']", "not a device", "pi1, desk"]),
+    ("engine", {"inline": 1}, ["engine has unknown key 'inline'", "'inline_bytes'"]),
 ]
 
 

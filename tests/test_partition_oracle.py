@@ -26,23 +26,29 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
 
 
 # -- the oracle --------------------------------------------------------------------------
+def eng(cd: dict) -> dict:
+    """The cluster's engine section (what the engine adds to the hardware; {} without one)."""
+    return cd.get("engine", {})
+
+
 def ref_link(cd: dict, u: str, v: str, b: float | None = None) -> tuple[float, float, float] | None:
     """(bandwidth, latency, power) between u != v for a transfer of ``b`` bytes (the
     inline latency when b <= the cluster's inline_bytes; None: a parameter shipment,
     always the plain latency), or None when the pair is unusable."""
-    inline = b is not None and b <= cd.get("inline_bytes", 0)
+    inline = b is not None and b <= eng(cd).get("inline_bytes", 0)
     for ln in cd.get("links", []):
         if set(ln["between"]) == {u, v}:
+            own = [x["latency"] for x in eng(cd).get("inline_latency", []) if set(x["between"]) == {u, v}]
             return (
                 ln["bandwidth"],
-                ln.get("inline_latency", ln["latency"]) if inline else ln["latency"],
+                (own or [ln["latency"]])[0] if inline else ln["latency"],
                 ln.get("power", 0.0),
             )
     dl = cd.get("default_link")
     if dl is not None:
         return (
             dl["bandwidth"],
-            dl.get("inline_latency", dl["latency"]) if inline else dl["latency"],
+            eng(cd).get("default_inline_latency", dl["latency"]) if inline else dl["latency"],
             dl.get("power", 0.0),
         )
     return None
@@ -70,7 +76,7 @@ def ref_local_scale(gd: dict, cd: dict, assignment: list[str], compute: float) -
     the sink), else 1."""
     source = cd["source"]
     only = assignment[0]
-    warm = next(d for d in cd["devices"] if d["name"] == only).get("warm_pass", {}).get(GRAPH_NAME)
+    warm = eng(cd).get("warm_pass", {}).get(only, {}).get(GRAPH_NAME)
     if (
         warm is None
         or any(a != only for a in assignment)
@@ -134,21 +140,15 @@ def ref_figures(fig: dict | None, b: float, receive: bool = False, inline_bytes:
 def ref_cpu(cd: dict, name: str, b: float, receive: bool) -> tuple[float, float]:
     """(all, serial) CPU seconds device ``name`` spends on one transfer of b bytes it
     sends (or, with ``receive``, receives)."""
-    return ref_figures(
-        next(d for d in cd["devices"] if d["name"] == name).get("transfer_cpu"), b, receive, cd.get("inline_bytes", 0)
-    )
+    return ref_figures(eng(cd).get("transfer_cpu", {}).get(name), b, receive, eng(cd).get("inline_bytes", 0))
 
 
 def ref_cpu_link(cd: dict, u: str, v: str) -> bool:
     """True when u and v are on one host and both have transfer_cpu: their transfers are
     CPU work of that host, not a load on the link."""
     du, dv = (next(d for d in cd["devices"] if d["name"] == x) for x in (u, v))
-    return (
-        du.get("host") is not None
-        and du.get("host") == dv.get("host")
-        and "transfer_cpu" in du
-        and "transfer_cpu" in dv
-    )
+    cpu = eng(cd).get("transfer_cpu", {})
+    return du.get("host") is not None and du.get("host") == dv.get("host") and u in cpu and v in cpu
 
 
 def ref_compute_cores(cd: dict, device: dict) -> float:
@@ -209,7 +209,7 @@ def ref_bottleneck(gd: dict, cd: dict, assignment: list[str]) -> float:
 def ref_occupancy(cd: dict, b: float, u: str, v: str) -> float:
     """Seconds a transfer of b bytes keeps link (u, v) busy in a stream: (b + message_bytes) /
     bandwidth when the cluster has message_bytes, else its hop time."""
-    m = cd.get("message_bytes")
+    m = eng(cd).get("message_bytes")
     if m is None:
         return ref_transfer(cd, b, u, v)[0]
     return (b + m) / ref_link(cd, u, v, b)[0]
@@ -218,7 +218,7 @@ def ref_occupancy(cd: dict, b: float, u: str, v: str) -> float:
 def ref_transfer_loads(cd: dict, transfers: list, add: Any, load: dict) -> None:
     """For transfers (u, v, bytes), u != v: add each one's time to its link's ``load`` (unless
     it is CPU work of one host) and its CPU at both ends and at the relay through ``add``."""
-    relay = cd.get("relay")
+    relay = eng(cd).get("relay")
     for u, v, b in transfers:
         if not ref_cpu_link(cd, u, v):
             load[frozenset((u, v))] = load.get(frozenset((u, v)), 0.0) + ref_occupancy(cd, b, u, v)
@@ -226,7 +226,7 @@ def ref_transfer_loads(cd: dict, transfers: list, add: Any, load: dict) -> None:
             total, ser = ref_cpu(cd, end, b, receive)
             add(end, ser, total)
         if relay is not None and relay["device"] not in (u, v):
-            total, ser = ref_figures(relay, b, inline_bytes=cd.get("inline_bytes", 0))
+            total, ser = ref_figures(relay, b, inline_bytes=eng(cd).get("inline_bytes", 0))
             add(relay["device"], ser, total)
 
 
@@ -250,7 +250,7 @@ class Brute:
                 bw[u, v], lat[u, v], pw[u, v] = link
                 lat_small[u, v] = ref_link(cd, names[u], names[v], 0.0)[1]
                 ok[u, v] = True
-        small = cd.get("inline_bytes", 0)
+        small = eng(cd).get("inline_bytes", 0)
 
         def lat_of(b: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
             return np.where(b <= small, lat_small[u, v], lat[u, v])
@@ -258,7 +258,7 @@ class Brute:
         F = np.array([d["flops"] for d in cd["devices"]], float)
         P = np.array([d["power"] for d in cd["devices"]], float)
         OH = np.array([d.get("stage_overhead", 0.0) for d in cd["devices"]], float)
-        tc = [d.get("transfer_cpu") or {"fixed": 0.0} for d in cd["devices"]]
+        tc = [eng(cd).get("transfer_cpu", {}).get(nm) or {"fixed": 0.0} for nm in names]
         CF = np.array([t["fixed"] for t in tc], float)
         CI = np.array([t.get("inline_fixed", t["fixed"]) for t in tc], float)
         CB = np.array([t.get("per_byte", 0.0) for t in tc], float)
@@ -283,7 +283,7 @@ class Brute:
             t_out = np.where(last != sink, out[-1] / bw[last, sink] + lat_of(out[-1], last, sink), 0.0)
             valid = (ok[prev, A] | ~moved).all(axis=1) & ok[last, sink]
             # What a stream keeps each link busy for (the bottleneck's link loads).
-            msg = cd.get("message_bytes")
+            msg = eng(cd).get("message_bytes")
             if msg is None:
                 o_in, o_out = t_in, t_out
             else:
@@ -307,7 +307,7 @@ class Brute:
         self.busy = np.stack([np.where(A == d, comp, 0.0).sum(1) for d in range(k)], axis=1)
         # Per-device load when pipelined: compute, stage overheads, transfer CPU.
         out_moved = last != sink
-        relay = cd.get("relay")
+        relay = eng(cd).get("relay")
         r = names.index(relay["device"]) if relay is not None else -1
 
         def device_load(
@@ -413,7 +413,7 @@ def draw_serial(draw: Any, fig: dict) -> None:
 def draw_inline_cpu(draw: Any, cd: dict, fig: dict) -> None:
     """Sometimes give a CPU figure a fixed cost of its own for transfers of at most the
     cluster's inline_bytes (only where it has one), below or above its other fixed cost."""
-    if cd.get("inline_bytes") and draw(st.booleans()):
+    if eng(cd).get("inline_bytes") and draw(st.booleans()):
         fig["inline_fixed"] = draw(st.sampled_from([0.0, 0.2, 3.0])) * fig["fixed"] + draw(st.sampled_from([0.0, 1e-4]))
 
 
@@ -427,19 +427,21 @@ def draw_shared(draw: Any, cd: dict) -> None:
         if draw(st.integers(0, 2)) == 0:
             d["stage_overhead"] = draw(st.sampled_from([1e-5, 3e-4, 3e-3]))
         if draw(st.booleans()):
-            d["transfer_cpu"] = {"fixed": draw(cpu), "per_byte": draw(st.sampled_from([0.0, 1e-10, 1e-8]))}
+            fig = {"fixed": draw(cpu), "per_byte": draw(st.sampled_from([0.0, 1e-10, 1e-8]))}
             if draw(st.booleans()):  # receiving priced apart from sending
-                d["transfer_cpu"]["receive_per_byte"] = draw(st.sampled_from([0.0, 1e-9, 3e-8]))
-            draw_inline_cpu(draw, cd, d["transfer_cpu"])
-            draw_serial(draw, d["transfer_cpu"])
+                fig["receive_per_byte"] = draw(st.sampled_from([0.0, 1e-9, 3e-8]))
+            draw_inline_cpu(draw, cd, fig)
+            draw_serial(draw, fig)
+            cd.setdefault("engine", {}).setdefault("transfer_cpu", {})[d["name"]] = fig
     if draw(st.integers(0, 2)) == 0:
-        cd["relay"] = {
+        relay = {
             "device": draw(st.sampled_from(names)),
             "fixed": draw(cpu),
             "per_byte": draw(st.sampled_from([0.0, 1e-9])),
         }
-        draw_inline_cpu(draw, cd, cd["relay"])
-        draw_serial(draw, cd["relay"])
+        draw_inline_cpu(draw, cd, relay)
+        draw_serial(draw, relay)
+        cd.setdefault("engine", {})["relay"] = relay
     if draw(st.booleans()):
         hosts = draw(st.integers(1, len(names)))
         used = set()
@@ -457,10 +459,14 @@ def draw_inline(draw: Any, cd: dict) -> None:
     layers' range of sizes, and an ``inline_latency`` on some links (and the default)."""
     if draw(st.integers(0, 2)):
         return
-    cd["inline_bytes"] = draw(st.sampled_from([1000, 30000]))
-    for ln in cd["links"] + ([cd["default_link"]] if "default_link" in cd else []):
+    engine = cd.setdefault("engine", {})
+    engine["inline_bytes"] = draw(st.sampled_from([1000, 30000]))
+    for ln in cd["links"]:
         if draw(st.booleans()):
-            ln["inline_latency"] = draw(st.sampled_from([0.0, 1e-4, 1e-2])) * draw(st.floats(0.0, 1.0))
+            seconds = draw(st.sampled_from([0.0, 1e-4, 1e-2])) * draw(st.floats(0.0, 1.0))
+            engine.setdefault("inline_latency", []).append({"between": ln["between"], "latency": seconds})
+    if "default_link" in cd and draw(st.booleans()):
+        engine["default_inline_latency"] = draw(st.sampled_from([0.0, 1e-4, 1e-2])) * draw(st.floats(0.0, 1.0))
 
 
 def draw_warm(draw: Any, gd: dict, cd: dict) -> None:
@@ -473,7 +479,7 @@ def draw_warm(draw: Any, gd: dict, cd: dict) -> None:
         cold = sum(x["flops"] for x in gd["layers"]) / dev["flops"] + dev.get("stage_overhead", 0.0)
         warm = draw(st.sampled_from([0.05, 0.3, 0.7, 1.5])) * cold
         if warm > 0:
-            dev["warm_pass"] = {GRAPH_NAME: warm}
+            cd.setdefault("engine", {}).setdefault("warm_pass", {})[dev["name"]] = {GRAPH_NAME: warm}
 
 
 @st.composite
@@ -510,7 +516,7 @@ def instances(
         cd["sink"] = draw(st.sampled_from(names))
     draw_inline(draw, cd)
     if draw(st.integers(0, 2)) == 0:  # sometimes: the engine's message bytes per object-store transfer
-        cd["message_bytes"] = draw(st.sampled_from([0.0, 300.0, 5000.0]))
+        cd.setdefault("engine", {})["message_bytes"] = draw(st.sampled_from([0.0, 300.0, 5000.0]))
     layers = [
         {
             "name": f"l{i}",
@@ -607,11 +613,11 @@ def test_autopartition_reaches_bruteforce_minimum(inst, w, ship, solver):
 @given(instances(max_n=7, max_k=3), weights)
 def test_throughput_reaches_bruteforce_bottleneck(inst, w):
     gd, cd = inst
-    for key in ("hosts", "relay"):
-        if key in cd:
+    if "hosts" in cd:
+        event("with hosts")
+    for key in ("relay", "transfer_cpu"):
+        if key in eng(cd):
             event(f"with {key}")
-    if any("transfer_cpu" in d for d in cd["devices"]):
-        event("with transfer_cpu")
     graph, cluster = build(gd, cd)
     bf = Brute(gd, cd)
     b = np.where(bf.valid, bf.bottleneck, np.inf)

@@ -31,13 +31,14 @@ G = Graph.from_dict(
 def cluster_dict(warm: float | None = None, sink: str | None = None) -> dict:
     """A slow driver and a fast worker on a quick link: split plans are the cold optimum."""
     drv = {"name": "drv", "flops": 1e9, "power": 10.0, "stage_overhead": 1e-3}
-    if warm is not None:
-        drv["warm_pass"] = {G.name: warm}
     cd = {
         "devices": [drv, {"name": "gpu", "flops": 1e10, "power": 50.0, "stage_overhead": 1e-3}],
         "links": [{"between": ["drv", "gpu"], "bandwidth": 1e9, "latency": 1e-4}],
         "source": "drv",
+        "engine": {"warm_pass": {}},
     }
+    if warm is not None:
+        cd["engine"]["warm_pass"]["drv"] = {G.name: warm}
     if sink is not None:
         cd["sink"] = sink
     return cd
@@ -59,7 +60,7 @@ COLD_LOCAL = 4 * 4e6 / 1e9 + 1e-3  # 17 ms: four layers and one stage overhead
 )
 def test_a_bad_warm_pass_names_the_device_and_the_fix(value, match):
     cd = cluster_dict()
-    cd["devices"][0]["warm_pass"] = value
+    cd["engine"]["warm_pass"]["drv"] = value
     with pytest.raises(ClusterError, match=match):
         Cluster.from_dict(cd)
 
@@ -67,7 +68,7 @@ def test_a_bad_warm_pass_names_the_device_and_the_fix(value, match):
 def test_warm_pass_round_trips_through_the_file():
     cl = Cluster.from_dict(cluster_dict(warm=4e-3))
     again = Cluster.from_dict(json.loads(json.dumps(cl.to_dict())))
-    assert again.devices[0].warm_pass == {G.name: 4e-3} and again.devices[1].warm_pass is None
+    assert again.engine.warm_pass == {"drv": {G.name: 4e-3}} and again == cl
 
 
 def test_only_the_plan_that_never_leaves_the_source_is_priced_warm():
@@ -125,7 +126,7 @@ def test_the_warm_local_plan_still_meets_the_constraints():
 
 def test_a_workers_warm_pass_prices_the_plan_with_every_layer_on_it():
     cd = cluster_dict()
-    cd["devices"][1]["warm_pass"] = {G.name: 1e-3}
+    cd["engine"]["warm_pass"]["gpu"] = {G.name: 1e-3}
     cl = Cluster.from_dict(cd)
     cold = Cluster.from_dict(cluster_dict())
     on_gpu = evaluate(G, cl, ["gpu"] * 4, wt=1.0, we=0.5)
@@ -146,13 +147,14 @@ def test_the_planner_weighs_each_devices_warm_plan(objective):
     cd = cluster_dict()
     cd["devices"][0]["flops"] = 1e10
     assert autopartition(G, Cluster.from_dict(cd), objective=objective).assignment != ["gpu"] * 4
-    cd["devices"][1]["warm_pass"] = {G.name: 1e-4}
+    cd["engine"]["warm_pass"]["gpu"] = {G.name: 1e-4}
     plan = autopartition(G, Cluster.from_dict(cd), objective=objective)
     assert plan.assignment == ["gpu"] * 4
     assert plan.breakdown.compute_time + plan.breakdown.stage_time == pytest.approx(1e-4)
-    cd["devices"][0]["warm_pass"] = {G.name: 1e-5}
+    cd["engine"]["warm_pass"]["drv"] = {G.name: 1e-5}
     assert autopartition(G, Cluster.from_dict(cd), objective=objective).assignment == LOCAL
     # A worker the links cannot reach is no candidate, warm or not.
     cut = cluster_dict()
-    cut["devices"].append({"name": "far", "flops": 1e12, "power": 1.0, "warm_pass": {G.name: 1e-9}})
+    cut["devices"].append({"name": "far", "flops": 1e12, "power": 1.0})
+    cut["engine"]["warm_pass"]["far"] = {G.name: 1e-9}
     assert "far" not in autopartition(G, Cluster.from_dict(cut), objective=objective).assignment

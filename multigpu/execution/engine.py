@@ -67,35 +67,33 @@ CGRAPH_TEARDOWN_TIMEOUT = 1
 PING_TIMEOUT = 5.0
 # Items a compiled graph may hold at once (the streaming window is capped to it).
 CGRAPH_MAX_INFLIGHT = 16
-# Ray returns results below ``max_direct_call_object_size`` (100 KB by default) inline
-# through the caller and larger ones through the shared-memory object store, and the
-# second path costs about 0.7 ms more per hop: a step at 100 KB that no
-# latency + bytes/bandwidth link can fit. A local instance started here sends every
-# activation up to this size inline, so a hop's cost grows smoothly with its bytes.
-INLINE_LIMIT = 64 * 2**20
-# Ray starts worker processes at nice 15 by default (to keep its own daemons responsive);
-# here the workers do the inference, so a stage gets the same CPU priority as the
-# driver's own stages, and a busy machine slows both alike.
-LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_LIMIT, "worker_niceness": 0}
-# Ray's own default for max_direct_call_object_size (ray_config_def.h), for a cluster this
-# process joins without RAY_max_direct_call_object_size in its environment.
+# Ray returns results below ``max_direct_call_object_size`` (100 KiB by default,
+# ray_config_def.h) inline through the caller and larger ones through the shared-memory
+# object store, and the second path costs about 0.7 ms more per hop: a step that no
+# latency + bytes/bandwidth link can fit. A local instance started here keeps Ray's
+# defaults; the engine profile prices the step instead (its ``inline_bytes`` and each
+# link's ``inline_latency``, which ``multigpu profile`` fits where the activations
+# straddle the threshold).
+#
+# NOTE: Ray also starts its worker processes at nice 15 (to keep its daemons responsive),
+# and the driver's own stages run at the caller's priority (usually 0). On an idle
+# machine that changes nothing; where other processes contend for the cores, a worker's
+# stages get less CPU than the driver's. The profile times each device as a run meets it
+# (its workers at Ray's niceness), so the plans are priced on that.
 RAY_DEFAULT_INLINE = 100 * 1024
 # Bytes Ray's serialization adds to a stage message (the array and its trace of
 # timestamps): measured here at 167-300 for float32 arrays of 0-1 KiB.
 MESSAGE_FRAMING = 256
 
 
-def inline_payload_bytes(address: str | None) -> int:
+def inline_payload_bytes() -> int:
     """The largest activation (bytes) Ray passes inside its own messages rather than
-    through the object store, for the instance a run at ``address`` uses (None: the
-    local one this module starts): ``max_direct_call_object_size`` less a message's
-    framing. The environment's ``RAY_max_direct_call_object_size`` (the lab sets it on
-    every process) wins."""
+    through the object store: ``max_direct_call_object_size`` less a message's framing.
+    That is Ray's default threshold on a local instance as on a joined one, unless the
+    environment's ``RAY_max_direct_call_object_size`` (the lab sets it on every process)
+    gives another; the profile records it as the engine's ``inline_bytes``."""
     env = os.environ.get("RAY_max_direct_call_object_size")
-    if env and env.strip().isdigit():
-        limit = int(env)
-    else:
-        limit = INLINE_LIMIT if address is None else RAY_DEFAULT_INLINE
+    limit = int(env) if env and env.strip().isdigit() else RAY_DEFAULT_INLINE
     return max(limit - MESSAGE_FRAMING, 0)
 
 
@@ -141,7 +139,6 @@ class RaySession:
             kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
             if self.address is None:
                 kwargs["num_cpus"] = self.num_cpus or os.cpu_count() or 1
-                kwargs["_system_config"] = LOCAL_SYSTEM_CONFIG
                 self._token_dir, token = private_token()
                 # Ray's processes (raylet, gcs_server, workers) inherit these from this one.
                 self._set_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
@@ -428,7 +425,7 @@ class Workers:
         had them on its device)."""
         shipped = sum(int(a.nbytes) for name, p in params.items() if name in self.actors for a in p.values())
         t0 = time.perf_counter()
-        # ray.put: parameters travel through the object store, whatever INLINE_LIMIT says.
+        # ray.put: parameters travel through the object store, whatever their size.
         extra: tuple[Any, ...] = (
             () if state is None and sends is None else (None if state is None else ray.put(list(state)), sends)
         )

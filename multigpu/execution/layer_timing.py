@@ -106,7 +106,7 @@ def time_devices(
     one after another with no other device computing in between: the driver back to
     back, with no Ray call between them; a worker one call after another. A pass that
     starts after the others computed can be slower (cold caches, a core that went
-    idle), so such a plan has a time of its own (``DeviceSpec.warm_pass``).
+    idle), so such a plan has a time of its own (the engine profile's ``warm_pass``).
     """
 
     import ray

@@ -61,7 +61,7 @@ from multigpu.execution.progress import bar as progress_bar
 from multigpu.execution.runner import ENGINES, resolve_model
 from multigpu.execution.stream_fitting import StreamSample, fit_message_bytes, stream_probe_size, time_streams
 from multigpu.execution.transfer_cpu import TransferCpuFit, cpu_sizes, fit_transfer_cpu, time_transfer_cpu
-from multigpu.partition.inputs.cluster import Cluster, DeviceSpec, HostSpec, Link, LinkSpec, TransferCpu
+from multigpu.partition.inputs.cluster import Cluster, DeviceSpec, EngineProfile, HostSpec, Link, LinkSpec, TransferCpu
 from multigpu.partition.inputs.graph import graph_from_model
 
 __all__ = ["LayerProfile", "LinkFit", "PassProfile", "HopVsBare", "ProfileResult", "fit_link", "profile", "link_sizes"]
@@ -217,9 +217,10 @@ class ProfileResult:
                     else f"the engine's messages add {fmt_bytes(m)} a transfer on the link"
                 )
             )
-        if self.cluster.message_bytes is not None:
+        message_bytes = None if self.cluster.engine is None else self.cluster.engine.message_bytes
+        if message_bytes is not None:
             out.append(
-                f"  message_bytes {fmt_bytes(self.cluster.message_bytes)} (the median over the links a stream "
+                f"  message_bytes {fmt_bytes(message_bytes)} (the median over the links a stream "
                 f"filled): the throughput bottleneck's link loads"
             )
         for host, cores in self.hosts.items():
@@ -388,7 +389,7 @@ def profile(
                 registry.require_installed(spec.backend)
     from multigpu.execution import engine as ray_engine
 
-    inline = ray_engine.inline_payload_bytes(session.address if session is not None else address)
+    inline = ray_engine.inline_payload_bytes()
     link_payloads = sorted(set(int(s) for s in sizes)) if sizes else link_sizes(model_list, batch, inline_bytes=inline)
     if any(s < 4 or s % 4 for s in link_payloads):
         raise InputError(f"sizes={list(link_payloads)} must be positive multiples of 4 bytes (float32 payloads)")
@@ -490,7 +491,8 @@ def profile(
         host_of[driver_spec.name] = (socket.gethostname(), usable_cores())
     fits = fit_links(hops, inline)
     two_regimes = any(f.inline_latency is not None for f in fits)
-    cluster_inline = int(fits[0].inline_bytes) if two_regimes else (base.inline_bytes if base else 0)
+    kept = base.engine.inline_bytes if base is not None and base.engine is not None else 0
+    cluster_inline = int(fits[0].inline_bytes) if two_regimes else kept
     # Transfer CPU gets an inline regime of its own under the threshold the cluster carries.
     cpu_fit = (
         None
@@ -520,7 +522,9 @@ def profile(
         {name: h for name, (h, _) in host_of.items()},
         hosts,
         cpu_fit,
-        cluster_inline,
+        # The profile records the engine's threshold even where no probe straddled it (then
+        # both regimes share each figure, and a later profile that straddles it fits both).
+        cluster_inline or inline,
         message_bytes,
     )
     return ProfileResult(
@@ -557,6 +561,9 @@ def _build_cluster(
     message_bytes: float | None,
 ) -> Cluster:
     devices = []
+    old_engine = base.engine if base is not None and base.engine is not None else EngineProfile()
+    warm_pass: dict[str, dict[str, float]] = {}
+    transfer_cpu = {}
     for spec in [driver, *workers]:
         times = {
             g.name: {r.layer: r.median for r in rows if r.device == spec.name and r.graph == g.name} for g in graphs
@@ -569,8 +576,12 @@ def _build_cluster(
             total_time = sum(math.fsum(times[g.name].values()) for g in graphs if g.name in times)
             flops = total_flops / total_time
             old.update(times)
-        warm = dict(spec.warm_pass or {})
+        warm = dict(old_engine.warm_pass.get(spec.name, {}))
         warm.update({p.graph: p.warm for p in passes if p.device == spec.name and p.warm is not None})
+        if warm:
+            warm_pass[spec.name] = warm
+        if cpu is not None and spec.name in cpu.devices:
+            transfer_cpu[spec.name] = cpu.devices[spec.name]
         devices.append(
             DeviceSpec(
                 name=spec.name,
@@ -583,24 +594,22 @@ def _build_cluster(
                 resources=spec.resources,
                 layer_times=old or None,
                 stage_overhead=overhead.get(spec.name, spec.stage_overhead),
-                warm_pass=warm or None,
                 host=host_of[spec.name],
-                transfer_cpu=None if cpu is None else cpu.devices.get(spec.name),
             )
         )
-    links = [
-        Link(between=f.between, bandwidth=f.bandwidth, latency=f.latency, inline_latency=f.inline_latency) for f in fits
-    ]
+    links = [Link(between=f.between, bandwidth=f.bandwidth, latency=f.latency) for f in fits]
+    inline = [(f.between[0], f.between[1], f.inline_latency) for f in fits if f.inline_latency is not None]
     measured = {frozenset(f.between) for f in fits}
     names = [d.name for d in devices]
     missing = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :] if frozenset((a, b)) not in measured]
     default = None
+    default_inline = None
     if fits:
         default = LinkSpec(
             bandwidth=statistics.median(f.bandwidth for f in fits),
             latency=statistics.median(f.latency for f in fits),
-            inline_latency=_median_or_none([f.inline_latency for f in fits]),
         )
+        default_inline = _median_or_none([f.inline_latency for f in fits])
     driver_fits = [f for f in fits if driver.name in f.between]
     for a, b in missing:
         if driver.name in (a, b) and driver_fits:  # see the compiled-engine note
@@ -610,13 +619,32 @@ def _build_cluster(
                     between=(a, b),
                     bandwidth=statistics.mean(f.bandwidth for f in driver_fits),
                     latency=statistics.mean(f.latency for f in driver_fits),
-                    inline_latency=None if len(inl) < len(driver_fits) else statistics.mean(inl),
                 )
             )
+            if inl and len(inl) == len(driver_fits):
+                inline.append((a, b, statistics.mean(inl)))
     if base is not None:
         keep = [ln for ln in base.links if frozenset(ln.between) not in measured]
-        links += [ln for ln in keep if not any(frozenset(ln.between) == frozenset(x.between) for x in links)]
-        default = default or base.default_link
+        for ln in keep:
+            if any(frozenset(ln.between) == frozenset(x.between) for x in links):
+                continue
+            links.append(ln)
+            kept = old_engine.link_inline_latency(*ln.between)
+            if kept is not None:
+                inline.append((ln.between[0], ln.between[1], kept))
+        if default is None:
+            default, default_inline = base.default_link, old_engine.default_inline_latency
+    # What Ray adds to the hardware: ``multigpu.execution`` measures it and owns these figures.
+    engine = EngineProfile(
+        name="ray",
+        inline_bytes=inline_bytes,
+        inline_latency=tuple(inline),
+        default_inline_latency=default_inline,
+        message_bytes=message_bytes if message_bytes is not None else old_engine.message_bytes,
+        transfer_cpu=transfer_cpu,
+        relay=None if cpu is None else cpu.relay,
+        warm_pass=warm_pass,
+    )
     return Cluster(
         devices=tuple(devices),
         source=driver.name,
@@ -624,9 +652,7 @@ def _build_cluster(
         default_link=default,
         sink=driver.name,
         hosts=tuple(HostSpec(h, c) for h, c in hosts.items()),
-        relay=None if cpu is None else cpu.relay,
-        inline_bytes=inline_bytes,
-        message_bytes=message_bytes if message_bytes is not None else (base.message_bytes if base else None),
+        engine=engine,
         name=base.name if base is not None else "profiled",
     )
 

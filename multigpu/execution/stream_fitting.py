@@ -89,7 +89,7 @@ def time_streams(
 def fit_message_bytes(
     samples: Sequence[StreamSample], fits: Sequence[LinkFit], driver: str
 ) -> tuple[float | None, dict[str, float | None]]:
-    """(the cluster's ``message_bytes``, the bytes solved per worker's link or None where the
+    """(the engine profile's ``message_bytes``, the bytes solved per worker's link or None where the
     link did not set the rate).
 
     Per item the link carries the payload and the reply, each with the messages:

@@ -27,7 +27,7 @@ taken out. Per item:
   ``+ (L - 1) * (relay_fixed + relay_per_byte * bytes)`` (each hop between two workers
   passes through it).
 
-Each ``fixed`` above is ``inline_fixed`` for a transfer of at most the cluster's
+Each ``fixed`` above is ``inline_fixed`` for a transfer of at most the engine's
 ``inline_bytes``: Ray passes such a payload inside the call's own message and a larger one
 through the object store, whose put, pull and release cost more per object (the lab's
 0.46-core host, one way: 0.86 ms per item at 64 bytes, 3.45 ms at 4 KB). The two are

@@ -41,7 +41,7 @@ from multigpu.lab.enter import HostEntry
 from multigpu.lab.plan import MIN_PERIOD_US, LabPlan, design
 from multigpu.lab.state import KEEPER_FILE, REQUESTS, STATUS_FILE
 from multigpu.lab.system import CONTROLLERS, process_start, require_support, run, scheduler_tick_us
-from multigpu.partition.inputs.cluster import Cluster, Link, load_cluster
+from multigpu.partition.inputs.cluster import Cluster, EngineProfile, Link, load_cluster
 from multigpu.procfs.stat import STATE, stat_fields
 
 __all__ = ["LAB_ROOT", "PREFIX", "Lab", "down_all", "labs", "leftovers"]
@@ -339,7 +339,6 @@ class Lab:
                     threads=self.threads if self.backends[d.name] else None,
                     resources=res,
                     host=None,
-                    transfer_cpu=None,
                 )
             )
         links = []
@@ -358,6 +357,9 @@ class Lab:
             links=tuple(links),
             default_link=None,
             sink=src.sink,
+            # Of the engine's figures only the warm passes carry over: the rest were measured
+            # on the source cluster's hosts, and ``multigpu profile`` measures the lab's own.
+            engine=EngineProfile(src.engine.name, warm_pass=src.engine.warm_pass) if src.engine else None,
             name=f"{src.name}-lab",
         )
 

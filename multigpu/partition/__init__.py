@@ -27,6 +27,7 @@ from multigpu.partition.exceptions import (
 from multigpu.partition.inputs.cluster import (
     Cluster,
     DeviceSpec,
+    EngineProfile,
     Link,
     LinkSpec,
     LinkTables,
@@ -50,6 +51,7 @@ __all__ = [
     "Constraints",
     "DeviceCost",
     "DeviceSpec",
+    "EngineProfile",
     "Graph",
     "GraphError",
     "InfeasibleError",

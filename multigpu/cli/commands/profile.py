@@ -16,11 +16,13 @@ Measure, on the workers a run would use, each layer's forward time (warm-up, the
 --repeats passes, device synchronized; median and spread) and each link's cost
 through the Ray engine (payloads of several sizes; latency + bytes/bandwidth fitted),
 and write them as a cluster file: every device gets "layer_times" (per graph, e.g.
-"lenet(batch=1)"), "stage_overhead", its effective "flops", its "host" (the machine
-its worker runs on; "hosts" gives each machine's usable cores) and "transfer_cpu"
-(CPU per transfer it sends or receives, measured as process CPU time while payloads
-stream through the engine); the driver gets the "relay" figure (CPU per hop between
-two workers, which Ray's actor calls route through it); every pair a link.
+"lenet(batch=1)"), "stage_overhead", its effective "flops" and its "host" (the machine
+its worker runs on; "hosts" gives each machine's usable cores); every pair a link.
+What Ray adds to that hardware goes in the file's "engine" section: each device's
+"transfer_cpu" (CPU per transfer it sends or receives, measured as process CPU time
+while payloads stream through the engine), the driver's "relay" figure (CPU per hop
+between two workers, which Ray's actor calls route through it), "warm_pass", and the
+inline threshold with each link's latency below it.
 `multigpu partition --cluster FILE` and `multigpu run --cluster FILE` then use the
 measured figures.
 

@@ -18,7 +18,6 @@ from multigpu.partition.cost.choices import compute_times, param_energy, param_t
 from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
-from multigpu.partition.inputs.hosts import is_inline
 
 __all__ = [
     "AssignmentArrays",
@@ -209,7 +208,7 @@ def warm_pass_of(graph: Graph, cluster: Cluster, device: int | None = None) -> f
     None when it has none for this graph, or for the source when the output goes to
     another device (the sink)."""
     d = cluster.source_index if device is None else int(device)
-    warm = cluster.devices[d].warm_pass
+    warm = None if cluster.engine is None else cluster.engine.warm_pass.get(cluster.names[d])
     if warm is None or (d == cluster.source_index and cluster.sink_index != cluster.source_index):
         return None
     return warm.get(graph.name)
@@ -295,14 +294,14 @@ def busy_times(graph: Graph, cluster: Cluster, comp: np.ndarray, a: np.ndarray) 
 def link_loads(cluster: Cluster, x: AssignmentArrays) -> np.ndarray:
     """k x k symmetric matrix of activation transfer time per unordered pair, as the
     bottleneck counts it (``LinkTables.occupancy_seconds``): 0 on a pair whose transfers
-    are CPU work of one host (``Cluster.cpu_links``)."""
+    are CPU work of one host (``EngineVectors.cpu_links``)."""
     k = cluster.k
     load = np.zeros((k, k))
     sd = x.sends
     np.add.at(load, (sd.u, sd.v), cluster.tables.occupancy_seconds(sd.nbytes, sd.u, sd.v))
     load = load + load.T
     np.fill_diagonal(load, 0.0)
-    load[cluster.cpu_links] = 0.0
+    load[cluster.engine_vectors.cpu_links] = 0.0
     return load
 
 
@@ -317,35 +316,9 @@ def transfer_cpu_terms(
     """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds,
     serial seconds) quadruples: ``transfer_cpu`` of the sender (its send figure) and of the
     receiver (its receive figure), and the relay's figure where the relay is neither; the
-    serial seconds are the part on the device's computing thread. Empty when no transfer costs CPU."""
-    u, v, b = np.asarray(u, dtype=np.intp), np.asarray(v, dtype=np.intp), np.asarray(b, dtype=float)
-    if not cluster.has_transfer_cpu or len(u) == 0:
-        empty = np.zeros(0, dtype=np.intp)
-        return empty, empty, np.zeros(0), np.zeros(0)
-    # A transfer of at most the cluster's inline_bytes travels inside the engine's own
-    # message: its fixed figures are the inline ones (``fixed`` where a device gives none).
-    inline = is_inline(b, cluster.inline_bytes)
-
-    def fixed(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return (
-            np.where(inline, cluster.cpu_inline_fixed[d], cluster.cpu_fixed[d]),
-            np.where(inline, cluster.cpu_serial_inline_fixed[d], cluster.cpu_serial_fixed[d]),
-        )
-
-    (fu, sfu), (fv, sfv) = fixed(u), fixed(v)
-    c, cr = cluster.cpu_per_byte, cluster.cpu_receive_per_byte
-    sc, scr = cluster.cpu_serial_per_byte, cluster.cpu_serial_receive_per_byte
-    j = np.arange(len(u))
-    parts = [(j, u, fu + c[u] * b, sfu + sc[u] * b), (j, v, fv + cr[v] * b, sfv + scr[v] * b)]
-    r = cluster.relay_index
-    if r >= 0:
-        via = (u != r) & (v != r)
-        relay = cluster.relay
-        assert relay is not None
-        bv, ib = b[via], cluster.inline_bytes
-        parts.append((j[via], np.full(int(via.sum()), r), relay.cost(bv, ib), relay.serial_cost(bv, ib)))
-    index, device, seconds, serial = (np.concatenate([p[i] for p in parts]) for i in range(4))
-    return index, device, seconds, serial
+    serial seconds are the part on the device's computing thread. Empty when no transfer costs CPU.
+    The engine profile prices them (``EngineVectors.transfer_cpu_terms``)."""
+    return cluster.engine_vectors.transfer_cpu_terms(u, v, b)
 
 
 def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

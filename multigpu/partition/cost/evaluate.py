@@ -37,7 +37,7 @@ The throughput objective (pipelined inference) is the *bottleneck*, the largest 
   part (on its computing thread; all of it without ``serial``);
 * each link's activation transfer time per item (not on a pair of devices of one host
   that both have ``transfer_cpu``: moving data between them is that CPU work); with the
-  cluster's ``message_bytes``, a transfer counts ``(bytes + message_bytes) /
+  engine's ``message_bytes``, a transfer counts ``(bytes + message_bytes) /
   bandwidth`` there instead of its hop time (a stream keeps the link busy with the
   payload and the engine's messages, while the round trips overlap);
 * each host's load: its devices' compute and stage overheads at their layer times (its
@@ -312,7 +312,7 @@ def _link_records(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> list[L
                         load=float(t),
                         param_time=float(p),
                         energy=float(energy[u, v] + energy[v, u]),
-                        cpu_work=bool(cluster.cpu_links[u, v]),
+                        cpu_work=bool(cluster.engine_vectors.cpu_links[u, v]),
                     )
                 )
     return out

@@ -1,13 +1,17 @@
 """The per-choice costs the solvers share (DP, MILP, Lagrangian bounds, throughput): each
-layer on each device, and each edge's cost on each pair, weighted by (wt, we)."""
+layer on each device, and each edge's cost on each pair, weighted by (wt, we), with what the
+cluster's engine profile adds (the latency by a transfer's size, the transfer CPU and relay
+terms, the busy rates). A solver reads the engine through this table, never the profile."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
+from multigpu.partition.cost.arithmetic import busy_ratios, transfer_cpu_terms, warm_pass_of
 from multigpu.partition.cost.choices import compute_times, param_energy, param_times
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
@@ -44,6 +48,46 @@ class CostTables:
             node_time = node_time + pt
             node_energy = node_energy + param_energy(cluster, cols, pt)
         return cls(graph, cluster, bool(ship_params), comp, node_time, node_energy)
+
+    # -- what the engine adds (the profile's figures, read here for every solver) --------
+    @cached_property
+    def busy(self) -> np.ndarray:
+        """(k,) the factor on each device's compute and stage overheads in its own stream
+        load (its warm pass over its layer times; 1 without one: ``busy_ratios``)."""
+        return busy_ratios(self.graph, self.cluster)
+
+    @property
+    def has_transfer_cpu(self) -> bool:
+        """True when some transfer costs CPU (a device's transfer CPU or a relay)."""
+        return self.cluster.engine_vectors.has_transfer_cpu
+
+    @property
+    def has_relay(self) -> bool:
+        """True when the engine relays transfers between two other devices through one."""
+        return self.cluster.engine_vectors.relay is not None
+
+    @property
+    def cpu_links(self) -> np.ndarray:
+        """(k, k) True for a pair whose transfers are CPU work of one host, not link load."""
+        return self.cluster.engine_vectors.cpu_links
+
+    @property
+    def two_latencies(self) -> bool:
+        """True when the links price small transfers apart (the profile's inline regime)."""
+        return self.cluster.tables.inline_latency is not None
+
+    def warm_pass(self, device: int) -> float | None:
+        """The seconds of a whole pass with every layer on ``device`` (a column) run item
+        after item, where the profile has one for this graph (``warm_pass_of``), else None."""
+        return warm_pass_of(self.graph, self.cluster, device)
+
+    def transfer_cpu(
+        self, u: np.ndarray, v: np.ndarray, nbytes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The CPU of transfers u[j] -> v[j] of nbytes[j] as (j, device, seconds, serial
+        seconds) terms: the coefficients of the throughput MILP's device and host rows
+        (``transfer_cpu_terms``)."""
+        return transfer_cpu_terms(self.cluster, u, v, nbytes)
 
     def node(self, wt: float, we: float) -> np.ndarray:
         """n x k weighted node cost (+inf where impossible)."""

@@ -8,14 +8,20 @@ without a path (``load_cluster("lab")``).
 A device may also say how to run a stage on it (``backend``, ``device``,
 ``threads``, ``resources``: read by ``multigpu run``) and carry measured figures
 (``layer_times`` and ``stage_overhead``: written by ``multigpu profile``, read by the
-cost model, where a measured time overrides ``flops``). The CPU a pipelined run shares
-(``host``/``hosts``, ``transfer_cpu``, ``relay``) is described in ``hosts.py``.
+cost model, where a measured time overrides ``flops``). A device's ``host`` names an
+entry of ``hosts``, the machines whose cores devices share (``hosts.py``).
+
+What an execution engine adds to this hardware (the inline threshold, transfer CPU, the
+relay, warm passes, message bytes) is the optional ``engine`` section, an
+``EngineProfile`` (``engine.py``). Older files held those keys beside the hardware; they
+are still read, moved into ``engine``, with a DeprecationWarning naming them.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,16 +33,9 @@ import numpy as np
 
 from multigpu.checks import check_count
 from multigpu.partition.exceptions import ClusterError
+from multigpu.partition.inputs.engine import EngineProfile, EngineVectors, engine_from_flat_keys
 from multigpu.partition.inputs.files import read_structured_file
-from multigpu.partition.inputs.hosts import (
-    HostSpec,
-    Relay,
-    TransferCpu,
-    hosts_from_dict,
-    is_inline,
-    relay_from_dict,
-    transfer_cpu_from_dict,
-)
+from multigpu.partition.inputs.hosts import HostSpec, Relay, TransferCpu, hosts_from_dict, is_inline
 from multigpu.partition.inputs.validate import (
     check_keys,
     check_name,
@@ -48,6 +47,7 @@ from multigpu.partition.inputs.validate import (
 __all__ = [
     "Cluster",
     "DeviceSpec",
+    "EngineProfile",
     "HostSpec",
     "Link",
     "LinkSpec",
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 CLUSTER_KEYS_REQUIRED = ("devices", "source")
-CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "relay", "inline_bytes", "message_bytes")
+CLUSTER_KEYS_OPTIONAL = ("links", "default_link", "sink", "hosts", "engine")
 DEVICE_KEYS_REQUIRED = ("name", "flops", "power")
 DEVICE_KEYS_OPTIONAL = (
     "memory",
@@ -71,13 +71,11 @@ DEVICE_KEYS_OPTIONAL = (
     "resources",
     "layer_times",
     "stage_overhead",
-    "warm_pass",
     "host",
-    "transfer_cpu",
 )
 FRAMEWORK_DEVICE = re.compile(r"cpu|(?:gpu|cuda):\d+")
 LINK_KEYS_REQUIRED = ("between", "bandwidth", "latency")
-LINK_KEYS_OPTIONAL = ("power", "inline_latency")
+LINK_KEYS_OPTIONAL = ("power",)
 DEFAULT_LINK_KEYS_REQUIRED = ("bandwidth", "latency")
 
 
@@ -98,19 +96,8 @@ class DeviceSpec:
     default 0) is what starting a stage here costs beyond its layers' times: the
     first layer of a call runs slower than the same layer in the middle of a pass
     (a worker woken from waiting has cold caches); the cost model adds it once per
-    stage. ``warm_pass`` maps a graph name to the time of a whole forward pass here
-    when passes follow each other as a plan with every layer here runs them: for the
-    source (the driver), back to back with no Ray call; for a worker, one call after
-    another. A pass that starts after the other devices computed can run slower
-    (measured: LeNet on the driver 0.42 ms back to back, 0.98 ms after a Ray round trip
-    on an AMD EPYC machine; on an Intel Xeon VM, ResNet-18 at 64 x 64 on a torch worker
-    ran 8.3 ms a pass in such a plan against 11.5 ms profiled with the devices taking
-    turns), and ``layer_times`` are measured so, as the stages of a split plan run.
-
-    What a pipelined run shares (see ``hosts.py``): ``host`` names the entry of the
-    cluster's ``hosts`` whose cores this device's worker shares with the other
-    devices there; ``transfer_cpu`` is the CPU this device spends on each transfer
-    it sends or receives. Both enter only the throughput bottleneck.
+    stage. ``host`` names the entry of the cluster's ``hosts`` whose cores this device's
+    worker shares with the other devices there (the throughput bottleneck counts it).
     """
 
     name: str
@@ -123,9 +110,7 @@ class DeviceSpec:
     resources: Mapping[str, float] | None = field(default=None, hash=False)
     layer_times: Mapping[str, Mapping[str, float]] | None = field(default=None, hash=False)
     stage_overhead: float = 0.0
-    warm_pass: Mapping[str, float] | None = field(default=None, hash=False)
     host: str | None = None
-    transfer_cpu: TransferCpu | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "device name")
@@ -165,25 +150,8 @@ class DeviceSpec:
             "stage_overhead",
             check_number(self.stage_overhead, f"{what}: stage_overhead", unit="seconds per stage; 0 if not measured"),
         )
-        if self.warm_pass is not None:
-            object.__setattr__(
-                self,
-                "warm_pass",
-                check_number_map(
-                    self.warm_pass,
-                    what,
-                    "warm_pass",
-                    "a warm_pass graph name",
-                    f"{what}: warm_pass must be a non-empty object mapping a graph name such as "
-                    f'"lenet(batch=1)" to the seconds of a whole pass run one after another; re-profile with '
-                    f"multigpu profile, or leave the key out",
-                    unit="seconds of a whole pass; measured times are positive and finite",
-                ),
-            )
         if self.host is not None:
             check_name(self.host, f"{what}: host")
-        if self.transfer_cpu is not None:
-            object.__setattr__(self, "transfer_cpu", transfer_cpu_from_dict(self.transfer_cpu, what))
 
     def measured(self, graph_name: str) -> Mapping[str, float] | None:
         """The measured per-layer times of graph ``graph_name`` on this device, or None."""
@@ -231,28 +199,16 @@ def _check_link_numbers(obj: Any, what: str) -> None:
         latency={"unit": "seconds per transfer; 0 if negligible"},
         power={"unit": "W while transferring; 0 if not modelled"},
     )
-    if obj.inline_latency is not None:
-        object.__setattr__(
-            obj,
-            "inline_latency",
-            check_number(
-                obj.inline_latency,
-                f"{what}: inline_latency",
-                unit="seconds per transfer of at most the cluster's inline_bytes; leave it out to use latency",
-            ),
-        )
 
 
 @dataclass(frozen=True)
 class LinkSpec:
     """Parameters of the default link: ``bandwidth`` (bytes/s), ``latency`` (s per
-    transfer), ``power`` (W while transferring) and ``inline_latency`` (s per transfer
-    of at most the cluster's ``inline_bytes``; None: ``latency``)."""
+    transfer) and ``power`` (W while transferring)."""
 
     bandwidth: float
     latency: float
     power: float = 0.0
-    inline_latency: float | None = None
 
     def __post_init__(self) -> None:
         _check_link_numbers(self, "default_link")
@@ -261,14 +217,12 @@ class LinkSpec:
 @dataclass(frozen=True)
 class Link:
     """A symmetric link ``between`` two named devices, with ``bandwidth`` (bytes/s),
-    ``latency`` (s per transfer), ``power`` (W while transferring) and ``inline_latency``
-    (s per transfer of at most the cluster's ``inline_bytes``; None: ``latency``)."""
+    ``latency`` (s per transfer) and ``power`` (W while transferring)."""
 
     between: tuple[str, str]
     bandwidth: float
     latency: float
     power: float = 0.0
-    inline_latency: float | None = None
 
     def __post_init__(self) -> None:
         pair = self.between
@@ -289,8 +243,8 @@ class Link:
 
 def transfer_latency(nbytes: Any, latency: Any, inline_latency: Any, inline_bytes: float) -> Any:
     """The latency of a transfer of ``nbytes``: ``inline_latency`` for at most ``inline_bytes``
-    (Ray's replies carry those inline), ``latency`` otherwise or when ``inline_latency`` is
-    None. Numbers or numpy arrays that broadcast; the one place the two latency regimes are
+    (the engine profile's: Ray's replies carry those inline), ``latency`` otherwise or when
+    ``inline_latency`` is None. Numbers or numpy arrays that broadcast; the one place the two latency regimes are
     chosen, by the test the transfer CPU uses too (``is_inline``: 0 means no inline regime)."""
     if inline_latency is None:
         return latency
@@ -311,8 +265,8 @@ class LinkTables:
     inv_bandwidth: np.ndarray
     latency: np.ndarray
     power: np.ndarray
-    # Transfers of at most ``inline_bytes`` cost ``inline_latency`` instead of ``latency``
-    # (Ray sends them inside its own reply rather than through the object store).
+    # From the engine profile: transfers of at most ``inline_bytes`` cost ``inline_latency``
+    # instead of ``latency`` (Ray sends them inside its own reply, not through its store).
     inline_latency: np.ndarray | None = None
     inline_bytes: float = 0.0
     # What the engine's messages add on the wire to a transfer (None: unknown; the
@@ -362,16 +316,10 @@ class Cluster:
     """Devices, symmetric links, an optional default link, and the ``source``
     (holds the input) and ``sink`` (receives the output; defaults to ``source``).
 
-    ``hosts`` (the machines whose cores devices share: a device names its own with
-    ``host``) and ``relay`` (the device every transfer between two others passes
-    through) describe the CPU a pipelined run shares; see ``hosts.py``.
-
-    ``message_bytes`` (bytes, measured; None: unknown) is what the engine's own messages
-    add on the wire to a transfer (the task, the object's location, the pull,
-    acknowledgements; both directions together). With it, the throughput bottleneck
-    charges a transfer ``(bytes + message_bytes) / bandwidth`` of its link's time, as a
-    stream keeps the link busy, instead of its whole hop time, whose latency also holds
-    round trips that overlap in a stream.
+    ``hosts`` are the machines whose cores devices share (a device names its own with
+    ``host``; see ``hosts.py``). ``engine`` (optional) is what an execution engine adds
+    to this hardware (``EngineProfile``): the cost model reads it through
+    ``engine_vectors`` and ``tables`` only.
     """
 
     devices: tuple[DeviceSpec, ...]
@@ -380,9 +328,7 @@ class Cluster:
     default_link: LinkSpec | None = None
     sink: str | None = None
     hosts: tuple[HostSpec, ...] = ()
-    relay: Relay | None = None
-    inline_bytes: int = 0
-    message_bytes: float | None = None
+    engine: EngineProfile | None = None
     name: str = field(default="cluster", compare=False)
 
     def __post_init__(self) -> None:
@@ -431,45 +377,13 @@ class Cluster:
             )
         object.__setattr__(self, "sink", sink)
         self._check_hosts(names)
-        if (
-            isinstance(self.inline_bytes, bool)
-            or not isinstance(self.inline_bytes, (int, np.integer))
-            or self.inline_bytes < 0
-        ):
-            raise ClusterError(
-                f"inline_bytes={self.inline_bytes!r} must be a whole number of bytes >= 0 (the "
-                f"largest transfer the engine sends inside its reply, e.g. 1024 for Ray's "
-                f"max_direct_call_object_size=1024); leave it out for one latency per link"
-            )
-        object.__setattr__(self, "inline_bytes", int(self.inline_bytes))
-        self._check_inline_cpu()
-        if self.message_bytes is not None:
-            object.__setattr__(
-                self,
-                "message_bytes",
-                check_number(
-                    self.message_bytes,
-                    "message_bytes",
-                    unit="bytes the engine's messages add to a transfer on the wire, e.g. 2300; "
-                    "leave it out to charge each transfer its hop time in the throughput bottleneck",
-                ),
-            )
-
-    def _check_inline_cpu(self) -> None:
-        """An ``inline_fixed`` transfer CPU figure needs the threshold it applies under."""
-        if self.inline_bytes:
-            return
-        owners: list[tuple[str, TransferCpu | Relay | None]] = [
-            (f"device {d.name!r}: transfer_cpu", d.transfer_cpu) for d in self.devices
-        ]
-        owners.append(("relay", self.relay))
-        for what, fig in owners:
-            if fig is not None and fig.inline_fixed is not None:
+        if self.engine is not None:
+            if not isinstance(self.engine, EngineProfile):
                 raise ClusterError(
-                    f"{what}: inline_fixed = {fig.inline_fixed!r} prices a transfer of at most the "
-                    f'cluster\'s inline_bytes, which is 0 (not given); give "inline_bytes" (e.g. '
-                    f"1024 for Ray's max_direct_call_object_size=1024) or leave inline_fixed out"
+                    f"engine must be an EngineProfile, got {type(self.engine).__name__}; a dict goes "
+                    f"through EngineProfile.from_dict"
                 )
+            self.engine.check_devices(names, self._pair_links)
 
     def _check_hosts(self, names: list[str]) -> None:
         hosts = self.hosts
@@ -499,18 +413,6 @@ class Cluster:
                 f'host {idle[0]!r} in "hosts" has no device; set "host": "{idle[0]}" on '
                 f"the devices it runs, or remove it"
             )
-        relay = self.relay
-        if relay is not None:
-            if isinstance(relay, Mapping):
-                relay = relay_from_dict(relay, self.name)
-                object.__setattr__(self, "relay", relay)
-            if not isinstance(relay, Relay):
-                raise ClusterError(f"relay must be a Relay, got {type(relay).__name__}")
-            if relay.device not in names:
-                raise ClusterError(
-                    f"relay device {relay.device!r} is not a device; choose one of: "
-                    f"{', '.join(names)} (the driver, for Ray's actor calls)"
-                )
 
     # -- lookups ---------------------------------------------------------------
     @property
@@ -593,87 +495,10 @@ class Cluster:
         return np.minimum(cores, 1.0)
 
     @cached_property
-    def cpu_fixed(self) -> np.ndarray:
-        """CPU seconds per transfer each device sends or receives (0 where unset), shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.fixed for d in self.devices])
-
-    @cached_property
-    def cpu_inline_fixed(self) -> np.ndarray:
-        """CPU seconds per transfer of at most ``inline_bytes`` each device sends or
-        receives (its ``fixed`` where it gives no ``inline_fixed``; 0 where unset), shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.fixed_of(True) for d in self.devices])
-
-    @cached_property
-    def cpu_serial_inline_fixed(self) -> np.ndarray:
-        """The part of ``cpu_inline_fixed`` on each device's computing thread, shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_fixed_of(True) for d in self.devices])
-
-    @cached_property
-    def cpu_per_byte(self) -> np.ndarray:
-        """CPU seconds per byte each device sends (0 where unset), shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.per_byte for d in self.devices])
-
-    @cached_property
-    def cpu_receive_per_byte(self) -> np.ndarray:
-        """CPU seconds per byte each device receives (``per_byte`` where it gives no
-        ``receive_per_byte``; 0 where unset), shape (k,)."""
-        return np.array(
-            [
-                0.0 if d.transfer_cpu is None else d.transfer_cpu.receive_cost(1.0) - d.transfer_cpu.fixed
-                for d in self.devices
-            ]
-        )
-
-    @cached_property
-    def cpu_serial_fixed(self) -> np.ndarray:
-        """The part of ``cpu_fixed`` on each device's computing thread, shape (k,)."""
-        return np.array([0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_cost(0.0) for d in self.devices])
-
-    @cached_property
-    def cpu_serial_per_byte(self) -> np.ndarray:
-        """The part of ``cpu_per_byte`` on each device's computing thread, shape (k,)."""
-        return np.array(
-            [
-                0.0 if d.transfer_cpu is None else d.transfer_cpu.serial_cost(1.0) - d.transfer_cpu.serial_cost(0.0)
-                for d in self.devices
-            ]
-        )
-
-    @cached_property
-    def cpu_serial_receive_per_byte(self) -> np.ndarray:
-        """The part of ``cpu_receive_per_byte`` on each device's computing thread, shape (k,)."""
-        return np.array(
-            [
-                0.0
-                if d.transfer_cpu is None
-                else d.transfer_cpu.serial_receive_cost(1.0) - d.transfer_cpu.serial_receive_cost(0.0)
-                for d in self.devices
-            ]
-        )
-
-    @cached_property
-    def cpu_links(self) -> np.ndarray:
-        """(k, k) True for a pair of devices on one host that both have ``transfer_cpu``:
-        moving data between them is CPU work of that host (in the devices' loads), so
-        the link's time is no resource of its own in the throughput bottleneck."""
-        h = self.host_index
-        has = np.array([d.transfer_cpu is not None for d in self.devices])
-        out = (h[:, None] == h[None, :]) & (h[:, None] >= 0) & has[:, None] & has[None, :]
-        np.fill_diagonal(out, False)
-        out.flags.writeable = False
-        return out
-
-    @cached_property
-    def relay_index(self) -> int:
-        """Column of the relay device, -1 without one."""
-        return -1 if self.relay is None else self.index(self.relay.device)
-
-    @property
-    def has_transfer_cpu(self) -> bool:
-        """True when some transfer costs CPU (a device's transfer_cpu or a relay)."""
-        return bool(self.cpu_fixed.any() or self.cpu_per_byte.any() or self.cpu_receive_per_byte.any()) or (
-            self.relay is not None and (self.relay.fixed > 0 or self.relay.per_byte > 0)
-        )
+    def engine_vectors(self) -> EngineVectors:
+        """The engine profile's transfer figures in device order (an engine that adds
+        nothing without a profile): what the cost model reads of the engine."""
+        return EngineVectors.build(self.engine, self.names, self.host_index)
 
     @cached_property
     def memory(self) -> np.ndarray:
@@ -689,6 +514,7 @@ class Cluster:
         lat = np.zeros((k, k))
         pw = np.zeros((k, k))
         inline = np.zeros((k, k))
+        eng = self.engine if self.engine is not None else EngineProfile()
         if self.default_link is not None:
             off = ~np.eye(k, dtype=bool)
             dl = self.default_link
@@ -696,7 +522,7 @@ class Cluster:
             inv_bw[off] = 1.0 / dl.bandwidth
             lat[off] = dl.latency
             pw[off] = dl.power
-            inline[off] = dl.latency if dl.inline_latency is None else dl.inline_latency
+            inline[off] = dl.latency if eng.default_inline_latency is None else eng.default_inline_latency
         for ln in self.links:
             a, b = self.index(ln.between[0]), self.index(ln.between[1])
             for u, v in ((a, b), (b, a)):
@@ -704,18 +530,33 @@ class Cluster:
                 inv_bw[u, v] = 1.0 / ln.bandwidth
                 lat[u, v] = ln.latency
                 pw[u, v] = ln.power
-                inline[u, v] = ln.latency if ln.inline_latency is None else ln.inline_latency
-        two_regimes = self.inline_bytes > 0 and not np.array_equal(inline, lat)
+                own = eng.link_inline_latency(*ln.between)
+                inline[u, v] = ln.latency if own is None else own
+        two_regimes = eng.inline_bytes > 0 and not np.array_equal(inline, lat)
         for arr in (usable, inv_bw, lat, pw, inline):
             arr.flags.writeable = False
         return LinkTables(
-            usable, inv_bw, lat, pw, inline if two_regimes else None, float(self.inline_bytes), self.message_bytes
+            usable, inv_bw, lat, pw, inline if two_regimes else None, float(eng.inline_bytes), eng.message_bytes
         )
 
     # -- (de)serialisation ------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Any, name: str = "cluster") -> Cluster:
-        """Build a cluster from the parsed file structure; ClusterError on any bad key or value."""
+        """Build a cluster from the parsed file structure; ClusterError on any bad key or value.
+
+        The engine keys older files held beside the hardware are moved into ``engine``
+        with a DeprecationWarning that names them."""
+        if isinstance(data, Mapping):
+            data, moved = engine_from_flat_keys(data)
+            if moved:
+                warnings.warn(
+                    f'{name}: {", ".join(moved)} belong in the cluster\'s "engine" section now (they are '
+                    f"what the execution engine adds to the hardware); move them there, e.g. "
+                    f'"engine": {{"inline_bytes": ..., "transfer_cpu": {{"DEVICE": {{...}}}}}}, or rewrite the '
+                    f"file with Cluster.to_dict (multigpu profile writes the new form)",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
         check_keys(data, f"{name}: cluster", CLUSTER_KEYS_REQUIRED, CLUSTER_KEYS_OPTIONAL)
         raw_devices = data["devices"]
         if not isinstance(raw_devices, list):
@@ -737,11 +578,7 @@ class Cluster:
                     resources=d.get("resources"),
                     layer_times=d.get("layer_times"),
                     stage_overhead=d.get("stage_overhead", 0.0),
-                    warm_pass=d.get("warm_pass"),
                     host=d.get("host"),
-                    transfer_cpu=None
-                    if d.get("transfer_cpu") is None
-                    else transfer_cpu_from_dict(d["transfer_cpu"], f"device {d['name']!r}"),
                 )
             )
         raw_links = data.get("links", [])
@@ -756,7 +593,6 @@ class Cluster:
                     bandwidth=ln["bandwidth"],
                     latency=ln["latency"],
                     power=ln.get("power", 0.0),
-                    inline_latency=ln.get("inline_latency"),
                 )
             )
         default = None
@@ -768,10 +604,9 @@ class Cluster:
                 bandwidth=dl["bandwidth"],
                 latency=dl["latency"],
                 power=dl.get("power", 0.0),
-                inline_latency=dl.get("inline_latency"),
             )
         hosts = hosts_from_dict(data["hosts"], name) if "hosts" in data else ()
-        relay = relay_from_dict(data["relay"], name) if "relay" in data else None
+        engine = EngineProfile.from_dict(data["engine"], name) if "engine" in data else None
         return cls(
             devices=tuple(devices),
             links=tuple(links),
@@ -779,9 +614,7 @@ class Cluster:
             source=data["source"],
             sink=data.get("sink"),
             hosts=hosts,
-            relay=relay,
-            inline_bytes=data.get("inline_bytes", 0),
-            message_bytes=data.get("message_bytes"),
+            engine=engine,
             name=name,
         )
 
@@ -801,34 +634,22 @@ class Cluster:
                 dev["stage_overhead"] = d.stage_overhead
             if d.layer_times is not None:
                 dev["layer_times"] = {g: dict(t) for g, t in d.layer_times.items()}
-            if d.warm_pass is not None:
-                dev["warm_pass"] = dict(d.warm_pass)
             if d.host is not None:
                 dev["host"] = d.host
-            if d.transfer_cpu is not None:
-                dev["transfer_cpu"] = d.transfer_cpu.to_dict()
             out["devices"].append(dev)
         for ln in self.links:
             out["links"].append(
                 {"between": list(ln.between), "bandwidth": ln.bandwidth, "latency": ln.latency, "power": ln.power}
             )
-            if ln.inline_latency is not None:
-                out["links"][-1]["inline_latency"] = ln.inline_latency
         if self.default_link is not None:
             dl = self.default_link
             out["default_link"] = {"bandwidth": dl.bandwidth, "latency": dl.latency, "power": dl.power}
-            if dl.inline_latency is not None:
-                out["default_link"]["inline_latency"] = dl.inline_latency
-        if self.inline_bytes:
-            out["inline_bytes"] = self.inline_bytes
-        if self.message_bytes is not None:
-            out["message_bytes"] = self.message_bytes
         out["source"] = self.source
         out["sink"] = self.sink
         if self.hosts:
             out["hosts"] = {h.name: {"cores": h.cores} for h in self.hosts}
-        if self.relay is not None:
-            out["relay"] = self.relay.to_dict()
+        if self.engine is not None:
+            out["engine"] = self.engine.to_dict()
         return out
 
 

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from multigpu.partition.exceptions import GraphError
-from multigpu.partition.inputs.cluster import Cluster, DeviceSpec, LinkSpec, TransferCpu
+from multigpu.partition.inputs.cluster import Cluster, DeviceSpec, EngineProfile, LinkSpec, TransferCpu
 from multigpu.partition.inputs.graph import INPUT, Graph, LayerSpec
 
 __all__ = [
@@ -226,11 +226,13 @@ def _convert(data: dict[str, Any], name: str, where: str) -> PipelineInstance:
     per_byte = 1.0 / BYTES_PER_SECOND
     cpu_flops, cpu_times = _cpu_rate(cpu_ms, acc_ms, name)
     devices = [DeviceSpec("cpu", cpu_flops, 1.0, layer_times=cpu_times)]
-    devices += [
-        DeviceSpec(f"acc{d}", ACC_FLOPS, 1.0, memory, transfer_cpu=TransferCpu(fixed=0.0, per_byte=per_byte))
-        for d in range(k)
-    ]
-    cluster = Cluster(tuple(devices), source="cpu", default_link=LinkSpec(LINK_BANDWIDTH, 0.0), name=f"{name}-{k}acc")
+    devices += [DeviceSpec(f"acc{d}", ACC_FLOPS, 1.0, memory) for d in range(k)]
+    # Their sender's cost per byte is CPU work of the accelerator: our transfer CPU, which
+    # the engine profile carries (here a profile of their model, not of Ray).
+    engine = EngineProfile(name="pipeline", transfer_cpu={f"acc{d}": TransferCpu(0.0, per_byte) for d in range(k)})
+    cluster = Cluster(
+        tuple(devices), source="cpu", default_link=LinkSpec(LINK_BANDWIDTH, 0.0), engine=engine, name=f"{name}-{k}acc"
+    )
     index = {c: i for i, c in enumerate(order)}
     layer_of = {nid: index[cls_of[nid]] for nid in nodes}
     constraints: dict[str, Any] = {"pinned": pinned} if pinned else {}

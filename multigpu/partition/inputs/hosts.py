@@ -3,22 +3,23 @@
 Devices whose workers run on one machine share its cores, and moving an activation
 between two worker processes is CPU work at both ends (and, with Ray's actor calls,
 in the driver, which receives every intermediate result and sends it on). The cost
-model counts that work in the throughput bottleneck; these are the cluster-file
-fields that describe it:
+model counts that work in the throughput bottleneck. The hosts are hardware (cluster-file
+keys); the CPU a transfer costs is what the engine adds, in the file's ``engine`` section
+(``engine.py``):
 
 * a device's ``host`` names an entry of the cluster's ``hosts``, which gives that
   machine's ``cores``;
-* a device's ``transfer_cpu`` is ``{"fixed": s, "per_byte": s}``: the CPU seconds it
+* the engine's ``transfer_cpu`` gives per device ``{"fixed": s, "per_byte": s}``: the CPU seconds it
   spends on each transfer it sends or receives (``fixed + per_byte * bytes``). It may add
   ``"receive_per_byte": s``, the per-byte figure of a transfer it receives, where that
   differs from one it sends: with Ray, a node pulls an argument from another node
   (its daemon's work) but sends a result by writing it to its own store (fitted on the
   lab's Pi-class hosts: 40-44 ns per byte received against 9-14 sent);
-* the cluster's ``relay`` is ``{"device": NAME, "fixed": s, "per_byte": s}``: every
+* the engine's ``relay`` is ``{"device": NAME, "fixed": s, "per_byte": s}``: every
   transfer between two other devices passes through that device's process, which
   spends ``fixed + per_byte * bytes`` of CPU on it;
 * either may add ``"inline_fixed": s``, the fixed figure of a transfer of at most the
-  cluster's ``inline_bytes``: with Ray, such a payload travels inside the call's own
+  engine's ``inline_bytes``: with Ray, such a payload travels inside the call's own
   message, while a larger one goes through the object store, whose put, pull and release
   cost more per object (fitted on the lab's 0.46-core host: about 0.4 ms a transfer of
   64 bytes against 2.4-3.0 ms one of 4 KB);
@@ -62,7 +63,7 @@ HOST_KEYS_REQUIRED = ("cores",)
 
 def is_inline(nbytes: Any, inline_bytes: float) -> Any:
     """True (elementwise for an array) for a transfer of ``nbytes`` that travels inside the
-    engine's own message: at most the cluster's ``inline_bytes``, where that is not 0 (0
+    engine's own message: at most the engine's ``inline_bytes``, where that is not 0 (0
     means no inline regime, as for the links' ``inline_latency``)."""
     return np.logical_and(inline_bytes > 0, np.asarray(nbytes) <= inline_bytes)
 
@@ -83,7 +84,7 @@ def _check_cpu(obj: Any, what: str) -> None:
             check_number(
                 obj.inline_fixed,
                 f"{what}: inline_fixed",
-                unit="CPU seconds per transfer of at most the cluster's inline_bytes; leave it out to use fixed",
+                unit="CPU seconds per transfer of at most the engine's inline_bytes; leave it out to use fixed",
             ),
         )
     _check_serial_inline(obj, what)
@@ -119,7 +120,7 @@ def _by_regime(nbytes: Any, inline_bytes: float, figure: Callable[[bool], float]
 
 class _CpuFigures:
     """``fixed + per_byte * bytes`` of CPU (``inline_fixed`` in place of ``fixed`` for a
-    transfer of at most the cluster's ``inline_bytes``), and its serial part."""
+    transfer of at most the engine's ``inline_bytes``), and its serial part."""
 
     fixed: float
     per_byte: float

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from multigpu.partition.cost.arithmetic import busy_ratios
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.inputs.graph import Graph
 from multigpu.partition.solvers.constraints import ResolvedConstraints
@@ -94,7 +93,7 @@ def why_not_contiguous(tables: CostTables, objective: str) -> str | None:
     cluster = tables.cluster
     if objective not in ("latency", "throughput"):
         return f"the contiguous DP prices the latency and throughput objectives, not {objective}"
-    if cluster.has_transfer_cpu or cluster.relay is not None or cluster.hosts:
+    if tables.has_transfer_cpu or tables.has_relay or cluster.hosts:
         return "the cluster's transfer CPU, relay or hosts load devices that no stage-local figure bounds"
     return None
 
@@ -133,7 +132,7 @@ def contiguous_optimum(
     thr = objective == "throughput"
     # Per layer and device: what it costs where it runs, and whether it may run there.
     if thr:
-        busy = busy_ratios(graph, cluster)
+        busy = tables.busy
         node = tables.comp * busy[None, :]
         start = cluster.stage_overhead * busy
     else:

@@ -32,7 +32,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from multigpu.partition.cost.arithmetic import busy_ratios, transfer_cpu_terms
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.milp_model import Model
@@ -46,7 +45,7 @@ def why_not_compact(tables: CostTables, cons: ResolvedConstraints, lower_bound: 
     cluster = tables.cluster
     tab = cluster.tables
     k = cluster.k
-    if cluster.relay is not None:
+    if tables.has_relay:
         return "a relay's CPU depends on the pair"
     if cluster.stage_overhead.any():
         return "stage overheads start on a change of device (per pair)"
@@ -58,7 +57,7 @@ def why_not_compact(tables: CostTables, cons: ResolvedConstraints, lower_bound: 
         off = ~np.eye(k, dtype=bool)
         if not tab.usable[off].all():
             return "some pair has no link"
-        if tab.inline_latency is not None:
+        if tables.two_latencies:
             return "links price small transfers apart"
         for arr in (tab.inv_bandwidth, tab.latency, tab.power):
             vals = arr[off]
@@ -78,14 +77,14 @@ def _senders_receivers(tables: CostTables, nbytes: np.ndarray) -> tuple[np.ndarr
     cluster = tables.cluster
     k, m = cluster.k, len(nbytes)
     send, recv = np.zeros((m, k)), np.zeros((m, k))
-    if k < 2 or not m or not cluster.has_transfer_cpu:
+    if k < 2 or not m or not tables.has_transfer_cpu:
         return send, recv
     d = np.tile(np.arange(k), m)
     other = (d + 1) % k
     b = np.repeat(nbytes, k)
     for to, dev, peer in ((send, d, other), (recv, other, d)):
         u, v = (dev, peer) if to is send else (peer, dev)
-        j, dv, _, ser = transfer_cpu_terms(cluster, u, v, b)
+        j, dv, _, ser = tables.transfer_cpu(u, v, b)
         on = dv == dev[j]  # the sender's part (send) or the receiver's part (recv)
         np.add.at(to.reshape(-1), (j[on] // k) * k + dv[on], ser[on])
     return send, recv
@@ -171,7 +170,7 @@ def build_compact(
         memory_rows(rows, tables, cons, cast(Any, lay))
         ub[m_off : m_off + len(mem_devs)] = 1.0 + 1e-6
     # Device loads: compute at the busy rate, the sender's CPU on out, the receiver's on in.
-    busy = busy_ratios(graph, cluster)
+    busy = tables.busy
     comp = np.where(np.isfinite(tables.comp), tables.comp, 0.0) * busy[None, :]
     nb = np.array([graph.input_bytes if q < 0 else graph.output_bytes[q] for q in prods], dtype=float)
     send, recv = _senders_receivers(tables, nb)

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from multigpu.partition.cost.arithmetic import busy_ratios, transfer_cpu_terms
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 
@@ -584,7 +583,7 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
     comp = np.where(forbid, 0.0, tables.comp).T.ravel()
     # A device's own row counts compute and stage overheads at the busy rate, its host's
     # at the layer times (``arithmetic.busy_ratios``).
-    busy = busy_ratios(tables.graph, cluster)
+    busy = tables.busy
     devs, cols, vals = [np.repeat(np.arange(k), n)], [lay.xi.T.ravel()], [comp]
     serial = [comp * np.repeat(busy, n)]
     # Compute and stage overheads are wall time on the host; transfer CPU is CPU time.
@@ -596,8 +595,8 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
         vals.append(oh[tm.s_dev])
         serial.append(vals[-1] * busy[tm.s_dev])
         scale.append(cluster.compute_cores[tm.s_dev])
-    if cluster.has_transfer_cpu:
-        j, d, val, ser = transfer_cpu_terms(cluster, tm.t_u, tm.t_v, tm.t_bytes)
+    if tables.has_transfer_cpu:
+        j, d, val, ser = tables.transfer_cpu(tm.t_u, tm.t_v, tm.t_bytes)
         devs.append(d)
         cols.append(tm.t_col[j])
         vals.append(val)
@@ -605,7 +604,7 @@ def load_terms(tables: CostTables, forbid: np.ndarray, lay: Layout, tm: Terms) -
         scale.append(np.ones(len(val)))
     dev, col, val, ser = (np.concatenate(devs), np.concatenate(cols), np.concatenate(vals), np.concatenate(serial))
     host_rows, host_of_term, host_val = host_terms(cluster, dev, val, ser, np.concatenate(scale))
-    pu, pv = np.nonzero(np.triu(tab.usable & ~cluster.cpu_links, 1))
+    pu, pv = np.nonzero(np.triu(tab.usable & ~tables.cpu_links, 1))
     pair_of = -np.ones((k, k), dtype=np.int64)
     pair_of[pu, pv] = pair_of[pv, pu] = np.arange(len(pu))
     usable = tab.usable[tm.t_u, tm.t_v]

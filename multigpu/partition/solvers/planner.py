@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from multigpu.checks import check_number
-from multigpu.partition.cost.arithmetic import single_device, warm_pass_of
+from multigpu.partition.cost.arithmetic import single_device
 from multigpu.partition.cost.evaluate import check_weights, evaluate
 from multigpu.partition.cost.records import Breakdown
 from multigpu.partition.cost.tables import CostTables
@@ -359,7 +359,7 @@ def _warm_local(
     found: list[tuple[np.ndarray, tuple[float, float]]] = []
     for d in range(cluster.k):
         local = np.full(graph.n, d, dtype=np.intp)
-        if warm_pass_of(graph, cluster, d) is None or single_device(a) == d or not cons.allowed[:, d].all():
+        if tables.warm_pass(d) is None or single_device(a) == d or not cons.allowed[:, d].all():
             continue
         try:
             if not violations(tables, cons, local):

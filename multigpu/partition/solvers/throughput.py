@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from multigpu.errors import SolverError
-from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of, busy_ratios, transfer_cpu_terms
+from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import InfeasibleError
 from multigpu.partition.solvers.constraints import ResolvedConstraints
@@ -51,7 +51,7 @@ def bottleneck_lower_bound(tables: CostTables, cons: ResolvedConstraints) -> flo
     """A lower bound on the optimal bottleneck: each layer's compute lands on some
     device, and all compute is shared by at most k devices (a device's load is at
     least its compute at the busy rate, ``busy_ratios``)."""
-    busy = busy_ratios(tables.graph, tables.cluster)
+    busy = tables.busy
     comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp * busy[None, :], np.inf)
     per_layer = comp.min(axis=1)
     usable_devs = max(int((cons.allowed.any(axis=0)).sum()), 1)
@@ -198,8 +198,8 @@ def _crude_upper(tables: CostTables, cons: ResolvedConstraints) -> float:
     if cluster.k > 1:
         u, v = np.nonzero(~np.eye(cluster.k, dtype=bool))
         # Both regimes (an inline transfer's fixed figure may be the larger one).
-        _, _, val, _ = transfer_cpu_terms(cluster, u, v, np.full(len(u), nb.max()))
-        _, _, small, _ = transfer_cpu_terms(cluster, u, v, np.zeros(len(u)))
+        _, _, val, _ = tables.transfer_cpu(u, v, np.full(len(u), nb.max()))
+        _, _, small, _ = tables.transfer_cpu(u, v, np.zeros(len(u)))
         cpu = 3 * (float(np.max(val, initial=0.0)) + float(np.max(small, initial=0.0)))
     cores = min(1.0, float(np.min(cluster.host_cores, initial=1.0)))
     graph = tables.graph

@@ -233,6 +233,28 @@ def test_merged_measurements_keep_each_plan_with_its_own_runs_and_load():
     assert m.params == {"lenet": "w", "alexnet": "v"}
 
 
+@pytest.mark.slow  # about 5 s: the planner's runners-up on two objectives
+def test_the_lab_runs_every_candidate_of_lenets_two_settings_with_its_hand_made_plans():
+    """``bench plans --lab``'s plans, made on the lab's file (the run makes them on its profile):
+    per setting at least 8 candidates, the planner's choice first, every lab host a single-host
+    plan, each hand-made plan of the setting's kind among them, streamed exactly for throughput."""
+    from multigpu.benchmarks import plans_lab
+    from multigpu.benchmarks.plans import MIN_CANDIDATES
+
+    cluster = multigpu.partition.load_cluster("lab")
+    plans = plans_lab.lenet_candidates(cluster)
+    settings = list(dict.fromkeys(p["setting"] for p in plans))
+    assert settings == ["lenet, latency", "lenet, throughput"]
+    hand = plans_lab.lenet_plans()
+    for objective in ("latency", "throughput"):
+        cands = [p for p in plans if p["objective"] == objective]
+        assert len(cands) >= MIN_CANDIDATES and "planner" in cands[0]["roles"] and "left_out" in cands[0]
+        assert all(p["stream"] == (objective == "throughput") and len(p["plan"]) == 10 for p in cands)
+        assert {p["plan"][0] for p in cands if "single device" in p["roles"]} == set(cluster.names)
+        mine = [h["plan"] for h in hand if bool(h.get("stream")) == (objective == "throughput")]
+        assert mine and all(any(p["plan"] == h for p in cands) for h in mine)
+
+
 @pytest.mark.parametrize("framework", [b for b in ("torch", "paddle", "mxnet") if b in multigpu.available_backends()])
 def test_the_native_gpts_have_our_gpts_architecture_and_step(framework):
     """``transformer_step`` compares the same architecture: each framework's own GPT holds as many

@@ -142,10 +142,9 @@ def test_reduced_cost_fixing_never_removes_an_optimal_choice(gd: dict, cd: dict,
     event(f"fixed {int(fixed.sum())} of {int((model.ub > 0).sum())} columns")
 
 
-def test_the_rounds_skip_a_cutoff_just_below_the_best_known_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    # With a plan known at 1.15 times the bound, the round at 1.14 would only repeat the
-    # final round's proof (its next cutoff, 1.2, already reaches the plan): it is skipped,
-    # and the last round is at the plan's cost.
+def _cutoffs_tried(monkeypatch: pytest.MonkeyPatch, known_factor: float) -> list[float]:
+    """The cutoffs (as factors of the tightened bound) of the rounds run with a plan known at
+    ``known_factor`` times that bound, every round finding no plan."""
     import multigpu.partition.solvers.cutoff as cutoff
 
     tables, cons, best, model = _time_shared_model()
@@ -158,11 +157,34 @@ def test_the_rounds_skip_a_cutoff_just_below_the_best_known_plan(monkeypatch: py
         return cutoff.MilpResult(2, "infeasible", None, np.inf)
 
     monkeypatch.setattr(cutoff, "solve_model", never)
-    known = 1.15 * t.bound
+    known = known_factor * t.bound
     out = solve_in_rounds(model, t, known, np.zeros(tables.graph.n, dtype=np.intp), lambda a: known, Budget(gap=0))
     assert out.plan is not None and out.cost == known and out.bound == known
-    expected = [f for f in cutoff.CUTOFF_FACTORS if f < 1.14] + [1.15]
+    return tried
+
+
+def test_the_rounds_skip_a_cutoff_just_below_the_best_known_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With a plan known at 2 times the bound, the round at 1.7 would only repeat the final
+    # round's proof (its next cutoff, 2.0, already reaches the plan): it is skipped, and the
+    # last round is at the plan's cost.
+    import multigpu.partition.solvers.cutoff as cutoff
+
+    tried = _cutoffs_tried(monkeypatch, 2.0)
+    expected = [f for f in cutoff.CUTOFF_FACTORS if f < 1.7] + [2.0]
     assert np.allclose(tried, expected, rtol=1e-6), tried
+
+
+def test_the_rounds_jump_to_the_final_one_once_the_best_plan_is_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A plan known at 1.3 times the bound: every round whose cutoff is within JUMP (15%) below
+    # it goes (1.14 and 1.2; 1.1 * 1.15 = 1.265 stays), then the final round at the plan's cost.
+    import multigpu.partition.solvers.cutoff as cutoff
+
+    tried = _cutoffs_tried(monkeypatch, 1.3)
+    expected = [f for f in cutoff.CUTOFF_FACTORS if f * cutoff.JUMP < 1.3] + [1.3]
+    assert np.allclose(tried, expected, rtol=1e-6), tried
+    assert np.allclose(tried, [1.02, 1.04, 1.07, 1.1, 1.3], rtol=1e-6), tried
+    # A plan already within 15% of the bound: the final round alone.
+    assert np.allclose(_cutoffs_tried(monkeypatch, 1.12), [1.12], rtol=1e-6)
 
 
 def test_a_cutoff_below_the_optimum_finds_no_plan_below_it() -> None:

@@ -102,6 +102,7 @@ class Options:
     threads: int | None = None  # CPU threads per framework process; None: the frameworks' defaults
     lab: bool = False  # run across the hosts of the emulated lab (root): `multigpu bench plans --lab`, `lab`
     instances: Path | None = None  # `bench planner --instances DIR`: a clone of msr-fiddle/dnn-partitioning
+    cases: tuple[str, ...] | None = None  # `--cases`: the parts of a benchmark to run (None: all); `planner` only
 
     def repeats(self, full: int, quick: int) -> int:
         """Return ``quick`` under ``--quick``, else ``full``."""

@@ -141,6 +141,36 @@ def test_bench_cli_rejects_unknown_names_and_backends(tmp_path):
     assert r.returncode != 0 and "--threads" in r.stderr
     r = _cli("--list")
     assert r.returncode == 0 and all(name in r.stdout for name in BENCHMARKS)
+    r = _cli("planner", "--cases", "resnet51", "--out", str(tmp_path))
+    assert r.returncode != 0 and "resnet51" in r.stderr and "resnet50" in r.stderr
+    r = _cli("planner", "step", "--cases", "graphs", "--out", str(tmp_path))
+    assert r.returncode != 0 and "--cases" in r.stderr
+
+
+def test_planner_cases_select_parts_graphs_and_clusters():
+    from multigpu.benchmarks.planner import GRAPH_CLUSTERS, GRAPHS, PARTS, selection
+
+    assert selection(None) == (set(PARTS), GRAPHS, GRAPH_CLUSTERS)
+    assert selection(("resnet50", "inception", "gpu16")) == ({"graphs"}, ("resnet50", "inception"), ("gpu16",))
+    assert selection(("dp", "lab")) == ({"dp", "graphs"}, GRAPHS, ("lab",))
+    assert selection(("stress",)) == ({"stress"}, GRAPHS, GRAPH_CLUSTERS)
+
+
+def test_planner_graph_case_reports_the_default_gap_and_the_exact_proof(tmp_path):
+    """``bench planner --cases resnet18,lab``: one graph row, timed to the 0.1% gap and to the proof."""
+    from multigpu.benchmarks import planner
+
+    r = planner.run(Options(out=tmp_path, progress=False, cases=("resnet18", "lab")))
+    assert [t.title.split(" ")[0] for t in r.tables] == ["Graphs"]
+    (row,) = r.data["graphs"]
+    assert (row["graph"], row["cluster"], row["n"], row["k"]) == ("resnet18", "lab", 69, 5)
+    assert row["within"]["asked"] == 0.001 and row["exact"]["asked"] == 0.0
+    assert row["within"]["proven"] and row["within"]["gap"] <= 0.001
+    assert row["exact"]["proven"] and row["exact"]["gap"] <= 1e-9
+    # The plan within 0.1% costs at most 0.1% more than the proven optimum.
+    assert row["within"]["cost"] <= row["exact"]["cost"] * (1 + 0.001)
+    columns = r.tables[0].columns
+    assert "memory-bound, to a 0.1% gap" in columns and "memory-bound, exact proof" in columns
 
 
 @pytest.mark.slow

@@ -142,27 +142,57 @@ def test_reduced_cost_fixing_never_removes_an_optimal_choice(gd: dict, cd: dict,
     event(f"fixed {int(fixed.sum())} of {int((model.ub > 0).sum())} columns")
 
 
-def test_the_rounds_skip_a_cutoff_just_below_the_best_known_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    # With a plan known at 1.15 times the bound, the round at 1.14 would only repeat the
-    # final round's proof (its next cutoff, 1.2, already reaches the plan): it is skipped,
-    # and the last round is at the plan's cost.
+def _cutoffs_tried(monkeypatch: pytest.MonkeyPatch, known_factor: float, found: float | None = None) -> list[float]:
+    """The cutoffs (as factors of the tightened bound) of the rounds run with a starting plan
+    known at ``known_factor`` times that bound; the first round finds a plan at ``found`` times
+    it (None: no round finds a plan)."""
     import multigpu.partition.solvers.cutoff as cutoff
 
     tables, cons, best, model = _time_shared_model()
     t = tighten(model, tables, cons)
     assert t is not None
     tried: list[float] = []
+    start, other = np.zeros(tables.graph.n, dtype=np.intp), np.ones(tables.graph.n, dtype=np.intp)
 
-    def never(m: Any, verbose: bool = False, options: Any = None) -> Any:
+    def rounds(m: Any, verbose: bool = False, options: Any = None) -> Any:
         tried.append(options["objective_bound"] / model.scale / t.bound)
+        if found is not None and len(tried) == 1:  # a plan above the cutoff, all that is left
+            return cutoff.MilpResult(0, "optimal", other, found * t.bound)
         return cutoff.MilpResult(2, "infeasible", None, np.inf)
 
-    monkeypatch.setattr(cutoff, "solve_model", never)
-    known = 1.15 * t.bound
-    out = solve_in_rounds(model, t, known, np.zeros(tables.graph.n, dtype=np.intp), lambda a: known, Budget(gap=0))
-    assert out.plan is not None and out.cost == known and out.bound == known
+    monkeypatch.setattr(cutoff, "solve_model", rounds)
+    best_factor = min(known_factor, found or np.inf)
+    out = solve_in_rounds(
+        model, t, known_factor * t.bound, start, lambda a: (found if a[0] else known_factor) * t.bound, Budget(gap=0)
+    )
+    assert out.plan is not None and np.isclose(out.cost, best_factor * t.bound)
+    assert np.isclose(out.bound, best_factor * t.bound)
+    return tried
+
+
+def test_the_rounds_skip_a_cutoff_just_below_the_best_known_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With a plan known at 1.15 times the bound, the round at 1.14 would only repeat the
+    # final round's proof (its next cutoff, 1.2, already reaches the plan): it is skipped,
+    # and the last round is at the plan's cost.
+    import multigpu.partition.solvers.cutoff as cutoff
+
+    tried = _cutoffs_tried(monkeypatch, 1.15)
     expected = [f for f in cutoff.CUTOFF_FACTORS if f < 1.14] + [1.15]
     assert np.allclose(tried, expected, rtol=1e-6), tried
+
+
+def test_the_rounds_jump_to_the_final_one_once_a_round_found_a_close_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first round (1.02) finds a plan at 1.3 times the bound (a starting plan is at 2):
+    # every later round whose cutoff is within JUMP (15%) below it goes (1.14 and 1.2; 1.1 *
+    # 1.15 = 1.265 stays), then the final round at the plan's cost.
+    import multigpu.partition.solvers.cutoff as cutoff
+
+    tried = _cutoffs_tried(monkeypatch, 2.0, found=1.3)
+    expected = [f for f in cutoff.CUTOFF_FACTORS if f * cutoff.JUMP < 1.3] + [1.3]
+    assert np.allclose(tried, expected, rtol=1e-6), tried
+    assert np.allclose(tried, [1.02, 1.04, 1.07, 1.1, 1.3], rtol=1e-6), tried
+    # A starting plan as close does not jump: the rounds run up to the skip rule's.
+    assert np.allclose(_cutoffs_tried(monkeypatch, 1.3), [1.02, 1.04, 1.07, 1.1, 1.14, 1.3], rtol=1e-6)
 
 
 def test_a_cutoff_below_the_optimum_finds_no_plan_below_it() -> None:

@@ -51,6 +51,13 @@ def register(sub: Any) -> None:
         help="`planner`: also solve the published instances of Tarnawski et al. (NeurIPS 2020) from DIR, a clone "
         "of https://github.com/msr-fiddle/dnn-partitioning, beside their IP (on HiGHS) and their DP",
     )
+    p.add_argument(
+        "--cases",
+        metavar="LIST",
+        help="`planner`: comma-separated parts to run (dp, milp, gaps, graphs, stress, published), graphs "
+        "(resnet18, resnet50, inception) or graph clusters (lab, gpu16); a graph or cluster runs only those "
+        "graph cases, e.g. --cases resnet50,inception,gpu16 (default: every part)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -115,6 +122,17 @@ def run(args: argparse.Namespace) -> int:
                 f"--backends {args.backends!r}: {missing} not installed here; "
                 f"installed: {[b for b in available_backends() if b != 'numpy']}"
             )
+    cases = None
+    if args.cases is not None:
+        cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
+        if not cases or names != ["planner"]:
+            raise InputError(
+                f"--cases {args.cases!r} selects parts of `planner` only: name it alone (`bench planner --cases ...`) "
+                "and give at least one case"
+            )
+        from multigpu.benchmarks.planner import selection
+
+        selection(cases)  # an unknown case fails here, before anything runs
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads {args.threads} must be at least 1")
     out = Path(args.out)
@@ -132,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads,
             lab=args.lab,
             instances=_instances(args.instances),
+            cases=cases,
         ),
         echo=(lambda s: None) if args.quiet else print,
     )

@@ -589,7 +589,7 @@ def run(opts: Options) -> Result:
             "milp_repeat": milp_repeat,
         },
         notes=notes,
-        plot=(lambda fig: _plot(fig, dp, milp, gaps)) if dp and milp and gaps else None,
+        plot=(lambda fig: _plot(fig, dp, milp, gaps, dags)) if dp or milp or gaps or dags else None,
     )
 
 
@@ -680,31 +680,58 @@ def _published_tables(rows: list[dict[str, Any]]) -> list[Table]:
     ]
 
 
-def _plot(fig: Any, dp: list[dict[str, Any]], milp: list[dict[str, Any]], gaps: list[dict[str, Any]]) -> None:
-    ax_dp, ax_milp, ax_gap = fig.subplots(1, 3)
-    for k in sorted({r["k"] for r in dp}):
-        pts = sorted((r["n"], r["solver"]["median"]) for r in dp if r["k"] == k)
-        ax_dp.plot(*zip(*pts), marker="o", label=f"k={k}")
-    ax_dp.axhline(DP_TARGET_S, color="r", ls="--", lw=0.8)
-    ax_dp.set(xscale="log", yscale="log", xlabel="layers n", ylabel="solver s", title="DP")
+def _plot(
+    fig: Any,
+    dp: list[dict[str, Any]],
+    milp: list[dict[str, Any]],
+    gaps: list[dict[str, Any]],
+    graphs: list[dict[str, Any]],
+) -> None:
+    """One panel per part that ran (``--cases`` may select a few): DP and MILP times against n,
+    the baselines' gaps, and the graphs' time to the default gap and to the exact proof."""
     grid = [r for r in milp if r["case"].startswith("random chain") and "seed" not in r["case"]]
-    for k in sorted({r["k"] for r in grid}):
-        pts = sorted((r["n"], r["wall"]["median"]) for r in grid if r["k"] == k)
-        ax_milp.plot(*zip(*pts), marker="o", label=f"k={k}")
-    ax_milp.axhline(MILP_TARGET_S, color="r", ls="--", lw=0.8)
-    ax_milp.set(
-        xscale="log", yscale="log", xlabel="layers n", ylabel="autopartition s", title="memory-constrained (MILP path)"
-    )
-    names = ["single", "uniform", "balanced", "greedy"]
-    labels = [f"{r['cluster']}\n{r['objective'].split(' ')[0]}" for r in gaps]
-    width = 0.8 / len(names)
-    for j, nm in enumerate(names):
-        ys = [100 * (r["gaps"][nm]["gap"] if r["gaps"].get(nm) else np.nan) for r in gaps]
-        ax_gap.bar(np.arange(len(gaps)) + (j - 1.5) * width, np.maximum(ys, 0.1), width, label=nm)
-    ax_gap.set_xticks(range(len(gaps)), labels, fontsize=6)
-    ax_gap.set(yscale="log", ylabel="gap to optimum, % (log)", title="baselines, AlexNet")
-    for ax in (ax_dp, ax_milp, ax_gap):
+    panels = [p for p, rows in (("dp", dp), ("milp", grid), ("gaps", gaps), ("graphs", graphs)) if rows]
+    axes = dict(zip(panels, np.atleast_1d(fig.subplots(1, len(panels)))))
+    if "dp" in axes:
+        ax = axes["dp"]
+        for k in sorted({r["k"] for r in dp}):
+            pts = sorted((r["n"], r["solver"]["median"]) for r in dp if r["k"] == k)
+            ax.plot(*zip(*pts), marker="o", label=f"k={k}")
+        ax.axhline(DP_TARGET_S, color="r", ls="--", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="layers n", ylabel="solver s", title="DP")
+    if "milp" in axes:
+        ax = axes["milp"]
+        for k in sorted({r["k"] for r in grid}):
+            pts = sorted((r["n"], r["wall"]["median"]) for r in grid if r["k"] == k)
+            ax.plot(*zip(*pts), marker="o", label=f"k={k}")
+        ax.axhline(MILP_TARGET_S, color="r", ls="--", lw=0.8)
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="layers n",
+            ylabel="autopartition s",
+            title="memory-constrained (MILP path)",
+        )
+    if "gaps" in axes:
+        ax = axes["gaps"]
+        names = ["single", "uniform", "balanced", "greedy"]
+        labels = [f"{r['cluster']}\n{r['objective'].split(' ')[0]}" for r in gaps]
+        width = 0.8 / len(names)
+        for j, nm in enumerate(names):
+            ys = [100 * (r["gaps"][nm]["gap"] if r["gaps"].get(nm) else np.nan) for r in gaps]
+            ax.bar(np.arange(len(gaps)) + (j - 1.5) * width, np.maximum(ys, 0.1), width, label=nm)
+        ax.set_xticks(range(len(gaps)), labels, fontsize=6)
+        ax.set(yscale="log", ylabel="gap to optimum, % (log)", title="baselines, AlexNet")
+    if "graphs" in axes:
+        ax = axes["graphs"]
+        x = np.arange(len(graphs))
+        for off, key, label in ((-0.2, "within", "to a 0.1% gap"), (0.2, "exact", "exact proof")):
+            ax.bar(x + off, [r[key]["seconds"] for r in graphs], 0.4, label=label)
+        ax.axhline(MILP_TARGET_S, color="r", ls="--", lw=0.8)
+        ax.set_xticks(x, [f"{r['graph']}\n{r['cluster']}" for r in graphs], fontsize=6)
+        ax.set(ylabel="autopartition s", title="graphs, 40% memory per device")
+    for ax in axes.values():
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.set_size_inches(15, 5)
+    fig.set_size_inches(5 * len(panels), 5)
     fig.tight_layout()

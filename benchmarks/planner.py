@@ -692,26 +692,18 @@ def _plot(
     grid = [r for r in milp if r["case"].startswith("random chain") and "seed" not in r["case"]]
     panels = [p for p, rows in (("dp", dp), ("milp", grid), ("gaps", gaps), ("graphs", graphs)) if rows]
     axes = dict(zip(panels, np.atleast_1d(fig.subplots(1, len(panels)))))
-    if "dp" in axes:
-        ax = axes["dp"]
-        for k in sorted({r["k"] for r in dp}):
-            pts = sorted((r["n"], r["solver"]["median"]) for r in dp if r["k"] == k)
+    for part, rows, key, target, ylabel, title in (
+        ("dp", dp, "solver", DP_TARGET_S, "solver s", "DP"),
+        ("milp", grid, "wall", MILP_TARGET_S, "autopartition s", "memory-constrained (MILP path)"),
+    ):
+        if part not in axes:
+            continue
+        ax = axes[part]
+        for k in sorted({r["k"] for r in rows}):
+            pts = sorted((r["n"], r[key]["median"]) for r in rows if r["k"] == k)
             ax.plot(*zip(*pts), marker="o", label=f"k={k}")
-        ax.axhline(DP_TARGET_S, color="r", ls="--", lw=0.8)
-        ax.set(xscale="log", yscale="log", xlabel="layers n", ylabel="solver s", title="DP")
-    if "milp" in axes:
-        ax = axes["milp"]
-        for k in sorted({r["k"] for r in grid}):
-            pts = sorted((r["n"], r["wall"]["median"]) for r in grid if r["k"] == k)
-            ax.plot(*zip(*pts), marker="o", label=f"k={k}")
-        ax.axhline(MILP_TARGET_S, color="r", ls="--", lw=0.8)
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="layers n",
-            ylabel="autopartition s",
-            title="memory-constrained (MILP path)",
-        )
+        ax.axhline(target, color="r", ls="--", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="layers n", ylabel=ylabel, title=title)
     if "gaps" in axes:
         ax = axes["gaps"]
         names = ["single", "uniform", "balanced", "greedy"]

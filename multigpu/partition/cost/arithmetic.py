@@ -35,7 +35,6 @@ __all__ = [
     "stage_overheads",
     "stage_starts",
     "transfer_cpu_loads",
-    "transfer_cpu_terms",
     "transfers",
     "warm_pass_of",
     "warm_scale",
@@ -310,21 +309,10 @@ def transfers(graph: Graph, cluster: Cluster, x: AssignmentArrays) -> tuple[np.n
     return x.sends.u, x.sends.v, x.sends.nbytes
 
 
-def transfer_cpu_terms(
-    cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The CPU of transfers u[j] -> v[j] of b[j] bytes (u != v), as (j, device, seconds,
-    serial seconds) quadruples: ``transfer_cpu`` of the sender (its send figure) and of the
-    receiver (its receive figure), and the relay's figure where the relay is neither; the
-    serial seconds are the part on the device's computing thread. Empty when no transfer costs CPU.
-    The engine profile prices them (``EngineVectors.transfer_cpu_terms``)."""
-    return cluster.engine_vectors.transfer_cpu_terms(u, v, b)
-
-
 def transfer_cpu_loads(cluster: Cluster, u: np.ndarray, v: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(k,) CPU seconds each device spends per item on transfers (u[j] -> v[j], b[j]
-    bytes), and (k,) the part on its computing thread; see ``transfer_cpu_terms``."""
-    _, dev, val, serial = transfer_cpu_terms(cluster, u, v, b)
+    bytes), and (k,) the part on its computing thread; see ``EngineVectors.transfer_cpu_terms``."""
+    _, dev, val, serial = cluster.engine_vectors.transfer_cpu_terms(u, v, b)
     return (
         np.bincount(dev, weights=val, minlength=cluster.k).astype(float),
         np.bincount(dev, weights=serial, minlength=cluster.k).astype(float),

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from multigpu.partition.cost.arithmetic import busy_ratios, transfer_cpu_terms, warm_pass_of
+from multigpu.partition.cost.arithmetic import busy_ratios, warm_pass_of
 from multigpu.partition.cost.choices import compute_times, param_energy, param_times
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
@@ -86,8 +86,8 @@ class CostTables:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The CPU of transfers u[j] -> v[j] of nbytes[j] as (j, device, seconds, serial
         seconds) terms: the coefficients of the throughput MILP's device and host rows
-        (``transfer_cpu_terms``)."""
-        return transfer_cpu_terms(self.cluster, u, v, nbytes)
+        (``EngineVectors.transfer_cpu_terms``)."""
+        return self.cluster.engine_vectors.transfer_cpu_terms(u, v, nbytes)
 
     def node(self, wt: float, we: float) -> np.ndarray:
         """n x k weighted node cost (+inf where impossible)."""

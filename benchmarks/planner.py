@@ -307,15 +307,16 @@ def bench_gaps(model: str = "alexnet", batch: int = 1) -> list[dict[str, Any]]:
     rows = []
     for name in shipped_clusters():
         cluster = load_cluster(name)
-        for label, kw in (
+        settings: tuple[tuple[str, dict[str, Any]], ...] = (
             ("time (wt=1, we=0)", {"wt": 1.0, "we": 0.0}),
             ("energy (wt=0, we=1)", {"wt": 0.0, "we": 1.0}),
             ("throughput (bottleneck)", {"objective": "throughput"}),
-        ):
+        )
+        for label, kw in settings:
             plan = autopartition(graph, cluster, **kw)
             thr = kw.get("objective") == "throughput"
             best = plan.bottleneck if thr else plan.cost
-            gaps = {}
+            gaps: dict[str, dict[str, Any] | None] = {}
             for b in baselines(graph, cluster, kw.get("wt", 1.0), kw.get("we", 0.0), constraints=Constraints()):
                 if b.breakdown is None:
                     gaps[b.name] = None

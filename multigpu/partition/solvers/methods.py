@@ -202,20 +202,21 @@ class MilpSolver(Solver):
         _check_candidates(tables, cons, wt, we, budget.verbose)
         ideal = contiguous_plan(tables, cons, objective, budget)
         # The DPs' plans, and every single-device plan: whatever the time limit, a plan to return.
-        starts = ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else [])
-        starts += single_device_plans(tables, cons) if objective.name in ("throughput", "makespan") else []
+        dp_plans = ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else [])
+        starts = dp_plans + (single_device_plans(tables, cons) if objective.name in ("throughput", "makespan") else [])
         if objective.name == "throughput":
-            values = ((a, _value(tables, objective, a)) for a in starts)
-            known = min(((a, v) for a, v in values if np.isfinite(v)), key=lambda av: av[1], default=None)
+            values = ((a, _value(tables, objective, a), i < len(dp_plans)) for i, a in enumerate(starts))
+            best = min((t for t in values if np.isfinite(t[1])), key=lambda t: t[1], default=None)
             return solve_throughput(
                 tables,
                 cons,
                 wt,
                 we,
                 _scale(dp.value if dp is not None else 0.0),
-                known,
+                None if best is None else (best[0], best[1]),
                 lambda: explain_coupled(tables, cons, wt, we, budget.verbose),
                 budget,
+                bound_known=best is not None and best[2],
             )
         if objective.name == "makespan" and not tables.graph.is_chain:
             budget.say("makespan MILP")

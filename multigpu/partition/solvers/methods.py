@@ -205,18 +205,21 @@ class MilpSolver(Solver):
         dp_plans = ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else [])
         starts = dp_plans + (single_device_plans(tables, cons) if objective.name in ("throughput", "makespan") else [])
         if objective.name == "throughput":
-            values = ((a, _value(tables, objective, a), i < len(dp_plans)) for i, a in enumerate(starts))
-            best = min((t for t in values if np.isfinite(t[1])), key=lambda t: t[1], default=None)
+            priced = [(a, _value(tables, objective, a)) for a in starts]
+            finite = [(a, v) for a, v in priced if np.isfinite(v)]
+            # Only a DP's plan, near the optimum, caps HiGHS's bottleneck column; a single-device plan
+            # stands by for a time limit (``solve_throughput``).
+            cap = min((v for _, v in priced[: len(dp_plans)] if np.isfinite(v)), default=None)
             return solve_throughput(
                 tables,
                 cons,
                 wt,
                 we,
                 _scale(dp.value if dp is not None else 0.0),
-                None if best is None else (best[0], best[1]),
+                min(finite, key=lambda av: av[1], default=None),
                 lambda: explain_coupled(tables, cons, wt, we, budget.verbose),
                 budget,
-                bound_known=best is not None and best[2],
+                cap=cap,
             )
         if objective.name == "makespan" and not tables.graph.is_chain:
             budget.say("makespan MILP")

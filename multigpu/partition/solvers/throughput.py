@@ -68,17 +68,17 @@ def solve_throughput(
     explain: Callable[[], InfeasibleError],
     budget: Budget,
     form: str = "auto",
-    bound_known: bool = True,
+    cap: float | None = None,
 ) -> Solution:
     """The plan minimising the bottleneck within ``budget`` (its gap and time limit), ties
     broken by cost: among the plans within the gap of the proven bound, the cheapest.
 
     ``cost_scale`` scales phase 2's cost objective; ``known`` is a feasible
-    assignment and its bottleneck, if one is at hand (an upper bound); ``bound_known`` says
-    whether its bottleneck also caps HiGHS's bottleneck column (a DP's plan). A plan of one
-    device alone only stands by for a time limit: as a cap several times the optimum it
-    changed HiGHS's search for the worse (on BERT-24, a cap 5.2 times the optimum left a
-    13% gap at 300 s, where the solve without it proved the optimum in 10-11 s). ``explain``
+    assignment and its bottleneck, if one is at hand (the answer should the time limit strike
+    first); ``cap`` (seconds, a DP's plan's bottleneck) caps HiGHS's bottleneck column. A
+    single-device plan is no cap: several times the optimum, it changed HiGHS's search for
+    the worse (on BERT-24, a cap 5.2 times the optimum left a 13% gap at 300 s, where the
+    solve without it proved the optimum in 10-11 s). ``explain``
     builds the InfeasibleError if the constraints admit no assignment. The solution's
     value and bound are bottlenecks (seconds per item). ``form`` picks the MILP: "compact"
     (communication per producer and device, ``milp_compact``), "pairwise" (per device
@@ -114,7 +114,7 @@ def solve_throughput(
             objective="bottleneck",
             scale=b_scale,
             verbose=budget.verbose,
-            b_upper=known[1] if known is not None and bound_known else None,
+            b_upper=cap,
             options=budget.highs(),
         )
         if first.status == 2:

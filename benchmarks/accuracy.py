@@ -96,10 +96,8 @@ def run(opts: Options) -> Result:
         "see the load line above.",
     ]
     if len(data) > 1:
-        finals = {fw: statistics.mean(r["test_acc"][-1] for r in runs) for fw, runs in data.items()}
-        notes.append(
-            f"spread of the frameworks' mean final accuracy: {max(finals.values()) - min(finals.values()):.4f}"
-        )
+        means = {fw: statistics.mean(r["test_acc"][-1] for r in runs) for fw, runs in data.items()}
+        notes.append(f"spread of the frameworks' mean final accuracy: {max(means.values()) - min(means.values()):.4f}")
     tables = [
         Table(
             "Final and best test accuracy per framework (mean over seeds, spread)",

@@ -145,7 +145,7 @@ def measure(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CPUFallbackWarning)
             devices = resolve_devices(be, spec)
-        shp = shapes if kind == "lenet" else [(size // 4,)]
+        shp: list[tuple[int, ...]] = shapes if size is None else [(size // 4,)]
         samples = _timed(be, devices, shp, _rounds(kind, size, repeat), warmup, bar.update)
         rec = {"n": n, "kind": dev_kind, "bytes": 4 * int(sum(np.prod(s) for s in shp)), "samples": samples}
         if kind == "lenet":

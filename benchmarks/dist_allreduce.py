@@ -21,6 +21,7 @@ same cores, so these figures compare overheads on this machine, not links.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import tempfile
@@ -111,9 +112,9 @@ def in_process(framework: str, n: int, sizes: list[int], repeat: int) -> dict[st
     for nbytes in sizes:
         bufs = [be.from_numpy(np.ones(nbytes // 4, np.float32), d) for d in devices]
         cases: dict[str, Callable[[], Any]] = {
-            "naive": lambda b=bufs: naive_allreduce(be, b, devices),
-            "ring": lambda b=bufs: ring_allreduce(be, b, devices),
-            "fused": lambda b=bufs: allreduce_flat(be, b, devices),
+            "naive": functools.partial(naive_allreduce, be, bufs, devices),
+            "ring": functools.partial(ring_allreduce, be, bufs, devices),
+            "fused": functools.partial(allreduce_flat, be, bufs, devices),
         }
         out[f"{n}/{nbytes}"] = {
             "bytes": nbytes,
@@ -156,7 +157,8 @@ def run(opts: Options) -> Result:
     frameworks = [f for f in opts.frameworks() if f in FRAMEWORKS]
     counts = [2] if opts.quick else [2, 4]
     sizes, repeat = _sizes(opts.quick), opts.repeats(100, 30)
-    tables, data = [], {}
+    tables: list[Any] = []
+    data: dict[str, Any] = {}
     for fw in frameworks:
         t0 = time.perf_counter()
         local: dict[str, Any] = {}

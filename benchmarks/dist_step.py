@@ -122,7 +122,7 @@ def _theirs_paddle(model: str, X: np.ndarray, y: np.ndarray, lr: float) -> Calla
     from paddle import nn
 
     if model == "lenet":
-        net = nn.Sequential(
+        net: nn.Layer = nn.Sequential(
             nn.Conv2D(1, 20, 3),
             nn.ReLU(),
             nn.AvgPool2D(2, 2),

@@ -330,7 +330,7 @@ def _memory_gib() -> float | None:
 def machine() -> dict[str, Any]:
     """Describe this machine and the moment: the date and time (UTC), CPU, cores, memory,
     GPUs, Python, package versions, thread settings, load average."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for pkg in FRAMEWORK_PACKAGES:
         try:
             versions[pkg] = metadata.version(pkg)

@@ -467,7 +467,8 @@ def who_can_reach(lab: Any, folder: Path, say: Any) -> dict[str, Any]:
     from multigpu.contract.registry import available_backends
 
     engines = [b for b in ("numpy", "torch", "paddle", "mxnet") if b in available_backends()]
-    single, multi = [], []
+    single: list[Any] = []
+    multi: list[Any] = []
     host, other = "desk-gpu", "pi1"
     addr = lab.plan.host(host).address
     base = {(a, p) for a, p, _ in lab.listening(host)}

@@ -249,7 +249,7 @@ def _summary(p: dict[str, Any]) -> str:
     if g.is_chain:
         return stages_summary(p["plan"], " | ")
     stages = split_stages(p["plan"], g.names, g.producers)
-    per = {}
+    per: dict[str, tuple[int, int]] = {}
     for s in stages:
         n, k = per.get(s.device, (0, 0))
         per[s.device] = (n + 1, k + s.layers)
@@ -745,7 +745,9 @@ def _report(
     prof, cluster = profiles[-1], profiles[-1].cluster
     profile_seconds = statistics.median(p.seconds for p in profiles)
     rows, data_plans, stream_rows = [], [], []
-    latency_errors, stream_errors, part_errors = [], [], {"stage": [], "hop": [], "join hop": []}
+    latency_errors: list[float] = []
+    stream_errors: list[float] = []
+    part_errors: dict[str, list[float]] = {"stage": [], "hop": [], "join hop": []}
     graph_errors: dict[str, list[float]] = {"end_to_end": [], "stream": []}  # ResNet-18: branches on workers
     for i, p in enumerate(plans):
         rs = runs[i]

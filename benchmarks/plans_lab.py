@@ -100,7 +100,7 @@ def _cut(names: list[str], counts: list[int]) -> list[str]:
 def lenet_plans() -> list[dict[str, Any]]:
     """The lab's hand-made LeNet plans (items of ``LENET_BATCH`` inputs) over 1 to 3 hosts, each
     crossing shaped links; the last one streamed."""
-    plans = [
+    plans: list[dict[str, Any]] = [
         {"model": "lenet", "label": "1 host: desk-cpu", "plan": [DRIVER] * len(multigpu.models.lenet())},
         {"model": "lenet", "label": "2 hosts, LAN: desk-cpu | imac", "plan": _cut([DRIVER, "imac"], [5, 5])},
         {"model": "lenet", "label": "2 hosts, WiFi: desk-cpu | pi1", "plan": _cut([DRIVER, "pi1"], [5, 5])},
@@ -135,7 +135,7 @@ def lenet_candidates(cluster: Any) -> list[dict[str, Any]]:
 
 def alexnet_plans(cluster: Any) -> list[dict[str, Any]]:
     """AlexNet's plans (items of one input), as LeNet's; one streamed over the LAN."""
-    plans = [
+    plans: list[dict[str, Any]] = [
         # 173 KB (pool2) over the LAN; imac computes conv3..fc8.
         {"model": "alexnet", "label": "2 hosts, LAN: desk-cpu | imac", "plan": _cut([DRIVER, "imac"], [6, 13])},
         # 280 KB (pool1) to pi1 over WiFi, pi1 computes conv2..pool5, 37 KB back.

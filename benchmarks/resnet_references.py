@@ -80,7 +80,8 @@ def torch_module(num_classes: int = 1000, in_channels: int = 3) -> Any:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            for i in range(1, 5):  # layer1..layer4, named as torchvision's for the state dict
+                x = getattr(self, f"layer{i}")(x)
             return self.fc(torch.flatten(self.avgpool(x), 1))
 
     return ResNet18()

@@ -16,6 +16,7 @@ efficiency shows what the replicas cost, not what more devices would give.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,16 @@ def _batch(mode: str, n: int) -> int:
     return PER_DEVICE * n if mode == "weak" else GLOBAL
 
 
+def _step(tr: Any, X: np.ndarray, y: np.ndarray) -> Callable[[], None]:
+    """One timed case: a training step on (X, y), then a synchronize so the timer sees its end."""
+
+    def run() -> None:
+        tr.train_batch(X, y)
+        tr.synchronize()
+
+    return run
+
+
 def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, progress: bool) -> dict[str, Any]:
     """In a fresh process: time one step per device count, alternately, for both modes."""
     import multigpu
@@ -65,7 +76,7 @@ def measure(framework: str, counts: tuple[int, ...], repeat: int, warmup: int, p
             B = _batch(mode, n)
             X = rng.random((B, 1, 28, 28), dtype=np.float32)
             y = rng.integers(0, 10, B)
-            cases[str(n)] = (lambda tr, X, y: lambda: (tr.train_batch(X, y), tr.synchronize()))(tr, X, y)  # noqa: B023 (bound by an argument or called at once)
+            cases[str(n)] = _step(tr, X, y)
         samples = interleaved(cases, repeat=repeat, warmup=warmup, progress=bar.update, reverse_odd_rounds=True)
         out[mode] = {n: {"kind": kinds[n], "batch": _batch(mode, n), "samples": samples[str(n)]} for n in counts}
     bar.close()

@@ -65,7 +65,9 @@ def _torch_gpt(compiled: bool) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.wte, self.wpe = nn.Embedding(VOCAB, HIDDEN), nn.Embedding(SEQ, HIDDEN)
-            layer = dict(dim_feedforward=4 * HIDDEN, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+            layer: dict[str, Any] = dict(
+                dim_feedforward=4 * HIDDEN, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+            )
             self.h = nn.ModuleList(nn.TransformerEncoderLayer(HIDDEN, HEADS, **layer) for _ in range(LAYERS))
             self.ln_f, self.head = nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, VOCAB)
             self.register_buffer("mask", torch.from_numpy(_causal()))

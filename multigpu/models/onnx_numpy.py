@@ -255,8 +255,9 @@ def _gelu(attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:
 
 
 def _range(inputs: Sequence[Any]) -> np.ndarray:
-    start, limit, delta = (np.asarray(v).reshape(()) for v in inputs)
-    return np.arange(start, limit, delta, dtype=np.result_type(start, limit, delta))
+    # start, limit and delta as 0-d arrays: arange keeps their dtype (ONNX's), not Python's float.
+    bounds: tuple[Any, ...] = tuple(np.asarray(v).reshape(()) for v in inputs)
+    return np.arange(*bounds, dtype=np.result_type(*bounds))
 
 
 def _flatten(attrs: dict[str, Any], x: np.ndarray) -> np.ndarray:

@@ -211,7 +211,7 @@ def contiguous_optimum(
         # how many of its layers outside I start a stage, take the input, consume each
         # frontier layer of I (and fall in each activation level).
         feeds = in_cons | np.array([bool(Ii[ps].any()) if len(ps) else False for ps in producers])
-        frontier = [p for p in np.flatnonzero(Ii) if any(not Ii[c] for c in consumers[p])]
+        frontier = [int(p) for p in np.flatnonzero(Ii) if any(not Ii[c] for c in consumers[p])]
         cols = [Ii, feeds & ~Ii, in_cons & ~Ii]
         for p in frontier:
             col = np.zeros(n, dtype=bool)

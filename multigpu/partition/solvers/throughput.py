@@ -76,9 +76,8 @@ def solve_throughput(
     ``cost_scale`` scales phase 2's cost objective; ``known`` is a feasible
     assignment and its bottleneck, if one is at hand (the answer should the time limit strike
     first); ``cap`` (seconds, a DP's plan's bottleneck) caps HiGHS's bottleneck column. A
-    single-device plan is no cap: several times the optimum, it changed HiGHS's search for
-    the worse (on BERT-24, a cap 5.2 times the optimum left a 13% gap at 300 s, where the
-    solve without it proved the optimum in 10-11 s). ``explain``
+    single-device plan is no cap: several times the optimum, it can change HiGHS's search for
+    the worse (the design page's rejected alternatives give the measurements). ``explain``
     builds the InfeasibleError if the constraints admit no assignment. The solution's
     value and bound are bottlenecks (seconds per item). ``form`` picks the MILP: "compact"
     (communication per producer and device, ``milp_compact``), "pairwise" (per device

@@ -46,6 +46,11 @@ IN_QUICK = True
 DP_TARGET_S, MILP_TARGET_S, STRESS_TARGET_S = 1.0, 10.0, 60.0
 STRESS_LIMIT_S = 120.0
 GRAPH_LIMIT_S = 60.0  # each MILP solve of the graph cases
+# Short time limits each graph case is also solved under, for every objective: the limit is met
+# when the solve returns a plan within LIMIT_SLACK of it or 1 s, whichever is larger.
+SHORT_LIMITS_S = (1.0, 3.0, 10.0)
+LIMIT_SLACK = 0.1
+OBJECTIVES = ("latency", "throughput", "makespan")
 GRAPHS = ("resnet18", "resnet50", "inception")
 # The parts of the benchmark, for ``--cases`` (with the graph names and the graph cases' clusters).
 PARTS = ("dp", "milp", "gaps", "graphs", "stress", "published")
@@ -237,10 +242,17 @@ def with_memory(cluster: Any, graph: Any, share: float) -> Any:
     return dataclasses.replace(cluster, devices=tuple(dataclasses.replace(d, memory=mem) for d in cluster.devices))
 
 
-def bench_graphs(graphs: tuple[str, ...], clusters: dict[str, Any], limit: float, tick: Any) -> list[dict[str, Any]]:
+def bench_graphs(
+    graphs: tuple[str, ...],
+    clusters: dict[str, Any],
+    limit: float,
+    tick: Any,
+    short_limits: tuple[float, ...] = SHORT_LIMITS_S,
+) -> list[dict[str, Any]]:
     """The fork-join DP and the memory-bound MILP path on each (graph, cluster): the time to a
     plan within the default gap (``DEFAULT_GAP``, 0.1%) and, in a second solve, to the exact
-    proof (gap 0), each under ``limit`` seconds."""
+    proof (gap 0), each under ``limit`` seconds; then each objective under each of
+    ``short_limits`` seconds (at the default gap)."""
     from multigpu.partition import autopartition, load_graph
 
     rows = []
@@ -254,6 +266,11 @@ def bench_graphs(graphs: tuple[str, ...], clusters: dict[str, Any], limit: float
             within = _bounded_solve(graph, bound, limit, None)
             exact = _bounded_solve(graph, bound, limit, 0.0)
             best = min((r["cost"] for r in (within, exact) if r["cost"] is not None), default=None)
+            short = [
+                {**_bounded_solve(graph, bound, limit, None, objective), "limit": limit, "objective": objective}
+                for objective in OBJECTIVES
+                for limit in short_limits
+            ]
             rows.append(
                 {
                     "graph": name,
@@ -269,15 +286,19 @@ def bench_graphs(graphs: tuple[str, ...], clusters: dict[str, Any], limit: float
                     "proven": exact["proven"],
                     "method": exact["method"],
                     "cost_over_free": None if best is None else best / free.cost,
+                    "short_limits": short,
                 }
             )
             tick()
     return rows
 
 
-def _bounded_solve(graph: Any, cluster: Any, limit: float, gap: float | None) -> dict[str, Any]:
-    """One AutoPartition solve under ``limit`` seconds, at the default gap (``gap`` None) or at
-    ``gap``: its wall time, the gap it proved, whether it met the gap asked, and the plan's cost."""
+def _bounded_solve(
+    graph: Any, cluster: Any, limit: float, gap: float | None, objective: str = "latency"
+) -> dict[str, Any]:
+    """One AutoPartition solve of ``objective`` under ``limit`` seconds, at the default gap
+    (``gap`` None) or at ``gap``: its wall time, the gap it proved, whether it met the gap
+    asked, the plan's cost and its value of the objective."""
     from multigpu.errors import SolverError
     from multigpu.partition import autopartition
     from multigpu.partition.solvers.solver import DEFAULT_GAP
@@ -286,17 +307,31 @@ def _bounded_solve(graph: Any, cluster: Any, limit: float, gap: float | None) ->
     kw: dict[str, Any] = {} if gap is None else {"gap": gap}
     t0 = time.perf_counter()
     try:
-        plan = autopartition(graph, cluster, time_limit=limit, **kw)
+        plan = autopartition(graph, cluster, objective=objective, time_limit=limit, **kw)
         out = {
             "cost": plan.cost,
+            "value": plan.value,
             "gap": plan.gap,
             "method": plan.solver,
             "proven": plan.proof == "optimal" if asked == 0 else plan.gap <= asked,
             "stages": len(plan.stages),
         }
     except SolverError as e:
-        out = {"cost": None, "gap": None, "method": "milp", "proven": False, "stages": None, "message": str(e)}
+        out = {
+            "cost": None,
+            "value": None,
+            "gap": None,
+            "method": "milp",
+            "proven": False,
+            "stages": None,
+            "message": str(e),
+        }
     return {"seconds": time.perf_counter() - t0, "asked": asked, **out}
+
+
+def limit_met(seconds: float, limit: float) -> bool:
+    """Whether a solve of ``seconds`` met a time limit: within LIMIT_SLACK of it or 1 s."""
+    return seconds <= limit + max(LIMIT_SLACK * limit, 1.0)
 
 
 def bench_gaps(model: str = "alexnet", batch: int = 1) -> list[dict[str, Any]]:
@@ -402,7 +437,8 @@ def run(opts: Options) -> Result:
     milp = bench_milp(milp_cases, milp_repeat, bar.update) if "milp" in parts else []
     gaps = bench_gaps() if "gaps" in parts else []
     bar.update()
-    dags = bench_graphs(graphs, graph_clusters, GRAPH_LIMIT_S, bar.update)
+    short_limits = SHORT_LIMITS_S[:1] if opts.quick else SHORT_LIMITS_S
+    dags = bench_graphs(graphs, graph_clusters, GRAPH_LIMIT_S, bar.update, short_limits)
     stress = bench_stress(200, 16, 0, STRESS_TARGET_S) if run_stress else None
     bar.update()
     published = (
@@ -474,6 +510,15 @@ def run(opts: Options) -> Result:
         ]
         for r in dags
     ]
+    limit_rows = []
+    for r in dags:
+        for objective in OBJECTIVES:
+            cells = []
+            for x in (x for x in r["short_limits"] if x["objective"] == objective):
+                ok = limit_met(x["seconds"], x["limit"]) and x["cost"] is not None
+                plan = "no plan" if x["cost"] is None else f"gap {x['gap']:.1%}, {x['method']}"
+                cells.append(f"{secs(x['seconds'])} ({plan})" + ("" if ok else " **no**"))
+            limit_rows.append([r["graph"], r["cluster"], objective, *cells])
     names = ["single", "uniform", "balanced", "greedy"]
     gap_rows = []
     for r in gaps:
@@ -522,6 +567,13 @@ def run(opts: Options) -> Result:
                 f"<= {MILP_TARGET_S:g} s within {DEFAULT_GAP:.1%}",
             ],
             dag_rows,
+        ),
+        Table(
+            "Graphs with branches, 40% memory: each objective under short time limits (wall time; the plan's "
+            f"proven gap and method; **no** where the limit was missed by more than {LIMIT_SLACK:.0%} or 1 s, or no "
+            "plan came back)",
+            ["graph", "cluster", "objective", *(f"limit {x:g} s" for x in short_limits)],
+            limit_rows,
         ),
         Table(
             "Baselines' gap to the optimum, AlexNet batch 1 (throughput rows: gap in bottleneck)",

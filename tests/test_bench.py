@@ -157,11 +157,12 @@ def test_planner_cases_select_parts_graphs_and_clusters():
 
 
 def test_planner_graph_case_reports_the_default_gap_and_the_exact_proof(tmp_path):
-    """``bench planner --cases resnet18,lab``: one graph row, timed to the 0.1% gap and to the proof."""
+    """``bench planner --quick --cases resnet18,lab``: one graph row, timed to the 0.1% gap and to the
+    proof, and each objective under a short time limit."""
     from multigpu.benchmarks import planner
 
-    r = planner.run(Options(out=tmp_path, progress=False, cases=("resnet18", "lab")))
-    assert [t.title.split(" ")[0] for t in r.tables] == ["Graphs"]
+    r = planner.run(Options(out=tmp_path, progress=False, quick=True, cases=("resnet18", "lab")))
+    assert [t.title.split(" ")[0] for t in r.tables] == ["Graphs", "Graphs"]
     (row,) = r.data["graphs"]
     assert (row["graph"], row["cluster"], row["n"], row["k"]) == ("resnet18", "lab", 69, 5)
     assert row["within"]["asked"] == 0.001 and row["exact"]["asked"] == 0.0
@@ -171,6 +172,11 @@ def test_planner_graph_case_reports_the_default_gap_and_the_exact_proof(tmp_path
     assert row["within"]["cost"] <= row["exact"]["cost"] * (1 + 0.001)
     columns = r.tables[0].columns
     assert "memory-bound, to a 0.1% gap" in columns and "memory-bound, exact proof" in columns
+    # --quick: each objective under the shortest limit only, each returning a plan with its gap.
+    short = row["short_limits"]
+    assert [(x["objective"], x["limit"]) for x in short] == [(o, planner.SHORT_LIMITS_S[0]) for o in planner.OBJECTIVES]
+    assert all(x["cost"] is not None and 0 <= x["gap"] <= 1 for x in short)
+    assert [c[2] for c in r.tables[1].rows] == list(planner.OBJECTIVES)
 
 
 @pytest.mark.slow

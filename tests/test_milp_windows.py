@@ -217,14 +217,75 @@ def test_the_planner_proves_a_time_shared_pair() -> None:
 def test_a_time_limit_in_a_round_returns_the_best_plan_with_its_bound() -> None:
     # ResNet-18 on the lab with every device holding 40% of its parameters needs the rounds;
     # a round stopped by the time limit hands back the best plan so far, with a proven
-    # bound no lower than the LP's and no higher than the optimum.
+    # bound no lower than the tightened LP's and no higher than the optimum.
+    from multigpu.partition.solvers.fill import fill_plan
+    from multigpu.partition.solvers.lagrange import cost_if_feasible
+
     graph = load_graph("resnet18")
     lab = load_cluster("lab")
     mem = 0.4 * float(graph.param_bytes.sum()) + float(graph.activation_bytes.max())
     cluster = dataclasses.replace(lab, devices=tuple(dataclasses.replace(d, memory=mem) for d in lab.devices))
-    stopped = autopartition(graph, cluster, time_limit=1e-4, gap=0)
     best = autopartition(graph, cluster, gap=0)
     assert best.proof == "optimal" and best.gap <= 1e-9
-    assert stopped.cost >= best.cost * (1 - 1e-9)
-    assert 0.8 * best.cost < stopped.bound <= best.cost * (1 + 1e-6)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints().resolve(graph, cluster)
+    base = build_model(tables, cons, 1.0, 0.0, scale=1e3 / best.cost)
+    t = tighten(base, tables, cons)
+    start = fill_plan(tables, cons)
+    assert t is not None and start is not None
+    known = cost_if_feasible(tables, cons, 1.0, 0.0, start)[0]
+    assert known > best.cost * 1.01  # the fill is no optimum: the rounds have work to do
+
+    def cost_of(a: np.ndarray) -> float:
+        return cost_if_feasible(tables, cons, 1.0, 0.0, a)[0]
+
+    spent = Budget(time_limit=0.0, gap=0.0)  # the first round starts past its deadline
+    out = solve_in_rounds(base, t, known, start, cost_of, spent)
+    assert out.plan is start and out.cost == known and out.res is not None and out.res.status == 1
+    assert 0.8 * best.cost < t.bound <= out.bound <= best.cost * (1 + 1e-6)
+    # Through the planner: a spent limit returns a plan and a bound that holds.
+    stopped = autopartition(graph, cluster, time_limit=1e-4, gap=0)
+    assert stopped.cost >= best.cost * (1 - 1e-9) and stopped.bound <= best.cost * (1 + 1e-6)
     assert np.isclose(stopped.gap, (stopped.cost - stopped.bound) / stopped.cost)
+
+
+def test_the_window_rounds_stop_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Once the planner holds a plan, the tightening stops at the time limit with the last LP it
+    # solved (a bound all the same); a first LP cut short bounds nothing, so that is raised.
+    import time
+
+    from multigpu.partition.solvers import milp
+
+    tables, cons, _, model = _time_shared_model()
+    loose = tighten(model, tables, cons, max_rounds=0)
+    assert loose is not None
+    deadline = time.perf_counter() + 3600.0
+    seen: list[float | None] = []
+    solve = milp.LpSession.solve
+
+    def second_runs_out(self: Any, until: float | None = None) -> Any:
+        seen.append(until)
+        if len(seen) > 1:
+            raise milp.LpTimeLimit("the test's deadline")
+        return solve(self, until)
+
+    monkeypatch.setattr(milp.LpSession, "solve", second_runs_out)
+    cut_short = tighten(model, tables, cons, deadline=deadline)
+    assert cut_short is not None and cut_short.cuts == 0 and seen == [deadline, deadline]
+    assert cut_short.bound == pytest.approx(loose.bound, rel=1e-12)
+    seen.append(None)  # from now on every LP runs out, the first included
+    with pytest.raises(milp.LpTimeLimit):
+        tighten(model, tables, cons, deadline=deadline)
+
+
+def test_a_spent_deadline_skips_highs_and_stops_the_makespan_build() -> None:
+    # Handing a large model to HiGHS takes seconds, and HiGHS's presolve does not stop at a
+    # spent limit; the makespan rows take half a minute on ResNet-50 on 16 devices.
+    import time
+
+    tables, cons, _, model = _time_shared_model()
+    past = {"deadline": time.perf_counter() - 1.0}
+    res = solve_model(model, options=past)
+    assert res.status == 1 and res.a is None and "before HiGHS started" in res.message
+    res = solve_milp(tables, cons, 1.0, 0.0, objective="makespan", options=past)
+    assert res.status == 1 and res.a is None and "built" in res.message

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 from multigpu.cli import main
@@ -199,3 +200,111 @@ def test_only_a_dps_plan_caps_the_bottleneck_column(monkeypatch: pytest.MonkeyPa
     caps.clear()
     plan = autopartition(load_graph("alexnet"), gpu_box, objective="throughput", time_limit=30)
     assert len(caps) == 1 and caps[0] is not None and caps[0] >= plan.bottleneck * (1 - 1e-9)
+
+
+def _resolved(graph, cluster, constraints=None):
+    from multigpu.partition.cost.tables import CostTables
+    from multigpu.partition.solvers.constraints import Constraints
+
+    return CostTables.build(graph, cluster, False), Constraints.coerce(constraints).resolve(graph, cluster)
+
+
+def test_the_memory_fill_is_a_plan_that_fits() -> None:
+    from multigpu.partition.cost.arithmetic import memory_use
+    from multigpu.partition.solvers.fill import fill_plan
+
+    graph = load_graph("resnet18")
+    cluster = _memory_bound(graph)
+    tables, cons = _resolved(graph, cluster)
+    a = fill_plan(tables, cons)
+    assert a is not None and len(set(a.tolist())) >= 3  # 40% each: three devices at least
+    assert (memory_use(graph, cluster, a) <= cons.memory).all()
+    # The devices are filled one after another, the fastest first (the lab's desk-gpu).
+    order = np.argsort(tables.comp.sum(axis=0), kind="stable")
+    rank = np.argsort(order)[a]
+    assert (np.diff(rank) >= 0).all() and a[0] == order[0]
+    # A pinned layer stays on its pin (here the slowest device); the rest still fill in order.
+    dev = cluster.names[int(order[-1])]
+    tables, cons = _resolved(graph, cluster, {"pinned": {graph.names[3]: dev}})
+    b = fill_plan(tables, cons)
+    assert b is not None and cluster.names[b[3]] == dev
+    rest = np.delete(np.argsort(order)[b], 3)
+    assert (np.diff(rest) >= 0).all()
+    # Too little memory for the graph on all devices together: no plan.
+    tight = _memory_bound(graph, share=0.1)
+    assert fill_plan(*_resolved(graph, tight)) is None
+
+
+def test_once_a_plan_exists_the_lp_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the LP relaxation would run past the limit, the starting plan is the answer: the
+    # contiguous DP's where the graph has few ideals, the memory fill's where it has many.
+    import multigpu.partition.solvers.methods as methods
+    from multigpu.partition.solvers.milp import LpTimeLimit
+
+    relax = methods.relax
+    deadlines: list[float | None] = []
+
+    def runs_out(model, deadline=None):
+        deadlines.append(deadline)
+        if deadline is not None:
+            raise LpTimeLimit("the test's deadline")
+        return relax(model, deadline)
+
+    monkeypatch.setattr(methods, "relax", runs_out)
+    graph = load_graph("resnet18")
+    cluster = _memory_bound(graph)
+    plan = autopartition(graph, cluster, time_limit=600)
+    _consistent(plan)
+    assert plan.solver == "ideal dp" and plan.proof == "gap" and deadlines[-1] is not None
+    free = autopartition(graph, cluster, constraints={"memory": False})
+    assert plan.bound == pytest.approx(free.cost, rel=1e-9)  # the DP without memory bounds it
+    wide = _wide_graph()
+    box = _memory_bound(wide)
+    plan = autopartition(wide, box, time_limit=600)
+    assert plan.solver == "fill" and deadlines[-1] is not None
+    # Without a time limit there is no deadline, and the LP runs.
+    plan = autopartition(wide, box)
+    assert plan.solver != "fill" and deadlines[-1] is None
+
+
+@pytest.mark.parametrize("objective", ["latency", "throughput", "makespan"])
+def test_a_time_limit_returns_a_plan_where_no_single_device_holds_the_graph(objective: str) -> None:
+    # No DP's plan (too many ideals) and no single-device plan (each device holds 40% of the
+    # parameters): the memory fill is the plan a spent time limit returns.
+    graph = _wide_graph()
+    plan = autopartition(graph, _memory_bound(graph), objective=objective, gap=0, time_limit=1e-3)
+    _consistent(plan)
+    assert len(set(plan.assignment)) >= 3 and plan.proof != "optimal"
+
+
+def test_a_warm_single_device_plan_a_hair_faster_does_not_win_a_dearer_pass() -> None:
+    # Found by the throughput oracle: two single-device plans, each priced at its warm pass, with
+    # bottlenecks 7e-9 apart. Under a proof (gap 0) the bottleneck MILP's tie slack holds for
+    # them too, so the cheaper pass (no input transfer: d1 is the source) wins.
+    from multigpu.partition import Cluster, Graph
+
+    graph = Graph.from_dict(
+        {
+            "input_bytes": 0.0,
+            "layers": [
+                {"name": "l0", "flops": 0.0, "param_bytes": 0.0, "output_bytes": 100.0},
+                {"name": "l1", "flops": 1e10, "param_bytes": 0.0, "output_bytes": 100.0},
+            ],
+        }
+    )
+    cluster = Cluster.from_dict(
+        {
+            "devices": [
+                {"name": "d0", "flops": 1000000006.9077559, "power": 0.0},
+                {"name": "d1", "flops": 1e9, "power": 0.0},
+            ],
+            "links": [],
+            "source": "d1",
+            "default_link": {"bandwidth": 1e5, "latency": 0.0, "power": 0.0},
+            "engine": {"message_bytes": 0.0, "warm_pass": {"d0": {"graph": 0.49999999654612215}, "d1": {"graph": 0.5}}},
+        }
+    )
+    plan = autopartition(graph, cluster, objective="throughput", constraints={"memory": False}, gap=0)
+    _consistent(plan)
+    assert plan.assignment == ["d1", "d1"] and plan.cost == pytest.approx(0.5, rel=1e-12)
+    assert plan.gap < 1e-7

@@ -62,6 +62,7 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster, baselines: Sequenc
         "fork-join dp": "fork-join DP",
         "milp": "MILP (HiGHS)",
         "ideal dp": "contiguous DP over the graph's ideals",
+        "fill": "the memory fill, the first plan (the time limit struck before a better one)",
         "bound": "a feasible plan within the gap of the LP/Lagrangian lower bound",
     }.get(plan.solver, plan.solver)
     out.append(

@@ -25,6 +25,7 @@ empty, so the answer is exact.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +33,15 @@ import numpy as np
 
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
-from multigpu.partition.solvers.milp import LpSession, LpSolution, MilpResult, Model, solve_model, with_fixed
+from multigpu.partition.solvers.milp import (
+    LpSession,
+    LpSolution,
+    LpTimeLimit,
+    MilpResult,
+    Model,
+    solve_model,
+    with_fixed,
+)
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget
 from multigpu.partition.solvers.windows import separate, windows
 
@@ -88,10 +97,16 @@ def rooms(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray:
 
 
 def tighten(
-    model: Model, tables: CostTables, cons: ResolvedConstraints, max_rounds: int = SEPARATION_ROUNDS
+    model: Model,
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    max_rounds: int = SEPARATION_ROUNDS,
+    deadline: float | None = None,
 ) -> Tightened | None:
     """The LP relaxation with the window rows it breaks, added round after round (each
-    LP resumes from the last basis); None if the LP is infeasible (then so is the MILP)."""
+    LP resumes from the last basis); None if the LP is infeasible (then so is the MILP).
+    At ``deadline`` (a ``time.perf_counter`` instant) the rounds stop with the last LP
+    solved; if the first has not finished, LpTimeLimit is raised."""
     graph, lay = tables.graph, model.lay
     room = rooms(tables, cons)
     wins = windows(graph, room) if lay.ne else []
@@ -99,18 +114,21 @@ def tighten(
     diag = lay.yi[:, np.arange(k), np.arange(k)] if lay.ne else np.zeros((0, k), dtype=np.intp)
     cuts = 0
     session = LpSession(model)
-    lp = session.solve()
+    lp = session.solve(deadline)
     for _ in range(max_rounds):
-        if lp is None or not wins:
+        if lp is None or not wins or (deadline is not None and time.perf_counter() >= deadline):
             break
         x = lp.x[: lay.nx].reshape(lay.n, k)
         r, c, v, count = separate(graph, wins, room, x, lp.x[diag], lay.xi, diag)
         if not count:
             break
         session.add_rows(r, c, v, count, -np.inf, 0.0)
-        cuts += count
         before = lp.value
-        lp = session.solve()
+        try:
+            lp = session.solve(deadline)
+        except LpTimeLimit:
+            break  # the last LP solved still bounds every plan
+        cuts += count
         if lp is not None and lp.value < before + MIN_GAIN * abs(before):
             break
     return None if lp is None else Tightened(model, lp, cuts)

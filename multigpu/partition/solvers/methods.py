@@ -20,10 +20,11 @@ from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.cutoff import solve_in_rounds, tighten
 from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
+from multigpu.partition.solvers.fill import fill_plan
 from multigpu.partition.solvers.free import FreeSolver
 from multigpu.partition.solvers.ideals import IDEAL_LIMIT, TooManyIdeals, contiguous_optimum, ideals, why_not_contiguous
 from multigpu.partition.solvers.lagrange import cost_if_feasible, lower_bound, penalise, repair
-from multigpu.partition.solvers.milp import MilpResult, build_model, relax, solve_milp
+from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, relax, solve_milp
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget, Objective, Solution, Solver
 from multigpu.partition.solvers.throughput import solve_throughput
 
@@ -203,7 +204,12 @@ class MilpSolver(Solver):
         ideal = contiguous_plan(tables, cons, objective, budget)
         # The DPs' plans, and every single-device plan: whatever the time limit, a plan to return.
         dp_plans = ([dp.a] if dp_ok and dp is not None else []) + ([ideal] if ideal is not None else [])
-        starts = dp_plans + (single_device_plans(tables, cons) if objective.name in ("throughput", "makespan") else [])
+        # Where memory binds, no single device may hold the graph; the memory fill is a plan in
+        # milliseconds, so that the steps before HiGHS's first plan can stop at the time limit.
+        filled = _filled(tables, cons) if budget.time_limit is not None else None
+        starts = dp_plans
+        if objective.name in ("throughput", "makespan"):
+            starts = starts + single_device_plans(tables, cons) + ([filled] if filled is not None else [])
         if objective.name == "throughput":
             priced = [(a, _value(tables, objective, a)) for a in starts]
             finite = [(a, v) for a, v in priced if np.isfinite(v)]
@@ -236,16 +242,34 @@ class MilpSolver(Solver):
             bound = max(res.bound if np.isfinite(res.bound) else -np.inf, _makespan_floor(tables, cons))
             a, value = res.a, res.value
             # The starting plans are feasible: the answer when the time limit struck first.
-            for start in starts:
-                span = _makespan(tables, start)
+            for plan in starts:
+                span = _makespan(tables, plan)
                 if a is None or span < value:
-                    a, value = start, span
+                    a, value = plan, span
             if a is None:
                 raise _no_plan(res, "makespan", bound)
             if res.status == 0:
                 bound = max(bound, res.value * (1 - max(budget.gap, PROVE_GAP)))
             return Solution(a, value, min(bound, value), "milp")
-        return _constrained(tables, cons, lw, le, dp, self.forced, self.free, budget, ideal)
+        start: tuple[np.ndarray, str] | None = None
+        if ideal is not None:
+            start = (ideal, "ideal dp")
+        elif filled is not None:
+            start = (filled, "fill")
+        return _constrained(tables, cons, lw, le, dp, self.forced, self.free, budget, start)
+
+
+def _filled(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray | None:
+    """The memory fill's plan (``fill``) where it breaks no constraint and every transfer has
+    a link, else None."""
+    a = fill_plan(tables, cons)
+    if a is None or violations(tables, cons, a):
+        return None
+    try:
+        assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
+    except UnusableLinkError:
+        return None
+    return a
 
 
 def _makespan(tables: CostTables, a: np.ndarray) -> float:
@@ -283,7 +307,7 @@ def _constrained(
     forced: bool,
     free: FreeSolver | None,
     budget: Budget,
-    ideal: np.ndarray | None = None,
+    start: tuple[np.ndarray, str] | None = None,
 ) -> Solution:
     """The constrained optimum, to the budget's gap (or its best plan at the time limit).
 
@@ -299,14 +323,23 @@ def _constrained(
     are what make the MILP fast on realistic sizes. A graph without a DP (neither a chain
     nor fork-join) skips the Lagrangian parts: LP bound, restricted MILP, the rounds.
     ``dp`` is the DP's optimum without the coupling constraints (a lower bound), when there is one;
-    ``ideal`` the contiguous DP's plan (feasible), a starting plan when there is one.
+    ``start`` a feasible starting plan and the method that found it (the contiguous DP, or the
+    memory fill where the solve has a time limit), when there is one: once a plan exists,
+    every step stops at the time limit.
     """
     dp_value = dp.value if dp is not None else 0.0
     # The LP whose duals price the Lagrangian leaves out the valid inequalities (the
     # Lagrangian has no term for them: their duals would be lost, and the bound with them).
     model = build_model(tables, cons, wt, we, scale=_scale(dp_value), cuts=False)
     budget.say("LP relaxation")
-    lp, mult, x_lp = relax(model)
+    # Every step after the first plan stops at the time limit; the steps that look for the
+    # first plan may overrun it, so that a time limit returns a plan.
+    start_cost = cost_if_feasible(tables, cons, wt, we, start[0])[0] if start is not None else np.inf
+    try:
+        lp, mult, x_lp = relax(model, budget.deadline if start is not None else None)
+    except LpTimeLimit:
+        assert start is not None  # without a plan the LP has no deadline
+        return Solution(start[0], start_cost, min(dp_value, start_cost), "milp" if forced else start[1])
     if lp is None or mult is None or x_lp is None:  # relax() gives all three or none
         # The LP relaxation is infeasible, so the MILP is too.
         raise _infeasible(tables, cons, wt, we, budget.verbose)
@@ -315,15 +348,14 @@ def _constrained(
         lower, _ = lower_bound(tables, free, wt, pen)
         # Without a plan the answer at a time limit would be an error, so the heuristic that
         # finds the first plan gets FIRST_PLAN_SECONDS even from a spent budget.
-        upper, best = repair(tables, free, cons, wt, we, pen, seconds=min(REPAIR_SECONDS, _first(budget)))
+        seconds = budget.left() if start is not None else _first(budget)
+        upper, best = repair(tables, free, cons, wt, we, pen, seconds=min(REPAIR_SECONDS, seconds))
     else:
         lower, upper, best = float(lp), np.inf, None
     lower = max(dp_value, lower if np.isfinite(lower) else -np.inf, float(lp) if lp is not None else -np.inf)
     method = "bound"
-    if ideal is not None:
-        cost = cost_if_feasible(tables, cons, wt, we, ideal)[0]
-        if cost < upper:
-            upper, best, method = cost, ideal, "ideal dp"
+    if start is not None and start_cost < upper:
+        upper, best, method = start_cost, start[0], start[1]
 
     def answer(plan: np.ndarray, value: float, bound: float, how: str) -> Solution:
         # A forced MILP reports itself as the method, whatever step found the plan.
@@ -350,7 +382,11 @@ def _constrained(
     # MILP runs in rounds of rising cutoffs with what cannot beat each fixed (``cutoff``).
     base = build_model(tables, cons, wt, we, scale=_scale(lower))
     budget.say("tightening the LP with window rows")
-    tight = tighten(base, tables, cons)
+    try:
+        tight = tighten(base, tables, cons, deadline=budget.deadline if best is not None else None)
+    except LpTimeLimit:
+        assert best is not None  # without a plan there is no deadline
+        return answer(best, upper, lower, method)
     if tight is None:
         raise _infeasible(tables, cons, wt, we, budget.verbose)
     lower = max(lower, tight.bound)

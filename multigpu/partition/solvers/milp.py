@@ -18,10 +18,12 @@ import numpy as np
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.milp_model import FAMILIES, Model, build_model
+from multigpu.partition.solvers.milp_timing import BuildTimeLimit
 
 __all__ = [
     "FAMILIES",
     "LpSession",
+    "LpTimeLimit",
     "LpSolution",
     "MilpResult",
     "Model",
@@ -67,21 +69,27 @@ def solve_milp(
     options: dict | None = None,
 ) -> MilpResult:
     """Build and solve the placement MILP (see ``build_model`` for the arguments; its
-    valid inequalities included); ``options`` are passed on to HiGHS (e.g. ``time_limit``)."""
-    model = build_model(
-        tables,
-        cons,
-        wt,
-        we,
-        objective=objective,
-        scale=scale,
-        bottleneck_cap=bottleneck_cap,
-        b_scale=b_scale,
-        b_upper=b_upper,
-        families=families,
-        fix_x=fix_x,
-        zero_load=zero_load,
-    )
+    valid inequalities included); ``options`` are passed on to HiGHS (e.g. ``time_limit``).
+    Their ``deadline`` also bounds the build: past it, the result has status 1 (a time
+    limit) and no plan."""
+    try:
+        model = build_model(
+            tables,
+            cons,
+            wt,
+            we,
+            objective=objective,
+            scale=scale,
+            bottleneck_cap=bottleneck_cap,
+            b_scale=b_scale,
+            b_upper=b_upper,
+            families=families,
+            fix_x=fix_x,
+            zero_load=zero_load,
+            deadline=(options or {}).get("deadline"),
+        )
+    except BuildTimeLimit as e:
+        return MilpResult(1, str(e), None, math.inf)
     return solve_model(model, verbose=verbose, options=options)
 
 
@@ -109,6 +117,10 @@ def solve_model(model: Model, verbose: bool = False, options: dict | None = None
         return MilpResult(2, "a layer has no feasible device", None, math.inf)
     opts = {"disp": bool(verbose), "mip_rel_gap": 0.0, "presolve": True, **(options or {})}
     deadline = opts.pop("deadline", None)
+    if deadline is not None and time.perf_counter() >= deadline:
+        # Handing a large model to HiGHS takes seconds of its own (7 s for the makespan
+        # MILP of ResNet-50 on 16 devices), and a spent limit would not stop its presolve.
+        return MilpResult(1, "the time limit struck before HiGHS started", None, math.inf)
     report = opts.pop("progress", None)
     # HiGHS's progress is in the model's scaled units; the caller hears the objective's.
     progress = None if report is None else (lambda p, d: report(p / model.scale, d / model.scale))
@@ -156,9 +168,14 @@ class LpSolution:
     duals: np.ndarray
 
 
-def solve_lp(model: Model) -> LpSolution | None:
-    """Solve the LP relaxation with HiGHS; None if it is infeasible."""
-    return LpSession(model).solve()
+class LpTimeLimit(Exception):
+    """An LP relaxation reached its deadline before its optimum: it bounds nothing."""
+
+
+def solve_lp(model: Model, deadline: float | None = None) -> LpSolution | None:
+    """Solve the LP relaxation with HiGHS; None if it is infeasible. Raises LpTimeLimit at
+    ``deadline`` (a ``time.perf_counter`` instant)."""
+    return LpSession(model).solve(deadline)
 
 
 class LpSession:
@@ -183,12 +200,17 @@ class LpSession:
         self._h.add_rows(extra, np.full(count, lo), np.full(count, hi))
         self._le = np.concatenate([self._le, np.full(count, lo != hi and math.isfinite(hi))])
 
-    def solve(self) -> LpSolution | None:
+    def solve(self, deadline: float | None = None) -> LpSolution | None:
         """The LP optimum, or None if the LP is infeasible (a layer with no open choice
-        included)."""
+        included). Raises LpTimeLimit at ``deadline`` (a ``time.perf_counter`` instant)."""
+        from multigpu.partition.solvers.highs import LIMIT
+
         if self.model.empty_layer:
             return None
-        res = self._h.solve({"presolve": False}, relax=True)
+        # HiGHS keeps an option between solves, so the limit is set on every one.
+        res = self._h.solve(_until({"presolve": False, "time_limit": math.inf}, deadline), relax=True)
+        if res.status == LIMIT:
+            raise LpTimeLimit(f"the LP relaxation stopped at its deadline: {res.message}")
         if res.status != 0 or res.x is None or res.row_dual is None or res.col_dual is None:
             return None
         model = self.model
@@ -197,11 +219,11 @@ class LpSession:
         return LpSolution(res.fun / model.scale, _full(model, res.x), _full(model, res.col_dual), dual)
 
 
-def relax(model: Model) -> tuple[float | None, Multipliers | None, np.ndarray | None]:
+def relax(model: Model, deadline: float | None = None) -> tuple[float | None, Multipliers | None, np.ndarray | None]:
     """Solve the LP relaxation. Return its value (cost units), the duals of the
     coupling rows as Lagrange multipliers, and the fractional x (n x k); all None if
-    the relaxation is infeasible."""
-    lp = solve_lp(model)
+    the relaxation is infeasible. Raises LpTimeLimit at ``deadline``."""
+    lp = solve_lp(model, deadline)
     if lp is None:
         return None, None, None
     n, k = model.n, model.k

@@ -190,6 +190,7 @@ def build_model(
     fix_x: np.ndarray | None = None,
     zero_load: bool = False,
     cuts: bool = True,
+    deadline: float | None = None,
 ) -> Model:
     """Build the placement MILP.
 
@@ -210,6 +211,8 @@ def build_model(
     ``cuts`` adds the memory family's valid inequalities (``endpoint_rows``): they
     tighten the LP relaxation and remove no integral plan; the planner leaves them out
     of the LP whose duals price the Lagrangian (which has no term for them).
+    ``deadline`` (a ``time.perf_counter`` instant) stops the makespan rows' loops with
+    ``milp_timing.BuildTimeLimit``.
     Raises ValueError for an unknown objective (a programming error: callers check).
     """
     from scipy.sparse import coo_matrix
@@ -304,7 +307,7 @@ def build_model(
         if cuts:
             endpoint_rows(rows, tables, cons, lay)
     if timed:
-        timing_rows(rows, tables, lay, tm, open_, unit, 1e3 * (1 + 1e-6))
+        timing_rows(rows, tables, lay, tm, open_, unit, 1e3 * (1 + 1e-6), deadline)
     if lt is not None:
         device_load_rows(rows, lt, lay, b_scale)
         host_load_rows(rows, lt, lay, b_scale)

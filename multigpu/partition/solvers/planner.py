@@ -40,6 +40,7 @@ from multigpu.partition.solvers.constraints import Constraints, ResolvedConstrai
 from multigpu.partition.solvers.free import FreeSolver, free_solver
 from multigpu.partition.solvers.methods import DPSolver, IdealSolver, MilpSolver, violations
 from multigpu.partition.solvers.solver import DEFAULT_GAP, PROVE_GAP, Budget, Objective, Solver, relative_gap
+from multigpu.partition.solvers.throughput import CAP_SLACK
 from multigpu.partition.stages import Stage
 
 __all__ = ["DEFAULT_GAP", "OBJECTIVES", "Plan", "SOLVERS", "Stage", "autopartition", "choose"]
@@ -372,7 +373,9 @@ def _warm_local(
     least = min(k[0] for _, k in found)
     bound = min(bound, least)
     # Plans whose value is within the gap of the bound are ties; the cheapest per item wins,
-    # the solver's plan on a tie.
-    within = max(least, bound / (1 - gap)) if gap > 0 else least
+    # the solver's plan on a tie. A proof keeps the bottleneck MILP's tie slack (``CAP_SLACK``),
+    # so that a warm single-device plan 1e-8 below another does not win a 0.2% dearer pass.
+    slack = CAP_SLACK if goal.name == "throughput" else 0.0
+    within = max(least * (1 + slack), bound / (1 - gap) if gap > 0 else least)
     best, _ = min(((x, k) for x, k in found if k[0] <= within), key=lambda xk: xk[1][1])
     return best, bound

@@ -76,6 +76,11 @@ class Budget:
         return max(0.0, self.start + self.time_limit - time.perf_counter())
 
     @property
+    def deadline(self) -> float | None:
+        """The ``time.perf_counter`` instant of the time limit (None without one)."""
+        return None if self.time_limit is None else self.start + self.time_limit
+
+    @property
     def expired(self) -> bool:
         """True once the time limit has passed."""
         return self.left() <= 0.0
@@ -97,7 +102,7 @@ class Budget:
         if self.time_limit is not None:
             # ``milp.solve_model`` turns the deadline into HiGHS's limit just before the solve,
             # after the model is built (1.3 s for the makespan MILP of ResNet-18).
-            opts["deadline"] = self.start + self.time_limit
+            opts["deadline"] = self.deadline
         if self.progress is not None:
             opts["progress"] = self._mip_progress
         return opts

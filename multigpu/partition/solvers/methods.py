@@ -87,13 +87,20 @@ def single_device_plans(tables: CostTables, cons: ResolvedConstraints) -> list[n
             a[i] = pin
         if not cons.allowed[np.arange(n), a].all():
             continue
-        try:
-            if not violations(tables, cons, a):  # prices the plan's transfers: a missing link raises
-                assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
-                out.append(a)
-        except UnusableLinkError:  # the source's input cannot reach this device
-            continue
+        if _runs(tables, cons, a):
+            out.append(a)
     return out
+
+
+def _runs(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> bool:
+    """Whether plan ``a`` breaks no constraint and every transfer of it has a link."""
+    try:
+        if violations(tables, cons, a):
+            return False
+        assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
+    except UnusableLinkError:  # the input, or an activation, cannot reach a device
+        return False
+    return True
 
 
 def _weights(objective: Objective) -> tuple[float, float]:
@@ -267,13 +274,7 @@ def _filled(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray | None:
     """The memory fill's plan (``fill``) where it breaks no constraint and every transfer has
     a link, else None."""
     a = fill_plan(tables, cons)
-    if a is None or violations(tables, cons, a):
-        return None
-    try:
-        assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
-    except UnusableLinkError:
-        return None
-    return a
+    return a if a is not None and _runs(tables, cons, a) else None
 
 
 def _makespan(tables: CostTables, a: np.ndarray) -> float:

@@ -524,21 +524,29 @@ def test_joining_a_started_cluster_pins_workers_by_resources_and_leaves_it_runni
     """`ray start --head` with custom resources (as on each host of a real cluster),
     then a run with --address: each device's worker lands where its resources are,
     the driver disconnects afterwards, and the cluster keeps running."""
-    import socket
     import tempfile
 
     temp = tempfile.mkdtemp(prefix="mgray", dir="/tmp")  # short: Ray's socket paths have a length limit
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
+    # Two distinct free ports, held open together while chosen: the GCS's, and the dashboard
+    # agent's, whose fixed default (52365) a random GCS port can hit (Ray then refuses to start).
+    with socket.socket() as gcs_sock, socket.socket() as agent_sock:
+        gcs_sock.bind(("", 0))
+        agent_sock.bind(("", 0))
+        port, agent_port = gcs_sock.getsockname()[1], agent_sock.getsockname()[1]
     ray_bin = str(Path(sys.executable).parent / "ray")
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # The cluster's own token, as a real cluster's head would hand its hosts: the test must
+    # not depend on a ~/.ray/auth_token that an earlier run or test happened to leave.
+    from multigpu.lab.raynodes import write_token
+
+    token = write_token(tmp_path / "auth_token")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     start = subprocess.run(
         [
             ray_bin,
             "start",
             "--head",
             f"--port={port}",
+            f"--dashboard-agent-listen-port={agent_port}",
             "--num-cpus=2",
             '--resources={"pi1": 1, "desk": 1}',
             f"--temp-dir={temp}",

@@ -289,3 +289,59 @@ def test_a_spent_deadline_skips_highs_and_stops_the_makespan_build() -> None:
     assert res.status == 1 and res.a is None and "before HiGHS started" in res.message
     res = solve_milp(tables, cons, 1.0, 0.0, objective="makespan", options=past)
     assert res.status == 1 and res.a is None and "built" in res.message
+
+
+@pytest.mark.parametrize("lp_seconds, runs_highs", [(40.0, False), (10.0, True)])
+def test_the_makespan_milp_goes_to_highs_only_if_two_lps_fit_in_the_time_left(
+    monkeypatch: pytest.MonkeyPatch, lp_seconds: float, runs_highs: bool
+) -> None:
+    # HiGHS's root solves the LP again beside an analytic centre that no time limit stops, so
+    # under a 100 s limit an LP that took 40 s leaves too little (60 s < 80 s) and one that took
+    # 10 s does not. The LP's time is simulated: the methods module reads a shifted clock.
+    import time
+    import types
+
+    from multigpu.partition.solvers import methods
+
+    tables, cons, _, _ = _time_shared_model()
+    shift = [0.0]
+    monkeypatch.setattr(methods, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + shift[0]))
+    real_lp, calls = methods.solve_lp, []
+
+    def slow_lp(model, deadline):
+        shift[0] += lp_seconds
+        return real_lp(model, deadline)
+
+    def spy(model, verbose=False, options=None):
+        calls.append(options)
+        return solve_model(model, verbose=verbose, options=options)
+
+    monkeypatch.setattr(methods, "solve_lp", slow_lp)
+    monkeypatch.setattr(methods, "solve_model", spy)
+    budget = Budget(time_limit=100.0)
+    res, lp_bound = methods._makespan_milp(tables, cons, 1.0, 0.0, budget, budget.highs())
+    assert np.isfinite(lp_bound) and len(calls) == int(runs_highs)
+    if runs_highs:
+        assert res.status == 0 and lp_bound <= res.value * (1 + 1e-9)
+    else:
+        assert res.status == 1 and res.a is None and "too little time" in res.message
+    # Without a limit there is no LP first: HiGHS gets the model at once.
+    calls.clear()
+    res, lp_bound = methods._makespan_milp(tables, cons, 1.0, 0.0, Budget(), Budget().highs())
+    assert len(calls) == 1 and res.status == 0 and lp_bound == -np.inf
+
+
+def test_a_makespan_lp_stopped_by_the_limit_skips_highs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multigpu.partition.solvers import methods
+    from multigpu.partition.solvers.milp import LpTimeLimit
+
+    tables, cons, _, _ = _time_shared_model()
+
+    def runs_out(model, deadline):
+        raise LpTimeLimit("the LP relaxation stopped at its deadline")
+
+    monkeypatch.setattr(methods, "solve_lp", runs_out)
+    monkeypatch.setattr(methods, "solve_model", lambda *a, **k: pytest.fail("HiGHS must not run"))
+    budget = Budget(time_limit=100.0)
+    res, lp_bound = methods._makespan_milp(tables, cons, 1.0, 0.0, budget, budget.highs())
+    assert res.status == 1 and res.a is None and lp_bound == -np.inf

@@ -297,11 +297,11 @@ def test_the_makespan_milp_goes_to_highs_only_if_two_lps_fit_in_the_time_left(
 ) -> None:
     # HiGHS's root solves the LP again beside an analytic centre that no time limit stops, so
     # under a 100 s limit an LP that took 40 s leaves too little (60 s < 80 s) and one that took
-    # 10 s does not. The LP's time is simulated: the methods module reads a shifted clock.
+    # 10 s does not. The LP's time is simulated: the module reads a shifted clock.
     import time
     import types
 
-    from multigpu.partition.solvers import methods
+    from multigpu.partition.solvers import makespan_milp as methods
 
     tables, cons, _, _ = _time_shared_model()
     shift = [0.0]
@@ -319,7 +319,7 @@ def test_the_makespan_milp_goes_to_highs_only_if_two_lps_fit_in_the_time_left(
     monkeypatch.setattr(methods, "solve_lp", slow_lp)
     monkeypatch.setattr(methods, "solve_model", spy)
     budget = Budget(time_limit=100.0)
-    res, lp_bound = methods._makespan_milp(tables, cons, 1.0, 0.0, budget, budget.highs())
+    res, lp_bound = methods.solve_within(tables, cons, 1.0, 0.0, budget)
     assert np.isfinite(lp_bound) and len(calls) == int(runs_highs)
     if runs_highs:
         assert res.status == 0 and lp_bound <= res.value * (1 + 1e-9)
@@ -327,12 +327,12 @@ def test_the_makespan_milp_goes_to_highs_only_if_two_lps_fit_in_the_time_left(
         assert res.status == 1 and res.a is None and "too little time" in res.message
     # Without a limit there is no LP first: HiGHS gets the model at once.
     calls.clear()
-    res, lp_bound = methods._makespan_milp(tables, cons, 1.0, 0.0, Budget(), Budget().highs())
+    res, lp_bound = methods.solve_within(tables, cons, 1.0, 0.0, Budget())
     assert len(calls) == 1 and res.status == 0 and lp_bound == -np.inf
 
 
 def test_a_makespan_lp_stopped_by_the_limit_skips_highs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from multigpu.partition.solvers import methods
+    from multigpu.partition.solvers import makespan_milp as methods
     from multigpu.partition.solvers.milp import LpTimeLimit
 
     tables, cons, _, _ = _time_shared_model()
@@ -343,5 +343,15 @@ def test_a_makespan_lp_stopped_by_the_limit_skips_highs(monkeypatch: pytest.Monk
     monkeypatch.setattr(methods, "solve_lp", runs_out)
     monkeypatch.setattr(methods, "solve_model", lambda *a, **k: pytest.fail("HiGHS must not run"))
     budget = Budget(time_limit=100.0)
-    res, lp_bound = methods._makespan_milp(tables, cons, 1.0, 0.0, budget, budget.highs())
+    res, lp_bound = methods.solve_within(tables, cons, 1.0, 0.0, budget)
     assert res.status == 1 and res.a is None and lp_bound == -np.inf
+
+
+def test_under_a_limit_the_makespan_milp_runs_in_a_child_with_the_same_answer() -> None:
+    from multigpu.partition.solvers.makespan_milp import solve_makespan_milp, solve_within
+
+    tables, cons, _, _ = _time_shared_model()
+    here, here_lp = solve_within(tables, cons, 1.0, 0.0, Budget(time_limit=600.0))
+    there, there_lp = solve_makespan_milp(tables, cons, 1.0, 0.0, Budget(time_limit=600.0))
+    assert here.status == there.status == 0 and np.array_equal(here.a, there.a)
+    assert there.value == pytest.approx(here.value, rel=1e-9) and there_lp == pytest.approx(here_lp, rel=1e-9)

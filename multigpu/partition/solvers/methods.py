@@ -10,10 +10,6 @@ planner can report the gap whatever stopped the solve.
 
 from __future__ import annotations
 
-import math
-import time
-from typing import Any
-
 import numpy as np
 
 from multigpu.errors import SolverError
@@ -28,16 +24,8 @@ from multigpu.partition.solvers.fill import fill_plan
 from multigpu.partition.solvers.free import FreeSolver
 from multigpu.partition.solvers.ideals import IDEAL_LIMIT, TooManyIdeals, contiguous_optimum, ideals, why_not_contiguous
 from multigpu.partition.solvers.lagrange import cost_if_feasible, lower_bound, penalise, repair
-from multigpu.partition.solvers.milp import (
-    LpTimeLimit,
-    MilpResult,
-    build_model,
-    relax,
-    solve_lp,
-    solve_milp,
-    solve_model,
-)
-from multigpu.partition.solvers.milp_timing import BuildTimeLimit
+from multigpu.partition.solvers.makespan_milp import solve_makespan_milp
+from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, relax, solve_milp
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget, Objective, Solution, Solver
 from multigpu.partition.solvers.throughput import solve_throughput
 
@@ -249,18 +237,7 @@ class MilpSolver(Solver):
             )
         if objective.name == "makespan" and not tables.graph.is_chain:
             budget.say("makespan MILP")
-            options = budget.highs()
-            # HiGHS's feasibility jump does not watch the time limit: on ResNet-50's makespan MILP
-            # over the lab (610,000 rows) solves limited to 12 s took 19-25 s with it and 13-14 s
-            # without (HiGHS issue #885 tracks the steps that check the limit too seldom).
-            options["mip_heuristic_run_feasibility_jump"] = False
-            if budget.gap <= PROVE_GAP:
-                # The schedule's big-M rows (M a multiple of the horizon) let a binary that HiGHS
-                # calls integral within its default 1e-6 shave about 1e-6 of the horizon off a
-                # start time: where a slow device sets a long horizon, enough to return a plan
-                # 0.06% above the optimum. A proof asks for the tighter tolerance.
-                options["mip_feasibility_tolerance"] = 1e-9
-            res, lp_bound = _makespan_milp(tables, cons, wt, we, budget, options)
+            res, lp_bound = solve_makespan_milp(tables, cons, wt, we, budget)
             if res.status == 2:
                 raise _infeasible(tables, cons, wt, we, budget.verbose)
             bound = max(res.bound if np.isfinite(res.bound) else -np.inf, lp_bound, _makespan_floor(tables, cons))
@@ -288,38 +265,6 @@ def _filled(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray | None:
     a link, else None."""
     a = fill_plan(tables, cons)
     return a if a is not None and _runs(tables, cons, a) else None
-
-
-def _makespan_milp(
-    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, budget: Budget, options: dict[str, Any]
-) -> tuple[MilpResult, float]:
-    """The makespan MILP's result, and the bound of its LP relaxation (-inf without one).
-
-    Under a time limit the LP relaxation runs first, and it stops at the deadline. HiGHS then
-    gets the MILP only if the time left covers two such LPs. HiGHS 1.16's root solves the LP
-    again, and beside it an analytic centre (an interior-point solve of the same LP) that no
-    time limit stops. On ResNet-50 over the lab (610,000 rows) our LP took 16 s; HiGHS's
-    presolve took 5.5 s and its analytic centre 25.6 s, and a 10 s limit ended after 14.5 s.
-    Where the MILP is skipped, the starting plans are the answer and the LP bounds their gap."""
-    deadline = budget.deadline
-    try:
-        model = build_model(tables, cons, wt, we, objective="makespan", deadline=deadline)
-    except BuildTimeLimit as e:
-        return MilpResult(1, str(e), None, math.inf), -math.inf
-    if deadline is None:
-        return solve_model(model, verbose=budget.verbose, options=options), -math.inf
-    budget.say("makespan LP relaxation")
-    t0 = time.perf_counter()
-    try:
-        lp = solve_lp(model, deadline)
-    except LpTimeLimit as e:
-        return MilpResult(1, str(e), None, math.inf), -math.inf
-    # None: HiGHS did not call the LP optimal; the MILP's own answer decides (it confirms an
-    # infeasible model without presolve).
-    lp_bound = lp.value if lp is not None else -math.inf
-    if deadline - time.perf_counter() < 2 * (time.perf_counter() - t0):
-        return MilpResult(1, "too little time left for HiGHS's root on the makespan MILP", None, math.inf), lp_bound
-    return solve_model(model, verbose=budget.verbose, options=options), lp_bound
 
 
 def _makespan(tables: CostTables, a: np.ndarray) -> float:

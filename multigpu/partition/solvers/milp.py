@@ -174,7 +174,10 @@ class LpTimeLimit(Exception):
 
 def solve_lp(model: Model, deadline: float | None = None) -> LpSolution | None:
     """Solve the LP relaxation with HiGHS; None if it is infeasible. Raises LpTimeLimit at
-    ``deadline`` (a ``time.perf_counter`` instant)."""
+    ``deadline`` (a ``time.perf_counter`` instant), also before handing the model to HiGHS
+    once it has passed (a second on a million-row model)."""
+    if deadline is not None and time.perf_counter() >= deadline:
+        raise LpTimeLimit("the time limit struck before the LP relaxation started")
     return LpSession(model).solve(deadline)
 
 

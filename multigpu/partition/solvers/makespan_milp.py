@@ -1,0 +1,93 @@
+"""The planner's solve of the makespan MILP (``milp_timing``): HiGHS's options for it and,
+under a time limit, its LP relaxation first and the whole solve in a child process that is
+ended at the deadline (``deadline_process``).
+
+Why both. HiGHS 1.16's root solves the LP relaxation and, beside it, an analytic centre (an
+interior-point solve of the same LP, up to 200 iterations) that no time limit stops, and the
+root waits for it. On ResNet-50 over the lab (610,000 rows) our LP took 16 s; HiGHS's presolve
+took 5.5 s and its analytic centre 25.6 s, so a 10 s limit ended after 14.5 s. The LP, solved
+first, stops at the deadline and bounds the starting plans' gap; HiGHS gets the MILP only if
+the time left covers two such LPs. On larger models even HiGHS's setup outlasts a limit (the
+makespan MILP of ResNet-50 on 16 devices, 29 million nonzeros: 8 s to hand over, 34 s in an LP
+limited to 1 ms), which only ending the process bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from multigpu.partition.cost.tables import CostTables
+from multigpu.partition.solvers.constraints import ResolvedConstraints
+from multigpu.partition.solvers.deadline_process import call_until, wall_deadline
+from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, solve_lp, solve_model
+from multigpu.partition.solvers.milp_timing import BuildTimeLimit
+from multigpu.partition.solvers.solver import PROVE_GAP, Budget
+
+__all__ = ["solve_makespan_milp", "solve_within"]
+
+
+def solve_makespan_milp(
+    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, budget: Budget
+) -> tuple[MilpResult, float]:
+    """The makespan MILP's result and its LP relaxation's bound (-inf without one). Without a
+    time limit HiGHS solves it in this process; with one, a child process does, and a child
+    still running at the deadline is ended (status 1, no plan)."""
+    deadline = budget.deadline
+    if deadline is None:
+        return solve_within(tables, cons, wt, we, budget)
+    args = (tables, cons, wt, we, wall_deadline(deadline), budget.gap, budget.verbose)
+    answered, out = call_until(_in_child, args, deadline)
+    if not answered:
+        return MilpResult(1, "the time limit struck inside HiGHS, whose process was ended", None, math.inf), -math.inf
+    return out
+
+
+def _in_child(
+    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, wall: float, gap: float, verbose: bool
+) -> tuple[MilpResult, float]:
+    # The deadline crosses the process boundary as wall-clock time (``wall_deadline``).
+    return solve_within(tables, cons, wt, we, Budget(time_limit=max(0.0, wall - time.time()), gap=gap, verbose=verbose))
+
+
+def solve_within(
+    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, budget: Budget
+) -> tuple[MilpResult, float]:
+    """Build and solve the makespan MILP in this process within ``budget``: under a time limit
+    the LP relaxation first (it stops at the deadline), then HiGHS only if the time left covers
+    twice the LP's time. Returns the result and the LP's bound (-inf without one)."""
+    deadline = budget.deadline
+    try:
+        model = build_model(tables, cons, wt, we, objective="makespan", deadline=deadline)
+    except BuildTimeLimit as e:
+        return MilpResult(1, str(e), None, math.inf), -math.inf
+    if deadline is None:
+        return solve_model(model, verbose=budget.verbose, options=_options(budget)), -math.inf
+    budget.say("makespan LP relaxation")
+    t0 = time.perf_counter()
+    try:
+        lp = solve_lp(model, deadline)
+    except LpTimeLimit as e:
+        return MilpResult(1, str(e), None, math.inf), -math.inf
+    # None: HiGHS did not call the LP optimal; the MILP's own answer decides (it confirms an
+    # infeasible model without presolve).
+    lp_bound = lp.value if lp is not None else -math.inf
+    if deadline - time.perf_counter() < 2 * (time.perf_counter() - t0):
+        return MilpResult(1, "too little time left for HiGHS's root on the makespan MILP", None, math.inf), lp_bound
+    return solve_model(model, verbose=budget.verbose, options=_options(budget)), lp_bound
+
+
+def _options(budget: Budget) -> dict[str, Any]:
+    options = budget.highs()
+    # HiGHS's feasibility jump does not watch the time limit: on ResNet-50's makespan MILP over
+    # the lab, solves limited to 12 s took 19-25 s with it and 13-14 s without (HiGHS issue
+    # #885 tracks the steps that check the limit too seldom).
+    options["mip_heuristic_run_feasibility_jump"] = False
+    if budget.gap <= PROVE_GAP:
+        # The schedule's big-M rows (M a multiple of the horizon) let a binary that HiGHS calls
+        # integral within its default 1e-6 shave about 1e-6 of the horizon off a start time:
+        # where a slow device sets a long horizon, enough to return a plan 0.06% above the
+        # optimum. A proof asks for the tighter tolerance.
+        options["mip_feasibility_tolerance"] = 1e-9
+    return options

@@ -352,6 +352,19 @@ def test_under_a_limit_the_makespan_milp_runs_in_a_child_with_the_same_answer() 
 
     tables, cons, _, _ = _time_shared_model()
     here, here_lp = solve_within(tables, cons, 1.0, 0.0, Budget(time_limit=600.0))
-    there, there_lp = solve_makespan_milp(tables, cons, 1.0, 0.0, Budget(time_limit=600.0))
+    there, there_lp = solve_makespan_milp(tables, cons, 1.0, 0.0, Budget(time_limit=600.0), has_plan=True)
     assert here.status == there.status == 0 and np.array_equal(here.a, there.a)
     assert there.value == pytest.approx(here.value, rel=1e-9) and there_lp == pytest.approx(here_lp, rel=1e-9)
+
+
+def test_without_a_plan_to_fall_back_on_the_makespan_milp_stays_in_this_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Ending HiGHS at the deadline would leave nothing to answer with: HiGHS may overrun to
+    # find a first plan, as every first-plan step does.
+    from multigpu.partition.solvers import makespan_milp
+
+    monkeypatch.setattr(makespan_milp, "call_until", lambda *a: pytest.fail("no child without a plan"))
+    tables, cons, _, _ = _time_shared_model()
+    res, _ = makespan_milp.solve_makespan_milp(tables, cons, 1.0, 0.0, Budget(time_limit=600.0), has_plan=False)
+    assert res.status == 0 and res.a is not None

@@ -6,7 +6,7 @@ MILP of ResNet-50 on 16 devices (29 million nonzeros) took 8 s to hand over and 
 relaxation 34 s more under a limit of 1 ms. A process can be ended on time, and a solve's
 answer (a plan and a bound) is a few kilobytes to send back.
 
-The child is ``python -m multigpu.partition.solvers.deadline_process``: it reads the pickled
+The child is a fresh ``python`` that runs ``_child``: it reads the pickled
 function and arguments on its standard input and writes the pickled result on a copy of its
 standard output, which it points at standard error first (HiGHS's log writes to descriptor 1).
 A fresh interpreter, not a fork: the parent's HiGHS threads and frameworks stay behind, and a
@@ -31,6 +31,9 @@ __all__ = ["GRACE_S", "call_until", "wall_deadline"]
 #: a solve that stops at its limit still has its result to write (a time limit is met to 1 s).
 GRACE_S = 0.5
 
+# ``-c`` rather than ``-m``: the package imports this module first, and runpy warns about that.
+_CHILD = "from multigpu.partition.solvers.deadline_process import _child; _child()"
+
 
 def wall_deadline(deadline: float) -> float:
     """The ``time.perf_counter`` instant ``deadline`` as a ``time.time`` instant, which another
@@ -45,7 +48,7 @@ def call_until(fn: Callable[..., Any], args: tuple, deadline: float) -> tuple[bo
     SolverError when the child fails (its traceback is on standard error)."""
     payload = pickle.dumps((fn, args))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "multigpu.partition.solvers.deadline_process"],
+        [sys.executable, "-c", _CHILD],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         # The parent's import path, so that the child finds every module the parent's pickle names.
@@ -54,10 +57,12 @@ def call_until(fn: Callable[..., Any], args: tuple, deadline: float) -> tuple[bo
     try:
         out, _ = proc.communicate(payload, timeout=max(0.0, deadline + GRACE_S - time.perf_counter()))
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
         return False, None
-    if proc.returncode != 0:
+    finally:
+        if proc.poll() is None:  # the deadline, or the parent interrupted: the child goes too
+            proc.kill()
+            proc.communicate()
+    if proc.returncode != 0 or not out:
         raise SolverError(
             f"the solver's child process for {fn.__name__} failed with exit code {proc.returncode} "
             f"(its traceback is on standard error above); rerun without time_limit to solve in this process"
@@ -66,6 +71,7 @@ def call_until(fn: Callable[..., Any], args: tuple, deadline: float) -> tuple[bo
 
 
 def _child() -> None:
+    """The child's side: read the pickled call on standard input, answer on standard output."""
     result_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything written to descriptor 1 (HiGHS's log) goes to standard error
     sys.stdout = sys.stderr
@@ -73,7 +79,3 @@ def _child() -> None:
     result = fn(*args)
     result_out.write(pickle.dumps(result))
     result_out.flush()
-
-
-if __name__ == "__main__":
-    _child()

@@ -29,13 +29,14 @@ __all__ = ["solve_makespan_milp", "solve_within"]
 
 
 def solve_makespan_milp(
-    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, budget: Budget
+    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, budget: Budget, has_plan: bool
 ) -> tuple[MilpResult, float]:
-    """The makespan MILP's result and its LP relaxation's bound (-inf without one). Without a
-    time limit HiGHS solves it in this process; with one, a child process does, and a child
-    still running at the deadline is ended (status 1, no plan)."""
+    """The makespan MILP's result and its LP relaxation's bound (-inf without one). Under a
+    time limit, when the caller ``has_plan`` to fall back on, a child process solves it and a
+    child still running at the deadline is ended (status 1, no plan); otherwise this process
+    does, and HiGHS may overrun the limit to find a first plan."""
     deadline = budget.deadline
-    if deadline is None:
+    if deadline is None or not has_plan:
         return solve_within(tables, cons, wt, we, budget)
     args = (tables, cons, wt, we, wall_deadline(deadline), budget.gap, budget.verbose)
     answered, out = call_until(_in_child, args, deadline)

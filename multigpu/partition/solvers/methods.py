@@ -237,7 +237,7 @@ class MilpSolver(Solver):
             )
         if objective.name == "makespan" and not tables.graph.is_chain:
             budget.say("makespan MILP")
-            res, lp_bound = solve_makespan_milp(tables, cons, wt, we, budget)
+            res, lp_bound = solve_makespan_milp(tables, cons, wt, we, budget, has_plan=bool(starts))
             if res.status == 2:
                 raise _infeasible(tables, cons, wt, we, budget.verbose)
             bound = max(res.bound if np.isfinite(res.bound) else -np.inf, lp_bound, _makespan_floor(tables, cons))

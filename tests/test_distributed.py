@@ -648,8 +648,15 @@ def test_synchronized_batchnorm_across_processes_equals_one_device_on_the_full_b
 @pytest.mark.parametrize("case", ["ratio", "resnet18"])
 def test_synchronized_batchnorm_across_processes_takes_one_devices_first_step(engine_run, case):
     """2 processes x 1 device with synchronized statistics against 1 device, the first SGD step's update
-    within 1e-4 of it (each parameter's ||difference|| / ||update||): a BatchNorm input at mean 10 and
-    std 0.01 (against the NumPy reference, see tests/test_batchnorm.py) and ResNet-18 at 64x64, batch 8."""
+    (each parameter's ||difference|| / ||update||): within 1e-4 for a BatchNorm input at mean 10 and
+    std 0.01 (against the NumPy reference, see tests/test_batchnorm.py), and within 2e-2 for ResNet-18
+    at 64x64, batch 8.
+
+    Why ResNet-18's bound is looser: float32 rounding that differs with the batch split and the BLAS
+    threads can flip a ReLU whose input is within rounding of 0, which moves one channel's update by a
+    finite step. On an AMD EPYC VM the NumPy engine's worst parameter was 3.3e-3 off (one element of
+    128 in two BatchNorm biases), and the same split in one process gave 3.3e-3 with one BLAS thread
+    and 2.1e-5 with two; unsynchronized statistics are 131% off, so 2e-2 still tells them apart."""
     ranks = [_load(engine_run, f"syncbn_{case}", r) for r in (0, 1)]
     one = _load(engine_run, f"syncbn_{case}_cpu1")
     worst = 0.0
@@ -658,7 +665,7 @@ def test_synchronized_batchnorm_across_processes_takes_one_devices_first_step(en
             want = one[key].astype(np.float64)
             worst = max(worst, float(np.linalg.norm(got[key] - want) / np.linalg.norm(want)))
     print(f"{engine_run.backend} {case}: 2 processes with synchronized BatchNorm against 1 device: worst {worst:.2e}")
-    assert worst < 1e-4
+    assert worst < (1e-4 if case == "ratio" else 2e-2)
 
 
 @pytest.mark.slow

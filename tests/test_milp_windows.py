@@ -301,12 +301,14 @@ def test_the_makespan_milp_goes_to_highs_only_if_two_lps_fit_in_the_time_left(
     import time
     import types
 
-    from multigpu.partition.solvers import makespan_milp as methods
+    from multigpu.partition.solvers import makespan_milp
 
     tables, cons, _, _ = _time_shared_model()
     shift = [0.0]
-    monkeypatch.setattr(methods, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + shift[0]))
-    real_lp, calls = methods.solve_lp, []
+    monkeypatch.setattr(
+        makespan_milp, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + shift[0])
+    )
+    real_lp, calls = makespan_milp.solve_lp, []
 
     def slow_lp(model, deadline):
         shift[0] += lp_seconds
@@ -316,10 +318,10 @@ def test_the_makespan_milp_goes_to_highs_only_if_two_lps_fit_in_the_time_left(
         calls.append(options)
         return solve_model(model, verbose=verbose, options=options)
 
-    monkeypatch.setattr(methods, "solve_lp", slow_lp)
-    monkeypatch.setattr(methods, "solve_model", spy)
+    monkeypatch.setattr(makespan_milp, "solve_lp", slow_lp)
+    monkeypatch.setattr(makespan_milp, "solve_model", spy)
     budget = Budget(time_limit=100.0)
-    res, lp_bound = methods.solve_within(tables, cons, 1.0, 0.0, budget)
+    res, lp_bound = makespan_milp.solve_within(tables, cons, 1.0, 0.0, budget)
     assert np.isfinite(lp_bound) and len(calls) == int(runs_highs)
     if runs_highs:
         assert res.status == 0 and lp_bound <= res.value * (1 + 1e-9)
@@ -327,12 +329,12 @@ def test_the_makespan_milp_goes_to_highs_only_if_two_lps_fit_in_the_time_left(
         assert res.status == 1 and res.a is None and "too little time" in res.message
     # Without a limit there is no LP first: HiGHS gets the model at once.
     calls.clear()
-    res, lp_bound = methods.solve_within(tables, cons, 1.0, 0.0, Budget())
+    res, lp_bound = makespan_milp.solve_within(tables, cons, 1.0, 0.0, Budget())
     assert len(calls) == 1 and res.status == 0 and lp_bound == -np.inf
 
 
 def test_a_makespan_lp_stopped_by_the_limit_skips_highs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from multigpu.partition.solvers import makespan_milp as methods
+    from multigpu.partition.solvers import makespan_milp
     from multigpu.partition.solvers.milp import LpTimeLimit
 
     tables, cons, _, _ = _time_shared_model()
@@ -340,10 +342,10 @@ def test_a_makespan_lp_stopped_by_the_limit_skips_highs(monkeypatch: pytest.Monk
     def runs_out(model, deadline):
         raise LpTimeLimit("the LP relaxation stopped at its deadline")
 
-    monkeypatch.setattr(methods, "solve_lp", runs_out)
-    monkeypatch.setattr(methods, "solve_model", lambda *a, **k: pytest.fail("HiGHS must not run"))
+    monkeypatch.setattr(makespan_milp, "solve_lp", runs_out)
+    monkeypatch.setattr(makespan_milp, "solve_model", lambda *a, **k: pytest.fail("HiGHS must not run"))
     budget = Budget(time_limit=100.0)
-    res, lp_bound = methods.solve_within(tables, cons, 1.0, 0.0, budget)
+    res, lp_bound = makespan_milp.solve_within(tables, cons, 1.0, 0.0, budget)
     assert res.status == 1 and res.a is None and lp_bound == -np.inf
 
 

@@ -23,6 +23,7 @@ from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.inputs.cluster import DeviceSpec, Link
 from multigpu.partition.solvers.constraints import Constraints
 from multigpu.partition.solvers.cutoff import fixable, rooms, solve_in_rounds, tighten
+from multigpu.partition.solvers.makespan_bound import path_bound
 from multigpu.partition.solvers.milp import build_model, solve_milp, solve_model
 from multigpu.partition.solvers.solver import Budget
 from multigpu.partition.solvers.windows import separate, windows
@@ -366,7 +367,96 @@ def test_without_a_plan_to_fall_back_on_the_makespan_milp_stays_in_this_process(
     # find a first plan, as every first-plan step does.
     from multigpu.partition.solvers import makespan_milp
 
-    monkeypatch.setattr(makespan_milp, "call_until", lambda *a: pytest.fail("no child without a plan"))
+    monkeypatch.setattr(makespan_milp, "Call", lambda *a: pytest.fail("no child without a plan"))
     tables, cons, _, _ = _time_shared_model()
     res, _ = makespan_milp.solve_makespan_milp(tables, cons, 1.0, 0.0, Budget(time_limit=600.0), has_plan=False)
     assert res.status == 0 and res.a is not None
+
+
+def test_the_makespan_milp_under_a_cutoff_looks_only_below_it() -> None:
+    from multigpu.partition.solvers.makespan_milp import solve_within
+
+    tables, cons, _, _ = _time_shared_model()
+    best, _ = solve_within(tables, cons, 1.0, 0.0, Budget(gap=0.0))
+    assert best.status == 0 and best.a is not None
+    # The cutoff is the horizon: the schedule rows' M shrinks from the slow source's 6,000 s
+    # to it, and at HiGHS's default tolerance (gap 0.1%) the value is still the schedule's.
+    above, _ = solve_within(tables, cons, 1.0, 0.0, Budget(), cutoff=1.5 * best.value)
+    assert above.status == 0 and above.value == pytest.approx(best.value, rel=1e-6)
+    # Just below the optimum nothing is left: no plan, and "infeasible" or a bound stop says so.
+    below, _ = solve_within(tables, cons, 1.0, 0.0, Budget(), cutoff=best.value * (1 - 1e-4))
+    assert below.a is None and (below.status == 2 or "bound" in below.message.lower())
+
+
+def _memory_bound_resnet18() -> tuple[Any, Any]:
+    graph, lab = load_graph("resnet18"), load_cluster("lab")
+    mem = 0.4 * float(graph.param_bytes.sum()) + float(graph.activation_bytes.max())
+    return graph, dataclasses.replace(lab, devices=tuple(dataclasses.replace(d, memory=mem) for d in lab.devices))
+
+
+def test_under_a_limit_the_makespan_milp_runs_beside_the_search_for_the_least_time_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every plan's makespan is at most its T, so the plan of least T is a makespan plan; the
+    # makespan MILP (here: out of time, no plan) runs in a child started before that search.
+    from multigpu.partition.solvers import methods
+    from multigpu.partition.solvers.milp import MilpResult
+
+    graph, cluster = _memory_bound_resnet18()
+    order: list[str] = []
+
+    class Idle:
+        def cancel(self) -> None:
+            order.append("cancel")
+
+    def start(*args: Any) -> Idle:
+        order.append("child")
+        assert np.isfinite(args[-1])  # the starting plans' best makespan is the child's cutoff
+        return Idle()
+
+    def collect(call: Any, deadline: float) -> tuple[MilpResult, float]:
+        order.append("collect")
+        return MilpResult(1, "time limit", None, np.inf), -np.inf
+
+    real = methods.MilpSolver._least_time
+    monkeypatch.setattr(methods, "start_in_child", start)
+    monkeypatch.setattr(methods, "collect", collect)
+    monkeypatch.setattr(methods.MilpSolver, "_least_time", lambda *a: order.append("least T") or real(*a))
+    plan = autopartition(graph, cluster, objective="makespan", time_limit=60.0)
+    assert order == ["child", "least T", "collect", "cancel"]
+    least = autopartition(graph, cluster, wt=1.0, we=0.0)
+    assert least.proof == "optimal"
+    assert plan.value <= least.makespan * (1 + 1e-9) and plan.proof != "optimal"
+    # The critical path's least T bounds the makespan far above the longest path at the
+    # fastest devices (0.19 s against 0.0004 s): memory forces the path's transfers.
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints().resolve(graph, cluster)
+    path = path_bound(tables, cons, methods._solve_chain, Budget())
+    assert methods._makespan_floor(tables, cons) * 10 < path <= plan.bound <= plan.value
+
+
+def test_without_a_limit_the_makespan_milp_must_beat_the_least_time_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multigpu.partition.solvers import methods
+
+    # The time-shared pair's cluster, with a fork: two branches between l1 and the join.
+    _, cluster = _time_shared()
+    layers = [{"name": "l0", "flops": 1e9, "param_bytes": 1e6, "output_bytes": 1e6}]
+    layers += [
+        {"name": f"b{i}", "flops": 1e9, "param_bytes": 1e6, "output_bytes": 1e6, "inputs": ["l0"]} for i in (1, 2)
+    ]
+    layers += [{"name": "join", "flops": 1e9, "param_bytes": 1e6, "output_bytes": 1e6, "inputs": ["b1", "b2"]},
+               {"name": "l4", "flops": 1e9, "param_bytes": 1e6, "output_bytes": 1e6}]  # fmt: skip
+    graph = Graph.from_dict({"input_bytes": 1e3, "layers": layers})
+    seen: list[float] = []
+    real = methods.solve_makespan_milp
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append(kw["cutoff"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(methods, "solve_makespan_milp", spy)
+    monkeypatch.setattr(methods, "start_in_child", lambda *a: pytest.fail("no child without a time limit"))
+    plan = autopartition(graph, cluster, objective="makespan", gap=0)
+    least = autopartition(graph, cluster, wt=1.0, we=0.0, gap=0)
+    assert seen and seen[0] <= least.makespan * (1 + 1e-12)
+    assert plan.proof == "optimal" and plan.value <= least.makespan * (1 + 1e-9)

@@ -288,3 +288,30 @@ def test_the_makespan_milp_proves_gap_0_where_a_slow_device_sets_the_horizon():
     assert best == pytest.approx(0.01 + 2 * 100 / 10**7.5, rel=1e-12)  # l1's compute, the input in, the output out
     plan = autopartition(graph, cluster, objective="makespan", gap=0)
     assert plan.makespan == pytest.approx(best, rel=1e-9), (plan.assignment, plan.makespan, plan.gap)
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(problems(max_n=6))
+def test_the_critical_paths_least_time_bounds_every_plans_makespan(problem):
+    """``makespan_bound``: T of the critical path alone, as a chain with the constraints on its
+    layers, is at most the brute-force minimum makespan."""
+    from multigpu.partition.solvers.constraints import Constraints
+    from multigpu.partition.solvers.makespan_bound import path_bound
+    from multigpu.partition.solvers.methods import _makespan_floor, _solve_chain
+    from multigpu.partition.solvers.solver import Budget
+
+    gd, cd, limits = problem
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints.coerce(limits).resolve(graph, cluster)
+    best = brute(tables, limits, 1.0, 0.0)["makespan"]
+    bound = path_bound(tables, cons, _solve_chain, Budget(gap=0.0))
+    assert bound <= best * (1 + 1e-6) + 1e-12, (bound, best)
+    floor = _makespan_floor(tables, cons)
+    event(
+        "no bound (engine profile)"
+        if math.isinf(bound)
+        else "above the floor"
+        if bound > floor * (1 + 1e-9)
+        else "at the floor"
+    )

@@ -19,20 +19,26 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from multigpu.errors import SolverError
 
-__all__ = ["GRACE_S", "call_until", "wall_deadline"]
+__all__ = ["GRACE_S", "Call", "call_until", "wall_deadline"]
 
 #: How long after the deadline the parent waits for the child's answer before it ends the child:
 #: a solve that stops at its limit still has its result to write (a time limit is met to 1 s).
 GRACE_S = 0.5
 
 # ``-c`` rather than ``-m``: the package imports this module first, and runpy warns about that.
-_CHILD = "from multigpu.partition.solvers.deadline_process import _child; _child()"
+# ``-c`` puts the working directory first on the child's path; it goes, so that the child
+# imports the parent's modules (its path, on PYTHONPATH), not a ``multigpu`` folder where it runs.
+_CHILD = (
+    "import sys; '' in sys.path and sys.path.remove(''); "
+    "from multigpu.partition.solvers.deadline_process import _child; _child()"
+)
 
 
 def wall_deadline(deadline: float) -> float:
@@ -46,28 +52,63 @@ def call_until(fn: Callable[..., Any], args: tuple, deadline: float) -> tuple[bo
     answered by ``deadline`` (a ``time.perf_counter`` instant) plus ``GRACE_S``; the child is
     then killed. ``fn`` must be a module-level function and its arguments picklable. Raises
     SolverError when the child fails (its traceback is on standard error)."""
-    payload = pickle.dumps((fn, args))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        # The parent's import path, so that the child finds every module the parent's pickle names.
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-    )
-    try:
-        out, _ = proc.communicate(payload, timeout=max(0.0, deadline + GRACE_S - time.perf_counter()))
-    except subprocess.TimeoutExpired:
-        return False, None
-    finally:
-        if proc.poll() is None:  # the deadline, or the parent interrupted: the child goes too
-            proc.kill()
-            proc.communicate()
-    if proc.returncode != 0 or not out:
-        raise SolverError(
-            f"the solver's child process for {fn.__name__} failed with exit code {proc.returncode} "
-            f"(its traceback is on standard error above); rerun without time_limit to solve in this process"
+    return Call(fn, args).result(deadline)
+
+
+class Call:
+    """``fn(*args)`` started in a child process, which runs while this one goes on (the child is
+    a second core's work); ``result`` collects it by a deadline, ``cancel`` ends it. A thread
+    feeds the call to the child and reads its answer, so that neither side waits on a full pipe."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        payload = pickle.dumps((fn, args))
+        self._name = fn.__name__
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            # The parent's import path, so that the child finds every module the parent's pickle names.
+            env={**os.environ, "PYTHONPATH": _parent_path()},
         )
-    return True, pickle.loads(out)
+        self._out: list[bytes] = []
+        self._thread = threading.Thread(target=self._talk, args=(payload,), daemon=True)
+        self._thread.start()
+
+    def _talk(self, payload: bytes) -> None:
+        try:
+            out, _ = self._proc.communicate(payload)
+        except (OSError, ValueError):  # the child was ended while the call was still being sent
+            out = b""
+        self._out.append(out)
+
+    def result(self, deadline: float) -> tuple[bool, Any]:
+        """(True, the call's result), or (False, None) when the child has not answered by
+        ``deadline`` plus ``GRACE_S`` (it is then ended). Raises SolverError when it failed."""
+        try:
+            self._thread.join(timeout=max(0.0, deadline + GRACE_S - time.perf_counter()))
+            if self._thread.is_alive():
+                return False, None
+        finally:
+            self.cancel()  # the deadline, or the parent interrupted: the child goes too
+        out = self._out[0] if self._out else b""
+        if self._proc.returncode != 0 or not out:
+            raise SolverError(
+                f"the solver's child process for {self._name} failed with exit code {self._proc.returncode} "
+                f"(its traceback is on standard error above); rerun without time_limit to solve in this process"
+            )
+        return True, pickle.loads(out)
+
+    def cancel(self) -> None:
+        """End the child if it still runs (nothing if it has answered)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._thread.join()
+
+
+def _parent_path() -> str:
+    """This process's import path for the child's PYTHONPATH, its working-directory entry ("")
+    spelled out."""
+    return os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
 
 
 def _child() -> None:

@@ -20,51 +20,87 @@ from typing import Any
 
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
-from multigpu.partition.solvers.deadline_process import call_until, wall_deadline
+from multigpu.partition.solvers.deadline_process import Call, wall_deadline
 from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, solve_lp, solve_model
 from multigpu.partition.solvers.milp_timing import BuildTimeLimit
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget
 
-__all__ = ["solve_makespan_milp", "solve_within"]
+__all__ = ["collect", "solve_makespan_milp", "solve_within", "start_in_child"]
 
 
 def solve_makespan_milp(
-    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, budget: Budget, has_plan: bool
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    wt: float,
+    we: float,
+    budget: Budget,
+    has_plan: bool,
+    cutoff: float = math.inf,
 ) -> tuple[MilpResult, float]:
-    """The makespan MILP's result and its LP relaxation's bound (-inf without one). Under a
-    time limit, when the caller ``has_plan`` to fall back on, a child process solves it and a
-    child still running at the deadline is ended (status 1, no plan); otherwise this process
-    does, and HiGHS may overrun the limit to find a first plan."""
+    """The makespan MILP's result and its LP relaxation's bound (-inf without one), looking only
+    for plans below ``cutoff`` (a plan in hand's makespan; no plan and status 2 then say that none
+    beats it). Under a time limit, when the caller ``has_plan`` to fall back on, a child process
+    solves it and a child still running at the deadline is ended (status 1, no plan); otherwise
+    this process does, and HiGHS may overrun the limit to find a first plan."""
     deadline = budget.deadline
     if deadline is None or not has_plan:
-        return solve_within(tables, cons, wt, we, budget)
-    args = (tables, cons, wt, we, wall_deadline(deadline), budget.gap, budget.verbose)
-    answered, out = call_until(_in_child, args, deadline)
+        return solve_within(tables, cons, wt, we, budget, cutoff)
+    return collect(start_in_child(tables, cons, wt, we, budget, cutoff), deadline)
+
+
+def start_in_child(
+    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, budget: Budget, cutoff: float
+) -> Call:
+    """Start ``solve_within`` in a child process under ``budget``'s time limit; it runs beside
+    this process until ``collect`` (or ``Call.cancel``)."""
+    assert budget.deadline is not None, "a child process is ended at the time limit: give one"
+    return Call(_in_child, (tables, cons, wt, we, wall_deadline(budget.deadline), budget.gap, budget.verbose, cutoff))
+
+
+def collect(call: Call, deadline: float) -> tuple[MilpResult, float]:
+    """The child's answer (``solve_makespan_milp``'s), or a time-limit result without a plan
+    when it has not answered by ``deadline`` (it is then ended)."""
+    answered, out = call.result(deadline)
     if not answered:
         return MilpResult(1, "the time limit struck inside HiGHS, whose process was ended", None, math.inf), -math.inf
     return out
 
 
 def _in_child(
-    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, wall: float, gap: float, verbose: bool
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    wt: float,
+    we: float,
+    wall: float,
+    gap: float,
+    verbose: bool,
+    cutoff: float,
 ) -> tuple[MilpResult, float]:
     # The deadline crosses the process boundary as wall-clock time (``wall_deadline``).
-    return solve_within(tables, cons, wt, we, Budget(time_limit=max(0.0, wall - time.time()), gap=gap, verbose=verbose))
+    budget = Budget(time_limit=max(0.0, wall - time.time()), gap=gap, verbose=verbose)
+    return solve_within(tables, cons, wt, we, budget, cutoff)
 
 
 def solve_within(
-    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, budget: Budget
+    tables: CostTables, cons: ResolvedConstraints, wt: float, we: float, budget: Budget, cutoff: float = math.inf
 ) -> tuple[MilpResult, float]:
-    """Build and solve the makespan MILP in this process within ``budget``: under a time limit
-    the LP relaxation first (it stops at the deadline), then HiGHS only if the time left covers
-    twice the LP's time. Returns the result and the LP's bound (-inf without one)."""
+    """Build and solve the makespan MILP in this process within ``budget``, for plans below
+    ``cutoff`` (seconds): under a time limit the LP relaxation first (it stops at the deadline),
+    then HiGHS only if the time left covers twice the LP's time. Returns the result and the
+    LP's bound (-inf without one)."""
     deadline = budget.deadline
     try:
-        model = build_model(tables, cons, wt, we, objective="makespan", deadline=deadline)
+        cap = cutoff * (1 + 1e-6) if math.isfinite(cutoff) else None
+        model = build_model(tables, cons, wt, we, objective="makespan", deadline=deadline, horizon_cap=cap)
     except BuildTimeLimit as e:
         return MilpResult(1, str(e), None, math.inf), -math.inf
+    options = _options(budget)
+    if math.isfinite(cutoff):
+        # HiGHS prunes every node whose bound reaches the plan in hand: with the big-M rows'
+        # weak LP, the cutoff is most of what prunes.
+        options["objective_bound"] = cutoff * model.scale * (1 + 1e-9) + 1e-9
     if deadline is None:
-        return solve_model(model, verbose=budget.verbose, options=_options(budget)), -math.inf
+        return solve_model(model, verbose=budget.verbose, options=options), -math.inf
     budget.say("makespan LP relaxation")
     t0 = time.perf_counter()
     try:
@@ -76,7 +112,7 @@ def solve_within(
     lp_bound = lp.value if lp is not None else -math.inf
     if deadline - time.perf_counter() < 2 * (time.perf_counter() - t0):
         return MilpResult(1, "too little time left for HiGHS's root on the makespan MILP", None, math.inf), lp_bound
-    return solve_model(model, verbose=budget.verbose, options=_options(budget)), lp_bound
+    return solve_model(model, verbose=budget.verbose, options=options), lp_bound
 
 
 def _options(budget: Budget) -> dict[str, Any]:

@@ -10,6 +10,8 @@ planner can report the gap whatever stopped the solve.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from multigpu.errors import SolverError
@@ -24,9 +26,10 @@ from multigpu.partition.solvers.fill import fill_plan
 from multigpu.partition.solvers.free import FreeSolver
 from multigpu.partition.solvers.ideals import IDEAL_LIMIT, TooManyIdeals, contiguous_optimum, ideals, why_not_contiguous
 from multigpu.partition.solvers.lagrange import cost_if_feasible, lower_bound, penalise, repair
-from multigpu.partition.solvers.makespan_milp import solve_makespan_milp
+from multigpu.partition.solvers.makespan_bound import path_bound
+from multigpu.partition.solvers.makespan_milp import collect, solve_makespan_milp, start_in_child
 from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, relax, solve_milp
-from multigpu.partition.solvers.solver import PROVE_GAP, Budget, Objective, Solution, Solver
+from multigpu.partition.solvers.solver import DEFAULT_GAP, PROVE_GAP, Budget, Objective, Solution, Solver
 from multigpu.partition.solvers.throughput import solve_throughput
 
 __all__ = ["AUTO_IDEALS", "DPSolver", "IdealSolver", "MilpSolver", "contiguous_plan", "violations"]
@@ -235,29 +238,125 @@ class MilpSolver(Solver):
                 budget,
                 cap=cap,
             )
-        if objective.name == "makespan" and not tables.graph.is_chain:
-            budget.say("makespan MILP")
-            res, lp_bound = solve_makespan_milp(tables, cons, wt, we, budget, has_plan=bool(starts))
-            if res.status == 2:
-                raise _infeasible(tables, cons, wt, we, budget.verbose)
-            bound = max(res.bound if np.isfinite(res.bound) else -np.inf, lp_bound, _makespan_floor(tables, cons))
-            a, value = res.a, res.value
-            # The starting plans are feasible: the answer when the time limit struck first.
-            for plan in starts:
-                span = _makespan(tables, plan)
-                if a is None or span < value:
-                    a, value = plan, span
-            if a is None:
-                raise _no_plan(res, "makespan", bound)
-            if res.status == 0:
-                bound = max(bound, res.value * (1 - max(budget.gap, PROVE_GAP)))
-            return Solution(a, value, min(bound, value), "milp")
         start: tuple[np.ndarray, str] | None = None
         if ideal is not None:
             start = (ideal, "ideal dp")
         elif filled is not None:
             start = (filled, "fill")
+        if objective.name == "makespan" and not tables.graph.is_chain:
+            return self._makespan(tables, cons, objective, dp if dp_ok else None, dp, start, starts, budget)
         return _constrained(tables, cons, lw, le, dp, self.forced, self.free, budget, start)
+
+    def _makespan(
+        self,
+        tables: CostTables,
+        cons: ResolvedConstraints,
+        objective: Objective,
+        free_optimum: Solution | None,
+        dp: Solution | None,
+        start: tuple[np.ndarray, str] | None,
+        starts: list[np.ndarray],
+        budget: Budget,
+    ) -> Solution:
+        """The makespan on a graph with branches: the makespan MILP, beside the plan of least T.
+
+        Every plan's makespan is at most its T (its layers can always run one after another),
+        so the least-T plan, which the latency path finds fast, is a makespan plan, and often
+        a good one: the makespan MILP's big-M rows give a weak LP, and on ResNet-sized graphs
+        it does not finish its root in a minute. Under a time limit, with a plan in hand, the
+        MILP runs in a child process (``makespan_milp``) while this one looks for the least-T
+        plan; the best makespan of all the plans is the answer."""
+        plans = list(starts)
+        cutoff = min((_makespan(tables, a) for a in plans), default=np.inf)  # what the MILP must beat
+        child = None
+        if budget.deadline is not None and plans:
+            budget.say("makespan MILP, in a child process")
+            child = start_in_child(tables, cons, objective.wt, objective.we, budget, cutoff)
+        try:
+            # The critical path's bound gets a third of the time left; it is a chain, and its
+            # solve is usually done long before. It is only a bound: the default gap will do,
+            # even for a proof (which the MILP gives).
+            floor = path_bound(tables, cons, _solve_chain, dataclasses.replace(_share(budget, 3), gap=DEFAULT_GAP))
+            # Alone, the least-T search leaves the MILP half the time.
+            least = self._least_time(tables, cons, free_optimum, dp, start, _share(budget, 1 if child else 2))
+            spans = [_makespan(tables, a) for a in plans + ([least] if least is not None else [])]
+            floor = max(floor, _makespan_floor(tables, cons))
+            if spans and budget.done(min(spans), floor):
+                # The critical path's bound already proves a plan in hand: the MILP has nothing to add.
+                res, lp_bound = (
+                    MilpResult(1, "not needed: a plan is proven by the critical path", None, np.inf),
+                    -np.inf,
+                )
+            elif child is not None:
+                assert budget.deadline is not None
+                res, lp_bound = collect(child, budget.deadline)
+            else:
+                if least is not None:
+                    cutoff = min(cutoff, _makespan(tables, least))
+                budget.say("makespan MILP")
+                res, lp_bound = solve_makespan_milp(
+                    tables,
+                    cons,
+                    objective.wt,
+                    objective.we,
+                    budget,
+                    has_plan=bool(plans) or least is not None,
+                    cutoff=cutoff,
+                )
+        finally:
+            if child is not None:
+                child.cancel()  # an interrupt, or an error above: the child goes too
+        if least is not None:
+            plans.append(least)
+        if res.status == 2 and not plans:
+            raise _infeasible(tables, cons, objective.wt, objective.we, budget.verbose)
+        # With a cutoff, HiGHS's bound covers only the plans below it.
+        held = min(res.bound if np.isfinite(res.bound) else -np.inf, cutoff)
+        if res.a is None and np.isfinite(cutoff) and (res.status == 2 or "bound" in res.message.lower()):
+            held = cutoff  # HiGHS searched every plan below the cutoff and found none
+        elif res.a is not None and res.status == 0:
+            held = max(held, res.value * (1 - max(budget.gap, PROVE_GAP)))
+        bound = max(held, lp_bound, floor)
+        if res.a is not None:
+            plans.append(res.a)
+        if not plans:
+            raise _no_plan(res, "makespan", bound)
+        spans = [_makespan(tables, a) for a in plans]
+        best = int(np.argmin(spans))
+        return Solution(plans[best], spans[best], min(bound, spans[best]), "milp")
+
+    def _least_time(
+        self,
+        tables: CostTables,
+        cons: ResolvedConstraints,
+        free_optimum: Solution | None,
+        dp: Solution | None,
+        start: tuple[np.ndarray, str] | None,
+        budget: Budget,
+    ) -> np.ndarray | None:
+        """The plan of least T (latency weights (1, 0)) within ``budget``: the DP's where it
+        meets the constraints (``free_optimum``), else the latency path's best plan; None where
+        that found no plan in time."""
+        if free_optimum is not None:
+            return free_optimum.a
+        budget.say("the plan of least T (its makespan is at most its T)")
+        try:
+            return _constrained(tables, cons, 1.0, 0.0, dp, False, self.free, budget, start).a
+        except SolverError:  # no plan by the time limit, or HiGHS failed: the MILP's plans remain
+            return None
+
+
+def _share(budget: Budget, parts: int) -> Budget:
+    """``budget`` with a time limit at 1/``parts`` of the time it has left (the same budget
+    without a time limit)."""
+    if budget.time_limit is None or parts == 1:
+        return budget
+    return dataclasses.replace(budget, time_limit=budget.elapsed() + budget.left() / parts)
+
+
+def _solve_chain(tables: CostTables, cons: ResolvedConstraints, objective: Objective, budget: Budget) -> Solution:
+    """The planner's latency solve of a chain (``makespan_bound``'s critical path)."""
+    return MilpSolver(FreeSolver("dp", None)).solve(tables, cons, objective, budget)
 
 
 def _filled(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray | None:

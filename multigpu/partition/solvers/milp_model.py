@@ -52,7 +52,7 @@ from multigpu.partition.solvers.milp_rows import (
     start_rows,
     terms,
 )
-from multigpu.partition.solvers.milp_timing import horizon, timing_rows
+from multigpu.partition.solvers.milp_timing import horizon, outlasting, timing_rows
 
 __all__ = ["FAMILIES", "Model", "build_model"]
 
@@ -191,6 +191,7 @@ def build_model(
     zero_load: bool = False,
     cuts: bool = True,
     deadline: float | None = None,
+    horizon_cap: float | None = None,
 ) -> Model:
     """Build the placement MILP.
 
@@ -212,7 +213,9 @@ def build_model(
     tighten the LP relaxation and remove no integral plan; the planner leaves them out
     of the LP whose duals price the Lagrangian (which has no term for them).
     ``deadline`` (a ``time.perf_counter`` instant) stops the makespan rows' loops with
-    ``milp_timing.BuildTimeLimit``.
+    ``milp_timing.BuildTimeLimit``. ``horizon_cap`` (seconds; the makespan only) keeps only
+    the plans whose makespan is at most it: the M of the schedule rows shrinks to it, and a
+    placement that alone outlasts it is closed (``milp_timing.outlasting``).
     Raises ValueError for an unknown objective (a programming error: callers check).
     """
     from scipy.sparse import coo_matrix
@@ -227,6 +230,11 @@ def build_model(
     need_b = objective == "bottleneck" or bottleneck_cap is not None or zero_load
     mem_devs = np.flatnonzero(np.isfinite(cons.memory)) if use["memory"] else np.array([], dtype=np.intp)
     timed = objective == "makespan"
+    capped = timed and horizon_cap is not None and math.isfinite(horizon_cap)
+    if capped:
+        assert horizon_cap is not None
+        late = outlasting(tables, cons, horizon_cap)
+        fix_x = late if fix_x is None else (fix_x | late)
     lay = Layout.of(tables, mem_devs, need_b, timing=timed)
     nx = lay.nx
     tm = terms(tables, lay)
@@ -234,6 +242,14 @@ def build_model(
     energy = column_costs(tables, lay, 0.0, 1.0)
     cost = time if (wt, we) == (1.0, 0.0) else column_costs(tables, lay, wt, we)
     open_ = _open_columns(tables, cons, lay, use, time, energy, fix_x)
+    if capped:
+        # A transfer that alone outlasts the cap is in no plan below it: its column closes, so
+        # that no schedule row must stretch over it (the rows' M covers one time plus one
+        # transfer, at most twice the cap).
+        assert horizon_cap is not None
+        tab = tables.cluster.tables
+        hop = np.where(tab.usable[tm.t_u, tm.t_v], tab.hop_seconds(tm.t_bytes, tm.t_u, tm.t_v), 0.0)
+        open_[tm.t_col[hop > horizon_cap * (1 + 1e-9)]] = False
     open_[lay.m_off :] = True
     if timed:
         assert lay.timing is not None  # Layout.of(timing=True) made it
@@ -260,7 +276,16 @@ def build_model(
         ub[lay.timing.first : lay.timing.end] = np.inf
         # Times in thousandths of the horizon: the optimum lands in (0, 1000], well above
         # HiGHS's tolerances, and M = 1000 (a little more) bounds every time.
-        unit = max(horizon(tables, lay, tm, open_), 1e-300) / 1e3
+        longest = horizon(tables, lay, tm, open_)
+        if capped:
+            # Every time of a plan below the cap is below it (each layer reaches the last one,
+            # whose finish the makespan bounds), and so is every transfer left open: the cap
+            # serves as the horizon, and M as twice it. A tighter LP, and a binary's tolerance
+            # shaves 1e-6 of the cap, not of the slowest plan.
+            assert horizon_cap is not None
+            longest = min(longest, horizon_cap)
+            ub[lay.timing.makespan] = 1e3 * (1 + 1e-6)
+        unit = max(longest, 1e-300) / 1e3
         scale = 1.0 / unit
     if b_scale is None or objective == "bottleneck":
         b_scale = scale
@@ -307,7 +332,7 @@ def build_model(
         if cuts:
             endpoint_rows(rows, tables, cons, lay)
     if timed:
-        timing_rows(rows, tables, lay, tm, open_, unit, 1e3 * (1 + 1e-6), deadline)
+        timing_rows(rows, tables, lay, tm, open_, unit, (2e3 if capped else 1e3) * (1 + 1e-6), deadline)
     if lt is not None:
         device_load_rows(rows, lt, lay, b_scale)
         host_load_rows(rows, lt, lay, b_scale)

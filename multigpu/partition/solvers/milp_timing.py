@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 
 from multigpu.partition.cost.tables import CostTables
+from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.milp_rows import Layout, Rows, Terms
 
-__all__ = ["BuildTimeLimit", "horizon", "timing_rows", "unordered_pairs"]
+__all__ = ["BuildTimeLimit", "horizon", "outlasting", "timing_rows", "unordered_pairs"]
 
 
 class BuildTimeLimit(Exception):
@@ -57,6 +58,22 @@ def horizon(tables: CostTables, lay: Layout, tm: Terms, open_: np.ndarray) -> fl
     np.maximum.at(worst, tm.t_prod + 1, t)
     reach = np.minimum(np.array([len(graph_consumers) for graph_consumers in _reach(tables)]), lay.k - 1)
     return float(comp.max(axis=1).sum() + (worst * np.maximum(reach, 1)).sum())
+
+
+def outlasting(tables: CostTables, cons: ResolvedConstraints, cap: float) -> np.ndarray:
+    """(n, k) bool: the placements of layer i on device d that no plan of makespan at most
+    ``cap`` seconds holds: the longest path through i, every other layer at its fastest
+    allowed compute time and i at d's, exceeds it."""
+    graph = tables.graph
+    fastest = np.where(cons.allowed, tables.comp, np.inf).min(axis=1)
+    n = graph.n
+    head = np.zeros(n)  # the earliest start of each layer
+    for i, producers in enumerate(graph.producers):
+        head[i] = max((head[p] + fastest[p] for p in producers if p >= 0), default=0.0)
+    tail = np.zeros(n)  # the least time from each layer's finish to the end
+    for i in range(n - 1, -1, -1):
+        tail[i] = max((fastest[c] + tail[c] for c in graph.consumers[i]), default=0.0)
+    return (head + tail)[:, None] + tables.comp > cap * (1 + 1e-9)
 
 
 def _reach(tables: CostTables) -> list[list[int]]:

@@ -214,8 +214,9 @@ def build_model(
     of the LP whose duals price the Lagrangian (which has no term for them).
     ``deadline`` (a ``time.perf_counter`` instant) stops the makespan rows' loops with
     ``milp_timing.BuildTimeLimit``. ``horizon_cap`` (seconds; the makespan only) keeps only
-    the plans whose makespan is at most it: the M of the schedule rows shrinks to it, and a
-    placement that alone outlasts it is closed (``milp_timing.outlasting``).
+    the plans whose makespan is at most it: the schedule rows' horizon shrinks to it (M to
+    twice it), and a placement or transfer that alone outlasts it is closed
+    (``milp_timing.outlasting``).
     Raises ValueError for an unknown objective (a programming error: callers check).
     """
     from scipy.sparse import coo_matrix
@@ -275,7 +276,8 @@ def build_model(
         assert lay.timing is not None
         ub[lay.timing.first : lay.timing.end] = np.inf
         # Times in thousandths of the horizon: the optimum lands in (0, 1000], well above
-        # HiGHS's tolerances, and M = 1000 (a little more) bounds every time.
+        # HiGHS's tolerances, and M = 1000 (a little more) bounds every time (twice that
+        # under a cap, below).
         longest = horizon(tables, lay, tm, open_)
         if capped:
             # Every time of a plan below the cap is below it (each layer reaches the last one,

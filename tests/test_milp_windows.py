@@ -23,7 +23,7 @@ from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.inputs.cluster import DeviceSpec, Link
 from multigpu.partition.solvers.constraints import Constraints
 from multigpu.partition.solvers.cutoff import fixable, rooms, solve_in_rounds, tighten
-from multigpu.partition.solvers.makespan_bound import path_bound
+from multigpu.partition.solvers.makespan_bound import makespan_floor, path_bound
 from multigpu.partition.solvers.milp import build_model, solve_milp, solve_model
 from multigpu.partition.solvers.solver import Budget
 from multigpu.partition.solvers.windows import separate, windows
@@ -432,7 +432,7 @@ def test_under_a_limit_the_makespan_milp_runs_beside_the_search_for_the_least_ti
     tables = CostTables.build(graph, cluster, False)
     cons = Constraints().resolve(graph, cluster)
     path = path_bound(tables, cons, methods._solve_chain, Budget())
-    assert methods._makespan_floor(tables, cons) * 10 < path <= plan.bound <= plan.value
+    assert makespan_floor(tables, cons) * 10 < path <= plan.bound <= plan.value
 
 
 def test_without_a_limit_the_makespan_milp_must_beat_the_least_time_plan(monkeypatch: pytest.MonkeyPatch) -> None:

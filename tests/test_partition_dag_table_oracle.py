@@ -296,8 +296,8 @@ def test_the_critical_paths_least_time_bounds_every_plans_makespan(problem):
     """``makespan_bound``: T of the critical path alone, as a chain with the constraints on its
     layers, is at most the brute-force minimum makespan."""
     from multigpu.partition.solvers.constraints import Constraints
-    from multigpu.partition.solvers.makespan_bound import path_bound
-    from multigpu.partition.solvers.methods import _makespan_floor, _solve_chain
+    from multigpu.partition.solvers.makespan_bound import makespan_floor, path_bound
+    from multigpu.partition.solvers.methods import _solve_chain
     from multigpu.partition.solvers.solver import Budget
 
     gd, cd, limits = problem
@@ -307,7 +307,7 @@ def test_the_critical_paths_least_time_bounds_every_plans_makespan(problem):
     best = brute(tables, limits, 1.0, 0.0)["makespan"]
     bound = path_bound(tables, cons, _solve_chain, Budget(gap=0.0))
     assert bound <= best * (1 + 1e-6) + 1e-12, (bound, best)
-    floor = _makespan_floor(tables, cons)
+    floor = makespan_floor(tables, cons)
     event(
         "no bound (engine profile)"
         if math.isinf(bound)

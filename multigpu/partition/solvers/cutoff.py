@@ -39,6 +39,8 @@ from multigpu.partition.solvers.milp import (
     LpTimeLimit,
     MilpResult,
     Model,
+    cutoff_option,
+    none_below_cutoff,
     solve_model,
     with_fixed,
 )
@@ -193,7 +195,7 @@ def solve_in_rounds(
         model = base
         if math.isfinite(cutoff):
             model = with_fixed(base, fixable(t, cutoff))
-            opts["objective_bound"] = cutoff * base.scale * (1 + 1e-9) + 1e-9
+            opts.update(cutoff_option(base, cutoff))
         budget.say(f"MILP round at cutoff {cutoff:.6g} (best plan {best_cost:.6g}, bound {proven:.6g})")
         res = solve_model(model, verbose=budget.verbose, options=opts)
         if res.a is not None:
@@ -205,9 +207,7 @@ def solve_in_rounds(
                 # within its gap of what is left.
                 held = min(res.bound, cutoff) if math.isfinite(res.bound) else -math.inf
                 return RoundsResult(best, best_cost, max(proven, held, min(best_cost, cutoff) * _within(budget)), res)
-        # HiGHS may stop at the optimum of what is left even when it is above the cutoff
-        # (the objective bound prunes, it does not always forbid): no plan beats it then.
-        beaten = res.a is None and (res.status == 2 or "bound" in res.message.lower())
+        beaten = none_below_cutoff(res)
         if not (beaten or res.status == 0):
             # A time limit, or an error: the best plan so far and the best bound proven.
             # The restricted model holds every plan up to the cutoff, so its own bound

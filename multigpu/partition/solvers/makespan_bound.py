@@ -10,7 +10,7 @@ least such T, so a proven lower bound on the chain's T bounds every plan's makes
 
 Where the graph is nearly a chain (ResNet's shortcuts hold one layer or none), the bound is
 near the optimum: the path pays the transfers that memory forces, which the longest path at
-each layer's fastest device (``methods._makespan_floor``) does not. The path taken is that
+each layer's fastest device (``makespan_floor``) does not. The path taken is that
 longest one.
 """
 
@@ -29,12 +29,13 @@ from multigpu.partition.inputs.graph import Graph, LayerSpec
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.solver import Budget, Objective, Solution
 
-__all__ = ["critical_path", "path_bound", "path_problem"]
+__all__ = ["critical_path", "fastest_paths", "makespan_floor", "path_bound", "path_problem"]
 
 
-def critical_path(tables: CostTables, cons: ResolvedConstraints) -> list[int]:
-    """The layers of the longest path from the input to the last layer, each layer at its
-    fastest allowed compute time."""
+def fastest_paths(tables: CostTables, cons: ResolvedConstraints) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """With every layer at its fastest allowed compute time: that time, the finish of the
+    longest path from the input through each layer, and each layer's predecessor on that
+    path (-1: the input); each (n,)."""
     graph = tables.graph
     fastest = np.where(cons.allowed, tables.comp, np.inf).min(axis=1)
     finish = np.zeros(graph.n)
@@ -44,7 +45,20 @@ def critical_path(tables: CostTables, cons: ResolvedConstraints) -> list[int]:
         if inner:
             before[i] = max(inner, key=lambda p: finish[p])
         finish[i] = fastest[i] + (finish[before[i]] if before[i] >= 0 else 0.0)
-    path = [graph.n - 1]
+    return fastest, finish, before
+
+
+def makespan_floor(tables: CostTables, cons: ResolvedConstraints) -> float:
+    """A lower bound on every plan's makespan: the longest path through the graph with each
+    layer at its fastest allowed compute time (transfers and overheads only add to it)."""
+    return float(fastest_paths(tables, cons)[1].max(initial=0.0))
+
+
+def critical_path(tables: CostTables, cons: ResolvedConstraints) -> list[int]:
+    """The layers of the longest path from the input to the last layer, each layer at its
+    fastest allowed compute time."""
+    before = fastest_paths(tables, cons)[2]
+    path = [tables.graph.n - 1]
     while before[path[-1]] >= 0:
         path.append(int(before[path[-1]]))
     return path[::-1]

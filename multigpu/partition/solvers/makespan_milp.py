@@ -21,7 +21,7 @@ from typing import Any
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.deadline_process import Call, wall_deadline
-from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, solve_lp, solve_model
+from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, cutoff_option, solve_lp, solve_model
 from multigpu.partition.solvers.milp_timing import BuildTimeLimit
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget
 
@@ -98,7 +98,7 @@ def solve_within(
     if math.isfinite(cutoff):
         # HiGHS prunes every node whose bound reaches the plan in hand: with the big-M rows'
         # weak LP, the cutoff is most of what prunes.
-        options["objective_bound"] = cutoff * model.scale * (1 + 1e-9) + 1e-9
+        options.update(cutoff_option(model, cutoff))
     if deadline is None:
         return solve_model(model, verbose=budget.verbose, options=options), -math.inf
     budget.say("makespan LP relaxation")

@@ -26,9 +26,9 @@ from multigpu.partition.solvers.fill import fill_plan
 from multigpu.partition.solvers.free import FreeSolver
 from multigpu.partition.solvers.ideals import IDEAL_LIMIT, TooManyIdeals, contiguous_optimum, ideals, why_not_contiguous
 from multigpu.partition.solvers.lagrange import cost_if_feasible, lower_bound, penalise, repair
-from multigpu.partition.solvers.makespan_bound import path_bound
+from multigpu.partition.solvers.makespan_bound import makespan_floor, path_bound
 from multigpu.partition.solvers.makespan_milp import collect, solve_makespan_milp, start_in_child
-from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, relax, solve_milp
+from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, none_below_cutoff, relax, solve_milp
 from multigpu.partition.solvers.solver import DEFAULT_GAP, PROVE_GAP, Budget, Objective, Solution, Solver
 from multigpu.partition.solvers.throughput import solve_throughput
 
@@ -280,7 +280,7 @@ class MilpSolver(Solver):
             # Alone, the least-T search leaves the MILP half the time.
             least = self._least_time(tables, cons, free_optimum, dp, start, _share(budget, 1 if child else 2))
             spans = [_makespan(tables, a) for a in plans + ([least] if least is not None else [])]
-            floor = max(floor, _makespan_floor(tables, cons))
+            floor = max(floor, makespan_floor(tables, cons))
             if spans and budget.done(min(spans), floor):
                 # The critical path's bound already proves a plan in hand: the MILP has nothing to add.
                 res, lp_bound = (
@@ -312,7 +312,7 @@ class MilpSolver(Solver):
             raise _infeasible(tables, cons, objective.wt, objective.we, budget.verbose)
         # With a cutoff, HiGHS's bound covers only the plans below it.
         held = min(res.bound if np.isfinite(res.bound) else -np.inf, cutoff)
-        if res.a is None and np.isfinite(cutoff) and (res.status == 2 or "bound" in res.message.lower()):
+        if np.isfinite(cutoff) and none_below_cutoff(res):
             held = cutoff  # HiGHS searched every plan below the cutoff and found none
         elif res.a is not None and res.status == 0:
             held = max(held, res.value * (1 - max(budget.gap, PROVE_GAP)))
@@ -370,16 +370,6 @@ def _makespan(tables: CostTables, a: np.ndarray) -> float:
     """The makespan of plan ``a`` as the makespan MILP prices it (per-layer times)."""
     x = assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
     return makespan_of(tables.graph, tables.cluster, x)
-
-
-def _makespan_floor(tables: CostTables, cons: ResolvedConstraints) -> float:
-    """A lower bound on every plan's makespan: the longest path through the graph with each
-    layer at its fastest allowed compute time (transfers and overheads only add to it)."""
-    comp = np.where(cons.allowed, tables.comp, np.inf).min(axis=1)
-    finish = np.zeros(tables.graph.n)
-    for i, producers in enumerate(tables.graph.producers):
-        finish[i] = comp[i] + max((finish[p] for p in producers if p >= 0), default=0.0)
-    return float(finish.max(initial=0.0))
 
 
 def violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> list[str]:

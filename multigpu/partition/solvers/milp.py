@@ -29,6 +29,8 @@ __all__ = [
     "Model",
     "Multipliers",
     "build_model",
+    "cutoff_option",
+    "none_below_cutoff",
     "relax",
     "solve_lp",
     "solve_milp",
@@ -105,6 +107,19 @@ def _until(opts: dict[str, Any], deadline: float | None) -> dict[str, Any]:
         return opts
     left = max(deadline - time.perf_counter(), 1e-3)  # HiGHS needs a positive limit
     return {**opts, "time_limit": min(left, float(opts.get("time_limit", math.inf)))}
+
+
+def cutoff_option(model: Model, cutoff: float) -> dict[str, float]:
+    """HiGHS's option to look only for plans costing less than ``cutoff`` (the objective's
+    units), a hair above it so that a plan at the cutoff is still found."""
+    return {"objective_bound": cutoff * model.scale * (1 + 1e-9) + 1e-9}
+
+
+def none_below_cutoff(res: MilpResult) -> bool:
+    """True when a solve under ``cutoff_option`` found no plan because none beats the cutoff:
+    HiGHS says "infeasible", or stops at the bound (the objective bound prunes, it does not
+    always forbid)."""
+    return res.a is None and (res.status == 2 or "bound" in res.message.lower())
 
 
 def solve_model(model: Model, verbose: bool = False, options: dict | None = None) -> MilpResult:

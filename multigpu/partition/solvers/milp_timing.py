@@ -29,6 +29,7 @@ import numpy as np
 
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
+from multigpu.partition.solvers.makespan_bound import fastest_paths
 from multigpu.partition.solvers.milp_rows import Layout, Rows, Terms
 
 __all__ = ["BuildTimeLimit", "horizon", "outlasting", "timing_rows", "unordered_pairs"]
@@ -65,13 +66,10 @@ def outlasting(tables: CostTables, cons: ResolvedConstraints, cap: float) -> np.
     ``cap`` seconds holds: the longest path through i, every other layer at its fastest
     allowed compute time and i at d's, exceeds it."""
     graph = tables.graph
-    fastest = np.where(cons.allowed, tables.comp, np.inf).min(axis=1)
-    n = graph.n
-    head = np.zeros(n)  # the earliest start of each layer
-    for i, producers in enumerate(graph.producers):
-        head[i] = max((head[p] + fastest[p] for p in producers if p >= 0), default=0.0)
-    tail = np.zeros(n)  # the least time from each layer's finish to the end
-    for i in range(n - 1, -1, -1):
+    fastest, finish, _ = fastest_paths(tables, cons)
+    head = finish - fastest  # the earliest start of each layer
+    tail = np.zeros(graph.n)  # the least time from each layer's finish to the end
+    for i in range(graph.n - 1, -1, -1):
         tail[i] = max((fastest[c] + tail[c] for c in graph.consumers[i]), default=0.0)
     return (head + tail)[:, None] + tables.comp > cap * (1 + 1e-9)
 

@@ -320,3 +320,40 @@ def test_a_warm_single_device_plan_a_hair_faster_does_not_win_a_dearer_pass() ->
     _consistent(plan)
     assert plan.assignment == ["d1", "d1"] and plan.cost == pytest.approx(0.5, rel=1e-12)
     assert plan.gap < 1e-7
+
+
+def test_a_local_search_beside_the_milp_improves_the_starting_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where HiGHS reaches no plan of its own by the limit (on ResNet-50 over 16 devices it ran 60 s
+    # without its root LP), the local search in a child process beside it improves the starting
+    # plan. HiGHS is replaced by a solve that stops at the limit without a plan; the child is real.
+    import multigpu.partition.solvers.throughput as thr
+    from multigpu.partition.solvers.milp import MilpResult
+
+    def no_plan(*args, **kw):
+        return MilpResult(1, "Time limit reached", None, math.inf)
+
+    monkeypatch.setattr(thr, "solve_milp", no_plan)
+    monkeypatch.setattr(thr, "solve_model", no_plan)
+    graph = load_graph("resnet18")
+    box = load_cluster("gpu-box")  # its contiguous DP's plan, the start, is 31% above HiGHS's best at 20 s
+    mem = 0.4 * float(graph.param_bytes.sum()) + float(graph.activation_bytes.max())
+    cluster = dataclasses.replace(box, devices=tuple(dataclasses.replace(d, memory=mem) for d in box.devices))
+    tables, cons = _resolved(graph, cluster)
+    lines: list[str] = []
+    plan = autopartition(graph, cluster, objective="throughput", time_limit=20, progress=lines.append)
+    _consistent(plan)
+    assert any("local search: a plan at" in line for line in lines)
+    monkeypatch.setattr(thr, "_start_search", lambda *args: None)
+    start = autopartition(graph, cluster, objective="throughput", time_limit=20)
+    assert plan.solver == "search" and start.solver == "milp"  # the starting plan, as HiGHS left it
+    assert plan.bottleneck < start.bottleneck * (1 - 1e-6)
+    assert plan.bound == start.bound == pytest.approx(thr.load_balance_bound(tables, cons), rel=1e-12)
+
+
+def test_a_milp_that_proves_its_plan_ends_the_local_search() -> None:
+    lines: list[str] = []
+    plan = autopartition(load_graph("alexnet"), load_cluster("gpu-box"), objective="throughput", time_limit=60,
+                         progress=lines.append)  # fmt: skip
+    assert plan.solver == "milp" and plan.proof in ("optimal", "gap") and plan.gap <= DEFAULT_GAP
+    assert any("local search on the bottleneck" in line for line in lines)
+    assert not any("local search: a plan at" in line for line in lines)

@@ -315,3 +315,40 @@ def test_the_critical_paths_least_time_bounds_every_plans_makespan(problem):
         if bound > floor * (1 + 1e-9)
         else "at the floor"
     )
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(problems(max_n=6, shared=True))
+def test_the_load_balance_bound_and_the_bottleneck_search_against_brute_force(problem):
+    """``load_balance_bound`` is at most the brute-force least bottleneck; the local search
+    (``bottleneck_search``) from the worst allowed plan returns an allowed plan, priced as the
+    cost model prices it, no worse than where it started."""
+    import time
+
+    from multigpu.partition.cost.arithmetic import bottleneck_of
+    from multigpu.partition.solvers.bottleneck_search import improve_bottleneck
+    from multigpu.partition.solvers.constraints import Constraints
+    from multigpu.partition.solvers.throughput import bottleneck_lower_bound, load_balance_bound
+
+    gd, cd, limits = problem
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints.coerce(limits).resolve(graph, cluster)
+    plans = allowed_plans(tables, limits)
+    prices = np.array([price(tables, a, 1.0, 0.0)["bottleneck"] for a in plans])
+    best = float(prices.min(initial=math.inf))
+    bound = load_balance_bound(tables, cons)
+    assert bound >= bottleneck_lower_bound(tables, cons)
+    assert bound <= best * (1 + 1e-6) + 1e-12, (bound, best)
+    finite = np.flatnonzero(np.isfinite(prices))
+    if not finite.size:
+        event("no plan")
+        return
+    start = plans[finite[np.argmax(prices[finite])]]
+    before = bottleneck_of(graph, cluster, start, warm=False)
+    a, value = improve_bottleneck(tables, cons, start, time.perf_counter() + 60)
+    assert any((a == p).all() for p in plans), (a, limits)  # it meets the constraints
+    assert value == pytest.approx(bottleneck_of(graph, cluster, a, warm=False), rel=1e-12)
+    assert value <= before * (1 + 1e-12)
+    event("improved" if value < before * (1 - 1e-9) else "kept")
+    event("above the simple bound" if bound > bottleneck_lower_bound(tables, cons) * (1 + 1e-9) else "at it")

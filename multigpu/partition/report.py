@@ -64,6 +64,7 @@ def format_report(plan: Plan, graph: Graph, cluster: Cluster, baselines: Sequenc
         "ideal dp": "contiguous DP over the graph's ideals",
         "fill": "the memory fill, the first plan (the time limit struck before a better one)",
         "bound": "a feasible plan within the gap of the LP/Lagrangian lower bound",
+        "search": "a local search on the bottleneck beside the MILP (the time limit struck first)",
     }.get(plan.solver, plan.solver)
     out.append(
         f"plan: cost {plan.cost:.6g}  time {fmt_time(plan.time)}  energy {fmt_energy(plan.energy)}  "

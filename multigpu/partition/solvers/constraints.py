@@ -11,16 +11,20 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from multigpu.partition.cost.arithmetic import assignment_arrays, busy_times, memory_use
 from multigpu.partition.exceptions import ClusterError, InfeasibleError, PartitionInputError
 from multigpu.partition.inputs.cluster import Cluster
 from multigpu.partition.inputs.graph import Graph
 from multigpu.partition.inputs.validate import check_number
 
-__all__ = ["Constraints", "ResolvedConstraints", "FEASIBILITY_RTOL"]
+if TYPE_CHECKING:
+    from multigpu.partition.cost.tables import CostTables
+
+__all__ = ["Constraints", "ResolvedConstraints", "FEASIBILITY_RTOL", "violations"]
 
 # The MILP solver honours constraints to ~1e-7 relative; verification allows 1e-6
 # so that a plan the solver calls feasible is never rejected by rounding.
@@ -185,3 +189,13 @@ class ResolvedConstraints:
             if np.any(a == d):
                 out.append(f"excluded device {cluster.names[d]!r} runs layers")
         return out
+
+
+def violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> list[str]:
+    """What plan ``a`` breaks of the coupling constraints, pins and exclusions (empty: nothing)."""
+    graph, cluster = tables.graph, tables.cluster
+    # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
+    energy = assignment_arrays(graph, cluster, a, tables.ship_params, warm=False).energy if cons.has_energy else 0.0
+    return cons.violations(
+        cluster, memory_use(graph, cluster, a), busy_times(graph, cluster, tables.comp, a), energy, a
+    )

@@ -15,11 +15,11 @@ import dataclasses
 import numpy as np
 
 from multigpu.errors import SolverError
-from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of, busy_times, memory_use
+from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of
 from multigpu.partition.cost.schedule import makespan_of
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import UnusableLinkError
-from multigpu.partition.solvers.constraints import ResolvedConstraints
+from multigpu.partition.solvers.constraints import ResolvedConstraints, violations
 from multigpu.partition.solvers.cutoff import solve_in_rounds, tighten
 from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
 from multigpu.partition.solvers.fill import fill_plan
@@ -370,16 +370,6 @@ def _makespan(tables: CostTables, a: np.ndarray) -> float:
     """The makespan of plan ``a`` as the makespan MILP prices it (per-layer times)."""
     x = assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
     return makespan_of(tables.graph, tables.cluster, x)
-
-
-def violations(tables: CostTables, cons: ResolvedConstraints, a: np.ndarray) -> list[str]:
-    """What plan ``a`` breaks of the coupling constraints, pins and exclusions (empty: nothing)."""
-    graph, cluster = tables.graph, tables.cluster
-    # O(n) arrays, not evaluate()'s per-layer records: this runs on every DP answer.
-    energy = assignment_arrays(graph, cluster, a, tables.ship_params, warm=False).energy if cons.has_energy else 0.0
-    return cons.violations(
-        cluster, memory_use(graph, cluster, a), busy_times(graph, cluster, tables.comp, a), energy, a
-    )
 
 
 def _constrained(

@@ -1,0 +1,130 @@
+"""A plan of lower bottleneck by local search, for throughput solves under a time limit.
+
+Where the bottleneck MILP's root is out of reach, a time-limited solve could only return its
+starting plan: on ResNet-50 over the planner benchmark's 16 devices (each holding 40% of the
+parameters) HiGHS ran 60 s without its root LP, and the answer was a three-device plan at 0.846
+ms per item. This search starts from such a plan and moves one layer at a time off the
+bottleneck (the most loaded device, link or host) to another device it may use. It takes the
+first move that lowers the bottleneck, or keeps it and lowers the sum of squared loads (so that
+where two resources share the bottleneck, one is relieved first), and stops at a plan no such
+move improves, or at its deadline. Every plan it keeps meets the constraints (``violations``),
+and it is priced by the cost model (``cost.arithmetic``), so the result is an upper bound and a
+starting plan; it proves nothing.
+
+It runs in a child process beside the MILP (``deadline_process.Call``), whose HiGHS leaves the
+second core mostly idle, so that a MILP that proves its optimum quickly loses no time to it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from multigpu.partition.cost.arithmetic import assignment_arrays, link_loads, loads
+from multigpu.partition.cost.tables import CostTables
+from multigpu.partition.exceptions import UnusableLinkError
+from multigpu.partition.solvers.constraints import ResolvedConstraints, violations
+
+__all__ = ["improve_bottleneck", "search_in_child"]
+
+# Relative changes below this are ties (the loads are sums of floats).
+TIE = 1e-12
+
+
+def _resources(tables: CostTables, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every load that bounds the bottleneck of plan ``a`` (devices, then links, then hosts'
+    shares), the device loads, and per load the devices it concerns (-1 for the rest)."""
+    graph, cluster = tables.graph, tables.cluster
+    x = assignment_arrays(graph, cluster, a, ship_params=False, warm=False)
+    device, _, _, hosts = loads(graph, cluster, x)
+    links = link_loads(cluster, x)
+    shares = hosts / cluster.host_cores if hosts.size else np.zeros(0)
+    return np.concatenate([device, links.ravel(), shares]), device, links
+
+
+def _involved(tables: CostTables, a: np.ndarray, every: np.ndarray) -> np.ndarray:
+    """The devices whose layers can relieve the most loaded resource: a device itself, a
+    link's two ends, or a host's devices."""
+    cluster = tables.cluster
+    k = cluster.k
+    top = int(np.argmax(every))
+    if top < k:
+        return np.array([top])
+    if top < k + k * k:
+        return np.array(divmod(top - k, k))
+    return np.flatnonzero(cluster.host_index == top - k - k * k)
+
+
+def _segments(a: np.ndarray, devices: np.ndarray) -> list[np.ndarray]:
+    """The layer sets a move may take off ``devices``: each run of consecutive layers on one of
+    them cut at any point (its prefixes and suffixes: a stage boundary shifted, which moves no
+    transfer onto a new link), and each single layer; the largest first."""
+    out: list[np.ndarray] = []
+    on = np.isin(a, devices)
+    i, n = 0, len(a)
+    while i < n:
+        if not on[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < n and a[j + 1] == a[i]:
+            j += 1
+        run = np.arange(i, j + 1)
+        out += [run[:m] for m in range(1, len(run) + 1)] + [run[m:] for m in range(1, len(run))]
+        out += [run[m : m + 1] for m in range(1, len(run) - 1)]
+        i = j + 1
+    out.sort(key=len, reverse=True)
+    return out
+
+
+def improve_bottleneck(
+    tables: CostTables, cons: ResolvedConstraints, a: np.ndarray, deadline: float
+) -> tuple[np.ndarray, float]:
+    """From feasible plan ``a``, the plan of a local search on the bottleneck (see the module)
+    and its bottleneck (seconds per item), by ``deadline`` (a ``time.perf_counter`` instant)."""
+    a = np.asarray(a, dtype=np.intp).copy()
+    comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp * tables.busy[None, :], np.inf)
+    params = tables.graph.param_bytes
+    every, device, _ = _resources(tables, a)
+    value, spread = float(every.max()), float(np.square(every).sum())
+    while time.perf_counter() < deadline:
+        moved = False
+        held = np.bincount(a, weights=params, minlength=len(device))
+        for seg in _segments(a, _involved(tables, a, every)):
+            here = int(a[seg[0]])
+            # A device that would reach the bottleneck with these layers alone cannot lower it,
+            # and one whose memory their parameters overflow cannot take them.
+            targets = np.flatnonzero(
+                (device + comp[seg].sum(axis=0) < value * (1 - TIE)) & (held + params[seg].sum() <= cons.memory)
+            )
+            for d in targets[np.argsort(device[targets], kind="stable")]:
+                if d == here:
+                    continue
+                a[seg] = d
+                try:
+                    new, new_device, _ = _resources(tables, a)
+                except UnusableLinkError:  # a transfer between devices that no link joins
+                    a[seg] = here
+                    continue
+                v, s = float(new.max()), float(np.square(new).sum())
+                better = v < value * (1 - TIE) or (v <= value * (1 + TIE) and s < spread * (1 - TIE))
+                if better and not violations(tables, cons, a):
+                    every, device, value, spread, moved = new, new_device, v, s, True
+                    break
+                a[seg] = here
+                if time.perf_counter() >= deadline:
+                    break
+            if moved or time.perf_counter() >= deadline:
+                break
+        if not moved:
+            break
+    return a, value
+
+
+def search_in_child(
+    tables: CostTables, cons: ResolvedConstraints, a: np.ndarray, wall: float
+) -> tuple[np.ndarray, float]:
+    """``improve_bottleneck`` with its deadline as a ``time.time`` instant (``wall_deadline``),
+    the form in which it crosses into a child process."""
+    return improve_bottleneck(tables, cons, a, time.perf_counter() + (wall - time.time()))

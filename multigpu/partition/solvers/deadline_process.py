@@ -35,8 +35,10 @@ GRACE_S = 0.5
 # ``-c`` rather than ``-m``: the package imports this module first, and runpy warns about that.
 # ``-c`` puts the working directory first on the child's path; it goes, so that the child
 # imports the parent's modules (its path, on PYTHONPATH), not a ``multigpu`` folder where it runs.
+# It first sleeps the call's ``delay`` (its first argument), before any import: a child ended
+# while it sleeps has cost its parent nothing but its start.
 _CHILD = (
-    "import sys; '' in sys.path and sys.path.remove(''); "
+    "import sys, time; time.sleep(float(sys.argv[1])); '' in sys.path and sys.path.remove(''); "
     "from multigpu.partition.solvers.deadline_process import _child; _child()"
 )
 
@@ -60,11 +62,13 @@ class Call:
     a second core's work); ``result`` collects it by a deadline, ``cancel`` ends it. A thread
     feeds the call to the child and reads its answer, so that neither side waits on a full pipe."""
 
-    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple, delay: float = 0.0) -> None:
+        """Start ``fn(*args)`` in a child that waits ``delay`` seconds first (it imports nothing
+        until then, so that a call ended early takes no CPU from this process)."""
         payload = pickle.dumps((fn, args))
         self._name = fn.__name__
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD],
+            [sys.executable, "-c", _CHILD, repr(max(0.0, float(delay)))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             # The parent's import path, so that the child finds every module the parent's pickle names.

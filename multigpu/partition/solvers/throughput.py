@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -128,6 +128,7 @@ def solve_throughput(
     budget: Budget,
     form: str = "auto",
     cap: float | None = None,
+    search_from: Sequence[np.ndarray] = (),
 ) -> Solution:
     """The plan minimising the bottleneck within ``budget`` (its gap and time limit), ties
     broken by cost: among the plans within the gap of the proven bound, the cheapest.
@@ -140,7 +141,9 @@ def solve_throughput(
     builds the InfeasibleError if the constraints admit no assignment. The solution's
     value and bound are bottlenecks (seconds per item). ``form`` picks the MILP: "compact"
     (communication per producer and device, ``milp_compact``), "pairwise" (per device
-    pair, ``milp_rows``) or "auto" (compact wherever it is exact).
+    pair, ``milp_rows``) or "auto" (compact wherever it is exact). Under a time limit a local
+    search (``bottleneck_search``) runs beside the MILP from the plans of ``search_from`` and
+    from the known plan.
     """
     lb = bottleneck_lower_bound(tables, cons)
     why = why_not_compact(tables, cons, lb)
@@ -168,17 +171,22 @@ def solve_throughput(
         # A feasible plan already sits on (or within the gap of) the lower bound.
         first_a, best_b = known
     else:
-        search = _start_search(tables, cons, known, budget)
+        search = _start_search(tables, cons, known, search_from, budget)
         budget.say(f"bottleneck MILP (lower bound {bound:.6g} s{_known_text(known)})")
-        first = milp(
-            wt,
-            we,
-            objective="bottleneck",
-            scale=b_scale,
-            verbose=budget.verbose,
-            b_upper=cap,
-            options=budget.highs(),
-        )
+        try:
+            first = milp(
+                wt,
+                we,
+                objective="bottleneck",
+                scale=b_scale,
+                verbose=budget.verbose,
+                b_upper=cap,
+                options=budget.highs(),
+            )
+        except BaseException:  # an error or an interrupt: the search's child goes too
+            if search is not None:
+                search.cancel()
+            raise
         found = _collect_search(search, budget, proven=first.status in (0, 2))
         if first.status == 2:
             raise explain()
@@ -242,19 +250,24 @@ def solve_throughput(
 
 
 def _start_search(
-    tables: CostTables, cons: ResolvedConstraints, known: tuple[np.ndarray, float] | None, budget: Budget
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    known: tuple[np.ndarray, float] | None,
+    search_from: Sequence[np.ndarray],
+    budget: Budget,
 ) -> Call | None:
     """Under a time limit, the local search on the bottleneck (``bottleneck_search``) from the
-    starting plan, in a child process beside the MILP. It starts after a tenth of the time left
-    (``SEARCH_DELAY``) and answers at nine tenths, so that its plan is in hand when HiGHS stops
-    at the limit."""
-    if known is None or budget.deadline is None:
+    plans of ``search_from`` and then the known plan, in a child process beside the MILP. It
+    starts after a tenth of the time left (``SEARCH_DELAY``) and answers at nine tenths, so that
+    its plan is in hand when HiGHS stops at the limit."""
+    starts = list(search_from) + ([known[0]] if known is not None else [])
+    if not starts or budget.deadline is None:
         return None
     left = budget.left()
     delay = min(SEARCH_DELAY[0] * left, SEARCH_DELAY[1])
     until = time.perf_counter() + 0.9 * left
     budget.say(f"local search on the bottleneck, beside HiGHS, until {until - budget.start:.2f} s")
-    return Call(search_in_child, (tables, cons, known[0], wall_deadline(until)), delay=delay)
+    return Call(search_in_child, (tables, cons, starts, wall_deadline(until)), delay=delay)
 
 
 def _collect_search(call: Call | None, budget: Budget, proven: bool) -> tuple[np.ndarray, float] | None:

@@ -173,15 +173,10 @@ def solve_throughput(
     else:
         search = _start_search(tables, cons, known, search_from, budget)
         budget.say(f"bottleneck MILP (lower bound {bound:.6g} s{_known_text(known)})")
+        opts = budget.highs()
         try:
             first = milp(
-                wt,
-                we,
-                objective="bottleneck",
-                scale=b_scale,
-                verbose=budget.verbose,
-                b_upper=cap,
-                options=budget.highs(),
+                wt, we, objective="bottleneck", scale=b_scale, verbose=budget.verbose, b_upper=cap, options=opts
             )
         except BaseException:  # an error or an interrupt: the search's child goes too
             if search is not None:

@@ -3,13 +3,15 @@
 Where the bottleneck MILP's root is out of reach, a time-limited solve could only return its
 starting plan: on ResNet-50 over the planner benchmark's 16 devices (each holding 40% of the
 parameters) HiGHS ran 60 s without its root LP, and the answer was a three-device plan at 0.846
-ms per item. This search starts from such a plan and moves one layer at a time off the
-bottleneck (the most loaded device, link or host) to another device it may use. It takes the
+ms per item. This search starts from a plan and moves layers off the bottleneck (the most
+loaded device, link or host) to another device they may use: a prefix or a suffix of a run of
+consecutive layers on one device (a stage boundary shifted), or a single layer. It takes the
 first move that lowers the bottleneck, or keeps it and lowers the sum of squared loads (so that
 where two resources share the bottleneck, one is relieved first), and stops at a plan no such
 move improves, or at its deadline. Every plan it keeps meets the constraints (``violations``),
 and it is priced by the cost model (``cost.arithmetic``), so the result is an upper bound and a
-starting plan; it proves nothing.
+starting plan; it proves nothing. The planner runs it from the memory fill, then from the best
+starting plan (``search_in_child``).
 
 It runs in a child process beside the MILP (``deadline_process.Call``), whose HiGHS leaves the
 second core mostly idle, so that a MILP that proves its optimum quickly loses no time to it.
@@ -34,8 +36,8 @@ TIE = 1e-12
 
 
 def _resources(tables: CostTables, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every load that bounds the bottleneck of plan ``a`` (devices, then links, then hosts'
-    shares), the device loads, and per load the devices it concerns (-1 for the rest)."""
+    """Every load that bounds the bottleneck of plan ``a`` in one array (devices, then links as
+    a flattened k x k table, then hosts' shares), the device loads, and the link loads."""
     graph, cluster = tables.graph, tables.cluster
     x = assignment_arrays(graph, cluster, a, ship_params=False, warm=False)
     device, _, _, hosts = loads(graph, cluster, x)

@@ -357,30 +357,3 @@ def test_a_milp_that_proves_its_plan_ends_the_local_search() -> None:
     assert plan.solver == "milp" and plan.proof in ("optimal", "gap") and plan.gap <= DEFAULT_GAP
     assert any("local search on the bottleneck" in line for line in lines)
     assert not any("local search: a plan at" in line for line in lines)
-
-
-def test_the_search_runs_from_each_distinct_start_in_turn_and_keeps_the_best() -> None:
-    import time
-
-    from multigpu.partition.cost.arithmetic import bottleneck_of
-    from multigpu.partition.solvers.bottleneck_search import improve_bottleneck, search_in_child
-    from multigpu.partition.solvers.constraints import violations
-    from multigpu.partition.solvers.fill import fill_plan
-
-    graph = load_graph("resnet18")
-    box = load_cluster("gpu-box")
-    mem = 0.4 * float(graph.param_bytes.sum()) + float(graph.activation_bytes.max())
-    cluster = dataclasses.replace(box, devices=tuple(dataclasses.replace(d, memory=mem) for d in box.devices))
-    tables, cons = _resolved(graph, cluster)
-    filled = fill_plan(tables, cons)
-    assert filled is not None
-    spread = np.arange(graph.n) * cluster.k // graph.n  # contiguous runs over every device in order
-    assert not violations(tables, cons, spread)
-    far = time.time() + 600
-    alone = {name: improve_bottleneck(tables, cons, a, time.perf_counter() + 600) for name, a in
-             (("fill", filled), ("spread", spread))}  # fmt: skip
-    a, value = search_in_child(tables, cons, [filled, filled, spread], far)
-    assert value == min(v for _, v in alone.values())
-    assert value == pytest.approx(bottleneck_of(graph, cluster, a, warm=False), rel=1e-12)
-    with pytest.raises(ValueError, match="starting plan"):
-        search_in_child(tables, cons, [], far)

@@ -326,7 +326,7 @@ def test_the_load_balance_bound_and_the_bottleneck_search_against_brute_force(pr
     import time
 
     from multigpu.partition.cost.arithmetic import bottleneck_of
-    from multigpu.partition.solvers.bottleneck_search import improve_bottleneck
+    from multigpu.partition.solvers.bottleneck_search import _relays, improve_bottleneck
     from multigpu.partition.solvers.constraints import Constraints
     from multigpu.partition.solvers.throughput import bottleneck_lower_bound, load_balance_bound
 
@@ -351,4 +351,5 @@ def test_the_load_balance_bound_and_the_bottleneck_search_against_brute_force(pr
     assert value == pytest.approx(bottleneck_of(graph, cluster, a, warm=False), rel=1e-12)
     assert value <= before * (1 + 1e-12)
     event("improved" if value < before * (1 - 1e-9) else "kept")
+    event("some pair has a faster relay" if (_relays(tables) >= 0).any() else "no relay")
     event("above the simple bound" if bound > bottleneck_lower_bound(tables, cons) * (1 + 1e-9) else "at it")

@@ -5,13 +5,16 @@ starting plan: on ResNet-50 over the planner benchmark's 16 devices (each holdin
 parameters) HiGHS ran 60 s without its root LP, and the answer was a three-device plan at 0.846
 ms per item. This search starts from a plan and moves layers off the bottleneck (the most
 loaded device, link or host) to another device they may use: a prefix or a suffix of a run of
-consecutive layers on one device (a stage boundary shifted), or a single layer. It takes the
-first move that lowers the bottleneck, or keeps it and lowers the sum of squared loads (so that
-where two resources share the bottleneck, one is relieved first), and stops at a plan no such
-move improves, or at its deadline. Every plan it keeps meets the constraints (``violations``),
-and it is priced by the cost model (``cost.arithmetic``), so the result is an upper bound and a
-starting plan; it proves nothing. The planner runs it from the memory fill, then from the best
-starting plan (``search_in_child``).
+consecutive layers on one device (a stage boundary shifted), or a single layer. Where moving a
+run overloads a link that a third device relays faster (two hops, each faster than the link:
+GPUs that reach each other through their host), the run's first or last layer goes to that
+relay in the same move. It takes the first move that lowers the bottleneck, or keeps it and
+lowers the sum of squared loads (so that where two resources share the bottleneck, one is
+relieved first), and stops at a plan no such move improves, or at its deadline. Every plan it
+keeps meets the constraints (``violations``), and it is priced by the cost model
+(``cost.arithmetic``), so the result is an upper bound and a starting plan; it proves nothing.
+The planner runs it from its best starting plan, then from the memory fill
+(``search_in_child``).
 
 It runs in a child process beside the MILP (``deadline_process.Call``), whose HiGHS leaves the
 second core mostly idle, so that a MILP that proves its optimum quickly loses no time to it.
@@ -81,6 +84,55 @@ def _segments(a: np.ndarray, devices: np.ndarray) -> list[np.ndarray]:
     return out
 
 
+def _relays(tables: CostTables) -> np.ndarray:
+    """(k, k): per ordered pair of devices, the device whose two hops carry a byte faster than
+    the pair's own link (the slower hop counts), or -1 where none does."""
+    tab = tables.cluster.tables
+    k = tables.cluster.k
+    inv = np.where(tab.usable, tab.inv_bandwidth, np.inf)
+    # two[u, r, v]: the slower of the hops u -> r and r -> v.
+    two = np.maximum(inv[:, :, None], inv[None, :, :])
+    idx = np.arange(k)
+    two[:, idx, idx] = np.inf  # r = v is the direct link
+    two[idx, idx, :] = np.inf  # r = u too
+    best = two.argmin(axis=1)
+    faster = np.take_along_axis(two, best[:, None, :], axis=1)[:, 0, :] < inv * (1 - TIE)
+    return np.where(faster, best, -1)
+
+
+def _relayed(
+    tables: CostTables, a: np.ndarray, seg: np.ndarray, top: int, relays: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, float, float] | None:
+    """Where the most loaded resource ``top`` (an index into ``_resources``' loads) is a link
+    into or out of the moved segment ``seg`` (already on its new device in ``a``) with a relay,
+    the loads with the segment's first or last layer on the relay instead, whichever is lower
+    (``a`` keeps that choice); None, with ``a`` unchanged, where there is no such relay."""
+    k = tables.cluster.k
+    if not k <= top < k + k * k:
+        return None
+    u, v = divmod(top - k, k)
+    d = int(a[seg[0]])
+    best: tuple[np.ndarray, np.ndarray, float, float] | None = None
+    choice = -1
+    for end in (seg[0], seg[-1]):
+        r = relays[u, v]
+        if r < 0 or d not in (u, v):
+            continue
+        a[end] = r
+        try:
+            new, new_device, _ = _resources(tables, a)
+        except UnusableLinkError:
+            a[end] = d
+            continue
+        got = (new, new_device, float(new.max()), float(np.square(new).sum()))
+        if best is None or got[2:] < best[2:]:
+            best, choice = got, int(end)
+        a[end] = d
+    if best is not None:
+        a[choice] = relays[u, v]
+    return best
+
+
 def improve_bottleneck(
     tables: CostTables, cons: ResolvedConstraints, a: np.ndarray, deadline: float
 ) -> tuple[np.ndarray, float]:
@@ -91,6 +143,7 @@ def improve_bottleneck(
     params = tables.graph.param_bytes
     every, device, _ = _resources(tables, a)
     value, spread = float(every.max()), float(np.square(every).sum())
+    relays = _relays(tables)
     while time.perf_counter() < deadline:
         moved = False
         held = np.bincount(a, weights=params, minlength=len(device))
@@ -112,6 +165,12 @@ def improve_bottleneck(
                     continue
                 v, s = float(new.max()), float(np.square(new).sum())
                 better = v < value * (1 - TIE) or (v <= value * (1 + TIE) and s < spread * (1 - TIE))
+                if not better and len(seg) > 1:
+                    # The move overloads a link: put the segment's end layer on that link's relay.
+                    relayed = _relayed(tables, a, seg, int(np.argmax(new)), relays)
+                    if relayed is not None:
+                        new, new_device, v, s = relayed
+                        better = v < value * (1 - TIE) or (v <= value * (1 + TIE) and s < spread * (1 - TIE))
                 if better and not violations(tables, cons, a):
                     every, device, value, spread, moved = new, new_device, v, s, True
                     break
@@ -131,8 +190,8 @@ def search_in_child(
     """The best of ``improve_bottleneck`` from each plan of ``starts`` in turn (the next one
     starts where the last reached its local optimum), by ``wall``, a ``time.time`` instant
     (``wall_deadline``): the form in which it crosses into a child process. In turn, not in
-    equal shares: on ResNet-50 over 16 devices at a 10 s limit, shares left both searches short
-    of their local optima (0.349 ms, where the first alone reaches 0.176 ms)."""
+    equal shares, which left both searches short of their local optima (the design page's
+    rejected alternatives)."""
     deadline = time.perf_counter() + (wall - time.time())
     distinct: list[np.ndarray] = []
     for a in starts:

@@ -142,8 +142,8 @@ def solve_throughput(
     value and bound are bottlenecks (seconds per item). ``form`` picks the MILP: "compact"
     (communication per producer and device, ``milp_compact``), "pairwise" (per device
     pair, ``milp_rows``) or "auto" (compact wherever it is exact). Under a time limit a local
-    search (``bottleneck_search``) runs beside the MILP from the plans of ``search_from`` and
-    from the known plan.
+    search (``bottleneck_search``) runs beside the MILP from the known plan and then from the plans
+    of ``search_from``.
     """
     lb = bottleneck_lower_bound(tables, cons)
     why = why_not_compact(tables, cons, lb)
@@ -252,10 +252,10 @@ def _start_search(
     budget: Budget,
 ) -> Call | None:
     """Under a time limit, the local search on the bottleneck (``bottleneck_search``) from the
-    plans of ``search_from`` and then the known plan, in a child process beside the MILP. It
+    known plan and then the plans of ``search_from``, in a child process beside the MILP. It
     starts after a tenth of the time left (``SEARCH_DELAY``) and answers at nine tenths, so that
     its plan is in hand when HiGHS stops at the limit."""
-    starts = list(search_from) + ([known[0]] if known is not None else [])
+    starts = ([known[0]] if known is not None else []) + list(search_from)
     if not starts or budget.deadline is None:
         return None
     left = budget.left()

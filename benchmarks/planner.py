@@ -642,7 +642,9 @@ def run(opts: Options) -> Result:
             "milp_repeat": milp_repeat,
         },
         notes=notes,
-        plot=(lambda fig: _plot(fig, dp, milp, gaps, dags)) if dp or milp or gaps or dags else None,
+        plot=(lambda fig: _plot(fig, dp, milp, gaps, dags, published or []))
+        if dp or milp or gaps or dags or published
+        else None,
     )
 
 
@@ -739,11 +741,14 @@ def _plot(
     milp: list[dict[str, Any]],
     gaps: list[dict[str, Any]],
     graphs: list[dict[str, Any]],
+    published: list[dict[str, Any]],
 ) -> None:
     """One panel per part that ran (``--cases`` may select a few): DP and MILP times against n,
-    the baselines' gaps, and the graphs' time to the default gap and to the exact proof."""
+    the baselines' gaps, the graphs' time to the default gap and to the exact proof, and on the
+    published instances our time to proof beside their IP's."""
     grid = [r for r in milp if r["case"].startswith("random chain") and "seed" not in r["case"]]
-    panels = [p for p, rows in (("dp", dp), ("milp", grid), ("gaps", gaps), ("graphs", graphs)) if rows]
+    parts = (("dp", dp), ("milp", grid), ("gaps", gaps), ("graphs", graphs), ("published", published))
+    panels = [p for p, rows in parts if rows]
     axes = dict(zip(panels, np.atleast_1d(fig.subplots(1, len(panels)))))
     for part, rows, key, target, ylabel, title in (
         ("dp", dp, "solver", DP_TARGET_S, "solver s", "DP"),
@@ -775,6 +780,13 @@ def _plot(
         ax.axhline(MILP_TARGET_S, color="r", ls="--", lw=0.8)
         ax.set_xticks(x, [f"{r['graph']}\n{r['cluster']}" for r in graphs], fontsize=6)
         ax.set(ylabel="autopartition s", title="graphs, 40% memory per device")
+    if "published" in axes:
+        ax = axes["published"]
+        x = np.arange(len(published))
+        ax.bar(x - 0.2, [r["ours"]["proof_s"] for r in published], 0.4, label="ours, to the proof")
+        ax.bar(x + 0.2, [r["ip"]["seconds"] for r in published], 0.4, label="their IP on HiGHS")
+        ax.set_xticks(x, [r["instance"] for r in published], fontsize=7)
+        ax.set(yscale="log", ylabel="seconds (log)", title="published instances, throughput")
     for ax in axes.values():
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

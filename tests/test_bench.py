@@ -156,6 +156,30 @@ def test_planner_cases_select_parts_graphs_and_clusters():
     assert selection(("stress",)) == ({"stress"}, GRAPHS, GRAPH_CLUSTERS)
 
 
+def test_planner_plot_has_a_panel_for_the_published_instances_alone():
+    # ``--cases published`` runs no other part: its page still gets a plot (time to proof, ours
+    # beside their IP's, per instance).
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from multigpu.benchmarks.planner import _plot
+
+    rows = [
+        {"instance": "BERT-24", "ours": {"proof_s": 6.7}, "ip": {"seconds": 7.3}},
+        {"instance": "BERT-L3", "ours": {"proof_s": 1.6}, "ip": {"seconds": 1.4}},
+    ]
+    fig = plt.figure()
+    _plot(fig, [], [], [], [], rows)
+    (ax,) = fig.axes
+    assert ax.get_title() == "published instances, throughput"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["BERT-24", "BERT-L3"]
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    assert heights == [1.4, 1.6, 6.7, 7.3]
+    plt.close(fig)
+
+
 def test_planner_graph_case_reports_the_default_gap_and_the_exact_proof(tmp_path):
     """``bench planner --quick --cases resnet18,lab``: one graph row, timed to the 0.1% gap and to the
     proof, and each objective under a short time limit."""

@@ -177,12 +177,13 @@ def form_stats(inst: Any, form: str, time_limit: float | None) -> dict[str, Any]
     from multigpu.partition.cost.tables import CostTables
     from multigpu.partition.exceptions import InfeasibleError
     from multigpu.partition.inputs.graph_pipeline import pipeline_max_load
+    from multigpu.partition.solvers.bottleneck_bound import bottleneck_lower_bound
     from multigpu.partition.solvers.constraints import Constraints
     from multigpu.partition.solvers.highs import Highs
     from multigpu.partition.solvers.milp_compact import build_compact
     from multigpu.partition.solvers.milp_model import build_model
     from multigpu.partition.solvers.solver import Budget
-    from multigpu.partition.solvers.throughput import bottleneck_lower_bound, solve_throughput
+    from multigpu.partition.solvers.throughput import solve_throughput
 
     tables = CostTables.build(inst.graph, inst.cluster, False)
     cons = Constraints.coerce(inst.constraints).resolve(inst.graph, inst.cluster)

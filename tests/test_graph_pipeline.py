@@ -16,10 +16,11 @@ from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import GraphError
 from multigpu.partition.inputs.graph_pipeline import BYTES_PER_SECOND, pipeline_max_load, read_pipeline_instance
 from multigpu.partition.inputs.hosts import TransferCpu
+from multigpu.partition.solvers.bottleneck_bound import bottleneck_lower_bound
 from multigpu.partition.solvers.constraints import Constraints
 from multigpu.partition.solvers.milp_compact import why_not_compact
 from multigpu.partition.solvers.solver import Budget
-from multigpu.partition.solvers.throughput import bottleneck_lower_bound, solve_throughput
+from multigpu.partition.solvers.throughput import solve_throughput
 
 # Five nodes: 1 feeds 2 and 3; 2 feeds 4 (one colour class with 2); 3 feeds 5; 4 and 5 are
 # sinks. Latencies and costs in milliseconds, as in their files.

@@ -327,6 +327,7 @@ def test_a_local_search_beside_the_milp_improves_the_starting_plan(monkeypatch: 
     # without its root LP), the local search in a child process beside it improves the starting
     # plan. HiGHS is replaced by a solve that stops at the limit without a plan; the child is real.
     import multigpu.partition.solvers.throughput as thr
+    from multigpu.partition.solvers.bottleneck_bound import load_balance_bound
     from multigpu.partition.solvers.milp import MilpResult
 
     def no_plan(*args, **kw):
@@ -347,7 +348,7 @@ def test_a_local_search_beside_the_milp_improves_the_starting_plan(monkeypatch: 
     start = autopartition(graph, cluster, objective="throughput", time_limit=20)
     assert plan.solver == "search" and start.solver == "milp"  # the starting plan, as HiGHS left it
     assert plan.bottleneck < start.bottleneck * (1 - 1e-6)
-    assert plan.bound == start.bound == pytest.approx(thr.load_balance_bound(tables, cons), rel=1e-12)
+    assert plan.bound == start.bound == pytest.approx(load_balance_bound(tables, cons), rel=1e-12)
 
 
 def test_a_milp_that_proves_its_plan_ends_the_local_search() -> None:

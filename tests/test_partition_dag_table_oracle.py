@@ -326,9 +326,9 @@ def test_the_load_balance_bound_and_the_bottleneck_search_against_brute_force(pr
     import time
 
     from multigpu.partition.cost.arithmetic import bottleneck_of
+    from multigpu.partition.solvers.bottleneck_bound import bottleneck_lower_bound, load_balance_bound
     from multigpu.partition.solvers.bottleneck_search import _relays, improve_bottleneck
     from multigpu.partition.solvers.constraints import Constraints
-    from multigpu.partition.solvers.throughput import bottleneck_lower_bound, load_balance_bound
 
     gd, cd, limits = problem
     graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)

@@ -30,6 +30,7 @@ import numpy as np
 from multigpu.partition.cost.arithmetic import assignment_arrays, link_loads, loads
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import UnusableLinkError
+from multigpu.partition.solvers.bottleneck_bound import busy_compute
 from multigpu.partition.solvers.constraints import ResolvedConstraints, violations
 
 __all__ = ["improve_bottleneck", "search_in_child"]
@@ -38,15 +39,15 @@ __all__ = ["improve_bottleneck", "search_in_child"]
 TIE = 1e-12
 
 
-def _resources(tables: CostTables, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _resources(tables: CostTables, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every load that bounds the bottleneck of plan ``a`` in one array (devices, then links as
-    a flattened k x k table, then hosts' shares), the device loads, and the link loads."""
+    a flattened k x k table, then hosts' shares), and the device loads."""
     graph, cluster = tables.graph, tables.cluster
     x = assignment_arrays(graph, cluster, a, ship_params=False, warm=False)
     device, _, _, hosts = loads(graph, cluster, x)
     links = link_loads(cluster, x)
     shares = hosts / cluster.host_cores if hosts.size else np.zeros(0)
-    return np.concatenate([device, links.ravel(), shares]), device, links
+    return np.concatenate([device, links.ravel(), shares]), device
 
 
 def _involved(tables: CostTables, a: np.ndarray, every: np.ndarray) -> np.ndarray:
@@ -111,26 +112,29 @@ def _relayed(
     if not k <= top < k + k * k:
         return None
     u, v = divmod(top - k, k)
-    d = int(a[seg[0]])
+    d, r = int(a[seg[0]]), int(relays[u, v])
+    if r < 0 or d not in (u, v):
+        return None
     best: tuple[np.ndarray, np.ndarray, float, float] | None = None
     choice = -1
     for end in (seg[0], seg[-1]):
-        r = relays[u, v]
-        if r < 0 or d not in (u, v):
-            continue
         a[end] = r
         try:
-            new, new_device, _ = _resources(tables, a)
+            new, new_device = _resources(tables, a)
         except UnusableLinkError:
-            a[end] = d
-            continue
-        got = (new, new_device, float(new.max()), float(np.square(new).sum()))
-        if best is None or got[2:] < best[2:]:
-            best, choice = got, int(end)
+            new = None
         a[end] = d
+        if new is not None and (best is None or (float(new.max()), float(np.square(new).sum())) < best[2:]):
+            best, choice = (new, new_device, float(new.max()), float(np.square(new).sum())), int(end)
     if best is not None:
-        a[choice] = relays[u, v]
+        a[choice] = r
     return best
+
+
+def _better(value: float, spread: float, than: float, than_spread: float) -> bool:
+    """Whether loads of bottleneck ``value`` and sum of squares ``spread`` improve on the
+    current ones: a lower bottleneck, or the same with a lower sum of squares."""
+    return value < than * (1 - TIE) or (value <= than * (1 + TIE) and spread < than_spread * (1 - TIE))
 
 
 def improve_bottleneck(
@@ -139,9 +143,9 @@ def improve_bottleneck(
     """From feasible plan ``a``, the plan of a local search on the bottleneck (see the module)
     and its bottleneck (seconds per item), by ``deadline`` (a ``time.perf_counter`` instant)."""
     a = np.asarray(a, dtype=np.intp).copy()
-    comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp * tables.busy[None, :], np.inf)
+    comp = busy_compute(tables, cons)
     params = tables.graph.param_bytes
-    every, device, _ = _resources(tables, a)
+    every, device = _resources(tables, a)
     value, spread = float(every.max()), float(np.square(every).sum())
     relays = _relays(tables)
     while time.perf_counter() < deadline:
@@ -159,19 +163,17 @@ def improve_bottleneck(
                     continue
                 a[seg] = d
                 try:
-                    new, new_device, _ = _resources(tables, a)
+                    new, new_device = _resources(tables, a)
                 except UnusableLinkError:  # a transfer between devices that no link joins
                     a[seg] = here
                     continue
                 v, s = float(new.max()), float(np.square(new).sum())
-                better = v < value * (1 - TIE) or (v <= value * (1 + TIE) and s < spread * (1 - TIE))
-                if not better and len(seg) > 1:
+                if not _better(v, s, value, spread) and len(seg) > 1:
                     # The move overloads a link: put the segment's end layer on that link's relay.
                     relayed = _relayed(tables, a, seg, int(np.argmax(new)), relays)
                     if relayed is not None:
                         new, new_device, v, s = relayed
-                        better = v < value * (1 - TIE) or (v <= value * (1 + TIE) and s < spread * (1 - TIE))
-                if better and not violations(tables, cons, a):
+                if _better(v, s, value, spread) and not violations(tables, cons, a):
                     every, device, value, spread, moved = new, new_device, v, s, True
                     break
                 a[seg] = here

@@ -29,6 +29,7 @@ from multigpu.errors import SolverError
 from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import InfeasibleError
+from multigpu.partition.solvers.bottleneck_bound import bottleneck_lower_bound, load_balance_bound
 from multigpu.partition.solvers.bottleneck_search import search_in_child
 from multigpu.partition.solvers.constraints import ResolvedConstraints
 from multigpu.partition.solvers.deadline_process import Call, wall_deadline
@@ -36,7 +37,7 @@ from multigpu.partition.solvers.milp import MilpResult, solve_milp, solve_model
 from multigpu.partition.solvers.milp_compact import build_compact, why_not_compact
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget, Solution
 
-__all__ = ["solve_throughput", "bottleneck_lower_bound", "load_balance_bound"]
+__all__ = ["solve_throughput"]
 
 # Phase 2 may exceed the phase-1 bottleneck by this relative slack: enough to absorb
 # the solver's feasibility tolerance, far below any difference a user would notice.
@@ -53,68 +54,6 @@ SEARCH_DELAY = (0.1, 10.0)
 # Among plans of equal latency the one of least energy wins: energy enters phase 2 with this
 # weight relative to the plan's time over its energy.
 TIE_ENERGY = 1e-6
-
-
-def bottleneck_lower_bound(tables: CostTables, cons: ResolvedConstraints) -> float:
-    """A lower bound on the optimal bottleneck: each layer's compute lands on some
-    device, and all compute is shared by at most k devices (a device's load is at
-    least its compute at the busy rate, ``busy_ratios``)."""
-    busy = tables.busy
-    comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp * busy[None, :], np.inf)
-    per_layer = comp.min(axis=1)
-    usable_devs = max(int((cons.allowed.any(axis=0)).sum()), 1)
-    return float(max(per_layer.max(), per_layer.sum() / usable_devs))
-
-
-def load_balance_bound(tables: CostTables, cons: ResolvedConstraints) -> float:
-    """A lower bound on the optimal bottleneck from an LP over the layers alone: each layer's
-    share x[l, d] on the devices it may use (summing to 1), each device's compute at the busy
-    rate at most B, and each device's parameters within its memory (``cutoff.rooms``). Transfers,
-    stage starts and hosts only add load, so every plan is a point of this LP. It is n * k
-    columns (HiGHS solves ResNet-50 on 16 devices in 0.03 s), where the bottleneck MILP's root LP
-    took 19 s by interior point and more than 120 s by simplex on the same case, for the same
-    bound (5.8157e-05 s against 5.8156e-05 s). The LP splits a layer across devices, so the
-    result is the larger of its value and ``bottleneck_lower_bound`` (which alone holds where the
-    LP is infeasible: the MILP then says why)."""
-    from scipy.sparse import csr_matrix, vstack
-
-    from multigpu.partition.solvers.cutoff import rooms
-    from multigpu.partition.solvers.highs import OPTIMAL, Highs
-
-    comp = np.where(cons.allowed & np.isfinite(tables.node_time), tables.comp * tables.busy[None, :], np.inf)
-    n, k = comp.shape
-    layer, dev = np.nonzero(np.isfinite(comp))
-    m = len(layer)
-    simple = bottleneck_lower_bound(tables, cons)
-    if m == 0:
-        return simple
-    cols = np.arange(m)
-    # B in units of the simple bound (at most B, so HiGHS's absolute tolerances are relative to
-    # B), and each memory row in units of its room: seconds and bytes differ by ten orders of magnitude.
-    unit = simple or 1.0
-    room = rooms(tables, cons)
-    limited = np.flatnonzero(np.isfinite(room))
-    per_room = 1.0 / np.maximum(room[limited], 1.0)
-    # Rows: each layer placed once; each device's load minus B at most 0; each memory limit.
-    once = csr_matrix((np.ones(m), (layer, cols)), shape=(n, m + 1))
-    load = csr_matrix(
-        (np.r_[comp[layer, dev] / unit, -np.ones(k)], (np.r_[dev, np.arange(k)], np.r_[cols, np.full(k, m)])),
-        shape=(k, m + 1),
-    )
-    params = tables.graph.param_bytes[layer]
-    mem = csr_matrix((params, (dev, cols)), shape=(k, m + 1))[limited].multiply(per_room[:, None])
-    A = vstack([once, load, csr_matrix(mem)]).tocsr()
-    lo = np.r_[np.ones(n), np.full(k + len(limited), -np.inf)]
-    hi = np.r_[np.ones(n), np.zeros(k), room[limited] * per_room]
-    c = np.zeros(m + 1)
-    c[m] = 1.0
-    lp = Highs(c, A, lo, hi, np.zeros(m + 1), np.r_[np.ones(m), [np.inf]], np.zeros(m + 1))
-    res = lp.solve({"presolve": True}, relax=True)
-    if res.status != OPTIMAL or res.x is None:
-        return simple
-    # HiGHS's feasibility tolerance (1e-7 per row, in units at most B) may leave the LP's value
-    # a hair above the true minimum: the shave keeps it a bound.
-    return max(simple, float(res.fun) * unit * (1 - 1e-6))
 
 
 def solve_throughput(
@@ -270,9 +209,10 @@ def _collect_search(call: Call | None, budget: Budget, proven: bool) -> tuple[np
     ``proven`` its answer: the search is then ended unheard)."""
     if call is None:
         return None
-    if proven or budget.deadline is None:
+    if proven:
         call.cancel()
         return None
+    assert budget.deadline is not None, "the search runs only under a time limit"
     answered, out = call.result(budget.deadline)
     if not answered:
         return None

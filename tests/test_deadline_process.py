@@ -3,13 +3,14 @@ makespan MILP's solves run there under a time limit, since HiGHS's setup outlast
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from multigpu.errors import SolverError
-from multigpu.partition.solvers.deadline_process import Call, call_until
+from multigpu.partition.solvers.deadline_process import Call, ChildFailed, call_until
 
 
 def _add(a: int, b: int) -> int:
@@ -26,6 +27,10 @@ def _fail() -> None:
     raise ValueError("boom")
 
 
+def _quit_silently() -> None:
+    os._exit(0)  # a child that ends "successfully" without writing its answer
+
+
 def test_a_child_answers_with_the_functions_result() -> None:
     assert call_until(_add, (2, 3), time.perf_counter() + 120.0) == (True, 5)
 
@@ -40,6 +45,12 @@ def test_a_child_still_running_at_the_deadline_is_ended() -> None:
 def test_a_failing_child_is_a_solver_error_naming_its_exit_code() -> None:
     with pytest.raises(SolverError, match=r"_fail failed with exit code 1"):
         call_until(_fail, (), time.perf_counter() + 120.0)
+
+
+def test_a_child_that_exits_without_an_answer_says_so() -> None:
+    # Seen once in a benchmark (an EOFError then): exit code 0 and nothing on the channel.
+    with pytest.raises(ChildFailed, match=r"_quit_silently exited with code 0 before it answered"):
+        call_until(_quit_silently, (), time.perf_counter() + 120.0)
 
 
 def test_a_started_call_runs_beside_this_process_until_collected() -> None:

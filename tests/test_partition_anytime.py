@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -358,3 +359,44 @@ def test_a_milp_that_proves_its_plan_ends_the_local_search() -> None:
     assert plan.solver == "milp" and plan.proof in ("optimal", "gap") and plan.gap <= DEFAULT_GAP
     assert any("local search on the bottleneck" in line for line in lines)
     assert not any("local search: a plan at" in line for line in lines)
+
+
+def _quit_silently(*args) -> None:
+    os._exit(0)  # a child that ends without its answer (seen once in a benchmark)
+
+
+def test_a_failed_local_search_leaves_highss_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The search only improves a plan in hand: its child dying costs the user a warning, not the
+    # answer. HiGHS stops at the limit without a plan (as above), so the answer is the start.
+    import multigpu.partition.solvers.throughput as thr
+    from multigpu.partition.solvers.milp import MilpResult
+
+    def no_plan(*args, **kw):
+        return MilpResult(1, "Time limit reached", None, math.inf)
+
+    monkeypatch.setattr(thr, "solve_milp", no_plan)
+    monkeypatch.setattr(thr, "solve_model", no_plan)
+    monkeypatch.setattr(thr, "search_in_child", _quit_silently)
+    graph = load_graph("resnet18")
+    lines: list[str] = []
+    with pytest.warns(RuntimeWarning, match=r"_quit_silently exited with code 0 .*HiGHS's plan"):
+        plan = autopartition(graph, _memory_bound(graph), objective="throughput", time_limit=5, progress=lines.append)
+    _consistent(plan)
+    assert plan.solver != "search" and any("local search: no answer" in line for line in lines)
+
+
+def test_a_failed_makespan_milp_leaves_the_plans_in_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multigpu.partition.solvers.makespan_milp as mm
+
+    monkeypatch.setattr(mm, "_in_child", _quit_silently)
+    graph = load_graph("resnet18")
+    cluster = _memory_bound(graph)
+    lines: list[str] = []
+    with pytest.warns(RuntimeWarning, match=r"_quit_silently exited with code 0 .*without the makespan MILP"):
+        plan = autopartition(graph, cluster, objective="makespan", time_limit=5, progress=lines.append)
+    _consistent(plan)
+    assert any("makespan MILP, in a child process" in line for line in lines)
+    tables, cons = _resolved(graph, cluster)
+    from multigpu.partition.solvers.constraints import violations
+
+    assert not violations(tables, cons, np.array([cluster.names.index(d) for d in plan.assignment]))

@@ -26,7 +26,7 @@ from typing import Any
 
 from multigpu.errors import SolverError
 
-__all__ = ["GRACE_S", "Call", "call_until", "wall_deadline"]
+__all__ = ["GRACE_S", "Call", "ChildFailed", "call_until", "wall_deadline"]
 
 #: How long after the deadline the parent waits for the child's answer before it ends the child:
 #: a solve that stops at its limit still has its result to write (a time limit is met to 1 s).
@@ -43,6 +43,12 @@ _CHILD = (
 )
 
 
+class ChildFailed(SolverError):
+    """The child process ended without an answer: its function raised (the traceback is on
+    standard error), or the process was killed or exited early. A caller with a plan in hand
+    goes on without the child's; one without a plan lets it propagate."""
+
+
 def wall_deadline(deadline: float) -> float:
     """The ``time.perf_counter`` instant ``deadline`` as a ``time.time`` instant, which another
     process can read (perf_counter's reference point is undefined)."""
@@ -53,7 +59,7 @@ def call_until(fn: Callable[..., Any], args: tuple, deadline: float) -> tuple[bo
     """``fn(*args)`` in a child process: (True, its result), or (False, None) when it has not
     answered by ``deadline`` (a ``time.perf_counter`` instant) plus ``GRACE_S``; the child is
     then killed. ``fn`` must be a module-level function and its arguments picklable. Raises
-    SolverError when the child fails (its traceback is on standard error)."""
+    ChildFailed (a SolverError) when the child fails (its traceback is on standard error)."""
     return Call(fn, args).result(deadline)
 
 
@@ -87,7 +93,7 @@ class Call:
 
     def result(self, deadline: float) -> tuple[bool, Any]:
         """(True, the call's result), or (False, None) when the child has not answered by
-        ``deadline`` plus ``GRACE_S`` (it is then ended). Raises SolverError when it failed."""
+        ``deadline`` plus ``GRACE_S`` (it is then ended). Raises ChildFailed when it failed."""
         try:
             self._thread.join(timeout=max(0.0, deadline + GRACE_S - time.perf_counter()))
             if self._thread.is_alive():
@@ -95,10 +101,12 @@ class Call:
         finally:
             self.cancel()  # the deadline, or the parent interrupted: the child goes too
         out = self._out[0] if self._out else b""
-        if self._proc.returncode != 0 or not out:
-            raise SolverError(
-                f"the solver's child process for {self._name} failed with exit code {self._proc.returncode} "
-                f"(its traceback is on standard error above); rerun without time_limit to solve in this process"
+        code = self._proc.returncode
+        if code != 0 or not out:
+            why = "exited with code 0 before it answered" if code == 0 else f"failed with exit code {code}"
+            raise ChildFailed(
+                f"the solver's child process for {self._name} {why} (any traceback is on standard error "
+                f"above); rerun without time_limit to solve in this process"
             )
         return True, pickle.loads(out)
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any
 
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.solvers.constraints import ResolvedConstraints
-from multigpu.partition.solvers.deadline_process import Call, wall_deadline
+from multigpu.partition.solvers.deadline_process import Call, ChildFailed, wall_deadline
 from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, cutoff_option, solve_lp, solve_model
 from multigpu.partition.solvers.milp_timing import BuildTimeLimit
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget
@@ -59,8 +60,14 @@ def start_in_child(
 
 def collect(call: Call, deadline: float) -> tuple[MilpResult, float]:
     """The child's answer (``solve_makespan_milp``'s), or a time-limit result without a plan
-    when it has not answered by ``deadline`` (it is then ended)."""
-    answered, out = call.result(deadline)
+    when it has not answered by ``deadline`` (it is then ended), or an error result without a
+    plan, with a RuntimeWarning, when the child failed."""
+    try:
+        answered, out = call.result(deadline)
+    except ChildFailed as e:
+        # The caller holds a plan (the child runs only then): it goes on without the MILP's.
+        warnings.warn(f"{e}; the answer is the best plan found without the makespan MILP", RuntimeWarning, stacklevel=2)
+        return MilpResult(4, str(e), None, math.inf), -math.inf
     if not answered:
         return MilpResult(1, "the time limit struck inside HiGHS, whose process was ended", None, math.inf), -math.inf
     return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ from multigpu.partition.exceptions import InfeasibleError
 from multigpu.partition.solvers.bottleneck_bound import bottleneck_lower_bound, load_balance_bound
 from multigpu.partition.solvers.bottleneck_search import search_in_child
 from multigpu.partition.solvers.constraints import ResolvedConstraints
-from multigpu.partition.solvers.deadline_process import Call, wall_deadline
+from multigpu.partition.solvers.deadline_process import Call, ChildFailed, wall_deadline
 from multigpu.partition.solvers.milp import MilpResult, solve_milp, solve_model
 from multigpu.partition.solvers.milp_compact import build_compact, why_not_compact
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget, Solution
@@ -213,7 +214,13 @@ def _collect_search(call: Call | None, budget: Budget, proven: bool) -> tuple[np
         call.cancel()
         return None
     assert budget.deadline is not None, "the search runs only under a time limit"
-    answered, out = call.result(budget.deadline)
+    try:
+        answered, out = call.result(budget.deadline)
+    except ChildFailed as e:
+        # The search only improves a plan in hand: HiGHS's answer stands without it.
+        budget.say(f"local search: no answer ({e})")
+        warnings.warn(f"{e}; the answer is HiGHS's plan, without the local search's", RuntimeWarning, stacklevel=2)
+        return None
     if not answered:
         return None
     a, value = out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from typing import Any
 
 import numpy as np
@@ -143,10 +144,17 @@ def test_reduced_cost_fixing_never_removes_an_optimal_choice(gd: dict, cd: dict,
     event(f"fixed {int(fixed.sum())} of {int((model.ub > 0).sum())} columns")
 
 
-def _cutoffs_tried(monkeypatch: pytest.MonkeyPatch, known_factor: float, found: float | None = None) -> list[float]:
+def _cutoffs_tried(
+    monkeypatch: pytest.MonkeyPatch,
+    known_factor: float,
+    found: float | None = None,
+    heard: float | None = None,
+    budget: Budget | None = None,
+) -> list[float]:
     """The cutoffs (as factors of the tightened bound) of the rounds run with a starting plan
     known at ``known_factor`` times that bound; the first round finds a plan at ``found`` times
-    it (None: no round finds a plan)."""
+    it (None: no round finds a plan); a search beside them has a plan at ``heard`` times it from
+    the start (None: no search). ``budget`` defaults to a proof without a time limit."""
     import multigpu.partition.solvers.cutoff as cutoff
 
     tables, cons, best, model = _time_shared_model()
@@ -154,6 +162,8 @@ def _cutoffs_tried(monkeypatch: pytest.MonkeyPatch, known_factor: float, found: 
     assert t is not None
     tried: list[float] = []
     start, other = np.zeros(tables.graph.n, dtype=np.intp), np.ones(tables.graph.n, dtype=np.intp)
+    searched = np.full(tables.graph.n, 2, dtype=np.intp)  # only priced by the cost function below
+    factor_of = {0: known_factor, 1: found, 2: heard}
 
     def rounds(m: Any, verbose: bool = False, options: Any = None) -> Any:
         tried.append(options["objective_bound"] / model.scale / t.bound)
@@ -162,11 +172,19 @@ def _cutoffs_tried(monkeypatch: pytest.MonkeyPatch, known_factor: float, found: 
         return cutoff.MilpResult(2, "infeasible", None, np.inf)
 
     monkeypatch.setattr(cutoff, "solve_model", rounds)
-    best_factor = min(known_factor, found or np.inf)
+    best_factor = min(known_factor, found or np.inf, heard or np.inf)
     out = solve_in_rounds(
-        model, t, known_factor * t.bound, start, lambda a: (found if a[0] else known_factor) * t.bound, Budget(gap=0)
+        model,
+        t,
+        known_factor * t.bound,
+        start,
+        lambda a: factor_of[int(a[0])] * t.bound,
+        Budget(gap=0) if budget is None else budget,
+        hear=None if heard is None else lambda: (searched, heard * t.bound),
     )
     assert out.plan is not None and np.isclose(out.cost, best_factor * t.bound)
+    if heard is not None and heard < min(known_factor, found or np.inf):
+        assert out.plan is searched
     assert np.isclose(out.bound, best_factor * t.bound)
     return tried
 
@@ -194,6 +212,18 @@ def test_the_rounds_jump_to_the_final_one_once_a_round_found_a_close_plan(monkey
     assert np.allclose(tried, [1.02, 1.04, 1.07, 1.1, 1.3], rtol=1e-6), tried
     # A starting plan as close does not jump: the rounds run up to the skip rule's.
     assert np.allclose(_cutoffs_tried(monkeypatch, 1.3), [1.02, 1.04, 1.07, 1.1, 1.14, 1.3], rtol=1e-6)
+
+
+def test_a_plan_heard_from_the_search_makes_the_rounds_jump(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The local search beside the rounds (``cost_search``) reaches the optimum on the 16-device
+    # benchmark: its plan jumps as a round's does, heard before the first round or known already.
+    assert np.allclose(_cutoffs_tried(monkeypatch, 2.0, heard=1.3), [1.02, 1.04, 1.07, 1.1, 1.3], rtol=1e-6)
+    assert np.allclose(_cutoffs_tried(monkeypatch, 1.3, heard=1.3), [1.02, 1.04, 1.07, 1.1, 1.3], rtol=1e-6)
+    # With less time left than spent, the rounds go on as from a starting plan: a final round cut
+    # short by the limit would prove less than they do.
+    late = Budget(gap=0, time_limit=1000.0, start=time.perf_counter() - 900.0)
+    tried = _cutoffs_tried(monkeypatch, 2.0, heard=1.3, budget=late)
+    assert np.allclose(tried, [1.02, 1.04, 1.07, 1.1, 1.14, 1.3], rtol=1e-6)
 
 
 def test_a_cutoff_below_the_optimum_finds_no_plan_below_it() -> None:

@@ -344,7 +344,7 @@ def test_a_local_search_beside_the_milp_improves_the_starting_plan(monkeypatch: 
     lines: list[str] = []
     plan = autopartition(graph, cluster, objective="throughput", time_limit=20, progress=lines.append)
     _consistent(plan)
-    assert any("local search: a plan at" in line for line in lines)
+    assert any("local search on the bottleneck: a plan at" in line for line in lines)
     monkeypatch.setattr(thr, "_start_search", lambda *args: None)
     start = autopartition(graph, cluster, objective="throughput", time_limit=20)
     assert plan.solver == "search" and start.solver == "milp"  # the starting plan, as HiGHS left it
@@ -358,7 +358,7 @@ def test_a_milp_that_proves_its_plan_ends_the_local_search() -> None:
                          progress=lines.append)  # fmt: skip
     assert plan.solver == "milp" and plan.proof in ("optimal", "gap") and plan.gap <= DEFAULT_GAP
     assert any("local search on the bottleneck" in line for line in lines)
-    assert not any("local search: a plan at" in line for line in lines)
+    assert not any("local search on the bottleneck: a plan at" in line for line in lines)
 
 
 def _quit_silently(*args) -> None:
@@ -379,10 +379,12 @@ def test_a_failed_local_search_leaves_highss_plan(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(thr, "search_in_child", _quit_silently)
     graph = load_graph("resnet18")
     lines: list[str] = []
-    with pytest.warns(RuntimeWarning, match=r"_quit_silently exited with code 0 .*HiGHS's plan"):
+    with pytest.warns(
+        RuntimeWarning, match=r"_quit_silently exited with code 0 .*without the local search on the bottleneck"
+    ):
         plan = autopartition(graph, _memory_bound(graph), objective="throughput", time_limit=5, progress=lines.append)
     _consistent(plan)
-    assert plan.solver != "search" and any("local search: no answer" in line for line in lines)
+    assert plan.solver != "search" and any("local search on the bottleneck: no answer" in line for line in lines)
 
 
 def test_a_failed_makespan_milp_leaves_the_plans_in_hand(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -400,3 +402,49 @@ def test_a_failed_makespan_milp_leaves_the_plans_in_hand(monkeypatch: pytest.Mon
     from multigpu.partition.solvers.constraints import violations
 
     assert not violations(tables, cons, np.array([cluster.names.index(d) for d in plan.assignment]))
+
+
+def test_a_latency_search_beside_the_milp_gives_its_plan_at_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where memory binds, the local search on the cost runs in a child process beside the LP and
+    # the rounds, and the answer at the limit waits for it. The rounds' HiGHS is replaced by one
+    # that stops at the limit without a plan, and the restricted MILP finds none; the child is real.
+    import time
+
+    import multigpu.partition.solvers.cutoff as cutoff
+    import multigpu.partition.solvers.methods as methods
+    from multigpu.partition.solvers.milp import MilpResult
+
+    def no_plan(*args, **kw):
+        return MilpResult(1, "Time limit reached", None, math.inf)
+
+    def until_the_limit(model, verbose=False, options=None):
+        time.sleep(max(0.0, options["deadline"] - time.perf_counter()))
+        return no_plan()
+
+    monkeypatch.setattr(methods, "solve_milp", no_plan)
+    monkeypatch.setattr(cutoff, "solve_model", until_the_limit)
+    graph = load_graph("resnet18")
+    cluster = _memory_bound(graph)
+    lines: list[str] = []
+    plan = autopartition(graph, cluster, time_limit=4, progress=lines.append)
+    _consistent(plan)
+    assert any("local search on the cost: a plan at" in line for line in lines)
+
+    class NoSearch:
+        def __init__(self, *args, **kw) -> None:
+            pass
+
+        def heard(self):
+            return None
+
+        def collect(self, deadline):
+            return None
+
+        def cancel(self) -> None:
+            pass
+
+    monkeypatch.setattr(methods, "SearchBeside", NoSearch)
+    without = autopartition(graph, cluster, time_limit=4)
+    assert plan.solver == "search" and without.solver != "search"
+    assert plan.cost < without.cost * (1 - 1e-9)
+    assert plan.bound == pytest.approx(without.bound, rel=1e-9)

@@ -19,7 +19,7 @@ def _resolved(graph, cluster):
 
 
 def test_a_relay_is_a_device_whose_two_hops_are_each_faster_than_the_direct_link() -> None:
-    from multigpu.partition.solvers.bottleneck_search import _relays
+    from multigpu.partition.solvers.search_moves import relays as _relays
 
     # The planner benchmark's 16 devices: every GPU and CPU node on its own link to the host;
     # between two of them, the default link (1.25 GB/s), slower than a GPU's PCIe to the host.

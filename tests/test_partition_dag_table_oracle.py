@@ -327,8 +327,9 @@ def test_the_load_balance_bound_and_the_bottleneck_search_against_brute_force(pr
 
     from multigpu.partition.cost.arithmetic import bottleneck_of
     from multigpu.partition.solvers.bottleneck_bound import bottleneck_lower_bound, load_balance_bound
-    from multigpu.partition.solvers.bottleneck_search import _relays, improve_bottleneck
+    from multigpu.partition.solvers.bottleneck_search import improve_bottleneck
     from multigpu.partition.solvers.constraints import Constraints
+    from multigpu.partition.solvers.search_moves import relays as _relays
 
     gd, cd, limits = problem
     graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
@@ -353,3 +354,42 @@ def test_the_load_balance_bound_and_the_bottleneck_search_against_brute_force(pr
     event("improved" if value < before * (1 - 1e-9) else "kept")
     event("some pair has a faster relay" if (_relays(tables) >= 0).any() else "no relay")
     event("above the simple bound" if bound > bottleneck_lower_bound(tables, cons) * (1 + 1e-9) else "at it")
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(problems(max_n=6, shared=True), st.sampled_from([(1.0, 0.0), (0.5, 0.5), (0.0, 1.0)]))
+def test_the_cost_search_against_brute_force(problem, weights):
+    """The local search on the cost (``cost_search``), from the dearest allowed plan, returns an
+    allowed plan priced as the latency path prices plans, no dearer than its start and no cheaper
+    than the brute-force optimum."""
+    import time
+
+    from multigpu.partition.solvers.constraints import Constraints
+    from multigpu.partition.solvers.cost_search import improve_cost
+    from multigpu.partition.solvers.lagrange import cost_if_feasible
+
+    gd, cd, limits = problem
+    wt, we = weights
+    graph, cluster = Graph.from_dict(gd), Cluster.from_dict(cd)
+    tables = CostTables.build(graph, cluster, False)
+    cons = Constraints.coerce(limits).resolve(graph, cluster)
+    plans = allowed_plans(tables, limits)
+    costs = np.array(
+        [
+            cost_if_feasible(tables, cons, wt, we, a)[0] if np.isfinite(price(tables, a, wt, we)["cost"]) else math.inf
+            for a in plans
+        ]
+    )
+    finite = np.flatnonzero(np.isfinite(costs))
+    if not finite.size:
+        event("no plan")
+        return
+    best = min(price(tables, plans[i], wt, we)["cost"] for i in finite)  # the warm pass may only lower it
+    start = plans[finite[np.argmax(costs[finite])]]
+    before = float(costs[finite].max())
+    a, value = improve_cost(tables, cons, wt, we, start, time.perf_counter() + 60)
+    assert any((a == p).all() for p in plans), (a, limits)  # it meets the constraints
+    assert value == pytest.approx(cost_if_feasible(tables, cons, wt, we, a)[0], rel=1e-12)
+    assert best * (1 - 1e-9) - 1e-15 <= value <= before * (1 + 1e-12)
+    event("improved" if value < before * (1 - 1e-9) else "kept")
+    event("reached the optimum" if value <= costs[finite].min() * (1 + 1e-9) else "a local optimum above it")

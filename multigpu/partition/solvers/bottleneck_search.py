@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
@@ -32,11 +33,9 @@ from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.solvers.bottleneck_bound import busy_compute
 from multigpu.partition.solvers.constraints import ResolvedConstraints, violations
+from multigpu.partition.solvers.search_moves import TIE, in_turn, relays, segments
 
 __all__ = ["improve_bottleneck", "search_in_child"]
-
-# Relative changes below this are ties (the loads are sums of floats).
-TIE = 1e-12
 
 
 def _resources(tables: CostTables, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -63,46 +62,8 @@ def _involved(tables: CostTables, a: np.ndarray, every: np.ndarray) -> np.ndarra
     return np.flatnonzero(cluster.host_index == top - k - k * k)
 
 
-def _segments(a: np.ndarray, devices: np.ndarray) -> list[np.ndarray]:
-    """The layer sets a move may take off ``devices``: each run of consecutive layers on one of
-    them cut at any point (its prefixes and suffixes: a stage boundary shifted, which moves no
-    transfer onto a new link), and each single layer; the largest first."""
-    out: list[np.ndarray] = []
-    on = np.isin(a, devices)
-    i, n = 0, len(a)
-    while i < n:
-        if not on[i]:
-            i += 1
-            continue
-        j = i
-        while j + 1 < n and a[j + 1] == a[i]:
-            j += 1
-        run = np.arange(i, j + 1)
-        out += [run[:m] for m in range(1, len(run) + 1)] + [run[m:] for m in range(1, len(run))]
-        out += [run[m : m + 1] for m in range(1, len(run) - 1)]
-        i = j + 1
-    out.sort(key=len, reverse=True)
-    return out
-
-
-def _relays(tables: CostTables) -> np.ndarray:
-    """(k, k): per ordered pair of devices, the device whose two hops carry a byte faster than
-    the pair's own link (the slower hop counts), or -1 where none does."""
-    tab = tables.cluster.tables
-    k = tables.cluster.k
-    inv = np.where(tab.usable, tab.inv_bandwidth, np.inf)
-    # two[u, r, v]: the slower of the hops u -> r and r -> v.
-    two = np.maximum(inv[:, :, None], inv[None, :, :])
-    idx = np.arange(k)
-    two[:, idx, idx] = np.inf  # r = v is the direct link
-    two[idx, idx, :] = np.inf  # r = u too
-    best = two.argmin(axis=1)
-    faster = np.take_along_axis(two, best[:, None, :], axis=1)[:, 0, :] < inv * (1 - TIE)
-    return np.where(faster, best, -1)
-
-
 def _relayed(
-    tables: CostTables, a: np.ndarray, seg: np.ndarray, top: int, relays: np.ndarray
+    tables: CostTables, a: np.ndarray, seg: np.ndarray, top: int, relay: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, float, float] | None:
     """Where the most loaded resource ``top`` (an index into ``_resources``' loads) is a link
     into or out of the moved segment ``seg`` (already on its new device in ``a``) with a relay,
@@ -112,7 +73,7 @@ def _relayed(
     if not k <= top < k + k * k:
         return None
     u, v = divmod(top - k, k)
-    d, r = int(a[seg[0]]), int(relays[u, v])
+    d, r = int(a[seg[0]]), int(relay[u, v])
     if r < 0 or d not in (u, v):
         return None
     best: tuple[np.ndarray, np.ndarray, float, float] | None = None
@@ -147,11 +108,11 @@ def improve_bottleneck(
     params = tables.graph.param_bytes
     every, device = _resources(tables, a)
     value, spread = float(every.max()), float(np.square(every).sum())
-    relays = _relays(tables)
+    relay = relays(tables)
     while time.perf_counter() < deadline:
         moved = False
         held = np.bincount(a, weights=params, minlength=len(device))
-        for seg in _segments(a, _involved(tables, a, every)):
+        for seg in segments(a, _involved(tables, a, every)):
             here = int(a[seg[0]])
             # A device that would reach the bottleneck with these layers alone cannot lower it,
             # and one whose memory their parameters overflow cannot take them.
@@ -170,7 +131,7 @@ def improve_bottleneck(
                 v, s = float(new.max()), float(np.square(new).sum())
                 if not _better(v, s, value, spread) and len(seg) > 1:
                     # The move overloads a link: put the segment's end layer on that link's relay.
-                    relayed = _relayed(tables, a, seg, int(np.argmax(new)), relays)
+                    relayed = _relayed(tables, a, seg, int(np.argmax(new)), relay)
                     if relayed is not None:
                         new, new_device, v, s = relayed
                 if _better(v, s, value, spread) and not violations(tables, cons, a):
@@ -189,24 +150,6 @@ def improve_bottleneck(
 def search_in_child(
     tables: CostTables, cons: ResolvedConstraints, starts: Sequence[np.ndarray], wall: float
 ) -> tuple[np.ndarray, float]:
-    """The best of ``improve_bottleneck`` from each plan of ``starts`` in turn (the next one
-    starts where the last reached its local optimum), by ``wall``, a ``time.time`` instant
-    (``wall_deadline``): the form in which it crosses into a child process. In turn, not in
-    equal shares, which left both searches short of their local optima (the design page's
-    rejected alternatives)."""
-    deadline = time.perf_counter() + (wall - time.time())
-    distinct: list[np.ndarray] = []
-    for a in starts:
-        if not any(np.array_equal(a, b) for b in distinct):
-            distinct.append(np.asarray(a, dtype=np.intp))
-    if not distinct:
-        raise ValueError("the local search needs a starting plan")
-    best: tuple[np.ndarray, float] | None = None
-    for a in distinct:
-        found = improve_bottleneck(tables, cons, a, deadline)
-        if best is None or found[1] < best[1]:
-            best = found
-        if time.perf_counter() >= deadline:
-            break
-    assert best is not None
-    return best
+    """The best of ``improve_bottleneck`` from each plan of ``starts`` in turn, by ``wall`` (a
+    ``time.time`` instant; ``search_moves.in_turn``)."""
+    return in_turn(partial(improve_bottleneck, tables, cons), starts, wall)

@@ -166,17 +166,31 @@ def solve_in_rounds(
     known_plan: np.ndarray | None,
     cost_of: Callable[[np.ndarray], float],
     budget: Budget,
+    hear: Callable[[], tuple[np.ndarray, float] | None] | None = None,
 ) -> RoundsResult:
     """Solve ``base`` (the MILP ``t`` was tightened from) in rounds of rising
     cutoffs up to ``known``, the cost of ``known_plan`` (+inf and None if there is none),
     stopping once the best plan is within ``budget.gap`` of the bound, or at its time limit
-    with the best plan found and the bound proven so far."""
+    with the best plan found and the bound proven so far. ``hear``, asked before each round,
+    gives a plan found beside the rounds (a local search's; None while there is none): a
+    better one is the best plan, and the rounds jump as after a round's plan (``JUMP``) while
+    the time left is at least the time spent."""
     best, best_cost = known_plan, known
     jump = False  # whether a round found the best plan (``JUMP``)
     proven = t.bound  # the optimum is at least this (the LP, then an empty round's cutoff)
     factors = list(CUTOFF_FACTORS if t.bound > 0 else ())
     res: MilpResult | None = None
     while True:
+        heard = hear() if hear is not None else None
+        if heard is not None and cost_of(heard[0]) <= best_cost:
+            # Near the optimum, as a round's plan is: the rounds below it would only prove again
+            # what the final round proves (ResNet-50 on 16 devices with its optimum in hand: the
+            # rounds from 1.02 to 1.14 took 8 s, the final round alone 6 s). It may already be
+            # the known plan (heard before the rounds). Only while the time left is at least the
+            # time spent: a final round that the limit cuts short proves less than the rounds
+            # below it (that case at 10 s: a gap of 14% against 7.9%, the same plan).
+            best, best_cost = heard[0], cost_of(heard[0])
+            jump = jump or budget.left() >= budget.elapsed()
         if best is not None and budget.done(best_cost, proven):
             return RoundsResult(best, best_cost, proven, res)
         # A round whose next one already reaches the best plan's cost is skipped: the

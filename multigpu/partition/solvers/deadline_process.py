@@ -91,6 +91,11 @@ class Call:
             out = b""
         self._out.append(out)
 
+    @property
+    def answered(self) -> bool:
+        """Whether the child has ended (answered or failed): ``result`` then returns at once."""
+        return not self._thread.is_alive()
+
     def result(self, deadline: float) -> tuple[bool, Any]:
         """(True, the call's result), or (False, None) when the child has not answered by
         ``deadline`` plus ``GRACE_S`` (it is then ended). Raises ChildFailed when it failed."""

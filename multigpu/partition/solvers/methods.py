@@ -20,6 +20,7 @@ from multigpu.partition.cost.schedule import makespan_of
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.solvers.constraints import ResolvedConstraints, violations
+from multigpu.partition.solvers.cost_search import search_in_child as cost_search_in_child
 from multigpu.partition.solvers.cutoff import solve_in_rounds, tighten
 from multigpu.partition.solvers.diagnose import explain_coupled, explain_unreachable, layer_candidates
 from multigpu.partition.solvers.fill import fill_plan
@@ -29,6 +30,7 @@ from multigpu.partition.solvers.lagrange import cost_if_feasible, lower_bound, p
 from multigpu.partition.solvers.makespan_bound import makespan_floor, path_bound
 from multigpu.partition.solvers.makespan_milp import collect, solve_makespan_milp, start_in_child
 from multigpu.partition.solvers.milp import LpTimeLimit, MilpResult, build_model, none_below_cutoff, relax, solve_milp
+from multigpu.partition.solvers.search_beside import SearchBeside
 from multigpu.partition.solvers.solver import DEFAULT_GAP, PROVE_GAP, Budget, Objective, Solution, Solver
 from multigpu.partition.solvers.throughput import solve_throughput
 
@@ -45,6 +47,11 @@ REPAIR_SECONDS = 1.0
 # Seconds the heuristics that look for a first plan may take even once the time limit has
 # passed: a time limit returns a plan (the issue's target: within 10% or 1 s of the limit).
 FIRST_PLAN_SECONDS = 0.5
+# The local search on the cost (``cost_search``) sleeps this share of the time left, at most
+# this many seconds (and these seconds without a time limit), before its imports: a solve
+# proven by then pays nothing for it. A shorter cap than the throughput search's (10 s): the
+# latency proofs it speeds up take seconds, and its plan must reach the rounds early.
+COST_SEARCH_DELAY = (0.1, 1.0)
 
 
 def _first(budget: Budget) -> float:
@@ -248,7 +255,11 @@ class MilpSolver(Solver):
             start = (filled, "fill")
         if objective.name == "makespan" and not tables.graph.is_chain:
             return self._makespan(tables, cons, objective, dp if dp_ok else None, dp, start, starts, budget)
-        return _constrained(tables, cons, lw, le, dp, self.forced, self.free, budget, start)
+        # The local search beside the MILP starts from the best starting plan (the memory fill
+        # where there is none); from one only, so that its plan comes early enough for the rounds.
+        first = start[0] if start is not None else _filled(tables, cons)
+        search_from = [first] if first is not None and not self.forced else None
+        return _constrained(tables, cons, lw, le, dp, self.forced, self.free, budget, start, search_from)
 
     def _makespan(
         self,
@@ -385,6 +396,7 @@ def _constrained(
     free: FreeSolver | None,
     budget: Budget,
     start: tuple[np.ndarray, str] | None = None,
+    search_from: list[np.ndarray] | None = None,
 ) -> Solution:
     """The constrained optimum, to the budget's gap (or its best plan at the time limit).
 
@@ -402,8 +414,35 @@ def _constrained(
     ``dp`` is the DP's optimum without the coupling constraints (a lower bound), when there is one;
     ``start`` a feasible starting plan and the method that found it (the contiguous DP, or the
     memory fill where the solve has a time limit), when there is one: once a plan exists,
-    every step stops at the time limit.
+    every step stops at the time limit. With ``search_from`` (feasible plans), a local search
+    (``cost_search``) runs from them in a child process beside all this; the steps hear its
+    plan once it has answered, the rounds jump to their final one with it, and at the time limit
+    the answer waits for it.
     """
+    search = None
+    if search_from:
+        args = (tables, cons, wt, we, search_from)
+        search = SearchBeside(cost_search_in_child, args, budget, COST_SEARCH_DELAY, "local search on the cost")
+    try:
+        return _constrained_with(tables, cons, wt, we, dp, forced, free, budget, start, search)
+    finally:
+        if search is not None:
+            search.cancel()  # answered, or no longer needed (also on an error or an interrupt)
+
+
+def _constrained_with(
+    tables: CostTables,
+    cons: ResolvedConstraints,
+    wt: float,
+    we: float,
+    dp: Solution | None,
+    forced: bool,
+    free: FreeSolver | None,
+    budget: Budget,
+    start: tuple[np.ndarray, str] | None,
+    search: SearchBeside | None,
+) -> Solution:
+    """``_constrained``'s steps, with its local search (None without one)."""
     dp_value = dp.value if dp is not None else 0.0
     # The LP whose duals price the Lagrangian leaves out the valid inequalities (the
     # Lagrangian has no term for them: their duals would be lost, and the bound with them).
@@ -412,11 +451,26 @@ def _constrained(
     # Every step after the first plan stops at the time limit; the steps that look for the
     # first plan may overrun it, so that a time limit returns a plan.
     start_cost = cost_if_feasible(tables, cons, wt, we, start[0])[0] if start is not None else np.inf
+
+    def answer(plan: np.ndarray, value: float, bound: float, how: str) -> Solution:
+        if search is not None:
+            # At the time limit the search has answered or is about to (``search_beside``).
+            got = search.collect(budget.deadline) if budget.expired and budget.deadline else search.heard()
+            if got is not None and got[1] < value:
+                plan, value, how = got[0], got[1], "search"
+        # A forced MILP reports itself as the method, whatever step found the plan.
+        return Solution(plan, value, min(bound, value), "milp" if forced else how)
+
+    def heard(upper: float, best: np.ndarray | None, method: str) -> tuple[float, np.ndarray | None, str]:
+        # The search's plan, where it has answered with a better one.
+        got = search.heard() if search is not None else None
+        return (got[1], got[0], "search") if got is not None and got[1] < upper else (upper, best, method)
+
     try:
         lp, mult, x_lp = relax(model, budget.deadline if start is not None else None)
     except LpTimeLimit:
         assert start is not None  # without a plan the LP has no deadline
-        return Solution(start[0], start_cost, min(dp_value, start_cost), "milp" if forced else start[1])
+        return answer(start[0], start_cost, min(dp_value, start_cost), start[1])
     if lp is None or mult is None or x_lp is None:  # relax() gives all three or none
         # The LP relaxation is infeasible, so the MILP is too.
         raise _infeasible(tables, cons, wt, we, budget.verbose)
@@ -433,11 +487,7 @@ def _constrained(
     method = "bound"
     if start is not None and start_cost < upper:
         upper, best, method = start_cost, start[0], start[1]
-
-    def answer(plan: np.ndarray, value: float, bound: float, how: str) -> Solution:
-        # A forced MILP reports itself as the method, whatever step found the plan.
-        return Solution(plan, value, min(bound, value), "milp" if forced else how)
-
+    upper, best, method = heard(upper, best, method)
     budget.say(f"lower bound {lower:.6g}" + (f", a feasible plan at {upper:.6g}" if best is not None else ""))
     if best is None or not (budget.done(upper, lower) or budget.expired):
         # A restricted MILP (only the choices the LP uses) usually finds the optimum
@@ -467,6 +517,7 @@ def _constrained(
     if tight is None:
         raise _infeasible(tables, cons, wt, we, budget.verbose)
     lower = max(lower, tight.bound)
+    upper, best, method = heard(upper, best, method)
     if best is not None and ((budget.done(upper, lower) and not forced) or budget.expired):
         return answer(best, upper, lower, method)
 
@@ -475,9 +526,10 @@ def _constrained(
 
     # The rounds solve the MILP without the window rows: with them, ResNet-50 took 34 s on
     # 16 devices and 20 s on the lab, against 17 and 5 s without (the rows thicken each LP).
-    out = solve_in_rounds(base, tight, upper, best, cost_of, budget)
+    out = solve_in_rounds(base, tight, upper, best, cost_of, budget, hear=search.heard if search is not None else None)
     if out.plan is not None:
-        found = method if out.plan is best else "milp"
+        got = search.heard() if search is not None else None
+        found = method if out.plan is best else "search" if got is not None and out.plan is got[0] else "milp"
         return answer(out.plan, out.cost, max(lower, out.bound), found)
     if out.res is not None and out.res.status == 2:
         raise _infeasible(tables, cons, wt, we, budget.verbose)

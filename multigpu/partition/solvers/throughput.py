@@ -19,8 +19,6 @@ breaks the ties in latency).
 from __future__ import annotations
 
 import math
-import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,9 +31,9 @@ from multigpu.partition.exceptions import InfeasibleError
 from multigpu.partition.solvers.bottleneck_bound import bottleneck_lower_bound, load_balance_bound
 from multigpu.partition.solvers.bottleneck_search import search_in_child
 from multigpu.partition.solvers.constraints import ResolvedConstraints
-from multigpu.partition.solvers.deadline_process import Call, ChildFailed, wall_deadline
 from multigpu.partition.solvers.milp import MilpResult, solve_milp, solve_model
 from multigpu.partition.solvers.milp_compact import build_compact, why_not_compact
+from multigpu.partition.solvers.search_beside import SearchBeside
 from multigpu.partition.solvers.solver import PROVE_GAP, Budget, Solution
 
 __all__ = ["solve_throughput"]
@@ -48,9 +46,7 @@ CAP_SLACK = 1e-7
 # (BERT-L3: bound and plan 2.6e-9 apart after 120 s at 1e3, proven in 15 s at 1).
 B_REF = {"pairwise": 1e3, "compact": 1.0}
 # The local search beside the MILP starts after this share of the time left, at most this many
-# seconds: a MILP that proves its plan by then pays nothing for it. Started at once, the child's
-# imports (0.6 s of CPU) and search slowed the proof of ResNet-18 on the memory-bound lab from
-# 0.65 to 0.77 s (medians of 5, alternating).
+# seconds (``search_beside``): a MILP that proves its plan by then pays nothing for it.
 SEARCH_DELAY = (0.1, 10.0)
 # Among plans of equal latency the one of least energy wins: energy enters phase 2 with this
 # weight relative to the plan's time over its energy.
@@ -190,42 +186,26 @@ def _start_search(
     known: tuple[np.ndarray, float] | None,
     search_from: Sequence[np.ndarray],
     budget: Budget,
-) -> Call | None:
+) -> SearchBeside | None:
     """Under a time limit, the local search on the bottleneck (``bottleneck_search``) from the
-    known plan and then the plans of ``search_from``, in a child process beside the MILP. It
-    starts after a tenth of the time left (``SEARCH_DELAY``) and answers at nine tenths, so that
-    its plan is in hand when HiGHS stops at the limit."""
+    known plan and then the plans of ``search_from``, in a child process beside the MILP
+    (``search_beside``)."""
     starts = ([known[0]] if known is not None else []) + list(search_from)
     if not starts or budget.deadline is None:
         return None
-    left = budget.left()
-    delay = min(SEARCH_DELAY[0] * left, SEARCH_DELAY[1])
-    until = time.perf_counter() + 0.9 * left
-    budget.say(f"local search on the bottleneck, beside HiGHS, until {until - budget.start:.2f} s")
-    return Call(search_in_child, (tables, cons, starts, wall_deadline(until)), delay=delay)
+    return SearchBeside(search_in_child, (tables, cons, starts), budget, SEARCH_DELAY, "local search on the bottleneck")
 
 
-def _collect_search(call: Call | None, budget: Budget, proven: bool) -> tuple[np.ndarray, float] | None:
+def _collect_search(search: SearchBeside | None, budget: Budget, proven: bool) -> tuple[np.ndarray, float] | None:
     """The local search's plan and bottleneck (None without a search, or once the MILP has
     ``proven`` its answer: the search is then ended unheard)."""
-    if call is None:
+    if search is None:
         return None
     if proven:
-        call.cancel()
+        search.cancel()
         return None
     assert budget.deadline is not None, "the search runs only under a time limit"
-    try:
-        answered, out = call.result(budget.deadline)
-    except ChildFailed as e:
-        # The search only improves a plan in hand: HiGHS's answer stands without it.
-        budget.say(f"local search: no answer ({e})")
-        warnings.warn(f"{e}; the answer is HiGHS's plan, without the local search's", RuntimeWarning, stacklevel=2)
-        return None
-    if not answered:
-        return None
-    a, value = out
-    budget.say(f"local search: a plan at {value:.6g} s")
-    return np.asarray(a, dtype=np.intp), float(value)
+    return search.collect(budget.deadline)
 
 
 def _energy_weight(tables: CostTables, a: np.ndarray, wt: float, we: float) -> float:

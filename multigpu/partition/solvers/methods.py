@@ -194,13 +194,16 @@ class MilpSolver(Solver):
     has one) as a start, then the LP, the Lagrangian, a restricted MILP and the rounds of
     cutoffs (``_constrained``); the bottleneck MILP with a tie-break by cost for throughput;
     the makespan MILP on a graph with branches. ``forced`` (``solver="milp"``) names every
-    plan "milp" and skips the shortcuts that return a plan meeting the LP bound."""
+    plan "milp" and skips the shortcuts that return a plan meeting the LP bound. ``search``
+    runs the local search on the cost beside a latency solve where memory binds (not when
+    forced: the answer is then the MILP's alone)."""
 
     name = "milp"
 
-    def __init__(self, free: FreeSolver | None, forced: bool = False) -> None:
+    def __init__(self, free: FreeSolver | None, forced: bool = False, search: bool = True) -> None:
         self.free = free
         self.forced = forced
+        self.search = search and not forced
 
     def why_not(self, tables: CostTables, cons: ResolvedConstraints, objective: Objective) -> str | None:
         """The MILP takes every problem."""
@@ -258,7 +261,7 @@ class MilpSolver(Solver):
         # The local search beside the MILP starts from the best starting plan (the memory fill
         # where there is none); from one only, so that its plan comes early enough for the rounds.
         first = start[0] if start is not None else _filled(tables, cons)
-        search_from = [first] if first is not None and not self.forced else None
+        search_from = [first] if first is not None and self.search else None
         return _constrained(tables, cons, lw, le, dp, self.forced, self.free, budget, start, search_from)
 
     def _makespan(
@@ -369,8 +372,9 @@ def _share(budget: Budget, parts: int) -> Budget:
 
 
 def _solve_chain(tables: CostTables, cons: ResolvedConstraints, objective: Objective, budget: Budget) -> Solution:
-    """The planner's latency solve of a chain (``makespan_bound``'s critical path)."""
-    return MilpSolver(FreeSolver("dp", None)).solve(tables, cons, objective, budget)
+    """The planner's latency solve of a chain (``makespan_bound``'s critical path): a bound only,
+    computed while the makespan MILP's child has the second core, so without the local search."""
+    return MilpSolver(FreeSolver("dp", None), search=False).solve(tables, cons, objective, budget)
 
 
 def _filled(tables: CostTables, cons: ResolvedConstraints) -> np.ndarray | None:

@@ -428,116 +428,102 @@ def _constrained(
         args = (tables, cons, wt, we, search_from)
         search = SearchBeside(cost_search_in_child, args, budget, COST_SEARCH_DELAY, "local search on the cost")
     try:
-        return _constrained_with(tables, cons, wt, we, dp, forced, free, budget, start, search)
+        dp_value = dp.value if dp is not None else 0.0
+        # The LP whose duals price the Lagrangian leaves out the valid inequalities (the
+        # Lagrangian has no term for them: their duals would be lost, and the bound with them).
+        model = build_model(tables, cons, wt, we, scale=_scale(dp_value), cuts=False)
+        budget.say("LP relaxation")
+        # Every step after the first plan stops at the time limit; the steps that look for the
+        # first plan may overrun it, so that a time limit returns a plan.
+        start_cost = cost_if_feasible(tables, cons, wt, we, start[0])[0] if start is not None else np.inf
+
+        def answer(plan: np.ndarray, value: float, bound: float, how: str) -> Solution:
+            if search is not None:
+                # At the time limit the search has answered or is about to (``search_beside``).
+                got = search.collect(budget.deadline) if budget.expired and budget.deadline else search.heard()
+                if got is not None and got[1] < value:
+                    plan, value, how = got[0], got[1], "search"
+            # A forced MILP reports itself as the method, whatever step found the plan.
+            return Solution(plan, value, min(bound, value), "milp" if forced else how)
+
+        def heard(upper: float, best: np.ndarray | None, method: str) -> tuple[float, np.ndarray | None, str]:
+            # The search's plan, where it has answered with a better one.
+            got = search.heard() if search is not None else None
+            return (got[1], got[0], "search") if got is not None and got[1] < upper else (upper, best, method)
+
+        try:
+            lp, mult, x_lp = relax(model, budget.deadline if start is not None else None)
+        except LpTimeLimit:
+            assert start is not None  # without a plan the LP has no deadline
+            return answer(start[0], start_cost, min(dp_value, start_cost), start[1])
+        if lp is None or mult is None or x_lp is None:  # relax() gives all three or none
+            # The LP relaxation is infeasible, so the MILP is too.
+            raise _infeasible(tables, cons, wt, we, budget.verbose)
+        if free is not None:
+            pen = penalise(tables, cons, wt, we, mult, model.m_ub)
+            lower, _ = lower_bound(tables, free, wt, pen)
+            # Without a plan the answer at a time limit would be an error, so the heuristic that
+            # finds the first plan gets FIRST_PLAN_SECONDS even from a spent budget.
+            seconds = budget.left() if start is not None else _first(budget)
+            upper, best = repair(tables, free, cons, wt, we, pen, seconds=min(REPAIR_SECONDS, seconds))
+        else:
+            lower, upper, best = float(lp), np.inf, None
+        lower = max(dp_value, lower if np.isfinite(lower) else -np.inf, float(lp) if lp is not None else -np.inf)
+        method = "bound"
+        if start is not None and start_cost < upper:
+            upper, best, method = start_cost, start[0], start[1]
+        upper, best, method = heard(upper, best, method)
+        budget.say(f"lower bound {lower:.6g}" + (f", a feasible plan at {upper:.6g}" if best is not None else ""))
+        if best is None or not (budget.done(upper, lower) or budget.expired):
+            # A restricted MILP (only the choices the LP uses) usually finds the optimum
+            # quickly; it is just a heuristic here, so a time limit is fine.
+            opts = {**budget.highs(cap=RESTRICTED_TIME_LIMIT), "mip_rel_gap": max(RESTRICTED_GAP, budget.gap)}
+            if best is None:
+                opts.pop("deadline", None)
+                opts["time_limit"] = min(RESTRICTED_TIME_LIMIT, _first(budget))
+            quick = solve_milp(
+                tables, cons, wt, we, scale=_scale(lower), fix_x=~(x_lp > 1e-9), verbose=budget.verbose, options=opts
+            )
+            if quick.a is not None:
+                quick_cost = cost_if_feasible(tables, cons, wt, we, quick.a)
+                if not (quick_cost[1] or quick_cost[2] or quick_cost[3]) and quick_cost[0] < upper:
+                    upper, best, method = quick_cost[0], quick.a, "milp"
+        if best is not None and ((budget.done(upper, lower) and not forced) or budget.expired):
+            return answer(best, upper, lower, method)
+        # The exact solve: the LP tightened by window rows bounds every choice's cost, and the
+        # MILP runs in rounds of rising cutoffs with what cannot beat each fixed (``cutoff``).
+        base = build_model(tables, cons, wt, we, scale=_scale(lower))
+        budget.say("tightening the LP with window rows")
+        try:
+            tight = tighten(base, tables, cons, deadline=budget.deadline if best is not None else None)
+        except LpTimeLimit:
+            assert best is not None  # without a plan there is no deadline
+            return answer(best, upper, lower, method)
+        if tight is None:
+            raise _infeasible(tables, cons, wt, we, budget.verbose)
+        lower = max(lower, tight.bound)
+        upper, best, method = heard(upper, best, method)
+        if best is not None and ((budget.done(upper, lower) and not forced) or budget.expired):
+            return answer(best, upper, lower, method)
+
+        def cost_of(a: np.ndarray) -> float:
+            return cost_if_feasible(tables, cons, wt, we, a)[0]
+
+        # The rounds solve the MILP without the window rows: with them, ResNet-50 took 34 s on
+        # 16 devices and 20 s on the lab, against 17 and 5 s without (the rows thicken each LP).
+        hear = search.heard if search is not None else None
+        out = solve_in_rounds(base, tight, upper, best, cost_of, budget, hear=hear)
+        if out.plan is not None:
+            got = search.heard() if search is not None else None
+            found = method if out.plan is best else "search" if got is not None and out.plan is got[0] else "milp"
+            return answer(out.plan, out.cost, max(lower, out.bound), found)
+        if out.res is not None and out.res.status == 2:
+            raise _infeasible(tables, cons, wt, we, budget.verbose)
+        raise _no_plan(out.res, "latency", max(lower, out.bound))
+
     finally:
         if search is not None:
             search.cancel()  # answered, or no longer needed (also on an error or an interrupt)
-
-
-def _constrained_with(
-    tables: CostTables,
-    cons: ResolvedConstraints,
-    wt: float,
-    we: float,
-    dp: Solution | None,
-    forced: bool,
-    free: FreeSolver | None,
-    budget: Budget,
-    start: tuple[np.ndarray, str] | None,
-    search: SearchBeside | None,
-) -> Solution:
-    """``_constrained``'s steps, with its local search (None without one)."""
-    dp_value = dp.value if dp is not None else 0.0
-    # The LP whose duals price the Lagrangian leaves out the valid inequalities (the
-    # Lagrangian has no term for them: their duals would be lost, and the bound with them).
-    model = build_model(tables, cons, wt, we, scale=_scale(dp_value), cuts=False)
-    budget.say("LP relaxation")
-    # Every step after the first plan stops at the time limit; the steps that look for the
-    # first plan may overrun it, so that a time limit returns a plan.
-    start_cost = cost_if_feasible(tables, cons, wt, we, start[0])[0] if start is not None else np.inf
-
-    def answer(plan: np.ndarray, value: float, bound: float, how: str) -> Solution:
-        if search is not None:
-            # At the time limit the search has answered or is about to (``search_beside``).
-            got = search.collect(budget.deadline) if budget.expired and budget.deadline else search.heard()
-            if got is not None and got[1] < value:
-                plan, value, how = got[0], got[1], "search"
-        # A forced MILP reports itself as the method, whatever step found the plan.
-        return Solution(plan, value, min(bound, value), "milp" if forced else how)
-
-    def heard(upper: float, best: np.ndarray | None, method: str) -> tuple[float, np.ndarray | None, str]:
-        # The search's plan, where it has answered with a better one.
-        got = search.heard() if search is not None else None
-        return (got[1], got[0], "search") if got is not None and got[1] < upper else (upper, best, method)
-
-    try:
-        lp, mult, x_lp = relax(model, budget.deadline if start is not None else None)
-    except LpTimeLimit:
-        assert start is not None  # without a plan the LP has no deadline
-        return answer(start[0], start_cost, min(dp_value, start_cost), start[1])
-    if lp is None or mult is None or x_lp is None:  # relax() gives all three or none
-        # The LP relaxation is infeasible, so the MILP is too.
-        raise _infeasible(tables, cons, wt, we, budget.verbose)
-    if free is not None:
-        pen = penalise(tables, cons, wt, we, mult, model.m_ub)
-        lower, _ = lower_bound(tables, free, wt, pen)
-        # Without a plan the answer at a time limit would be an error, so the heuristic that
-        # finds the first plan gets FIRST_PLAN_SECONDS even from a spent budget.
-        seconds = budget.left() if start is not None else _first(budget)
-        upper, best = repair(tables, free, cons, wt, we, pen, seconds=min(REPAIR_SECONDS, seconds))
-    else:
-        lower, upper, best = float(lp), np.inf, None
-    lower = max(dp_value, lower if np.isfinite(lower) else -np.inf, float(lp) if lp is not None else -np.inf)
-    method = "bound"
-    if start is not None and start_cost < upper:
-        upper, best, method = start_cost, start[0], start[1]
-    upper, best, method = heard(upper, best, method)
-    budget.say(f"lower bound {lower:.6g}" + (f", a feasible plan at {upper:.6g}" if best is not None else ""))
-    if best is None or not (budget.done(upper, lower) or budget.expired):
-        # A restricted MILP (only the choices the LP uses) usually finds the optimum
-        # quickly; it is just a heuristic here, so a time limit is fine.
-        opts = {**budget.highs(cap=RESTRICTED_TIME_LIMIT), "mip_rel_gap": max(RESTRICTED_GAP, budget.gap)}
-        if best is None:
-            opts.pop("deadline", None)
-            opts["time_limit"] = min(RESTRICTED_TIME_LIMIT, _first(budget))
-        quick = solve_milp(
-            tables, cons, wt, we, scale=_scale(lower), fix_x=~(x_lp > 1e-9), verbose=budget.verbose, options=opts
-        )
-        if quick.a is not None:
-            quick_cost = cost_if_feasible(tables, cons, wt, we, quick.a)
-            if not (quick_cost[1] or quick_cost[2] or quick_cost[3]) and quick_cost[0] < upper:
-                upper, best, method = quick_cost[0], quick.a, "milp"
-    if best is not None and ((budget.done(upper, lower) and not forced) or budget.expired):
-        return answer(best, upper, lower, method)
-    # The exact solve: the LP tightened by window rows bounds every choice's cost, and the
-    # MILP runs in rounds of rising cutoffs with what cannot beat each fixed (``cutoff``).
-    base = build_model(tables, cons, wt, we, scale=_scale(lower))
-    budget.say("tightening the LP with window rows")
-    try:
-        tight = tighten(base, tables, cons, deadline=budget.deadline if best is not None else None)
-    except LpTimeLimit:
-        assert best is not None  # without a plan there is no deadline
-        return answer(best, upper, lower, method)
-    if tight is None:
-        raise _infeasible(tables, cons, wt, we, budget.verbose)
-    lower = max(lower, tight.bound)
-    upper, best, method = heard(upper, best, method)
-    if best is not None and ((budget.done(upper, lower) and not forced) or budget.expired):
-        return answer(best, upper, lower, method)
-
-    def cost_of(a: np.ndarray) -> float:
-        return cost_if_feasible(tables, cons, wt, we, a)[0]
-
-    # The rounds solve the MILP without the window rows: with them, ResNet-50 took 34 s on
-    # 16 devices and 20 s on the lab, against 17 and 5 s without (the rows thicken each LP).
-    out = solve_in_rounds(base, tight, upper, best, cost_of, budget, hear=search.heard if search is not None else None)
-    if out.plan is not None:
-        got = search.heard() if search is not None else None
-        found = method if out.plan is best else "search" if got is not None and out.plan is got[0] else "milp"
-        return answer(out.plan, out.cost, max(lower, out.bound), found)
-    if out.res is not None and out.res.status == 2:
-        raise _infeasible(tables, cons, wt, we, budget.verbose)
-    raise _no_plan(out.res, "latency", max(lower, out.bound))
 
 
 def _no_plan(res: MilpResult | None, objective: str, bound: float) -> SolverError:

@@ -38,6 +38,7 @@ __all__ = [
     "transfers",
     "warm_pass_of",
     "warm_scale",
+    "weighted_cost",
 ]
 
 
@@ -357,3 +358,12 @@ def bottleneck_of(graph: Graph, cluster: Cluster, a: np.ndarray, warm: bool = Tr
     x = assignment_arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params=False, warm=warm)
     load, _, _, hosts = loads(graph, cluster, x)
     return find_bottleneck(cluster, load, link_loads(cluster, x), hosts)[0]
+
+
+def weighted_cost(
+    graph: Graph, cluster: Cluster, a: np.ndarray, ship_params: bool, wt: float, we: float, warm: bool = True
+) -> float:
+    """The latency objective wt*T + we*E of assignment ``a`` (device columns); ``ship_params`` and
+    ``warm`` as in ``assignment_arrays`` (the solvers price plans with ``warm=False``)."""
+    x = assignment_arrays(graph, cluster, np.asarray(a, dtype=np.intp), ship_params, warm=warm)
+    return wt * x.time + we * x.energy

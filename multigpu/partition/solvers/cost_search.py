@@ -29,7 +29,7 @@ from functools import partial
 
 import numpy as np
 
-from multigpu.partition.cost.arithmetic import assignment_arrays
+from multigpu.partition.cost.arithmetic import weighted_cost
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import UnusableLinkError
 from multigpu.partition.solvers.constraints import ResolvedConstraints, violations
@@ -42,10 +42,9 @@ def _cost(tables: CostTables, wt: float, we: float, a: np.ndarray) -> float:
     """wt*T + we*E of plan ``a`` (``lagrange.cost_if_feasible``'s price); inf where a transfer
     has no link."""
     try:
-        x = assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
+        return weighted_cost(tables.graph, tables.cluster, a, tables.ship_params, wt, we, warm=False)
     except UnusableLinkError:
         return np.inf
-    return wt * x.time + we * x.energy
 
 
 def _relayed(tables: CostTables, wt: float, we: float, a: np.ndarray, seg: np.ndarray, relay: np.ndarray) -> float:

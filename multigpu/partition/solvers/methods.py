@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 
 from multigpu.errors import SolverError
-from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of
+from multigpu.partition.cost.arithmetic import assignment_arrays, bottleneck_of, weighted_cost
 from multigpu.partition.cost.schedule import makespan_of
 from multigpu.partition.cost.tables import CostTables
 from multigpu.partition.exceptions import UnusableLinkError
@@ -185,8 +185,7 @@ def _value(tables: CostTables, objective: Objective, a: np.ndarray) -> float:
         return bottleneck_of(tables.graph, tables.cluster, a, warm=False)
     if objective.name == "makespan":
         return _makespan(tables, a)
-    x = assignment_arrays(tables.graph, tables.cluster, a, tables.ship_params, warm=False)
-    return objective.wt * x.time + objective.we * x.energy
+    return weighted_cost(tables.graph, tables.cluster, a, tables.ship_params, objective.wt, objective.we, warm=False)
 
 
 class MilpSolver(Solver):
@@ -440,7 +439,8 @@ def _constrained(
         def answer(plan: np.ndarray, value: float, bound: float, how: str) -> Solution:
             if search is not None:
                 # At the time limit the search has answered or is about to (``search_beside``).
-                got = search.collect(budget.deadline) if budget.expired and budget.deadline else search.heard()
+                deadline = budget.deadline
+                got = search.collect(deadline) if budget.expired and deadline is not None else search.heard()
                 if got is not None and got[1] < value:
                     plan, value, how = got[0], got[1], "search"
             # A forced MILP reports itself as the method, whatever step found the plan.

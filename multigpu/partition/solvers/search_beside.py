@@ -44,7 +44,7 @@ class SearchBeside:
         budget.say(f"{what}, beside HiGHS, {end}")
         self.what = what
         self._budget = budget
-        self._call = Call(fn, (*args, wall_deadline(until) if math.isfinite(until) else math.inf), delay=pause)
+        self._call = Call(fn, (*args, wall_deadline(until)), delay=pause)  # inf stays inf
         self._out: tuple[np.ndarray, float] | None = None
         self._done = False
 
